@@ -1,0 +1,72 @@
+-- admit.lua: one request against every limit of its chain, in one atomic step
+-- (Redis runs a script to completion before serving any other command).
+--
+-- KEYS[i]   the prefix of limit i, "rolter:rl:<scope>:<id>:"; the script
+--           appends "req:<bucket>" or "tok:<bucket>".
+-- ARGV[1]   a pinned clock in unix milliseconds, or "" for Redis TIME, so that
+--           replicas with skewed clocks agree.
+-- ARGV[2i], ARGV[2i+1]  rpm and tpm of limit i; 0 is no cap.
+--
+-- A request fits a limit while estimate + 1 <= rpm and estimate < tpm, with
+-- estimate = current + previous * (60000 - ms_into_bucket) / 60000, compared
+-- multiplied by 60000 so that every number is an integer (exact in Lua's
+-- doubles below 2^53). window.go does the same arithmetic in Go.
+--
+-- Reply: {admitted (1|0), now_ms, then per limit: req_cur, req_prev, tok_cur,
+-- tok_prev} with the counts as read, before this request's charge.
+
+local now = tonumber(ARGV[1])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local bucket = math.floor(now / 60000)
+local weight = 60000 - (now - bucket * 60000)
+local cur = ':' .. string.format('%d', bucket)
+local prev = ':' .. string.format('%d', bucket - 1)
+
+local n = #KEYS
+local names = {}
+for i = 1, n do
+  if ARGV[2 * i] ~= '0' then
+    names[#names + 1] = KEYS[i] .. 'req' .. cur
+    names[#names + 1] = KEYS[i] .. 'req' .. prev
+  end
+  if ARGV[2 * i + 1] ~= '0' then
+    names[#names + 1] = KEYS[i] .. 'tok' .. cur
+    names[#names + 1] = KEYS[i] .. 'tok' .. prev
+  end
+end
+local vals = redis.call('MGET', unpack(names))
+
+local reply = {1, now}
+local j = 1
+for i = 1, n do
+  local rpm, tpm = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
+  local rc, rp, tc, tp = 0, 0, 0, 0
+  if rpm > 0 then
+    rc, rp = tonumber(vals[j]) or 0, tonumber(vals[j + 1]) or 0
+    j = j + 2
+    if (rc + 1) * 60000 + rp * weight > rpm * 60000 then reply[1] = 0 end
+  end
+  if tpm > 0 then
+    tc, tp = tonumber(vals[j]) or 0, tonumber(vals[j + 1]) or 0
+    j = j + 2
+    if tc * 60000 + tp * weight >= tpm * 60000 then reply[1] = 0 end
+  end
+  reply[#reply + 1] = rc
+  reply[#reply + 1] = rp
+  reply[#reply + 1] = tc
+  reply[#reply + 1] = tp
+end
+
+if reply[1] == 1 then
+  for i = 1, n do
+    if ARGV[2 * i] ~= '0' then
+      local key = KEYS[i] .. 'req' .. cur
+      -- The expiry is set only when the increment creates the key.
+      if redis.call('INCR', key) == 1 then redis.call('EXPIRE', key, 120) end
+    end
+  end
+end
+return reply

@@ -1,0 +1,343 @@
+// Package ratelimit is the Caddy HTTP handler rolter_ratelimit: it caps every
+// scope of a request (API key, project, team, org, …) to requests and tokens
+// per minute, with counters in Redis that every gateway replica shares, or in
+// this process when no Redis is configured. See ../shared/spec/rate-limiting.md
+// for the design and caddyfile.go for the Caddyfile syntax.
+package ratelimit
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+)
+
+func init() {
+	caddy.RegisterModule(Handler{})
+}
+
+// Handler enforces requests-per-minute and tokens-per-minute caps over a
+// chain of scopes. A request is admitted only if every limit of its chain
+// fits, in one atomic step; a refused request gets a 429 that LLM client SDKs
+// understand and never reaches the next handler.
+type Handler struct {
+	// Redis is the shared store. Without it the counters live in this Caddy
+	// process (kept across config reloads), which suits a single machine.
+	Redis *RedisConfig `json:"redis,omitempty"`
+
+	// Scopes is the request's chain, innermost first by convention (key,
+	// project, team, org). Limits are checked in this order and the first
+	// refusal wins. A scope whose value resolves empty is not in the chain.
+	Scopes []Scope `json:"scopes,omitempty"`
+
+	// Limits are the caps. An id with neither its own limit nor a "*" default
+	// for its scope is unlimited in that scope.
+	Limits []LimitConfig `json:"limits,omitempty"`
+
+	// OnRedisError is what happens when the store cannot answer: "allow"
+	// (the default: fail open) or "deny" (answer 503).
+	OnRedisError string `json:"on_redis_error,omitempty"`
+
+	// OnRefusal is "respond" (the default: the handler writes the 429 itself)
+	// or "error" (it returns a handler error with status 429, for handle_errors).
+	OnRefusal string `json:"on_refusal,omitempty"`
+
+	// Headers lists the rate-limit header families to send: "openai" (the
+	// default: x-ratelimit-*), "ietf" (RateLimit-Policy and RateLimit), or
+	// "off" alone for none.
+	Headers []string `json:"headers,omitempty"`
+
+	store   store
+	release func() error // gives the store back to its pool
+	limits  map[string]scopeLimits
+	headers headerFamilies
+	logger  *zap.Logger
+	warn    *warnLimiter
+}
+
+// RedisConfig locates the Redis server that holds the shared counters.
+type RedisConfig struct {
+	// URL is redis://, rediss:// or unix://, as go-redis parses it.
+	URL string `json:"url"`
+	// Timeout bounds one admission call, so that a stalled Redis costs a
+	// request at most this long before on_redis_error applies. Default 100ms.
+	Timeout caddy.Duration `json:"timeout,omitempty"`
+}
+
+// Scope is one link of the chain.
+type Scope struct {
+	// Name is the scope's name, a free identifier such as "key" or "org". The
+	// ids of the scope named "key" are always digested before they are stored.
+	Name string `json:"name"`
+	// Value is the scope's id for a request, usually a placeholder such as
+	// {http.request.header.X-Org}.
+	Value string `json:"value"`
+}
+
+// LimitConfig caps one id of a scope, or every id of it ("*").
+type LimitConfig struct {
+	// Scope names a scope of the chain.
+	Scope string `json:"scope"`
+	// ID is the id as it appears in requests (placeholders such as
+	// {env.VIP_KEY} are resolved when the config loads), or "*" for the
+	// default of every id of the scope that has no limit of its own.
+	ID string `json:"id"`
+	// RPM caps requests per minute; 0 or absent: no request cap.
+	RPM int64 `json:"rpm,omitempty"`
+	// TPM caps tokens per minute; 0 or absent: no token cap.
+	TPM int64 `json:"tpm,omitempty"`
+}
+
+// scopeLimits are the caps of one scope: per id (as stored) and the default.
+type scopeLimits struct {
+	byID       map[string]limitCaps
+	byDefault  limitCaps
+	hasDefault bool
+}
+
+type limitCaps struct{ rpm, tpm int64 }
+
+const defaultTimeout = 100 * time.Millisecond
+
+// CaddyModule returns the Caddy module information.
+func (Handler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.rolter_ratelimit",
+		New: func() caddy.Module { return new(Handler) },
+	}
+}
+
+// Provision builds the limit tables and takes a store from the process-wide
+// pool, so that counters (and Redis connections) survive config reloads.
+func (h *Handler) Provision(ctx caddy.Context) error {
+	h.logger = ctx.Logger()
+	h.warn = new(warnLimiter)
+	if err := h.Validate(); err != nil {
+		return err
+	}
+	repl := caddy.NewReplacer()
+	h.limits = make(map[string]scopeLimits)
+	for _, lc := range h.Limits {
+		sl := h.limits[lc.Scope]
+		caps := limitCaps{rpm: lc.RPM, tpm: lc.TPM}
+		if lc.ID == "*" {
+			sl.byDefault, sl.hasDefault = caps, true
+		} else {
+			if sl.byID == nil {
+				sl.byID = make(map[string]limitCaps)
+			}
+			id := repl.ReplaceKnown(lc.ID, "")
+			sl.byID[keyID(lc.Scope, id)] = caps
+		}
+		h.limits[lc.Scope] = sl
+	}
+	h.headers = parseHeaderFamilies(h.Headers)
+
+	var err error
+	if h.Redis != nil {
+		url := repl.ReplaceKnown(h.Redis.URL, "")
+		h.store, h.release, err = acquireRedisStore(url, h.timeout())
+	} else {
+		h.store, h.release, err = acquireMemoryStore()
+	}
+	if err != nil {
+		return err
+	}
+	h.logger.Info("rate limits loaded", zap.Strings("chain", h.scopeNames()), zap.Int("limits", len(h.Limits)), zap.Bool("redis", h.Redis != nil))
+	return nil
+}
+
+func (h *Handler) timeout() time.Duration {
+	if h.Redis == nil || h.Redis.Timeout <= 0 {
+		return defaultTimeout
+	}
+	return time.Duration(h.Redis.Timeout)
+}
+
+func (h *Handler) scopeNames() []string {
+	names := make([]string, len(h.Scopes))
+	for i, s := range h.Scopes {
+		names[i] = s.Name
+	}
+	return names
+}
+
+var scopeNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// Validate checks the configuration, as the Caddyfile parser does line by
+// line, so that a JSON config gets the same errors.
+func (h *Handler) Validate() error {
+	scopes := make(map[string]bool, len(h.Scopes))
+	for _, s := range h.Scopes {
+		if err := s.validate(); err != nil {
+			return err
+		}
+		if scopes[s.Name] {
+			return fmt.Errorf("scope %q is defined twice", s.Name)
+		}
+		scopes[s.Name] = true
+	}
+	seen := make(map[[2]string]bool, len(h.Limits))
+	for _, l := range h.Limits {
+		if err := l.validate(); err != nil {
+			return err
+		}
+		if !scopes[l.Scope] {
+			return fmt.Errorf("limit for scope %q, which has no scope line", l.Scope)
+		}
+		if seen[[2]string{l.Scope, l.ID}] {
+			return fmt.Errorf("a second limit for scope %q id %q", l.Scope, l.ID)
+		}
+		seen[[2]string{l.Scope, l.ID}] = true
+	}
+	switch h.OnRedisError {
+	case "", "allow", "deny":
+	default:
+		return fmt.Errorf("on_redis_error must be allow or deny, not %q", h.OnRedisError)
+	}
+	switch h.OnRefusal {
+	case "", "respond", "error":
+	default:
+		return fmt.Errorf("on_refusal must be respond or error, not %q", h.OnRefusal)
+	}
+	if err := validateHeaderFamilies(h.Headers); err != nil {
+		return err
+	}
+	if h.Redis != nil {
+		return h.Redis.validate()
+	}
+	return nil
+}
+
+func (s Scope) validate() error {
+	if !scopeNameRE.MatchString(s.Name) {
+		return fmt.Errorf("scope name %q: use letters, digits, '_' and '-' (at most 64)", s.Name)
+	}
+	if strings.TrimSpace(s.Value) == "" {
+		return fmt.Errorf("scope %q has an empty value", s.Name)
+	}
+	return nil
+}
+
+func (l LimitConfig) validate() error {
+	if l.ID == "" {
+		return fmt.Errorf("limit for scope %q has an empty id", l.Scope)
+	}
+	if l.RPM < 0 || l.TPM < 0 {
+		return fmt.Errorf("limit for scope %q: rpm and tpm must be positive integers", l.Scope)
+	}
+	if l.RPM == 0 && l.TPM == 0 {
+		return fmt.Errorf("limit for scope %q id %q sets neither rpm nor tpm", l.Scope, l.ID)
+	}
+	return nil
+}
+
+// Cleanup gives the store back; it tolerates a Provision that failed half way.
+func (h *Handler) Cleanup() error {
+	if h.release == nil {
+		return nil
+	}
+	err := h.release()
+	h.release = nil
+	return err
+}
+
+// ServeHTTP admits or refuses the request, then passes it on.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	chain := h.chain(repl)
+	if len(chain) == 0 {
+		return next.ServeHTTP(w, r)
+	}
+	d, err := h.store.admit(r.Context(), chain, 0)
+	if err != nil {
+		return h.storeFailed(w, repl, err, next, r)
+	}
+	if !d.admitted {
+		ref := refusalOf(chain, d)
+		if ref.first < 0 { // the store refused what its own counts admit
+			return h.storeFailed(w, repl, errBadReply, next, r)
+		}
+		return h.refuse(w, repl, chain, d, ref)
+	}
+	repl.Set(placeholderOutcome, "admitted")
+	if h.headers.any() {
+		set := h.headers.headersFor(chain, d, true)
+		set.apply(w.Header())
+		w = &headerWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, set: set}
+	}
+	return next.ServeHTTP(w, r)
+}
+
+// chain resolves the request's limits, in chain order.
+func (h *Handler) chain(repl *caddy.Replacer) []limit {
+	var chain []limit
+	for _, s := range h.Scopes {
+		sl, ok := h.limits[s.Name]
+		if !ok {
+			continue
+		}
+		value := repl.ReplaceAll(s.Value, "")
+		if value == "" {
+			continue
+		}
+		id := keyID(s.Name, value)
+		caps, ok := sl.byID[id]
+		if !ok {
+			if !sl.hasDefault {
+				continue
+			}
+			caps = sl.byDefault
+		}
+		chain = append(chain, newLimit(s.Name, id, caps.rpm, caps.tpm))
+	}
+	return chain
+}
+
+// storeFailed applies on_redis_error.
+func (h *Handler) storeFailed(w http.ResponseWriter, repl *caddy.Replacer, err error, next caddyhttp.Handler, r *http.Request) error {
+	deny := h.OnRedisError == "deny"
+	h.warn.log(h.logger, "rate limit store unavailable", err, deny)
+	if !deny {
+		repl.Set(placeholderOutcome, "failed_open")
+		return next.ServeHTTP(w, r)
+	}
+	repl.Set(placeholderOutcome, "failed_closed")
+	return writeJSONError(w, http.StatusServiceUnavailable, "The rate limiter is unavailable; please retry shortly.", "server_error", "rate_limiter_unavailable")
+}
+
+// refuse answers a refused request, or hands it to handle_errors.
+func (h *Handler) refuse(w http.ResponseWriter, repl *caddy.Replacer, chain []limit, d decision, ref refusal) error {
+	repl.Set(placeholderOutcome, "refused")
+	repl.Set(placeholderRefusedScope, chain[ref.first].scope)
+	repl.Set(placeholderRefusedKind, ref.kind.String())
+	repl.Set(placeholderRefusedLimit, ref.capacity)
+	repl.Set(placeholderRetryAfter, ref.retryAfterSeconds())
+	hdr := w.Header()
+	if h.headers.any() {
+		h.headers.headersFor(chain, d, false).apply(hdr)
+	}
+	ref.setRetryHeaders(hdr)
+	if h.logger.Core().Enabled(zap.DebugLevel) {
+		h.logger.Debug("refused", zap.String("scope", chain[ref.first].scope), zap.String("id", chain[ref.first].id), zap.String("kind", ref.kind.String()), zap.Int64("retry_after_ms", ref.waitMillis))
+	}
+	msg := ref.message(chain)
+	if h.OnRefusal == "error" {
+		return caddyhttp.Error(http.StatusTooManyRequests, errors.New(msg))
+	}
+	return writeJSONError(w, http.StatusTooManyRequests, msg, ref.kind.String(), "rate_limit_exceeded")
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner           = (*Handler)(nil)
+	_ caddy.Validator             = (*Handler)(nil)
+	_ caddy.CleanerUpper          = (*Handler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+)

@@ -1,0 +1,292 @@
+package ratelimit
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+)
+
+// Placeholders set on every request the handler sees, for logs and
+// handle_errors.
+const (
+	placeholderOutcome      = "http.rolter_ratelimit.outcome" // admitted, refused, failed_open, failed_closed
+	placeholderRefusedScope = "http.rolter_ratelimit.refused_scope"
+	placeholderRefusedKind  = "http.rolter_ratelimit.refused_kind" // requests or tokens
+	placeholderRefusedLimit = "http.rolter_ratelimit.refused_limit"
+	placeholderRetryAfter   = "http.rolter_ratelimit.retry_after" // seconds
+)
+
+// headerFamilies is which rate-limit headers a handler sends.
+type headerFamilies struct{ openai, ietf bool }
+
+func parseHeaderFamilies(names []string) headerFamilies {
+	if len(names) == 0 {
+		return headerFamilies{openai: true}
+	}
+	var f headerFamilies
+	for _, n := range names {
+		f.openai = f.openai || n == "openai"
+		f.ietf = f.ietf || n == "ietf"
+	}
+	return f
+}
+
+func validateHeaderFamilies(names []string) error {
+	for _, n := range names {
+		switch n {
+		case "openai", "ietf":
+		case "off":
+			if len(names) > 1 {
+				return fmt.Errorf("headers off cannot be combined with other header families")
+			}
+		default:
+			return fmt.Errorf("headers must be openai, ietf or off, not %q", n)
+		}
+	}
+	return nil
+}
+
+func (f headerFamilies) any() bool { return f.openai || f.ietf }
+
+// headerSet is the rate-limit headers of one answer, which replace any of the
+// same families that the upstream sends.
+type headerSet struct {
+	families headerFamilies
+	values   [][2]string
+}
+
+var (
+	openaiHeaders = []string{
+		"X-Ratelimit-Limit-Requests", "X-Ratelimit-Remaining-Requests", "X-Ratelimit-Reset-Requests",
+		"X-Ratelimit-Limit-Tokens", "X-Ratelimit-Remaining-Tokens", "X-Ratelimit-Reset-Tokens",
+	}
+	ietfHeaders = []string{"Ratelimit-Policy", "Ratelimit"}
+)
+
+// apply removes the families' headers already in h, then sets the set's.
+func (s headerSet) apply(h http.Header) {
+	if s.families.openai {
+		for _, name := range openaiHeaders {
+			h.Del(name)
+		}
+	}
+	if s.families.ietf {
+		for _, name := range ietfHeaders {
+			h.Del(name)
+		}
+	}
+	for _, v := range s.values {
+		h.Set(v[0], v[1])
+	}
+}
+
+// tightest is, for one kind, the limit of the chain with the least remaining.
+type tightest struct {
+	found          bool
+	capacity, left int64
+	resetMillis    int64
+}
+
+// headersFor computes the headers of an answer. counted says whether the
+// request itself was charged (admissions) or not (refusals).
+func (f headerFamilies) headersFor(chain []limit, d decision, counted bool) headerSet {
+	into := d.now.into
+	var req, tok tightest
+	for i, l := range chain {
+		c := d.counts[i]
+		if l.rpm > 0 {
+			w := c.req
+			if counted {
+				w.cur++
+			}
+			req.consider(l.rpm, remaining(w, l.rpm, into), resetIn(w, into))
+		}
+		if l.tpm > 0 {
+			tok.consider(l.tpm, remaining(c.tok, l.tpm, into), resetIn(c.tok, into))
+		}
+	}
+	s := headerSet{families: f}
+	if f.openai {
+		s.values = req.appendOpenAI(s.values, "Requests")
+		s.values = tok.appendOpenAI(s.values, "Tokens")
+	}
+	if f.ietf {
+		var policy, state []string
+		for _, t := range []struct {
+			name string
+			t    tightest
+		}{{"requests", req}, {"tokens", tok}} {
+			if t.t.found {
+				policy = append(policy, fmt.Sprintf("%q;q=%d;w=60", t.name, t.t.capacity))
+				state = append(state, fmt.Sprintf("%q;r=%d;t=%d", t.name, t.t.left, ceilSeconds(t.t.resetMillis, 0)))
+			}
+		}
+		if len(policy) > 0 {
+			s.values = append(s.values, [2]string{"Ratelimit-Policy", strings.Join(policy, ", ")}, [2]string{"Ratelimit", strings.Join(state, ", ")})
+		}
+	}
+	return s
+}
+
+func (t *tightest) consider(capacity, left, resetMillis int64) {
+	if t.found && left >= t.left {
+		return
+	}
+	*t = tightest{found: true, capacity: capacity, left: left, resetMillis: resetMillis}
+}
+
+func (t tightest) appendOpenAI(values [][2]string, suffix string) [][2]string {
+	if !t.found {
+		return values
+	}
+	return append(values,
+		[2]string{"X-Ratelimit-Limit-" + suffix, strconv.FormatInt(t.capacity, 10)},
+		[2]string{"X-Ratelimit-Remaining-" + suffix, strconv.FormatInt(t.left, 10)},
+		[2]string{"X-Ratelimit-Reset-" + suffix, (time.Duration(t.resetMillis) * time.Millisecond).String()},
+	)
+}
+
+// refusal describes why a request was refused.
+type refusal struct {
+	first      int   // index in the chain of the first refusing limit
+	kind       kind  // what that limit refused on
+	capacity   int64 // its cap
+	waitMillis int64 // until every refusing limit would admit, absent traffic
+}
+
+// refusalOf finds the first refusing limit and the wait until the last of the
+// refusing limits releases, so that a client that waits Retry-After is not
+// refused by the next limit of the chain.
+func refusalOf(chain []limit, d decision) refusal {
+	ref := refusal{first: -1}
+	into := d.now.into
+	note := func(i int, k kind, capacity int64, w window) {
+		if k.fits(w, capacity, into) {
+			return
+		}
+		if ref.first < 0 {
+			ref.first, ref.kind, ref.capacity = i, k, capacity
+		}
+		ref.waitMillis = max(ref.waitMillis, k.releaseIn(w, capacity, into))
+	}
+	for i, l := range chain {
+		if l.rpm > 0 {
+			note(i, requests, l.rpm, d.counts[i].req)
+		}
+		if l.tpm > 0 {
+			note(i, tokens, l.tpm, d.counts[i].tok)
+		}
+	}
+	return ref
+}
+
+// retryAfterSeconds is the wait rounded up to whole seconds, at least 1.
+func (r refusal) retryAfterSeconds() int64 { return ceilSeconds(r.waitMillis, 1) }
+
+func ceilSeconds(millis, atLeast int64) int64 {
+	return max((millis+999)/1000, atLeast)
+}
+
+func (r refusal) setRetryHeaders(h http.Header) {
+	h.Set("Retry-After", strconv.FormatInt(r.retryAfterSeconds(), 10))
+	h.Set("Retry-After-Ms", strconv.FormatInt(max(r.waitMillis, 1), 10))
+}
+
+// message names the scope and the cap, never the id.
+func (r refusal) message(chain []limit) string {
+	unit := "RPM"
+	if r.kind == tokens {
+		unit = "TPM"
+	}
+	return fmt.Sprintf("Rate limit reached for %s: limit %d %s (%s per minute). Please try again in %ds.",
+		chain[r.first].scope, r.capacity, unit, r.kind, r.retryAfterSeconds())
+}
+
+// writeJSONError writes an OpenAI-shaped error body.
+func writeJSONError(w http.ResponseWriter, status int, message, typ, code string) error {
+	body, err := json.Marshal(map[string]any{"error": map[string]any{
+		"message": message, "type": typ, "param": nil, "code": code,
+	}})
+	if err != nil {
+		return err
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(status)
+	_, err = w.Write(body)
+	return err
+}
+
+// headerWriter sets the admitted request's rate-limit headers again when the
+// response header is written, because reverse_proxy adds the upstream's
+// headers to the response after this handler ran.
+type headerWriter struct {
+	*caddyhttp.ResponseWriterWrapper
+	set         headerSet
+	wroteHeader bool
+}
+
+func (w *headerWriter) WriteHeader(status int) {
+	if !w.wroteHeader && status >= 200 {
+		w.wroteHeader = true
+		w.set.apply(w.Header())
+	}
+	w.ResponseWriterWrapper.WriteHeader(status)
+}
+
+func (w *headerWriter) Write(p []byte) (int, error) {
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	return w.ResponseWriterWrapper.Write(p)
+}
+
+// ReadFrom must not bypass WriteHeader either (see the notes on Caddy's
+// ResponseWriterWrapper).
+func (w *headerWriter) ReadFrom(r io.Reader) (int64, error) {
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	return w.ResponseWriterWrapper.ReadFrom(r)
+}
+
+// FlushError writes the header first, as a flush before any write commits it.
+func (w *headerWriter) FlushError() error {
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	return http.NewResponseController(w.ResponseWriterWrapper.ResponseWriter).Flush()
+}
+
+// warnLimiter logs store failures at most once per interval, with the number
+// of failures it did not log, so that an outage is visible but never one log
+// line per request.
+type warnLimiter struct {
+	next       atomic.Int64 // unix nanoseconds before which nothing is logged
+	suppressed atomic.Int64
+}
+
+const warnInterval = 10 * time.Second
+
+func (l *warnLimiter) log(logger *zap.Logger, msg string, err error, deny bool) {
+	now := time.Now().UnixNano()
+	next := l.next.Load()
+	if now < next || !l.next.CompareAndSwap(next, now+int64(warnInterval)) {
+		l.suppressed.Add(1)
+		return
+	}
+	action := "allowing requests (on_redis_error allow)"
+	if deny {
+		action = "refusing requests with 503 (on_redis_error deny)"
+	}
+	logger.Warn(msg, zap.Error(err), zap.String("action", action), zap.Int64("suppressed_since_last", l.suppressed.Swap(0)))
+}

@@ -1,0 +1,86 @@
+package ratelimit
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"strconv"
+)
+
+// store keeps the counters. Both implementations (Redis and in-process) pass
+// the same conformance suite (store_test.go).
+type store interface {
+	// admit decides one request against every limit of chain in one atomic
+	// step: admitted only if every limit fits, and then charged one request
+	// on every limit that has an rpm; refused and charged nothing otherwise.
+	// atMillis pins the clock (unix milliseconds); 0 uses the store's own.
+	admit(ctx context.Context, chain []limit, atMillis int64) (decision, error)
+	// recordTokens charges tokens to every limit of chain that has a tpm.
+	// It is never replayed: a double charge would outlive the failure.
+	recordTokens(ctx context.Context, chain []limit, tokens, atMillis int64) error
+}
+
+// limit is one configured cap applied to one scope id of a request.
+type limit struct {
+	scope  string // the scope's name, for messages and logs
+	id     string // the id as it appears in keys (digested where it must be)
+	prefix string // "rolter:rl:<scope>:<id>:", to which the store appends "<req|tok>:<bucket>"
+	rpm    int64  // 0: no request cap
+	tpm    int64  // 0: no token cap
+}
+
+func newLimit(scope, id string, rpm, tpm int64) limit {
+	return limit{scope: scope, id: id, prefix: "rolter:rl:" + scope + ":" + id + ":", rpm: rpm, tpm: tpm}
+}
+
+// counts are a limit's two counters as an admission read them, before the
+// admitted request was charged.
+type counts struct {
+	req, tok window
+}
+
+// decision is what a store answers to an admission.
+type decision struct {
+	admitted bool
+	now      moment   // the store's clock (Redis TIME for the Redis store)
+	counts   []counts // one per limit of the chain, in chain order
+}
+
+// errBadReply marks a store answer of the wrong shape; it is handled like an
+// outage.
+var errBadReply = errors.New("rolter_ratelimit: unexpected reply from the store")
+
+// keyID is how a scope id appears in store keys, logs and metrics. A short
+// plain token stays as it is; anything else, and every id of the scope named
+// "key", is "#" and the first 32 hex digits of its SHA-256, so that no API key
+// or bearer token is ever written out.
+func keyID(scope, id string) string {
+	if scope != "key" && isPlainID(id) {
+		return id
+	}
+	sum := sha256.Sum256([]byte(id))
+	return "#" + hex.EncodeToString(sum[:16])
+}
+
+func isPlainID(id string) bool {
+	if len(id) == 0 || len(id) > 64 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// bucketKey is the full key of one bucket: prefix + "req:" or "tok:" + bucket.
+func bucketKey(prefix string, k kind, bucket int64) string {
+	name := "req:"
+	if k == tokens {
+		name = "tok:"
+	}
+	return prefix + name + strconv.FormatInt(bucket, 10)
+}

@@ -1,0 +1,252 @@
+package ratelimit
+
+import (
+	"cmp"
+	"context"
+	"hash/maphash"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// memoryStore keeps the counters in this process, with the Redis store's
+// semantics: an admission locks the counters of its chain (in one global
+// order, so that chains never deadlock), decides, charges and unlocks. There
+// is no global lock; the map is sharded. Counters whose buckets can no longer
+// be read are dropped by a sweep, so memory is bounded by the active limits.
+type memoryStore struct {
+	seed   maphash.Seed
+	shards [memoryShards]memoryShard
+	seq    atomic.Uint64 // lock order of new counters
+	latest atomic.Int64  // the latest clock reading, in unix milliseconds
+	stop   chan struct{}
+	done   chan struct{}
+}
+
+const memoryShards = 64
+
+type memoryShard struct {
+	mu       sync.Mutex
+	counters map[string]*memoryCounter
+}
+
+// memoryCounter holds both kinds of one limit: the buckets of the current
+// and previous minute of each, at slot bucket%2.
+type memoryCounter struct {
+	mu    sync.Mutex
+	order uint64
+	dead  bool // swept: look it up again
+	req   [2]slot
+	tok   [2]slot
+}
+
+type slot struct{ bucket, n int64 }
+
+// window reads the two buckets that an estimate at bucket b needs.
+func readWindow(slots *[2]slot, b int64) window {
+	return window{cur: slots[b&1].count(b), prev: slots[(b-1)&1].count(b - 1)}
+}
+
+func (s slot) count(b int64) int64 {
+	if s.bucket != b {
+		return 0
+	}
+	return s.n
+}
+
+// add charges n to bucket b. A bucket older than the one in its slot is no
+// longer read by anything, so a charge to it (a pinned clock going back) is
+// dropped.
+func add(slots *[2]slot, b, n int64) {
+	s := &slots[b&1]
+	switch {
+	case s.bucket == b:
+		s.n += n
+	case s.bucket < b:
+		*s = slot{bucket: b, n: n}
+	}
+}
+
+// newest is the latest bucket the counter has written.
+func (c *memoryCounter) newest() int64 {
+	return max(c.req[0].bucket, c.req[1].bucket, c.tok[0].bucket, c.tok[1].bucket)
+}
+
+// memoryStores holds the one in-process store, kept across config reloads.
+var memoryStores = caddy.NewUsagePool()
+
+func acquireMemoryStore() (store, func() error, error) {
+	const key = "memory"
+	v, _, err := memoryStores.LoadOrNew(key, func() (caddy.Destructor, error) {
+		return newMemoryStore(30 * time.Second), nil
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return v.(*memoryStore), func() error {
+		_, err := memoryStores.Delete(key)
+		return err
+	}, nil
+}
+
+func newMemoryStore(sweepEvery time.Duration) *memoryStore {
+	s := &memoryStore{seed: maphash.MakeSeed(), stop: make(chan struct{}), done: make(chan struct{})}
+	for i := range s.shards {
+		s.shards[i].counters = make(map[string]*memoryCounter)
+	}
+	go s.sweepLoop(sweepEvery)
+	return s
+}
+
+// Destruct stops the sweep once no loaded config uses the store.
+func (s *memoryStore) Destruct() error {
+	close(s.stop)
+	<-s.done
+	return nil
+}
+
+func (s *memoryStore) clock(atMillis int64) moment {
+	if atMillis == 0 {
+		atMillis = time.Now().UnixMilli()
+	}
+	for {
+		latest := s.latest.Load()
+		if atMillis <= latest || s.latest.CompareAndSwap(latest, atMillis) {
+			break
+		}
+	}
+	return momentAt(atMillis)
+}
+
+func (s *memoryStore) shard(prefix string) *memoryShard {
+	return &s.shards[maphash.String(s.seed, prefix)%memoryShards]
+}
+
+func (s *memoryStore) counter(prefix string) *memoryCounter {
+	sh := s.shard(prefix)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	c, ok := sh.counters[prefix]
+	if !ok {
+		c = &memoryCounter{order: s.seq.Add(1)}
+		sh.counters[prefix] = c
+	}
+	return c
+}
+
+// lock locks the counters of chain in their global order, so that chains
+// never deadlock. It returns them in chain order, and the locked set for
+// unlockAll. A counter swept meanwhile is looked up again.
+func (s *memoryStore) lock(chain []limit) (byLimit, locked []*memoryCounter) {
+	byLimit = make([]*memoryCounter, len(chain))
+	for {
+		for i, l := range chain {
+			byLimit[i] = s.counter(l.prefix)
+		}
+		locked = slices.Clone(byLimit)
+		slices.SortFunc(locked, func(a, b *memoryCounter) int { return cmp.Compare(a.order, b.order) })
+		locked = slices.Compact(locked)
+		dead := false
+		for _, c := range locked {
+			c.mu.Lock()
+			dead = dead || c.dead
+		}
+		if !dead {
+			return byLimit, locked
+		}
+		unlockAll(locked)
+	}
+}
+
+func unlockAll(cs []*memoryCounter) {
+	for _, c := range cs {
+		c.mu.Unlock()
+	}
+}
+
+func (s *memoryStore) admit(_ context.Context, chain []limit, atMillis int64) (decision, error) {
+	now := s.clock(atMillis)
+	cs, locked := s.lock(chain)
+	defer unlockAll(locked)
+	d := decision{admitted: true, now: now, counts: make([]counts, len(chain))}
+	for i, l := range chain {
+		c := counts{req: readWindow(&cs[i].req, now.bucket), tok: readWindow(&cs[i].tok, now.bucket)}
+		d.counts[i] = c
+		if l.rpm > 0 && !requests.fits(c.req, l.rpm, now.into) || l.tpm > 0 && !tokens.fits(c.tok, l.tpm, now.into) {
+			d.admitted = false
+		}
+	}
+	if d.admitted {
+		for i, l := range chain {
+			if l.rpm > 0 {
+				add(&cs[i].req, now.bucket, 1)
+			}
+		}
+	}
+	return d, nil
+}
+
+func (s *memoryStore) recordTokens(_ context.Context, chain []limit, tokens, atMillis int64) error {
+	if tokens <= 0 {
+		return nil
+	}
+	now := s.clock(atMillis)
+	for _, l := range chain {
+		if l.tpm <= 0 {
+			continue
+		}
+		for {
+			c := s.counter(l.prefix)
+			c.mu.Lock()
+			if !c.dead {
+				add(&c.tok, now.bucket, tokens)
+				c.mu.Unlock()
+				break
+			}
+			c.mu.Unlock()
+		}
+	}
+	return nil
+}
+
+func (s *memoryStore) sweepLoop(every time.Duration) {
+	defer close(s.done)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			s.sweep()
+		}
+	}
+}
+
+// sweep drops the counters that no estimate reads any more: those whose newest
+// bucket is older than the previous one at the latest clock reading.
+func (s *memoryStore) sweep() {
+	oldest := momentAt(s.latest.Load()).bucket - 1
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for prefix, c := range sh.counters {
+			c.mu.Lock()
+			if c.newest() < oldest {
+				c.dead = true
+				delete(sh.counters, prefix)
+			}
+			c.mu.Unlock()
+		}
+		sh.mu.Unlock()
+	}
+}
+
+// Interface guards
+var (
+	_ store            = (*memoryStore)(nil)
+	_ caddy.Destructor = (*memoryStore)(nil)
+)

@@ -1,0 +1,186 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+func newTestRedisStore(t testing.TB, url string) *redisStore {
+	t.Helper()
+	s, err := newRedisStore(url, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Destruct() })
+	return s
+}
+
+func redisClient(t testing.TB, url string) *redis.Client {
+	t.Helper()
+	opts, err := redis.ParseURL(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(opts)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func TestFirstAdmissionAfterClientKillIsStillEnforced(t *testing.T) {
+	url := redisURLFromEnv(t)
+	s := newTestRedisStore(t, url)
+	chain := []limit{newLimit("key", uniqueID(t), 1, 0)}
+	if !admitOrFail(t, s, chain, 0).admitted {
+		t.Fatal("first request refused")
+	}
+	if err := redisClient(t, url).ClientKillByFilter(context.Background(), "TYPE", "normal").Err(); err != nil {
+		t.Fatal(err)
+	}
+	d, err := s.admit(context.Background(), chain, 0)
+	if err != nil {
+		t.Fatalf("first admission after CLIENT KILL failed (would fail open): %v", err)
+	}
+	if d.admitted {
+		t.Fatal("first admission after CLIENT KILL was admitted over rpm 1")
+	}
+}
+
+// A connection that dies while the admission is on it (not before, when the
+// pool would notice) is what the replay is for: without it this admission
+// would fail open.
+func TestAdmissionOnAConnectionThatDiesAtItsNextCommandIsReplayedOnce(t *testing.T) {
+	url := redisURLFromEnv(t)
+	opts, err := redis.ParseURL(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := newResetProxy(t, opts.Addr)
+	s := newTestRedisStore(t, "redis://"+proxy.Addr()+"/"+strconv.Itoa(opts.DB))
+	at := pinnedBase() + 1000
+	chain := []limit{newLimit("key", uniqueID(t), 2, 0)}
+	if !admitOrFail(t, s, chain, at).admitted {
+		t.Fatal("first request refused")
+	}
+	proxy.ResetAtNextCommand()
+	d, err := s.admit(context.Background(), chain, at)
+	if err != nil {
+		t.Fatalf("admission on a dying connection was not replayed: %v", err)
+	}
+	if !d.admitted {
+		t.Fatal("second of rpm 2 refused after the replay")
+	}
+	if admitOrFail(t, s, chain, at).admitted {
+		t.Fatal("third request admitted over rpm 2")
+	}
+	if n := redisCount(t, url, chain[0].prefix, requests, at/bucketMillis); n != 2 {
+		t.Fatalf("counted %d requests, want exactly 2 (the dead attempt never reached Redis)", n)
+	}
+}
+
+func TestAdmissionFailsWithAnErrorWhileRedisIsDownAndResumesAfterRestart(t *testing.T) {
+	srv := startRedis(t)
+	s := newTestRedisStore(t, srv.URL())
+	chain := []limit{newLimit("key", uniqueID(t), 1, 0)}
+	if !admitOrFail(t, s, chain, 0).admitted {
+		t.Fatal("first request refused")
+	}
+	srv.Stop(t)
+	if _, err := s.admit(context.Background(), chain, 0); err == nil {
+		t.Fatal("admission succeeded with Redis stopped")
+	}
+	srv.Start(t) // empty dataset and empty script cache
+	if exists, err := redisClient(t, srv.URL()).ScriptExists(context.Background(), admitScript.Hash()).Result(); err != nil || exists[0] {
+		t.Fatalf("script cache after restart: %v %v, want empty", exists, err)
+	}
+	// The pool may refuse to dial for about a second after failed dials: wait
+	// for enforcement rather than assume it is instant.
+	deadline := time.Now().Add(5 * time.Second)
+	var d decision
+	var err error
+	for {
+		if d, err = s.admit(context.Background(), chain, 0); err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("admission did not resume after the restart: %v", err)
+	}
+	if !d.admitted {
+		t.Fatal("refused on an empty restarted Redis")
+	}
+	if admitOrFail(t, s, chain, 0).admitted {
+		t.Fatal("second request admitted over rpm 1 after the restart")
+	}
+}
+
+func TestReplyOfTheWrongShapeIsAnError(t *testing.T) {
+	for _, reply := range [][]int64{nil, {1, 0}, {2, 0, 0, 0, 0, 0}, {1, 0, 0, 0, 0}} {
+		if _, err := decodeAdmission(reply, 1); !errors.Is(err, errBadReply) {
+			t.Fatalf("reply %v: err %v, want errBadReply", reply, err)
+		}
+	}
+}
+
+// BenchmarkAdmissionRedisServerTime reports the Redis server time of one
+// admission (INFO commandstats, evalsha) for chains of 1, 2, 4 and 6 limits,
+// each with an rpm and a tpm.
+func BenchmarkAdmissionRedisServerTime(b *testing.B) {
+	url := redisURLFromEnv(b)
+	for _, n := range []int{1, 2, 4, 6} {
+		b.Run(fmt.Sprintf("chain=%d", n), func(b *testing.B) {
+			s := newTestRedisStore(b, url)
+			admin := redisClient(b, url)
+			chain := make([]limit, n)
+			for i := range chain {
+				chain[i] = newLimit(fmt.Sprintf("s%d", i), fmt.Sprintf("bench%d", i), 1<<40, 1<<40)
+			}
+			ctx := context.Background()
+			if _, err := s.admit(ctx, chain, 0); err != nil { // load the script
+				b.Fatal(err)
+			}
+			if err := admin.ConfigResetStat(ctx).Err(); err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if _, err := s.admit(ctx, chain, 0); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			b.ReportMetric(evalshaMicros(b, admin), "redis-µs/admission")
+		})
+	}
+}
+
+// evalshaMicros reads usec_per_call of evalsha from INFO commandstats.
+func evalshaMicros(b *testing.B, c *redis.Client) float64 {
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\r\n") {
+		if !strings.HasPrefix(line, "cmdstat_evalsha:") {
+			continue
+		}
+		for _, field := range strings.Split(strings.TrimPrefix(line, "cmdstat_evalsha:"), ",") {
+			if v, ok := strings.CutPrefix(field, "usec_per_call="); ok {
+				f, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					b.Fatal(err)
+				}
+				return f
+			}
+		}
+	}
+	b.Fatal("no evalsha in INFO commandstats")
+	return 0
+}

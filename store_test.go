@@ -1,0 +1,369 @@
+package ratelimit
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// storeKit is what the conformance suite needs of a store implementation.
+type storeKit struct {
+	// replicas returns n stores that share counters the way gateway replicas
+	// do: separate Redis clients (and connections), or the one process store.
+	replicas func(t *testing.T, n int) []store
+	// count reads one bucket of s directly, bypassing the store's logic.
+	count func(t *testing.T, s store, prefix string, k kind, bucket int64) int64
+}
+
+func memoryKit() storeKit {
+	return storeKit{
+		replicas: func(t *testing.T, n int) []store {
+			s := newMemoryStore(time.Hour)
+			t.Cleanup(func() { s.Destruct() })
+			out := make([]store, n)
+			for i := range out {
+				out[i] = s
+			}
+			return out
+		},
+		count: memoryCount,
+	}
+}
+
+func memoryCount(_ *testing.T, s store, prefix string, k kind, bucket int64) int64 {
+	c := s.(*memoryStore).counter(prefix)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	slots := &c.req
+	if k == tokens {
+		slots = &c.tok
+	}
+	return slots[bucket&1].count(bucket)
+}
+
+func redisKit(url string) storeKit {
+	return storeKit{
+		replicas: func(t *testing.T, n int) []store {
+			out := make([]store, n)
+			for i := range out {
+				s, err := newRedisStore(url, time.Second)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { s.Destruct() })
+				out[i] = s
+			}
+			return out
+		},
+		count: func(t *testing.T, _ store, prefix string, k kind, bucket int64) int64 {
+			return redisCount(t, url, prefix, k, bucket)
+		},
+	}
+}
+
+func redisCount(t *testing.T, url, prefix string, k kind, bucket int64) int64 {
+	opts, err := redis.ParseURL(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(opts)
+	defer c.Close()
+	n, err := c.Get(context.Background(), bucketKey(prefix, k, bucket)).Int64()
+	if err == redis.Nil {
+		return 0
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// uniqueID keeps tests apart in a shared Redis.
+func uniqueID(t *testing.T) string {
+	var b [6]byte
+	rand.Read(b[:])
+	return "t" + hex.EncodeToString(b[:])
+}
+
+// pinnedBase is a bucket boundary near now, for pinned clocks whose keys
+// Redis expires like real ones.
+func pinnedBase() int64 { return (time.Now().UnixMilli()/bucketMillis + 1) * bucketMillis }
+
+func TestStoreConformanceMemory(t *testing.T) {
+	runConformance(t, memoryKit())
+}
+
+func TestStoreConformanceRedis(t *testing.T) {
+	runConformance(t, redisKit(redisURLFromEnv(t)))
+}
+
+func runConformance(t *testing.T, kit storeKit) {
+	counter := func(t *testing.T, s store) func(prefix string, k kind, bucket int64) int64 {
+		return func(prefix string, k kind, bucket int64) int64 { return kit.count(t, s, prefix, k, bucket) }
+	}
+	t.Run("ConcurrentRequestsAgainstRPM1AdmitExactlyOne", func(t *testing.T) {
+		s := kit.replicas(t, 1)[0]
+		chain := []limit{newLimit("key", uniqueID(t), 1, 0)}
+		if got := raceAdmissions(t, []store{s}, chain, 64, 0); got != 1 {
+			t.Fatalf("admitted %d of 64 concurrent requests against rpm 1, want exactly 1", got)
+		}
+	})
+	t.Run("ThreeReplicasRacing96AgainstRPM5AdmitAndCountExactlyFive", func(t *testing.T) {
+		stores := kit.replicas(t, 3)
+		at := pinnedBase() + 1000
+		chain := []limit{newLimit("org", uniqueID(t), 5, 0)}
+		if got := raceAdmissions(t, stores, chain, 96, at); got != 5 {
+			t.Fatalf("admitted %d, want exactly 5", got)
+		}
+		if n := counter(t, stores[0])(chain[0].prefix, requests, at/bucketMillis); n != 5 {
+			t.Fatalf("counted %d requests in the store, want exactly 5", n)
+		}
+	})
+	t.Run("KeyCapWinsAndOrgIsChargedOnlyWhatTheKeyAdmitted", func(t *testing.T) {
+		stores := kit.replicas(t, 3)
+		at := pinnedBase() + 1000
+		org := newLimit("org", uniqueID(t), 100, 0)
+		key := newLimit("key", keyID("key", "sk-"+uniqueID(t)), 3, 0)
+		if got := raceAdmissions(t, stores, []limit{key, org}, 48, at); got != 3 {
+			t.Fatalf("admitted %d under key rpm 3 and org rpm 100, want 3", got)
+		}
+		count := counter(t, stores[0])
+		if n := count(org.prefix, requests, at/bucketMillis); n != 3 {
+			t.Fatalf("org charged %d requests, want only the key's 3 admissions", n)
+		}
+		// A second key of the same org still gets in: the org was not overcharged.
+		other := newLimit("key", keyID("key", "sk-"+uniqueID(t)), 3, 0)
+		if d := admitOrFail(t, stores[1], []limit{other, org}, at); !d.admitted {
+			t.Fatal("a second key of the org was refused")
+		}
+	})
+	t.Run("PreviousBucketCountsInFullOnTheBoundaryAndHalfAtMidMinute", func(t *testing.T) {
+		s := kit.replicas(t, 1)[0]
+		base := pinnedBase()
+		chain := []limit{newLimit("key", uniqueID(t), 10, 0)}
+		for i := 0; i < 10; i++ { // fill the previous bucket
+			if !admitOrFail(t, s, chain, base-bucketMillis+int64(i)).admitted {
+				t.Fatalf("request %d of 10 refused in an empty window", i+1)
+			}
+		}
+		if d := admitOrFail(t, s, chain, base); d.admitted {
+			t.Fatal("admitted on the boundary, where the previous bucket counts in full (10 of 10)")
+		} else if got := d.counts[0].req; got != (window{cur: 0, prev: 10}) {
+			t.Fatalf("read %+v, want prev 10", got)
+		}
+		// At mid-minute the previous 10 count as 5: five more fit, not six.
+		for i := 0; i < 5; i++ {
+			if !admitOrFail(t, s, chain, base+30_000+int64(i)).admitted {
+				t.Fatalf("request %d refused at mid-minute where the estimate is %d", i+1, 5+i)
+			}
+		}
+		if admitOrFail(t, s, chain, base+30_010).admitted {
+			t.Fatal("sixth request admitted at mid-minute: estimate 5 + 5 = 10 = rpm")
+		}
+	})
+	t.Run("FullTPMWindowRefusesAndChargesNoRequestSlot", func(t *testing.T) {
+		s := kit.replicas(t, 1)[0]
+		at := pinnedBase() + 5000
+		chain := []limit{newLimit("key", uniqueID(t), 10, 1000)}
+		if !admitOrFail(t, s, chain, at).admitted {
+			t.Fatal("first request refused")
+		}
+		if err := s.recordTokens(context.Background(), chain, 1000, at+1); err != nil {
+			t.Fatal(err)
+		}
+		if tok := counter(t, s)(chain[0].prefix, tokens, at/bucketMillis); tok != 1000 {
+			t.Fatalf("tok bucket holds %d, want 1000", tok)
+		}
+		d := admitOrFail(t, s, chain, at+2)
+		if d.admitted {
+			t.Fatal("admitted with the tpm window full")
+		}
+		if ref := refusalOf(chain, d); ref.kind != tokens {
+			t.Fatalf("refused on %v, want tokens", ref.kind)
+		}
+		if n := counter(t, s)(chain[0].prefix, requests, at/bucketMillis); n != 1 {
+			t.Fatalf("request bucket holds %d after the refusal, want 1", n)
+		}
+	})
+	t.Run("RefusedRequestIsChargedToNoLimitOfItsChain", func(t *testing.T) {
+		s := kit.replicas(t, 1)[0]
+		at := pinnedBase() + 5000
+		org := newLimit("org", uniqueID(t), 100, 0)
+		key := newLimit("key", uniqueID(t), 1, 0)
+		admitOrFail(t, s, []limit{key, org}, at)
+		for i := 0; i < 5; i++ {
+			if admitOrFail(t, s, []limit{key, org}, at+1).admitted {
+				t.Fatal("admitted over the key's rpm 1")
+			}
+		}
+		if n := counter(t, s)(org.prefix, requests, at/bucketMillis); n != 1 {
+			t.Fatalf("org charged %d, want 1", n)
+		}
+	})
+	t.Run("TokensAreChargedOnlyToLimitsWithATPM", func(t *testing.T) {
+		s := kit.replicas(t, 1)[0]
+		at := pinnedBase() + 5000
+		withTPM := newLimit("org", uniqueID(t), 0, 500)
+		without := newLimit("key", uniqueID(t), 5, 0)
+		if err := s.recordTokens(context.Background(), []limit{without, withTPM}, 42, at); err != nil {
+			t.Fatal(err)
+		}
+		count := counter(t, s)
+		if n := count(withTPM.prefix, tokens, at/bucketMillis); n != 42 {
+			t.Fatalf("org tok bucket %d, want 42", n)
+		}
+		if n := count(without.prefix, tokens, at/bucketMillis); n != 0 {
+			t.Fatalf("key without tpm charged %d tokens", n)
+		}
+	})
+	t.Run("RetryAfterIsTheExactReleaseWhenThePreviousBucketRefuses", func(t *testing.T) {
+		// rpm 10, previous bucket 12, current 3: at 10 s into the bucket the
+		// estimate is 3 + 12×50/60 = 13. One more fits once 3 + 12×(60−t)/60 ≤ 9,
+		// at t = 30 s.
+		s := kit.replicas(t, 1)[0]
+		base := pinnedBase()
+		chain := []limit{newLimit("key", uniqueID(t), 10, 0)}
+		larger := []limit{newLimit("key", chain[0].id, 100, 0)} // the same counters under a larger cap
+		fill(t, s, larger, base-bucketMillis, 12)
+		fill(t, s, larger, base, 3)
+		assertReleaseAt(t, s, chain, base+10_000, base+30_000)
+	})
+	t.Run("RetryAfterIsTheExactReleaseWhenTheCurrentBucketRefuses", func(t *testing.T) {
+		// rpm 4, current bucket 6 (filled under a larger cap): one more fits in
+		// the next bucket once 6×(60−t)/60 ≤ 3, at t = 30 s, i.e. 90 s after base.
+		s := kit.replicas(t, 1)[0]
+		base := pinnedBase()
+		chain := []limit{newLimit("key", uniqueID(t), 4, 0)}
+		fill(t, s, []limit{newLimit("key", chain[0].id, 100, 0)}, base, 6)
+		assertReleaseAt(t, s, chain, base+20_000, base+90_000)
+	})
+	t.Run("RetryAfterForTokensHonoursTheStrictInequality", func(t *testing.T) {
+		// tpm 1000, previous 1200 tokens, current 400: fits once
+		// 400 + 1200×(60−t)/60 < 1000, i.e. t > 30 s: released at 30.001 s.
+		s := kit.replicas(t, 1)[0]
+		base := pinnedBase()
+		chain := []limit{newLimit("key", uniqueID(t), 0, 1000)}
+		if err := s.recordTokens(context.Background(), chain, 1200, base-bucketMillis); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.recordTokens(context.Background(), chain, 400, base); err != nil {
+			t.Fatal(err)
+		}
+		assertReleaseAt(t, s, chain, base+1000, base+30_001)
+	})
+	t.Run("RetryAfterWaitsForTheLastRefusingLimitOfTheChain", func(t *testing.T) {
+		s := kit.replicas(t, 1)[0]
+		base := pinnedBase()
+		key := newLimit("key", uniqueID(t), 4, 0)  // releases at base+90s (see above)
+		org := newLimit("org", uniqueID(t), 10, 0) // releases later
+		fill(t, s, []limit{newLimit("key", key.id, 100, 0), newLimit("org", org.id, 100, 0)}, base, 6)
+		fill(t, s, []limit{newLimit("org", org.id, 100, 0)}, base, 12)
+		// org: current 18 > 9, next bucket: 18×(60−t)/60 ≤ 9 at t = 30 s → base+90 s as well;
+		// add more to push it: 30 in total → 30×(60−t)/60 ≤ 9 at t = 42 s.
+		fill(t, s, []limit{newLimit("org", org.id, 100, 0)}, base, 12)
+		chain := []limit{key, org}
+		d := admitOrFail(t, s, chain, base+20_000)
+		ref := refusalOf(chain, d)
+		if ref.first != 0 {
+			t.Fatalf("first refusing limit %d, want the key (0)", ref.first)
+		}
+		assertReleaseAt(t, s, chain, base+20_000, base+60_000+42_000)
+	})
+}
+
+// fill admits n requests of chain at the pinned time, all of which must fit.
+func fill(t *testing.T, s store, chain []limit, at int64, n int) {
+	t.Helper()
+	for i := 0; i < n; i++ {
+		if !admitOrFail(t, s, chain, at).admitted {
+			t.Fatalf("fill: request %d of %d refused", i+1, n)
+		}
+	}
+}
+
+// assertReleaseAt checks that a request at time at is refused with a wait that
+// ends exactly at release: still refused one millisecond before, admitted then.
+func assertReleaseAt(t *testing.T, s store, chain []limit, at, release int64) {
+	t.Helper()
+	d := admitOrFail(t, s, chain, at)
+	if d.admitted {
+		t.Fatal("admitted, want a refusal")
+	}
+	ref := refusalOf(chain, d)
+	if got := at + ref.waitMillis; got != release {
+		t.Fatalf("wait %d ms ends at base+%d, want base+%d", ref.waitMillis, got%bucketMillis, release%bucketMillis)
+	}
+	if want := (release - at + 999) / 1000; ref.retryAfterSeconds() != want {
+		t.Fatalf("Retry-After %d s, want %d", ref.retryAfterSeconds(), want)
+	}
+	if admitOrFail(t, s, chain, release-1).admitted {
+		t.Fatal("admitted 1 ms before the announced release")
+	}
+	if !admitOrFail(t, s, chain, release).admitted {
+		t.Fatal("refused at the announced release")
+	}
+}
+
+func admitOrFail(t *testing.T, s store, chain []limit, at int64) decision {
+	t.Helper()
+	d, err := s.admit(context.Background(), chain, at)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// raceAdmissions sends n admissions at once, spread over the stores, and
+// returns how many were admitted.
+func raceAdmissions(t *testing.T, stores []store, chain []limit, n int, at int64) int {
+	t.Helper()
+	var admitted atomic.Int64
+	var start, wg sync.WaitGroup
+	start.Add(1)
+	errs := make(chan error, n)
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func(s store) {
+			defer wg.Done()
+			start.Wait()
+			d, err := s.admit(context.Background(), chain, at)
+			if err != nil {
+				errs <- err
+				return
+			}
+			if d.admitted {
+				admitted.Add(1)
+			}
+		}(stores[i%len(stores)])
+	}
+	start.Done()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	return int(admitted.Load())
+}
+
+func TestBucketKeyLayoutIsTheSpecs(t *testing.T) {
+	l := newLimit("org", "acme", 1, 0)
+	if got, want := bucketKey(l.prefix, requests, 29_000_000), "rolter:rl:org:acme:req:29000000"; got != want {
+		t.Fatalf("%s, want %s", got, want)
+	}
+	if got := keyID("key", "sk-live-abc"); len(got) != 33 || got[0] != '#' {
+		t.Fatalf("key id %q is not digested", got)
+	}
+	if got := keyID("org", "has space"); got[0] != '#' {
+		t.Fatalf("non-plain id %q is not digested", got)
+	}
+	if got := keyID("org", strconv.Itoa(42)); got != "42" {
+		t.Fatalf("plain id changed to %q", got)
+	}
+}
