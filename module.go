@@ -118,9 +118,6 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
 	h.warn = new(warnLimiter)
-	if err := h.Validate(); err != nil {
-		return err
-	}
 	repl := caddy.NewReplacer()
 	h.limits = make(map[string]scopeLimits)
 	for _, lc := range h.Limits {

@@ -1,0 +1,65 @@
+package ratelimit
+
+import (
+	"math/rand/v2"
+	"testing"
+)
+
+// releaseIn must be the earliest whole millisecond at which the counter fits
+// again, absent traffic: checked against a brute-force walk of the clock over
+// the current and the next bucket.
+func TestReleaseInIsTheEarliestMillisecondAtWhichTheCounterFits(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := 0; i < 400; i++ {
+		k := kind(rng.IntN(2))
+		capacity := 1 + rng.Int64N(20)
+		w := window{cur: rng.Int64N(3 * capacity), prev: rng.Int64N(3 * capacity)}
+		into := rng.Int64N(bucketMillis)
+		if k.fits(w, capacity, into) {
+			continue
+		}
+		got := k.releaseIn(w, capacity, into)
+		want := int64(-1)
+		for t := into; t < 3*bucketMillis; t++ {
+			if k.fits(windowAt(w, t), capacity, t%bucketMillis) {
+				want = t - into
+				break
+			}
+		}
+		if got != want {
+			t.Fatalf("%v cap %d %+v at %d ms: releaseIn %d, brute force %d", k, capacity, w, into, got, want)
+		}
+	}
+}
+
+// windowAt is w as read t milliseconds after the start of its current
+// bucket, with no traffic since.
+func windowAt(w window, t int64) window {
+	switch t / bucketMillis {
+	case 0:
+		return w
+	case 1:
+		return window{prev: w.cur}
+	}
+	return window{}
+}
+
+func TestRemainingAndResetFollowTheEstimate(t *testing.T) {
+	// 3 this minute and 12 last minute, 30 s in: estimate 3 + 6 = 9.
+	w := window{cur: 3, prev: 12}
+	if got := remaining(w, 10, 30_000); got != 1 {
+		t.Fatalf("remaining %d, want 1", got)
+	}
+	if got := remaining(w, 5, 30_000); got != 0 {
+		t.Fatalf("remaining %d over the cap, want 0", got)
+	}
+	if got := resetIn(w, 30_000); got != 90_000 {
+		t.Fatalf("reset in %d ms, want the end of the next minute (90000)", got)
+	}
+	if got := resetIn(window{prev: 4}, 30_000); got != 30_000 {
+		t.Fatalf("reset in %d ms, want the end of this minute (30000)", got)
+	}
+	if got := resetIn(window{}, 30_000); got != 0 {
+		t.Fatalf("reset in %d ms for an empty window", got)
+	}
+}
