@@ -1,0 +1,304 @@
+package ratelimit
+
+import (
+	"fmt"
+	"strconv"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+// The directive runs right after encode in Caddy's default directive order,
+// so a Caddyfile needs no order option: it then runs after map, vars, header,
+// rewrite, basic_auth, forward_auth and request_header (so it sees the
+// identity they establish), and before push, templates, handle, route,
+// respond and reverse_proxy (so a refused request never reaches an upstream).
+func init() {
+	httpcaddyfile.RegisterHandlerDirective("rolter_ratelimit", parseCaddyfile)
+	httpcaddyfile.RegisterDirectiveOrder("rolter_ratelimit", httpcaddyfile.After, "encode")
+}
+
+func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	rl := new(Handler)
+	if err := rl.UnmarshalCaddyfile(h.Dispenser); err != nil {
+		return nil, err
+	}
+	return rl, nil
+}
+
+// UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
+//
+//	rolter_ratelimit [<matcher>] {
+//		redis <url> [{
+//			timeout <duration>                     # one admission call's bound, default 100ms
+//		}]                                         # redis://, rediss://, unix://; absent: the in-process store
+//		scope <name> <value>                       # repeatable; <value> is usually a placeholder
+//		limit <scope> <id>|* [rpm <n>] [tpm <n>]   # repeatable; * is the default for every id of that scope
+//		on_redis_error allow|deny                  # default allow (fail open); deny answers 503
+//		on_refusal respond|error                   # default respond: the handler writes the 429 itself
+//		headers openai|ietf|off ...                # default openai; several may be listed
+//	}
+//
+// The scope lines form the chain in the order they are written, innermost
+// first by convention (key, project, team, org). A limit needs rpm, tpm or
+// both, each a positive integer, and a scope line for its scope, which may
+// come before or after it in the block. <id> and <value> are kept verbatim:
+// placeholders such as {env.VIP_KEY} or {http.request.header.X-Api-Key} are
+// resolved when the config loads (ids) or per request (values).
+//
+// The directive is ordered right after encode, so no order option is needed:
+// it runs after map, header, rewrite, forward_auth and request_header, and
+// before handle, route, respond and reverse_proxy.
+//
+// Every mistake is reported with the file and line of the offending line,
+// and the checks are those of the JSON config's validation.
+func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // consume directive name
+	directive := d.Token()
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+
+	declared := make(map[string]bool)
+	type limitKey struct{ scope, id string }
+	seenLimits := make(map[limitKey]bool)
+	type limitLine struct {
+		scope string
+		tok   caddyfile.Token
+	}
+	var limitLines []limitLine
+	var seenRedisError, seenRefusal, seenHeaders bool
+
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		sub := d.Token()
+		switch sub.Text {
+		case "redis":
+			if h.Redis != nil {
+				return d.Err("redis is given twice")
+			}
+			rc, err := parseRedis(d)
+			if err != nil {
+				return err
+			}
+			h.Redis = rc
+
+		case "scope":
+			var s Scope
+			if !d.AllArgs(&s.Name, &s.Value) {
+				return d.ArgErr()
+			}
+			// Handler.Validate says what is wrong with the scope itself,
+			// or that its name is taken by an earlier scope line.
+			chain := &Handler{Scopes: append(h.Scopes[:len(h.Scopes):len(h.Scopes)], s)}
+			if err := chain.Validate(); err != nil {
+				return d.WrapErr(err)
+			}
+			if err := noBlock(d, sub); err != nil {
+				return err
+			}
+			h.Scopes = chain.Scopes
+			declared[s.Name] = true
+
+		case "limit":
+			l, err := parseLimit(d)
+			if err != nil {
+				return err
+			}
+			k := limitKey{l.Scope, l.ID}
+			if seenLimits[k] {
+				return d.Errf("a second limit for scope %q id %q", l.Scope, l.ID)
+			}
+			seenLimits[k] = true
+			h.Limits = append(h.Limits, l)
+			limitLines = append(limitLines, limitLine{l.Scope, sub})
+
+		case "on_redis_error":
+			if seenRedisError {
+				return d.Err("on_redis_error is given twice")
+			}
+			seenRedisError = true
+			v, err := optionValue(d, func(v string) *Handler { return &Handler{OnRedisError: v} })
+			if err != nil {
+				return err
+			}
+			h.OnRedisError = v
+
+		case "on_refusal":
+			if seenRefusal {
+				return d.Err("on_refusal is given twice")
+			}
+			seenRefusal = true
+			v, err := optionValue(d, func(v string) *Handler { return &Handler{OnRefusal: v} })
+			if err != nil {
+				return err
+			}
+			h.OnRefusal = v
+
+		case "headers":
+			if seenHeaders {
+				return d.Err("headers is given twice; list every family on one line")
+			}
+			seenHeaders = true
+			families := d.RemainingArgs()
+			if len(families) == 0 {
+				return d.ArgErr()
+			}
+			if err := validateHeaderFamilies(families); err != nil {
+				return d.WrapErr(err)
+			}
+			if err := noBlock(d, sub); err != nil {
+				return err
+			}
+			h.Headers = families
+
+		default:
+			return d.Errf("unrecognized rolter_ratelimit subdirective '%s'", sub.Text)
+		}
+	}
+
+	// A limit's scope line may come after it, so this waits for the block's
+	// end, but blames the limit's own line.
+	for _, l := range limitLines {
+		if !declared[l.scope] {
+			return errAt(l.tok, fmt.Errorf("limit for scope %q, which has no scope line", l.scope))
+		}
+	}
+
+	// Everything was checked line by line; this is the JSON config's check
+	// of the whole, in case it learns something the lines above do not.
+	if err := h.Validate(); err != nil {
+		return errAt(directive, err)
+	}
+	return nil
+}
+
+// parseRedis parses the redis line, whose name is the current token, and its
+// optional block.
+func parseRedis(d *caddyfile.Dispenser) (*RedisConfig, error) {
+	rc := new(RedisConfig)
+	if !d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	rc.URL = d.Val()
+	if d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	if err := rc.validate(); err != nil {
+		return nil, d.WrapErr(err)
+	}
+	var seenTimeout bool
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		sub := d.Token()
+		switch sub.Text {
+		case "timeout":
+			if seenTimeout {
+				return nil, d.Err("timeout is given twice")
+			}
+			seenTimeout = true
+			if !d.NextArg() {
+				return nil, d.ArgErr()
+			}
+			dur, err := caddy.ParseDuration(d.Val())
+			if err != nil {
+				return nil, d.Errf("bad redis timeout %q: %v", d.Val(), err)
+			}
+			if dur == 0 {
+				// In JSON an absent timeout is 0; written out, 0 is a mistake.
+				return nil, d.Errf("redis timeout must be positive, not %q (leave it out for the default, %s)", d.Val(), defaultTimeout)
+			}
+			withTimeout := RedisConfig{URL: rc.URL, Timeout: caddy.Duration(dur)}
+			if err := withTimeout.validate(); err != nil {
+				return nil, d.WrapErr(err)
+			}
+			if d.NextArg() {
+				return nil, d.ArgErr()
+			}
+			if err := noBlock(d, sub); err != nil {
+				return nil, err
+			}
+			rc.Timeout = withTimeout.Timeout
+		default:
+			return nil, d.Errf("unrecognized redis subdirective '%s'", sub.Text)
+		}
+	}
+	return rc, nil
+}
+
+// parseLimit parses the arguments of a limit line, whose name is the current
+// token.
+func parseLimit(d *caddyfile.Dispenser) (LimitConfig, error) {
+	sub := d.Token()
+	var l LimitConfig
+	if !d.Args(&l.Scope, &l.ID) {
+		return l, d.ArgErr()
+	}
+	for d.NextArg() {
+		var n *int64
+		switch d.Val() {
+		case "rpm":
+			n = &l.RPM
+		case "tpm":
+			n = &l.TPM
+		default:
+			return l, d.Errf("unrecognized limit option '%s': expecting rpm or tpm", d.Val())
+		}
+		name := d.Val()
+		if *n != 0 {
+			return l, d.Errf("%s is given twice", name)
+		}
+		if !d.NextArg() {
+			return l, d.ArgErr()
+		}
+		// ParseUint takes neither a sign nor '_'; bit size 63 fits an int64.
+		v, err := strconv.ParseUint(d.Val(), 10, 63)
+		if err != nil || v == 0 {
+			return l, d.Errf("%s must be a positive integer, not %q", name, d.Val())
+		}
+		*n = int64(v)
+	}
+	if err := l.validate(); err != nil {
+		return l, d.WrapErr(err)
+	}
+	return l, noBlock(d, sub)
+}
+
+// optionValue reads the one value of an option line, whose name is the
+// current token, and checks it with Handler.Validate on a handler that has
+// only that option, built by with.
+func optionValue(d *caddyfile.Dispenser, with func(string) *Handler) (string, error) {
+	sub := d.Token()
+	var v string
+	if !d.AllArgs(&v) {
+		return "", d.ArgErr()
+	}
+	if v == "" { // "" is JSON's "absent"; written out, it is a missing value
+		return "", d.Errf("%s needs a value", sub.Text)
+	}
+	if err := with(v).Validate(); err != nil {
+		return "", d.WrapErr(err)
+	}
+	return v, noBlock(d, sub)
+}
+
+// noBlock reports a block opened after the line of sub, which takes none.
+// (An empty "{}" on the same line is consumed without a word, as everywhere
+// in Caddy's dispenser.)
+func noBlock(d *caddyfile.Dispenser, sub caddyfile.Token) error {
+	if d.NextBlock(d.Nesting()) {
+		return errAt(sub, fmt.Errorf("%s takes no block", sub.Text))
+	}
+	return nil
+}
+
+// errAt wraps err with tok's file and line (and import chain), exactly as
+// Dispenser.WrapErr would have done with tok as the current token.
+func errAt(tok caddyfile.Token, err error) error {
+	d := caddyfile.NewDispenser([]caddyfile.Token{tok})
+	d.Next()
+	return d.WrapErr(err)
+}
+
+// Interface guard
+var _ caddyfile.Unmarshaler = (*Handler)(nil)

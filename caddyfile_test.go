@@ -1,0 +1,559 @@
+package ratelimit
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	_ "github.com/caddyserver/caddy/v2/modules/standard" // encode, reverse_proxy, map, … and the caddyfile adapter
+)
+
+type caddyfileGoodCase struct {
+	name  string
+	input string
+	want  *Handler
+}
+
+var caddyfileGoodCases = []caddyfileGoodCase{
+	{
+		name:  "bare directive: in-process store, no scopes, defaults",
+		input: `rolter_ratelimit`,
+		want:  &Handler{},
+	},
+	{
+		name:  "empty block",
+		input: "rolter_ratelimit {\n}",
+		want:  &Handler{},
+	},
+	{
+		name: "everything",
+		input: `rolter_ratelimit {
+			redis rediss://:secret@redis.internal:6380/2 {
+				timeout 250ms
+			}
+			scope key {http.request.header.X-Api-Key}
+			scope project {http.request.header.X-Project}
+			scope team {http.vars.team}
+			scope org {http.request.header.X-Org}
+			limit key * rpm 60 tpm 100000
+			limit key {env.VIP_KEY} tpm 2000000 rpm 600
+			limit project * rpm 1000
+			limit team ml-research tpm 5000000
+			limit org * tpm 9223372036854775807
+			on_redis_error deny
+			on_refusal error
+			headers openai ietf
+		}`,
+		want: &Handler{
+			Redis: &RedisConfig{URL: "rediss://:secret@redis.internal:6380/2", Timeout: caddy.Duration(250 * time.Millisecond)},
+			Scopes: []Scope{
+				{Name: "key", Value: "{http.request.header.X-Api-Key}"},
+				{Name: "project", Value: "{http.request.header.X-Project}"},
+				{Name: "team", Value: "{http.vars.team}"},
+				{Name: "org", Value: "{http.request.header.X-Org}"},
+			},
+			Limits: []LimitConfig{
+				{Scope: "key", ID: "*", RPM: 60, TPM: 100000},
+				{Scope: "key", ID: "{env.VIP_KEY}", RPM: 600, TPM: 2000000},
+				{Scope: "project", ID: "*", RPM: 1000},
+				{Scope: "team", ID: "ml-research", TPM: 5000000},
+				{Scope: "org", ID: "*", TPM: 9223372036854775807},
+			},
+			OnRedisError: "deny",
+			OnRefusal:    "error",
+			Headers:      []string{"openai", "ietf"},
+		},
+	},
+	{
+		name: "limit before its scope line",
+		input: `rolter_ratelimit {
+			limit org acme rpm 5
+			scope org {http.request.header.X-Org}
+		}`,
+		want: &Handler{
+			Scopes: []Scope{{Name: "org", Value: "{http.request.header.X-Org}"}},
+			Limits: []LimitConfig{{Scope: "org", ID: "acme", RPM: 5}},
+		},
+	},
+	{
+		name: "redis without a block keeps the default timeout",
+		input: `rolter_ratelimit {
+			redis redis://127.0.0.1:6379/0
+			on_redis_error allow
+			on_refusal respond
+		}`,
+		want: &Handler{
+			Redis:        &RedisConfig{URL: "redis://127.0.0.1:6379/0"},
+			OnRedisError: "allow",
+			OnRefusal:    "respond",
+		},
+	},
+	{
+		name: "unix socket, duration in days, empty block after redis",
+		input: `rolter_ratelimit {
+			redis unix:///run/redis/redis.sock?db=3 {
+				timeout 1d
+			}
+		}`,
+		want: &Handler{Redis: &RedisConfig{URL: "unix:///run/redis/redis.sock?db=3", Timeout: caddy.Duration(24 * time.Hour)}},
+	},
+	{
+		name: "redis URL placeholder is kept for Provision",
+		input: `rolter_ratelimit {
+			redis {env.REDIS_URL}
+		}`,
+		want: &Handler{Redis: &RedisConfig{URL: "{env.REDIS_URL}"}},
+	},
+	{
+		name: "headers off",
+		input: `rolter_ratelimit {
+			headers off
+		}`,
+		want: &Handler{Headers: []string{"off"}},
+	},
+	{
+		name: "quoted values are kept verbatim; same id in two scopes; default and own limit",
+		input: `rolter_ratelimit {
+			scope key "{http.request.header.Authorization}"
+			scope org "acme corp"
+			limit key "sk-abc def" rpm 1
+			limit org "sk-abc def" rpm 2
+			limit key * rpm 3
+		}`,
+		want: &Handler{
+			Scopes: []Scope{
+				{Name: "key", Value: "{http.request.header.Authorization}"},
+				{Name: "org", Value: "acme corp"},
+			},
+			Limits: []LimitConfig{
+				{Scope: "key", ID: "sk-abc def", RPM: 1},
+				{Scope: "org", ID: "sk-abc def", RPM: 2},
+				{Scope: "key", ID: "*", RPM: 3},
+			},
+		},
+	},
+	{
+		name: "a scope with no limit is allowed",
+		input: `rolter_ratelimit {
+			scope key {http.request.header.X-Api-Key}
+		}`,
+		want: &Handler{Scopes: []Scope{{Name: "key", Value: "{http.request.header.X-Api-Key}"}}},
+	},
+}
+
+func TestCaddyfileParsesEveryDocumentedForm(t *testing.T) {
+	for _, tc := range caddyfileGoodCases {
+		t.Run(tc.name, func(t *testing.T) {
+			got := new(Handler)
+			if err := got.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.input)); err != nil {
+				t.Fatalf("UnmarshalCaddyfile: %v", err)
+			}
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("got  %s\nwant %s", cfJSON(t, got), cfJSON(t, tc.want))
+			}
+			if err := got.Validate(); err != nil {
+				t.Errorf("the JSON validation rejects what the Caddyfile accepted: %v", err)
+			}
+		})
+	}
+}
+
+type caddyfileBadCase struct {
+	name  string
+	input string
+	want  string // part of the message
+	line  int    // the line the error must blame, in Testfile
+}
+
+var caddyfileBadCases = []caddyfileBadCase{
+	// the directive itself
+	{"argument after the directive", "rolter_ratelimit foo {\n}", "wrong argument count", 1},
+	{"argument after the directive, without block", "rolter_ratelimit 100", "wrong argument count", 1},
+	{"unknown subdirective", "rolter_ratelimit {\n\tscope key x\n\trate 5\n}", "unrecognized rolter_ratelimit subdirective 'rate'", 3},
+
+	// redis
+	{"redis twice", "rolter_ratelimit {\n\tredis redis://a:6379\n\tredis redis://b:6379\n}", "redis is given twice", 3},
+	{"redis without URL", "rolter_ratelimit {\n\tredis\n}", "wrong argument count", 2},
+	{"redis with only a block", "rolter_ratelimit {\n\tredis {\n\t\ttimeout 1s\n\t}\n}", "wrong argument count or unexpected line ending after 'redis'", 2},
+	{"redis with two URLs", "rolter_ratelimit {\n\tredis redis://a redis://b\n}", "wrong argument count", 2},
+	{"redis with an http URL", "rolter_ratelimit {\n\tscope key x\n\tredis http://redis:6379\n}", "invalid redis URL", 3},
+	{"redis with a bad port", "rolter_ratelimit {\n\tredis redis://redis:port\n}", "invalid redis URL", 2},
+	{"redis with an empty URL", "rolter_ratelimit {\n\tredis \"\"\n}", "redis needs a URL", 2},
+	{"timeout not a duration", "rolter_ratelimit {\n\tredis redis://r {\n\t\ttimeout soon\n\t}\n}", `bad redis timeout "soon"`, 3},
+	{"timeout without unit", "rolter_ratelimit {\n\tredis redis://r {\n\t\ttimeout 100\n\t}\n}", `bad redis timeout "100"`, 3},
+	{"timeout negative", "rolter_ratelimit {\n\tredis redis://r {\n\t\ttimeout -1s\n\t}\n}", "redis timeout must not be negative", 3},
+	{"timeout zero", "rolter_ratelimit {\n\tredis redis://r {\n\t\ttimeout 0s\n\t}\n}", "redis timeout must be positive", 3},
+	{"timeout without value", "rolter_ratelimit {\n\tredis redis://r {\n\t\ttimeout\n\t}\n}", "wrong argument count", 3},
+	{"timeout with two values", "rolter_ratelimit {\n\tredis redis://r {\n\t\ttimeout 1s 2s\n\t}\n}", "wrong argument count", 3},
+	{"timeout twice", "rolter_ratelimit {\n\tredis redis://r {\n\t\ttimeout 1s\n\t\ttimeout 2s\n\t}\n}", "timeout is given twice", 4},
+	{"unknown redis subdirective", "rolter_ratelimit {\n\tredis redis://r {\n\t\tpassword x\n\t}\n}", "unrecognized redis subdirective 'password'", 3},
+
+	// scope
+	{"scope without value", "rolter_ratelimit {\n\tscope key\n}", "wrong argument count", 2},
+	{"scope without anything", "rolter_ratelimit {\n\tscope\n}", "wrong argument count", 2},
+	{"scope with three arguments", "rolter_ratelimit {\n\tscope key {http.request.header.X-Api-Key} extra\n}", "wrong argument count", 2},
+	{"scope with a bad name", "rolter_ratelimit {\n\tscope \"api key\" x\n}", `scope name "api key"`, 2},
+	{"scope with an empty value", "rolter_ratelimit {\n\tscope key \" \"\n}", `scope "key" has an empty value`, 2},
+	{"scope twice", "rolter_ratelimit {\n\tscope key {http.request.header.A}\n\tscope org x\n\tscope key {http.request.header.B}\n}", `scope "key" is defined twice`, 4},
+	{"scope with a block", "rolter_ratelimit {\n\tscope key x {\n\t\tfoo\n\t}\n}", "scope takes no block", 2},
+
+	// limit
+	{"limit for an undeclared scope", "rolter_ratelimit {\n\tscope key x\n\tlimit org * rpm 5\n}", `limit for scope "org", which has no scope line`, 3},
+	{"limit for an undeclared scope, among declared ones", "rolter_ratelimit {\n\tlimit key * rpm 5\n\tscope key x\n\tlimit team * rpm 5\n\tscope org y\n\tlimit org * rpm 5\n}", `limit for scope "team", which has no scope line`, 4},
+	{"limit twice for the same id", "rolter_ratelimit {\n\tscope key x\n\tlimit key abc rpm 5\n\tlimit key * rpm 1\n\tlimit key abc tpm 50\n}", `a second limit for scope "key" id "abc"`, 5},
+	{"default limit twice", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5\n\tlimit key * rpm 5\n}", `a second limit for scope "key" id "*"`, 4},
+	{"limit without id", "rolter_ratelimit {\n\tscope key x\n\tlimit key\n}", "wrong argument count", 3},
+	{"limit without anything", "rolter_ratelimit {\n\tlimit\n}", "wrong argument count", 2},
+	{"limit without rpm or tpm", "rolter_ratelimit {\n\tscope key x\n\tlimit key *\n}", `limit for scope "key" id "*" sets neither rpm nor tpm`, 3},
+	{"limit with an empty id", "rolter_ratelimit {\n\tscope key x\n\tlimit key \"\" rpm 5\n}", `limit for scope "key" has an empty id`, 3},
+	{"rpm zero", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 0\n}", `rpm must be a positive integer, not "0"`, 3},
+	{"tpm zero", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 tpm 0\n}", `tpm must be a positive integer, not "0"`, 3},
+	{"rpm negative", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm -5\n}", `rpm must be a positive integer, not "-5"`, 3},
+	{"rpm with a plus sign", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm +5\n}", `rpm must be a positive integer, not "+5"`, 3},
+	{"rpm not a number", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm many\n}", `rpm must be a positive integer, not "many"`, 3},
+	{"rpm fractional", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 1.5\n}", `rpm must be a positive integer, not "1.5"`, 3},
+	{"rpm with a unit", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5k\n}", `rpm must be a positive integer, not "5k"`, 3},
+	{"tpm overflows int64", "rolter_ratelimit {\n\tscope key x\n\tlimit key * tpm 9223372036854775808\n}", `tpm must be a positive integer, not "9223372036854775808"`, 3},
+	{"tpm overflows uint64", "rolter_ratelimit {\n\tscope key x\n\tlimit key * tpm 99999999999999999999999\n}", "tpm must be a positive integer", 3},
+	{"rpm without value", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm\n}", "wrong argument count or unexpected line ending after 'rpm'", 3},
+	{"tpm without value after rpm", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 tpm\n}", "wrong argument count or unexpected line ending after 'tpm'", 3},
+	{"rpm twice", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 tpm 10 rpm 6\n}", "rpm is given twice", 3},
+	{"tpm twice", "rolter_ratelimit {\n\tscope key x\n\tlimit key * tpm 5 tpm 5\n}", "tpm is given twice", 3},
+	{"unknown limit option", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rps 5\n}", "unrecognized limit option 'rps': expecting rpm or tpm", 3},
+	{"limit with a block", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 {\n\t\ttpm 6\n\t}\n}", "limit takes no block", 3},
+
+	// options
+	{"on_redis_error with another value", "rolter_ratelimit {\n\ton_redis_error fail\n}", `on_redis_error must be allow or deny, not "fail"`, 2},
+	{"on_redis_error without value", "rolter_ratelimit {\n\ton_redis_error\n}", "wrong argument count", 2},
+	{"on_redis_error with an empty value", "rolter_ratelimit {\n\ton_redis_error \"\"\n}", "on_redis_error needs a value", 2},
+	{"on_redis_error with two values", "rolter_ratelimit {\n\ton_redis_error allow deny\n}", "wrong argument count", 2},
+	{"on_redis_error twice", "rolter_ratelimit {\n\ton_redis_error allow\n\ton_redis_error deny\n}", "on_redis_error is given twice", 3},
+	{"on_redis_error with a block", "rolter_ratelimit {\n\ton_redis_error deny {\n\t\tstatus 500\n\t}\n}", "on_redis_error takes no block", 2},
+	{"on_refusal with another value", "rolter_ratelimit {\n\ton_refusal drop\n}", `on_refusal must be respond or error, not "drop"`, 2},
+	{"on_refusal without value", "rolter_ratelimit {\n\ton_refusal\n}", "wrong argument count", 2},
+	{"on_refusal with two values", "rolter_ratelimit {\n\ton_refusal respond error\n}", "wrong argument count", 2},
+	{"on_refusal twice", "rolter_ratelimit {\n\ton_refusal respond\n\ton_refusal respond\n}", "on_refusal is given twice", 3},
+	{"headers without value", "rolter_ratelimit {\n\theaders\n}", "wrong argument count", 2},
+	{"headers unknown", "rolter_ratelimit {\n\theaders openai draft7\n}", `headers must be openai, ietf or off, not "draft7"`, 2},
+	{"headers off with others", "rolter_ratelimit {\n\theaders ietf off\n}", "headers off cannot be combined with other header families", 2},
+	{"headers twice", "rolter_ratelimit {\n\theaders openai\n\theaders ietf\n}", "headers is given twice", 3},
+}
+
+func TestCaddyfileRejectsEveryMistakeWithItsLine(t *testing.T) {
+	for _, tc := range caddyfileBadCases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := new(Handler)
+			err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.input))
+			if err == nil {
+				t.Fatalf("accepted:\n%s\nas %s", tc.input, cfJSON(t, h))
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %q does not say %q", err, tc.want)
+			}
+			if at := fmt.Sprintf(", at Testfile:%d", tc.line); !strings.HasSuffix(err.Error(), at) {
+				t.Errorf("error %q does not end with %q", err, at)
+			}
+		})
+	}
+}
+
+func TestCaddyfileRejectsLimitForUndeclaredScopeWithItsLine(t *testing.T) {
+	// The scope line of "key" comes after its limit, which is fine; "org"
+	// has none at all, which is found at the block's end but blamed on the
+	// limit's own line, in the very format of Dispenser.WrapErr.
+	input := `rolter_ratelimit {
+	limit key * rpm 5
+	limit org acme tpm 1000
+	scope key {http.request.header.X-Api-Key}
+	on_refusal error
+}`
+	err := new(Handler).UnmarshalCaddyfile(caddyfile.NewTestDispenser(input))
+	want := `limit for scope "org", which has no scope line, at Testfile:3`
+	if err == nil || err.Error() != want {
+		t.Fatalf("got %v, want %s", err, want)
+	}
+}
+
+// TestCaddyfileErrorsSayWhatJSONValidationSays checks that, for every mistake
+// a JSON config can also make, the Caddyfile's message is the JSON
+// validation's, with the line added.
+func TestCaddyfileErrorsSayWhatJSONValidationSays(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		caddyfile string
+		line      int
+		json      string
+	}{
+		{"bad scope name", "rolter_ratelimit {\n\tscope k.y x\n}", 2,
+			`{"scopes":[{"name":"k.y","value":"x"}]}`},
+		{"empty scope value", "rolter_ratelimit {\n\tscope key \"\"\n}", 2,
+			`{"scopes":[{"name":"key","value":""}]}`},
+		{"scope twice", "rolter_ratelimit {\n\tscope key x\n\tscope key y\n}", 3,
+			`{"scopes":[{"name":"key","value":"x"},{"name":"key","value":"y"}]}`},
+		{"undeclared scope", "rolter_ratelimit {\n\tlimit org * rpm 1\n}", 2,
+			`{"limits":[{"scope":"org","id":"*","rpm":1}]}`},
+		{"limit twice", "rolter_ratelimit {\n\tscope key x\n\tlimit key a rpm 1\n\tlimit key a tpm 1\n}", 4,
+			`{"scopes":[{"name":"key","value":"x"}],"limits":[{"scope":"key","id":"a","rpm":1},{"scope":"key","id":"a","tpm":1}]}`},
+		{"neither rpm nor tpm", "rolter_ratelimit {\n\tscope key x\n\tlimit key a\n}", 3,
+			`{"scopes":[{"name":"key","value":"x"}],"limits":[{"scope":"key","id":"a"}]}`},
+		{"on_redis_error", "rolter_ratelimit {\n\ton_redis_error maybe\n}", 2, `{"on_redis_error":"maybe"}`},
+		{"on_refusal", "rolter_ratelimit {\n\ton_refusal maybe\n}", 2, `{"on_refusal":"maybe"}`},
+		{"unknown header family", "rolter_ratelimit {\n\theaders openai x\n}", 2, `{"headers":["openai","x"]}`},
+		{"headers off with others", "rolter_ratelimit {\n\theaders off openai\n}", 2, `{"headers":["off","openai"]}`},
+		{"bad redis URL", "rolter_ratelimit {\n\tredis mysql://db\n}", 2, `{"redis":{"url":"mysql://db"}}`},
+		{"negative redis timeout", "rolter_ratelimit {\n\tredis redis://r {\n\t\ttimeout -5ms\n\t}\n}", 3, `{"redis":{"url":"redis://r","timeout":"-5ms"}}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var fromJSON Handler
+			if err := json.Unmarshal([]byte(tc.json), &fromJSON); err != nil {
+				t.Fatal(err)
+			}
+			jsonErr := fromJSON.Validate()
+			if jsonErr == nil {
+				t.Fatalf("the JSON validation accepts %s", tc.json)
+			}
+			err := new(Handler).UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.caddyfile))
+			want := fmt.Sprintf("%v, at Testfile:%d", jsonErr, tc.line)
+			if err == nil || err.Error() != want {
+				t.Errorf("Caddyfile says %v\nJSON says      %s", err, want)
+			}
+		})
+	}
+}
+
+const caddyfileSite = `{
+	admin off
+}
+
+:8080 {
+	reverse_proxy 127.0.0.1:9000
+	rolter_ratelimit {
+		scope key {http.request.header.X-Api-Key}
+		scope org {org}
+		limit key * rpm 60 tpm 100000
+		limit org acme tpm 1000000
+	}
+	encode
+	request_header X-Gateway rolter
+	forward_auth 127.0.0.1:9001 {
+		uri /check
+		copy_headers X-Org
+	}
+	map {http.request.header.X-Org} {org} {
+		default anonymous
+	}
+}
+`
+
+func TestCaddyfileDirectiveNeedsNoOrderAndRunsAfterEncodeBeforeReverseProxy(t *testing.T) {
+	out, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfileSite), nil)
+	if err != nil {
+		t.Fatalf("adapting: %v", err)
+	}
+	handlers, objects := cfHandlers(t, out)
+	t.Logf("handlers in order: %v", handlers)
+	find := func(what string, match func(name string, obj json.RawMessage) bool) int {
+		t.Helper()
+		for i, name := range handlers {
+			if match(name, objects[i]) {
+				return i
+			}
+		}
+		t.Fatalf("no %s handler in %s", what, out)
+		return -1
+	}
+	named := func(want string) func(string, json.RawMessage) bool {
+		return func(name string, _ json.RawMessage) bool { return name == want }
+	}
+	rl := find("rolter_ratelimit", named("rolter_ratelimit"))
+	// map, forward_auth (a reverse_proxy to the auth service, with
+	// handle_response routes nested in it), request_header (a headers
+	// handler) and encode come first; after rolter_ratelimit, only the
+	// upstream's reverse_proxy.
+	for _, before := range []struct {
+		what  string
+		match func(string, json.RawMessage) bool
+	}{
+		{"map", named("map")},
+		{"forward_auth", func(name string, obj json.RawMessage) bool {
+			return name == "reverse_proxy" && bytes.Contains(obj, []byte("127.0.0.1:9001"))
+		}},
+		{"request_header", func(name string, obj json.RawMessage) bool {
+			return name == "headers" && bytes.Contains(obj, []byte("X-Gateway"))
+		}},
+		{"encode", named("encode")},
+	} {
+		if i := find(before.what, before.match); i > rl {
+			t.Errorf("%s runs after rolter_ratelimit: %v", before.what, handlers)
+		}
+	}
+	if after := handlers[rl+1:]; !slices.Equal(after, []string{"reverse_proxy"}) {
+		t.Errorf("after rolter_ratelimit come %v, want only reverse_proxy", after)
+	}
+
+	// The handler's config is the parsed one.
+	raw := cfHandlerJSON(t, out, "rolter_ratelimit")
+	var got Handler
+	if err := json.Unmarshal(raw, &got); err != nil {
+		t.Fatal(err)
+	}
+	want := Handler{
+		Scopes: []Scope{{Name: "key", Value: "{http.request.header.X-Api-Key}"}, {Name: "org", Value: "{org}"}},
+		Limits: []LimitConfig{{Scope: "key", ID: "*", RPM: 60, TPM: 100000}, {Scope: "org", ID: "acme", TPM: 1000000}},
+	}
+	if !reflect.DeepEqual(&got, &want) {
+		t.Errorf("adapted handler %s, want %s", raw, cfJSON(t, &want))
+	}
+}
+
+func TestCaddyfileAdapterErrorsCarryTheLine(t *testing.T) {
+	for _, tc := range []struct {
+		name, body, want string
+	}{
+		{"a bad value", `:8080 {
+	rolter_ratelimit {
+		scope key {http.request.header.X-Api-Key}
+		limit key * rpm 0
+	}
+	reverse_proxy 127.0.0.1:9000
+}`, `rpm must be a positive integer, not "0", at Caddyfile:4`},
+		{"an undeclared scope, found at the block's end", `:8080 {
+	rolter_ratelimit /v1/* {
+		limit org * rpm 10
+		scope key {http.request.header.X-Api-Key}
+	}
+	reverse_proxy 127.0.0.1:9000
+}`, `limit for scope "org", which has no scope line, at Caddyfile:3`},
+		{"an argument after the matcher", `:8080 {
+	rolter_ratelimit @api 5 {
+		scope key x
+	}
+	@api path /v1/*
+	reverse_proxy 127.0.0.1:9000
+}`, `wrong argument count or unexpected line ending after '5', at Caddyfile:2`},
+		{"an undeclared scope in an imported snippet", `(limits) {
+	rolter_ratelimit {
+		limit team * tpm 10
+	}
+}
+
+:8080 {
+	import limits
+	reverse_proxy 127.0.0.1:9000
+}`, `limit for scope "team", which has no scope line, at Caddyfile:3 import chain ['Caddyfile:8 (import limits)']`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(tc.body), nil)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("got error %v, want one containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestCaddyfileMatcherIsNotAnArgument(t *testing.T) {
+	body := `:8080 {
+	@api path /v1/*
+	rolter_ratelimit @api {
+		scope key {http.request.header.X-Api-Key}
+		limit key * rpm 5
+	}
+	reverse_proxy 127.0.0.1:9000
+}`
+	out, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(body), nil)
+	if err != nil {
+		t.Fatalf("adapting: %v", err)
+	}
+	if !bytes.Contains(out, []byte(`"path":["/v1/*"]`)) {
+		t.Errorf("the matcher is lost: %s", out)
+	}
+	cfHandlerJSON(t, out, "rolter_ratelimit")
+}
+
+func FuzzUnmarshalCaddyfileNeverPanics(f *testing.F) {
+	for _, tc := range caddyfileGoodCases {
+		f.Add(tc.input)
+	}
+	for _, tc := range caddyfileBadCases {
+		f.Add(tc.input)
+	}
+	f.Add("rolter_ratelimit {\n\tredis redis://r {\n\t\ttimeout 1s {\n\t\t}\n\t}\n\tlimit key * rpm 5 {}\n}")
+	f.Add("rolter_ratelimit {\n\tlimit\n\t}\n}\n}")
+	f.Fuzz(func(t *testing.T, input string) {
+		tokens, err := caddyfile.Tokenize([]byte(input), "Testfile")
+		if err != nil {
+			return // the Caddyfile parser stops there
+		}
+		h := new(Handler)
+		err = h.UnmarshalCaddyfile(caddyfile.NewDispenser(tokens))
+		if err != nil {
+			if len(tokens) > 0 && !strings.Contains(err.Error(), ", at Testfile:") {
+				t.Fatalf("error without its line: %v", err)
+			}
+			return
+		}
+		if err := h.Validate(); err != nil {
+			t.Fatalf("the JSON validation rejects what the Caddyfile accepted: %v\n%s", err, cfJSON(t, h))
+		}
+	})
+}
+
+func cfJSON(t *testing.T, h *Handler) string {
+	t.Helper()
+	b, err := json.Marshal(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// cfHandlers lists the handler objects of an adapted config in the order
+// they run: a handler before the handlers nested in it (subroute,
+// handle_response), routes in their order.
+func cfHandlers(t *testing.T, config []byte) (names []string, objects []json.RawMessage) {
+	t.Helper()
+	var walk func(json.RawMessage)
+	walk = func(raw json.RawMessage) {
+		var obj map[string]json.RawMessage
+		if json.Unmarshal(raw, &obj) == nil {
+			var name string
+			if json.Unmarshal(obj["handler"], &name) == nil && name != "" {
+				names = append(names, name)
+				objects = append(objects, raw)
+			}
+			for _, k := range slices.Sorted(maps.Keys(obj)) {
+				walk(obj[k])
+			}
+			return
+		}
+		var arr []json.RawMessage
+		if json.Unmarshal(raw, &arr) == nil {
+			for _, v := range arr {
+				walk(v)
+			}
+		}
+	}
+	walk(config)
+	return names, objects
+}
+
+// cfHandlerJSON finds the first handler object called name in an adapted
+// config.
+func cfHandlerJSON(t *testing.T, config []byte, name string) json.RawMessage {
+	t.Helper()
+	names, objects := cfHandlers(t, config)
+	i := slices.Index(names, name)
+	if i < 0 {
+		t.Fatalf("no %s handler in %s", name, config)
+	}
+	return objects[i]
+}
