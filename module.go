@@ -299,12 +299,12 @@ func (h *Handler) chain(repl *caddy.Replacer) []limit {
 
 // storeFailed applies on_redis_error.
 func (h *Handler) storeFailed(w http.ResponseWriter, repl *caddy.Replacer, err error, next caddyhttp.Handler, r *http.Request) error {
-	deny := h.OnRedisError == "deny"
-	h.warn.log(h.logger, "rate limit store unavailable", err, deny)
-	if !deny {
+	if h.OnRedisError != "deny" {
+		h.warn.log(h.logger, "rate limit store unavailable; admitting requests unchecked (on_redis_error allow)", zap.Error(err))
 		repl.Set(placeholderOutcome, "failed_open")
 		return next.ServeHTTP(w, r)
 	}
+	h.warn.log(h.logger, "rate limit store unavailable; refusing requests with 503 (on_redis_error deny)", zap.Error(err))
 	repl.Set(placeholderOutcome, "failed_closed")
 	return writeJSONError(w, http.StatusServiceUnavailable, "The rate limiter is unavailable; please retry shortly.", "server_error", "rate_limiter_unavailable")
 }

@@ -277,16 +277,12 @@ type warnLimiter struct {
 
 const warnInterval = 10 * time.Second
 
-func (l *warnLimiter) log(logger *zap.Logger, msg string, err error, deny bool) {
+func (l *warnLimiter) log(logger *zap.Logger, msg string, fields ...zap.Field) {
 	now := time.Now().UnixNano()
 	next := l.next.Load()
 	if now < next || !l.next.CompareAndSwap(next, now+int64(warnInterval)) {
 		l.suppressed.Add(1)
 		return
 	}
-	action := "allowing requests (on_redis_error allow)"
-	if deny {
-		action = "refusing requests with 503 (on_redis_error deny)"
-	}
-	logger.Warn(msg, zap.Error(err), zap.String("action", action), zap.Int64("suppressed_since_last", l.suppressed.Swap(0)))
+	logger.Warn(msg, append(fields, zap.Int64("suppressed_since_last", l.suppressed.Swap(0)))...)
 }

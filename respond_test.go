@@ -18,7 +18,7 @@ func TestStoreFailuresAreLoggedOncePerIntervalNotPerRequest(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			l.log(logger, "rate limit store unavailable", errors.New("connection refused"), false)
+			l.log(logger, "rate limit store unavailable", zap.Error(errors.New("connection refused")))
 		}()
 	}
 	wg.Wait()
@@ -26,7 +26,7 @@ func TestStoreFailuresAreLoggedOncePerIntervalNotPerRequest(t *testing.T) {
 		t.Fatalf("%d warnings for 500 failures within one interval, want 1", n)
 	}
 	l.next.Store(0) // the interval has passed
-	l.log(logger, "rate limit store unavailable", errors.New("connection refused"), false)
+	l.log(logger, "rate limit store unavailable", zap.Error(errors.New("connection refused")))
 	entries := logs.All()
 	if len(entries) != 2 {
 		t.Fatalf("%d warnings, want 2", len(entries))
