@@ -39,6 +39,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		on_redis_error allow|deny                  # default allow (fail open); deny answers 503
 //		on_refusal respond|error                   # default respond: the handler writes the 429 itself
 //		headers openai|ietf|off ...                # default openai; several may be listed
+//		ensure_stream_usage on|off                 # default on: ask OpenAI streams for their usage
 //	}
 //
 // The scope lines form the chain in the order they are written, innermost
@@ -69,7 +70,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		tok   caddyfile.Token
 	}
 	var limitLines []limitLine
-	var seenRedisError, seenRefusal, seenHeaders bool
+	var seenRedisError, seenRefusal, seenHeaders, seenStreamUsage bool
 
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		sub := d.Token()
@@ -152,6 +153,24 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			h.Headers = families
+
+		case "ensure_stream_usage":
+			if seenStreamUsage {
+				return d.Err("ensure_stream_usage is given twice")
+			}
+			seenStreamUsage = true
+			var v string
+			if !d.AllArgs(&v) {
+				return d.ArgErr()
+			}
+			if v != "on" && v != "off" {
+				return d.Errf("ensure_stream_usage must be on or off, not %q", v)
+			}
+			if err := noBlock(d, sub); err != nil {
+				return err
+			}
+			on := v == "on"
+			h.EnsureStreamUsage = &on
 
 		default:
 			return d.Errf("unrecognized rolter_ratelimit subdirective '%s'", sub.Text)

@@ -246,6 +246,9 @@ var caddyfileBadCases = []caddyfileBadCase{
 	{"headers unknown", "rolter_ratelimit {\n\theaders openai draft7\n}", `headers must be openai, ietf or off, not "draft7"`, 2},
 	{"headers off with others", "rolter_ratelimit {\n\theaders ietf off\n}", "headers off cannot be combined with other header families", 2},
 	{"headers twice", "rolter_ratelimit {\n\theaders openai\n\theaders ietf\n}", "headers is given twice", 3},
+	{"ensure_stream_usage with another value", "rolter_ratelimit {\n\tensure_stream_usage yes\n}", `ensure_stream_usage must be on or off, not "yes"`, 2},
+	{"ensure_stream_usage without value", "rolter_ratelimit {\n\tensure_stream_usage\n}", "wrong argument count", 2},
+	{"ensure_stream_usage twice", "rolter_ratelimit {\n\tensure_stream_usage on\n\tensure_stream_usage off\n}", "ensure_stream_usage is given twice", 3},
 }
 
 func TestCaddyfileRejectsEveryMistakeWithItsLine(t *testing.T) {

@@ -3,7 +3,9 @@ module github.com/rolter/caddy-ratelimit
 go 1.26.8
 
 require (
+	github.com/andybalholm/brotli v1.3.0
 	github.com/caddyserver/caddy/v2 v2.11.9
+	github.com/klauspost/compress v1.20.1
 	github.com/redis/go-redis/v9 v9.22.0
 	go.uber.org/zap v1.28.0
 )
@@ -75,7 +77,6 @@ require (
 	github.com/jackc/pgx/v5 v5.11.0 // indirect
 	github.com/jackc/puddle/v2 v2.2.2 // indirect
 	github.com/josephspurrier/goversioninfo v1.5.0 // indirect
-	github.com/klauspost/compress v1.20.1 // indirect
 	github.com/klauspost/cpuid/v2 v2.4.0 // indirect
 	github.com/libdns/libdns v1.1.1 // indirect
 	github.com/manifoldco/promptui v0.9.0 // indirect

@@ -53,12 +53,20 @@ type Handler struct {
 	// "off" alone for none.
 	Headers []string `json:"headers,omitempty"`
 
+	// EnsureStreamUsage adds stream_options.include_usage to OpenAI streaming
+	// chat-completions requests that lack it, so that their tokens can be
+	// charged, and removes the usage chunk it adds from what the client
+	// receives. Default true. Only requests whose chain has a tpm are touched.
+	EnsureStreamUsage *bool `json:"ensure_stream_usage,omitempty"`
+
 	store   store
 	release func() error // gives the store back to its pool
 	limits  map[string]scopeLimits
 	headers headerFamilies
 	logger  *zap.Logger
-	warn    *warnLimiter
+	warn    *warnLimiter // store failures at admission
+	// chargeWarn: failed token charges
+	chargeWarn *warnLimiter
 }
 
 // RedisConfig locates the Redis server that holds the shared counters.
@@ -117,7 +125,7 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // pool, so that counters (and Redis connections) survive config reloads.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
-	h.warn = new(warnLimiter)
+	h.warn, h.chargeWarn = new(warnLimiter), new(warnLimiter)
 	repl := caddy.NewReplacer()
 	h.limits = make(map[string]scopeLimits)
 	for _, lc := range h.Limits {
@@ -264,12 +272,30 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.refuse(w, repl, chain, d, ref)
 	}
 	repl.Set(placeholderOutcome, "admitted")
-	if h.headers.any() {
-		set := h.headers.headersFor(chain, d, true)
-		set.apply(w.Header())
-		w = &headerWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, set: set}
+	metering := chainHasTPM(chain)
+	if !h.headers.any() && !metering {
+		return next.ServeHTTP(w, r)
 	}
-	return next.ServeHTTP(w, r)
+	rw := &responseWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, metering: metering}
+	if h.headers.any() {
+		rw.headers = h.headers.headersFor(chain, d, true)
+		rw.headers.apply(w.Header())
+	}
+	if metering && (h.EnsureStreamUsage == nil || *h.EnsureStreamUsage) {
+		rw.strip = requestStreamUsage(r)
+	}
+	err = next.ServeHTTP(rw, r)
+	h.meterResponse(r.Context(), rw, chain)
+	return err
+}
+
+func chainHasTPM(chain []limit) bool {
+	for _, l := range chain {
+		if l.tpm > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // chain resolves the request's limits, in chain order.

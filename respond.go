@@ -3,14 +3,12 @@ package ratelimit
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 )
 
@@ -224,47 +222,6 @@ func writeJSONError(w http.ResponseWriter, status int, message, typ, code string
 	w.WriteHeader(status)
 	_, err = w.Write(body)
 	return err
-}
-
-// headerWriter sets the admitted request's rate-limit headers again when the
-// response header is written, because reverse_proxy adds the upstream's
-// headers to the response after this handler ran.
-type headerWriter struct {
-	*caddyhttp.ResponseWriterWrapper
-	set         headerSet
-	wroteHeader bool
-}
-
-func (w *headerWriter) WriteHeader(status int) {
-	if !w.wroteHeader && status >= 200 {
-		w.wroteHeader = true
-		w.set.apply(w.Header())
-	}
-	w.ResponseWriterWrapper.WriteHeader(status)
-}
-
-func (w *headerWriter) Write(p []byte) (int, error) {
-	if !w.wroteHeader {
-		w.WriteHeader(http.StatusOK)
-	}
-	return w.ResponseWriterWrapper.Write(p)
-}
-
-// ReadFrom must not bypass WriteHeader either (see the notes on Caddy's
-// ResponseWriterWrapper).
-func (w *headerWriter) ReadFrom(r io.Reader) (int64, error) {
-	if !w.wroteHeader {
-		w.WriteHeader(http.StatusOK)
-	}
-	return w.ResponseWriterWrapper.ReadFrom(r)
-}
-
-// FlushError writes the header first, as a flush before any write commits it.
-func (w *headerWriter) FlushError() error {
-	if !w.wroteHeader {
-		w.WriteHeader(http.StatusOK)
-	}
-	return http.NewResponseController(w.ResponseWriterWrapper.ResponseWriter).Flush()
 }
 
 // warnLimiter logs store failures at most once per interval, with the number

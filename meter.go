@@ -1,0 +1,127 @@
+package ratelimit
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+)
+
+// responseWriter wraps the response of an admitted request. It sets the
+// rate-limit headers again when the header is written (reverse_proxy adds the
+// upstream's after this handler ran), and tees a successful body into a usage
+// meter, so that the tokens the upstream reports are charged once the
+// response has ended. The client's bytes pass through untouched and at once,
+// except the usage chunk of a stream whose usage we asked for (streamusage.go).
+type responseWriter struct {
+	*caddyhttp.ResponseWriterWrapper
+	headers     headerSet
+	metering    bool           // the chain has a tpm: read the body's usage
+	meter       *usageMeter    // set by WriteHeader for a metered 2xx body
+	strip       *usageStripper // set when the client did not ask for stream usage
+	wroteHeader bool
+}
+
+func (w *responseWriter) WriteHeader(status int) {
+	if w.wroteHeader || status < 200 { // 1xx: informational, or a WebSocket's 101
+		w.ResponseWriterWrapper.WriteHeader(status)
+		return
+	}
+	w.wroteHeader = true
+	h := w.Header()
+	w.headers.apply(h)
+	if w.metering && status < 300 {
+		w.meter = newUsageMeter(h)
+		if w.strip != nil && !w.strip.applies(h) {
+			w.strip = nil
+		}
+	} else {
+		w.strip = nil
+	}
+	w.ResponseWriterWrapper.WriteHeader(status)
+}
+
+func (w *responseWriter) Write(p []byte) (int, error) {
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	if w.meter != nil {
+		w.meter.Write(p)
+	}
+	if w.strip != nil {
+		return w.strip.write(w.ResponseWriterWrapper, p)
+	}
+	return w.ResponseWriterWrapper.Write(p)
+}
+
+// ReadFrom goes through Write when the body is read, since the embedded
+// ReadFrom writes straight to the underlying writer.
+func (w *responseWriter) ReadFrom(r io.Reader) (int64, error) {
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	if w.meter == nil && w.strip == nil {
+		return w.ResponseWriterWrapper.ReadFrom(r)
+	}
+	return io.Copy(writerOnly{w}, r)
+}
+
+// writerOnly hides ReadFrom, so that io.Copy does not call back into it.
+type writerOnly struct{ io.Writer }
+
+// FlushError writes the header first, as a flush before any write commits it.
+func (w *responseWriter) FlushError() error {
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	return http.NewResponseController(w.ResponseWriterWrapper).Flush()
+}
+
+// finish ends the response: it writes what a stripper still holds and
+// returns the tokens the body reported.
+func (w *responseWriter) finish() (tokens int64, metered bool) {
+	if w.strip != nil {
+		w.strip.flushTail(w.ResponseWriterWrapper)
+	}
+	if w.meter == nil {
+		return 0, false
+	}
+	return w.meter.Finish()
+}
+
+// chargeTimeout bounds one token charge, which runs after the response on a
+// context of its own.
+const chargeTimeout = 2 * time.Second
+
+// charge records the tokens of a finished response against its chain. It runs
+// after the handler returned, detached from the request (whose context is
+// done when the client went away), and is never replayed.
+func (h *Handler) charge(ctx context.Context, chain []limit, tokens int64) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), chargeTimeout)
+	defer cancel()
+	if err := h.store.recordTokens(ctx, chain, tokens, 0); err != nil {
+		h.chargeWarn.log(h.logger, "recording tokens failed; they are not charged", zap.Error(err), zap.Int64("tokens", tokens))
+	}
+}
+
+// meterResponse finishes the admitted response's metering and charges its
+// tokens in the background, so that the client's last bytes are not held
+// back by a store round trip.
+func (h *Handler) meterResponse(ctx context.Context, w *responseWriter, chain []limit) {
+	tokens, metered := w.finish()
+	if !w.metering {
+		return
+	}
+	if !metered {
+		if h.logger.Core().Enabled(zap.DebugLevel) {
+			h.logger.Debug("response not metered: no usage found", zap.String("scope", chain[0].scope), zap.String("id", chain[0].id))
+		}
+		return
+	}
+	if tokens > 0 {
+		go h.charge(ctx, chain, tokens)
+	}
+}
