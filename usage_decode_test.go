@@ -1,0 +1,223 @@
+package ratelimit
+
+import (
+	"bytes"
+	"io"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/andybalholm/brotli"
+	"github.com/klauspost/compress/flate"
+	"github.com/klauspost/compress/gzip"
+	"github.com/klauspost/compress/zlib"
+	"github.com/klauspost/compress/zstd"
+)
+
+// usageEncodings are the content codings the meter decodes. "deflate" is
+// zlib-wrapped as HTTP says; "deflate-raw" is sent as "deflate" too.
+var usageEncodings = []string{"identity", "gzip", "x-gzip", "deflate", "deflate-raw", "br", "zstd"}
+
+// usageEncode compresses b as the coding says (the header value is
+// usageEncodingHeader of it).
+func usageEncode(t testing.TB, coding string, b []byte) []byte {
+	t.Helper()
+	var out bytes.Buffer
+	var w io.WriteCloser
+	var err error
+	switch coding {
+	case "identity":
+		return b
+	case "gzip", "x-gzip":
+		w, err = gzip.NewWriterLevel(&out, gzip.BestSpeed)
+	case "deflate":
+		w, err = zlib.NewWriterLevel(&out, zlib.BestSpeed)
+	case "deflate-raw":
+		w, err = flate.NewWriter(&out, flate.BestSpeed)
+	case "br":
+		w = brotli.NewWriterLevel(&out, 1)
+	case "zstd":
+		w, err = zstd.NewWriter(&out, zstd.WithEncoderLevel(zstd.SpeedFastest))
+	default:
+		t.Fatalf("unknown coding %q", coding)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write(b); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return out.Bytes()
+}
+
+func usageEncodingHeader(coding string) string {
+	switch coding {
+	case "identity":
+		return ""
+	case "deflate-raw":
+		return "deflate"
+	}
+	return coding
+}
+
+func TestUsageTruncatedCompressedStreamChargesWhatWasDecodedBeforeTheCut(t *testing.T) {
+	raw := readUsageGolden(t, "anthropic_messages_stream.sse")
+	events := bytes.SplitAfter(raw, []byte("\n\n"))
+	for _, coding := range []string{"gzip", "deflate", "deflate-raw", "br", "zstd"} {
+		// Flush after each event, as a streaming server does, and cut the
+		// compressed body after the first event's flush.
+		var out bytes.Buffer
+		var w interface {
+			io.WriteCloser
+			Flush() error
+		}
+		switch coding {
+		case "gzip":
+			w = gzip.NewWriter(&out)
+		case "deflate":
+			w = zlib.NewWriter(&out)
+		case "deflate-raw":
+			w, _ = flate.NewWriter(&out, flate.DefaultCompression)
+		case "br":
+			w = brotli.NewWriter(&out)
+		case "zstd":
+			w, _ = zstd.NewWriter(&out)
+		}
+		var firstFlush int
+		for i, ev := range events {
+			w.Write(ev)
+			w.Flush()
+			if i == 0 {
+				firstFlush = out.Len()
+			}
+		}
+		w.Close()
+		body := out.Bytes()
+		h := usageHeader("text/event-stream", usageEncodingHeader(coding))
+		for _, cut := range []int{firstFlush, firstFlush + 3, len(body) - 3} {
+			for _, c := range usageChunkings()[:3] {
+				tokens, metered := meterUsage(h, c.split(body[:cut]))
+				want := int64(472 + 1024 + 2)
+				if cut == len(body)-3 {
+					want = 472 + 1024 + 89
+				}
+				if tokens != want || !metered {
+					t.Errorf("%s cut at %d of %d (%s): got (%d, %v), want (%d, true)", coding, cut, len(body), c.name, tokens, metered, want)
+				}
+			}
+		}
+	}
+}
+
+func TestUsageCorruptCompressedBodiesAreUnmeteredWithoutPanic(t *testing.T) {
+	raw := readUsageGolden(t, "openai_chat.json")
+	r := rand.New(rand.NewPCG(7, 7))
+	for _, coding := range usageEncodings[1:] {
+		h := usageHeader("application/json", usageEncodingHeader(coding))
+		body := usageEncode(t, coding, raw)
+		// Garbage.
+		garbage := make([]byte, 4096)
+		for i := range garbage {
+			garbage[i] = byte(r.Uint32())
+		}
+		if tokens, metered := meterUsage(h, [][]byte{garbage}); metered {
+			t.Errorf("%s: garbage was metered (%d)", coding, tokens)
+		}
+		// A valid body with its trailer or check bytes damaged.
+		damaged := slices.Clone(body)
+		damaged[len(damaged)-2] ^= 0xff
+		tokens, metered := meterUsage(h, [][]byte{damaged})
+		if coding != "deflate-raw" && coding != "br" && coding != "zstd" && metered {
+			// gzip (CRC-32) and zlib (Adler-32) check their data; raw
+			// deflate has no check, brotli none, and a zstd frame's checksum
+			// is optional (off here).
+			t.Errorf("%s: a body with a damaged trailer was metered (%d)", coding, tokens)
+		}
+		// Every single damaged byte: never a panic.
+		for i := range body {
+			d := slices.Clone(body)
+			d[i] ^= byte(1 + r.IntN(255))
+			meterUsage(h, [][]byte{d[:i+1], d[i+1:]})
+		}
+	}
+}
+
+func TestUsageNoGoroutineOutlivesFinish(t *testing.T) {
+	raw := readUsageGolden(t, "openai_chat_stream.sse")
+	waitFor := func(want int) int {
+		var n int
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			if n = runtime.NumGoroutine(); n <= want {
+				break
+			}
+		}
+		return n
+	}
+	time.Sleep(50 * time.Millisecond) // let goroutines of earlier tests end
+	base := runtime.NumGoroutine()
+	var meters []*usageMeter
+	for _, coding := range usageEncodings[1:] {
+		body := usageEncode(t, coding, raw)
+		h := usageHeader("text/event-stream", usageEncodingHeader(coding))
+		for _, part := range [][]byte{nil, body[:len(body)/2], body, append(slices.Clone(body), "garbage"...)} {
+			m := newUsageMeter(h)
+			m.Write(part)
+			meters = append(meters, m)
+		}
+	}
+	if n := runtime.NumGoroutine(); n <= base {
+		t.Logf("no goroutine while decoding (%d before, %d now)", base, n)
+	}
+	for _, m := range meters {
+		m.Finish()
+	}
+	if n := waitFor(base); n > base {
+		buf := make([]byte, 1<<20)
+		buf = buf[:runtime.Stack(buf, true)]
+		t.Fatalf("%d goroutines after Finish, %d before:\n%s", n, base, buf)
+	}
+}
+
+func TestUsageDecompressionBombIsCutOffAtTheDecodedCap(t *testing.T) {
+	if testing.Short() {
+		t.Skip("decodes more than 256 MiB")
+	}
+	// A zstd body whose usage comes after more than maxDecodedBody bytes:
+	// the meter stops decoding at the cap (so that no Write decodes more
+	// than that) and the response is unmetered.
+	var out bytes.Buffer
+	w, err := zstd.NewWriter(&out, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithWindowSize(1<<20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Write([]byte(`{"usage":{"prompt_tokens":3},"pad":"`))
+	pad := bytes.Repeat([]byte("a"), 1<<20)
+	for range maxDecodedBody>>20 + 1 {
+		w.Write(pad)
+	}
+	w.Write([]byte(`","usage":{"total_tokens":5}}`))
+	w.Close()
+	m := newUsageMeter(usageHeader("application/json", "zstd"))
+	var slowest time.Duration
+	for b := out.Bytes(); len(b) > 0; {
+		n := min(32<<10, len(b))
+		start := time.Now()
+		m.Write(b[:n])
+		slowest = max(slowest, time.Since(start))
+		b = b[n:]
+	}
+	tokens, metered := m.Finish()
+	t.Logf("%d compressed bytes; slowest Write %v", out.Len(), slowest)
+	// What came before the cap was read.
+	if tokens != 3 || !metered {
+		t.Fatalf("got (%d, %v), want (3, true): the usage past the cap must not be read", tokens, metered)
+	}
+	if m.decoded > maxDecodedBody+usageDecodeBuffer {
+		t.Fatalf("decoded %d bytes, cap %d", m.decoded, maxDecodedBody)
+	}
+}
