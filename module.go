@@ -284,9 +284,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if metering && (h.EnsureStreamUsage == nil || *h.EnsureStreamUsage) {
 		rw.strip = requestStreamUsage(r)
 	}
-	err = next.ServeHTTP(rw, r)
-	h.meterResponse(r.Context(), rw, chain)
-	return err
+	// Deferred: reverse_proxy ends a response cut short (the client or the
+	// upstream went away mid-stream) with panic(http.ErrAbortHandler), and
+	// what was reported by then is still charged.
+	defer h.meterResponse(r.Context(), rw, chain)
+	return next.ServeHTTP(rw, r)
 }
 
 func chainHasTPM(chain []limit) bool {

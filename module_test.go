@@ -63,14 +63,14 @@ type gateway struct {
 	url    string
 }
 
-func startGateway(t *testing.T, up *upstream, body string) *gateway {
+func startGateway(t *testing.T, upstreamURL string, body string) *gateway {
 	t.Helper()
-	return startGatewayWith(t, up, "", body, freePort())
+	return startGatewayWith(t, upstreamURL, "", body, freePort())
 }
 
 // startGatewayWith adds global options and picks the port, so that a test
 // can load a second config on the same site.
-func startGatewayWith(t *testing.T, up *upstream, globals, body string, port int) *gateway {
+func startGatewayWith(t *testing.T, upstreamURL string, globals, body string, port int) *gateway {
 	t.Helper()
 	admin := caddyAdmin()
 	config := fmt.Sprintf(`{
@@ -84,7 +84,7 @@ func startGatewayWith(t *testing.T, up *upstream, globals, body string, port int
 :%d {
 %s
 }
-`, admin, port, globals, port, strings.ReplaceAll(body, "{upstream}", strings.TrimPrefix(up.URL, "http://")))
+`, admin, port, globals, port, strings.ReplaceAll(body, "{upstream}", strings.TrimPrefix(upstreamURL, "http://")))
 	tester := caddytest.NewTester(t).WithDefaultOverrides(caddytest.Config{AdminPort: admin, LoadRequestTimeout: 10 * time.Second})
 	tester.InitServer(config, "caddyfile")
 	if t.Failed() {
@@ -133,7 +133,7 @@ type openAIError struct {
 func TestCaddyRefusesOverRPMWithOpenAIShaped429AndTheUpstreamNeverSeesIt(t *testing.T) {
 	up := newUpstream(t)
 	org := uniqueID(t)
-	gw := startGateway(t, up, fmt.Sprintf(`
+	gw := startGateway(t, up.URL, fmt.Sprintf(`
 	rolter_ratelimit {
 		%s
 		scope key {http.request.header.Authorization}
@@ -184,7 +184,7 @@ func TestCaddyRefusesOverRPMWithOpenAIShaped429AndTheUpstreamNeverSeesIt(t *test
 func TestAdmittedResponsesCarryTheTightestLimitsHeadersInPlaceOfTheUpstreams(t *testing.T) {
 	up := newUpstream(t)
 	org := uniqueID(t)
-	gw := startGateway(t, up, fmt.Sprintf(`
+	gw := startGateway(t, up.URL, fmt.Sprintf(`
 	rolter_ratelimit {
 		%s
 		scope key {http.request.header.Authorization}
@@ -218,7 +218,7 @@ func TestAdmittedResponsesCarryTheTightestLimitsHeadersInPlaceOfTheUpstreams(t *
 func TestIETFHeadersDescribeThePolicyAndItsState(t *testing.T) {
 	up := newUpstream(t)
 	org := uniqueID(t)
-	gw := startGateway(t, up, fmt.Sprintf(`
+	gw := startGateway(t, up.URL, fmt.Sprintf(`
 	rolter_ratelimit {
 		%s
 		scope org {http.request.header.X-Org}
@@ -241,7 +241,7 @@ func TestIETFHeadersDescribeThePolicyAndItsState(t *testing.T) {
 func TestOnRefusalErrorHandsThe429ToHandleErrorsWithPlaceholders(t *testing.T) {
 	up := newUpstream(t)
 	org := uniqueID(t)
-	gw := startGateway(t, up, fmt.Sprintf(`
+	gw := startGateway(t, up.URL, fmt.Sprintf(`
 	rolter_ratelimit {
 		%s
 		scope org {http.request.header.X-Org}
@@ -265,7 +265,7 @@ func TestOnRefusalErrorHandsThe429ToHandleErrorsWithPlaceholders(t *testing.T) {
 func TestInProcessStoreEnforcesWithoutRedis(t *testing.T) {
 	up := newUpstream(t)
 	key := uniqueID(t)
-	gw := startGateway(t, up, `
+	gw := startGateway(t, up.URL, `
 	rolter_ratelimit {
 		scope key {http.request.header.Authorization}
 		limit key * rpm 3
@@ -300,7 +300,7 @@ func TestRedisOutageFailsOpenByDefaultAndClosedWithDenyThenEnforcementResumes(t 
 	}
 	reverse_proxy {upstream}`, srv.URL(), onError)
 	}
-	gw := startGateway(t, up, site("deny"))
+	gw := startGateway(t, up.URL, site("deny"))
 	call := func(path string) (int, string) {
 		req, _ := http.NewRequest("GET", gw.url+path, nil)
 		req.Header.Set("X-Org", org)
@@ -352,7 +352,7 @@ func TestNoSecretReachesARedisKeyOrALogLine(t *testing.T) {
 	logFile := t.TempDir() + "/caddy.log"
 	up := newUpstream(t)
 	secret := "sk-proj-" + uniqueID(t) + "-SECRET"
-	gw := startGatewayWith(t, up, fmt.Sprintf("\tlog {\n\t\toutput file %s\n\t\tlevel DEBUG\n\t}", logFile), fmt.Sprintf(`
+	gw := startGatewayWith(t, up.URL, fmt.Sprintf("\tlog {\n\t\toutput file %s\n\t\tlevel DEBUG\n\t}", logFile), fmt.Sprintf(`
 	rolter_ratelimit {
 		redis %s
 		scope key {http.request.header.Authorization}
@@ -411,11 +411,11 @@ func TestInProcessCountersSurviveAConfigReload(t *testing.T) {
 	}
 	reverse_proxy {upstream}`
 	}
-	gw := startGatewayWith(t, up, "", site("first load"), port)
+	gw := startGatewayWith(t, up.URL, "", site("first load"), port)
 	if res, _ := gw.do(t, "Authorization: "+key); res.StatusCode != 200 {
 		t.Fatalf("first request %d", res.StatusCode)
 	}
-	gw = startGatewayWith(t, up, "\tdebug", site("second load"), port) // a different config: a real reload
+	gw = startGatewayWith(t, up.URL, "\tdebug", site("second load"), port) // a different config: a real reload
 	if res, _ := gw.do(t, "Authorization: "+key); res.StatusCode != 200 {
 		t.Fatalf("second request %d", res.StatusCode)
 	}

@@ -1,0 +1,326 @@
+package ratelimit
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+)
+
+// sampleUpstream serves the golden samples of testdata/usage as an LLM
+// provider would: GET /samples/<file>?coding=<coding>, SSE in small flushed
+// writes.
+func sampleUpstream(t *testing.T) *httptest.Server {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		file := strings.TrimPrefix(r.URL.Path, "/samples/")
+		coding := r.URL.Query().Get("coding")
+		body := usageEncode(t, coding, readUsageGolden(t, file))
+		w.Header().Set("Content-Type", usageContentType(file))
+		if coding != "identity" {
+			w.Header().Set("Content-Encoding", usageEncodingHeader(coding))
+		}
+		writeInFlushedChunks(w, body, 97)
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func writeInFlushedChunks(w http.ResponseWriter, body []byte, size int) {
+	for len(body) > 0 {
+		n := min(size, len(body))
+		w.Write(body[:n])
+		w.(http.Flusher).Flush()
+		body = body[n:]
+	}
+}
+
+// meteredChain is a gateway site whose chain of three scopes all have a tpm.
+func meteredChain(t *testing.T, upstreamURL string, extra string) *gateway {
+	return startGateway(t, upstreamURL, fmt.Sprintf(`
+	rolter_ratelimit {
+		%s
+		scope key {http.request.header.Authorization}
+		scope team {http.request.header.X-Team}
+		scope org {http.request.header.X-Org}
+		limit key * rpm 1000 tpm 100000000
+		limit team * tpm 100000000
+		limit org * rpm 1000 tpm 100000000
+		%s
+	}
+	reverse_proxy {upstream}`, redisLine(t), extra))
+}
+
+// ids is one request's scope ids, unique to a test.
+type ids struct{ key, team, org string }
+
+func newIDs(t *testing.T) ids {
+	return ids{key: "Bearer sk-" + uniqueID(t), team: uniqueID(t), org: uniqueID(t)}
+}
+
+func (i ids) headers() []string {
+	return []string{"Authorization: " + i.key, "X-Team: " + i.team, "X-Org: " + i.org}
+}
+
+func (i ids) limits() []limit {
+	return []limit{
+		newLimit("key", keyID("key", i.key), 0, 1),
+		newLimit("team", keyID("team", i.team), 0, 1),
+		newLimit("org", keyID("org", i.org), 0, 1),
+	}
+}
+
+// tokensCharged is what the tok buckets of l hold in this minute and the
+// last (a charge may land just before a minute boundary).
+func tokensCharged(t *testing.T, l limit) int64 {
+	url := redisURLFromEnv(t)
+	b := time.Now().UnixMilli() / bucketMillis
+	return redisCount(t, url, l.prefix, tokens, b) + redisCount(t, url, l.prefix, tokens, b-1)
+}
+
+// waitCharged waits until every limit's tok buckets hold want tokens. The
+// charge runs after the response, in the background: poll for it.
+func waitCharged(t *testing.T, chain []limit, want int64) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for _, l := range chain {
+		for {
+			got := tokensCharged(t, l)
+			if got == want {
+				break
+			}
+			if got > want || time.Now().After(deadline) {
+				t.Fatalf("scope %s charged %d tokens, want %d", l.scope, got, want)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
+
+// assertNothingCharged sends a metered sentinel request on the same chain,
+// waits for its charge, and checks that it is all the chain holds.
+func assertNothingCharged(t *testing.T, gw *gateway, id ids) {
+	t.Helper()
+	gw.get(t, "/samples/openai_completions.json?coding=identity", id.headers()...)
+	waitCharged(t, id.limits(), 12)
+}
+
+func (g *gateway) get(t *testing.T, path string, headers ...string) (*http.Response, []byte) {
+	t.Helper()
+	req, err := http.NewRequest("GET", g.url+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Accept-Encoding", "gzip, deflate, br, zstd") // set by hand: the client does not decode
+	for _, h := range headers {
+		name, value, _ := strings.Cut(h, ": ")
+		req.Header.Set(name, value)
+	}
+	res, err := g.tester.Client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	body, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res, body
+}
+
+func TestEveryResponseShapeChargesEveryScopeAndReachesTheClientByteForByte(t *testing.T) {
+	up := sampleUpstream(t)
+	gw := meteredChain(t, up.URL, "")
+	for _, g := range usageGoldens {
+		codings := []string{"identity", "gzip"}
+		if g.file == "openai_chat_stream.sse" || g.file == "anthropic_messages.json" {
+			codings = append(codings, "deflate", "br", "zstd")
+		}
+		for _, coding := range codings {
+			t.Run(g.file+"/"+coding, func(t *testing.T) {
+				id := newIDs(t)
+				res, body := gw.get(t, "/samples/"+g.file+"?coding="+coding, id.headers()...)
+				if res.StatusCode != 200 {
+					t.Fatalf("status %d", res.StatusCode)
+				}
+				if want := usageEncode(t, coding, readUsageGolden(t, g.file)); !bytes.Equal(body, want) {
+					t.Fatalf("the client got %d bytes that differ from the upstream's %d", len(body), len(want))
+				}
+				if !g.metered {
+					assertNothingCharged(t, gw, id)
+					return
+				}
+				waitCharged(t, id.limits(), g.tokens)
+			})
+		}
+	}
+}
+
+func TestTPMCapRefusesWithTypeTokensOnceChargedUsageFillsIt(t *testing.T) {
+	up := sampleUpstream(t)
+	gw := startGateway(t, up.URL, fmt.Sprintf(`
+	rolter_ratelimit {
+		%s
+		scope org {http.request.header.X-Org}
+		limit org * rpm 100 tpm 1000
+	}
+	reverse_proxy {upstream}`, redisLine(t)))
+	org := uniqueID(t)
+	if res, _ := gw.get(t, "/samples/openai_chat.json?coding=gzip", "X-Org: "+org); res.StatusCode != 200 {
+		t.Fatalf("first request %d", res.StatusCode)
+	}
+	waitCharged(t, []limit{newLimit("org", org, 0, 1)}, 1163)
+	res, body := gw.get(t, "/samples/openai_chat.json?coding=gzip", "X-Org: "+org)
+	if res.StatusCode != 429 {
+		t.Fatalf("with 1163 of tpm 1000 charged: %d, want 429", res.StatusCode)
+	}
+	var e openAIError
+	if err := json.Unmarshal(body, &e); err != nil || e.Error.Type != "tokens" || !strings.Contains(e.Error.Message, "1000 TPM") {
+		t.Fatalf("refusal body %s", body)
+	}
+}
+
+func TestClientLeavingMidStreamIsChargedWhatTheStreamReportedByThen(t *testing.T) {
+	leave := make(chan struct{})
+	upstreamDone := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer close(upstreamDone)
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\n\n")
+		w.(http.Flusher).Flush()
+		select { // the rest of the answer never comes before the client leaves
+		case <-r.Context().Done():
+		case <-leave:
+		}
+	}))
+	t.Cleanup(up.Close)
+	t.Cleanup(func() { close(leave) })
+	gw := meteredChain(t, up.URL, "")
+	id := newIDs(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "GET", gw.url+"/v1/messages", nil)
+	for _, h := range id.headers() {
+		name, value, _ := strings.Cut(h, ": ")
+		req.Header.Set(name, value)
+	}
+	res, err := gw.tester.Client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(res.Body).ReadString('\n')
+	if err != nil || line != "event: message_start\n" {
+		t.Fatalf("first line %q %v", line, err)
+	}
+	cancel() // the client goes away mid-stream
+	res.Body.Close()
+	<-upstreamDone
+	waitCharged(t, id.limits(), 26)
+}
+
+func TestStreamUsageIsRequestedUpstreamAndItsChunkHiddenFromAClientThatDidNotAsk(t *testing.T) {
+	sample := readUsageGolden(t, "openai_chat_stream.sse")
+	type seen struct {
+		includeUsage   bool
+		acceptEncoding string
+		contentLength  int64
+		bodyLength     int
+	}
+	requests := make(chan seen, 2)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		var req struct {
+			StreamOptions struct {
+				IncludeUsage bool `json:"include_usage"`
+			} `json:"stream_options"`
+		}
+		json.Unmarshal(body, &req)
+		requests <- seen{req.StreamOptions.IncludeUsage, r.Header.Get("Accept-Encoding"), r.ContentLength, len(body)}
+		w.Header().Set("Content-Type", "text/event-stream")
+		writeInFlushedChunks(w, sample, 61)
+	}))
+	t.Cleanup(up.Close)
+	gw := meteredChain(t, up.URL, "")
+
+	post := func(id ids, body string) []byte {
+		req, _ := http.NewRequest("POST", gw.url+"/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		for _, h := range id.headers() {
+			name, value, _ := strings.Cut(h, ": ")
+			req.Header.Set(name, value)
+		}
+		res, err := gw.tester.Client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		got, err := io.ReadAll(res.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+
+	// A client that did not ask: usage requested, the chunk removed.
+	id := newIDs(t)
+	got := post(id, `{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"<b>hi</b> & bye"}]}`)
+	up1 := <-requests
+	if !up1.includeUsage || up1.acceptEncoding != "identity" || up1.contentLength != int64(up1.bodyLength) {
+		t.Fatalf("upstream saw %+v: want include_usage, identity and a correct Content-Length", up1)
+	}
+	if want := withoutUsageChunk(t, sample); !bytes.Equal(got, want) {
+		t.Fatalf("client got:\n%s\nwant the stream without its usage chunk:\n%s", got, want)
+	}
+	waitCharged(t, id.limits(), 31)
+
+	// A client that asked gets the stream as it is.
+	id = newIDs(t)
+	got = post(id, `{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true},"messages":[]}`)
+	if up2 := <-requests; !up2.includeUsage {
+		t.Fatal("the client's own include_usage did not reach the upstream")
+	}
+	if !bytes.Equal(got, sample) {
+		t.Fatalf("a client that asked for usage got a changed stream:\n%s", got)
+	}
+	waitCharged(t, id.limits(), 31)
+}
+
+// withoutUsageChunk is the stream minus the bytes of its usage-only event.
+func withoutUsageChunk(t *testing.T, stream []byte) []byte {
+	var cut [2]int64
+	s := newSSEScanner(maxUsageEvent, func(ev sseEvent) {
+		if isUsageOnlyChunk(ev.Data) {
+			cut = [2]int64{ev.Start, ev.End}
+		}
+	})
+	s.Write(stream)
+	s.Flush()
+	if cut[1] == 0 {
+		t.Fatal("the sample has no usage chunk")
+	}
+	return append(append([]byte(nil), stream[:cut[0]]...), stream[cut[1]:]...)
+}
+
+func TestResponseWithAnEventOverTheCapIsUnmeteredAndUntouched(t *testing.T) {
+	padding := strings.Repeat("x", maxUsageEvent+1024)
+	stream := []byte("event: message_delta\ndata: {\"type\":\"message_delta\",\"pad\":\"" + padding + "\",\"usage\":{\"input_tokens\":5,\"output_tokens\":7}}\n\n")
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		writeInFlushedChunks(w, stream, 32<<10)
+	}))
+	t.Cleanup(up.Close)
+	gw := meteredChain(t, up.URL, "")
+	id := newIDs(t)
+	_, body := gw.get(t, "/v1/messages", id.headers()...)
+	if !bytes.Equal(body, stream) {
+		t.Fatalf("client got %d bytes, want the upstream's %d unchanged", len(body), len(stream))
+	}
+	// The sentinel goes to a sample upstream on the same chain.
+	sentinel := meteredChain(t, sampleUpstream(t).URL, "")
+	assertNothingCharged(t, sentinel, id)
+}

@@ -1,0 +1,160 @@
+package ratelimit
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+func TestStreamUsageIsAddedOnlyToStreamsThatDoNotAskForIt(t *testing.T) {
+	for _, c := range []struct {
+		name, body string
+		added      bool
+	}{
+		{"stream without options", `{"model":"m","stream":true,"messages":[{"role":"user","content":"<b>&</b>"}]}`, true},
+		{"stream with other options", `{"stream":true,"stream_options":{"include_obfuscation":false}}`, true},
+		{"stream that declined usage", `{"stream":true,"stream_options":{"include_usage":false}}`, true},
+		{"stream with null options", `{"stream":true,"stream_options":null}`, true},
+		{"stream that asked for usage", `{"stream":true,"stream_options":{"include_usage":true}}`, false},
+		{"not a stream", `{"model":"m","messages":[]}`, false},
+		{"stream false", `{"stream":false}`, false},
+		{"not JSON", `stream=true`, false},
+		{"stream options of the wrong type", `{"stream":true,"stream_options":[1]}`, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			out, added := withStreamUsage([]byte(c.body))
+			if added != c.added {
+				t.Fatalf("added %v, want %v", added, c.added)
+			}
+			if !added {
+				return
+			}
+			var got, sent map[string]any
+			if err := json.Unmarshal(out, &got); err != nil {
+				t.Fatalf("rewritten body %s: %v", out, err)
+			}
+			json.Unmarshal([]byte(c.body), &sent)
+			if got["stream_options"].(map[string]any)["include_usage"] != true {
+				t.Fatalf("include_usage not set in %s", out)
+			}
+			delete(got, "stream_options")
+			if opts, ok := sent["stream_options"].(map[string]any); ok {
+				delete(opts, "include_usage")
+				for k, v := range opts { // the client's other options are kept
+					if !strings.Contains(string(out), `"`+k+`":`+mustJSON(v)) {
+						t.Fatalf("option %s lost in %s", k, out)
+					}
+				}
+			}
+			delete(sent, "stream_options")
+			if mustJSON(got) != mustJSON(sent) {
+				t.Fatalf("rewritten body %s changed more than stream_options", out)
+			}
+			if strings.Contains(string(out), `\u003c`) {
+				t.Fatalf("the client's text was escaped: %s", out)
+			}
+		})
+	}
+}
+
+func mustJSON(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+func TestRewrittenRequestGetsItsNewContentLengthAndAnIdentityStream(t *testing.T) {
+	body := `{"stream":true,"model":"m"}`
+	r := httptest.NewRequest("POST", "/v1/chat/completions", io.NopCloser(strings.NewReader(body)))
+	r.Header.Set("Content-Type", "application/json; charset=utf-8")
+	r.Header.Set("Accept-Encoding", "gzip, br")
+	r.ContentLength = -1
+	r.TransferEncoding = []string{"chunked"}
+	if requestStreamUsage(r) == nil {
+		t.Fatal("no stripper for a streaming chat completion")
+	}
+	got, _ := io.ReadAll(r.Body)
+	if r.ContentLength != int64(len(got)) || r.Header.Get("Content-Length") != strconv.Itoa(len(got)) {
+		t.Fatalf("Content-Length %d / %q for a body of %d", r.ContentLength, r.Header.Get("Content-Length"), len(got))
+	}
+	if r.TransferEncoding != nil || r.Header.Get("Accept-Encoding") != "identity" {
+		t.Fatalf("transfer encoding %v, accept-encoding %q", r.TransferEncoding, r.Header.Get("Accept-Encoding"))
+	}
+}
+
+func TestRequestBodiesOverTheCapOrNotChatCompletionsPassUnmodified(t *testing.T) {
+	big := `{"stream":true,"pad":"` + strings.Repeat("x", maxRewrittenBody) + `"}`
+	for _, c := range []struct {
+		name, method, path, contentType, body string
+	}{
+		{"over the cap", "POST", "/v1/chat/completions", "application/json", big},
+		{"another endpoint", "POST", "/v1/responses", "application/json", `{"stream":true}`},
+		{"not JSON", "POST", "/v1/chat/completions", "text/plain", `{"stream":true}`},
+		{"a GET", "GET", "/v1/chat/completions", "application/json", `{"stream":true}`},
+		{"asked already", "POST", "/v1/chat/completions", "application/json", `{"stream":true,"stream_options":{"include_usage":true}}`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := httptest.NewRequest(c.method, c.path, strings.NewReader(c.body))
+			r.Header.Set("Content-Type", c.contentType)
+			r.Header.Set("Accept-Encoding", "gzip")
+			if requestStreamUsage(r) != nil {
+				t.Fatal("the request was rewritten")
+			}
+			got, _ := io.ReadAll(r.Body)
+			if string(got) != c.body || r.Header.Get("Accept-Encoding") != "gzip" {
+				t.Fatalf("the request changed: %d bytes, accept-encoding %q", len(got), r.Header.Get("Accept-Encoding"))
+			}
+		})
+	}
+}
+
+// The stripper's output must be the stream minus the usage chunk, however
+// the stream is split into writes.
+func TestUsageChunkIsRemovedWhateverTheWriteBoundaries(t *testing.T) {
+	for _, file := range []string{"openai_chat_stream.sse", "openai_stream_without_usage.sse"} {
+		stream := readUsageGolden(t, file)
+		want := stream
+		if bytes.Contains(stream, []byte(`"choices":[]`)) {
+			want = withoutUsageChunk(t, stream)
+		}
+		for _, c := range usageChunkings() {
+			t.Run(file+"/"+c.name, func(t *testing.T) {
+				s := newUsageStripper()
+				var out bytes.Buffer
+				for _, p := range c.split(stream) {
+					if n, err := s.write(&out, p); n != len(p) || err != nil {
+						t.Fatalf("write returned %d, %v", n, err)
+					}
+				}
+				s.flushTail(&out)
+				if !bytes.Equal(out.Bytes(), want) {
+					t.Fatalf("got\n%s\nwant\n%s", out.Bytes(), want)
+				}
+			})
+		}
+	}
+}
+
+func TestStripperAppliesOnlyToUncompressedEventStreams(t *testing.T) {
+	for _, c := range []struct {
+		contentType, encoding string
+		applies               bool
+	}{
+		{"text/event-stream", "", true},
+		{"text/event-stream; charset=utf-8", "identity", true},
+		{"text/event-stream", "gzip", false},
+		{"application/json", "", false},
+	} {
+		h := http.Header{"Content-Type": {c.contentType}}
+		if c.encoding != "" {
+			h.Set("Content-Encoding", c.encoding)
+		}
+		if got := new(usageStripper).applies(h); got != c.applies {
+			t.Errorf("%s %s: applies %v", c.contentType, c.encoding, got)
+		}
+	}
+}
