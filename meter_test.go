@@ -111,27 +111,11 @@ func assertNothingCharged(t *testing.T, gw *gateway, id ids) {
 	waitCharged(t, id.limits(), 12)
 }
 
+// get asks for a body as a client that decodes nothing itself (a
+// hand-set Accept-Encoding keeps Go's transport from decoding).
 func (g *gateway) get(t *testing.T, path string, headers ...string) (*http.Response, []byte) {
 	t.Helper()
-	req, err := http.NewRequest("GET", g.url+path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Accept-Encoding", "gzip, deflate, br, zstd") // set by hand: the client does not decode
-	for _, h := range headers {
-		name, value, _ := strings.Cut(h, ": ")
-		req.Header.Set(name, value)
-	}
-	res, err := g.tester.Client.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
-	body, err := io.ReadAll(res.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return res, body
+	return g.send(t, "GET", path, "", append([]string{"Accept-Encoding: gzip, deflate, br, zstd"}, headers...)...)
 }
 
 func TestEveryResponseShapeChargesEveryScopeAndReachesTheClientByteForByte(t *testing.T) {
@@ -205,10 +189,7 @@ func TestClientLeavingMidStreamIsChargedWhatTheStreamReportedByThen(t *testing.T
 	id := newIDs(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	req, _ := http.NewRequestWithContext(ctx, "GET", gw.url+"/v1/messages", nil)
-	for _, h := range id.headers() {
-		name, value, _ := strings.Cut(h, ": ")
-		req.Header.Set(name, value)
-	}
+	setHeaders(req, id.headers())
 	res, err := gw.tester.Client.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -248,21 +229,7 @@ func TestStreamUsageIsRequestedUpstreamAndItsChunkHiddenFromAClientThatDidNotAsk
 	gw := meteredChain(t, up.URL, "")
 
 	post := func(id ids, body string) []byte {
-		req, _ := http.NewRequest("POST", gw.url+"/v1/chat/completions", strings.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
-		for _, h := range id.headers() {
-			name, value, _ := strings.Cut(h, ": ")
-			req.Header.Set(name, value)
-		}
-		res, err := gw.tester.Client.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer res.Body.Close()
-		got, err := io.ReadAll(res.Body)
-		if err != nil {
-			t.Fatal(err)
-		}
+		_, got := gw.send(t, "POST", "/v1/chat/completions", body, append(id.headers(), "Content-Type: application/json")...)
 		return got
 	}
 

@@ -93,27 +93,39 @@ func startGatewayWith(t *testing.T, upstreamURL string, globals, body string, po
 	return &gateway{tester: tester, url: fmt.Sprintf("http://127.0.0.1:%d", port)}
 }
 
-// do sends a request with the given headers ("Name: value").
+// do sends a chat completion with the given headers ("Name: value").
 func (g *gateway) do(t *testing.T, headers ...string) (*http.Response, string) {
 	t.Helper()
-	req, err := http.NewRequest("POST", g.url+"/v1/chat/completions", strings.NewReader(`{"model":"m"}`))
+	res, body := g.send(t, "POST", "/v1/chat/completions", `{"model":"m"}`, headers...)
+	return res, string(body)
+}
+
+// send sends a request with the given headers ("Name: value") and reads the
+// whole answer.
+func (g *gateway) send(t *testing.T, method, path, body string, headers ...string) (*http.Response, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, g.url+path, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, h := range headers {
-		name, value, _ := strings.Cut(h, ": ")
-		req.Header.Set(name, value)
-	}
+	setHeaders(req, headers)
 	res, err := g.tester.Client.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer res.Body.Close()
-	body, err := io.ReadAll(res.Body)
+	got, err := io.ReadAll(res.Body)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return res, string(body)
+	return res, got
+}
+
+func setHeaders(req *http.Request, headers []string) {
+	for _, h := range headers {
+		name, value, _ := strings.Cut(h, ": ")
+		req.Header.Set(name, value)
+	}
 }
 
 // redisLine is the store line of the gateways under test: the shared Redis.
@@ -302,15 +314,8 @@ func TestRedisOutageFailsOpenByDefaultAndClosedWithDenyThenEnforcementResumes(t 
 	}
 	gw := startGateway(t, up.URL, site("deny"))
 	call := func(path string) (int, string) {
-		req, _ := http.NewRequest("GET", gw.url+path, nil)
-		req.Header.Set("X-Org", org)
-		res, err := gw.tester.Client.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer res.Body.Close()
-		b, _ := io.ReadAll(res.Body)
-		return res.StatusCode, string(b)
+		res, body := gw.send(t, "GET", path, "", "X-Org: "+org)
+		return res.StatusCode, string(body)
 	}
 	if code, _ := call("/open"); code != 200 {
 		t.Fatalf("first request %d", code)
