@@ -40,6 +40,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		on_refusal respond|error                   # default respond: the handler writes the 429 itself
 //		headers openai|ietf|off ...                # default openai; several may be listed
 //		ensure_stream_usage on|off                 # default on: ask OpenAI streams for their usage
+//		realtime {                                 # WebSocket sessions (any upgrade the matcher covers)
+//			max_connections <n>                    # open sessions per Caddy process; default no cap
+//			flush_interval <duration>              # how often a session's tokens are charged; default 5s
+//		}
 //	}
 //
 // The scope lines form the chain in the order they are written, innermost
@@ -154,6 +158,16 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			h.Headers = families
 
+		case "realtime":
+			if h.Realtime != nil {
+				return d.Err("realtime is given twice")
+			}
+			rc, err := parseRealtime(d)
+			if err != nil {
+				return err
+			}
+			h.Realtime = rc
+
 		case "ensure_stream_usage":
 			if seenStreamUsage {
 				return d.Err("ensure_stream_usage is given twice")
@@ -240,6 +254,46 @@ func parseRedis(d *caddyfile.Dispenser) (*RedisConfig, error) {
 			rc.Timeout = withTimeout.Timeout
 		default:
 			return nil, d.Errf("unrecognized redis subdirective '%s'", sub.Text)
+		}
+	}
+	return rc, nil
+}
+
+// parseRealtime parses the realtime block, whose name is the current token.
+func parseRealtime(d *caddyfile.Dispenser) (*RealtimeConfig, error) {
+	rc := new(RealtimeConfig)
+	if d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	seen := make(map[string]bool)
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		sub := d.Token()
+		if seen[sub.Text] {
+			return nil, d.Errf("%s is given twice", sub.Text)
+		}
+		seen[sub.Text] = true
+		var v string
+		if !d.AllArgs(&v) {
+			return nil, d.ArgErr()
+		}
+		switch sub.Text {
+		case "max_connections":
+			n, err := strconv.ParseUint(v, 10, 63)
+			if err != nil || n == 0 {
+				return nil, d.Errf("max_connections must be a positive integer, not %q", v)
+			}
+			rc.MaxConnections = int64(n)
+		case "flush_interval":
+			dur, err := caddy.ParseDuration(v)
+			if err != nil || dur <= 0 {
+				return nil, d.Errf("flush_interval must be a positive duration, not %q", v)
+			}
+			rc.FlushInterval = caddy.Duration(dur)
+		default:
+			return nil, d.Errf("unrecognized realtime subdirective '%s'", sub.Text)
+		}
+		if err := noBlock(d, sub); err != nil {
+			return nil, err
 		}
 	}
 	return rc, nil

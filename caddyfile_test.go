@@ -248,6 +248,14 @@ var caddyfileBadCases = []caddyfileBadCase{
 	{"headers twice", "rolter_ratelimit {\n\theaders openai\n\theaders ietf\n}", "headers is given twice", 3},
 	{"ensure_stream_usage with another value", "rolter_ratelimit {\n\tensure_stream_usage yes\n}", `ensure_stream_usage must be on or off, not "yes"`, 2},
 	{"ensure_stream_usage without value", "rolter_ratelimit {\n\tensure_stream_usage\n}", "wrong argument count", 2},
+	{"realtime with an argument", "rolter_ratelimit {\n\trealtime 5\n}", "wrong argument count", 2},
+	{"realtime twice", "rolter_ratelimit {\n\trealtime {\n\t}\n\trealtime {\n\t}\n}", "realtime is given twice", 4},
+	{"max_connections zero", "rolter_ratelimit {\n\trealtime {\n\t\tmax_connections 0\n\t}\n}", `max_connections must be a positive integer, not "0"`, 3},
+	{"max_connections not a number", "rolter_ratelimit {\n\trealtime {\n\t\tmax_connections lots\n\t}\n}", `max_connections must be a positive integer, not "lots"`, 3},
+	{"max_connections without value", "rolter_ratelimit {\n\trealtime {\n\t\tmax_connections\n\t}\n}", "wrong argument count", 3},
+	{"flush_interval not a duration", "rolter_ratelimit {\n\trealtime {\n\t\tflush_interval often\n\t}\n}", `flush_interval must be a positive duration, not "often"`, 3},
+	{"flush_interval twice", "rolter_ratelimit {\n\trealtime {\n\t\tflush_interval 1s\n\t\tflush_interval 2s\n\t}\n}", "flush_interval is given twice", 4},
+	{"unknown realtime subdirective", "rolter_ratelimit {\n\trealtime {\n\t\tidle_timeout 1m\n\t}\n}", "unrecognized realtime subdirective 'idle_timeout'", 3},
 	{"ensure_stream_usage twice", "rolter_ratelimit {\n\tensure_stream_usage on\n\tensure_stream_usage off\n}", "ensure_stream_usage is given twice", 3},
 }
 

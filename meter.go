@@ -22,6 +22,7 @@ type responseWriter struct {
 	metering    bool           // the chain has a tpm: read the body's usage
 	meter       *usageMeter    // set by WriteHeader for a metered 2xx body
 	strip       *usageStripper // set when the client did not ask for stream usage
+	tap         *realtimeTap   // set for a metered WebSocket session
 	wroteHeader bool
 }
 
@@ -112,7 +113,7 @@ func (h *Handler) charge(ctx context.Context, chain []limit, tokens int64) {
 // back by a store round trip.
 func (h *Handler) meterResponse(ctx context.Context, w *responseWriter, chain []limit) {
 	tokens, metered := w.finish()
-	if !w.metering {
+	if !w.metering || w.tap != nil { // a session is metered by meterSession
 		return
 	}
 	if !metered {

@@ -59,6 +59,10 @@ type Handler struct {
 	// receives. Default true. Only requests whose chain has a tpm are touched.
 	EnsureStreamUsage *bool `json:"ensure_stream_usage,omitempty"`
 
+	// Realtime configures WebSocket sessions (realtime.go). Every WebSocket
+	// upgrade that the handler's matcher covers is a session.
+	Realtime *RealtimeConfig `json:"realtime,omitempty"`
+
 	store   store
 	release func() error // gives the store back to its pool
 	limits  map[string]scopeLimits
@@ -214,6 +218,11 @@ func (h *Handler) Validate() error {
 	if err := validateHeaderFamilies(h.Headers); err != nil {
 		return err
 	}
+	if h.Realtime != nil {
+		if err := h.Realtime.validate(); err != nil {
+			return err
+		}
+	}
 	if h.Redis != nil {
 		return h.Redis.validate()
 	}
@@ -256,6 +265,16 @@ func (h *Handler) Cleanup() error {
 // ServeHTTP admits or refuses the request, then passes it on.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	session := isWebSocketUpgrade(r)
+	if session {
+		// Checked before admission, so that a session refused here takes
+		// no rpm slot.
+		if !openSession(h.maxConnections()) {
+			repl.Set(placeholderOutcome, "refused_connections")
+			return refuseSession(w)
+		}
+		defer closeSession() // ServeHTTP returns when the session is over
+	}
 	chain := h.chain(repl)
 	if len(chain) == 0 {
 		return next.ServeHTTP(w, r)
@@ -281,7 +300,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		rw.headers = h.headers.headersFor(chain, d, true)
 		rw.headers.apply(w.Header())
 	}
-	if metering && (h.EnsureStreamUsage == nil || *h.EnsureStreamUsage) {
+	switch {
+	case session && metering:
+		removeDeflateOffer(r.Header)
+		rw.tap = newRealtimeTap(maxUsageEvent)
+		defer h.meterSession(r.Context(), rw.tap, chain)()
+	case metering && (h.EnsureStreamUsage == nil || *h.EnsureStreamUsage):
 		rw.strip = requestStreamUsage(r)
 	}
 	// Deferred: reverse_proxy ends a response cut short (the client or the

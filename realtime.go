@@ -1,0 +1,171 @@
+package ratelimit
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+)
+
+// Realtime sessions (a WebSocket upgrade, such as OpenAI's /v1/realtime) go
+// through the same admission as any request: one request against rpm,
+// refused while tpm is full. Before that, a process-wide cap on open
+// sessions is checked, so that a session the gateway would refuse anyway
+// never takes an rpm slot. While a session lives, the frames the upstream
+// sends are read for each finished response's usage (realtime_tap.go), which
+// is charged every flush interval and once more when the session ends. A full
+// window never closes a live session, as it never cuts off a response.
+
+// RealtimeConfig configures WebSocket sessions.
+type RealtimeConfig struct {
+	// MaxConnections caps the WebSocket sessions open at once through every
+	// rolter_ratelimit handler of this Caddy process, limited or not; the
+	// count is kept across config reloads. 0 or absent: no cap.
+	MaxConnections int64 `json:"max_connections,omitempty"`
+	// FlushInterval is how often a live session's tokens are charged.
+	// Default 5s.
+	FlushInterval caddy.Duration `json:"flush_interval,omitempty"`
+}
+
+const defaultFlushInterval = 5 * time.Second
+
+func (c *RealtimeConfig) validate() error {
+	if c.MaxConnections < 0 {
+		return errors.New("realtime max_connections must not be negative")
+	}
+	if c.FlushInterval < 0 {
+		return errors.New("realtime flush_interval must not be negative")
+	}
+	return nil
+}
+
+// openSessions counts the WebSocket sessions of this process.
+var openSessions atomic.Int64
+
+// openSession takes a session slot unless max (0: none) are open.
+func openSession(max int64) bool {
+	for {
+		n := openSessions.Load()
+		if max > 0 && n >= max {
+			return false
+		}
+		if openSessions.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+func closeSession() { openSessions.Add(-1) }
+
+func (h *Handler) maxConnections() int64 {
+	if h.Realtime == nil {
+		return 0
+	}
+	return h.Realtime.MaxConnections
+}
+
+func (h *Handler) flushInterval() time.Duration {
+	if h.Realtime == nil || h.Realtime.FlushInterval <= 0 {
+		return defaultFlushInterval
+	}
+	return time.Duration(h.Realtime.FlushInterval)
+}
+
+// refuseSession answers a session over the process cap; it costs no rpm.
+func refuseSession(w http.ResponseWriter) error {
+	return writeJSONError(w, http.StatusServiceUnavailable,
+		"Too many realtime sessions are open on this gateway; please retry shortly.", "connections", "connection_limit_exceeded")
+}
+
+// isWebSocketUpgrade reports an HTTP/1.1 WebSocket upgrade. (An HTTP/2
+// WebSocket, an extended CONNECT, has no connection to hijack: it is admitted
+// as an ordinary request and not metered.)
+func isWebSocketUpgrade(r *http.Request) bool {
+	return r.ProtoMajor == 1 && strings.EqualFold(r.Header.Get("Upgrade"), "websocket") &&
+		headerHasToken(r.Header, "Connection", "upgrade")
+}
+
+func headerHasToken(h http.Header, name, token string) bool {
+	for _, v := range h.Values(name) {
+		for _, t := range strings.Split(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(t), token) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// removeDeflateOffer drops permessage-deflate from the extensions the client
+// offers, so that the upstream sends uncompressed frames the tap can read.
+// Keys are compared case-insensitively: not every writer canonicalizes them.
+func removeDeflateOffer(h http.Header) {
+	for key, values := range h {
+		if !strings.EqualFold(key, "Sec-WebSocket-Extensions") {
+			continue
+		}
+		var kept []string
+		for _, v := range values {
+			for _, ext := range strings.Split(v, ",") {
+				name, _, _ := strings.Cut(ext, ";")
+				if !strings.EqualFold(strings.TrimSpace(name), "permessage-deflate") {
+					kept = append(kept, strings.TrimSpace(ext))
+				}
+			}
+		}
+		if len(kept) == 0 {
+			delete(h, key)
+		} else {
+			h[key] = []string{strings.Join(kept, ", ")}
+		}
+	}
+}
+
+// Hijack hands reverse_proxy the client connection of a session, wrapped so
+// that the frames it writes to the client are metered.
+func (w *responseWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	conn, brw, err := http.NewResponseController(w.ResponseWriterWrapper).Hijack()
+	if err != nil || w.tap == nil {
+		return conn, brw, err
+	}
+	conn, brw = wrapHijacked(conn, brw, w.tap)
+	return conn, brw, nil
+}
+
+// meterSession charges a session's tokens every flush interval and once more
+// when the returned stop is called at the session's end. It uses the
+// handler's store, which outlives a config reload that keeps the store's
+// settings.
+func (h *Handler) meterSession(ctx context.Context, tap *realtimeTap, chain []limit) (stop func()) {
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(h.flushInterval())
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				h.chargeTaken(ctx, tap, chain)
+			case <-done:
+				h.chargeTaken(ctx, tap, chain)
+				if n := tap.unmetered(); n > 0 && h.logger.Core().Enabled(zap.DebugLevel) {
+					h.logger.Debug("realtime messages not metered", zap.Int64("messages", n), zap.String("scope", chain[0].scope), zap.String("id", chain[0].id))
+				}
+				return
+			}
+		}
+	}()
+	return func() { close(done) }
+}
+
+func (h *Handler) chargeTaken(ctx context.Context, tap *realtimeTap, chain []limit) {
+	if tokens := tap.take(); tokens > 0 {
+		h.charge(ctx, chain, tokens)
+	}
+}

@@ -1,0 +1,260 @@
+package ratelimit
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+)
+
+// realtimeUpstream plays the Realtime API: for each client message "respond
+// N" it sends a response.done event whose usage totals N tokens, in frames
+// of at most 64 bytes with a ping between the fragments; "echo" is echoed.
+type realtimeUpstream struct {
+	*httptest.Server
+	offers chan string // the Sec-WebSocket-Extensions each upgrade carried
+}
+
+func newRealtimeUpstream(t *testing.T) *realtimeUpstream {
+	u := &realtimeUpstream{offers: make(chan string, 16)}
+	upgrader := websocket.Upgrader{WriteBufferSize: 64, EnableCompression: true}
+	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u.offers <- r.Header.Get("Sec-WebSocket-Extensions")
+		conn, err := upgrader.Upgrade(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		for {
+			_, msg, err := conn.ReadMessage()
+			if err != nil {
+				return
+			}
+			if string(msg) == "echo" {
+				conn.WriteMessage(websocket.TextMessage, msg)
+				continue
+			}
+			n, _ := strconv.Atoi(strings.TrimPrefix(string(msg), "respond "))
+			event := fmt.Sprintf(`{"type":"response.done","event_id":"evt_1","response":{"id":"resp_1","object":"realtime.response","status":"completed","output":[{"type":"message","content":[{"type":"audio","transcript":"%s"}]}],"usage":{"total_tokens":%d,"input_tokens":%d,"output_tokens":%d}}}`,
+				strings.Repeat("la ", 100), n, n/2, n-n/2)
+			fw, err := conn.NextWriter(websocket.TextMessage)
+			if err != nil {
+				return
+			}
+			for i, part := range strings.Split(event, ",") { // fragments, with pings between them
+				if i > 0 {
+					fw.Write([]byte(","))
+				}
+				fw.Write([]byte(part))
+				conn.WriteControl(websocket.PingMessage, []byte("p"), time.Now().Add(time.Second))
+			}
+			fw.Close()
+		}
+	}))
+	t.Cleanup(u.Close)
+	return u
+}
+
+func realtimeSite(t *testing.T, up *realtimeUpstream, limits, realtime string) string {
+	return fmt.Sprintf(`
+	rolter_ratelimit /v1/realtime* {
+		%s
+		scope key {http.request.header.Authorization}
+		scope org {http.request.header.X-Org}
+		%s
+		realtime {
+			%s
+		}
+	}
+	reverse_proxy {upstream} {
+		stream_close_delay 1m
+	}`, redisLine(t), limits, realtime)
+}
+
+// dial opens a session; it returns the handshake's status when refused.
+func dial(t *testing.T, gw *gateway, id ids, compress bool) (*websocket.Conn, int, string) {
+	t.Helper()
+	d := websocket.Dialer{EnableCompression: compress, HandshakeTimeout: 5 * time.Second}
+	h := http.Header{}
+	h.Set("Authorization", id.key)
+	h.Set("X-Org", id.org)
+	conn, res, err := d.Dial("ws"+strings.TrimPrefix(gw.url, "http")+"/v1/realtime?model=gpt-realtime", h)
+	if err != nil {
+		if res == nil {
+			t.Fatal(err)
+		}
+		var body strings.Builder
+		buf := make([]byte, 4096)
+		n, _ := res.Body.Read(buf)
+		body.Write(buf[:n])
+		return nil, res.StatusCode, body.String()
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn, http.StatusSwitchingProtocols, ""
+}
+
+// respond asks the upstream for a response of n tokens and reads its event.
+func respond(t *testing.T, conn *websocket.Conn, n int) {
+	t.Helper()
+	if err := conn.WriteMessage(websocket.TextMessage, []byte("respond "+strconv.Itoa(n))); err != nil {
+		t.Fatal(err)
+	}
+	_, msg, err := conn.ReadMessage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ev struct {
+		Type     string `json:"type"`
+		Response struct {
+			Usage struct {
+				TotalTokens int `json:"total_tokens"`
+			} `json:"usage"`
+		} `json:"response"`
+	}
+	if err := json.Unmarshal(msg, &ev); err != nil || ev.Type != "response.done" || ev.Response.Usage.TotalTokens != n {
+		t.Fatalf("event %q: %v", msg, err)
+	}
+}
+
+// closeAndWait closes the session and waits until the gateway has let go of
+// it (its session slot is free again).
+func closeAndWait(t *testing.T, conn *websocket.Conn) {
+	t.Helper()
+	conn.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""))
+	conn.Close()
+	waitOpenSessions(t, 0)
+}
+
+func waitOpenSessions(t *testing.T, want int64) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for openSessions.Load() != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d sessions open, want %d", openSessions.Load(), want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func realtimeIDs(t *testing.T) ids {
+	return ids{key: "Bearer sk-" + uniqueID(t), org: uniqueID(t)}
+}
+
+func realtimeLimits(id ids) []limit {
+	return []limit{newLimit("key", keyID("key", id.key), 0, 1), newLimit("org", keyID("org", id.org), 0, 1)}
+}
+
+func TestRealtimeSessionCostsOneRequestAndASecondOverRPMIsRefused(t *testing.T) {
+	up := newRealtimeUpstream(t)
+	gw := startGateway(t, up.URL, realtimeSite(t, up, "limit key * rpm 1 tpm 100000\n\t\tlimit org * rpm 100 tpm 100000", ""))
+	id := realtimeIDs(t)
+	conn, status, _ := dial(t, gw, id, false)
+	if status != 101 {
+		t.Fatalf("first session: %d", status)
+	}
+	respond(t, conn, 10)
+	if _, status, body := dial(t, gw, id, false); status != 429 || !strings.Contains(body, `"type":"requests"`) {
+		t.Fatalf("second session over rpm 1: %d %s, want 429", status, body)
+	}
+	closeAndWait(t, conn)
+}
+
+func TestRealtimeTokensAreChargedPerFlushWhileTheSessionLivesAndAtItsClose(t *testing.T) {
+	up := newRealtimeUpstream(t)
+	gw := startGateway(t, up.URL, realtimeSite(t, up, "limit key * rpm 100 tpm 100000\n\t\tlimit org * tpm 100000", "flush_interval 100ms"))
+	id := realtimeIDs(t)
+	conn, status, _ := dial(t, gw, id, false)
+	if status != 101 {
+		t.Fatalf("session: %d", status)
+	}
+	respond(t, conn, 100)
+	waitCharged(t, realtimeLimits(id), 100) // charged by a flush: the session is still open
+	respond(t, conn, 40)
+	respond(t, conn, 2)
+	if err := conn.WriteMessage(websocket.TextMessage, []byte("echo")); err != nil {
+		t.Fatal(err)
+	}
+	closeAndWait(t, conn)
+	waitCharged(t, realtimeLimits(id), 142)
+}
+
+func TestRealtimeDeflateOfferIsRemovedSoTheSessionIsMetered(t *testing.T) {
+	up := newRealtimeUpstream(t)
+	gw := startGateway(t, up.URL, realtimeSite(t, up, "limit key * rpm 100 tpm 100000\n\t\tlimit org * tpm 100000", "flush_interval 1h"))
+	id := realtimeIDs(t)
+	conn, status, _ := dial(t, gw, id, true) // the client offers permessage-deflate
+	if status != 101 {
+		t.Fatalf("session: %d", status)
+	}
+	if offer := <-up.offers; strings.Contains(offer, "permessage-deflate") {
+		t.Fatalf("the upstream was offered %q", offer)
+	}
+	respond(t, conn, 77)
+	closeAndWait(t, conn)
+	waitCharged(t, realtimeLimits(id), 77) // at the close: the flush interval never came
+}
+
+func TestRealtimeMaxConnectionsRefusalTakesNoRPMSlot(t *testing.T) {
+	waitOpenSessions(t, 0)
+	up := newRealtimeUpstream(t)
+	gw := startGateway(t, up.URL, realtimeSite(t, up, "limit key * rpm 2", "max_connections 1"))
+	id := realtimeIDs(t)
+	first, status, _ := dial(t, gw, id, false)
+	if status != 101 {
+		t.Fatalf("first session: %d", status)
+	}
+	_, status, body := dial(t, gw, id, false)
+	if status != 503 || !strings.Contains(body, `"code":"connection_limit_exceeded"`) || !strings.Contains(body, `"type":"connections"`) {
+		t.Fatalf("session over max_connections 1: %d %s, want 503", status, body)
+	}
+	closeAndWait(t, first)
+	second, status, _ := dial(t, gw, id, false)
+	if status != 101 {
+		t.Fatalf("the second admitted session was refused (%d): the capped one took an rpm slot", status)
+	}
+	closeAndWait(t, second)
+	if _, status, _ := dial(t, gw, id, false); status != 429 {
+		t.Fatalf("third admitted session: %d, want 429 after rpm 2", status)
+	}
+}
+
+func TestRealtimeWhileTPMIsFullANewSessionIsRefusedAndAnOpenOneGoesOn(t *testing.T) {
+	up := newRealtimeUpstream(t)
+	gw := startGateway(t, up.URL, realtimeSite(t, up, "limit org * tpm 100", "flush_interval 50ms"))
+	id := realtimeIDs(t)
+	conn, status, _ := dial(t, gw, id, false)
+	if status != 101 {
+		t.Fatalf("session: %d", status)
+	}
+	respond(t, conn, 150)
+	waitCharged(t, realtimeLimits(id)[1:], 150)
+	if _, status, body := dial(t, gw, id, false); status != 429 || !strings.Contains(body, `"type":"tokens"`) {
+		t.Fatalf("new session with tpm full: %d %s, want 429 tokens", status, body)
+	}
+	respond(t, conn, 5) // the open session goes on
+	closeAndWait(t, conn)
+	waitCharged(t, realtimeLimits(id)[1:], 155)
+}
+
+func TestRealtimeSessionOutlivesAConfigReloadAndStillMeters(t *testing.T) {
+	up := newRealtimeUpstream(t)
+	port := freePort()
+	site := realtimeSite(t, up, "limit key * rpm 100 tpm 100000\n\t\tlimit org * tpm 100000", "flush_interval 1h")
+	gw := startGatewayWith(t, up.URL, "", site, port)
+	id := realtimeIDs(t)
+	conn, status, _ := dial(t, gw, id, false)
+	if status != 101 {
+		t.Fatalf("session: %d", status)
+	}
+	respond(t, conn, 30)
+	startGatewayWith(t, up.URL, "\tdebug", site, port) // a reload; stream_close_delay keeps the session
+	respond(t, conn, 12)
+	closeAndWait(t, conn)
+	waitCharged(t, realtimeLimits(id), 42)
+}
