@@ -6,6 +6,8 @@
 -- ARGV[1]   a pinned clock in unix milliseconds, or "" for Redis TIME, so that
 --           replicas with skewed clocks agree.
 -- ARGV[2i], ARGV[2i+1]  rpm and tpm of limit i; 0 is no cap.
+-- ARGV[2n+2], optional  "peek": decide and answer, but charge nothing (the
+--           admin API's live view).
 --
 -- A request fits a limit while estimate + 1 <= rpm and estimate < tpm, with
 -- estimate = current + previous * (60000 - ms_into_bucket) / 60000, compared
@@ -60,7 +62,7 @@ for i = 1, n do
   reply[#reply + 1] = tp
 end
 
-if reply[1] == 1 then
+if reply[1] == 1 and ARGV[2 * n + 2] ~= 'peek' then
   for i = 1, n do
     if ARGV[2 * i] ~= '0' then
       local key = KEYS[i] .. 'req' .. cur

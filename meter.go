@@ -101,6 +101,9 @@ const chargeTimeout = 2 * time.Second
 // after the handler returned, detached from the request (whose context is
 // done when the client went away), and is never replayed.
 func (h *Handler) charge(ctx context.Context, chain []limit, tokens int64) {
+	if tokens <= 0 {
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), chargeTimeout)
 	defer cancel()
 	if err := h.store.recordTokens(ctx, chain, tokens, 0); err != nil {
@@ -111,18 +114,18 @@ func (h *Handler) charge(ctx context.Context, chain []limit, tokens int64) {
 // meterResponse finishes the admitted response's metering and charges its
 // tokens in the background, so that the client's last bytes are not held
 // back by a store round trip.
+// It releases the store that ServeHTTP held for it.
 func (h *Handler) meterResponse(ctx context.Context, w *responseWriter, chain []limit) {
 	tokens, metered := w.finish()
-	if !w.metering || w.tap != nil { // a session is metered by meterSession
-		return
-	}
 	if !metered {
+		h.store.release()
 		if h.logger.Core().Enabled(zap.DebugLevel) {
 			h.logger.Debug("response not metered: no usage found", zap.String("scope", chain[0].scope), zap.String("id", chain[0].id))
 		}
 		return
 	}
-	if tokens > 0 {
-		go h.charge(ctx, chain, tokens)
-	}
+	go func() {
+		defer h.store.release()
+		h.charge(ctx, chain, tokens)
+	}()
 }

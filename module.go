@@ -300,12 +300,19 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		rw.headers = h.headers.headersFor(chain, d, true)
 		rw.headers.apply(w.Header())
 	}
-	switch {
-	case session && metering:
+	if !metering {
+		return next.ServeHTTP(rw, r)
+	}
+	// The store stays usable for this request's charge even if a reload
+	// unloads it meanwhile; the charge releases it.
+	h.store.hold()
+	if session {
 		removeDeflateOffer(r.Header)
 		rw.tap = newRealtimeTap(maxUsageEvent)
 		defer h.meterSession(r.Context(), rw.tap, chain)()
-	case metering && (h.EnsureStreamUsage == nil || *h.EnsureStreamUsage):
+		return next.ServeHTTP(rw, r)
+	}
+	if h.EnsureStreamUsage == nil || *h.EnsureStreamUsage {
 		rw.strip = requestStreamUsage(r)
 	}
 	// Deferred: reverse_proxy ends a response cut short (the client or the

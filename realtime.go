@@ -140,12 +140,12 @@ func (w *responseWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 }
 
 // meterSession charges a session's tokens every flush interval and once more
-// when the returned stop is called at the session's end. It uses the
-// handler's store, which outlives a config reload that keeps the store's
-// settings.
+// when the returned stop is called at the session's end, and then releases
+// the store that ServeHTTP held for it: a session outlives config reloads.
 func (h *Handler) meterSession(ctx context.Context, tap *realtimeTap, chain []limit) (stop func()) {
 	done := make(chan struct{})
 	go func() {
+		defer h.store.release()
 		t := time.NewTicker(h.flushInterval())
 		defer t.Stop()
 		for {
@@ -165,7 +165,5 @@ func (h *Handler) meterSession(ctx context.Context, tap *realtimeTap, chain []li
 }
 
 func (h *Handler) chargeTaken(ctx context.Context, tap *realtimeTap, chain []limit) {
-	if tokens := tap.take(); tokens > 0 {
-		h.charge(ctx, chain, tokens)
-	}
+	h.charge(ctx, chain, tap.take())
 }

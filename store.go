@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"strconv"
+	"sync"
+	"sync/atomic"
 )
 
 // store keeps the counters. Both implementations (Redis and in-process) pass
@@ -16,9 +18,40 @@ type store interface {
 	// on every limit that has an rpm; refused and charged nothing otherwise.
 	// atMillis pins the clock (unix milliseconds); 0 uses the store's own.
 	admit(ctx context.Context, chain []limit, atMillis int64) (decision, error)
+	// peek reads the chain's counters as admit would, and charges nothing.
+	peek(ctx context.Context, chain []limit, atMillis int64) (decision, error)
 	// recordTokens charges tokens to every limit of chain that has a tpm.
 	// It is never replayed: a double charge would outlive the failure.
 	recordTokens(ctx context.Context, chain []limit, tokens, atMillis int64) error
+	// hold keeps the store usable, even after the last config that uses it
+	// is unloaded, until the matching release: a response or session
+	// admitted under an old config still charges its tokens.
+	hold()
+	release()
+}
+
+// lifetime closes a store once it is both unloaded and released by every
+// holder.
+type lifetime struct {
+	holders  atomic.Int64
+	unloaded atomic.Bool
+	once     sync.Once
+}
+
+func (l *lifetime) hold() { l.holders.Add(1) }
+
+func (l *lifetime) release(close func()) {
+	if l.holders.Add(-1) == 0 && l.unloaded.Load() {
+		l.once.Do(close)
+	}
+}
+
+// unload is called when no loaded config uses the store any more.
+func (l *lifetime) unload(close func()) {
+	l.unloaded.Store(true)
+	if l.holders.Load() == 0 {
+		l.once.Do(close)
+	}
 }
 
 // limit is one configured cap applied to one scope id of a request.

@@ -168,6 +168,19 @@ func unlockAll(cs []*memoryCounter) {
 }
 
 func (s *memoryStore) admit(_ context.Context, chain []limit, atMillis int64) (decision, error) {
+	return s.decide(chain, atMillis, true), nil
+}
+
+func (s *memoryStore) peek(_ context.Context, chain []limit, atMillis int64) (decision, error) {
+	return s.decide(chain, atMillis, false), nil
+}
+
+// The process store stays usable after it is unloaded: only its sweep stops.
+func (s *memoryStore) hold()    {}
+func (s *memoryStore) release() {}
+
+// decide is one admission, which charges only when charge is set.
+func (s *memoryStore) decide(chain []limit, atMillis int64, charge bool) decision {
 	now := s.clock(atMillis)
 	cs, locked := s.lock(chain)
 	defer unlockAll(locked)
@@ -179,14 +192,14 @@ func (s *memoryStore) admit(_ context.Context, chain []limit, atMillis int64) (d
 			d.admitted = false
 		}
 	}
-	if d.admitted {
+	if d.admitted && charge {
 		for i, l := range chain {
 			if l.rpm > 0 {
 				add(&cs[i].req, now.bucket, 1)
 			}
 		}
 	}
-	return d, nil
+	return d
 }
 
 func (s *memoryStore) recordTokens(_ context.Context, chain []limit, tokens, atMillis int64) error {

@@ -31,6 +31,7 @@ var (
 // admission is one EVALSHA of admit.lua (go-redis's Script loads the script
 // and retries on NOSCRIPT, as after a Redis restart).
 type redisStore struct {
+	lifetime
 	client  *redis.Client
 	opts    *redis.Options // for the replay's fresh connection
 	timeout time.Duration
@@ -104,17 +105,37 @@ func (c *RedisConfig) validate() error {
 	return err
 }
 
-// Destruct closes the client once no loaded config uses it.
-func (s *redisStore) Destruct() error { return s.client.Close() }
+// Destruct closes the client once no loaded config uses it and no admitted
+// response or session of an old config still has tokens to charge.
+func (s *redisStore) Destruct() error {
+	s.unload(s.closeClient)
+	return nil
+}
+
+func (s *redisStore) closeClient() { s.client.Close() }
+
+func (s *redisStore) release() { s.lifetime.release(s.closeClient) }
 
 func (s *redisStore) admit(ctx context.Context, chain []limit, atMillis int64) (decision, error) {
+	return s.run(ctx, chain, atMillis, false)
+}
+
+func (s *redisStore) peek(ctx context.Context, chain []limit, atMillis int64) (decision, error) {
+	return s.run(ctx, chain, atMillis, true)
+}
+
+// run runs admit.lua, which only reads when peek is set.
+func (s *redisStore) run(ctx context.Context, chain []limit, atMillis int64, peek bool) (decision, error) {
 	keys := make([]string, len(chain))
-	args := make([]any, 1+2*len(chain))
+	args := make([]any, 1+2*len(chain), 2+2*len(chain))
 	args[0] = clockArg(atMillis)
 	for i, l := range chain {
 		keys[i] = l.prefix
 		args[1+2*i] = l.rpm
 		args[2+2*i] = l.tpm
+	}
+	if peek {
+		args = append(args, "peek")
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()

@@ -121,6 +121,27 @@ func TestAdmissionFailsWithAnErrorWhileRedisIsDownAndResumesAfterRestart(t *test
 	}
 }
 
+func TestUnloadedRedisStoreStaysOpenUntilItsLastHolderReleasesIt(t *testing.T) {
+	url := redisURLFromEnv(t)
+	st, release, err := acquireRedisStore(url, 250*time.Millisecond) // a key no other test uses
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := st.(*redisStore)
+	s.hold() // a response admitted under the config being unloaded
+	if err := release(); err != nil {
+		t.Fatal(err)
+	}
+	chain := []limit{newLimit("org", uniqueID(t), 0, 100)}
+	if err := s.recordTokens(context.Background(), chain, 7, 0); err != nil {
+		t.Fatalf("charging after the unload: %v", err)
+	}
+	s.release()
+	if err := s.client.Ping(context.Background()).Err(); !errors.Is(err, redis.ErrClosed) {
+		t.Fatalf("client after the last release: %v, want closed", err)
+	}
+}
+
 func TestReplyOfTheWrongShapeIsAnError(t *testing.T) {
 	for _, reply := range [][]int64{nil, {1, 0}, {2, 0, 0, 0, 0, 0}, {1, 0, 0, 0, 0}} {
 		if _, err := decodeAdmission(reply, 1); !errors.Is(err, errBadReply) {

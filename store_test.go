@@ -207,6 +207,28 @@ func runConformance(t *testing.T, kit storeKit) {
 			t.Fatalf("org charged %d, want 1", n)
 		}
 	})
+	t.Run("PeekReadsWhatAdmitWouldAndChargesNothing", func(t *testing.T) {
+		s := kit.replicas(t, 1)[0]
+		at := pinnedBase() + 5000
+		chain := []limit{newLimit("key", uniqueID(t), 2, 0)}
+		fill(t, s, chain, at, 1)
+		for i := 0; i < 3; i++ {
+			d, err := s.peek(context.Background(), chain, at)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !d.admitted || d.counts[0].req.cur != 1 {
+				t.Fatalf("peek %d: %+v, want admitted with 1 counted", i, d)
+			}
+		}
+		fill(t, s, chain, at, 1)
+		if d, _ := s.peek(context.Background(), chain, at); d.admitted {
+			t.Fatal("peek admits over the cap")
+		}
+		if n := counter(t, s)(chain[0].prefix, requests, at/bucketMillis); n != 2 {
+			t.Fatalf("counted %d, want the 2 admissions only", n)
+		}
+	})
 	t.Run("TokensAreChargedOnlyToLimitsWithATPM", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
 		at := pinnedBase() + 5000
