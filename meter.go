@@ -108,7 +108,9 @@ func (h *Handler) charge(ctx context.Context, chain []limit, tokens int64) {
 	defer cancel()
 	if err := h.store.recordTokens(ctx, chain, tokens, 0); err != nil {
 		h.chargeWarn.log(h.logger, "recording tokens failed; they are not charged", zap.Error(err), zap.Int64("tokens", tokens))
+		return
 	}
+	tokensChargedTotal.Add(float64(tokens))
 }
 
 // meterResponse finishes the admitted response's metering and charges its
@@ -119,6 +121,7 @@ func (h *Handler) meterResponse(ctx context.Context, w *responseWriter, chain []
 	tokens, metered := w.finish()
 	if !metered {
 		h.store.release()
+		unmeteredTotal.WithLabelValues("response").Inc()
 		if h.logger.Core().Enabled(zap.DebugLevel) {
 			h.logger.Debug("response not metered: no usage found", zap.String("scope", chain[0].scope), zap.String("id", chain[0].id))
 		}

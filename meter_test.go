@@ -78,8 +78,7 @@ func (i ids) limits() []limit {
 
 // tokensCharged is what the tok buckets of l hold in this minute and the
 // last (a charge may land just before a minute boundary).
-func tokensCharged(t *testing.T, l limit) int64 {
-	url := redisURLFromEnv(t)
+func tokensCharged(t *testing.T, url string, l limit) int64 {
 	b := time.Now().UnixMilli() / bucketMillis
 	return redisCount(t, url, l.prefix, tokens, b) + redisCount(t, url, l.prefix, tokens, b-1)
 }
@@ -88,10 +87,16 @@ func tokensCharged(t *testing.T, l limit) int64 {
 // charge runs after the response, in the background: poll for it.
 func waitCharged(t *testing.T, chain []limit, want int64) {
 	t.Helper()
+	waitChargedIn(t, redisURLFromEnv(t), chain, want)
+}
+
+// waitChargedIn is waitCharged on the Redis server at url.
+func waitChargedIn(t *testing.T, url string, chain []limit, want int64) {
+	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for _, l := range chain {
 		for {
-			got := tokensCharged(t, l)
+			got := tokensCharged(t, url, l)
 			if got == want {
 				break
 			}

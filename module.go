@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -130,21 +131,27 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
 	h.warn, h.chargeWarn = new(warnLimiter), new(warnLimiter)
+	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return err
+	}
 	repl := caddy.NewReplacer()
 	h.limits = make(map[string]scopeLimits)
+	effective := make([]string, 0, len(h.Limits)) // for the log, ids as stored
 	for _, lc := range h.Limits {
 		sl := h.limits[lc.Scope]
 		caps := limitCaps{rpm: lc.RPM, tpm: lc.TPM}
+		id := "*"
 		if lc.ID == "*" {
 			sl.byDefault, sl.hasDefault = caps, true
 		} else {
 			if sl.byID == nil {
 				sl.byID = make(map[string]limitCaps)
 			}
-			id := repl.ReplaceKnown(lc.ID, "")
-			sl.byID[keyID(lc.Scope, id)] = caps
+			id = keyID(lc.Scope, repl.ReplaceKnown(lc.ID, ""))
+			sl.byID[id] = caps
 		}
 		h.limits[lc.Scope] = sl
+		effective = append(effective, fmt.Sprintf("%s %s rpm %d tpm %d", lc.Scope, id, lc.RPM, lc.TPM))
 	}
 	h.headers = parseHeaderFamilies(h.Headers)
 
@@ -158,7 +165,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
-	h.logger.Info("rate limits loaded", zap.Strings("chain", h.scopeNames()), zap.Int("limits", len(h.Limits)), zap.Bool("redis", h.Redis != nil))
+	liveHandlers.add(h)
+	h.logger.Info("rate limits loaded", zap.Strings("chain", h.scopeNames()), zap.Strings("limits", effective), zap.Bool("redis", h.Redis != nil))
 	return nil
 }
 
@@ -254,6 +262,7 @@ func (l LimitConfig) validate() error {
 
 // Cleanup gives the store back; it tolerates a Provision that failed half way.
 func (h *Handler) Cleanup() error {
+	liveHandlers.remove(h)
 	if h.release == nil {
 		return nil
 	}
@@ -270,7 +279,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		// Checked before admission, so that a session refused here takes
 		// no rpm slot.
 		if !openSession(h.maxConnections()) {
-			repl.Set(placeholderOutcome, "refused_connections")
+			setOutcome(repl, outcomeRefusedConnections)
 			return refuseSession(w)
 		}
 		defer closeSession() // ServeHTTP returns when the session is over
@@ -290,7 +299,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		return h.refuse(w, repl, chain, d, ref)
 	}
-	repl.Set(placeholderOutcome, "admitted")
+	setOutcome(repl, outcomeAdmitted)
 	metering := chainHasTPM(chain)
 	if !h.headers.any() && !metering {
 		return next.ServeHTTP(w, r)
@@ -331,6 +340,12 @@ func chainHasTPM(chain []limit) bool {
 	return false
 }
 
+// setOutcome records an admission's outcome in the placeholder and the metrics.
+func setOutcome(repl *caddy.Replacer, outcome string) {
+	repl.Set(placeholderOutcome, outcome)
+	admissionsTotal.WithLabelValues(outcome).Inc()
+}
+
 // chain resolves the request's limits, in chain order.
 func (h *Handler) chain(repl *caddy.Replacer) []limit {
 	var chain []limit
@@ -360,17 +375,18 @@ func (h *Handler) chain(repl *caddy.Replacer) []limit {
 func (h *Handler) storeFailed(w http.ResponseWriter, repl *caddy.Replacer, err error, next caddyhttp.Handler, r *http.Request) error {
 	if h.OnRedisError != "deny" {
 		h.warn.log(h.logger, "rate limit store unavailable; admitting requests unchecked (on_redis_error allow)", zap.Error(err))
-		repl.Set(placeholderOutcome, "failed_open")
+		setOutcome(repl, outcomeFailedOpen)
 		return next.ServeHTTP(w, r)
 	}
 	h.warn.log(h.logger, "rate limit store unavailable; refusing requests with 503 (on_redis_error deny)", zap.Error(err))
-	repl.Set(placeholderOutcome, "failed_closed")
+	setOutcome(repl, outcomeFailedClosed)
 	return writeJSONError(w, http.StatusServiceUnavailable, "The rate limiter is unavailable; please retry shortly.", "server_error", "rate_limiter_unavailable")
 }
 
 // refuse answers a refused request, or hands it to handle_errors.
 func (h *Handler) refuse(w http.ResponseWriter, repl *caddy.Replacer, chain []limit, d decision, ref refusal) error {
-	repl.Set(placeholderOutcome, "refused")
+	setOutcome(repl, outcomeRefused)
+	refusalsTotal.WithLabelValues(chain[ref.first].scope, ref.kind.String()).Inc()
 	repl.Set(placeholderRefusedScope, chain[ref.first].scope)
 	repl.Set(placeholderRefusedKind, ref.kind.String())
 	repl.Set(placeholderRefusedLimit, ref.capacity)
@@ -388,6 +404,41 @@ func (h *Handler) refuse(w http.ResponseWriter, repl *caddy.Replacer, chain []li
 		return caddyhttp.Error(http.StatusTooManyRequests, errors.New(msg))
 	}
 	return writeJSONError(w, http.StatusTooManyRequests, msg, ref.kind.String(), "rate_limit_exceeded")
+}
+
+// liveHandlers are the provisioned handlers of every loaded config, which the
+// admin API's live view reads.
+var liveHandlers handlerSet
+
+type handlerSet struct {
+	mu       sync.Mutex
+	handlers map[*Handler]struct{}
+}
+
+func (s *handlerSet) add(h *Handler) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.handlers == nil {
+		s.handlers = make(map[*Handler]struct{})
+	}
+	s.handlers[h] = struct{}{}
+}
+
+func (s *handlerSet) remove(h *Handler) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.handlers, h)
+}
+
+// all returns the live handlers.
+func (s *handlerSet) all() []*Handler {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*Handler, 0, len(s.handlers))
+	for h := range s.handlers {
+		out = append(out, h)
+	}
+	return out
 }
 
 // Interface guards

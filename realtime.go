@@ -154,7 +154,8 @@ func (h *Handler) meterSession(ctx context.Context, tap *realtimeTap, chain []li
 				h.chargeTaken(ctx, tap, chain)
 			case <-done:
 				h.chargeTaken(ctx, tap, chain)
-				if n := tap.unmetered(); n > 0 && h.logger.Core().Enabled(zap.DebugLevel) {
+				if n := tap.unmetered(); n > 0 {
+					unmeteredTotal.WithLabelValues("realtime_message").Add(float64(n))
 					h.logger.Debug("realtime messages not metered", zap.Int64("messages", n), zap.String("scope", chain[0].scope), zap.String("id", chain[0].id))
 				}
 				return

@@ -15,7 +15,7 @@ import (
 // Placeholders set on every request the handler sees, for logs and
 // handle_errors.
 const (
-	placeholderOutcome      = "http.rolter_ratelimit.outcome" // admitted, refused, failed_open, failed_closed
+	placeholderOutcome      = "http.rolter_ratelimit.outcome" // admitted, refused, failed_open, failed_closed, refused_connections
 	placeholderRefusedScope = "http.rolter_ratelimit.refused_scope"
 	placeholderRefusedKind  = "http.rolter_ratelimit.refused_kind" // requests or tokens
 	placeholderRefusedLimit = "http.rolter_ratelimit.refused_limit"

@@ -137,6 +137,11 @@ func (s *redisStore) run(ctx context.Context, chain []limit, atMillis int64, pee
 	if peek {
 		args = append(args, "peek")
 	}
+	op := "admit"
+	if peek {
+		op = "peek"
+	}
+	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	reply, err := admitScript.Run(ctx, s.client, keys, args...).Int64Slice()
@@ -147,6 +152,7 @@ func (s *redisStore) run(ctx context.Context, chain []limit, atMillis int64, pee
 		// towards stricter, in a bucket that expires within two minutes.
 		reply, err = s.replay(ctx, keys, args)
 	}
+	observeRedis(op, start, err)
 	if err != nil {
 		return decision{}, err
 	}
@@ -200,9 +206,12 @@ func (s *redisStore) recordTokens(ctx context.Context, chain []limit, tokens, at
 	if len(keys) == 0 {
 		return nil
 	}
+	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	return recordScript.Run(ctx, s.client, keys, clockArg(atMillis), tokens).Err()
+	err := recordScript.Run(ctx, s.client, keys, clockArg(atMillis), tokens).Err()
+	observeRedis("record_tokens", start, err)
+	return err
 }
 
 // clockArg is the scripts' clock argument: "" for Redis TIME.

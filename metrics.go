@@ -1,0 +1,71 @@
+package ratelimit
+
+import (
+	"errors"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// The collectors live with the process, so that counters keep counting across
+// config reloads as Prometheus expects; every Provision registers them again
+// in the new config's registry (each config load has a fresh one). No label
+// carries an id: scope names and kinds are configuration, ids are not.
+var (
+	admissionsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "admissions_total",
+		Help: "Requests and realtime sessions seen, by outcome: admitted, refused, failed_open, failed_closed, refused_connections.",
+	}, []string{"outcome"})
+	refusalsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "refusals_total",
+		Help: "Refused requests, by the scope name and kind (requests, tokens) of the first refusing limit.",
+	}, []string{"scope", "kind"})
+	tokensChargedTotal = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "tokens_charged_total",
+		Help: "Tokens charged to the chains of admitted responses and realtime sessions.",
+	})
+	unmeteredTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "unmetered_total",
+		Help: "Metered responses with no usage found, and realtime messages that could not be read, by what: response, realtime_message.",
+	}, []string{"what"})
+	redisDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "redis_call_duration_seconds",
+		Help:    "Redis calls of the limiter, by operation: admit, record_tokens, peek.",
+		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1},
+	}, []string{"op"})
+	redisErrorsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "redis_errors_total",
+		Help: "Redis calls of the limiter that failed, by operation.",
+	}, []string{"op"})
+	sessionsOpen = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "realtime_sessions_open",
+		Help: "WebSocket sessions open through the limiter in this process.",
+	}, func() float64 { return float64(openSessions.Load()) })
+)
+
+// Outcomes of an admission, as metric labels and the outcome placeholder.
+const (
+	outcomeAdmitted           = "admitted"
+	outcomeRefused            = "refused"
+	outcomeFailedOpen         = "failed_open"
+	outcomeFailedClosed       = "failed_closed"
+	outcomeRefusedConnections = "refused_connections"
+)
+
+// registerMetrics registers the process's collectors in a config's registry.
+func registerMetrics(reg prometheus.Registerer) error {
+	for _, c := range []prometheus.Collector{admissionsTotal, refusalsTotal, tokensChargedTotal, unmeteredTotal, redisDuration, redisErrorsTotal, sessionsOpen} {
+		if err := reg.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
+			return err
+		}
+	}
+	return nil
+}
+
+// observeRedis records one Redis call's latency and failure.
+func observeRedis(op string, start time.Time, err error) {
+	redisDuration.WithLabelValues(op).Observe(time.Since(start).Seconds())
+	if err != nil {
+		redisErrorsTotal.WithLabelValues(op).Inc()
+	}
+}

@@ -1,0 +1,104 @@
+package ratelimit
+
+import (
+	"bufio"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// scrape reads the admin endpoint's /metrics into "name{labels}" → value.
+func scrape(t *testing.T) map[string]float64 {
+	t.Helper()
+	res, err := http.Get(fmt.Sprintf("http://localhost:%d/metrics", caddyAdmin()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	out := make(map[string]float64)
+	sc := bufio.NewScanner(res.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "caddy_rolter_ratelimit_") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			t.Fatalf("metric line %q: %v", line, err)
+		}
+		out[line[:i]] = v
+	}
+	return out
+}
+
+func TestMetricsCountOutcomesRefusalsAndTokensAndKeepCountingAcrossAReload(t *testing.T) {
+	srv := startRedis(t)
+	up := sampleUpstream(t)
+	port := freePort()
+	site := func(comment string) string {
+		return fmt.Sprintf(`
+	# %s
+	rolter_ratelimit {
+		redis %s
+		scope key {http.request.header.Authorization}
+		scope org {http.request.header.X-Org}
+		limit key * rpm 2
+		limit org * tpm 100000
+	}
+	reverse_proxy {upstream}`, comment, srv.URL())
+	}
+	gw := startGatewayWith(t, up.URL, "", site("first"), port)
+	before := scrape(t)
+	key := "Authorization: Bearer sk-" + uniqueID(t)
+	org := "X-Org: " + uniqueID(t)
+	for i := 0; i < 3; i++ { // 2 admitted, 1 refused by the key's rpm
+		gw.get(t, "/samples/openai_chat.json?coding=identity", key, org)
+	}
+	gw.get(t, "/samples/openai_error.json?coding=identity", "Authorization: Bearer sk-"+uniqueID(t), org) // admitted, not metered
+	waitChargedIn(t, srv.URL(), []limit{newLimit("org", strings.TrimPrefix(org, "X-Org: "), 0, 1)}, 2*1163)
+	srv.Stop(t)
+	gw.get(t, "/samples/openai_chat.json?coding=identity", "Authorization: Bearer sk-"+uniqueID(t), org) // failed open
+	after := scrape(t)
+
+	delta := func(name string) float64 { return after[name] - before[name] }
+	for name, want := range map[string]float64{
+		`caddy_rolter_ratelimit_admissions_total{outcome="admitted"}`:          3,
+		`caddy_rolter_ratelimit_admissions_total{outcome="refused"}`:           1,
+		`caddy_rolter_ratelimit_admissions_total{outcome="failed_open"}`:       1,
+		`caddy_rolter_ratelimit_refusals_total{kind="requests",scope="key"}`:   1,
+		`caddy_rolter_ratelimit_tokens_charged_total`:                          2 * 1163,
+		`caddy_rolter_ratelimit_unmetered_total{what="response"}`:              1,
+		`caddy_rolter_ratelimit_redis_errors_total{op="admit"}`:                1,
+		`caddy_rolter_ratelimit_redis_call_duration_seconds_count{op="admit"}`: 5,
+	} {
+		if got := delta(name); got != want {
+			t.Errorf("%s went up by %v, want %v", name, got, want)
+		}
+	}
+	if _, ok := after[`caddy_rolter_ratelimit_realtime_sessions_open`]; !ok {
+		t.Error("realtime_sessions_open is missing")
+	}
+	for name := range after {
+		if strings.Contains(name, "sk-") || strings.Contains(name, strings.TrimPrefix(org, "X-Org: ")) {
+			t.Fatalf("a metric label carries an id: %s", name)
+		}
+	}
+
+	// A reload gives Caddy a fresh registry: the same counters are there
+	// again and go on from where they were.
+	srv.Start(t)
+	startGatewayWith(t, up.URL, "", site("second"), port)
+	reloaded := scrape(t)
+	name := `caddy_rolter_ratelimit_admissions_total{outcome="admitted"}`
+	if reloaded[name] < after[name] {
+		t.Fatalf("%s fell from %v to %v across the reload", name, after[name], reloaded[name])
+	}
+	gw.get(t, "/samples/openai_chat.json?coding=identity", "Authorization: Bearer sk-"+uniqueID(t), org)
+	if got := scrape(t)[name]; got != reloaded[name]+1 {
+		t.Fatalf("%s is %v after one more admission, want %v", name, got, reloaded[name]+1)
+	}
+}
