@@ -428,3 +428,32 @@ func TestInProcessCountersSurviveAConfigReload(t *testing.T) {
 		t.Fatalf("third request %d after the reload, want 429: the count was lost", res.StatusCode)
 	}
 }
+
+func TestChangedLimitTakesEffectOnTheFirstRequestAfterTheReload(t *testing.T) {
+	up := newUpstream(t)
+	org := uniqueID(t)
+	port := freePort()
+	site := func(rpm int) string {
+		return fmt.Sprintf(`
+	rolter_ratelimit {
+		%s
+		scope org {http.request.header.X-Org}
+		limit org * rpm %d
+	}
+	reverse_proxy {upstream}`, redisLine(t), rpm)
+	}
+	gw := startGatewayWith(t, up.URL, "", site(1), port)
+	gw.do(t, "X-Org: "+org)
+	if res, _ := gw.do(t, "X-Org: "+org); res.StatusCode != 429 {
+		t.Fatalf("second request under rpm 1: %d", res.StatusCode)
+	}
+	gw = startGatewayWith(t, up.URL, "", site(3), port)
+	res, _ := gw.do(t, "X-Org: "+org)
+	if res.StatusCode != 200 || res.Header.Get("X-Ratelimit-Limit-Requests") != "3" {
+		t.Fatalf("first request after raising rpm to 3: %d, limit %q", res.StatusCode, res.Header.Get("X-Ratelimit-Limit-Requests"))
+	}
+	gw = startGatewayWith(t, up.URL, "", site(1), port)
+	if res, _ := gw.do(t, "X-Org: "+org); res.StatusCode != 429 {
+		t.Fatalf("first request after lowering rpm to 1 again: %d, want 429", res.StatusCode)
+	}
+}
