@@ -1,0 +1,372 @@
+package ratelimit
+
+// The live view: an admin API route that answers, from the stores the
+// handlers use, where one scope id stands against its caps right now.
+
+import (
+	"cmp"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"net/url"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+func init() {
+	caddy.RegisterModule(AdminAPI{})
+}
+
+// AdminAPI is the admin API module admin.api.rolter_ratelimit. Caddy loads
+// every registered admin.api module with its admin endpoint, so building
+// Caddy with this plugin is all it takes; there is nothing to configure.
+//
+// It serves GET /rolter_ratelimit/usage (see UsagePath), the live view of one
+// scope id: for every distinct limit that the loaded rolter_ratelimit
+// handlers apply to it, the current request and token estimates, their caps,
+// what remains and when each resets, read from the store those handlers use
+// without charging anything.
+//
+// Query parameters:
+//
+//	scope   the scope's name, as in the handler's "scope" lines (required)
+//	id      the id as it appears in requests (the raw API key for the "key"
+//	        scope); the view digests it exactly as the handlers do
+//	digest  instead of id: the stored form, "#" and 32 hex digits, as logs,
+//	        metrics and Redis keys show it
+//
+// Exactly one of id and digest is required. Caddy logs the URI of every
+// admin request, so prefer digest for secrets such as API keys.
+//
+// Answers: 200 with a UsageView; 400 for a missing or malformed parameter or
+// a scope that no loaded handler has; 405 for a method other than GET; 503
+// when a store cannot be read. Errors are Caddy's usual {"error": "..."}
+// bodies, which never repeat the id. An id with no limit in the scope (no
+// limit of its own and no "*" default in any handler) is not an error: the
+// answer is 200 with an empty limits list and a note, since such an id is
+// simply unlimited there (a 404 would also be indistinguishable from a Caddy
+// built without this module).
+type AdminAPI struct{}
+
+// UsagePath is the live view's route on the admin endpoint.
+const UsagePath = "/rolter_ratelimit/usage"
+
+// CaddyModule returns the Caddy module information.
+func (AdminAPI) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "admin.api.rolter_ratelimit",
+		New: func() caddy.Module { return new(AdminAPI) },
+	}
+}
+
+// Routes returns the live view's route.
+func (a AdminAPI) Routes() []caddy.AdminRoute {
+	return []caddy.AdminRoute{{Pattern: UsagePath, Handler: caddy.AdminHandlerFunc(a.serveUsage)}}
+}
+
+// UsageView is the live view's answer for one scope id.
+type UsageView struct {
+	// Scope is the scope's name, as asked.
+	Scope string `json:"scope"`
+	// ID is the id as the store holds it: the id itself for a short plain
+	// id, otherwise (and always in the "key" scope) "#" and the first 32 hex
+	// digits of its SHA-256. The raw id is never in the answer.
+	ID string `json:"id"`
+	// Limits has one entry per distinct (store, rpm, tpm) that the loaded
+	// handlers apply to the id, sorted by store, then rpm, then tpm. It is
+	// empty (never null) when no handler limits the id in this scope.
+	Limits []UsageLimit `json:"limits"`
+	// Note explains an empty Limits.
+	Note string `json:"note,omitempty"`
+}
+
+// UsageLimit is one limit that applies to the id, with its counters as the
+// store holds them now.
+type UsageLimit struct {
+	// Store is "redis" or "memory" (the in-process store).
+	Store string `json:"store"`
+	// Redis locates the Redis server and database of a "redis" store, without
+	// credentials, e.g. "redis://10.0.0.5:6379/0".
+	Redis string `json:"redis,omitempty"`
+	// Source is where the caps come from: "own" (a limit line for this very
+	// id), "default" (the scope's "*" limit), or "own+default" when the
+	// handlers that share these caps differ in that.
+	Source string `json:"source"`
+	// Handlers is how many loaded handlers apply these caps to the id on this
+	// store. While a config reload is under way, the outgoing config's
+	// handlers count too.
+	Handlers int `json:"handlers"`
+	// Chains are the distinct scope chains (scope names in order) of those
+	// handlers, to tell the handlers apart.
+	Chains [][]string `json:"chains"`
+	// At is the store's clock when it was read (Redis TIME for Redis), in
+	// RFC 3339 with milliseconds, UTC.
+	At string `json:"at"`
+	// Admits reports whether this limit alone would admit a request now. A
+	// request is admitted only if every limit of its chain admits it.
+	Admits bool `json:"admits"`
+	// RPM is the request counter; absent when the limit has no rpm.
+	RPM *UsageCounter `json:"rpm,omitempty"`
+	// TPM is the token counter; absent when the limit has no tpm (tokens are
+	// then not counted for this id on this limit).
+	TPM *UsageCounter `json:"tpm,omitempty"`
+}
+
+// UsageCounter is one counter of a limit, with the definitions of the
+// x-ratelimit-* headers, applied to the state now: no hypothetical request
+// is counted.
+type UsageCounter struct {
+	// Limit is the cap per minute (x-ratelimit-limit-*).
+	Limit int64 `json:"limit"`
+	// Estimate is the sliding-window estimate of the trailing minute,
+	// current + previous × (60 s − time into the current minute) / 60 s,
+	// rounded to three decimals.
+	Estimate float64 `json:"estimate"`
+	// Remaining is Limit − Estimate rounded down, at least 0
+	// (x-ratelimit-remaining-*). The requests header of an admitted
+	// request counts that request, which the store holds by now: right
+	// after an admission, and absent other traffic, the two are equal. The
+	// tokens header is written before the response's own tokens are
+	// charged, so this view is lower by those tokens. A request fits the
+	// rpm while Remaining ≥ 1; it fits the tpm while Estimate < Limit,
+	// which a Remaining of 0 can hide.
+	Remaining int64 `json:"remaining"`
+	// Reset is the time until the estimate is back to zero absent further
+	// traffic, as a Go duration string (x-ratelimit-reset-*); "0s" when it
+	// is zero.
+	Reset string `json:"reset"`
+	// ResetMillis is Reset in milliseconds.
+	ResetMillis int64 `json:"reset_ms"`
+}
+
+// digestRE is the stored form of a digested id (see keyID).
+var digestRE = regexp.MustCompile(`^#[0-9a-f]{32}$`)
+
+// usageGroup is the handlers that apply the same caps to the id on the same
+// store: they read the same counters, so they make one entry.
+type usageGroup struct {
+	storeKind, where string
+	caps             limitCaps
+	store            store
+	own, byDefault   bool
+	handlers         int
+	chains           [][]string
+}
+
+func (a AdminAPI) serveUsage(w http.ResponseWriter, r *http.Request) error {
+	if r.Method != http.MethodGet {
+		w.Header().Set("Allow", http.MethodGet)
+		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed; use GET", r.Method)}
+	}
+	scope, id, err := usageQuery(r.URL.Query())
+	if err != nil {
+		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
+	}
+	handlers := liveHandlers.all()
+	known := make(map[string]bool)
+	for _, h := range handlers {
+		for _, s := range h.Scopes {
+			known[s.Name] = true
+		}
+	}
+	if !known[scope] {
+		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: unknownScope(scope, known)}
+	}
+
+	groups := groupLimits(handlers, scope, id)
+	view := UsageView{Scope: scope, ID: id, Limits: make([]UsageLimit, 0, len(groups))}
+	for _, g := range groups {
+		entry, err := g.read(r, scope, id)
+		if err != nil {
+			return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: err}
+		}
+		view.Limits = append(view.Limits, entry)
+	}
+	if len(view.Limits) == 0 {
+		view.Note = fmt.Sprintf("no loaded handler limits this id in scope %q (it has no limit of its own and the scope has no \"*\" default): it is not limited in this scope", scope)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	body, err := json.Marshal(view)
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(append(body, '\n'))
+	return err
+}
+
+// usageQuery reads the scope and the id, as stored, from the query.
+func usageQuery(q url.Values) (scope, id string, err error) {
+	for _, name := range []string{"scope", "id", "digest"} {
+		if len(q[name]) > 1 {
+			return "", "", fmt.Errorf("give the %s parameter once", name)
+		}
+	}
+	scope = q.Get("scope")
+	if scope == "" {
+		return "", "", errors.New("missing scope parameter: ask for ?scope=<scope name>&id=<id as in requests> (or &digest=<#digest>)")
+	}
+	raw, hasID := q["id"]
+	digest, hasDigest := q["digest"]
+	switch {
+	case hasID && hasDigest:
+		return "", "", errors.New("give either the id parameter or the digest parameter, not both")
+	case hasDigest:
+		if !digestRE.MatchString(digest[0]) {
+			return "", "", errors.New(`the digest parameter must be "#" and 32 lowercase hex digits, as logs, metrics and Redis keys show digested ids`)
+		}
+		return scope, digest[0], nil
+	case hasID && raw[0] != "":
+		return scope, keyID(scope, raw[0]), nil
+	case hasID:
+		return "", "", errors.New("empty id parameter: an empty scope value is never limited")
+	}
+	return "", "", errors.New("missing id parameter: give the id as it appears in requests (id=...) or its stored digest (digest=#...)")
+}
+
+func unknownScope(scope string, known map[string]bool) error {
+	if len(known) == 0 {
+		return fmt.Errorf("unknown scope %q: no rolter_ratelimit handler is loaded", scope)
+	}
+	names := make([]string, 0, len(known))
+	for n := range known {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return fmt.Errorf("unknown scope %q: no loaded rolter_ratelimit handler has a scope of that name (known scopes: %s)", scope, strings.Join(names, ", "))
+}
+
+// groupLimits finds the caps each handler applies to the stored id in scope,
+// as chain would, and groups them by store and caps, in a stable order.
+func groupLimits(handlers []*Handler, scope, id string) []*usageGroup {
+	byKey := make(map[string]*usageGroup)
+	var groups []*usageGroup
+	for _, h := range handlers {
+		if !slices.ContainsFunc(h.Scopes, func(s Scope) bool { return s.Name == scope }) {
+			continue
+		}
+		sl, ok := h.limits[scope]
+		if !ok {
+			continue
+		}
+		caps, own := sl.byID[id]
+		if !own {
+			if !sl.hasDefault {
+				continue
+			}
+			caps = sl.byDefault
+		}
+		kind, where := describeStore(h.store)
+		key := kind + "\x00" + where + "\x00" + strconv.FormatInt(caps.rpm, 10) + "\x00" + strconv.FormatInt(caps.tpm, 10)
+		g, ok := byKey[key]
+		if !ok {
+			g = &usageGroup{storeKind: kind, where: where, caps: caps, store: h.store}
+			byKey[key] = g
+			groups = append(groups, g)
+		}
+		g.handlers++
+		g.own = g.own || own
+		g.byDefault = g.byDefault || !own
+		chain := h.scopeNames()
+		if !slices.ContainsFunc(g.chains, func(c []string) bool { return slices.Equal(c, chain) }) {
+			g.chains = append(g.chains, chain)
+		}
+	}
+	slices.SortFunc(groups, func(a, b *usageGroup) int {
+		return cmp.Or(cmp.Compare(a.storeKind, b.storeKind), cmp.Compare(a.where, b.where),
+			cmp.Compare(a.caps.rpm, b.caps.rpm), cmp.Compare(a.caps.tpm, b.caps.tpm))
+	})
+	for _, g := range groups {
+		slices.SortFunc(g.chains, slices.Compare)
+	}
+	return groups
+}
+
+// describeStore names a store and, for Redis, where its counters are:
+// stores that describe alike share their counters.
+func describeStore(s store) (kind, where string) {
+	switch s := s.(type) {
+	case *memoryStore:
+		return "memory", ""
+	case *redisStore:
+		o := s.opts
+		if o.Network == "unix" {
+			return "redis", "unix://" + o.Addr + "?db=" + strconv.Itoa(o.DB)
+		}
+		scheme := "redis"
+		if o.TLSConfig != nil {
+			scheme = "rediss"
+		}
+		return "redis", scheme + "://" + o.Addr + "/" + strconv.Itoa(o.DB)
+	}
+	return fmt.Sprintf("%T", s), fmt.Sprintf("%p", s)
+}
+
+// read peeks at the group's counters, on a chain of this one limit.
+func (g *usageGroup) read(r *http.Request, scope, id string) (UsageLimit, error) {
+	l := newLimit(scope, id, g.caps.rpm, g.caps.tpm)
+	g.store.hold() // a reload may unload the store meanwhile
+	d, err := g.store.peek(r.Context(), []limit{l}, 0)
+	g.store.release()
+	if err == nil && len(d.counts) != 1 {
+		err = errBadReply
+	}
+	if err != nil {
+		name := g.storeKind
+		if g.where != "" {
+			name += " at " + g.where
+		}
+		return UsageLimit{}, fmt.Errorf("the rate limit store (%s) cannot be read: %v", name, err)
+	}
+	into := d.now.into
+	entry := UsageLimit{
+		Store:    g.storeKind,
+		Redis:    g.where,
+		Source:   g.source(),
+		Handlers: g.handlers,
+		Chains:   g.chains,
+		At:       time.UnixMilli(d.now.unixMillis).UTC().Format("2006-01-02T15:04:05.000Z07:00"),
+		Admits:   d.admitted,
+	}
+	if l.rpm > 0 {
+		entry.RPM = usageCounter(d.counts[0].req, l.rpm, into)
+	}
+	if l.tpm > 0 {
+		entry.TPM = usageCounter(d.counts[0].tok, l.tpm, into)
+	}
+	return entry, nil
+}
+
+func (g *usageGroup) source() string {
+	switch {
+	case g.own && g.byDefault:
+		return "own+default"
+	case g.own:
+		return "own"
+	}
+	return "default"
+}
+
+func usageCounter(w window, capacity, into int64) *UsageCounter {
+	reset := resetIn(w, into)
+	return &UsageCounter{
+		Limit:       capacity,
+		Estimate:    math.Round(w.estimate(into)*1000) / 1000,
+		Remaining:   remaining(w, capacity, into),
+		Reset:       (time.Duration(reset) * time.Millisecond).String(),
+		ResetMillis: reset,
+	}
+}
+
+// Interface guards
+var (
+	_ caddy.Module      = AdminAPI{}
+	_ caddy.AdminRouter = AdminAPI{}
+)
