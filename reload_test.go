@@ -1,0 +1,650 @@
+package ratelimit
+
+// Config reloads under load, end to end: a real Caddy (caddytest's, in this
+// process), a real upstream and a redis-server of the test's own, so that the
+// server's client list holds only this test's connections.
+//
+// Identifiers of this file other than the test are prefixed with "rl" to keep
+// clear of the names used by the package's other test files.
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptrace"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+const (
+	rlClients       = 8   // concurrent client goroutines, in the warm-up and the reload run
+	rlReloads       = 20  // reloads during the reload run
+	rlSmallRPM      = 50  // the capped org's rpm
+	rlSmallPerRound = 5   // capped-org requests sent around each reload: 100 in all, twice the cap
+	rlBigRPM        = 1e6 // the busy org's rpm: never reached
+	// rlWindowNeeded is how much of the current minute bucket must be left
+	// when the reload run starts: the capped org's 50 admissions must all
+	// land in one bucket (with an empty previous one) for "exactly 50" to be
+	// the right answer. The run takes 1–2 s under -race on two CPUs.
+	rlWindowNeeded = 10 * time.Second
+	// rlGoroutineSlack is how many goroutines more than after the warm-up
+	// may remain once everything has settled. None are expected: see the
+	// comment where it is used.
+	rlGoroutineSlack = 0
+	// rlUpstreamIdle is the idle timeout of reverse_proxy's connections to
+	// the upstream (Caddy's default: 2m). A reload leaves behind, in the old
+	// config's transport, an idle connection for about every request that
+	// was in flight when it happened, whatever the handlers: HTTPTransport's
+	// Cleanup calls CloseIdleConnections, but a request of the old config
+	// that reaches RoundTrip afterwards undoes it (net/http's
+	// queueForIdleConn resets Transport.closeIdle), and its connection then
+	// idles in a transport nobody uses until this timeout closes it (three
+	// goroutines each: the transport's read and write loops and the
+	// upstream's conn.serve). Without the module in the chain the same run
+	// leaves the same hundreds of goroutines. A short timeout lets them go
+	// within the test, so that the goroutine count can be compared exactly.
+	rlUpstreamIdle = "500ms"
+	// rlStill is how long the goroutine count must hold still to be read:
+	// longer than rlUpstreamIdle, and than the 500 ms at which net/http's
+	// Shutdown polls for its connections to finish (old HTTP servers and the
+	// admin server that every load replaces stop in goroutines of their own).
+	rlStill = 1200 * time.Millisecond
+)
+
+func TestTwentyReloadsUnderLoadLoseNoRequestAndKeepAdmissionExact(t *testing.T) {
+	started := time.Now()
+	srv := startRedis(t)
+	probe := rlNewProbe(t, srv)
+	up := newUpstream(t)
+	warmOrg, bigOrg, smallOrg := uniqueID(t), uniqueID(t), uniqueID(t)
+	admin, port := caddyAdmin(), freePort()
+	logFile := t.TempDir() + "/caddy.log"
+	globals := fmt.Sprintf("\tlog {\n\t\toutput file %s\n\t\tlevel INFO\n\t}", logFile)
+
+	// Generation k of the site. Odd generations differ from the one before
+	// only in a comment, so their JSON is identical and only Cache-Control:
+	// must-revalidate makes Caddy reload them (caddy.changeConfig compares
+	// the JSON unless forceReload); even ones change a response header.
+	site := func(k int) string {
+		return fmt.Sprintf(`
+	# generation %d
+	header X-Rl-Gen g%d
+	log
+	rolter_ratelimit {
+		redis %s {
+			timeout 2s
+		}
+		scope org {http.request.header.X-Org}
+		limit org %s rpm %d
+		limit org * rpm %d
+		on_redis_error deny
+	}
+	reverse_proxy {upstream} {
+		transport http {
+			keepalive %s
+		}
+	}`, k, k-k%2, srv.URL(), smallOrg, rlSmallRPM, int64(rlBigRPM), rlUpstreamIdle)
+	}
+	// The whole Caddyfile, as startGatewayWith writes it (same globals, same
+	// admin address, same site address), for POST /load.
+	caddyfile := func(k int) string {
+		return fmt.Sprintf(`{
+	admin localhost:%d
+	auto_https off
+	skip_install_trust
+	grace_period 1ns
+	http_port %d
+%s
+}
+:%d {
+%s
+}
+`, admin, port, globals, port, strings.ReplaceAll(site(k), "{upstream}", strings.TrimPrefix(up.URL, "http://")))
+	}
+	// The timeout of 2s is there so that a CPU-starved admission under -race
+	// is not mistaken for a Redis failure; on_redis_error deny makes any
+	// store failure a visible 503 rather than an uncounted 200. The short
+	// upstream keepalive is explained at rlUpstreamIdle.
+	gw := startGatewayWith(t, up.URL, globals, site(0), port)
+	reloads := 0 // loads through POST /load after the first
+	reload := func(k int) (int, string, error) {
+		reloads++
+		return rlPostLoad(admin, caddyfile(k))
+	}
+
+	// Our own client: one idle connection kept per client goroutine, and no
+	// dial logging (caddytest's transport logs every dial).
+	tr := &http.Transport{MaxIdleConns: 2 * rlClients, MaxIdleConnsPerHost: rlClients, IdleConnTimeout: time.Minute, DisableCompression: true}
+	t.Cleanup(tr.CloseIdleConnections)
+	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	load := &rlLoad{client: client, url: gw.url + "/v1/chat/completions"}
+
+	// Warm-up: the same load without reloads, until the shared Redis pool
+	// has grown to one connection per client goroutine (it never shrinks:
+	// go-redis does not reap idle connections), so that the reload run has
+	// no reason to open one.
+	warmStart := time.Now()
+	warm := load.run(rlClients, func(int) string { return warmOrg }, func(stop func() bool) {
+		deadline := time.Now().Add(8 * time.Second)
+		for time.Since(warmStart) < time.Second || probe.others(t) < rlClients {
+			if time.Now().After(deadline) {
+				t.Logf("warm-up: the Redis pool reached %d connections, not %d", probe.others(t), rlClients)
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
+	warm.mustAllBe(t, "warm-up", "", 200)
+	baseG, baseStacks := rlSettle(t, tr)
+	baseRedis := probe.others(t)
+	baseConns := probe.connectionsReceived(t)
+	t.Logf("after the warm-up (%d requests, %d retried, in %v): %d goroutines, %d Redis connections besides the probe", warm.total(), warm.retried, time.Since(warmStart).Round(time.Millisecond), baseG, baseRedis)
+
+	// The capped org must get its 50 admissions in one minute bucket.
+	now := probe.now(t)
+	if left := time.Duration(bucketMillis-now.UnixMilli()%bucketMillis) * time.Millisecond; left < rlWindowNeeded {
+		t.Logf("%v left in this minute bucket: waiting for the next one", left.Round(time.Millisecond))
+		time.Sleep(left + 50*time.Millisecond)
+	}
+	bucket := probe.now(t).UnixMilli() / bucketMillis
+
+	// The reload run. Around each reload, rlSmallPerRound requests of the
+	// capped org are handed to the client goroutines: some before the POST,
+	// so that they meet the reload, the rest once it answered. After each
+	// reload, every client goroutine completes a request on the busy org
+	// before the next reload starts, so every generation serves traffic.
+	type reloadResult struct {
+		code int
+		body string
+		err  error
+		took time.Duration
+	}
+	var results []reloadResult
+	var small atomic.Int64 // capped-org tickets not yet taken
+	orgOf := func(int) string {
+		for {
+			n := small.Load()
+			if n <= 0 {
+				return bigOrg
+			}
+			if small.CompareAndSwap(n, n-1) {
+				return smallOrg
+			}
+		}
+	}
+	runStart := time.Now()
+	run := load.run(rlClients, orgOf, func(stop func() bool) {
+		for i := 1; i <= rlReloads && !stop(); i++ {
+			small.Add(3)
+			t0 := time.Now()
+			code, body, err := reload(i)
+			results = append(results, reloadResult{code, body, err, time.Since(t0)})
+			small.Add(rlSmallPerRound - 3)
+			done := load.completed(bigOrg)
+			deadline := time.Now().Add(10 * time.Second)
+			for small.Load() > 0 || load.completed(bigOrg) < done+rlClients {
+				if time.Now().After(deadline) || stop() {
+					t.Errorf("reload %d: the load stalled (%d capped-org requests not sent)", i, small.Load())
+					return
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}
+	})
+	runTook := time.Since(runStart)
+	endBucket := probe.now(t).UnixMilli() / bucketMillis
+
+	// Every reload answered 200.
+	var took []string
+	for i, r := range results {
+		took = append(took, r.took.Round(time.Millisecond).String())
+		if r.err != nil || r.code != 200 {
+			t.Errorf("reload %d: %d %q %v", i+1, r.code, r.body, r.err)
+		}
+	}
+	if len(results) != rlReloads {
+		t.Fatalf("%d reloads done, want %d", len(results), rlReloads)
+	}
+	t.Logf("reload run: %v, %d requests (%d transparently retried by the client on a fresh connection), reloads took %s",
+		runTook.Round(time.Millisecond), run.total(), run.retried, strings.Join(took, " "))
+
+	// No failed request: the busy org got nothing but 200s, the capped one
+	// 200s and 429s.
+	run.mustAllBe(t, "busy org", bigOrg, 200)
+	run.mustAllBe(t, "capped org", smallOrg, 200, 429)
+	if got := run.count(smallOrg, 0); got != rlReloads*rlSmallPerRound {
+		t.Errorf("%d capped-org requests sent, want %d", got, rlReloads*rlSmallPerRound)
+	}
+	// Every generation whose header differs served requests.
+	for k := 0; k <= rlReloads; k += 2 {
+		if !run.gens["g"+strconv.Itoa(k)] {
+			t.Errorf("no response came from generation %d (X-Rl-Gen g%d); seen: %v", k, k, run.generations())
+		}
+	}
+
+	// Admission stayed exact: no reload reset or forked a counter.
+	if bucket != endBucket {
+		t.Fatalf("the reload run crossed a minute boundary (bucket %d to %d): the capped org's count is not comparable", bucket, endBucket)
+	}
+	if got := run.count(smallOrg, 200); got != rlSmallRPM {
+		t.Errorf("capped org: %d of %d requests admitted across %d reloads, want exactly %d", got, run.count(smallOrg, 0), rlReloads, rlSmallRPM)
+	}
+	smallKey := bucketKey(newLimit("org", smallOrg, 0, 0).prefix, requests, bucket)
+	if got := probe.get(t, smallKey); got != rlSmallRPM {
+		t.Errorf("Redis %s = %d, want %d", smallKey, got, rlSmallRPM)
+	}
+	if got, want := probe.sumReq(t, bigOrg), run.count(bigOrg, 200); got != int64(want) {
+		t.Errorf("busy org: Redis counted %d requests, the clients got %d 200s", got, want)
+	}
+	if got, want := probe.sumReq(t, warmOrg), warm.count(warmOrg, 200); got != int64(want) {
+		t.Errorf("warm-up org: Redis counted %d requests, the clients got %d 200s", got, want)
+	}
+	if got, want := up.hits.Load(), int64(warm.count("", 200)+run.count("", 200)); got != want {
+		t.Errorf("the upstream saw %d requests, the clients got %d 200s: refused requests must not reach it, admitted ones must", got, want)
+	}
+
+	// No request reached Caddy without its answer reaching the client: the
+	// transport's retries resent only requests that no server had read.
+	if got, want := rlCountLines(t, logFile, `"msg":"handled request"`), warm.total()+run.total(); got != want {
+		t.Errorf("Caddy's access log has %d requests, the clients got %d answers", got, want)
+	}
+	// Every reload, including those whose JSON was identical, provisioned
+	// the handler anew: one "rate limits loaded" line per load.
+	if got, want := rlCountLines(t, logFile, `"msg":"rate limits loaded"`), 1+reloads; got != want {
+		t.Errorf("%d provisions of the handler logged, want %d (the first load and %d reloads)", got, want, reloads)
+	}
+
+	// Nothing leaked: the Redis client was shared by every generation (no
+	// connection opened, none left behind), and the goroutines are back to
+	// what they were after the warm-up.
+	if got := probe.others(t); got != baseRedis {
+		t.Errorf("%d Redis connections besides the probe after the reloads, %d after the warm-up\n%s", got, baseRedis, probe.clientList(t))
+	}
+	if got := probe.connectionsReceived(t) - baseConns; got != 0 {
+		t.Errorf("Redis accepted %d connections during the reload run, want 0: the pool was not shared across reloads", got)
+	}
+	// rlGoroutineSlack is 0: once the old servers have finished their
+	// shutdown and the idle connections are closed (ours by
+	// CloseIdleConnections, the upstream ones by rlUpstreamIdle), a reload
+	// leaves no goroutine behind. The count may come out lower than the
+	// warm-up's: when this test is the first of the process to load a
+	// config, that load's TLS storage cleaning holds a certmagic file lock
+	// whose keepLockfileFresh goroutine lingers up to 5 s after its release,
+	// and goroutines left by earlier tests (such as idle upstream
+	// connections, see rlUpstreamIdle) only ever go away.
+	g, stacks := rlSettleTo(t, tr, baseG+rlGoroutineSlack)
+	if g > baseG+rlGoroutineSlack {
+		t.Errorf("%d goroutines after the reloads, %d after the warm-up; new ones:\n%s", g, baseG, rlStackDiff(baseStacks, stacks))
+	}
+	t.Logf("after the reloads: %d goroutines (warm-up %d), %d Redis connections (warm-up %d); test took %v",
+		g, baseG, probe.others(t), baseRedis, time.Since(started).Round(time.Millisecond))
+}
+
+// rlPostLoad loads a Caddyfile through the admin API, forcing a reload even
+// if its JSON is unchanged. Each load replaces the admin server, so each
+// POST uses a connection of its own.
+func rlPostLoad(admin int, caddyfile string) (int, string, error) {
+	req, err := http.NewRequest("POST", fmt.Sprintf("http://localhost:%d/load", admin), strings.NewReader(caddyfile))
+	if err != nil {
+		return 0, "", err
+	}
+	req.Header.Set("Content-Type", "text/caddyfile")
+	req.Header.Set("Cache-Control", "must-revalidate")
+	c := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	res, err := c.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer res.Body.Close()
+	body, _ := io.ReadAll(res.Body)
+	return res.StatusCode, string(body), nil
+}
+
+// rlLoad sends chat completions in a loop from several goroutines and
+// tallies the outcomes per org and status (status 0: no answer, a transport
+// error; -1: a 200 without the upstream's body).
+type rlLoad struct {
+	client *http.Client
+	url    string
+
+	mu      sync.Mutex
+	tally   map[[2]string]int // {org, status} -> count
+	errs    []string          // the first transport errors and odd answers
+	gens    map[string]bool   // X-Rl-Gen values seen
+	done    map[string]int    // completed requests per org
+	retried atomic.Int64      // requests that the transport sent more than once
+	seq     atomic.Int64
+}
+
+type rlTally struct {
+	tally   map[[2]string]int
+	errs    []string
+	gens    map[string]bool
+	retried int64
+}
+
+// run starts n client goroutines, each sending requests for orgOf(i) until
+// drive returns, waits for them and returns what they saw. drive gets a
+// function that reports whether the clients have stopped on their own.
+func (l *rlLoad) run(n int, orgOf func(i int) string, drive func(stop func() bool)) *rlTally {
+	l.mu.Lock()
+	l.tally, l.errs, l.gens, l.done = map[[2]string]int{}, nil, map[string]bool{}, map[string]int{}
+	l.retried.Store(0)
+	l.mu.Unlock()
+	var stopping atomic.Bool
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for !stopping.Load() {
+				l.one(orgOf(i))
+			}
+		}()
+	}
+	drive(stopping.Load)
+	stopping.Store(true)
+	wg.Wait()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return &rlTally{tally: l.tally, errs: l.errs, gens: l.gens, retried: l.retried.Load()}
+}
+
+func (l *rlLoad) one(org string) {
+	attempts := 0
+	trace := &httptrace.ClientTrace{GotConn: func(httptrace.GotConnInfo) { attempts++ }}
+	ctx := httptrace.WithClientTrace(context.Background(), trace)
+	req, _ := http.NewRequestWithContext(ctx, "POST", l.url, strings.NewReader(`{"model":"m"}`))
+	req.Header.Set("X-Org", org)
+	req.Header.Set("Content-Type", "application/json")
+	// A reload closes the old server's idle keep-alive connections, and a
+	// request the client has just written on one of them is lost unanswered:
+	// net/http's HTTP/1.1 race, with or without the module (the same run
+	// without it loses as many requests). Like the LLM SDKs, which retry on
+	// connection errors, the client sends the request again on a fresh
+	// connection, which Go's transport does for a POST only when it carries
+	// an Idempotency-Key and the server closed the connection before
+	// answering a byte. Such a request was never read, so never admitted:
+	// the exact counts below would show a double admission.
+	req.Header.Set("Idempotency-Key", org+"-"+strconv.FormatInt(l.seq.Add(1), 10))
+	status, gen, note := 0, "", ""
+	res, err := l.client.Do(req)
+	if err != nil {
+		note = err.Error()
+	} else {
+		body, rerr := io.ReadAll(res.Body)
+		res.Body.Close()
+		status, gen = res.StatusCode, res.Header.Get("X-Rl-Gen")
+		switch {
+		case rerr != nil:
+			status, note = 0, "reading the body: "+rerr.Error()
+		case status == 200 && !bytes.Contains(body, []byte("chat.completion")):
+			status, note = -1, "a 200 without the upstream's body: "+string(body)
+		case status != 200 && status != 429:
+			note = fmt.Sprintf("%d %s", status, body)
+		}
+	}
+	if attempts > 1 {
+		l.retried.Add(1)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.tally[[2]string{org, strconv.Itoa(status)}]++
+	l.done[org]++
+	if gen != "" {
+		l.gens[gen] = true
+	}
+	if note != "" && len(l.errs) < 20 {
+		l.errs = append(l.errs, org+": "+note)
+	}
+}
+
+// completed is how many requests for org have completed so far.
+func (l *rlLoad) completed(org string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.done[org]
+}
+
+// count is the number of requests for org ("": any) that got status (0:
+// any status, including transport errors).
+func (r *rlTally) count(org string, status int) int {
+	n := 0
+	for k, v := range r.tally {
+		if (org == "" || k[0] == org) && (status == 0 || k[1] == strconv.Itoa(status)) {
+			n += v
+		}
+	}
+	return n
+}
+
+func (r *rlTally) total() int { return r.count("", 0) }
+
+func (r *rlTally) generations() []string {
+	var out []string
+	for g := range r.gens {
+		out = append(out, g)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// mustAllBe fails unless every request for org ("": any) got one of the
+// statuses.
+func (r *rlTally) mustAllBe(t *testing.T, what, org string, statuses ...int) {
+	t.Helper()
+	allowed := map[string]bool{}
+	for _, s := range statuses {
+		allowed[strconv.Itoa(s)] = true
+	}
+	bad := map[string]int{}
+	for k, v := range r.tally {
+		if (org == "" || k[0] == org) && !allowed[k[1]] {
+			bad[k[1]] += v
+		}
+	}
+	if len(bad) > 0 {
+		t.Errorf("%s: unexpected answers (status 0: no answer, -1: a 200 without the upstream's body) %v of %d requests; first problems:\n%s", what, bad, r.count(org, 0), strings.Join(r.errs, "\n"))
+	}
+}
+
+// rlProbe is the test's own connection to its redis-server, used to read
+// the server's state; it is excluded from the connection counts.
+type rlProbe struct {
+	c  *redis.Client
+	id int64
+}
+
+func rlNewProbe(t *testing.T, srv *testRedis) *rlProbe {
+	c := rhClient(srv.Addr(), 5*time.Second) // one connection, kept
+	t.Cleanup(func() { c.Close() })
+	id, err := c.ClientID(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &rlProbe{c: c, id: id}
+}
+
+func (p *rlProbe) clientList(t *testing.T) string {
+	t.Helper()
+	list, err := p.c.ClientList(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return list
+}
+
+// others counts the server's client connections other than the probe's,
+// from CLIENT LIST, and checks INFO clients agrees.
+func (p *rlProbe) others(t *testing.T) int {
+	t.Helper()
+	n := 0
+	self := false
+	for _, line := range strings.Split(strings.TrimSpace(p.clientList(t)), "\n") {
+		if strings.HasPrefix(line, "id="+strconv.FormatInt(p.id, 10)+" ") {
+			self = true
+			continue
+		}
+		if line != "" {
+			n++
+		}
+	}
+	if !self {
+		t.Fatal("the probe's connection is not in CLIENT LIST: it reconnected")
+	}
+	if connected := p.infoField(t, "clients", "connected_clients"); connected != int64(n+1) {
+		// The two are read one after the other: a connection may come or go
+		// in between, which the callers' own comparisons will show.
+		t.Logf("CLIENT LIST has %d connections, INFO clients says %d", n+1, connected)
+	}
+	return n
+}
+
+func (p *rlProbe) connectionsReceived(t *testing.T) int64 {
+	return p.infoField(t, "stats", "total_connections_received")
+}
+
+func (p *rlProbe) infoField(t *testing.T, section, field string) int64 {
+	t.Helper()
+	info, err := p.c.Info(context.Background(), section).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("no %s in INFO %s", field, section)
+	return 0
+}
+
+// now is the Redis server's clock, which decides the buckets.
+func (p *rlProbe) now(t *testing.T) time.Time {
+	t.Helper()
+	now, err := p.c.Time(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return now
+}
+
+func (p *rlProbe) get(t *testing.T, key string) int64 {
+	t.Helper()
+	n, err := p.c.Get(context.Background(), key).Int64()
+	if err == redis.Nil {
+		return 0
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// sumReq adds up every req bucket of the org, whatever minute it is in.
+func (p *rlProbe) sumReq(t *testing.T, org string) int64 {
+	t.Helper()
+	keys, err := p.c.Keys(context.Background(), newLimit("org", org, 0, 0).prefix+"req:*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum int64
+	for _, k := range keys {
+		sum += p.get(t, k)
+	}
+	return sum
+}
+
+// rlSettle closes the client's idle connections and waits until the
+// goroutine count has held still for rlStill.
+func rlSettle(t *testing.T, tr *http.Transport) (int, map[string]int) {
+	t.Helper()
+	tr.CloseIdleConnections()
+	// caddytest loads and checks configs with http.DefaultTransport, whose
+	// idle connections to the admin server would otherwise count until that
+	// server is replaced by the next load.
+	http.DefaultTransport.(*http.Transport).CloseIdleConnections()
+	deadline := time.Now().Add(10 * time.Second)
+	last, since := runtime.NumGoroutine(), time.Now()
+	for time.Since(since) < rlStill {
+		if time.Now().After(deadline) {
+			t.Logf("goroutines still changing after 10 s: %d", last)
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+		if g := runtime.NumGoroutine(); g != last {
+			last, since = g, time.Now()
+		}
+	}
+	return last, rlStacks()
+}
+
+// rlSettleTo waits, for a bounded time, until at most want goroutines are
+// left, then until the count holds still.
+func rlSettleTo(t *testing.T, tr *http.Transport, want int) (int, map[string]int) {
+	t.Helper()
+	tr.CloseIdleConnections()
+	deadline := time.Now().Add(10 * time.Second)
+	for runtime.NumGoroutine() > want && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	return rlSettle(t, tr)
+}
+
+// rlStacks counts the goroutines by their stack (pprof's debug=1 groups).
+func rlStacks() map[string]int {
+	var buf bytes.Buffer
+	pprof.Lookup("goroutine").WriteTo(&buf, 1)
+	out := map[string]int{}
+	for _, group := range strings.Split(buf.String(), "\n\n")[1:] {
+		head, rest, _ := strings.Cut(group, " @ ")
+		n, err := strconv.Atoi(strings.TrimSpace(head))
+		if err != nil {
+			continue
+		}
+		_, frames, _ := strings.Cut(rest, "\n")
+		if strings.Contains(frames, ".rlStacks+") {
+			continue // the goroutine asking
+		}
+		out[frames] += n
+	}
+	return out
+}
+
+// rlStackDiff lists the stacks that have more goroutines in after than in
+// before.
+func rlStackDiff(before, after map[string]int) string {
+	var b strings.Builder
+	for stack, n := range after {
+		if d := n - before[stack]; d > 0 {
+			fmt.Fprintf(&b, "+%d:\n%s\n", d, stack)
+		}
+	}
+	return b.String()
+}
+
+// rlCountLines counts the lines of file that contain s.
+func rlCountLines(t *testing.T, file, s string) int {
+	t.Helper()
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Count(string(data), s)
+}
