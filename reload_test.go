@@ -10,8 +10,10 @@ package ratelimit
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptrace"
 	"os"
@@ -22,6 +24,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -366,9 +369,14 @@ func (l *rlLoad) one(org string) {
 	attempts := 0
 	trace := &httptrace.ClientTrace{GotConn: func(httptrace.GotConnInfo) { attempts++ }}
 	ctx := httptrace.WithClientTrace(context.Background(), trace)
-	req, _ := http.NewRequestWithContext(ctx, "POST", l.url, strings.NewReader(`{"model":"m"}`))
-	req.Header.Set("X-Org", org)
-	req.Header.Set("Content-Type", "application/json")
+	idempotencyKey := org + "-" + strconv.FormatInt(l.seq.Add(1), 10)
+	send := func() (*http.Response, error) {
+		req, _ := http.NewRequestWithContext(ctx, "POST", l.url, strings.NewReader(`{"model":"m"}`))
+		req.Header.Set("X-Org", org)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", idempotencyKey)
+		return l.client.Do(req)
+	}
 	// A reload closes the old server's idle keep-alive connections, and a
 	// request the client has just written on one of them is lost unanswered:
 	// net/http's HTTP/1.1 race, with or without the module (the same run
@@ -378,9 +386,16 @@ func (l *rlLoad) one(org string) {
 	// an Idempotency-Key and the server closed the connection before
 	// answering a byte. Such a request was never read, so never admitted:
 	// the exact counts below would show a double admission.
-	req.Header.Set("Idempotency-Key", org+"-"+strconv.FormatInt(l.seq.Add(1), 10))
 	status, gen, note := 0, "", ""
-	res, err := l.client.Do(req)
+	res, err := send()
+	// A connection reset while it is dialled (the listener is handed over
+	// during a reload), or one closed again before it answered (the next
+	// reload closed it idle): the request never reached the handler either.
+	// Send again, as an SDK would, a few times at most.
+	for tries := 1; tries < 4 && isConnectionLoss(err); tries++ {
+		attempts++
+		res, err = send()
+	}
 	if err != nil {
 		note = err.Error()
 	} else {
@@ -409,6 +424,14 @@ func (l *rlLoad) one(org string) {
 	if note != "" && len(l.errs) < 20 {
 		l.errs = append(l.errs, org+": "+note)
 	}
+}
+
+// isConnectionLoss reports an error of a connection that was lost before any
+// answer: refused or reset at dial, or closed unanswered.
+func isConnectionLoss(err error) bool {
+	var opErr *net.OpError
+	return err != nil && (errors.As(err, &opErr) && opErr.Op == "dial" ||
+		errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || strings.Contains(err.Error(), "server closed idle connection"))
 }
 
 // completed is how many requests for org have completed so far.
