@@ -296,15 +296,7 @@ func describeStore(s store) (kind, where string) {
 	case *memoryStore:
 		return "memory", ""
 	case *redisStore:
-		o := s.opts
-		if o.Network == "unix" {
-			return "redis", "unix://" + o.Addr + "?db=" + strconv.Itoa(o.DB)
-		}
-		scheme := "redis"
-		if o.TLSConfig != nil {
-			scheme = "rediss"
-		}
-		return "redis", scheme + "://" + o.Addr + "/" + strconv.Itoa(o.DB)
+		return "redis", s.config.where()
 	}
 	return fmt.Sprintf("%T", s), fmt.Sprintf("%p", s)
 }

@@ -31,9 +31,18 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
 //
 //	rolter_ratelimit [<matcher>] {
-//		redis <url> [{
-//			timeout <duration>                     # one admission call's bound, default 100ms
-//		}]                                         # redis://, rediss://, unix://; absent: the in-process store
+//		redis <url>                                # one server: redis://, rediss://, unix://; absent: the in-process store
+//		redis cluster <url> [<url>...]             # or: seed nodes of a Redis Cluster
+//		redis sentinel <master-name> <url> [<url>...]  # or: the sentinels that watch a primary
+//		redis ... {                                # optional, after any of the three forms
+//			timeout <duration>                     # one admission call's bound (and dials); default 100ms
+//			pool_size <n>                          # connections per node
+//			username <user>                        # for the data nodes; placeholders such as {env.REDIS_USER}
+//			password <password>
+//			sentinel_username <user>               # for the sentinels themselves
+//			sentinel_password <password>
+//			tls                                    # TLS even for redis:// URLs
+//		}
 //		scope <name> <value>                       # repeatable; <value> is usually a placeholder
 //		limit <scope> <id>|* [rpm <n>] [tpm <n>]   # repeatable; * is the default for every id of that scope
 //		on_redis_error allow|deny                  # default allow (fail open); deny answers 503
@@ -211,49 +220,87 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 // optional block.
 func parseRedis(d *caddyfile.Dispenser) (*RedisConfig, error) {
 	rc := new(RedisConfig)
-	if !d.NextArg() {
+	args := d.RemainingArgs()
+	switch {
+	case len(args) == 0:
 		return nil, d.ArgErr()
-	}
-	rc.URL = d.Val()
-	if d.NextArg() {
+	case args[0] == "cluster":
+		if len(args) < 2 {
+			return nil, d.Err("redis cluster needs at least one node URL")
+		}
+		rc.Cluster = args[1:]
+	case args[0] == "sentinel":
+		if len(args) < 3 {
+			return nil, d.Err("redis sentinel needs a master name and at least one sentinel URL")
+		}
+		rc.Sentinel = &SentinelConfig{Master: args[1], URLs: args[2:]}
+	case len(args) > 1:
 		return nil, d.ArgErr()
+	default:
+		rc.URL = args[0]
 	}
 	if err := rc.validate(); err != nil {
 		return nil, d.WrapErr(err)
 	}
-	var seenTimeout bool
+	seen := make(map[string]bool)
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		sub := d.Token()
-		switch sub.Text {
-		case "timeout":
-			if seenTimeout {
-				return nil, d.Err("timeout is given twice")
-			}
-			seenTimeout = true
-			if !d.NextArg() {
-				return nil, d.ArgErr()
-			}
-			dur, err := caddy.ParseDuration(d.Val())
-			if err != nil {
-				return nil, d.Errf("bad redis timeout %q: %v", d.Val(), err)
-			}
-			if dur == 0 {
-				// In JSON an absent timeout is 0; written out, 0 is a mistake.
-				return nil, d.Errf("redis timeout must be positive, not %q (leave it out for the default, %s)", d.Val(), defaultTimeout)
-			}
-			withTimeout := RedisConfig{URL: rc.URL, Timeout: caddy.Duration(dur)}
-			if err := withTimeout.validate(); err != nil {
-				return nil, d.WrapErr(err)
-			}
+		if seen[sub.Text] {
+			return nil, d.Errf("%s is given twice", sub.Text)
+		}
+		seen[sub.Text] = true
+		if sub.Text == "tls" {
 			if d.NextArg() {
 				return nil, d.ArgErr()
 			}
+			rc.TLS = true
 			if err := noBlock(d, sub); err != nil {
 				return nil, err
 			}
-			rc.Timeout = withTimeout.Timeout
+			continue
+		}
+		var v string
+		if !d.AllArgs(&v) {
+			return nil, d.ArgErr()
+		}
+		switch sub.Text {
+		case "timeout":
+			dur, err := caddy.ParseDuration(v)
+			if err != nil {
+				return nil, d.Errf("bad redis timeout %q: %v", v, err)
+			}
+			rc.Timeout = caddy.Duration(dur)
+			if err := rc.validate(); err != nil {
+				return nil, d.WrapErr(err)
+			}
+			if dur == 0 {
+				// In JSON an absent timeout is 0; written out, 0 is a mistake.
+				return nil, d.Errf("redis timeout must be positive, not %q (leave it out for the default, %s)", v, defaultTimeout)
+			}
+		case "pool_size":
+			n, err := strconv.ParseUint(v, 10, 31)
+			if err != nil || n == 0 {
+				return nil, d.Errf("pool_size must be a positive integer, not %q", v)
+			}
+			rc.PoolSize = int(n)
+		case "username":
+			rc.Username = v
+		case "password":
+			rc.Password = v
+		case "sentinel_username", "sentinel_password":
+			if rc.Sentinel == nil {
+				return nil, d.Errf("%s is only for redis sentinel", sub.Text)
+			}
+			if sub.Text == "sentinel_username" {
+				rc.Sentinel.Username = v
+			} else {
+				rc.Sentinel.Password = v
+			}
 		default:
 			return nil, d.Errf("unrecognized redis subdirective '%s'", sub.Text)
+		}
+		if err := noBlock(d, sub); err != nil {
+			return nil, err
 		}
 	}
 	return rc, nil

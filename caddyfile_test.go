@@ -187,7 +187,7 @@ var caddyfileBadCases = []caddyfileBadCase{
 	{"redis with two URLs", "rolter_ratelimit {\n\tredis redis://a redis://b\n}", "wrong argument count", 2},
 	{"redis with an http URL", "rolter_ratelimit {\n\tscope key x\n\tredis http://redis:6379\n}", "invalid redis URL", 3},
 	{"redis with a bad port", "rolter_ratelimit {\n\tredis redis://redis:port\n}", "invalid redis URL", 2},
-	{"redis with an empty URL", "rolter_ratelimit {\n\tredis \"\"\n}", "redis needs a URL", 2},
+	{"redis with an empty URL", "rolter_ratelimit {\n\tredis \"\"\n}", "redis needs exactly one of a URL, cluster URLs or a sentinel", 2},
 	{"timeout not a duration", "rolter_ratelimit {\n\tredis redis://r {\n\t\ttimeout soon\n\t}\n}", `bad redis timeout "soon"`, 3},
 	{"timeout without unit", "rolter_ratelimit {\n\tredis redis://r {\n\t\ttimeout 100\n\t}\n}", `bad redis timeout "100"`, 3},
 	{"timeout negative", "rolter_ratelimit {\n\tredis redis://r {\n\t\ttimeout -1s\n\t}\n}", "redis timeout must not be negative", 3},
@@ -195,7 +195,13 @@ var caddyfileBadCases = []caddyfileBadCase{
 	{"timeout without value", "rolter_ratelimit {\n\tredis redis://r {\n\t\ttimeout\n\t}\n}", "wrong argument count", 3},
 	{"timeout with two values", "rolter_ratelimit {\n\tredis redis://r {\n\t\ttimeout 1s 2s\n\t}\n}", "wrong argument count", 3},
 	{"timeout twice", "rolter_ratelimit {\n\tredis redis://r {\n\t\ttimeout 1s\n\t\ttimeout 2s\n\t}\n}", "timeout is given twice", 4},
-	{"unknown redis subdirective", "rolter_ratelimit {\n\tredis redis://r {\n\t\tpassword x\n\t}\n}", "unrecognized redis subdirective 'password'", 3},
+	{"unknown redis subdirective", "rolter_ratelimit {\n\tredis redis://r {\n\t\tdatabase 3\n\t}\n}", "unrecognized redis subdirective 'database'", 3},
+	{"redis cluster without URLs", "rolter_ratelimit {\n\tredis cluster\n}", "redis cluster needs at least one node URL", 2},
+	{"redis cluster with a bad URL", "rolter_ratelimit {\n\tredis cluster redis://a:1 http://b:2\n}", "invalid redis URL", 2},
+	{"redis sentinel without URLs", "rolter_ratelimit {\n\tredis sentinel mymaster\n}", "redis sentinel needs a master name and at least one sentinel URL", 2},
+	{"sentinel credentials without sentinel", "rolter_ratelimit {\n\tredis redis://r {\n\t\tsentinel_password x\n\t}\n}", "sentinel_password is only for redis sentinel", 3},
+	{"pool_size zero", "rolter_ratelimit {\n\tredis redis://r {\n\t\tpool_size 0\n\t}\n}", `pool_size must be a positive integer, not "0"`, 3},
+	{"tls with a value", "rolter_ratelimit {\n\tredis redis://r {\n\t\ttls yes\n\t}\n}", "wrong argument count", 3},
 
 	// scope
 	{"scope without value", "rolter_ratelimit {\n\tscope key\n}", "wrong argument count", 2},

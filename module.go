@@ -74,15 +74,6 @@ type Handler struct {
 	chargeWarn *warnLimiter
 }
 
-// RedisConfig locates the Redis server that holds the shared counters.
-type RedisConfig struct {
-	// URL is redis://, rediss:// or unix://, as go-redis parses it.
-	URL string `json:"url"`
-	// Timeout bounds one admission call, so that a stalled Redis costs a
-	// request at most this long before on_redis_error applies. Default 100ms.
-	Timeout caddy.Duration `json:"timeout,omitempty"`
-}
-
 // Scope is one link of the chain.
 type Scope struct {
 	// Name is the scope's name, a free identifier such as "key" or "org". The
@@ -157,8 +148,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 
 	var err error
 	if h.Redis != nil {
-		url := repl.ReplaceKnown(h.Redis.URL, "")
-		h.store, h.release, err = acquireRedisStore(url, h.timeout())
+		h.store, h.release, err = acquireRedisStore(h.Redis.resolved(repl), h.timeout())
 	} else {
 		h.store, h.release, err = acquireMemoryStore()
 	}
@@ -346,8 +336,19 @@ func setOutcome(repl *caddy.Replacer, outcome string) {
 	admissionsTotal.WithLabelValues(outcome).Inc()
 }
 
-// chain resolves the request's limits, in chain order.
+// chain resolves the request's limits, in chain order. On Redis Cluster
+// every key carries the hash tag of the chain's root: its outermost scope
+// whose value is not empty, so that the whole chain is one slot.
 func (h *Handler) chain(repl *caddy.Replacer) []limit {
+	tag := ""
+	if h.Redis != nil && h.Redis.topology() == cluster {
+		for i := len(h.Scopes) - 1; i >= 0; i-- {
+			if v := repl.ReplaceAll(h.Scopes[i].Value, ""); v != "" {
+				tag = chainTag(h.Scopes[i].Name, keyID(h.Scopes[i].Name, v))
+				break
+			}
+		}
+	}
 	var chain []limit
 	for _, s := range h.Scopes {
 		sl, ok := h.limits[s.Name]
@@ -366,7 +367,7 @@ func (h *Handler) chain(repl *caddy.Replacer) []limit {
 			}
 			caps = sl.byDefault
 		}
-		chain = append(chain, newLimit(s.Name, id, caps.rpm, caps.tpm))
+		chain = append(chain, newTaggedLimit(tag, s.Name, id, caps.rpm, caps.tpm))
 	}
 	return chain
 }

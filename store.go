@@ -64,7 +64,18 @@ type limit struct {
 }
 
 func newLimit(scope, id string, rpm, tpm int64) limit {
-	return limit{scope: scope, id: id, prefix: "rolter:rl:" + scope + ":" + id + ":", rpm: rpm, tpm: tpm}
+	return newTaggedLimit("", scope, id, rpm, tpm)
+}
+
+// newTaggedLimit is a limit whose keys carry a Redis Cluster hash tag,
+// "{<root-scope>:<root-id>}:", so that every key of a chain is in one slot.
+func newTaggedLimit(tag, scope, id string, rpm, tpm int64) limit {
+	return limit{scope: scope, id: id, prefix: "rolter:rl:" + tag + scope + ":" + id + ":", rpm: rpm, tpm: tpm}
+}
+
+// chainTag is the hash tag of a chain rooted at the given scope id.
+func chainTag(rootScope, rootID string) string {
+	return "{" + rootScope + ":" + rootID + "}:"
 }
 
 // counts are a limit's two counters as an admission read them, before the

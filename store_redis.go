@@ -8,13 +8,11 @@ import (
 	"io"
 	"net"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/redis/go-redis/v9"
-	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
 var (
@@ -29,11 +27,11 @@ var (
 
 // redisStore keeps the counters in Redis, shared by every replica. Each
 // admission is one EVALSHA of admit.lua (go-redis's Script loads the script
-// and retries on NOSCRIPT, as after a Redis restart).
+// and retries on NOSCRIPT, as after a Redis restart or a failover).
 type redisStore struct {
 	lifetime
-	client  *redis.Client
-	opts    *redis.Options // for the replay's fresh connection
+	client  redis.UniversalClient
+	config  *RedisConfig // resolved: for the replay's fresh connection
 	timeout time.Duration
 }
 
@@ -41,10 +39,11 @@ type redisStore struct {
 // the same settings, so that a reload neither reconnects nor leaks a pool.
 var redisStores = caddy.NewUsagePool()
 
-func acquireRedisStore(url string, timeout time.Duration) (store, func() error, error) {
-	key := "redis\x00" + url + "\x00" + timeout.String()
+// acquireRedisStore takes the store of a resolved config from the pool.
+func acquireRedisStore(config *RedisConfig, timeout time.Duration) (store, func() error, error) {
+	key := config.poolKey(timeout)
 	v, _, err := redisStores.LoadOrNew(key, func() (caddy.Destructor, error) {
-		return newRedisStore(url, timeout)
+		return newRedisStore(config, timeout)
 	})
 	if err != nil {
 		return nil, nil, err
@@ -55,54 +54,12 @@ func acquireRedisStore(url string, timeout time.Duration) (store, func() error, 
 	}, nil
 }
 
-func newRedisStore(url string, timeout time.Duration) (*redisStore, error) {
-	opts, err := parseRedisURL(url)
+func newRedisStore(config *RedisConfig, timeout time.Duration) (*redisStore, error) {
+	client, err := config.newClient(timeout)
 	if err != nil {
 		return nil, err
 	}
-	// go-redis must not retry behind our back: a lost reply would run the
-	// (non-idempotent) script again. The one replay is ours (admit).
-	opts.MaxRetries = -1
-	// Fail fast while Redis is down: one dial attempt, and every read, write,
-	// dial and wait for a pooled connection bounded by the admission timeout.
-	opts.DialerRetries = 1
-	opts.DialTimeout = timeout
-	opts.ReadTimeout = timeout
-	opts.WriteTimeout = timeout
-	opts.PoolTimeout = timeout
-	opts.ContextTimeoutEnabled = true
-	// No extra handshake commands on each new connection.
-	opts.DisableIdentity = true
-	opts.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
-	return &redisStore{client: redis.NewClient(opts), opts: opts, timeout: timeout}, nil
-}
-
-// parseRedisURL parses a Redis URL without repeating it (it may hold a
-// password) in its error.
-func parseRedisURL(url string) (*redis.Options, error) {
-	opts, err := redis.ParseURL(url)
-	if err != nil {
-		msg := err.Error()
-		if strings.Contains(msg, url) {
-			msg = "cannot parse it"
-		}
-		return nil, fmt.Errorf("invalid redis URL (redis://, rediss:// or unix://): %s", msg)
-	}
-	return opts, nil
-}
-
-func (c *RedisConfig) validate() error {
-	if c.URL == "" {
-		return errors.New("redis needs a URL")
-	}
-	if c.Timeout < 0 {
-		return errors.New("redis timeout must not be negative")
-	}
-	if strings.Contains(c.URL, "{") {
-		return nil // a placeholder, resolved and checked in Provision
-	}
-	_, err := parseRedisURL(c.URL)
-	return err
+	return &redisStore{client: client, config: config, timeout: timeout}, nil
 }
 
 // Destruct closes the client once no loaded config uses it and no admitted
@@ -144,14 +101,7 @@ func (s *redisStore) run(ctx context.Context, chain []limit, atMillis int64, pee
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	reply, err := admitScript.Run(ctx, s.client, keys, args...).Int64Slice()
-	if isDeadConnection(err) {
-		// Admission is the one write that is replayed, once, on a fresh
-		// connection: usually the first attempt never reached Redis. If it
-		// did and only the reply was lost, the replay errs by one request
-		// towards stricter, in a bucket that expires within two minutes.
-		reply, err = s.replay(ctx, keys, args)
-	}
+	reply, err := s.runScript(ctx, keys, args)
 	observeRedis(op, start, err)
 	if err != nil {
 		return decision{}, err
@@ -159,13 +109,48 @@ func (s *redisStore) run(ctx context.Context, chain []limit, atMillis int64, pee
 	return decodeAdmission(reply, len(chain))
 }
 
+// runScript runs admit.lua. The script is executed at most twice in all
+// (a send answered by NOSCRIPT, MOVED, ASK or TRYAGAIN did not run it):
+//   - single node and Sentinel: go-redis does not retry (MaxRetries -1), and
+//     an attempt that meets a dead connection is replayed once, by us, on a
+//     fresh one: usually the first attempt never reached Redis. If it did and
+//     only the reply was lost, the replay errs by one request towards
+//     stricter, in a bucket that expires within two minutes.
+//   - cluster: the client follows one MOVED or ASK, or resends once after a
+//     dead connection, a timeout, TRYAGAIN or CLUSTERDOWN (MaxRedirects 1),
+//     which stands in for our replay; we add none. A multi-key script in a
+//     slot that is migrating gets TRYAGAIN (it did not run): that is retried
+//     briefly, within the admission timeout, then handled like an outage.
+func (s *redisStore) runScript(ctx context.Context, keys []string, args []any) ([]int64, error) {
+	if s.config.topology() == cluster {
+		for {
+			reply, err := admitScript.Run(ctx, s.client, keys, args...).Int64Slice()
+			if !redis.IsTryAgainError(err) {
+				return reply, err
+			}
+			select {
+			case <-ctx.Done():
+				return nil, err
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}
+	reply, err := admitScript.Run(ctx, s.client, keys, args...).Int64Slice()
+	if isDeadConnection(err) {
+		reply, err = s.replay(ctx, keys, args)
+	}
+	return reply, err
+}
+
 // replay runs the admission once more on a connection dialled for it, since
 // the pool's other idle connections may have died the same way.
 func (s *redisStore) replay(ctx context.Context, keys []string, args []any) ([]int64, error) {
-	opts := *s.opts
-	opts.PoolSize = 1
-	opts.MaxIdleConns = 1
-	fresh := redis.NewClient(&opts)
+	config := *s.config
+	config.PoolSize = 1
+	fresh, err := config.newClient(s.timeout)
+	if err != nil {
+		return nil, err
+	}
 	defer fresh.Close()
 	return admitScript.Run(ctx, fresh, keys, args...).Int64Slice()
 }

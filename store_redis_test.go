@@ -14,7 +14,7 @@ import (
 
 func newTestRedisStore(t testing.TB, url string) *redisStore {
 	t.Helper()
-	s, err := newRedisStore(url, time.Second)
+	s, err := newRedisStore(&RedisConfig{URL: url}, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +123,7 @@ func TestAdmissionFailsWithAnErrorWhileRedisIsDownAndResumesAfterRestart(t *test
 
 func TestUnloadedRedisStoreStaysOpenUntilItsLastHolderReleasesIt(t *testing.T) {
 	url := redisURLFromEnv(t)
-	st, release, err := acquireRedisStore(url, 250*time.Millisecond) // a key no other test uses
+	st, release, err := acquireRedisStore(&RedisConfig{URL: url}, 250*time.Millisecond) // a key no other test uses
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -53,7 +53,7 @@ func redisKit(url string) storeKit {
 		replicas: func(t *testing.T, n int) []store {
 			out := make([]store, n)
 			for i := range out {
-				s, err := newRedisStore(url, time.Second)
+				s, err := newRedisStore(&RedisConfig{URL: url}, time.Second)
 				if err != nil {
 					t.Fatal(err)
 				}
