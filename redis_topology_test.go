@@ -1,0 +1,250 @@
+package ratelimit
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+func clusterStores(t *testing.T, c *testCluster, n int) []store {
+	stores := make([]store, n)
+	for i := range stores {
+		s, err := newRedisStore(&RedisConfig{Cluster: c.URLs()}, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Destruct() })
+		stores[i] = s
+	}
+	return stores
+}
+
+// orgChain is a key/team/org chain rooted at its org, as Handler.chain
+// builds it on a cluster.
+func orgChain(org, key, team string, keyRPM, orgRPM int64) []limit {
+	tag := chainTag("org", org)
+	return []limit{
+		newTaggedLimit(tag, "key", keyID("key", key), keyRPM, 0),
+		newTaggedLimit(tag, "team", team, 0, 1000),
+		newTaggedLimit(tag, "org", org, orgRPM, 1000),
+	}
+}
+
+func TestClusterAdmissionIsExactForOrgsOnDifferentShardsAcrossThreeLimiters(t *testing.T) {
+	c := startRedisCluster(t, 3)
+	stores := clusterStores(t, c, 3)
+	at := pinnedBase() + 1000
+	shards := map[string]bool{}
+	var orgs []string
+	for i := 0; len(shards) < 3 || len(orgs) < 4; i++ {
+		org := fmt.Sprintf("org%d-%s", i, uniqueID(t))
+		orgs = append(orgs, org)
+		shards[c.SlotOwner("{org:"+org+"}")] = true
+	}
+	var wg sync.WaitGroup
+	admitted := make([]int, len(orgs))
+	for i, org := range orgs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			admitted[i] = raceAdmissions(t, stores, orgChain(org, "sk-"+org, "team", 100, 5), 48, at)
+		}()
+	}
+	wg.Wait()
+	for i, org := range orgs {
+		if admitted[i] != 5 {
+			t.Errorf("%s: admitted %d of 48 against rpm 5, want exactly 5", org, admitted[i])
+		}
+		chain := orgChain(org, "sk-"+org, "team", 100, 5)
+		if n := c.Count(t, bucketKey(chain[2].prefix, requests, at/bucketMillis)); n != 5 {
+			t.Errorf("%s: counted %d on its shard, want exactly 5", org, n)
+		}
+	}
+}
+
+func TestClusterOrgCapIsSharedExactlyByItsKeysAndTeams(t *testing.T) {
+	c := startRedisCluster(t, 3)
+	stores := clusterStores(t, c, 3)
+	at := pinnedBase() + 1000
+	org := "acme-" + uniqueID(t)
+	var admitted atomic.Int64
+	var start, wg sync.WaitGroup
+	start.Add(1)
+	for i := 0; i < 60; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			start.Wait()
+			chain := orgChain(org, fmt.Sprintf("sk-%d", i%6), fmt.Sprintf("team%d", i%3), 100, 10)
+			d, err := stores[i%3].admit(context.Background(), chain, at)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if d.admitted {
+				admitted.Add(1)
+			}
+		}()
+	}
+	start.Done()
+	wg.Wait()
+	if admitted.Load() != 10 {
+		t.Fatalf("admitted %d requests of 6 keys and 3 teams against the org's rpm 10, want exactly 10", admitted.Load())
+	}
+	orgLimit := orgChain(org, "", "", 0, 10)[2]
+	if n := c.Count(t, bucketKey(orgLimit.prefix, requests, at/bucketMillis)); n != 10 {
+		t.Fatalf("org counted %d, want 10", n)
+	}
+}
+
+// The handler roots a chain at its outermost scope with a value, so that the
+// keys of one request share a slot; a scope without a value moves the root in.
+func TestClusterChainIsTaggedWithItsOutermostPresentScope(t *testing.T) {
+	c := startRedisCluster(t, 1)
+	h := &Handler{
+		Redis:  &RedisConfig{Cluster: c.URLs()},
+		Scopes: []Scope{{"key", "{http.request.header.Authorization}"}, {"team", "{http.request.header.X-Team}"}, {"org", "{http.request.header.X-Org}"}},
+		Limits: []LimitConfig{{Scope: "key", ID: "*", RPM: 5}, {Scope: "team", ID: "*", RPM: 50}},
+	}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	if err := h.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer h.Cleanup()
+	for _, tc := range []struct {
+		headers map[string]string
+		tag     string
+	}{
+		{map[string]string{"Authorization": "Bearer sk-1", "X-Team": "ml", "X-Org": "acme"}, "{org:acme}:"}, // org has no limit, yet it is the root
+		{map[string]string{"Authorization": "Bearer sk-1", "X-Team": "ml"}, "{team:ml}:"},
+		{map[string]string{"Authorization": "Bearer sk-1"}, "{key:" + keyID("key", "Bearer sk-1") + "}:"},
+	} {
+		r, _ := http.NewRequest("GET", "/", nil)
+		for k, v := range tc.headers {
+			r.Header.Set(k, v)
+		}
+		repl := caddy.NewReplacer()
+		repl.Map(func(key string) (any, bool) {
+			if name, ok := strings.CutPrefix(key, "http.request.header."); ok {
+				return r.Header.Get(name), true
+			}
+			return nil, false
+		})
+		for _, l := range h.chain(repl) {
+			if want := "rolter:rl:" + tc.tag + l.scope + ":"; l.prefix[:len(want)] != want {
+				t.Errorf("%v: prefix %s, want it under %s", tc.headers, l.prefix, tc.tag)
+			}
+		}
+	}
+}
+
+// While the org's slot migrates and its chain's keys are split between the
+// two shards, the script gets TRYAGAIN (it did not run): it is retried within
+// the timeout and then handled like an outage. Once the slot has moved, the
+// MOVED reply is followed and the count goes on, exact, on the new shard.
+func TestClusterSlotMigrationIsRetriedThenFollowedWithExactCounts(t *testing.T) {
+	c := startRedisCluster(t, 3)
+	s, err := newRedisStore(&RedisConfig{Cluster: c.URLs()}, 150*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Destruct() })
+	at := pinnedBase() + 1000
+	org := "mover-" + uniqueID(t)
+	chain := orgChain(org, "sk-a", "team", 100, 4)
+	fill(t, s, chain, at, 2)
+	tag := "{org:" + org + "}"
+	var to string
+	for _, a := range c.Addrs() {
+		if a != c.SlotOwner(tag) {
+			to = a
+		}
+	}
+	m := c.BeginSlotMigration(t, c.KeySlot(tag), to)
+	m.MoveKeys(t, bucketKey(chain[0].prefix, requests, at/bucketMillis)) // the key's counter moves, the org's stays
+	if _, err := s.admit(context.Background(), chain, at); err == nil {
+		t.Fatal("admitted while the chain's keys were split between two shards")
+	}
+	m.Finish(t)
+	fill(t, s, chain, at, 2)
+	if admitOrFail(t, s, chain, at).admitted {
+		t.Fatal("admitted over the org's rpm 4 after the move")
+	}
+	if n := c.Count(t, bucketKey(chain[2].prefix, requests, at/bucketMillis)); n != 4 {
+		t.Fatalf("org counted %d on its new shard, want exactly 4", n)
+	}
+}
+
+func TestSentinelFailoverResumesExactAdmissionOnTheNewPrimary(t *testing.T) {
+	set := startRedisSentinel(t)
+	s, err := newRedisStore(&RedisConfig{Sentinel: &SentinelConfig{Master: set.MasterName(), URLs: sentinelURLs(set)}}, 200*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Destruct() })
+	ctx := context.Background()
+
+	// Steady traffic through the failover.
+	stop := make(chan struct{})
+	var during, failed atomic.Int64
+	traffic := make(chan struct{})
+	go func() {
+		defer close(traffic)
+		chain := []limit{newLimit("org", "steady-"+uniqueID(t), 1_000_000, 0)}
+		pace := time.NewTicker(time.Millisecond) // steady, not a busy loop
+		defer pace.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-pace.C:
+			}
+			during.Add(1)
+			if _, err := s.admit(ctx, chain, 0); err != nil {
+				failed.Add(1) // on_redis_error applies during the gap
+			}
+		}
+	}()
+	old := set.KillPrimary(t)
+	set.WaitFailover(t, old)
+	chain := []limit{newLimit("org", uniqueID(t), 3, 0)}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := s.peek(ctx, chain, 0)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("admission did not resume on the new primary: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	close(stop)
+	<-traffic
+	t.Logf("%d admissions during the failover, %d failed (on_redis_error)", during.Load(), failed.Load())
+	admitted := 0
+	for i := 0; i < 10; i++ {
+		if d := admitOrFail(t, s, chain, 0); d.admitted {
+			admitted++
+		}
+	}
+	if admitted != 3 {
+		t.Fatalf("admitted %d of 10 against rpm 3 on the new primary, want exactly 3", admitted)
+	}
+}
+
+func sentinelURLs(set *testSentinel) []string {
+	var urls []string
+	for _, a := range set.SentinelAddrs() {
+		urls = append(urls, "redis://"+a)
+	}
+	return urls
+}
