@@ -83,15 +83,19 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		tok   caddyfile.Token
 	}
 	var limitLines []limitLine
-	var seenRedisError, seenRefusal, seenHeaders, seenStreamUsage bool
+	// Every subdirective but scope and limit is given at most once.
+	given := make(map[string]bool)
 
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		sub := d.Token()
+		if sub.Text != "scope" && sub.Text != "limit" {
+			if given[sub.Text] {
+				return d.Errf("%s is given twice", sub.Text)
+			}
+			given[sub.Text] = true
+		}
 		switch sub.Text {
 		case "redis":
-			if h.Redis != nil {
-				return d.Err("redis is given twice")
-			}
 			rc, err := parseRedis(d)
 			if err != nil {
 				return err
@@ -129,10 +133,6 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			limitLines = append(limitLines, limitLine{l.Scope, sub})
 
 		case "on_redis_error":
-			if seenRedisError {
-				return d.Err("on_redis_error is given twice")
-			}
-			seenRedisError = true
 			v, err := optionValue(d, func(v string) *Handler { return &Handler{OnRedisError: v} })
 			if err != nil {
 				return err
@@ -140,10 +140,6 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.OnRedisError = v
 
 		case "on_refusal":
-			if seenRefusal {
-				return d.Err("on_refusal is given twice")
-			}
-			seenRefusal = true
 			v, err := optionValue(d, func(v string) *Handler { return &Handler{OnRefusal: v} })
 			if err != nil {
 				return err
@@ -151,10 +147,6 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.OnRefusal = v
 
 		case "headers":
-			if seenHeaders {
-				return d.Err("headers is given twice; list every family on one line")
-			}
-			seenHeaders = true
 			families := d.RemainingArgs()
 			if len(families) == 0 {
 				return d.ArgErr()
@@ -168,9 +160,6 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.Headers = families
 
 		case "realtime":
-			if h.Realtime != nil {
-				return d.Err("realtime is given twice")
-			}
 			rc, err := parseRealtime(d)
 			if err != nil {
 				return err
@@ -178,10 +167,6 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.Realtime = rc
 
 		case "ensure_stream_usage":
-			if seenStreamUsage {
-				return d.Err("ensure_stream_usage is given twice")
-			}
-			seenStreamUsage = true
 			var v string
 			if !d.AllArgs(&v) {
 				return d.ArgErr()
