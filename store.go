@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"strconv"
 	"sync"
 	"sync/atomic"
 )
@@ -118,13 +117,4 @@ func isPlainID(id string) bool {
 		}
 	}
 	return true
-}
-
-// bucketKey is the full key of one bucket: prefix + "req:" or "tok:" + bucket.
-func bucketKey(prefix string, k kind, bucket int64) string {
-	name := "req:"
-	if k == tokens {
-		name = "tok:"
-	}
-	return prefix + name + strconv.FormatInt(bucket, 10)
 }

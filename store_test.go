@@ -389,3 +389,12 @@ func TestBucketKeyLayoutIsTheSpecs(t *testing.T) {
 		t.Fatalf("plain id changed to %q", got)
 	}
 }
+
+// bucketKey is the full key of one bucket, as the scripts build it: prefix + "req:" or "tok:" + bucket.
+func bucketKey(prefix string, k kind, bucket int64) string {
+	name := "req:"
+	if k == tokens {
+		name = "tok:"
+	}
+	return prefix + name + strconv.FormatInt(bucket, 10)
+}
