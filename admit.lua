@@ -1,12 +1,18 @@
 -- admit.lua: one request against every limit of its chain, in one atomic step
 -- (Redis runs a script to completion before serving any other command).
 --
--- KEYS[i]   the prefix of limit i, "rolter:rl:<scope>:<id>:"; the script
---           appends "req:<bucket>" or "tok:<bucket>".
+-- KEYS      for each limit in chain order, for each kind it caps (req if its
+--           rpm > 0, then tok if its tpm > 0): the key of the current bucket,
+--           then of the previous one. Every key the script touches is
+--           declared, so that Redis Cluster routes, redirects and migrates
+--           the admission by the real keys.
 -- ARGV[1]   a pinned clock in unix milliseconds, or "" for Redis TIME, so that
 --           replicas with skewed clocks agree.
--- ARGV[2i], ARGV[2i+1]  rpm and tpm of limit i; 0 is no cap.
--- ARGV[2n+2], optional  "peek": decide and answer, but charge nothing (the
+-- ARGV[2]   the bucket the keys name (unix_seconds / 60 by the gateway's
+--           clock). If Redis's clock is in another bucket, the script touches
+--           nothing and answers {-1, now}: the caller names the keys again.
+-- ARGV[2i+1], ARGV[2i+2]  rpm and tpm of limit i; 0 is no cap.
+-- ARGV[2n+3], optional  "peek": decide and answer, but charge nothing (the
 --           admin API's live view).
 --
 -- A request fits a limit while estimate + 1 <= rpm and estimate < tpm, with
@@ -23,31 +29,23 @@ if not now then
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 local bucket = math.floor(now / 60000)
-local weight = 60000 - (now - bucket * 60000)
-local cur = ':' .. string.format('%d', bucket)
-local prev = ':' .. string.format('%d', bucket - 1)
-
-local n = #KEYS
-local names = {}
-for i = 1, n do
-  if ARGV[2 * i] ~= '0' then
-    names[#names + 1] = KEYS[i] .. 'req' .. cur
-    names[#names + 1] = KEYS[i] .. 'req' .. prev
-  end
-  if ARGV[2 * i + 1] ~= '0' then
-    names[#names + 1] = KEYS[i] .. 'tok' .. cur
-    names[#names + 1] = KEYS[i] .. 'tok' .. prev
-  end
+if bucket ~= tonumber(ARGV[2]) then
+  return {-1, now}
 end
-local vals = redis.call('MGET', unpack(names))
+local weight = 60000 - (now - bucket * 60000)
+
+local n = math.floor((#ARGV - 2) / 2)
+local vals = redis.call('MGET', unpack(KEYS))
 
 local reply = {1, now}
+local charge = {} -- the keys of the current request buckets
 local j = 1
 for i = 1, n do
-  local rpm, tpm = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
+  local rpm, tpm = tonumber(ARGV[2 * i + 1]), tonumber(ARGV[2 * i + 2])
   local rc, rp, tc, tp = 0, 0, 0, 0
   if rpm > 0 then
     rc, rp = tonumber(vals[j]) or 0, tonumber(vals[j + 1]) or 0
+    charge[#charge + 1] = KEYS[j]
     j = j + 2
     if (rc + 1) * 60000 + rp * weight > rpm * 60000 then reply[1] = 0 end
   end
@@ -62,13 +60,10 @@ for i = 1, n do
   reply[#reply + 1] = tp
 end
 
-if reply[1] == 1 and ARGV[2 * n + 2] ~= 'peek' then
-  for i = 1, n do
-    if ARGV[2 * i] ~= '0' then
-      local key = KEYS[i] .. 'req' .. cur
-      -- The expiry is set only when the increment creates the key.
-      if redis.call('INCR', key) == 1 then redis.call('EXPIRE', key, 120) end
-    end
+if reply[1] == 1 and ARGV[2 * n + 3] ~= 'peek' then
+  for _, key in ipairs(charge) do
+    -- The expiry is set only when the increment creates the key.
+    if redis.call('INCR', key) == 1 then redis.call('EXPIRE', key, 120) end
   end
 end
 return reply

@@ -83,17 +83,6 @@ func (s *redisStore) peek(ctx context.Context, chain []limit, atMillis int64) (d
 
 // run runs admit.lua, which only reads when peek is set.
 func (s *redisStore) run(ctx context.Context, chain []limit, atMillis int64, peek bool) (decision, error) {
-	keys := make([]string, len(chain))
-	args := make([]any, 1+2*len(chain), 2+2*len(chain))
-	args[0] = clockArg(atMillis)
-	for i, l := range chain {
-		keys[i] = l.prefix
-		args[1+2*i] = l.rpm
-		args[2+2*i] = l.tpm
-	}
-	if peek {
-		args = append(args, "peek")
-	}
 	op := "admit"
 	if peek {
 		op = "peek"
@@ -101,7 +90,13 @@ func (s *redisStore) run(ctx context.Context, chain []limit, atMillis int64, pee
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	reply, err := s.runScript(ctx, keys, args)
+	bucket := s.bucketFor(atMillis)
+	reply, err := s.runScript(ctx, admitScript, admissionKeys(chain, bucket), admissionArgs(chain, atMillis, bucket, peek), true)
+	if bucket, ok := otherBucket(reply); ok && err == nil {
+		// Redis's clock is in another minute than ours: nothing ran; name
+		// the keys of its bucket.
+		reply, err = s.runScript(ctx, admitScript, admissionKeys(chain, bucket), admissionArgs(chain, atMillis, bucket, peek), true)
+	}
 	observeRedis(op, start, err)
 	if err != nil {
 		return decision{}, err
@@ -109,7 +104,54 @@ func (s *redisStore) run(ctx context.Context, chain []limit, atMillis int64, pee
 	return decodeAdmission(reply, len(chain))
 }
 
-// runScript runs admit.lua. The script is executed at most twice in all
+// bucketFor is the bucket that names a call's keys: the pinned clock's, or
+// the gateway's. The script checks it against its own clock.
+func (s *redisStore) bucketFor(atMillis int64) int64 {
+	if atMillis == 0 {
+		atMillis = time.Now().UnixMilli()
+	}
+	return momentAt(atMillis).bucket
+}
+
+// otherBucket reads the scripts' answer {-1, now}: the keys named another
+// bucket than Redis's clock, and nothing ran.
+func otherBucket(reply []int64) (int64, bool) {
+	if len(reply) != 2 || reply[0] != -1 {
+		return 0, false
+	}
+	return momentAt(reply[1]).bucket, true
+}
+
+// admissionKeys declares every key admit.lua touches: per limit and kind it
+// caps, the current bucket and the previous one.
+func admissionKeys(chain []limit, bucket int64) []string {
+	keys := make([]string, 0, 4*len(chain))
+	cur, prev := strconv.FormatInt(bucket, 10), strconv.FormatInt(bucket-1, 10)
+	for _, l := range chain {
+		if l.rpm > 0 {
+			keys = append(keys, l.prefix+"req:"+cur, l.prefix+"req:"+prev)
+		}
+		if l.tpm > 0 {
+			keys = append(keys, l.prefix+"tok:"+cur, l.prefix+"tok:"+prev)
+		}
+	}
+	return keys
+}
+
+func admissionArgs(chain []limit, atMillis, bucket int64, peek bool) []any {
+	args := make([]any, 2, 3+2*len(chain))
+	args[0], args[1] = clockArg(atMillis), bucket
+	for _, l := range chain {
+		args = append(args, l.rpm, l.tpm)
+	}
+	if peek {
+		args = append(args, "peek")
+	}
+	return args
+}
+
+// runScript runs a script; only an admission may be replayed. An admission
+// is executed at most twice in all
 // (a send answered by NOSCRIPT, MOVED, ASK or TRYAGAIN did not run it):
 //   - single node and Sentinel: go-redis does not retry (MaxRetries -1), and
 //     an attempt that meets a dead connection is replayed once, by us, on a
@@ -121,10 +163,10 @@ func (s *redisStore) run(ctx context.Context, chain []limit, atMillis int64, pee
 //     which stands in for our replay; we add none. A multi-key script in a
 //     slot that is migrating gets TRYAGAIN (it did not run): that is retried
 //     briefly, within the admission timeout, then handled like an outage.
-func (s *redisStore) runScript(ctx context.Context, keys []string, args []any) ([]int64, error) {
+func (s *redisStore) runScript(ctx context.Context, script *redis.Script, keys []string, args []any, replay bool) ([]int64, error) {
 	if s.config.topology() == cluster {
 		for {
-			reply, err := admitScript.Run(ctx, s.client, keys, args...).Int64Slice()
+			reply, err := script.Run(ctx, s.client, keys, args...).Int64Slice()
 			if !redis.IsTryAgainError(err) {
 				return reply, err
 			}
@@ -135,16 +177,16 @@ func (s *redisStore) runScript(ctx context.Context, keys []string, args []any) (
 			}
 		}
 	}
-	reply, err := admitScript.Run(ctx, s.client, keys, args...).Int64Slice()
-	if isDeadConnection(err) {
-		reply, err = s.replay(ctx, keys, args)
+	reply, err := script.Run(ctx, s.client, keys, args...).Int64Slice()
+	if replay && isDeadConnection(err) {
+		reply, err = s.replay(ctx, script, keys, args)
 	}
 	return reply, err
 }
 
 // replay runs the admission once more on a connection dialled for it, since
 // the pool's other idle connections may have died the same way.
-func (s *redisStore) replay(ctx context.Context, keys []string, args []any) ([]int64, error) {
+func (s *redisStore) replay(ctx context.Context, script *redis.Script, keys []string, args []any) ([]int64, error) {
 	config := *s.config
 	config.PoolSize = 1
 	fresh, err := config.newClient(s.timeout)
@@ -152,7 +194,7 @@ func (s *redisStore) replay(ctx context.Context, keys []string, args []any) ([]i
 		return nil, err
 	}
 	defer fresh.Close()
-	return admitScript.Run(ctx, fresh, keys, args...).Int64Slice()
+	return script.Run(ctx, fresh, keys, args...).Int64Slice()
 }
 
 // isDeadConnection reports an error of a connection that the server or the
@@ -179,22 +221,29 @@ func decodeAdmission(reply []int64, n int) (decision, error) {
 }
 
 func (s *redisStore) recordTokens(ctx context.Context, chain []limit, tokens, atMillis int64) error {
-	if tokens <= 0 {
+	if tokens <= 0 || !chainHasTPM(chain) {
 		return nil
 	}
-	var keys []string
-	for _, l := range chain {
-		if l.tpm > 0 {
-			keys = append(keys, l.prefix)
+	keys := func(bucket int64) []string {
+		var keys []string
+		for _, l := range chain {
+			if l.tpm > 0 {
+				keys = append(keys, l.prefix+"tok:"+strconv.FormatInt(bucket, 10))
+			}
 		}
-	}
-	if len(keys) == 0 {
-		return nil
+		return keys
 	}
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	err := recordScript.Run(ctx, s.client, keys, clockArg(atMillis), tokens).Err()
+	bucket := s.bucketFor(atMillis)
+	reply, err := s.runScript(ctx, recordScript, keys(bucket), []any{clockArg(atMillis), bucket, tokens}, false)
+	if bucket, ok := otherBucket(reply); ok && err == nil {
+		reply, err = s.runScript(ctx, recordScript, keys(bucket), []any{clockArg(atMillis), bucket, tokens}, false)
+	}
+	if err == nil && (len(reply) != 2 || reply[0] != 1) {
+		err = fmt.Errorf("%w: token charge reply %v", errBadReply, reply)
+	}
 	observeRedis("record_tokens", start, err)
 	return err
 }

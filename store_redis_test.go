@@ -142,6 +142,31 @@ func TestUnloadedRedisStoreStaysOpenUntilItsLastHolderReleasesIt(t *testing.T) {
 	}
 }
 
+// The keys an admission declares are named by the gateway's clock; when Redis's
+// clock is in another minute, the script touches nothing and says which.
+func TestScriptTouchesNothingWhenItsKeysNameAnotherMinute(t *testing.T) {
+	url := redisURLFromEnv(t)
+	s := newTestRedisStore(t, url)
+	at := pinnedBase() + 7000
+	chain := []limit{newLimit("org", uniqueID(t), 5, 100)}
+	stale := momentAt(at).bucket - 1
+	reply, err := s.runScript(context.Background(), admitScript, admissionKeys(chain, stale), admissionArgs(chain, at, stale, false), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, ok := otherBucket(reply); !ok || b != momentAt(at).bucket {
+		t.Fatalf("reply %v, want {-1, now} naming the bucket of the script's clock", reply)
+	}
+	keys, err := redisClient(t, url).Keys(context.Background(), chain[0].prefix+"*").Result()
+	if err != nil || len(keys) != 0 {
+		t.Fatalf("keys %v written by a call whose keys named another minute (%v)", keys, err)
+	}
+	reply, err = s.runScript(context.Background(), recordScript, []string{chain[0].prefix + "tok:" + strconv.FormatInt(stale, 10)}, []any{clockArg(at), stale, 9}, false)
+	if _, ok := otherBucket(reply); !ok || err != nil {
+		t.Fatalf("token charge with keys of another minute: %v %v", reply, err)
+	}
+}
+
 func TestReplyOfTheWrongShapeIsAnError(t *testing.T) {
 	for _, reply := range [][]int64{nil, {1, 0}, {2, 0, 0, 0, 0, 0}, {1, 0, 0, 0, 0}} {
 		if _, err := decodeAdmission(reply, 1); !errors.Is(err, errBadReply) {
