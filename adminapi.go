@@ -41,6 +41,9 @@ func init() {
 //	        scope); the view digests it exactly as the handlers do
 //	digest  instead of id: the stored form, "#" and 32 hex digits, as logs,
 //	        metrics and Redis keys show it
+//	root    on Redis Cluster only: <scope>:<id> of the chain's root (the
+//	        outermost scope with a value in the requests), under whose hash
+//	        tag the counters live; the id as in requests, or its digest
 //
 // Exactly one of id and digest is required. Caddy logs the URI of every
 // admin request, so prefer digest for secrets such as API keys.
@@ -180,10 +183,18 @@ func (a AdminAPI) serveUsage(w http.ResponseWriter, r *http.Request) error {
 		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: unknownScope(scope, known)}
 	}
 
+	tag, err := rootTag(r.URL.Query().Get("root"))
+	if err != nil {
+		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
+	}
 	groups := groupLimits(handlers, scope, id)
 	view := UsageView{Scope: scope, ID: id, Limits: make([]UsageLimit, 0, len(groups))}
 	for _, g := range groups {
-		entry, err := g.read(r, scope, id)
+		if rs, ok := g.store.(*redisStore); ok && rs.config.topology() == cluster && tag == "" {
+			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: errors.New(
+				"on Redis Cluster a counter lives under its chain's root: add root=<scope>:<id> (the outermost scope with a value in the requests, e.g. root=org:acme)")}
+		}
+		entry, err := g.read(r, tag, scope, id)
 		if err != nil {
 			return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: err}
 		}
@@ -301,9 +312,29 @@ func describeStore(s store) (kind, where string) {
 	return fmt.Sprintf("%T", s), fmt.Sprintf("%p", s)
 }
 
-// read peeks at the group's counters, on a chain of this one limit.
-func (g *usageGroup) read(r *http.Request, scope, id string) (UsageLimit, error) {
-	l := newLimit(scope, id, g.caps.rpm, g.caps.tpm)
+// rootTag reads the root parameter, <scope>:<id as in requests, or its
+// digest>, into the hash tag of the chains rooted there; "" when absent.
+func rootTag(root string) (string, error) {
+	if root == "" {
+		return "", nil
+	}
+	scope, id, ok := strings.Cut(root, ":")
+	if !ok || scope == "" || id == "" {
+		return "", errors.New("the root parameter is <scope>:<id>, e.g. root=org:acme")
+	}
+	if !digestRE.MatchString(id) {
+		id = keyID(scope, id)
+	}
+	return chainTag(scope, id), nil
+}
+
+// read peeks at the group's counters, on a chain of this one limit (whose
+// keys carry tag on Redis Cluster, and tag is "" elsewhere).
+func (g *usageGroup) read(r *http.Request, tag, scope, id string) (UsageLimit, error) {
+	if rs, ok := g.store.(*redisStore); !ok || rs.config.topology() != cluster {
+		tag = ""
+	}
+	l := newTaggedLimit(tag, scope, id, g.caps.rpm, g.caps.tpm)
 	g.store.hold() // a reload may unload the store meanwhile
 	d, err := g.store.peek(r.Context(), []limit{l}, 0)
 	g.store.release()

@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -293,5 +294,41 @@ func BenchmarkAdmissionsSingleNodeVersusCluster(b *testing.B) {
 			})
 			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "admissions/s")
 		})
+	}
+}
+
+func TestClusterLiveViewReadsTheCountersUnderTheGivenRoot(t *testing.T) {
+	c := startRedisCluster(t, 3)
+	up := newUpstream(t)
+	gw := startGateway(t, up.URL, fmt.Sprintf(`
+	rolter_ratelimit {
+		redis cluster %s
+		scope team {http.request.header.X-Team}
+		scope org {http.request.header.X-Org}
+		limit team * rpm 7
+	}
+	reverse_proxy {upstream}`, strings.Join(c.URLs(), " ")))
+	org, team := uniqueID(t), uniqueID(t)
+	for i := 0; i < 3; i++ {
+		if res, _ := gw.do(t, "X-Org: "+org, "X-Team: "+team); res.StatusCode != 200 {
+			t.Fatalf("request %d: %d", i, res.StatusCode)
+		}
+	}
+	view := func(query string) (int, string) {
+		res, err := http.Get(fmt.Sprintf("http://localhost:%d/rolter_ratelimit/usage?%s", caddyAdmin(), query))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		var b strings.Builder
+		io.Copy(&b, res.Body)
+		return res.StatusCode, b.String()
+	}
+	if code, body := view("scope=team&id=" + team); code != 400 || !strings.Contains(body, "e.g. root=org:acme") {
+		t.Fatalf("without root on a cluster: %d %s, want 400 asking for it", code, body)
+	}
+	code, body := view("scope=team&id=" + team + "&root=org:" + org)
+	if code != 200 || !strings.Contains(body, `"remaining":4`) {
+		t.Fatalf("with root: %d %s, want remaining 4 of rpm 7 after 3 requests", code, body)
 	}
 }
