@@ -73,7 +73,20 @@ func startGateway(t *testing.T, upstreamURL string, body string) *gateway {
 func startGatewayWith(t *testing.T, upstreamURL string, globals, body string, port int) *gateway {
 	t.Helper()
 	admin := caddyAdmin()
-	config := fmt.Sprintf(`{
+	config := gatewayCaddyfile(admin, port, globals, body, upstreamURL)
+	tester := caddytest.NewTester(t).WithDefaultOverrides(caddytest.Config{AdminPort: admin, LoadRequestTimeout: 10 * time.Second})
+	tester.InitServer(config, "caddyfile")
+	if t.Failed() {
+		t.FailNow()
+	}
+	return &gateway{tester: tester, url: fmt.Sprintf("http://127.0.0.1:%d", port)}
+}
+
+// gatewayCaddyfile is the whole Caddyfile of a test gateway: the admin on
+// its port, the site on port with body as its routes, and the upstream's
+// address for {upstream}.
+func gatewayCaddyfile(admin, port int, globals, body, upstreamURL string) string {
+	return fmt.Sprintf(`{
 	admin localhost:%d
 	auto_https off
 	skip_install_trust
@@ -85,12 +98,6 @@ func startGatewayWith(t *testing.T, upstreamURL string, globals, body string, po
 %s
 }
 `, admin, port, globals, port, strings.ReplaceAll(body, "{upstream}", strings.TrimPrefix(upstreamURL, "http://")))
-	tester := caddytest.NewTester(t).WithDefaultOverrides(caddytest.Config{AdminPort: admin, LoadRequestTimeout: 10 * time.Second})
-	tester.InitServer(config, "caddyfile")
-	if t.Failed() {
-		t.FailNow()
-	}
-	return &gateway{tester: tester, url: fmt.Sprintf("http://127.0.0.1:%d", port)}
 }
 
 // do sends a chat completion with the given headers ("Name: value").

@@ -103,18 +103,7 @@ func TestTwentyReloadsUnderLoadLoseNoRequestAndKeepAdmissionExact(t *testing.T) 
 	// The whole Caddyfile, as startGatewayWith writes it (same globals, same
 	// admin address, same site address), for POST /load.
 	caddyfile := func(k int) string {
-		return fmt.Sprintf(`{
-	admin localhost:%d
-	auto_https off
-	skip_install_trust
-	grace_period 1ns
-	http_port %d
-%s
-}
-:%d {
-%s
-}
-`, admin, port, globals, port, strings.ReplaceAll(site(k), "{upstream}", strings.TrimPrefix(up.URL, "http://")))
+		return gatewayCaddyfile(caddyAdmin(), port, globals, site(k), up.URL)
 	}
 	// The timeout of 2s is there so that a CPU-starved admission under -race
 	// is not mistaken for a Redis failure; on_redis_error deny makes any
