@@ -73,16 +73,29 @@ type testRedis struct {
 // redis-server is not on PATH. The server is killed in t.Cleanup.
 func startRedis(t testing.TB) *testRedis {
 	t.Helper()
+	r := &testRedis{bin: rhRedisServerBin(t), dir: t.TempDir()}
+	t.Cleanup(func() { r.stop() })
+	rhLaunchOnFreePort(t, r, nil)
+	return r
+}
+
+// rhRedisServerBin skips when the Redis tests are disabled and fails when
+// they are enabled but redis-server is not on PATH.
+func rhRedisServerBin(t testing.TB) string {
+	t.Helper()
 	redisURLFromEnv(t)
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		t.Fatalf("%s is set but redis-server is not on PATH (./test.sh installs it): %v", rhRedisURLEnv, err)
 	}
-	r := &testRedis{bin: bin, dir: t.TempDir()}
-	t.Cleanup(func() { r.stop() })
+	return bin
+}
 
-	// The port is found free and then handed to redis-server, so another
-	// process may take it in between: try a few ports.
+// rhLaunchOnFreePort starts r on a free port. The port is found free and
+// then handed to redis-server, so another process may take it in between:
+// it tries a few ports. prepare, if not nil, runs before each attempt.
+func rhLaunchOnFreePort(t testing.TB, r *testRedis, prepare func() error) {
+	t.Helper()
 	var lastErr error
 	for attempt := 0; attempt < 5; attempt++ {
 		port, err := rhFreePort()
@@ -90,16 +103,26 @@ func startRedis(t testing.TB) *testRedis {
 			t.Fatalf("finding a free port: %v", err)
 		}
 		r.port = port
+		if prepare != nil {
+			if err := prepare(); err != nil {
+				t.Fatalf("preparing redis-server in %s: %v", r.dir, err)
+			}
+		}
 		if lastErr = r.launch(); lastErr == nil {
-			return r
+			return
 		}
 		r.stop()
+		// ETXTBSY: a child forked elsewhere in the test binary while a
+		// wrapper script was open for writing still held it when we exec'd it.
+		if errors.Is(lastErr, syscall.ETXTBSY) {
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
 		if !r.portTaken() {
 			break
 		}
 	}
-	t.Fatalf("starting redis-server: %v", lastErr)
-	return nil
+	t.Fatalf("starting %s: %v", r.bin, lastErr)
 }
 
 // URL is the server's address as a redis:// URL, database 0.

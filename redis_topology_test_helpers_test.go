@@ -26,11 +26,9 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -66,11 +64,7 @@ const (
 // runs before each launch attempt (to write a config file afresh).
 func rhStartRedisWith(t testing.TB, dir string, pre, post []string, prepare func() error) *testRedis {
 	t.Helper()
-	redisURLFromEnv(t)
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		t.Fatalf("%s is set but redis-server is not on PATH (./test.sh installs it): %v", rhRedisURLEnv, err)
-	}
+	bin := rhRedisServerBin(t)
 	script := filepath.Join(dir, "redis-server.sh")
 	var sh strings.Builder
 	sh.WriteString("#!/bin/sh\nexec")
@@ -88,35 +82,8 @@ func rhStartRedisWith(t testing.TB, dir string, pre, post []string, prepare func
 	}
 	r := &testRedis{bin: script, dir: dir}
 	t.Cleanup(func() { r.stop() })
-
-	var lastErr error
-	for attempt := 0; attempt < 5; attempt++ {
-		port, err := rhFreePort()
-		if err != nil {
-			t.Fatalf("finding a free port: %v", err)
-		}
-		r.port = port
-		if prepare != nil {
-			if err := prepare(); err != nil {
-				t.Fatalf("preparing redis-server in %s: %v", dir, err)
-			}
-		}
-		if lastErr = r.launch(); lastErr == nil {
-			return r
-		}
-		r.stop()
-		// ETXTBSY: a child forked elsewhere in the test binary while the
-		// script was open for writing still held it when we exec'd it.
-		if errors.Is(lastErr, syscall.ETXTBSY) {
-			time.Sleep(10 * time.Millisecond)
-			continue
-		}
-		if !r.portTaken() {
-			break
-		}
-	}
-	t.Fatalf("starting redis-server %v ... %v: %v", pre, post, lastErr)
-	return nil
+	rhLaunchOnFreePort(t, r, prepare)
+	return r
 }
 
 func rhShellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
