@@ -13,7 +13,6 @@ import (
 	"net/url"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -82,8 +81,8 @@ type UsageView struct {
 	// id, otherwise (and always in the "key" scope) "#" and the first 32 hex
 	// digits of its SHA-256. The raw id is never in the answer.
 	ID string `json:"id"`
-	// Limits has one entry per distinct (store, rpm, tpm) that the loaded
-	// handlers apply to the id, sorted by store, then rpm, then tpm. It is
+	// Limits has one entry per distinct store and caps that the loaded
+	// handlers apply to the id, sorted by store, then rpm, tpm and bucket. It is
 	// empty (never null) when no handler limits the id in this scope.
 	Limits []UsageLimit `json:"limits"`
 	// Note explains an empty Limits.
@@ -120,6 +119,29 @@ type UsageLimit struct {
 	// TPM is the token counter; absent when the limit has no tpm (tokens are
 	// then not counted for this id on this limit).
 	TPM *UsageCounter `json:"tpm,omitempty"`
+	// Bucket is the token bucket; absent when the limit has none.
+	Bucket *UsageBucket `json:"bucket,omitempty"`
+}
+
+// UsageBucket is a token bucket now, with the definitions of the scg headers.
+type UsageBucket struct {
+	// BurstCapacity is the bucket's capacity (X-RateLimit-Burst-Capacity).
+	BurstCapacity int64 `json:"burst_capacity"`
+	// ReplenishRate is the refill in tokens per second, as configured
+	// (X-RateLimit-Replenish-Rate).
+	ReplenishRate string `json:"replenish_rate"`
+	// RequestedTokens is what a request takes (X-RateLimit-Requested-Tokens).
+	RequestedTokens int64 `json:"requested_tokens"`
+	// Tokens is what the bucket holds now, rounded down to three decimals.
+	Tokens float64 `json:"tokens"`
+	// Remaining is Tokens rounded down (X-RateLimit-Remaining, before a
+	// request takes its tokens).
+	Remaining int64 `json:"remaining"`
+	// Full is the time until the bucket is full absent traffic, as a Go
+	// duration string; "0s" when it is.
+	Full string `json:"full_in"`
+	// FullMillis is Full in milliseconds.
+	FullMillis int64 `json:"full_in_ms"`
 }
 
 // UsageCounter is one counter of a limit, with the definitions of the
@@ -257,7 +279,11 @@ func unknownScope(scope string, known map[string]bool) error {
 // groupLimits finds the caps each handler applies to the stored id in scope,
 // as chain would, and groups them by store and caps, in a stable order.
 func groupLimits(handlers []*Handler, scope, id string) []*usageGroup {
-	byKey := make(map[string]*usageGroup)
+	type groupKey struct {
+		kind, where string
+		caps        limitCaps
+	}
+	byKey := make(map[groupKey]*usageGroup)
 	var groups []*usageGroup
 	for _, h := range handlers {
 		if !slices.ContainsFunc(h.Scopes, func(s Scope) bool { return s.Name == scope }) {
@@ -275,7 +301,7 @@ func groupLimits(handlers []*Handler, scope, id string) []*usageGroup {
 			caps = sl.byDefault
 		}
 		kind, where := describeStore(h.store)
-		key := kind + "\x00" + where + "\x00" + strconv.FormatInt(caps.rpm, 10) + "\x00" + strconv.FormatInt(caps.tpm, 10)
+		key := groupKey{kind, where, caps}
 		g, ok := byKey[key]
 		if !ok {
 			g = &usageGroup{storeKind: kind, where: where, caps: caps, store: h.store}
@@ -292,7 +318,9 @@ func groupLimits(handlers []*Handler, scope, id string) []*usageGroup {
 	}
 	slices.SortFunc(groups, func(a, b *usageGroup) int {
 		return cmp.Or(cmp.Compare(a.storeKind, b.storeKind), cmp.Compare(a.where, b.where),
-			cmp.Compare(a.caps.rpm, b.caps.rpm), cmp.Compare(a.caps.tpm, b.caps.tpm))
+			cmp.Compare(a.caps.rpm, b.caps.rpm), cmp.Compare(a.caps.tpm, b.caps.tpm),
+			cmp.Compare(a.caps.bucket.rate, b.caps.bucket.rate), cmp.Compare(a.caps.bucket.burst, b.caps.bucket.burst),
+			cmp.Compare(a.caps.bucket.cost, b.caps.bucket.cost), cmp.Compare(a.caps.bucket.rateText, b.caps.bucket.rateText))
 	})
 	for _, g := range groups {
 		slices.SortFunc(g.chains, slices.Compare)
@@ -334,7 +362,7 @@ func (g *usageGroup) read(r *http.Request, tag, scope, id string) (UsageLimit, e
 	if rs, ok := g.store.(*redisStore); !ok || rs.config.topology() != cluster {
 		tag = ""
 	}
-	l := newTaggedLimit(tag, scope, id, g.caps.rpm, g.caps.tpm)
+	l := newTaggedLimit(tag, scope, id, g.caps)
 	g.store.hold() // a reload may unload the store meanwhile
 	d, err := g.store.peek(r.Context(), []limit{l}, 0)
 	g.store.release()
@@ -363,6 +391,19 @@ func (g *usageGroup) read(r *http.Request, tag, scope, id string) (UsageLimit, e
 	}
 	if l.tpm > 0 {
 		entry.TPM = usageCounter(d.counts[0].tok, l.tpm, into)
+	}
+	if b := l.bucket; b.rate > 0 {
+		deficit := d.counts[0].deficit
+		full := ceilDiv(deficit, b.rate)
+		entry.Bucket = &UsageBucket{
+			BurstCapacity:   b.burst,
+			ReplenishRate:   b.rateText,
+			RequestedTokens: b.cost,
+			Tokens:          float64(max(b.burst*microTokens-deficit, 0)/1000) / 1000,
+			Remaining:       b.left(deficit),
+			Full:            (time.Duration(full) * time.Millisecond).String(),
+			FullMillis:      full,
+		}
 	}
 	return entry, nil
 }

@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"encoding/json"
 	"fmt"
 	"strconv"
 
@@ -44,10 +45,12 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			tls                                    # TLS even for redis:// URLs
 //		}
 //		scope <name> <value>                       # repeatable; <value> is usually a placeholder
-//		limit <scope> <id>|* [rpm <n>] [tpm <n>]   # repeatable; * is the default for every id of that scope
+//		limit <scope> <id>|* [rpm <n>] [tpm <n>] [rate <per-second> burst <n> [cost <n>]]
+//		                                           # repeatable; * is the default for every id of that scope
 //		on_redis_error allow|deny                  # default allow (fail open); deny answers 503
-//		on_refusal respond|error                   # default respond: the handler writes the 429 itself
-//		headers openai|ietf|off ...                # default openai; several may be listed
+//		on_refusal respond|error                   # default respond: the handler writes the refusal itself
+//		status <code>                              # of every refusal by a limit, 400-599; default 429
+//		headers openai|ietf|scg|off ...            # default openai; several may be listed
 //		ensure_stream_usage on|off                 # default on: ask OpenAI streams for their usage
 //		realtime {                                 # WebSocket sessions (any upgrade the matcher covers)
 //			max_connections <n>                    # open sessions per Caddy process; default no cap
@@ -56,9 +59,12 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	}
 //
 // The scope lines form the chain in the order they are written, innermost
-// first by convention (key, project, team, org). A limit needs rpm, tpm or
-// both, each a positive integer, and a scope line for its scope, which may
-// come before or after it in the block. <id> and <value> are kept verbatim:
+// first by convention (key, project, team, org). A limit needs rpm, tpm, a
+// token bucket, or any of them together, in any order, and a scope line for
+// its scope, which may come before or after it in the block. rpm, tpm, burst
+// and cost are positive integers; a bucket is rate (tokens per second, a
+// decimal with at most three places, such as 0.5) with burst (its capacity),
+// and cost (what a request takes, default 1) at most the burst. <id> and <value> are kept verbatim:
 // placeholders such as {env.VIP_KEY} or {http.request.header.X-Api-Key} are
 // resolved when the config loads (ids) or per request (values).
 //
@@ -145,6 +151,23 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			h.OnRefusal = v
+
+		case "status":
+			var v string
+			if !d.AllArgs(&v) {
+				return d.ArgErr()
+			}
+			code, err := strconv.Atoi(v)
+			if err != nil {
+				return d.Errf("status must be an HTTP status from 400 to 599, not %q", v)
+			}
+			if err := (&Handler{Status: code}).Validate(); err != nil {
+				return d.WrapErr(err)
+			}
+			if err := noBlock(d, sub); err != nil {
+				return err
+			}
+			h.Status = code
 
 		case "headers":
 			families := d.RemainingArgs()
@@ -332,29 +355,40 @@ func parseRealtime(d *caddyfile.Dispenser) (*RealtimeConfig, error) {
 }
 
 // parseLimit parses the arguments of a limit line, whose name is the current
-// token.
+// token: its options in any order, each once.
 func parseLimit(d *caddyfile.Dispenser) (LimitConfig, error) {
 	sub := d.Token()
 	var l LimitConfig
 	if !d.Args(&l.Scope, &l.ID) {
 		return l, d.ArgErr()
 	}
+	seen := make(map[string]bool)
 	for d.NextArg() {
+		name := d.Val()
 		var n *int64
-		switch d.Val() {
+		switch name {
 		case "rpm":
 			n = &l.RPM
 		case "tpm":
 			n = &l.TPM
+		case "burst":
+			n = &l.Burst
+		case "cost":
+			n = &l.Cost
+		case "rate":
 		default:
-			return l, d.Errf("unrecognized limit option '%s': expecting rpm or tpm", d.Val())
+			return l, d.Errf("unrecognized limit option '%s': expecting rpm, tpm, rate, burst or cost", name)
 		}
-		name := d.Val()
-		if *n != 0 {
+		if seen[name] {
 			return l, d.Errf("%s is given twice", name)
 		}
+		seen[name] = true
 		if !d.NextArg() {
 			return l, d.ArgErr()
+		}
+		if n == nil { // checked with the whole line, below
+			l.Rate = json.Number(d.Val())
+			continue
 		}
 		// ParseUint takes neither a sign nor '_'; bit size 63 fits an int64.
 		v, err := strconv.ParseUint(d.Val(), 10, 63)

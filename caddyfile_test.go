@@ -114,6 +114,31 @@ var caddyfileGoodCases = []caddyfileGoodCase{
 		want: &Handler{Redis: &RedisConfig{URL: "{env.REDIS_URL}"}},
 	},
 	{
+		name: "token buckets alone and mixed with rpm and tpm, in any order; status; scg headers",
+		input: `rolter_ratelimit {
+			scope key {http.request.header.X-Api-Key}
+			scope org {http.request.header.X-Org}
+			limit key * rate 0.5 burst 10
+			limit key vip burst 100 rpm 600 rate 20 cost 2
+			limit org * tpm 50000 rate 1000 burst 2000 rpm 3000
+			status 503
+			headers scg openai
+		}`,
+		want: &Handler{
+			Scopes: []Scope{
+				{Name: "key", Value: "{http.request.header.X-Api-Key}"},
+				{Name: "org", Value: "{http.request.header.X-Org}"},
+			},
+			Limits: []LimitConfig{
+				{Scope: "key", ID: "*", Rate: "0.5", Burst: 10},
+				{Scope: "key", ID: "vip", RPM: 600, Rate: "20", Burst: 100, Cost: 2},
+				{Scope: "org", ID: "*", RPM: 3000, TPM: 50000, Rate: "1000", Burst: 2000},
+			},
+			Status:  503,
+			Headers: []string{"scg", "openai"},
+		},
+	},
+	{
 		name: "headers off",
 		input: `rolter_ratelimit {
 			headers off
@@ -219,7 +244,7 @@ var caddyfileBadCases = []caddyfileBadCase{
 	{"default limit twice", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5\n\tlimit key * rpm 5\n}", `a second limit for scope "key" id "*"`, 4},
 	{"limit without id", "rolter_ratelimit {\n\tscope key x\n\tlimit key\n}", "wrong argument count", 3},
 	{"limit without anything", "rolter_ratelimit {\n\tlimit\n}", "wrong argument count", 2},
-	{"limit without rpm or tpm", "rolter_ratelimit {\n\tscope key x\n\tlimit key *\n}", `limit for scope "key" id "*" sets neither rpm nor tpm`, 3},
+	{"limit without rpm or tpm", "rolter_ratelimit {\n\tscope key x\n\tlimit key *\n}", `limit for scope "key" id "*" sets no cap: give rpm, tpm, or rate and burst`, 3},
 	{"limit with an empty id", "rolter_ratelimit {\n\tscope key x\n\tlimit key \"\" rpm 5\n}", `limit for scope "key" has an empty id`, 3},
 	{"rpm zero", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 0\n}", `rpm must be a positive integer, not "0"`, 3},
 	{"tpm zero", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 tpm 0\n}", `tpm must be a positive integer, not "0"`, 3},
@@ -234,7 +259,28 @@ var caddyfileBadCases = []caddyfileBadCase{
 	{"tpm without value after rpm", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 tpm\n}", "wrong argument count or unexpected line ending after 'tpm'", 3},
 	{"rpm twice", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 tpm 10 rpm 6\n}", "rpm is given twice", 3},
 	{"tpm twice", "rolter_ratelimit {\n\tscope key x\n\tlimit key * tpm 5 tpm 5\n}", "tpm is given twice", 3},
-	{"unknown limit option", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rps 5\n}", "unrecognized limit option 'rps': expecting rpm or tpm", 3},
+	{"unknown limit option", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rps 5\n}", "unrecognized limit option 'rps': expecting rpm, tpm, rate, burst or cost", 3},
+	{"rate without burst", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rate 5\n}", `limit for scope "key" id "*": a token bucket needs a burst (its capacity) with its rate`, 3},
+	{"burst without rate", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 burst 10\n}", `limit for scope "key" id "*": a token bucket needs a rate (tokens per second) with its burst`, 3},
+	{"cost without a bucket", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 cost 2\n}", `a token bucket needs a rate (tokens per second) with its burst`, 3},
+	{"cost above the burst", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rate 1 burst 3 cost 4\n}", `cost 4 is above the burst 3, so no request would ever be admitted`, 3},
+	{"rate zero", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rate 0 burst 3\n}", `rate "0": must be above 0`, 3},
+	{"rate zero with decimals", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rate 0.000 burst 3\n}", `rate "0.000": must be above 0`, 3},
+	{"rate with four decimals", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rate 0.0005 burst 3\n}", `rate "0.0005": at most three decimal places`, 3},
+	{"rate in exponent form", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rate 1e3 burst 3\n}", `rate "1e3": want tokens per second as a decimal such as 10 or 0.5`, 3},
+	{"rate negative", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rate -1 burst 3\n}", `rate "-1": want tokens per second`, 3},
+	{"rate without a leading digit", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rate .5 burst 3\n}", `rate ".5": want tokens per second`, 3},
+	{"rate with a trailing dot", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rate 5. burst 3\n}", `rate "5.": want tokens per second`, 3},
+	{"rate with a unit", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rate 5/s burst 3\n}", `rate "5/s": want tokens per second`, 3},
+	{"rate too large", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rate 1000001 burst 3\n}", `rate "1000001": at most 1000000 per second`, 3},
+	{"rate overflowing int64", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rate 99999999999999999999 burst 3\n}", `at most 1000000 per second`, 3},
+	{"rate without value", "rolter_ratelimit {\n\tscope key x\n\tlimit key * burst 3 rate\n}", "wrong argument count or unexpected line ending after 'rate'", 3},
+	{"rate twice", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rate 1 burst 3 rate 2\n}", "rate is given twice", 3},
+	{"burst zero", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rate 1 burst 0\n}", `burst must be a positive integer, not "0"`, 3},
+	{"burst too large", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rate 1 burst 1000000001\n}", "burst 1000000001 is above the largest, 1000000000", 3},
+	{"burst fractional", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rate 1 burst 2.5\n}", `burst must be a positive integer, not "2.5"`, 3},
+	{"cost zero", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rate 1 burst 3 cost 0\n}", `cost must be a positive integer, not "0"`, 3},
+	{"cost twice", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rate 1 burst 3 cost 1 cost 2\n}", "cost is given twice", 3},
 	{"limit with a block", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 {\n\t\ttpm 6\n\t}\n}", "limit takes no block", 3},
 
 	// options
@@ -249,7 +295,13 @@ var caddyfileBadCases = []caddyfileBadCase{
 	{"on_refusal with two values", "rolter_ratelimit {\n\ton_refusal respond error\n}", "wrong argument count", 2},
 	{"on_refusal twice", "rolter_ratelimit {\n\ton_refusal respond\n\ton_refusal respond\n}", "on_refusal is given twice", 3},
 	{"headers without value", "rolter_ratelimit {\n\theaders\n}", "wrong argument count", 2},
-	{"headers unknown", "rolter_ratelimit {\n\theaders openai draft7\n}", `headers must be openai, ietf or off, not "draft7"`, 2},
+	{"headers unknown", "rolter_ratelimit {\n\theaders openai draft7\n}", `headers must be openai, ietf, scg or off, not "draft7"`, 2},
+	{"status not a number", "rolter_ratelimit {\n\tstatus TooMany\n}", `status must be an HTTP status from 400 to 599, not "TooMany"`, 2},
+	{"status of a success", "rolter_ratelimit {\n\tstatus 200\n}", "status must be an HTTP status from 400 to 599, not 200", 2},
+	{"status above 599", "rolter_ratelimit {\n\tstatus 600\n}", "status must be an HTTP status from 400 to 599, not 600", 2},
+	{"status without value", "rolter_ratelimit {\n\tstatus\n}", "wrong argument count", 2},
+	{"status twice", "rolter_ratelimit {\n\tstatus 429\n\tstatus 503\n}", "status is given twice", 3},
+	{"status with a block", "rolter_ratelimit {\n\tstatus 503 {\n\t\tbody x\n\t}\n}", "status takes no block", 2},
 	{"headers off with others", "rolter_ratelimit {\n\theaders ietf off\n}", "headers off cannot be combined with other header families", 2},
 	{"headers twice", "rolter_ratelimit {\n\theaders openai\n\theaders ietf\n}", "headers is given twice", 3},
 	{"ensure_stream_usage with another value", "rolter_ratelimit {\n\tensure_stream_usage yes\n}", `ensure_stream_usage must be on or off, not "yes"`, 2},
@@ -322,6 +374,13 @@ func TestCaddyfileErrorsSayWhatJSONValidationSays(t *testing.T) {
 			`{"scopes":[{"name":"key","value":"x"}],"limits":[{"scope":"key","id":"a","rpm":1},{"scope":"key","id":"a","tpm":1}]}`},
 		{"neither rpm nor tpm", "rolter_ratelimit {\n\tscope key x\n\tlimit key a\n}", 3,
 			`{"scopes":[{"name":"key","value":"x"}],"limits":[{"scope":"key","id":"a"}]}`},
+		{"cost above the burst", "rolter_ratelimit {\n\tscope key x\n\tlimit key a rate 1 burst 2 cost 3\n}", 3,
+			`{"scopes":[{"name":"key","value":"x"}],"limits":[{"scope":"key","id":"a","rate":1,"burst":2,"cost":3}]}`},
+		{"rate without burst", "rolter_ratelimit {\n\tscope key x\n\tlimit key a rate 0.5\n}", 3,
+			`{"scopes":[{"name":"key","value":"x"}],"limits":[{"scope":"key","id":"a","rate":0.5}]}`},
+		{"rate with four decimals", "rolter_ratelimit {\n\tscope key x\n\tlimit key a rate 0.0001 burst 2\n}", 3,
+			`{"scopes":[{"name":"key","value":"x"}],"limits":[{"scope":"key","id":"a","rate":0.0001,"burst":2}]}`},
+		{"status", "rolter_ratelimit {\n\tstatus 302\n}", 2, `{"status":302}`},
 		{"on_redis_error", "rolter_ratelimit {\n\ton_redis_error maybe\n}", 2, `{"on_redis_error":"maybe"}`},
 		{"on_refusal", "rolter_ratelimit {\n\ton_refusal maybe\n}", 2, `{"on_refusal":"maybe"}`},
 		{"unknown header family", "rolter_ratelimit {\n\theaders openai x\n}", 2, `{"headers":["openai","x"]}`},

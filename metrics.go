@@ -18,7 +18,7 @@ var (
 	}, []string{"outcome"})
 	refusalsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "refusals_total",
-		Help: "Refused requests, by the scope name and kind (requests, tokens) of the first refusing limit.",
+		Help: "Refused requests, by the scope name and kind (requests, tokens, burst) of the first refusing limit.",
 	}, []string{"scope", "kind"})
 	tokensChargedTotal = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "tokens_charged_total",

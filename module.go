@@ -6,6 +6,8 @@
 package ratelimit
 
 import (
+	"cmp"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -49,9 +51,16 @@ type Handler struct {
 	// or "error" (it returns a handler error with status 429, for handle_errors).
 	OnRefusal string `json:"on_refusal,omitempty"`
 
+	// Status is the HTTP status of a refusal by any limit, of any kind
+	// (400 to 599; default 429). The 503 of on_redis_error deny and of the
+	// realtime session cap are not refusals by a limit and keep theirs.
+	Status int `json:"status,omitempty"`
+
 	// Headers lists the rate-limit header families to send: "openai" (the
-	// default: x-ratelimit-*), "ietf" (RateLimit-Policy and RateLimit), or
-	// "off" alone for none.
+	// default: x-ratelimit-*), "ietf" (RateLimit-Policy and RateLimit),
+	// "scg" (Spring Cloud Gateway's X-RateLimit-Remaining,
+	// -Burst-Capacity, -Replenish-Rate and -Requested-Tokens, for token
+	// buckets), or "off" alone for none.
 	Headers []string `json:"headers,omitempty"`
 
 	// EnsureStreamUsage adds stream_options.include_usage to OpenAI streaming
@@ -84,7 +93,8 @@ type Scope struct {
 	Value string `json:"value"`
 }
 
-// LimitConfig caps one id of a scope, or every id of it ("*").
+// LimitConfig caps one id of a scope, or every id of it ("*"): per minute,
+// with a token bucket, or both; every cap must admit a request.
 type LimitConfig struct {
 	// Scope names a scope of the chain.
 	Scope string `json:"scope"`
@@ -96,6 +106,16 @@ type LimitConfig struct {
 	RPM int64 `json:"rpm,omitempty"`
 	// TPM caps tokens per minute; 0 or absent: no token cap.
 	TPM int64 `json:"tpm,omitempty"`
+	// Rate is the refill of a token bucket, in tokens per second: a positive
+	// decimal with at most three places, such as 10 or 0.5, refilled from
+	// elapsed time at millisecond precision. Absent: no bucket.
+	Rate json.Number `json:"rate,omitempty"`
+	// Burst is the bucket's capacity in tokens, required with Rate: a full
+	// bucket admits that many requests at once.
+	Burst int64 `json:"burst,omitempty"`
+	// Cost is the tokens an admitted request takes from the bucket; default
+	// 1, at most Burst.
+	Cost int64 `json:"cost,omitempty"`
 }
 
 // scopeLimits are the caps of one scope: per id (as stored) and the default.
@@ -104,8 +124,6 @@ type scopeLimits struct {
 	byDefault  limitCaps
 	hasDefault bool
 }
-
-type limitCaps struct{ rpm, tpm int64 }
 
 const defaultTimeout = 100 * time.Millisecond
 
@@ -130,7 +148,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	effective := make([]string, 0, len(h.Limits)) // for the log, ids as stored
 	for _, lc := range h.Limits {
 		sl := h.limits[lc.Scope]
-		caps := limitCaps{rpm: lc.RPM, tpm: lc.TPM}
+		caps, err := lc.caps()
+		if err != nil {
+			return err
+		}
 		id := "*"
 		if lc.ID == "*" {
 			sl.byDefault, sl.hasDefault = caps, true
@@ -142,7 +163,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			sl.byID[id] = caps
 		}
 		h.limits[lc.Scope] = sl
-		effective = append(effective, fmt.Sprintf("%s %s rpm %d tpm %d", lc.Scope, id, lc.RPM, lc.TPM))
+		effective = append(effective, caps.describe(lc.Scope+" "+id))
 	}
 	h.headers = parseHeaderFamilies(h.Headers)
 
@@ -213,6 +234,9 @@ func (h *Handler) Validate() error {
 	default:
 		return fmt.Errorf("on_refusal must be respond or error, not %q", h.OnRefusal)
 	}
+	if h.Status != 0 && (h.Status < 400 || h.Status > 599) {
+		return fmt.Errorf("status must be an HTTP status from 400 to 599, not %d", h.Status)
+	}
 	if err := validateHeaderFamilies(h.Headers); err != nil {
 		return err
 	}
@@ -241,13 +265,37 @@ func (l LimitConfig) validate() error {
 	if l.ID == "" {
 		return fmt.Errorf("limit for scope %q has an empty id", l.Scope)
 	}
-	if l.RPM < 0 || l.TPM < 0 {
-		return fmt.Errorf("limit for scope %q: rpm and tpm must be positive integers", l.Scope)
+	if l.RPM < 0 || l.TPM < 0 || l.Burst < 0 || l.Cost < 0 {
+		return fmt.Errorf("limit for scope %q: rpm, tpm, burst and cost must be positive integers", l.Scope)
 	}
-	if l.RPM == 0 && l.TPM == 0 {
-		return fmt.Errorf("limit for scope %q id %q sets neither rpm nor tpm", l.Scope, l.ID)
+	if l.RPM == 0 && l.TPM == 0 && l.Rate == "" && l.Burst == 0 && l.Cost == 0 {
+		return fmt.Errorf("limit for scope %q id %q sets no cap: give rpm, tpm, or rate and burst", l.Scope, l.ID)
 	}
-	return nil
+	_, err := l.caps()
+	return err
+}
+
+// caps reads the limit's caps; its error is a configuration mistake.
+func (l LimitConfig) caps() (limitCaps, error) {
+	caps := limitCaps{rpm: l.RPM, tpm: l.TPM}
+	switch {
+	case l.Rate == "" && l.Burst == 0 && l.Cost == 0:
+		return caps, nil
+	case l.Rate == "":
+		return caps, fmt.Errorf("limit for scope %q id %q: a token bucket needs a rate (tokens per second) with its burst", l.Scope, l.ID)
+	case l.Burst == 0:
+		return caps, fmt.Errorf("limit for scope %q id %q: a token bucket needs a burst (its capacity) with its rate", l.Scope, l.ID)
+	case l.Burst > maxBurst:
+		return caps, fmt.Errorf("limit for scope %q id %q: burst %d is above the largest, %d", l.Scope, l.ID, l.Burst, maxBurst)
+	case l.Cost > l.Burst:
+		return caps, fmt.Errorf("limit for scope %q id %q: cost %d is above the burst %d, so no request would ever be admitted", l.Scope, l.ID, l.Cost, l.Burst)
+	}
+	rate, err := parseRate(string(l.Rate))
+	if err != nil {
+		return caps, fmt.Errorf("limit for scope %q id %q: %v", l.Scope, l.ID, err)
+	}
+	caps.bucket = tokenBucket{rate: rate, burst: l.Burst, cost: max(l.Cost, 1), rateText: string(l.Rate)}
+	return caps, nil
 }
 
 // Cleanup gives the store back; it tolerates a Provision that failed half way.
@@ -367,7 +415,7 @@ func (h *Handler) chain(repl *caddy.Replacer) []limit {
 			}
 			caps = sl.byDefault
 		}
-		chain = append(chain, newTaggedLimit(tag, s.Name, id, caps.rpm, caps.tpm))
+		chain = append(chain, newTaggedLimit(tag, s.Name, id, caps))
 	}
 	return chain
 }
@@ -401,10 +449,11 @@ func (h *Handler) refuse(w http.ResponseWriter, repl *caddy.Replacer, chain []li
 		h.logger.Debug("refused", zap.String("scope", chain[ref.first].scope), zap.String("id", chain[ref.first].id), zap.String("kind", ref.kind.String()), zap.Int64("retry_after_ms", ref.waitMillis))
 	}
 	msg := ref.message(chain)
+	status := cmp.Or(h.Status, http.StatusTooManyRequests)
 	if h.OnRefusal == "error" {
-		return caddyhttp.Error(http.StatusTooManyRequests, errors.New(msg))
+		return caddyhttp.Error(status, errors.New(msg))
 	}
-	return writeJSONError(w, http.StatusTooManyRequests, msg, ref.kind.String(), "rate_limit_exceeded")
+	return writeJSONError(w, status, msg, ref.kind.errorType(), "rate_limit_exceeded")
 }
 
 // liveHandlers are the provisioned handlers of every loaded config, which the

@@ -32,9 +32,9 @@ func clusterStores(t *testing.T, c *testCluster, n int) []store {
 func orgChain(org, key, team string, keyRPM, orgRPM int64) []limit {
 	tag := chainTag("org", org)
 	return []limit{
-		newTaggedLimit(tag, "key", keyID("key", key), keyRPM, 0),
-		newTaggedLimit(tag, "team", team, 0, 1000),
-		newTaggedLimit(tag, "org", org, orgRPM, 1000),
+		newTaggedLimit(tag, "key", keyID("key", key), limitCaps{rpm: keyRPM}),
+		newTaggedLimit(tag, "team", team, limitCaps{tpm: 1000}),
+		newTaggedLimit(tag, "org", org, limitCaps{rpm: orgRPM, tpm: 1000}),
 	}
 }
 
@@ -274,10 +274,10 @@ func BenchmarkAdmissionsSingleNodeVersusCluster(b *testing.B) {
 					tag = chainTag("org", org)
 				}
 				chains[i] = []limit{
-					newTaggedLimit(tag, "key", fmt.Sprintf("k%d", i), 1<<40, 1<<40),
-					newTaggedLimit(tag, "project", "p", 1<<40, 1<<40),
-					newTaggedLimit(tag, "team", "t", 1<<40, 1<<40),
-					newTaggedLimit(tag, "org", org, 1<<40, 1<<40),
+					newTaggedLimit(tag, "key", fmt.Sprintf("k%d", i), limitCaps{rpm: 1 << 40, tpm: 1 << 40}),
+					newTaggedLimit(tag, "project", "p", limitCaps{rpm: 1 << 40, tpm: 1 << 40}),
+					newTaggedLimit(tag, "team", "t", limitCaps{rpm: 1 << 40, tpm: 1 << 40}),
+					newTaggedLimit(tag, "org", org, limitCaps{rpm: 1 << 40, tpm: 1 << 40}),
 				}
 			}
 			var next atomic.Int64

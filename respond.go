@@ -17,13 +17,13 @@ import (
 const (
 	placeholderOutcome      = "http.rolter_ratelimit.outcome" // admitted, refused, failed_open, failed_closed, refused_connections
 	placeholderRefusedScope = "http.rolter_ratelimit.refused_scope"
-	placeholderRefusedKind  = "http.rolter_ratelimit.refused_kind" // requests or tokens
+	placeholderRefusedKind  = "http.rolter_ratelimit.refused_kind" // requests, tokens or burst
 	placeholderRefusedLimit = "http.rolter_ratelimit.refused_limit"
 	placeholderRetryAfter   = "http.rolter_ratelimit.retry_after" // seconds
 )
 
 // headerFamilies is which rate-limit headers a handler sends.
-type headerFamilies struct{ openai, ietf bool }
+type headerFamilies struct{ openai, ietf, scg bool }
 
 func parseHeaderFamilies(names []string) headerFamilies {
 	if len(names) == 0 {
@@ -33,6 +33,7 @@ func parseHeaderFamilies(names []string) headerFamilies {
 	for _, n := range names {
 		f.openai = f.openai || n == "openai"
 		f.ietf = f.ietf || n == "ietf"
+		f.scg = f.scg || n == "scg"
 	}
 	return f
 }
@@ -40,19 +41,19 @@ func parseHeaderFamilies(names []string) headerFamilies {
 func validateHeaderFamilies(names []string) error {
 	for _, n := range names {
 		switch n {
-		case "openai", "ietf":
+		case "openai", "ietf", "scg":
 		case "off":
 			if len(names) > 1 {
 				return fmt.Errorf("headers off cannot be combined with other header families")
 			}
 		default:
-			return fmt.Errorf("headers must be openai, ietf or off, not %q", n)
+			return fmt.Errorf("headers must be openai, ietf, scg or off, not %q", n)
 		}
 	}
 	return nil
 }
 
-func (f headerFamilies) any() bool { return f.openai || f.ietf }
+func (f headerFamilies) any() bool { return f.openai || f.ietf || f.scg }
 
 // headerSet is the rate-limit headers of one answer, which replace any of the
 // same families that the upstream sends.
@@ -67,6 +68,9 @@ var (
 		"X-Ratelimit-Limit-Tokens", "X-Ratelimit-Remaining-Tokens", "X-Ratelimit-Reset-Tokens",
 	}
 	ietfHeaders = []string{"Ratelimit-Policy", "Ratelimit"}
+	scgHeaders  = []string{
+		"X-Ratelimit-Remaining", "X-Ratelimit-Burst-Capacity", "X-Ratelimit-Replenish-Rate", "X-Ratelimit-Requested-Tokens",
+	}
 )
 
 // apply removes the families' headers already in h, then sets the set's.
@@ -78,6 +82,11 @@ func (s headerSet) apply(h http.Header) {
 	}
 	if s.families.ietf {
 		for _, name := range ietfHeaders {
+			h.Del(name)
+		}
+	}
+	if s.families.scg {
+		for _, name := range scgHeaders {
 			h.Del(name)
 		}
 	}
@@ -98,6 +107,7 @@ type tightest struct {
 func (f headerFamilies) headersFor(chain []limit, d decision, counted bool) headerSet {
 	into := d.now.into
 	var req, tok tightest
+	var bkt fewestTokens
 	for i, l := range chain {
 		c := d.counts[i]
 		if l.rpm > 0 {
@@ -109,6 +119,13 @@ func (f headerFamilies) headersFor(chain []limit, d decision, counted bool) head
 		}
 		if l.tpm > 0 {
 			tok.consider(l.tpm, remaining(c.tok, l.tpm, into), resetIn(c.tok, into))
+		}
+		if l.bucket.rate > 0 {
+			deficit := c.deficit
+			if counted {
+				deficit += l.bucket.cost * microTokens
+			}
+			bkt.consider(l.bucket, l.bucket.left(deficit))
 		}
 	}
 	s := headerSet{families: f}
@@ -131,7 +148,33 @@ func (f headerFamilies) headersFor(chain []limit, d decision, counted bool) head
 			s.values = append(s.values, [2]string{"Ratelimit-Policy", strings.Join(policy, ", ")}, [2]string{"Ratelimit", strings.Join(state, ", ")})
 		}
 	}
+	if f.scg && bkt.found {
+		if !counted { // Spring's contract: a refusal shows none left
+			bkt.left = 0
+		}
+		s.values = append(s.values,
+			[2]string{"X-Ratelimit-Remaining", strconv.FormatInt(bkt.left, 10)},
+			[2]string{"X-Ratelimit-Burst-Capacity", strconv.FormatInt(bkt.bucket.burst, 10)},
+			[2]string{"X-Ratelimit-Replenish-Rate", bkt.bucket.rateText},
+			[2]string{"X-Ratelimit-Requested-Tokens", strconv.FormatInt(bkt.bucket.cost, 10)},
+		)
+	}
 	return s
+}
+
+// fewestTokens is the token bucket of the chain with the fewest whole tokens
+// left, the first of them in chain order.
+type fewestTokens struct {
+	found  bool
+	bucket tokenBucket
+	left   int64
+}
+
+func (t *fewestTokens) consider(b tokenBucket, left int64) {
+	if t.found && left >= t.left {
+		return
+	}
+	*t = fewestTokens{found: true, bucket: b, left: left}
 }
 
 func (t *tightest) consider(capacity, left, resetMillis int64) {
@@ -182,6 +225,12 @@ func refusalOf(chain []limit, d decision) refusal {
 		if l.tpm > 0 {
 			note(i, tokens, l.tpm, d.counts[i].tok)
 		}
+		if b := l.bucket; b.rate > 0 && !b.fits(d.counts[i].deficit) {
+			if ref.first < 0 {
+				ref.first, ref.kind, ref.capacity = i, burst, b.burst
+			}
+			ref.waitMillis = max(ref.waitMillis, b.releaseIn(d.counts[i].deficit))
+		}
 	}
 	return ref
 }
@@ -200,6 +249,11 @@ func (r refusal) setRetryHeaders(h http.Header) {
 
 // message names the scope and the cap, never the id.
 func (r refusal) message(chain []limit) string {
+	if r.kind == burst {
+		b := chain[r.first].bucket
+		return fmt.Sprintf("Rate limit reached for %s: burst capacity %d, refilled at %s per second; a request takes %d. Please try again in %ds.",
+			chain[r.first].scope, b.burst, b.rateText, b.cost, r.retryAfterSeconds())
+	}
 	unit := "RPM"
 	if r.kind == tokens {
 		unit = "TPM"

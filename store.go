@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 )
@@ -14,7 +15,8 @@ import (
 type store interface {
 	// admit decides one request against every limit of chain in one atomic
 	// step: admitted only if every limit fits, and then charged one request
-	// on every limit that has an rpm; refused and charged nothing otherwise.
+	// on every limit that has an rpm and its cost on every bucket; refused
+	// and charged nothing otherwise.
 	// atMillis pins the clock (unix milliseconds); 0 uses the store's own.
 	admit(ctx context.Context, chain []limit, atMillis int64) (decision, error)
 	// peek reads the chain's counters as admit would, and charges nothing.
@@ -57,19 +59,30 @@ func (l *lifetime) unload(close func()) {
 type limit struct {
 	scope  string // the scope's name, for messages and logs
 	id     string // the id as it appears in keys (digested where it must be)
-	prefix string // "rolter:rl:<scope>:<id>:", to which the store appends "<req|tok>:<bucket>"
-	rpm    int64  // 0: no request cap
-	tpm    int64  // 0: no token cap
+	prefix string // "rolter:rl:<scope>:<id>:", to which the store appends "<req|tok>:<bucket>" or "bkt"
+	limitCaps
 }
 
-func newLimit(scope, id string, rpm, tpm int64) limit {
-	return newTaggedLimit("", scope, id, rpm, tpm)
+// limitCaps are what one limit caps.
+type limitCaps struct {
+	rpm, tpm int64 // 0: no cap
+	bucket   tokenBucket
+}
+
+// describe is the caps after name, for the log.
+func (c limitCaps) describe(name string) string {
+	s := fmt.Sprintf("%s rpm %d tpm %d", name, c.rpm, c.tpm)
+	if c.bucket.rate > 0 {
+		s += fmt.Sprintf(" rate %s burst %d cost %d", c.bucket.rateText, c.bucket.burst, c.bucket.cost)
+	}
+	return s
 }
 
 // newTaggedLimit is a limit whose keys carry a Redis Cluster hash tag,
-// "{<root-scope>:<root-id>}:", so that every key of a chain is in one slot.
-func newTaggedLimit(tag, scope, id string, rpm, tpm int64) limit {
-	return limit{scope: scope, id: id, prefix: "rolter:rl:" + tag + scope + ":" + id + ":", rpm: rpm, tpm: tpm}
+// "{<root-scope>:<root-id>}:", so that every key of a chain is in one slot;
+// tag is "" elsewhere.
+func newTaggedLimit(tag, scope, id string, caps limitCaps) limit {
+	return limit{scope: scope, id: id, prefix: "rolter:rl:" + tag + scope + ":" + id + ":", limitCaps: caps}
 }
 
 // chainTag is the hash tag of a chain rooted at the given scope id.
@@ -77,10 +90,11 @@ func chainTag(rootScope, rootID string) string {
 	return "{" + rootScope + ":" + rootID + "}:"
 }
 
-// counts are a limit's two counters as an admission read them, before the
+// counts are a limit's counters as an admission read them, before the
 // admitted request was charged.
 type counts struct {
 	req, tok window
+	deficit  int64 // the bucket's, refilled to the store's clock
 }
 
 // decision is what a store answers to an admission.

@@ -33,15 +33,20 @@ type memoryShard struct {
 	counters map[string]*memoryCounter
 }
 
-// memoryCounter holds both kinds of one limit: the buckets of the current
-// and previous minute of each, at slot bucket%2.
+// memoryCounter holds every kind of one limit: the buckets of the current
+// and previous minute of each window, at slot bucket%2, and the token bucket.
 type memoryCounter struct {
 	mu    sync.Mutex
 	order uint64
 	dead  bool // swept: look it up again
 	req   [2]slot
 	tok   [2]slot
+	bkt   bucketState
 }
+
+// bucketState is a token bucket's deficit as of the moment at; it is full
+// again at fullAt, absent traffic.
+type bucketState struct{ deficit, at, fullAt int64 }
 
 type slot struct{ bucket, n int64 }
 
@@ -187,8 +192,12 @@ func (s *memoryStore) decide(chain []limit, atMillis int64, charge bool) decisio
 	d := decision{admitted: true, now: now, counts: make([]counts, len(chain))}
 	for i, l := range chain {
 		c := counts{req: readWindow(&cs[i].req, now.bucket), tok: readWindow(&cs[i].tok, now.bucket)}
+		if l.bucket.rate > 0 {
+			c.deficit = l.bucket.refilled(cs[i].bkt.deficit, cs[i].bkt.at, now.unixMillis)
+		}
 		d.counts[i] = c
-		if l.rpm > 0 && !requests.fits(c.req, l.rpm, now.into) || l.tpm > 0 && !tokens.fits(c.tok, l.tpm, now.into) {
+		if l.rpm > 0 && !requests.fits(c.req, l.rpm, now.into) || l.tpm > 0 && !tokens.fits(c.tok, l.tpm, now.into) ||
+			l.bucket.rate > 0 && !l.bucket.fits(c.deficit) {
 			d.admitted = false
 		}
 	}
@@ -196,6 +205,10 @@ func (s *memoryStore) decide(chain []limit, atMillis int64, charge bool) decisio
 		for i, l := range chain {
 			if l.rpm > 0 {
 				add(&cs[i].req, now.bucket, 1)
+			}
+			if l.bucket.rate > 0 {
+				deficit, at := d.counts[i].deficit+l.bucket.cost*microTokens, max(cs[i].bkt.at, now.unixMillis)
+				cs[i].bkt = bucketState{deficit: deficit, at: at, fullAt: at + ceilDiv(deficit, l.bucket.rate)}
 			}
 		}
 	}
@@ -239,16 +252,18 @@ func (s *memoryStore) sweepLoop(every time.Duration) {
 	}
 }
 
-// sweep drops the counters that no estimate reads any more: those whose newest
-// bucket is older than the previous one at the latest clock reading.
+// sweep drops the counters that no admission reads any more: those whose
+// newest bucket is older than the previous one at the latest clock reading,
+// and whose token bucket is full again (a missing one is full).
 func (s *memoryStore) sweep() {
-	oldest := momentAt(s.latest.Load()).bucket - 1
+	latest := s.latest.Load()
+	oldest := momentAt(latest).bucket - 1
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		for prefix, c := range sh.counters {
 			c.mu.Lock()
-			if c.newest() < oldest {
+			if c.newest() < oldest && c.bkt.fullAt <= latest {
 				c.dead = true
 				delete(sh.counters, prefix)
 			}

@@ -28,6 +28,24 @@ func TestMemoryStoreDropsCountersThatNoEstimateReads(t *testing.T) {
 	}
 }
 
+func TestMemoryStoreKeepsATokenBucketUntilItIsFullAgain(t *testing.T) {
+	s := newMemoryStore(time.Hour) // swept by hand below
+	defer s.Destruct()
+	base := pinnedBase()
+	chain := []limit{newBucketLimit(t, "key", uniqueID(t), "0.01", 2, 0)} // a token per 100 s
+	fill(t, s, chain, base, 2)
+	admitOrFail(t, s, []limit{newLimit("org", "clock", 100, 0)}, base+199_999)
+	s.sweep()
+	if s.size() != 2 {
+		t.Fatal("swept a bucket 1 ms before it is full again")
+	}
+	admitOrFail(t, s, []limit{newLimit("org", "clock", 100, 0)}, base+200_000)
+	s.sweep()
+	if s.size() != 1 {
+		t.Fatal("kept a bucket that is full again, and the minute windows of which are old")
+	}
+}
+
 func (s *memoryStore) size() int {
 	n := 0
 	for i := range s.shards {

@@ -122,8 +122,8 @@ func otherBucket(reply []int64) (int64, bool) {
 	return momentAt(reply[1]).bucket, true
 }
 
-// admissionKeys declares every key admit.lua touches: per limit and kind it
-// caps, the current bucket and the previous one.
+// admissionKeys declares every key admit.lua touches: per limit and window
+// it caps, the current bucket and the previous one; then its token bucket.
 func admissionKeys(chain []limit, bucket int64) []string {
 	keys := make([]string, 0, 4*len(chain))
 	cur, prev := strconv.FormatInt(bucket, 10), strconv.FormatInt(bucket-1, 10)
@@ -134,15 +134,18 @@ func admissionKeys(chain []limit, bucket int64) []string {
 		if l.tpm > 0 {
 			keys = append(keys, l.prefix+"tok:"+cur, l.prefix+"tok:"+prev)
 		}
+		if l.bucket.rate > 0 {
+			keys = append(keys, l.prefix+"bkt")
+		}
 	}
 	return keys
 }
 
 func admissionArgs(chain []limit, atMillis, bucket int64, peek bool) []any {
-	args := make([]any, 2, 3+2*len(chain))
+	args := make([]any, 2, 3+5*len(chain))
 	args[0], args[1] = clockArg(atMillis), bucket
 	for _, l := range chain {
-		args = append(args, l.rpm, l.tpm)
+		args = append(args, l.rpm, l.tpm, l.bucket.rate, l.bucket.burst, l.bucket.cost)
 	}
 	if peek {
 		args = append(args, "peek")
@@ -209,13 +212,13 @@ func isDeadConnection(err error) bool {
 }
 
 func decodeAdmission(reply []int64, n int) (decision, error) {
-	if len(reply) != 2+4*n || reply[0] != 0 && reply[0] != 1 {
+	if len(reply) != 2+5*n || reply[0] != 0 && reply[0] != 1 {
 		return decision{}, fmt.Errorf("%w: admission reply of %d values for %d limits", errBadReply, len(reply), n)
 	}
 	d := decision{admitted: reply[0] == 1, now: momentAt(reply[1]), counts: make([]counts, n)}
 	for i := range d.counts {
-		r := reply[2+4*i:]
-		d.counts[i] = counts{req: window{cur: r[0], prev: r[1]}, tok: window{cur: r[2], prev: r[3]}}
+		r := reply[2+5*i:]
+		d.counts[i] = counts{req: window{cur: r[0], prev: r[1]}, tok: window{cur: r[2], prev: r[3]}, deficit: r[4]}
 	}
 	return d, nil
 }

@@ -168,7 +168,7 @@ func TestScriptTouchesNothingWhenItsKeysNameAnotherMinute(t *testing.T) {
 }
 
 func TestReplyOfTheWrongShapeIsAnError(t *testing.T) {
-	for _, reply := range [][]int64{nil, {1, 0}, {2, 0, 0, 0, 0, 0}, {1, 0, 0, 0, 0}} {
+	for _, reply := range [][]int64{nil, {1, 0}, {2, 0, 0, 0, 0, 0, 0}, {1, 0, 0, 0, 0, 0}} {
 		if _, err := decodeAdmission(reply, 1); !errors.Is(err, errBadReply) {
 			t.Fatalf("reply %v: err %v, want errBadReply", reply, err)
 		}
@@ -229,4 +229,20 @@ func evalshaMicros(b *testing.B, c *redis.Client) float64 {
 	}
 	b.Fatal("no evalsha in INFO commandstats")
 	return 0
+}
+
+// An idle bucket's key expires once the bucket would be full, doubled for
+// safety as Spring does; a missing key is a full bucket.
+func TestIdleBucketExpiresTwiceTheTimeAnEmptyOneTakesToFill(t *testing.T) {
+	url := redisURLFromEnv(t)
+	s := newTestRedisStore(t, url)
+	chain := []limit{newBucketLimit(t, "key", uniqueID(t), "0.5", 3, 0)} // empty to full: 6 s
+	admitOrFail(t, s, chain, 0)
+	ttl, err := redisClient(t, url).PTTL(context.Background(), chain[0].prefix+"bkt").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ttl <= 11*time.Second || ttl > 12*time.Second {
+		t.Fatalf("bucket key expires in %v, want 12 s", ttl)
+	}
 }

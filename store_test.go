@@ -4,7 +4,10 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
+	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -20,6 +23,9 @@ type storeKit struct {
 	replicas func(t *testing.T, n int) []store
 	// count reads one bucket of s directly, bypassing the store's logic.
 	count func(t *testing.T, s store, prefix string, k kind, bucket int64) int64
+	// state is everything s holds for the chain's limits at the pinned
+	// time, as stored: window buckets and token buckets.
+	state func(t *testing.T, s store, chain []limit, at int64) string
 }
 
 func memoryKit() storeKit {
@@ -34,6 +40,16 @@ func memoryKit() storeKit {
 			return out
 		},
 		count: memoryCount,
+		state: func(_ *testing.T, s store, chain []limit, _ int64) string {
+			var out strings.Builder
+			for _, l := range chain {
+				c := s.(*memoryStore).counter(l.prefix)
+				c.mu.Lock()
+				fmt.Fprintf(&out, "%s %v %v %v\n", l.prefix, c.req, c.tok, c.bkt)
+				c.mu.Unlock()
+			}
+			return out.String()
+		},
 	}
 }
 
@@ -65,6 +81,14 @@ func redisKit(url string) storeKit {
 		count: func(t *testing.T, _ store, prefix string, k kind, bucket int64) int64 {
 			return redisCount(t, url, prefix, k, bucket)
 		},
+		state: func(t *testing.T, _ store, chain []limit, at int64) string {
+			keys := admissionKeys(chain, momentAt(at).bucket)
+			vals, err := redisClient(t, url).MGet(context.Background(), keys...).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return fmt.Sprint(keys, vals)
+		},
 	}
 }
 
@@ -83,6 +107,22 @@ func redisCount(t *testing.T, url, prefix string, k kind, bucket int64) int64 {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// newLimit is a per-minute limit without a hash tag.
+func newLimit(scope, id string, rpm, tpm int64) limit {
+	return newTaggedLimit("", scope, id, limitCaps{rpm: rpm, tpm: tpm})
+}
+
+// newBucketLimit is a token-bucket limit without a hash tag; rate is in
+// tokens per second, as configured.
+func newBucketLimit(t testing.TB, scope, id, rate string, burst, cost int64) limit {
+	t.Helper()
+	caps, err := LimitConfig{Scope: scope, ID: id, Rate: json.Number(rate), Burst: burst, Cost: cost}.caps()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return newTaggedLimit("", scope, id, caps)
 }
 
 // uniqueID keeps tests apart in a shared Redis.
@@ -297,6 +337,96 @@ func runConformance(t *testing.T, kit storeKit) {
 			t.Fatalf("first refusing limit %d, want the key (0)", ref.first)
 		}
 		assertReleaseAt(t, s, chain, base+20_000, base+60_000+42_000)
+	})
+	t.Run("FullBurstIsAdmittedAtOnceThenExactlyTheReplenishRate", func(t *testing.T) {
+		s := kit.replicas(t, 1)[0]
+		at := pinnedBase() + 1500
+		chain := []limit{newBucketLimit(t, "key", uniqueID(t), "2", 5, 0)}
+		fill(t, s, chain, at, 5)
+		// A token is back every 500 ms, and only then: 20 more in 10 s.
+		for k := int64(1); k <= 20; k++ {
+			assertReleaseAt(t, s, chain, at+(k-1)*500, at+k*500)
+		}
+		if d := admitOrFail(t, s, chain, at+10_000); d.admitted {
+			t.Fatal("admitted a 26th request in 10 s at 2 per second after a burst of 5")
+		}
+	})
+	t.Run("FractionalRateAndCostReleaseAtTheExactMillisecond", func(t *testing.T) {
+		s := kit.replicas(t, 1)[0]
+		at := pinnedBase() + 1500
+		// 0.5 per second: one token every 2 s.
+		half := []limit{newBucketLimit(t, "key", uniqueID(t), "0.5", 2, 0)}
+		fill(t, s, half, at, 2)
+		assertReleaseAt(t, s, half, at, at+2000)
+		// 1.5 per second and a cost of 2: 2 tokens take 1333.3 ms, so the
+		// request fits at 1334 ms and not a millisecond before.
+		costly := []limit{newBucketLimit(t, "key", uniqueID(t), "1.5", 4, 2)}
+		fill(t, s, costly, at, 2)
+		assertReleaseAt(t, s, costly, at, at+1334)
+		// After a long idle spell the bucket is full again, and no fuller.
+		fill(t, s, costly, at+3_600_000, 2)
+		if d := admitOrFail(t, s, costly, at+3_600_000); d.admitted {
+			t.Fatal("a bucket of 4 admitted a third request of cost 2 after an idle hour")
+		}
+	})
+	t.Run("RefusedRequestLeavesEveryBucketAndCounterOfItsChainAsItWas", func(t *testing.T) {
+		s := kit.replicas(t, 1)[0]
+		at := pinnedBase() + 5000
+		chain := []limit{
+			newBucketLimit(t, "key", uniqueID(t), "1", 2, 0),
+			newTaggedLimit("", "team", uniqueID(t), limitCaps{rpm: 10, tpm: 1000}),
+			newBucketLimit(t, "org", uniqueID(t), "100", 100, 3),
+		}
+		fill(t, s, chain, at, 2)
+		if err := s.recordTokens(context.Background(), chain, 40, at); err != nil {
+			t.Fatal(err)
+		}
+		before := kit.state(t, s, chain, at)
+		for _, later := range []int64{at, at + 1, at + 999} {
+			if admitOrFail(t, s, chain, later).admitted {
+				t.Fatalf("admitted at +%d ms with the key's bucket empty", later-at)
+			}
+		}
+		if after := kit.state(t, s, chain, at); after != before {
+			t.Fatalf("refusals changed the store:\nbefore %s\nafter  %s", before, after)
+		}
+	})
+	t.Run("ThreeReplicasRacingOneBucketAdmitExactlyItsCapacity", func(t *testing.T) {
+		stores := kit.replicas(t, 3)
+		at := pinnedBase() + 1000
+		chain := []limit{newBucketLimit(t, "key", uniqueID(t), "0.001", 7, 0)}
+		if got := raceAdmissions(t, stores, chain, 96, at); got != 7 {
+			t.Fatalf("admitted %d of 96 against a bucket of 7, want exactly 7", got)
+		}
+	})
+	t.Run("KeyBucketAndOrgRPMFirstRefusalWinsAndNothingIsCharged", func(t *testing.T) {
+		s := kit.replicas(t, 1)[0]
+		at := pinnedBase() + 1000
+		org := newLimit("org", uniqueID(t), 5, 0)
+		first := newBucketLimit(t, "key", keyID("key", "sk-"+uniqueID(t)), "1", 3, 0)
+		fill(t, s, []limit{first, org}, at, 3)
+		d := admitOrFail(t, s, []limit{first, org}, at)
+		if ref := refusalOf([]limit{first, org}, d); d.admitted || ref.first != 0 || ref.kind != burst || ref.waitMillis != 1000 {
+			t.Fatalf("admitted %v, refusal %+v: want the key's bucket, released in 1000 ms", d.admitted, ref)
+		}
+		if n := kit.count(t, s, org.prefix, requests, at/bucketMillis); n != 3 {
+			t.Fatalf("org charged %d requests, want the 3 admitted", n)
+		}
+		second := newBucketLimit(t, "key", keyID("key", "sk-"+uniqueID(t)), "1", 3, 0)
+		fill(t, s, []limit{second, org}, at, 2) // the org's rpm 5 is now full
+		d = admitOrFail(t, s, []limit{second, org}, at)
+		if ref := refusalOf([]limit{second, org}, d); d.admitted || ref.first != 1 || ref.kind != requests {
+			t.Fatalf("admitted %v, refusal %+v: want the org's rpm", d.admitted, ref)
+		}
+		if p, _ := s.peek(context.Background(), []limit{second}, at); p.counts[0].deficit != 2*microTokens {
+			t.Fatalf("the second key's bucket is %d micro-tokens down, want the 2 admitted", p.counts[0].deficit)
+		}
+		// Both refusing: the wait is the later release, the org's window.
+		d = admitOrFail(t, s, []limit{first, org}, at)
+		ref := refusalOf([]limit{first, org}, d)
+		if ref.first != 0 || ref.kind != burst || ref.waitMillis != requests.releaseIn(d.counts[1].req, org.rpm, d.now.into) {
+			t.Fatalf("refusal %+v: want the key first and the org's release", ref)
+		}
 	})
 }
 

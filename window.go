@@ -21,16 +21,30 @@ const (
 	bucketTTLSeconds = 120
 )
 
-// kind is what a counter counts.
+// kind is what a limit counts: requests or tokens per minute, or a token
+// bucket's tokens (bucket.go).
 type kind uint8
 
 const (
 	requests kind = iota
 	tokens
+	burst
 )
 
-// String is the kind's name in refusal bodies, headers and placeholders.
+// String is the kind's name in placeholders, metrics and logs.
 func (k kind) String() string {
+	switch k {
+	case tokens:
+		return "tokens"
+	case burst:
+		return "burst"
+	}
+	return "requests"
+}
+
+// errorType is the kind in an OpenAI-style error body, whose types are
+// "requests" and "tokens": a bucket meters requests.
+func (k kind) errorType() string {
 	if k == tokens {
 		return "tokens"
 	}

@@ -1,0 +1,144 @@
+package ratelimit
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+func TestRateIsReadAsAnExactDecimal(t *testing.T) {
+	for in, want := range map[string]int64{"1": 1000, "0.5": 500, "0.001": 1, "2.125": 2125, "10.50": 10500, "1000000": 1_000_000_000, "007": 7000} {
+		if got, err := parseRate(in); err != nil || got != want {
+			t.Errorf("parseRate(%q) = %d, %v; want %d milli-tokens per second", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "0", "0.0", "0.0001", "-1", "+1", ".5", "5.", "1e3", "1_000", "0x10", "1000000.001", " 1", "NaN"} {
+		if got, err := parseRate(in); err == nil {
+			t.Errorf("parseRate(%q) = %d, want an error", in, got)
+		}
+	}
+}
+
+func TestBucketArithmeticIsExactAtTheMillisecond(t *testing.T) {
+	b := tokenBucket{rate: 1500, burst: 4, cost: 2} // 1.5 tokens per second
+	full := int64(4 * microTokens)
+	if !b.fits(2*microTokens) || b.fits(2*microTokens+1) {
+		t.Fatal("cost 2 must fit exactly while 2 tokens are left")
+	}
+	if got := b.releaseIn(full); got != 1334 {
+		t.Fatalf("an empty bucket gives 2 tokens back in %d ms, want 1334 (1333.3 rounded up)", got)
+	}
+	if d := b.refilled(full, 0, 1334); !b.fits(d) {
+		t.Fatal("refused at the announced release")
+	}
+	if d := b.refilled(full, 0, 1333); b.fits(d) {
+		t.Fatal("admitted 1 ms before the announced release")
+	}
+	if got := b.refilled(full, 1000, 900); got != full {
+		t.Fatalf("a clock going back refilled to %d", got)
+	}
+	if got := b.refilled(full, 0, 1<<62); got != 0 {
+		t.Fatalf("after an age the deficit is %d, want 0", got)
+	}
+	if got := b.left(full + microTokens); got != 0 {
+		t.Fatalf("an overdrawn bucket has %d left, want 0", got)
+	}
+}
+
+func TestSCGHeadersAndCustomStatusOnBucketAndRPMRefusals(t *testing.T) {
+	up := newUpstream(t)
+	org := uniqueID(t)
+	gw := startGateway(t, up.URL, fmt.Sprintf(`
+	rolter_ratelimit {
+		%s
+		scope key {http.request.header.Authorization}
+		scope org {http.request.header.X-Org}
+		limit key * rate 0.001 burst 3
+		limit org * rpm 4 rate 100 burst 50 cost 2
+		status 420
+		headers scg openai
+	}
+	reverse_proxy {upstream}`, redisLine(t)))
+	first, second := "Authorization: Bearer sk-a-"+org, "Authorization: Bearer sk-b-"+org
+	scg := func(res *http.Response) string {
+		return fmt.Sprintf("remaining=%s burst=%s rate=%s requested=%s",
+			res.Header.Get("X-RateLimit-Remaining"), res.Header.Get("X-RateLimit-Burst-Capacity"),
+			res.Header.Get("X-RateLimit-Replenish-Rate"), res.Header.Get("X-RateLimit-Requested-Tokens"))
+	}
+	// The key's bucket (3, at a token per 1000 s) has the fewest tokens left.
+	for i, left := range []string{"2", "1", "0"} {
+		res, body := gw.do(t, first, "X-Org: "+org)
+		if res.StatusCode != 200 {
+			t.Fatalf("request %d: %d %s", i+1, res.StatusCode, body)
+		}
+		if got, want := scg(res), "remaining="+left+" burst=3 rate=0.001 requested=1"; got != want {
+			t.Fatalf("request %d: %s, want %s", i+1, got, want)
+		}
+	}
+
+	// The key's bucket refuses: the custom status, Spring's 0, and the exact
+	// wait for one token.
+	res, body := gw.do(t, first, "X-Org: "+org)
+	if res.StatusCode != 420 {
+		t.Fatalf("bucket refusal: %d %s, want the configured 420", res.StatusCode, body)
+	}
+	if got, want := scg(res), "remaining=0 burst=3 rate=0.001 requested=1"; got != want {
+		t.Fatalf("bucket refusal: %s, want %s", got, want)
+	}
+	var e openAIError
+	if err := json.Unmarshal([]byte(body), &e); err != nil || e.Error.Type != "requests" || e.Error.Code != "rate_limit_exceeded" ||
+		!strings.Contains(e.Error.Message, "key: burst capacity 3, refilled at 0.001 per second") {
+		t.Fatalf("bucket refusal body %s (%v)", body, err)
+	}
+	if ra, _ := strconv.Atoi(res.Header.Get("Retry-After")); ra < 999 || ra > 1000 {
+		t.Fatalf("Retry-After %q, want the 1000 s a token takes at 0.001 per second", res.Header.Get("Retry-After"))
+	}
+	// The live view shows the empty bucket with the headers' definitions.
+	v, view := getLiveView(t, "scope=key&digest="+url.QueryEscape(keyID("key", "Bearer sk-a-"+org)))
+	if len(v.Limits) != 1 || v.Limits[0].Admits || v.Limits[0].Bucket == nil {
+		t.Fatalf("live view %s: want one limit, refusing, with its bucket", view)
+	}
+	if b := v.Limits[0].Bucket; b.BurstCapacity != 3 || b.ReplenishRate != "0.001" || b.RequestedTokens != 1 || b.Remaining != 0 ||
+		b.FullMillis <= 2_900_000 || b.FullMillis > 3_000_000 {
+		t.Fatalf("live view of the bucket %+v: want empty, full again in 3000 s", *b)
+	}
+
+	// A second key of the org fills the org's rpm 4, and then the rpm refuses:
+	// the same status, and the scg headers still describe the tightest bucket.
+	if res, body := gw.do(t, second, "X-Org: "+org); res.StatusCode != 200 {
+		t.Fatalf("second key: %d %s", res.StatusCode, body)
+	}
+	res, body = gw.do(t, second, "X-Org: "+org)
+	if res.StatusCode != 420 || !strings.Contains(body, "Rate limit reached for org: limit 4 RPM") {
+		t.Fatalf("rpm refusal: %d %s, want 420 from the org's rpm", res.StatusCode, body)
+	}
+	if got, want := scg(res), "remaining=0 burst=3 rate=0.001 requested=1"; got != want {
+		t.Fatalf("rpm refusal: %s, want %s", got, want)
+	}
+	if got := res.Header.Get("X-Ratelimit-Remaining-Requests"); got != "0" {
+		t.Fatalf("x-ratelimit-remaining-requests %q beside the scg headers, want 0", got)
+	}
+	if n := up.hits.Load(); n != 4 {
+		t.Fatalf("the upstream saw %d requests, want the 4 admitted", n)
+	}
+}
+
+func TestCustomStatusLeavesTheOutage503Alone(t *testing.T) {
+	up := newUpstream(t)
+	gw := startGateway(t, up.URL, fmt.Sprintf(`
+	rolter_ratelimit {
+		redis redis://127.0.0.1:%d
+		scope key {http.request.header.Authorization}
+		limit key * rate 1 burst 1
+		on_redis_error deny
+		status 420
+	}
+	reverse_proxy {upstream}`, freePort()))
+	if res, body := gw.do(t, "Authorization: Bearer sk-x"); res.StatusCode != 503 || !strings.Contains(body, "rate_limiter_unavailable") {
+		t.Fatalf("with no Redis: %d %s, want on_redis_error's 503", res.StatusCode, body)
+	}
+}
