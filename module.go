@@ -201,6 +201,9 @@ var scopeNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 // Validate checks the configuration, as the Caddyfile parser does line by
 // line, so that a JSON config gets the same errors.
 func (h *Handler) Validate() error {
+	if len(h.Scopes) > maxCallLimits {
+		return fmt.Errorf("%d scopes: a chain has at most %d", len(h.Scopes), maxCallLimits)
+	}
 	scopes := make(map[string]bool, len(h.Scopes))
 	for _, s := range h.Scopes {
 		if err := s.validate(); err != nil {

@@ -33,6 +33,7 @@ type redisStore struct {
 	client  redis.UniversalClient
 	config  *RedisConfig // resolved: for the replay's fresh connection
 	timeout time.Duration
+	batches *coalescer // nil on Redis Cluster, where a call is bound to one slot
 }
 
 // redisStores shares a client among the handlers of every loaded config with
@@ -59,7 +60,11 @@ func newRedisStore(config *RedisConfig, timeout time.Duration) (*redisStore, err
 	if err != nil {
 		return nil, err
 	}
-	return &redisStore{client: client, config: config, timeout: timeout}, nil
+	s := &redisStore{client: client, config: config, timeout: timeout}
+	if config.topology() != cluster {
+		s.batches = newCoalescer(s)
+	}
+	return s, nil
 }
 
 // Destruct closes the client once no loaded config uses it and no admitted
@@ -69,11 +74,19 @@ func (s *redisStore) Destruct() error {
 	return nil
 }
 
-func (s *redisStore) closeClient() { s.client.Close() }
+func (s *redisStore) closeClient() {
+	if s.batches != nil {
+		s.batches.close()
+	}
+	s.client.Close()
+}
 
 func (s *redisStore) release() { s.lifetime.release(s.closeClient) }
 
 func (s *redisStore) admit(ctx context.Context, chain []limit, atMillis int64) (decision, error) {
+	if s.batches != nil {
+		return s.batches.admit(ctx, chain, atMillis)
+	}
 	return s.run(ctx, chain, atMillis, false)
 }
 
@@ -81,8 +94,20 @@ func (s *redisStore) peek(ctx context.Context, chain []limit, atMillis int64) (d
 	return s.run(ctx, chain, atMillis, true)
 }
 
-// run runs admit.lua, which only reads when peek is set.
+// run decides one admission with admit.lua, which only reads when peek is
+// set.
 func (s *redisStore) run(ctx context.Context, chain []limit, atMillis int64, peek bool) (decision, error) {
+	var c scriptCall
+	c.add(chain)
+	ds, err := s.call(ctx, &c, atMillis, peek)
+	if err != nil {
+		return decision{}, err
+	}
+	return ds[0], nil
+}
+
+// call runs admit.lua once for the admissions of c.
+func (s *redisStore) call(ctx context.Context, c *scriptCall, atMillis int64, peek bool) ([]decision, error) {
 	op := "admit"
 	if peek {
 		op = "peek"
@@ -91,17 +116,17 @@ func (s *redisStore) run(ctx context.Context, chain []limit, atMillis int64, pee
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	bucket := s.bucketFor(atMillis)
-	reply, err := s.runScript(ctx, admitScript, admissionKeys(chain, bucket), admissionArgs(chain, atMillis, bucket, peek), true)
+	reply, err := s.runScript(ctx, admitScript, c.keys(bucket), c.args(atMillis, bucket, peek), true)
 	if bucket, ok := otherBucket(reply); ok && err == nil {
 		// Redis's clock is in another minute than ours: nothing ran; name
 		// the keys of its bucket.
-		reply, err = s.runScript(ctx, admitScript, admissionKeys(chain, bucket), admissionArgs(chain, atMillis, bucket, peek), true)
+		reply, err = s.runScript(ctx, admitScript, c.keys(bucket), c.args(atMillis, bucket, peek), true)
 	}
 	observeRedis(op, start, err)
 	if err != nil {
-		return decision{}, err
+		return nil, err
 	}
-	return decodeAdmission(reply, len(chain))
+	return c.decode(reply, !peek)
 }
 
 // bucketFor is the bucket that names a call's keys: the pinned clock's, or
@@ -120,37 +145,6 @@ func otherBucket(reply []int64) (int64, bool) {
 		return 0, false
 	}
 	return momentAt(reply[1]).bucket, true
-}
-
-// admissionKeys declares every key admit.lua touches: per limit and window
-// it caps, the current bucket and the previous one; then its token bucket.
-func admissionKeys(chain []limit, bucket int64) []string {
-	keys := make([]string, 0, 4*len(chain))
-	cur, prev := strconv.FormatInt(bucket, 10), strconv.FormatInt(bucket-1, 10)
-	for _, l := range chain {
-		if l.rpm > 0 {
-			keys = append(keys, l.prefix+"req:"+cur, l.prefix+"req:"+prev)
-		}
-		if l.tpm > 0 {
-			keys = append(keys, l.prefix+"tok:"+cur, l.prefix+"tok:"+prev)
-		}
-		if l.bucket.rate > 0 {
-			keys = append(keys, l.prefix+"bkt")
-		}
-	}
-	return keys
-}
-
-func admissionArgs(chain []limit, atMillis, bucket int64, peek bool) []any {
-	args := make([]any, 2, 3+5*len(chain))
-	args[0], args[1] = clockArg(atMillis), bucket
-	for _, l := range chain {
-		args = append(args, l.rpm, l.tpm, l.bucket.rate, l.bucket.burst, l.bucket.cost)
-	}
-	if peek {
-		args = append(args, "peek")
-	}
-	return args
 }
 
 // runScript runs a script; only an admission may be replayed. An admission
@@ -209,18 +203,6 @@ func isDeadConnection(err error) bool {
 	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
 		errors.Is(err, syscall.ECONNABORTED) || errors.Is(err, net.ErrClosed)
-}
-
-func decodeAdmission(reply []int64, n int) (decision, error) {
-	if len(reply) != 2+5*n || reply[0] != 0 && reply[0] != 1 {
-		return decision{}, fmt.Errorf("%w: admission reply of %d values for %d limits", errBadReply, len(reply), n)
-	}
-	d := decision{admitted: reply[0] == 1, now: momentAt(reply[1]), counts: make([]counts, n)}
-	for i := range d.counts {
-		r := reply[2+5*i:]
-		d.counts[i] = counts{req: window{cur: r[0], prev: r[1]}, tok: window{cur: r[2], prev: r[3]}, deficit: r[4]}
-	}
-	return d, nil
 }
 
 func (s *redisStore) recordTokens(ctx context.Context, chain []limit, tokens, atMillis int64) error {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -150,7 +151,9 @@ func TestScriptTouchesNothingWhenItsKeysNameAnotherMinute(t *testing.T) {
 	at := pinnedBase() + 7000
 	chain := []limit{newLimit("org", uniqueID(t), 5, 100)}
 	stale := momentAt(at).bucket - 1
-	reply, err := s.runScript(context.Background(), admitScript, admissionKeys(chain, stale), admissionArgs(chain, at, stale, false), true)
+	var c scriptCall
+	c.add(chain)
+	reply, err := s.runScript(context.Background(), admitScript, c.keys(stale), c.args(at, stale, false), true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,67 +171,101 @@ func TestScriptTouchesNothingWhenItsKeysNameAnotherMinute(t *testing.T) {
 }
 
 func TestReplyOfTheWrongShapeIsAnError(t *testing.T) {
-	for _, reply := range [][]int64{nil, {1, 0}, {2, 0, 0, 0, 0, 0, 0}, {1, 0, 0, 0, 0, 0}} {
-		if _, err := decodeAdmission(reply, 1); !errors.Is(err, errBadReply) {
+	var c scriptCall
+	c.add([]limit{newLimit("key", "k", 1, 0)})
+	for _, reply := range [][]int64{nil, {1, 0}, {1, 0, 0, 0, 0, 0, 0, 2}, {1, 0, 0, 0, 0, 0, 1}, {0, 0, 0, 0, 0, 0, 0, 1}} {
+		if _, err := c.decode(reply, true); !errors.Is(err, errBadReply) {
 			t.Fatalf("reply %v: err %v, want errBadReply", reply, err)
 		}
 	}
 }
 
 // BenchmarkAdmissionRedisServerTime reports the Redis server time of one
-// admission (INFO commandstats, evalsha) for chains of 1, 2, 4 and 6 limits,
-// each with an rpm and a tpm.
+// admission (INFO commandstats: evalsha's usec over the admissions) for
+// chains of 1, 2, 4 and 6 limits, each with an rpm and a tpm: one request at
+// a time, and 32 at once from keys that share their other scopes, which the
+// coalescer decides together.
 func BenchmarkAdmissionRedisServerTime(b *testing.B) {
 	url := redisURLFromEnv(b)
-	for _, n := range []int{1, 2, 4, 6} {
-		b.Run(fmt.Sprintf("chain=%d", n), func(b *testing.B) {
-			s := newTestRedisStore(b, url)
-			admin := redisClient(b, url)
-			chain := make([]limit, n)
-			for i := range chain {
-				chain[i] = newLimit(fmt.Sprintf("s%d", i), fmt.Sprintf("bench%d", i), 1<<40, 1<<40)
+	for _, concurrent := range []bool{false, true} {
+		for _, n := range []int{1, 2, 4, 6} {
+			name := fmt.Sprintf("chain=%d", n)
+			if concurrent {
+				name += "/concurrent=32"
 			}
-			ctx := context.Background()
-			if _, err := s.admit(ctx, chain, 0); err != nil { // load the script
-				b.Fatal(err)
-			}
-			if err := admin.ConfigResetStat(ctx).Err(); err != nil {
-				b.Fatal(err)
-			}
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				if _, err := s.admit(ctx, chain, 0); err != nil {
+			b.Run(name, func(b *testing.B) {
+				s := newTestRedisStore(b, url)
+				admin := redisClient(b, url)
+				chainOf := func(key int) []limit {
+					chain := make([]limit, n)
+					chain[0] = newLimit("key", fmt.Sprintf("bench%d", key%1000), 1<<40, 1<<40)
+					for i := 1; i < n; i++ {
+						chain[i] = newLimit(fmt.Sprintf("s%d", i), "bench", 1<<40, 1<<40)
+					}
+					return chain
+				}
+				ctx := context.Background()
+				if _, err := s.admit(ctx, chainOf(0), 0); err != nil { // load the script
 					b.Fatal(err)
 				}
-			}
-			b.StopTimer()
-			b.ReportMetric(evalshaMicros(b, admin), "redis-µs/admission")
-		})
+				if err := admin.ConfigResetStat(ctx).Err(); err != nil {
+					b.Fatal(err)
+				}
+				b.ResetTimer()
+				if concurrent {
+					var next atomic.Int64
+					b.SetParallelism(16) // 32 goroutines on 2 cores
+					b.RunParallel(func(pb *testing.PB) {
+						for pb.Next() {
+							if _, err := s.admit(ctx, chainOf(int(next.Add(1))), 0); err != nil {
+								b.Error(err)
+								return
+							}
+						}
+					})
+				} else {
+					for i := 0; i < b.N; i++ {
+						if _, err := s.admit(ctx, chainOf(i), 0); err != nil {
+							b.Fatal(err)
+						}
+					}
+				}
+				b.StopTimer()
+				calls, usec := evalshaStats(b, admin)
+				b.ReportMetric(usec/float64(b.N), "redis-µs/admission")
+				b.ReportMetric(float64(b.N)/float64(calls), "admissions/call")
+			})
+		}
 	}
 }
 
-// evalshaMicros reads usec_per_call of evalsha from INFO commandstats.
-func evalshaMicros(b *testing.B, c *redis.Client) float64 {
+// evalshaStats reads the calls and usec of evalsha from INFO commandstats.
+func evalshaStats(b *testing.B, c *redis.Client) (calls int64, usec float64) {
 	info, err := c.Info(context.Background(), "commandstats").Result()
 	if err != nil {
 		b.Fatal(err)
 	}
 	for _, line := range strings.Split(info, "\r\n") {
-		if !strings.HasPrefix(line, "cmdstat_evalsha:") {
+		fields, ok := strings.CutPrefix(line, "cmdstat_evalsha:")
+		if !ok {
 			continue
 		}
-		for _, field := range strings.Split(strings.TrimPrefix(line, "cmdstat_evalsha:"), ",") {
-			if v, ok := strings.CutPrefix(field, "usec_per_call="); ok {
-				f, err := strconv.ParseFloat(v, 64)
-				if err != nil {
-					b.Fatal(err)
-				}
-				return f
+		for _, field := range strings.Split(fields, ",") {
+			name, v, _ := strings.Cut(field, "=")
+			switch name {
+			case "calls":
+				calls, err = strconv.ParseInt(v, 10, 64)
+			case "usec":
+				usec, err = strconv.ParseFloat(v, 64)
+			}
+			if err != nil {
+				b.Fatal(err)
 			}
 		}
+		return calls, usec
 	}
 	b.Fatal("no evalsha in INFO commandstats")
-	return 0
+	return 0, 0
 }
 
 // An idle bucket's key expires once the bucket would be full, doubled for

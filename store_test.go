@@ -82,7 +82,9 @@ func redisKit(url string) storeKit {
 			return redisCount(t, url, prefix, k, bucket)
 		},
 		state: func(t *testing.T, _ store, chain []limit, at int64) string {
-			keys := admissionKeys(chain, momentAt(at).bucket)
+			var c scriptCall
+			c.add(chain)
+			keys := c.keys(momentAt(at).bucket)
 			vals, err := redisClient(t, url).MGet(context.Background(), keys...).Result()
 			if err != nil {
 				t.Fatal(err)

@@ -1,0 +1,152 @@
+package ratelimit
+
+import (
+	"fmt"
+	"strconv"
+)
+
+// scriptCall is what one call of admit.lua decides: the distinct limits of
+// its admissions, and each admission's chain as positions among them, so that
+// a limit shared by the chains of a batch (their org, say) is read, decided
+// and charged once per call.
+type scriptCall struct {
+	limits   []limit
+	chains   []string       // per admission: the 1-based positions of its limits, a byte each
+	position map[string]int // limit prefix → index in limits, once there are two admissions
+}
+
+// maxCallLimits is how many distinct limits a byte can point at.
+const maxCallLimits = 255
+
+// add appends an admission, unless that would make the call ambiguous or too
+// large: a limit whose counters are in the call already under other caps
+// (two handlers sharing counters) must be decided in another call.
+func (c *scriptCall) add(chain []limit) bool {
+	if len(c.chains) == 0 {
+		c.limits = append(c.limits[:0], chain...)
+		positions := make([]byte, len(chain))
+		for i := range positions {
+			positions[i] = byte(i + 1)
+		}
+		c.chains = append(c.chains, string(positions))
+		return len(chain) <= maxCallLimits
+	}
+	if c.position == nil {
+		c.position = make(map[string]int, 4*len(c.limits))
+		for i, l := range c.limits {
+			c.position[l.prefix] = i
+		}
+	}
+	fresh := 0
+	for _, l := range chain {
+		i, ok := c.position[l.prefix]
+		if ok && c.limits[i].limitCaps != l.limitCaps {
+			return false
+		}
+		if !ok {
+			fresh++
+		}
+	}
+	if len(c.limits)+fresh > maxCallLimits {
+		return false
+	}
+	positions := make([]byte, len(chain))
+	for x, l := range chain {
+		i, ok := c.position[l.prefix]
+		if !ok {
+			i = len(c.limits)
+			c.position[l.prefix] = i
+			c.limits = append(c.limits, l)
+		}
+		positions[x] = byte(i + 1)
+	}
+	c.chains = append(c.chains, string(positions))
+	return true
+}
+
+// keys declares every key admit.lua touches: per limit and window it caps,
+// the current bucket and the previous one; then its token bucket.
+func (c *scriptCall) keys(bucket int64) []string {
+	keys := make([]string, 0, 4*len(c.limits))
+	cur, prev := strconv.FormatInt(bucket, 10), strconv.FormatInt(bucket-1, 10)
+	for _, l := range c.limits {
+		if l.rpm > 0 {
+			keys = append(keys, l.prefix+"req:"+cur, l.prefix+"req:"+prev)
+		}
+		if l.tpm > 0 {
+			keys = append(keys, l.prefix+"tok:"+cur, l.prefix+"tok:"+prev)
+		}
+		if l.bucket.rate > 0 {
+			keys = append(keys, l.prefix+"bkt")
+		}
+	}
+	return keys
+}
+
+func (c *scriptCall) args(atMillis, bucket int64, peek bool) []any {
+	mode := "a"
+	if peek {
+		mode = "p"
+	}
+	args := make([]any, 0, 4+3*len(c.limits)+len(c.chains))
+	args = append(args, hexClockArg(atMillis), hexArg(bucket), mode, hexArg(int64(len(c.limits))))
+	for _, l := range c.limits {
+		args = append(args, hexArg(l.rpm), hexArg(l.tpm), hexArg(l.bucket.rate))
+		if l.bucket.rate > 0 {
+			args = append(args, hexArg(l.bucket.burst), hexArg(l.bucket.cost))
+		}
+	}
+	for _, chain := range c.chains {
+		args = append(args, chain)
+	}
+	return args
+}
+
+// decode reads the reply into one decision per admission. The reply has the
+// counts as the call found them; each admission read them as charged by the
+// admissions before it in the call, which decode replays.
+func (c *scriptCall) decode(reply []int64, charged bool) ([]decision, error) {
+	k, n := len(c.chains), len(c.limits)
+	if len(reply) != 2+k+5*n || reply[0] != 1 {
+		return nil, fmt.Errorf("%w: admission reply of %d values for %d admissions of %d limits", errBadReply, len(reply), k, n)
+	}
+	now := momentAt(reply[1])
+	state := make([]counts, n)
+	for i := range state {
+		r := reply[2+5*i:]
+		state[i] = counts{req: window{cur: r[0], prev: r[1]}, tok: window{cur: r[2], prev: r[3]}, deficit: r[4]}
+	}
+	ds := make([]decision, k)
+	for m, chain := range c.chains {
+		flag := reply[2+5*n+m]
+		if flag != 0 && flag != 1 {
+			return nil, fmt.Errorf("%w: admission flag %d", errBadReply, flag)
+		}
+		d := decision{admitted: flag == 1, now: now, counts: make([]counts, len(chain))}
+		for x := range len(chain) {
+			d.counts[x] = state[chain[x]-1]
+		}
+		if d.admitted && charged {
+			for x := range len(chain) {
+				i := chain[x] - 1
+				if c.limits[i].rpm > 0 {
+					state[i].req.cur++
+				}
+				state[i].deficit += c.limits[i].bucket.cost * microTokens
+			}
+		}
+		ds[m] = d
+	}
+	return ds, nil
+}
+
+// hexArg is a number argument of admit.lua.
+func hexArg(n int64) string { return strconv.FormatInt(n, 16) }
+
+// hexClockArg is admit.lua's clock argument: "" for Redis TIME.
+func hexClockArg(atMillis int64) string {
+	if atMillis == 0 {
+		return ""
+	}
+	return hexArg(atMillis)
+}
