@@ -108,3 +108,34 @@ func TestCallRefusesAChainWhoseCountersItHoldsUnderOtherCaps(t *testing.T) {
 		t.Fatal("joined a call past 255 distinct limits")
 	}
 }
+
+// Concurrent token charges coalesce into calls that sum them per key: the org
+// holds every response's tokens exactly once, each key its own.
+func TestCoalescedTokenChargesAddUpExactly(t *testing.T) {
+	url := redisURLFromEnv(t)
+	s := newTestRedisStore(t, url)
+	at := pinnedBase() + 1000
+	org := newLimit("org", uniqueID(t), 0, 1<<40)
+	keys := make([]limit, 50)
+	var wg sync.WaitGroup
+	for i := range keys {
+		keys[i] = newLimit("key", fmt.Sprintf("%s-%d", org.id, i), 0, 1<<40)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := s.recordTokens(context.Background(), []limit{keys[i], org}, int64(i+1), at); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	count := redisKit(url).count
+	if n := count(t, s, org.prefix, tokens, at/bucketMillis); n != 50*51/2 {
+		t.Fatalf("org holds %d tokens, want %d", n, 50*51/2)
+	}
+	for i, k := range keys {
+		if n := count(t, s, k.prefix, tokens, at/bucketMillis); n != int64(i+1) {
+			t.Fatalf("key %d holds %d tokens, want %d", i, n, i+1)
+		}
+	}
+}

@@ -89,7 +89,7 @@ func (c *scriptCall) args(atMillis, bucket int64, peek bool) []any {
 		mode = "p"
 	}
 	args := make([]any, 0, 4+3*len(c.limits)+len(c.chains))
-	args = append(args, hexClockArg(atMillis), hexArg(bucket), mode, hexArg(int64(len(c.limits))))
+	args = append(args, clockArg(atMillis), hexArg(bucket), mode, hexArg(int64(len(c.limits))))
 	for _, l := range c.limits {
 		args = append(args, hexArg(l.rpm), hexArg(l.tpm), hexArg(l.bucket.rate))
 		if l.bucket.rate > 0 {
@@ -143,10 +143,56 @@ func (c *scriptCall) decode(reply []int64, charged bool) ([]decision, error) {
 // hexArg is a number argument of admit.lua.
 func hexArg(n int64) string { return strconv.FormatInt(n, 16) }
 
-// hexClockArg is admit.lua's clock argument: "" for Redis TIME.
-func hexClockArg(atMillis int64) string {
+// clockArg is the scripts' clock argument: "" for Redis TIME.
+func clockArg(atMillis int64) string {
 	if atMillis == 0 {
 		return ""
 	}
 	return hexArg(atMillis)
+}
+
+// chargeCall is what one call of record.lua charges: tokens per tpm limit,
+// summed over the charges of a batch.
+type chargeCall struct {
+	prefixes []string
+	tokens   []int64
+	position map[string]int
+}
+
+func (c *chargeCall) add(chain []limit, tokens int64) {
+	for _, l := range chain {
+		if l.tpm <= 0 {
+			continue
+		}
+		i, ok := c.position[l.prefix]
+		if !ok {
+			if c.position == nil {
+				c.position = make(map[string]int)
+			}
+			i = len(c.prefixes)
+			c.position[l.prefix] = i
+			c.prefixes = append(c.prefixes, l.prefix)
+			c.tokens = append(c.tokens, 0)
+		}
+		c.tokens[i] += tokens
+	}
+}
+
+// keys declares the current tok bucket of every limit charged.
+func (c *chargeCall) keys(bucket int64) []string {
+	keys := make([]string, len(c.prefixes))
+	cur := strconv.FormatInt(bucket, 10)
+	for i, prefix := range c.prefixes {
+		keys[i] = prefix + "tok:" + cur
+	}
+	return keys
+}
+
+func (c *chargeCall) args(atMillis, bucket int64) []any {
+	args := make([]any, 0, 2+len(c.tokens))
+	args = append(args, clockArg(atMillis), hexArg(bucket))
+	for _, n := range c.tokens {
+		args = append(args, hexArg(n))
+	}
+	return args
 }

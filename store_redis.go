@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"strconv"
 	"syscall"
 	"time"
 
@@ -33,8 +32,17 @@ type redisStore struct {
 	client  redis.UniversalClient
 	config  *RedisConfig // resolved: for the replay's fresh connection
 	timeout time.Duration
-	batches *coalescer // nil on Redis Cluster, where a call is bound to one slot
+	// admissions and charges coalesce concurrent calls (coalesce.go); nil
+	// on Redis Cluster, where a call is bound to one slot.
+	admissions *coalescer[*admission]
+	charges    *coalescer[*charge]
 }
+
+// Workers of the coalescers: calls in flight at once.
+const (
+	admissionWorkers = 4
+	chargeWorkers    = 2
+)
 
 // redisStores shares a client among the handlers of every loaded config with
 // the same settings, so that a reload neither reconnects nor leaks a pool.
@@ -62,7 +70,16 @@ func newRedisStore(config *RedisConfig, timeout time.Duration) (*redisStore, err
 	}
 	s := &redisStore{client: client, config: config, timeout: timeout}
 	if config.topology() != cluster {
-		s.batches = newCoalescer(s)
+		s.admissions = newCoalescer(admissionWorkers, func(a *admission) batch[*admission] {
+			b := &admissionBatch{store: s, items: []*admission{a}}
+			b.call.add(a.chain)
+			return b
+		})
+		s.charges = newCoalescer(chargeWorkers, func(c *charge) batch[*charge] {
+			b := &chargeBatch{store: s, items: []*charge{c}}
+			b.call.add(c.chain, c.tokens)
+			return b
+		})
 	}
 	return s, nil
 }
@@ -75,8 +92,9 @@ func (s *redisStore) Destruct() error {
 }
 
 func (s *redisStore) closeClient() {
-	if s.batches != nil {
-		s.batches.close()
+	if s.admissions != nil {
+		s.admissions.close()
+		s.charges.close()
 	}
 	s.client.Close()
 }
@@ -84,8 +102,8 @@ func (s *redisStore) closeClient() {
 func (s *redisStore) release() { s.lifetime.release(s.closeClient) }
 
 func (s *redisStore) admit(ctx context.Context, chain []limit, atMillis int64) (decision, error) {
-	if s.batches != nil {
-		return s.batches.admit(ctx, chain, atMillis)
+	if s.admissions != nil {
+		return s.admitCoalesced(ctx, chain, atMillis)
 	}
 	return s.run(ctx, chain, atMillis, false)
 }
@@ -209,36 +227,30 @@ func (s *redisStore) recordTokens(ctx context.Context, chain []limit, tokens, at
 	if tokens <= 0 || !chainHasTPM(chain) {
 		return nil
 	}
-	keys := func(bucket int64) []string {
-		var keys []string
-		for _, l := range chain {
-			if l.tpm > 0 {
-				keys = append(keys, l.prefix+"tok:"+strconv.FormatInt(bucket, 10))
-			}
-		}
-		return keys
+	if s.charges != nil {
+		return s.recordCoalesced(ctx, chain, tokens, atMillis)
 	}
+	var c chargeCall
+	c.add(chain, tokens)
+	return s.charge(ctx, &c, atMillis)
+}
+
+// charge runs record.lua once for the charges of c. It is never replayed: a
+// double charge would outlive the failure.
+func (s *redisStore) charge(ctx context.Context, c *chargeCall, atMillis int64) error {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	bucket := s.bucketFor(atMillis)
-	reply, err := s.runScript(ctx, recordScript, keys(bucket), []any{clockArg(atMillis), bucket, tokens}, false)
+	reply, err := s.runScript(ctx, recordScript, c.keys(bucket), c.args(atMillis, bucket), false)
 	if bucket, ok := otherBucket(reply); ok && err == nil {
-		reply, err = s.runScript(ctx, recordScript, keys(bucket), []any{clockArg(atMillis), bucket, tokens}, false)
+		reply, err = s.runScript(ctx, recordScript, c.keys(bucket), c.args(atMillis, bucket), false)
 	}
 	if err == nil && (len(reply) != 2 || reply[0] != 1) {
 		err = fmt.Errorf("%w: token charge reply %v", errBadReply, reply)
 	}
 	observeRedis("record_tokens", start, err)
 	return err
-}
-
-// clockArg is the scripts' clock argument: "" for Redis TIME.
-func clockArg(atMillis int64) string {
-	if atMillis == 0 {
-		return ""
-	}
-	return strconv.FormatInt(atMillis, 10)
 }
 
 // Interface guards

@@ -164,7 +164,9 @@ func TestScriptTouchesNothingWhenItsKeysNameAnotherMinute(t *testing.T) {
 	if err != nil || len(keys) != 0 {
 		t.Fatalf("keys %v written by a call whose keys named another minute (%v)", keys, err)
 	}
-	reply, err = s.runScript(context.Background(), recordScript, []string{chain[0].prefix + "tok:" + strconv.FormatInt(stale, 10)}, []any{clockArg(at), stale, 9}, false)
+	var charge chargeCall
+	charge.add(chain, 9)
+	reply, err = s.runScript(context.Background(), recordScript, charge.keys(stale), charge.args(at, stale), false)
 	if _, ok := otherBucket(reply); !ok || err != nil {
 		t.Fatalf("token charge with keys of another minute: %v %v", reply, err)
 	}

@@ -1,0 +1,37 @@
+// Command upstream is the benchmark's stand-in for an LLM API: it answers
+// every request with a small OpenAI chat.completion carrying a usage object,
+// as fast as net/http allows. It listens on a loopback address (-addr; port 0
+// picks a free one) and prints the address it listens on as its first line.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"strconv"
+)
+
+const body = `{"id":"chatcmpl-bench","object":"chat.completion","created":1739812400,"model":"gpt-4o-mini-2024-07-18",` +
+	`"choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"logprobs":null,"finish_reason":"stop"}],` +
+	`"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}`
+
+func main() {
+	addr := flag.String("addr", "127.0.0.1:0", "loopback address to listen on")
+	flag.Parse()
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(ln.Addr())
+	length := strconv.Itoa(len(body))
+	log.Fatal(http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		h := w.Header()
+		h["Content-Type"] = []string{"application/json"}
+		h["Content-Length"] = []string{length}
+		io.WriteString(w, body)
+	})))
+}
