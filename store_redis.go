@@ -33,6 +33,8 @@ type redisStore struct {
 	client  redis.UniversalClient
 	config  *RedisConfig // resolved: for the replay's fresh connection
 	timeout time.Duration
+	// refusals is shared by every handler of the store, across reloads.
+	refusals *refusalCache
 }
 
 // redisStores shares a client among the handlers of every loaded config with
@@ -59,7 +61,7 @@ func newRedisStore(config *RedisConfig, timeout time.Duration) (*redisStore, err
 	if err != nil {
 		return nil, err
 	}
-	return &redisStore{client: client, config: config, timeout: timeout}, nil
+	return &redisStore{client: client, config: config, timeout: timeout, refusals: newRefusalCache()}, nil
 }
 
 // Destruct closes the client once no loaded config uses it and no admitted
