@@ -20,6 +20,10 @@ var (
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "refusals_total",
 		Help: "Refused requests, by the scope name and kind (requests, tokens, burst) of the first refusing limit.",
 	}, []string{"scope", "kind"})
+	refusalsCachedTotal = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "refusals_cached_total",
+		Help: "Refused requests answered from the refusal cache, without a Redis call; they also count in refusals_total.",
+	})
 	tokensChargedTotal = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "tokens_charged_total",
 		Help: "Tokens charged to the chains of admitted responses and realtime sessions.",
@@ -54,7 +58,7 @@ const (
 
 // registerMetrics registers the process's collectors in a config's registry.
 func registerMetrics(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{admissionsTotal, refusalsTotal, tokensChargedTotal, unmeteredTotal, redisDuration, redisErrorsTotal, sessionsOpen} {
+	for _, c := range []prometheus.Collector{admissionsTotal, refusalsTotal, refusalsCachedTotal, tokensChargedTotal, unmeteredTotal, redisDuration, redisErrorsTotal, sessionsOpen} {
 		if err := reg.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return err
 		}

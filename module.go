@@ -81,6 +81,10 @@ type Handler struct {
 	warn    *warnLimiter // store failures at admission
 	// chargeWarn: failed token charges
 	chargeWarn *warnLimiter
+
+	// refusals answers what the store has refused, until the store would
+	// admit again (refusals.go); nil for the in-process store.
+	refusals *refusalCache
 }
 
 // Scope is one link of the chain.
@@ -176,6 +180,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
+	h.refusals = refusalsOf(h.store)
 	liveHandlers.add(h)
 	h.logger.Info("rate limits loaded", zap.Strings("chain", h.scopeNames()), zap.Strings("limits", effective), zap.Bool("redis", h.Redis != nil))
 	return nil
@@ -329,8 +334,22 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if len(chain) == 0 {
 		return next.ServeHTTP(w, r)
 	}
+	// A limit the store refused is refused here, without asking it, until
+	// the store would admit it again; the cache bounds the store's clock
+	// from a moment before the admission is sent.
+	sent := time.Now()
+	if sub, d, ref := h.refusals.refusedLocally(chain, sent); ref.first >= 0 {
+		refusalsCachedTotal.Inc()
+		return h.refuse(w, repl, sub, d, ref)
+	}
 	d, err := h.store.admit(r.Context(), chain, 0)
 	if err != nil {
+		if r.Context().Err() == nil {
+			// Redis may come back without its counters, and then admit
+			// what the cache remembers refused. A client that went away
+			// is no store failure.
+			h.refusals.forget()
+		}
 		return h.storeFailed(w, repl, err, next, r)
 	}
 	if !d.admitted {
@@ -338,6 +357,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		if ref.first < 0 { // the store refused what its own counts admit
 			return h.storeFailed(w, repl, errBadReply, next, r)
 		}
+		h.refusals.record(chain, d, sent)
 		return h.refuse(w, repl, chain, d, ref)
 	}
 	setOutcome(repl, outcomeAdmitted)

@@ -320,32 +320,37 @@ func TestRedisOutageFailsOpenByDefaultAndClosedWithDenyThenEnforcementResumes(t 
 	reverse_proxy {upstream}`, srv.URL(), onError)
 	}
 	gw := startGateway(t, up.URL, site("deny"))
-	call := func(path string) (int, string) {
+	call := func(path, org string) (int, string) {
 		res, body := gw.send(t, "GET", path, "", "X-Org: "+org)
 		return res.StatusCode, string(body)
 	}
-	if code, _ := call("/open"); code != 200 {
+	if code, _ := call("/open", org); code != 200 {
 		t.Fatalf("first request %d", code)
 	}
-	if code, _ := call("/open"); code != 429 {
+	if code, _ := call("/open", org); code != 429 {
 		t.Fatalf("second request %d, want 429 while Redis is up", code)
 	}
 	srv.Stop(t)
+	// The refusal is cached until Redis would admit the org (refusals.go):
+	// it holds until the gateway meets the outage, which makes it forget.
+	if code, _ := call("/open", org); code != 429 {
+		t.Fatalf("with Redis stopped, before any store error: %d, want the cached 429", code)
+	}
 	before := up.hits.Load()
-	if code, _ := call("/open"); code != 200 {
+	if code, _ := call("/open", uniqueID(t)); code != 200 {
 		t.Fatalf("with Redis stopped: %d, want 200 (fail open)", code)
 	}
 	if up.hits.Load() != before+1 {
 		t.Fatal("a failed-open request did not reach the upstream")
 	}
-	code, body := call("/closed")
+	code, body := call("/closed", org)
 	if code != 503 || !strings.Contains(body, `"code":"rate_limiter_unavailable"`) {
 		t.Fatalf("on_redis_error deny with Redis stopped: %d %s, want 503", code, body)
 	}
 	srv.Start(t) // empty data, empty script cache
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		code, _ = call("/closed")
+		code, _ = call("/closed", org)
 		if code != 503 || time.Now().After(deadline) {
 			break
 		}
@@ -354,7 +359,7 @@ func TestRedisOutageFailsOpenByDefaultAndClosedWithDenyThenEnforcementResumes(t 
 	if code != 200 {
 		t.Fatalf("first request after the restart: %d, want 200 on the empty Redis", code)
 	}
-	if code, _ := call("/closed"); code != 429 {
+	if code, _ := call("/closed", org); code != 429 {
 		t.Fatalf("second request after the restart: %d, want 429: enforcement resumed", code)
 	}
 }

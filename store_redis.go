@@ -36,6 +36,8 @@ type redisStore struct {
 	// on Redis Cluster, where a call is bound to one slot.
 	admissions *coalescer[*admission]
 	charges    *coalescer[*charge]
+	// refusals is shared by every handler of the store, across reloads.
+	refusals *refusalCache
 }
 
 // Workers of the coalescers: calls in flight at once.
@@ -68,7 +70,7 @@ func newRedisStore(config *RedisConfig, timeout time.Duration) (*redisStore, err
 	if err != nil {
 		return nil, err
 	}
-	s := &redisStore{client: client, config: config, timeout: timeout}
+	s := &redisStore{client: client, config: config, timeout: timeout, refusals: newRefusalCache()}
 	if config.topology() != cluster {
 		s.admissions = newCoalescer(admissionWorkers, func(a *admission) batch[*admission] {
 			b := &admissionBatch{store: s, items: []*admission{a}}

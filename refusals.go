@@ -1,0 +1,242 @@
+package ratelimit
+
+import (
+	"hash/maphash"
+	"sync"
+	"time"
+)
+
+// refusalCache answers, without a Redis call, the requests of a limit that
+// Redis has refused, until the moment Redis would admit that limit again: a
+// key far over its cap that keeps hammering the gateway then costs Redis
+// nothing.
+//
+// It is exact, not a heuristic. A refusal by admit.lua carries Redis's clock
+// and the counters of every limit of the chain as the script read them; from
+// those refusalOf computes each refusing limit's release, the first
+// millisecond at which it would admit absent traffic. Traffic only makes a
+// limit's counters grow (admissions, token charges, bucket deficit), so
+// Redis refuses that limit, and with it every chain that holds it, at every
+// moment before its release. Refusals are therefore cached per limit, not
+// per chain (one org refusal answers for every key of the org), keyed by the
+// limit's counters and caps (a limit whose caps a reload changed misses at
+// once), and an admission is never cached.
+//
+// The gateway never reads Redis's clock; it bounds it. The script ran after
+// the admission was sent, so at a later moment Redis's clock, in the whole
+// milliseconds the script reads, is at most the refusal's reading plus the
+// time elapsed since the send rounded up, measured on this process's
+// monotonic clock. The cache refuses only while that bound is before the
+// release. It assumes that Redis keeps its counters and that its clock runs
+// forward at the rate of ours: a failover to a node whose clock is ahead, or
+// one that lost recent writes, makes Redis admit earlier, and the cache then
+// refuses for at most the clock jump or until the release it knew. Clock
+// rate differences (parts per million) are ignored. A store error makes the
+// gateway forget every cached refusal, so that a Redis that comes back
+// without its counters is believed at once.
+type refusalCache struct {
+	seed   maphash.Seed
+	shards [refusalShards]refusalShard
+}
+
+// The cache holds at most refusalShards × refusalsPerShard limits, some
+// 57,000 in about 13 MB: 896 entries fill one table of a Go map (1024 slots,
+// at most 7/8 full). A shard that is full drops its expired refusals first,
+// then any: a refusal dropped early only costs one Redis call.
+const (
+	refusalShards    = 64
+	refusalsPerShard = 896
+)
+
+type refusalShard struct {
+	mu      sync.RWMutex
+	byLimit map[refusalKey]cachedRefusal
+}
+
+// refusalKey is a limit's counters (its prefix holds the hash tag, the scope
+// and the id as stored) and its caps.
+type refusalKey struct {
+	prefix string
+	caps   limitCaps
+}
+
+// cachedRefusal is one limit's refusal by the store.
+type cachedRefusal struct {
+	sent    time.Time // just before the admission was sent, with a monotonic reading
+	at      int64     // the store's clock when it refused, unix milliseconds
+	release int64     // when the limit would admit again, by the store's clock
+	counts  counts    // the limit's counters as the store read them
+}
+
+func newRefusalCache() *refusalCache {
+	c := &refusalCache{seed: maphash.MakeSeed()}
+	for i := range c.shards {
+		c.shards[i].byLimit = make(map[refusalKey]cachedRefusal)
+	}
+	return c
+}
+
+// refusalsOf is the refusal cache of the handlers of s. The in-process store
+// has none: it decides a refusal without a round trip, so a cache would save
+// nothing.
+func refusalsOf(s store) *refusalCache {
+	if rs, ok := s.(*redisStore); ok {
+		return rs.refusals
+	}
+	return nil
+}
+
+func (c *refusalCache) shard(prefix string) *refusalShard {
+	return &c.shards[maphash.String(c.seed, prefix)%refusalShards]
+}
+
+// record caches every limit of chain that refuses in d, the store's refusal
+// of an admission sent at sent. Limits that fit are not cached.
+func (c *refusalCache) record(chain []limit, d decision, sent time.Time) {
+	if c == nil {
+		return
+	}
+	for i, l := range chain {
+		ref := refusalOf(chain[i:i+1], decision{now: d.now, counts: d.counts[i : i+1]})
+		if ref.first < 0 {
+			continue
+		}
+		c.put(refusalKey{l.prefix, l.limitCaps}, cachedRefusal{
+			sent: sent, at: d.now.unixMillis, release: d.now.unixMillis + ref.waitMillis, counts: d.counts[i],
+		})
+	}
+}
+
+func (c *refusalCache) put(k refusalKey, r cachedRefusal) {
+	sh := c.shard(k.prefix)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if _, ok := sh.byLimit[k]; !ok && len(sh.byLimit) >= refusalsPerShard {
+		sh.makeRoom(r.sent) // what expired by the send has expired now
+	}
+	sh.byLimit[k] = r
+}
+
+// makeRoom keeps the refusals that still hold at now, up to seven eighths
+// of the shard, so that a shard full of them is swept once per so many
+// inserts, not at each. It builds a new map: Go's maps never shrink, and
+// deletions alone would let a shard's table grow with the churn.
+func (sh *refusalShard) makeRoom(now time.Time) {
+	kept := make(map[refusalKey]cachedRefusal, refusalsPerShard)
+	for k, r := range sh.byLimit {
+		if len(kept) < refusalsPerShard*7/8 && r.refusesAt(now) {
+			kept[k] = r
+		}
+	}
+	sh.byLimit = kept
+}
+
+// refusedLocally is the refusal of chain that the cache can answer at now:
+// the limits of chain whose cached refusals still hold, a decision that
+// carries their counters to the latest moment the store's clock can read
+// (the earliest of their bounds), and refusalOf those, which names the
+// first of them and waits for the last release. ref.first < 0 when none
+// holds: the store must decide.
+func (c *refusalCache) refusedLocally(chain []limit, now time.Time) (sub []limit, d decision, ref refusal) {
+	none := refusal{first: -1}
+	if c == nil {
+		return nil, decision{}, none
+	}
+	var found []cachedRefusal
+	for _, l := range chain {
+		if r, ok := c.lookup(l, now); ok {
+			sub, found = append(sub, l), append(found, r)
+		}
+	}
+	if len(found) == 0 {
+		return nil, decision{}, none
+	}
+	latest := found[0].storeClockBound(now)
+	for _, r := range found[1:] {
+		latest = min(latest, r.storeClockBound(now))
+	}
+	d = decision{now: momentAt(latest), counts: make([]counts, len(found))}
+	for i, r := range found {
+		if latest < r.at {
+			// The store's clock went back between two refusals: no bound
+			// holds for sure.
+			return nil, decision{}, none
+		}
+		d.counts[i] = r.countsAt(sub[i], d.now)
+	}
+	return sub, d, refusalOf(sub, d)
+}
+
+// lookup is l's cached refusal if it still holds at now; one that no longer
+// does is deleted.
+func (c *refusalCache) lookup(l limit, now time.Time) (cachedRefusal, bool) {
+	k := refusalKey{l.prefix, l.limitCaps}
+	sh := c.shard(l.prefix)
+	sh.mu.RLock()
+	r, ok := sh.byLimit[k]
+	sh.mu.RUnlock()
+	if !ok || r.refusesAt(now) {
+		return r, ok
+	}
+	sh.mu.Lock()
+	if r, ok := sh.byLimit[k]; ok && !r.refusesAt(now) {
+		delete(sh.byLimit, k)
+	}
+	sh.mu.Unlock()
+	return cachedRefusal{}, false
+}
+
+// forget drops every cached refusal.
+func (c *refusalCache) forget() {
+	if c == nil {
+		return
+	}
+	for i := range c.shards {
+		sh := &c.shards[i]
+		sh.mu.Lock()
+		clear(sh.byLimit)
+		sh.mu.Unlock()
+	}
+}
+
+// storeClockBound is the latest the store's clock can read at now, in whole
+// milliseconds: the script read ⌊R⌋ at a moment R after the send, and
+// ⌊R + e⌋ ≤ ⌊R⌋ + ⌈e⌉.
+func (r cachedRefusal) storeClockBound(now time.Time) int64 {
+	e := max(now.Sub(r.sent), 0)
+	ms := int64(e / time.Millisecond)
+	if e%time.Millisecond != 0 {
+		ms++
+	}
+	return r.at + ms
+}
+
+// refusesAt reports whether the store refuses the limit at now, whatever
+// traffic it has seen since.
+func (r cachedRefusal) refusesAt(now time.Time) bool {
+	return r.storeClockBound(now) < r.release
+}
+
+// countsAt is the limit's cached counters carried to the store's clock t,
+// absent traffic: its windows slide into later minutes and its bucket
+// refills.
+func (r cachedRefusal) countsAt(l limit, t moment) counts {
+	c := r.counts
+	minutes := t.bucket - momentAt(r.at).bucket
+	c.req, c.tok = slid(c.req, minutes), slid(c.tok, minutes)
+	if l.bucket.rate > 0 {
+		c.deficit = l.bucket.refilled(c.deficit, r.at, t.unixMillis)
+	}
+	return c
+}
+
+// slid is w as read the given number of minute buckets later.
+func slid(w window, minutes int64) window {
+	switch minutes {
+	case 0:
+		return w
+	case 1:
+		return window{prev: w.cur}
+	}
+	return window{}
+}

@@ -1,0 +1,501 @@
+package ratelimit
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// refusalCase is a refusal by Redis at base+at, of limits that Redis would
+// admit again at base+releases[i], absent traffic.
+type refusalCase struct {
+	name     string
+	chain    func(t *testing.T) []limit
+	fill     func(t *testing.T, s store, chain []limit, base int64)
+	at       int64
+	releases []int64
+}
+
+// fillUnder admits n requests on l's counters under a cap they never reach.
+func fillUnder(t *testing.T, s store, l limit, at int64, n int) {
+	t.Helper()
+	fill(t, s, []limit{newLimit(l.scope, l.id, 1000, 0)}, at, n)
+}
+
+func chargeTokens(t *testing.T, s store, l limit, at, tokens int64) {
+	t.Helper()
+	if err := s.recordTokens(context.Background(), []limit{l}, tokens, at); err != nil {
+		t.Fatal(err)
+	}
+}
+
+var refusalCases = []refusalCase{{
+	// rpm 10, previous bucket 12, current 3: fits once 3 + 12×(60−t)/60 ≤ 9.
+	name:  "RPMReleasedByThePreviousBucketsWeightWithinTheMinute",
+	chain: func(t *testing.T) []limit { return []limit{newLimit("key", uniqueID(t), 10, 0)} },
+	fill: func(t *testing.T, s store, chain []limit, base int64) {
+		fillUnder(t, s, chain[0], base-bucketMillis, 12)
+		fillUnder(t, s, chain[0], base, 3)
+	},
+	at: 10_000, releases: []int64{30_000},
+}, {
+	// rpm 4, current 6: fits in the next minute once 6×(60−t)/60 ≤ 3.
+	name:  "RPMReleasedOnlyInTheNextMinute",
+	chain: func(t *testing.T) []limit { return []limit{newLimit("key", uniqueID(t), 4, 0)} },
+	fill: func(t *testing.T, s store, chain []limit, base int64) {
+		fillUnder(t, s, chain[0], base, 6)
+	},
+	at: 20_000, releases: []int64{90_000},
+}, {
+	// tpm 1000, previous 1200, current 400: fits once 400 + 1200×(60−t)/60 < 1000.
+	name:  "TPMStrictInequalityReleasedAMillisecondAfterTheEquality",
+	chain: func(t *testing.T) []limit { return []limit{newLimit("key", uniqueID(t), 0, 1000)} },
+	fill: func(t *testing.T, s store, chain []limit, base int64) {
+		chargeTokens(t, s, chain[0], base-bucketMillis, 1200)
+		chargeTokens(t, s, chain[0], base, 400)
+	},
+	at: 1000, releases: []int64{30_001},
+}, {
+	// 1.5 tokens per second and a cost of 2: 1333.3 ms.
+	name:  "BucketWithAFractionalRateAndCost",
+	chain: func(t *testing.T) []limit { return []limit{newBucketLimit(t, "key", uniqueID(t), "1.5", 4, 2)} },
+	fill: func(t *testing.T, s store, chain []limit, base int64) {
+		fill(t, s, chain, base+1500, 2)
+	},
+	at: 1500, releases: []int64{1500 + 1334},
+}, {
+	// The key's bucket refills in 2 s; the org's 30 requests weigh 9 or
+	// less from 42 s into the next minute.
+	name: "TwoLimitsOfAChainWithDifferentReleases",
+	chain: func(t *testing.T) []limit {
+		return []limit{newBucketLimit(t, "key", uniqueID(t), "0.5", 2, 0), newLimit("org", uniqueID(t), 10, 0)}
+	},
+	fill: func(t *testing.T, s store, chain []limit, base int64) {
+		fillUnder(t, s, chain[1], base, 30)
+		fill(t, s, chain[:1], base+20_000, 2)
+	},
+	at: 20_000, releases: []int64{22_000, 102_000},
+}, {
+	// One limit refusing on both kinds: the later release is the limit's.
+	name:  "OneLimitRefusingOnTwoKinds",
+	chain: func(t *testing.T) []limit { return []limit{newLimit("key", uniqueID(t), 4, 1000)} },
+	fill: func(t *testing.T, s store, chain []limit, base int64) {
+		chargeTokens(t, s, chain[0], base-bucketMillis, 1200)
+		chargeTokens(t, s, chain[0], base, 400)
+		fillUnder(t, s, chain[0], base, 6)
+	},
+	at: 20_000, releases: []int64{90_000},
+}, {
+	// rpm 10, full a millisecond before the minute ends: the next minute
+	// weighs the 10 as 9 from 6 s in.
+	name:  "RefusalAMillisecondBeforeAMinuteBoundary",
+	chain: func(t *testing.T) []limit { return []limit{newLimit("key", uniqueID(t), 10, 0)} },
+	fill: func(t *testing.T, s store, chain []limit, base int64) {
+		fill(t, s, chain, base+59_000, 10)
+	},
+	at: 59_999, releases: []int64{66_000},
+}}
+
+// TestCachedRefusalNeverRefusesWhatRedisWouldAdmit drives the cache's clock
+// exactly: a refusal recorded with send time sent maps sent + x ms to the
+// Redis time at + x. At every such moment, up to and past the last release,
+// the cache must refuse a limit exactly when Redis (peek, which charges
+// nothing) refuses it, and its answer must be Redis's own: the same counts,
+// hence the same Retry-After and headers.
+func TestCachedRefusalNeverRefusesWhatRedisWouldAdmit(t *testing.T) {
+	url := redisURLFromEnv(t)
+	for _, c := range refusalCases {
+		t.Run(c.name, func(t *testing.T) {
+			s := newTestRedisStore(t, url)
+			base := pinnedBase()
+			chain := c.chain(t)
+			c.fill(t, s, chain, base)
+			at := base + c.at
+			d := admitOrFail(t, s, chain, at)
+			if d.admitted {
+				t.Fatal("admitted, want a refusal")
+			}
+			cache := newRefusalCache()
+			sent := time.Now()
+			cache.record(chain, d, sent)
+			for _, x := range refusalProbes(c) {
+				redisAt := at + x
+				for i, l := range chain {
+					assertCacheAgreesWithRedis(t, s, cache, []limit{l}, sent, x, redisAt)
+					now := sent.Add(time.Duration(x) * time.Millisecond)
+					if refused := refusesLocally(cache, []limit{l}, now); refused != (redisAt < base+c.releases[i]) {
+						t.Fatalf("limit %d at release%+d ms: cached refusal %v", i, redisAt-base-c.releases[i], refused)
+					}
+				}
+				assertCacheAgreesWithRedis(t, s, cache, chain, sent, x, redisAt)
+			}
+		})
+	}
+}
+
+// refusalProbes are the offsets from the refusal to probe: every millisecond
+// near each release and each minute boundary, and a few hundred in between.
+func refusalProbes(c refusalCase) []int64 {
+	last := slices.Max(c.releases) - c.at + 1000
+	var xs []int64
+	for x := int64(0); x <= last; x += max(last/400, 1) {
+		xs = append(xs, x)
+	}
+	near := slices.Clone(c.releases)
+	for b := int64(bucketMillis); b < c.at+last; b += bucketMillis {
+		near = append(near, b)
+	}
+	for _, n := range near {
+		for x := n - c.at - 25; x <= n-c.at+25; x++ {
+			if x >= 0 {
+				xs = append(xs, x)
+			}
+		}
+	}
+	slices.Sort(xs)
+	return slices.Compact(xs)
+}
+
+func refusesLocally(cache *refusalCache, chain []limit, now time.Time) bool {
+	_, _, ref := cache.refusedLocally(chain, now)
+	return ref.first >= 0
+}
+
+// assertCacheAgreesWithRedis checks that the cache, at every moment whose
+// elapsed time since sent rounds up to x ms, refuses chain exactly when Redis
+// refuses it at redisAt, and then with the decision that Redis reads for the
+// refusing limits.
+func assertCacheAgreesWithRedis(t *testing.T, s store, cache *refusalCache, chain []limit, sent time.Time, x, redisAt int64) {
+	t.Helper()
+	whole, err := s.peek(context.Background(), chain, redisAt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var part decision
+	end := sent.Add(time.Duration(x) * time.Millisecond)
+	for _, now := range []time.Time{end.Add(1 - time.Millisecond), end} {
+		sub, d, ref := cache.refusedLocally(chain, now)
+		if (ref.first >= 0) != !whole.admitted {
+			t.Fatalf("at %d ms into the minute: the cache refuses %v, Redis refuses %v", redisAt%bucketMillis, ref.first >= 0, !whole.admitted)
+		}
+		if ref.first < 0 {
+			continue
+		}
+		if part.counts == nil {
+			if part, err = s.peek(context.Background(), sub, redisAt); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if d.now != part.now || !reflect.DeepEqual(d.counts, part.counts) {
+			t.Fatalf("the cache answers %+v, Redis reads %+v", d, part)
+		}
+		var refusing []limit // what Redis refuses on, which the headers describe
+		for i, l := range chain {
+			if refusalOf(chain[i:i+1], decision{now: whole.now, counts: whole.counts[i : i+1]}).first >= 0 {
+				refusing = append(refusing, l)
+			}
+		}
+		if !slices.Equal(sub, refusing) {
+			t.Fatalf("the cache refuses on %v, Redis on %v", sub, refusing)
+		}
+		want := refusalOf(chain, whole)
+		if sub[ref.first].prefix != chain[want.first].prefix || ref.kind != want.kind || ref.waitMillis != want.waitMillis {
+			t.Fatalf("the cache's refusal %+v of %s, Redis's %+v of %s", ref, sub[ref.first].prefix, want, chain[want.first].prefix)
+		}
+	}
+}
+
+func TestCachedOrgRefusalAnswersEveryKeyOfTheOrgAndNothingElse(t *testing.T) {
+	s := newTestRedisStore(t, redisURLFromEnv(t))
+	at := pinnedBase() + 5000
+	org := newLimit("org", uniqueID(t), 2, 0)
+	key := func() limit { return newLimit("key", keyID("key", "sk-"+uniqueID(t)), 100, 0) }
+	cache := s.refusals
+	sent := time.Now()
+
+	first := []limit{key(), org}
+	d := admitOrFail(t, s, first, at)
+	cache.record(first, d, sent)
+	fill(t, s, first, at, 1)
+	if size := cachedRefusals(cache); size != 0 {
+		t.Fatalf("%d refusals cached after two admissions", size)
+	}
+	second := []limit{key(), org}
+	d = admitOrFail(t, s, second, at)
+	if d.admitted {
+		t.Fatal("admitted over the org's rpm 2")
+	}
+	cache.record(second, d, sent)
+	if size := cachedRefusals(cache); size != 1 {
+		t.Fatalf("%d refusals cached, want the org's alone: its key fits", size)
+	}
+
+	third := []limit{key(), org}
+	sub, _, ref := cache.refusedLocally(third, sent)
+	if ref.first != 0 || len(sub) != 1 || sub[0] != org || ref.kind != requests {
+		t.Fatalf("another key of the org: refusal %+v by %v, want the org's rpm", ref, sub)
+	}
+	for name, chain := range map[string][]limit{
+		"the key alone":                 third[:1],
+		"the key in another org":        {third[0], newLimit("org", uniqueID(t), 2, 0)},
+		"the org under another rpm cap": {third[0], newLimit("org", org.id, 3, 0)},
+		"the org with a tpm cap added":  {newTaggedLimit("", "org", org.id, limitCaps{rpm: 2, tpm: 100})},
+	} {
+		if refusesLocally(cache, chain, sent) {
+			t.Errorf("%s is refused from the cache", name)
+		}
+	}
+}
+
+func TestRefusalCacheStaysWithinItsBound(t *testing.T) {
+	cache := newRefusalCache()
+	const capacity = refusalShards * refusalsPerShard
+	sent := time.Now()
+	refused := decision{now: momentAt(pinnedBase()), counts: []counts{{req: window{cur: 1}}}}
+	for i := 0; i < 2*capacity; i++ {
+		cache.record([]limit{newLimit("key", fmt.Sprint(i), 1, 0)}, refused, sent)
+	}
+	for i := range cache.shards {
+		if n := len(cache.shards[i].byLimit); n > refusalsPerShard {
+			t.Fatalf("shard %d holds %d refusals, above its %d", i, n, refusalsPerShard)
+		}
+	}
+	if size := cachedRefusals(cache); size < capacity*7/8 {
+		t.Fatalf("%d refusals held of %d inserted, want at least the 7/8 of %d that a full shard keeps", size, 2*capacity, capacity)
+	}
+	// Expired refusals go first: a full cache of them takes new ones
+	// without dropping any that still holds.
+	later := sent.Add(2 * time.Minute)
+	for i := 0; i < capacity/2; i++ {
+		cache.record([]limit{newLimit("org", fmt.Sprint(i), 1, 0)}, refused, later)
+	}
+	for i := 0; i < capacity/2; i++ {
+		if !refusesLocally(cache, []limit{newLimit("org", fmt.Sprint(i), 1, 0)}, later) {
+			t.Fatalf("refusal %d was dropped while expired ones were held", i)
+		}
+	}
+}
+
+func cachedRefusals(c *refusalCache) int {
+	n := 0
+	for i := range c.shards {
+		c.shards[i].mu.RLock()
+		n += len(c.shards[i].byLimit)
+		c.shards[i].mu.RUnlock()
+	}
+	return n
+}
+
+// scriptCalls is how many scripts the Redis at url has run: EVALSHA, and the
+// EVAL that go-redis sends after a NOSCRIPT.
+func scriptCalls(t *testing.T, url string) int64 {
+	t.Helper()
+	info, err := redisClient(t, url).Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, line := range strings.Split(info, "\r\n") {
+		name, stats, _ := strings.Cut(line, ":")
+		if name != "cmdstat_evalsha" && name != "cmdstat_eval" {
+			continue
+		}
+		calls, _, _ := strings.Cut(strings.TrimPrefix(stats, "calls="), ",")
+		c, err := strconv.ParseInt(calls, 10, 64)
+		if err != nil {
+			t.Fatalf("%s: %v", line, err)
+		}
+		n += c
+	}
+	return n
+}
+
+// checkRefusal describes what is wrong with a refusal by the key's rpm 1,
+// or is "".
+func checkRefusal(res *http.Response, body []byte) string {
+	if res.StatusCode != http.StatusTooManyRequests {
+		return fmt.Sprintf("status %d %s", res.StatusCode, body)
+	}
+	ra, err := strconv.ParseInt(res.Header.Get("Retry-After"), 10, 64)
+	if err != nil || ra < 1 || ra > 120 {
+		return fmt.Sprintf("Retry-After %q", res.Header.Get("Retry-After"))
+	}
+	ms, err := strconv.ParseInt(res.Header.Get("Retry-After-Ms"), 10, 64)
+	if err != nil || ceilSeconds(ms, 1) != ra {
+		return fmt.Sprintf("Retry-After-Ms %q with Retry-After %d", res.Header.Get("Retry-After-Ms"), ra)
+	}
+	var e openAIError
+	if err := json.Unmarshal(body, &e); err != nil || e.Error.Type != "requests" || e.Error.Code != "rate_limit_exceeded" ||
+		e.Error.Param != nil || e.Error.Message != fmt.Sprintf("Rate limit reached for key: limit 1 RPM (requests per minute). Please try again in %ds.", ra) {
+		return fmt.Sprintf("body %s", body)
+	}
+	if got := res.Header.Get("X-Ratelimit-Remaining-Requests"); got != "0" {
+		return fmt.Sprintf("X-Ratelimit-Remaining-Requests %q", got)
+	}
+	return ""
+}
+
+func TestHammeredKeyCostsRedisUnderACallPerHundredRefusalsAndARaisedCapAdmitsAtOnce(t *testing.T) {
+	srv := startRedis(t) // its own, so that every script it runs is this test's
+	up := newUpstream(t)
+	port := freePort()
+	site := func(rpm int) string {
+		return fmt.Sprintf(`
+	handle /plain/* {
+		reverse_proxy {upstream}
+	}
+	handle {
+		rolter_ratelimit {
+			redis %s
+			scope key {http.request.header.Authorization}
+			limit key * rpm %d
+		}
+		reverse_proxy {upstream}
+	}`, srv.URL(), rpm)
+	}
+	gw := startGatewayWith(t, up.URL, "", site(1), port)
+	key := "Authorization: Bearer sk-" + uniqueID(t)
+	if res, body := gw.do(t, key); res.StatusCode != 200 {
+		t.Fatalf("first request: %d %s", res.StatusCode, body)
+	}
+
+	const clients, hammer = 8, 2000
+	tr := &http.Transport{MaxIdleConnsPerHost: clients}
+	t.Cleanup(tr.CloseIdleConnections)
+	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	send := func(path string, headers ...string) (*http.Response, []byte, time.Duration, error) {
+		req, err := http.NewRequest("POST", gw.url+path, strings.NewReader(`{"model":"m"}`))
+		if err != nil {
+			return nil, nil, 0, err
+		}
+		setHeaders(req, headers)
+		start := time.Now()
+		res, err := client.Do(req)
+		if err != nil {
+			return nil, nil, 0, err
+		}
+		defer res.Body.Close()
+		body, err := io.ReadAll(res.Body)
+		return res, body, time.Since(start), err
+	}
+	before := scriptCalls(t, srv.URL())
+	var wrong atomic.Int64
+	var firstWrong atomic.Value
+	var wg sync.WaitGroup
+	for c := 0; c < clients; c++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < hammer/clients; i++ {
+				res, body, _, err := send("/v1/chat/completions", key)
+				problem := ""
+				if err != nil {
+					problem = err.Error()
+				} else {
+					problem = checkRefusal(res, body)
+				}
+				if problem != "" && wrong.Add(1) == 1 {
+					firstWrong.Store(problem)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if n := wrong.Load(); n > 0 {
+		t.Fatalf("%d of %d answers are not the key's refusal; the first: %s", n, hammer, firstWrong.Load())
+	}
+	calls := scriptCalls(t, srv.URL()) - before
+	t.Logf("%d refusals cost Redis %d script calls: %.4f per refusal", hammer, calls, float64(calls)/hammer)
+	if calls*100 > hammer {
+		t.Fatalf("%d refusals cost Redis %d script calls, want at most one per hundred", hammer, calls)
+	}
+
+	// Refusals are served at least as fast as the proxy serves admissions:
+	// the same client alternates between the two, so that both see the
+	// same load.
+	var refused, proxied []time.Duration
+	for i := 0; i < 300; i++ {
+		res, body, took, err := send("/v1/chat/completions", key)
+		if err != nil || checkRefusal(res, body) != "" {
+			t.Fatalf("refusal %d: %v %s", i, err, body)
+		}
+		refused = append(refused, took)
+		if res, _, took, err = send("/plain/v1/chat/completions"); err != nil || res.StatusCode != 200 {
+			t.Fatalf("plain proxy request %d: %v", i, err)
+		}
+		proxied = append(proxied, took)
+	}
+	slices.Sort(refused)
+	slices.Sort(proxied)
+	t.Logf("median latency: %v per refusal from the cache, %v per admission by the plain proxy", refused[len(refused)/2], proxied[len(proxied)/2])
+	if refused[len(refused)/2] > proxied[len(proxied)/2] {
+		t.Errorf("refusals (median %v) are slower than the plain proxy's admissions (median %v)", refused[len(refused)/2], proxied[len(proxied)/2])
+	}
+
+	// The cache is keyed by the caps: the raised cap is the store's to decide.
+	gw = startGatewayWith(t, up.URL, "", site(3), port)
+	if res, body := gw.do(t, key); res.StatusCode != 200 || res.Header.Get("X-Ratelimit-Limit-Requests") != "3" {
+		t.Fatalf("first request after raising rpm to 3: %d %s, limit %q", res.StatusCode, body, res.Header.Get("X-Ratelimit-Limit-Requests"))
+	}
+}
+
+func TestCachedOrgRefusalAnswersAnotherKeyOfTheOrgWithoutARedisCall(t *testing.T) {
+	srv := startRedis(t)
+	up := newUpstream(t)
+	gw := startGateway(t, up.URL, fmt.Sprintf(`
+	rolter_ratelimit {
+		redis %s
+		scope key {http.request.header.Authorization}
+		scope org {http.request.header.X-Org}
+		limit key * rpm 100
+		limit org * rpm 2
+	}
+	reverse_proxy {upstream}`, srv.URL()))
+	org := "X-Org: " + uniqueID(t)
+	key := func() string { return "Authorization: Bearer sk-" + uniqueID(t) }
+	for i := 0; i < 2; i++ {
+		if res, body := gw.do(t, key(), org); res.StatusCode != 200 {
+			t.Fatalf("request %d: %d %s", i+1, res.StatusCode, body)
+		}
+	}
+	if res, body := gw.do(t, key(), org); res.StatusCode != 429 || !strings.Contains(body, "for org") {
+		t.Fatalf("third key of the org: %d %s, want the org's refusal", res.StatusCode, body)
+	}
+	before, metrics := scriptCalls(t, srv.URL()), scrape(t)
+	res, body := gw.do(t, key(), org)
+	if res.StatusCode != 429 || !strings.Contains(body, "for org: limit 2 RPM") {
+		t.Fatalf("fourth key of the org: %d %s, want the org's refusal", res.StatusCode, body)
+	}
+	if calls := scriptCalls(t, srv.URL()) - before; calls != 0 {
+		t.Fatalf("the fourth key's refusal cost Redis %d script calls, want none", calls)
+	}
+	if limit, left := res.Header.Get("X-Ratelimit-Limit-Requests"), res.Header.Get("X-Ratelimit-Remaining-Requests"); limit != "2" || left != "0" {
+		t.Errorf("x-ratelimit-limit-requests %q, remaining %q: want the org's 2 and 0", limit, left)
+	}
+	after := scrape(t)
+	for name, want := range map[string]float64{
+		`caddy_rolter_ratelimit_refusals_cached_total`:                       1,
+		`caddy_rolter_ratelimit_refusals_total{kind="requests",scope="org"}`: 1,
+		`caddy_rolter_ratelimit_admissions_total{outcome="refused"}`:         1,
+	} {
+		if got := after[name] - metrics[name]; got != want {
+			t.Errorf("%s went up by %v, want %v", name, got, want)
+		}
+	}
+	if res, body := gw.do(t, key(), "X-Org: "+uniqueID(t)); res.StatusCode != 200 {
+		t.Fatalf("a key of another org: %d %s", res.StatusCode, body)
+	}
+	if calls := scriptCalls(t, srv.URL()) - before; calls != 1 {
+		t.Fatalf("a key of another org cost Redis %d script calls, want its admission's one", calls)
+	}
+}
