@@ -1,7 +1,6 @@
 package ratelimit
 
 import (
-	"cmp"
 	"context"
 	"hash/maphash"
 	"slices"
@@ -15,8 +14,9 @@ import (
 // memoryStore keeps the counters in this process, with the Redis store's
 // semantics: an admission locks the counters of its chain (in one global
 // order, so that chains never deadlock), decides, charges and unlocks. There
-// is no global lock; the map is sharded. Counters whose buckets can no longer
-// be read are dropped by a sweep, so memory is bounded by the active limits.
+// is no global lock: the index of counters is sharded, and admissions read it
+// without locking. Counters whose buckets can no longer be read are dropped
+// by a sweep, so memory is bounded by the active limits.
 type memoryStore struct {
 	seed   maphash.Seed
 	shards [memoryShards]memoryShard
@@ -28,20 +28,37 @@ type memoryStore struct {
 
 const memoryShards = 64
 
+// stackChain is the longest chain whose counters an admission keeps on the
+// stack; a longer one allocates.
+const stackChain = 8
+
+// memoryShard is a hash table of linked lists of counters, which admissions
+// walk without a lock: taking a lock, even a shared one, is a write, and the
+// cores would take turns at the shards' cache lines. Only insertions, growth
+// and the sweep take mu. A walk that races them may miss a counter, and then
+// looks again under mu, or find one that the sweep just removed, which is
+// dead.
 type memoryShard struct {
-	mu       sync.Mutex
-	counters map[string]*memoryCounter
+	mu    sync.Mutex
+	table atomic.Pointer[counterTable]
+	n     int // counters in the table, under mu
 }
+
+// counterTable holds the heads of the lists; their number is a power of two.
+type counterTable []atomic.Pointer[memoryCounter]
 
 // memoryCounter holds every kind of one limit: the buckets of the current
 // and previous minute of each window, at slot bucket%2, and the token bucket.
 type memoryCounter struct {
-	mu    sync.Mutex
-	order uint64
-	dead  bool // swept: look it up again
-	req   [2]slot
-	tok   [2]slot
-	bkt   bucketState
+	prefix string // the limit's: what the counter is looked up by
+	hash   uint64 // of prefix: its low bits pick the shard, the next ones the list
+	next   atomic.Pointer[memoryCounter]
+	mu     sync.Mutex
+	order  uint64 // lock order
+	dead   bool   // swept: look it up again
+	req    [2]slot
+	tok    [2]slot
+	bkt    bucketState
 }
 
 // bucketState is a token bucket's deficit as of the moment at; it is full
@@ -100,7 +117,7 @@ func acquireMemoryStore() (store, func() error, error) {
 func newMemoryStore(sweepEvery time.Duration) *memoryStore {
 	s := &memoryStore{seed: maphash.MakeSeed(), stop: make(chan struct{}), done: make(chan struct{})}
 	for i := range s.shards {
-		s.shards[i].counters = make(map[string]*memoryCounter)
+		s.shards[i].table.Store(&counterTable{{}})
 	}
 	go s.sweepLoop(sweepEvery)
 	return s
@@ -126,34 +143,83 @@ func (s *memoryStore) clock(atMillis int64) moment {
 	return momentAt(atMillis)
 }
 
-func (s *memoryStore) shard(prefix string) *memoryShard {
-	return &s.shards[maphash.String(s.seed, prefix)%memoryShards]
-}
-
+// counter is the counter of prefix, made on first use.
 func (s *memoryStore) counter(prefix string) *memoryCounter {
-	sh := s.shard(prefix)
+	h := maphash.String(s.seed, prefix)
+	sh := &s.shards[h%memoryShards]
+	if c := sh.find(prefix, h); c != nil {
+		return c
+	}
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	c, ok := sh.counters[prefix]
-	if !ok {
-		c = &memoryCounter{order: s.seq.Add(1)}
-		sh.counters[prefix] = c
+	if c := sh.find(prefix, h); c != nil {
+		return c
 	}
+	c := &memoryCounter{prefix: prefix, hash: h, order: s.seq.Add(1)}
+	sh.insert(c)
 	return c
 }
 
-// lock locks the counters of chain in their global order, so that chains
-// never deadlock. It returns them in chain order, and the locked set for
-// unlockAll. A counter swept meanwhile is looked up again.
-func (s *memoryStore) lock(chain []limit) (byLimit, locked []*memoryCounter) {
-	byLimit = make([]*memoryCounter, len(chain))
-	for {
-		for i, l := range chain {
-			byLimit[i] = s.counter(l.prefix)
+// head is the head of the list of a counter with hash h, whose low bits
+// picked the shard.
+func (t counterTable) head(h uint64) *atomic.Pointer[memoryCounter] {
+	return &t[h/memoryShards&uint64(len(t)-1)]
+}
+
+func (sh *memoryShard) find(prefix string, h uint64) *memoryCounter {
+	for c := sh.table.Load().head(h).Load(); c != nil; c = c.next.Load() {
+		if c.hash == h && c.prefix == prefix {
+			return c
 		}
-		locked = slices.Clone(byLimit)
-		slices.SortFunc(locked, func(a, b *memoryCounter) int { return cmp.Compare(a.order, b.order) })
-		locked = slices.Compact(locked)
+	}
+	return nil
+}
+
+// insert adds c at the head of its list, under sh.mu, doubling the table
+// first when it holds as many counters as lists.
+func (sh *memoryShard) insert(c *memoryCounter) {
+	t := *sh.table.Load()
+	if sh.n >= len(t) {
+		t = sh.grow(t)
+	}
+	head := t.head(c.hash)
+	c.next.Store(head.Load())
+	head.Store(c)
+	sh.n++
+}
+
+// grow relinks every counter into a table twice as large, under sh.mu. A
+// walk of the old table meanwhile may stray into a list of the new one, and
+// miss, but never loop: a counter not yet relinked leads only to others not
+// yet relinked, and a relinked one only to relinked ones.
+func (sh *memoryShard) grow(old counterTable) counterTable {
+	t := make(counterTable, 2*len(old))
+	for i := range old {
+		for c := old[i].Load(); c != nil; {
+			next := c.next.Load()
+			head := t.head(c.hash)
+			c.next.Store(head.Load())
+			head.Store(c)
+			c = next
+		}
+	}
+	sh.table.Store(&t)
+	return t
+}
+
+// lock locks the counters of chain in their global order, so that chains
+// never deadlock. It appends them to byLimit in chain order, and to locked,
+// without duplicates, in lock order for unlockAll: a caller that passes empty
+// slices of stack arrays keeps a short chain off the heap. A counter swept
+// meanwhile is looked up again.
+func (s *memoryStore) lock(chain []limit, byLimit, locked []*memoryCounter) ([]*memoryCounter, []*memoryCounter) {
+	for {
+		byLimit, locked = byLimit[:0], locked[:0]
+		for _, l := range chain {
+			c := s.counter(l.prefix)
+			byLimit = append(byLimit, c)
+			locked = insertInOrder(locked, c)
+		}
 		dead := false
 		for _, c := range locked {
 			c.mu.Lock()
@@ -164,6 +230,19 @@ func (s *memoryStore) lock(chain []limit) (byLimit, locked []*memoryCounter) {
 		}
 		unlockAll(locked)
 	}
+}
+
+// insertInOrder inserts c into cs, which is sorted by lock order, unless it
+// is there already: an insertion sort, as chains are a few limits long.
+func insertInOrder(cs []*memoryCounter, c *memoryCounter) []*memoryCounter {
+	if slices.Contains(cs, c) {
+		return cs
+	}
+	cs = append(cs, c)
+	for i := len(cs) - 1; i > 0 && cs[i-1].order > c.order; i-- {
+		cs[i], cs[i-1] = cs[i-1], cs[i]
+	}
+	return cs
 }
 
 func unlockAll(cs []*memoryCounter) {
@@ -187,7 +266,8 @@ func (s *memoryStore) release() {}
 // decide is one admission, which charges only when charge is set.
 func (s *memoryStore) decide(chain []limit, atMillis int64, charge bool) decision {
 	now := s.clock(atMillis)
-	cs, locked := s.lock(chain)
+	var byLimitBuf, lockedBuf [stackChain]*memoryCounter
+	cs, locked := s.lock(chain, byLimitBuf[:0], lockedBuf[:0])
 	defer unlockAll(locked)
 	d := decision{admitted: true, now: now, counts: make([]counts, len(chain))}
 	for i, l := range chain {
@@ -261,13 +341,20 @@ func (s *memoryStore) sweep() {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		for prefix, c := range sh.counters {
-			c.mu.Lock()
-			if c.newest() < oldest && c.bkt.fullAt <= latest {
-				c.dead = true
-				delete(sh.counters, prefix)
+		t := *sh.table.Load()
+		for j := range t {
+			link := &t[j]
+			for c := link.Load(); c != nil; c = link.Load() {
+				c.mu.Lock()
+				if c.newest() < oldest && c.bkt.fullAt <= latest {
+					c.dead = true
+					link.Store(c.next.Load()) // a walk that is on c goes on from c.next
+					sh.n--
+				} else {
+					link = &c.next
+				}
+				c.mu.Unlock()
 			}
-			c.mu.Unlock()
 		}
 		sh.mu.Unlock()
 	}

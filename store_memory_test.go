@@ -1,6 +1,9 @@
 package ratelimit
 
 import (
+	"context"
+	"strconv"
+	"sync"
 	"testing"
 	"time"
 )
@@ -50,8 +53,128 @@ func (s *memoryStore) size() int {
 	n := 0
 	for i := range s.shards {
 		s.shards[i].mu.Lock()
-		n += len(s.shards[i].counters)
+		n += s.shards[i].n
 		s.shards[i].mu.Unlock()
 	}
 	return n
+}
+
+func TestMemoryStoreAdmissionAllocatesOnlyTheDecisionsCounts(t *testing.T) {
+	s := newMemoryStore(time.Hour)
+	defer s.Destruct()
+	at := pinnedBase()
+	id := uniqueID(t)
+	chain := []limit{
+		newLimit("key", id, 1<<40, 1<<40), newLimit("project", id, 1<<40, 1<<40),
+		newLimit("team", id, 1<<40, 1<<40), newLimit("org", id, 1<<40, 1<<40),
+	}
+	admitOrFail(t, s, chain, at) // creates the counters
+	allocs := testing.AllocsPerRun(100, func() { admitOrFail(t, s, chain, at) })
+	if allocs != 1 {
+		t.Fatalf("an admission of a chain of 4 allocates %v times, want once, for its counts", allocs)
+	}
+}
+
+func TestMemoryStoreChainLongerThanTheStackArraysAdmitsAndCharges(t *testing.T) {
+	s := newMemoryStore(time.Hour)
+	defer s.Destruct()
+	at := pinnedBase()
+	var chain []limit
+	for i := 0; i < 2*stackChain+1; i++ {
+		chain = append(chain, newLimit("scope"+strconv.Itoa(i), uniqueID(t), 2, 0))
+	}
+	fill(t, s, chain, at, 2)
+	if admitOrFail(t, s, chain, at).admitted {
+		t.Fatal("admitted a third request against rpm 2")
+	}
+	for _, l := range chain {
+		if n := memoryCount(t, s, l.prefix, requests, at/bucketMillis); n != 2 {
+			t.Fatalf("%s charged %d requests, want 2", l.prefix, n)
+		}
+	}
+}
+
+func TestMemoryStoreChainsThatShareCountersInAnyOrderNeverDeadlock(t *testing.T) {
+	s := newMemoryStore(time.Hour)
+	defer s.Destruct()
+	at := pinnedBase()
+	a, b, c := newLimit("key", uniqueID(t), 1<<40, 0), newLimit("team", uniqueID(t), 1<<40, 0), newLimit("org", uniqueID(t), 1<<40, 0)
+	chains := [][]limit{{a, b, c}, {c, b, a}, {b, c, a}, {a, c}, {c, a, c}, {b, b}}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, chain := range chains {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 2000; i++ {
+				if d, _ := s.admit(context.Background(), chain, at); !d.admitted {
+					t.Error("refused under caps that admit everything")
+					return
+				}
+			}
+		}()
+	}
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("admissions of chains that share counters are stuck")
+	}
+}
+
+func TestMemoryStoreCountsExactlyWhileItsShardsGrowAndAreSwept(t *testing.T) {
+	s := newMemoryStore(time.Hour) // swept by hand below
+	defer s.Destruct()
+	ctx := context.Background()
+	base := pinnedBase()
+	now := base + 2*bucketMillis // the sweep drops what was charged at base
+	live := []limit{newLimit("key", uniqueID(t), 1<<40, 0), newLimit("org", uniqueID(t), 1<<40, 0)}
+	admitOrFail(t, s, live, now)
+	stop := make(chan struct{})
+	var churn sync.WaitGroup
+	churn.Add(2)
+	go func() { // new counters, which grow the shards, and which the sweep drops
+		defer churn.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+				s.admit(ctx, []limit{newLimit("key", "gone"+strconv.Itoa(i), 1, 0)}, base)
+			}
+		}
+	}()
+	go func() {
+		defer churn.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				s.sweep()
+			}
+		}
+	}()
+	const workers, each = 4, 5000
+	var admitters sync.WaitGroup
+	for range workers {
+		admitters.Add(1)
+		go func() {
+			defer admitters.Done()
+			for range each {
+				s.admit(ctx, live, now)
+			}
+		}()
+	}
+	admitters.Wait()
+	close(stop)
+	churn.Wait()
+	for _, l := range live {
+		if n := memoryCount(t, s, l.prefix, requests, now/bucketMillis); n != 1+workers*each {
+			t.Fatalf("%s counted %d requests, want %d: an admission missed its counter and made another", l.prefix, n, 1+workers*each)
+		}
+	}
+	if n := s.size(); n < len(live) {
+		t.Fatalf("%d counters left, want at least the %d live ones", n, len(live))
+	}
 }
