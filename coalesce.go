@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"context"
 	"sync"
+	"time"
 )
 
 // coalescer sends the concurrent Redis calls of this process together: a few
@@ -21,6 +22,7 @@ type coalescer[T any] struct {
 	pending chan T
 	stop    chan struct{}
 	done    sync.WaitGroup
+	linger  time.Duration // how long a call waits for more items; 0: not at all
 }
 
 // maxBatch bounds the items of one call.
@@ -35,8 +37,8 @@ type batch[T any] interface {
 	send()
 }
 
-func newCoalescer[T any](workers int, start func(first T) batch[T]) *coalescer[T] {
-	q := &coalescer[T]{pending: make(chan T), stop: make(chan struct{})}
+func newCoalescer[T any](workers int, linger time.Duration, start func(first T) batch[T]) *coalescer[T] {
+	q := &coalescer[T]{pending: make(chan T), stop: make(chan struct{}), linger: linger}
 	q.done.Add(workers)
 	for range workers {
 		go q.work(start)
@@ -68,18 +70,31 @@ func (q *coalescer[T]) work(start func(T) batch[T]) {
 		}
 		b, n := start(next), 1
 		held = false
+		var waited <-chan time.Time // nil: take only what is waiting
+		if q.linger > 0 {
+			waited = time.After(q.linger)
+		}
 	gather:
 		for n < maxBatch {
-			select {
-			case item := <-q.pending:
-				if !b.add(item) {
-					next, held = item, true
+			var item T
+			if waited == nil {
+				select {
+				case item = <-q.pending:
+				default:
 					break gather
 				}
-				n++
-			default:
+			} else {
+				select {
+				case item = <-q.pending:
+				case <-waited:
+					break gather
+				}
+			}
+			if !b.add(item) {
+				next, held = item, true
 				break gather
 			}
+			n++
 		}
 		b.send()
 	}
