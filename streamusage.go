@@ -57,6 +57,11 @@ type readCloser struct {
 // withStreamUsage returns body with stream_options.include_usage set, if body
 // is a streaming request that does not already ask for usage.
 func withStreamUsage(body []byte) ([]byte, bool) {
+	// Most requests are not streams: spare them the decoding, unless a
+	// key may be spelled with escapes.
+	if !bytes.Contains(body, []byte(`"stream"`)) && !bytes.Contains(body, []byte(`\u`)) {
+		return nil, false
+	}
 	var req map[string]json.RawMessage
 	if json.Unmarshal(body, &req) != nil || string(req["stream"]) != "true" {
 		return nil, false

@@ -22,6 +22,7 @@ func TestStreamUsageIsAddedOnlyToStreamsThatDoNotAskForIt(t *testing.T) {
 		{"stream with null options", `{"stream":true,"stream_options":null}`, true},
 		{"stream that asked for usage", `{"stream":true,"stream_options":{"include_usage":true}}`, false},
 		{"not a stream", `{"model":"m","messages":[]}`, false},
+		{"stream with an escaped key", `{"\u0073tream":true}`, true},
 		{"stream false", `{"stream":false}`, false},
 		{"not JSON", `stream=true`, false},
 		{"stream options of the wrong type", `{"stream":true,"stream_options":[1]}`, false},
