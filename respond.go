@@ -95,19 +95,20 @@ func (s headerSet) apply(h http.Header) {
 	}
 }
 
-// tightest is, for one kind, the limit of the chain with the least remaining.
+// tightest is, for one kind, the limit of the chain with the least
+// remaining, the first of them in chain order.
 type tightest struct {
 	found          bool
 	capacity, left int64
-	resetMillis    int64
+	resetMillis    int64       // windows
+	bucket         tokenBucket // token buckets
 }
 
 // headersFor computes the headers of an answer. counted says whether the
 // request itself was charged (admissions) or not (refusals).
 func (f headerFamilies) headersFor(chain []limit, d decision, counted bool) headerSet {
 	into := d.now.into
-	var req, tok tightest
-	var bkt fewestTokens
+	var req, tok, bkt tightest
 	for i, l := range chain {
 		c := d.counts[i]
 		if l.rpm > 0 {
@@ -115,17 +116,17 @@ func (f headerFamilies) headersFor(chain []limit, d decision, counted bool) head
 			if counted {
 				w.cur++
 			}
-			req.consider(l.rpm, remaining(w, l.rpm, into), resetIn(w, into))
+			req.consider(tightest{capacity: l.rpm, left: remaining(w, l.rpm, into), resetMillis: resetIn(w, into)})
 		}
 		if l.tpm > 0 {
-			tok.consider(l.tpm, remaining(c.tok, l.tpm, into), resetIn(c.tok, into))
+			tok.consider(tightest{capacity: l.tpm, left: remaining(c.tok, l.tpm, into), resetMillis: resetIn(c.tok, into)})
 		}
 		if l.bucket.rate > 0 {
 			deficit := c.deficit
 			if counted {
 				deficit += l.bucket.cost * microTokens
 			}
-			bkt.consider(l.bucket, l.bucket.left(deficit))
+			bkt.consider(tightest{capacity: l.bucket.burst, left: l.bucket.left(deficit), bucket: l.bucket})
 		}
 	}
 	s := headerSet{families: f}
@@ -162,26 +163,12 @@ func (f headerFamilies) headersFor(chain []limit, d decision, counted bool) head
 	return s
 }
 
-// fewestTokens is the token bucket of the chain with the fewest whole tokens
-// left, the first of them in chain order.
-type fewestTokens struct {
-	found  bool
-	bucket tokenBucket
-	left   int64
-}
-
-func (t *fewestTokens) consider(b tokenBucket, left int64) {
-	if t.found && left >= t.left {
+func (t *tightest) consider(candidate tightest) {
+	if t.found && candidate.left >= t.left {
 		return
 	}
-	*t = fewestTokens{found: true, bucket: b, left: left}
-}
-
-func (t *tightest) consider(capacity, left, resetMillis int64) {
-	if t.found && left >= t.left {
-		return
-	}
-	*t = tightest{found: true, capacity: capacity, left: left, resetMillis: resetMillis}
+	*t = candidate
+	t.found = true
 }
 
 func (t tightest) appendOpenAI(values [][2]string, suffix string) [][2]string {

@@ -20,18 +20,10 @@ const maxCallLimits = 255
 
 // add appends an admission, unless that would make the call ambiguous or too
 // large: a limit whose counters are in the call already under other caps
-// (two handlers sharing counters) must be decided in another call.
+// (two handlers sharing counters) must be decided in another call. A call of
+// one admission needs no index of its limits.
 func (c *scriptCall) add(chain []limit) bool {
-	if len(c.chains) == 0 {
-		c.limits = append(c.limits[:0], chain...)
-		positions := make([]byte, len(chain))
-		for i := range positions {
-			positions[i] = byte(i + 1)
-		}
-		c.chains = append(c.chains, string(positions))
-		return len(chain) <= maxCallLimits
-	}
-	if c.position == nil {
+	if len(c.chains) == 1 && c.position == nil {
 		c.position = make(map[string]int, 4*len(c.limits))
 		for i, l := range c.limits {
 			c.position[l.prefix] = i
@@ -55,8 +47,10 @@ func (c *scriptCall) add(chain []limit) bool {
 		i, ok := c.position[l.prefix]
 		if !ok {
 			i = len(c.limits)
-			c.position[l.prefix] = i
 			c.limits = append(c.limits, l)
+			if c.position != nil {
+				c.position[l.prefix] = i
+			}
 		}
 		positions[x] = byte(i + 1)
 	}
