@@ -43,14 +43,14 @@
 -- (the deficit refilled to now) before the call's charges: the caller replays
 -- the admissions in order to know what each one read.
 
-local tonumber, byte = tonumber, string.byte
+local tonumber, byte, floor = tonumber, string.byte, math.floor
 
 local now = tonumber(ARGV[1], 16)
 if not now then
   local t = redis.call('TIME')
-  now = t[1] * 1000 + math.floor(t[2] / 1000)
+  now = t[1] * 1000 + floor(t[2] / 1000)
 end
-local bucket = math.floor(now / 60000)
+local bucket = floor(now / 60000)
 if bucket ~= tonumber(ARGV[2], 16) then
   return {-1, now}
 end
@@ -59,40 +59,54 @@ local charging = ARGV[3] == 'a'
 local n = tonumber(ARGV[4], 16)
 local vals = redis.call('MGET', unpack(KEYS))
 
--- Per limit: {rpm, tpm, rate, room, cost, req_cur, req_prev, tok_cur,
--- tok_prev, deficit, since, req_key, bucket_key, bucket_ttl, added}, built
--- by one constructor each; the reply gets its counts as read.
+-- Per limit, one table: {slack, tok_fits, room, deficit, cost, added,
+-- req_key, bucket_key, bucket_ttl, since}. slack is how far the request
+-- window is below its rpm, in 60000ths of a request: a request fits while
+-- slack >= 60000, and takes 60000 of it. Tokens are charged after the fact,
+-- never by an admission, so whether the token window fits holds for the
+-- whole call. A limit without a cap of a kind has infinite slack or room.
+-- The reply gets the counts as read. (Strings from MGET become numbers by
+-- arithmetic, which is cheaper than tonumber.)
+local inf = 1 / 0
 local limits = {}
 local reply = {1, now}
 local a, j = 5, 1
 for i = 1, n do
   local r, t, q = tonumber(ARGV[a], 16), tonumber(ARGV[a + 1], 16), tonumber(ARGV[a + 2], 16)
   a = a + 3
-  local c0, p0, c1, p1, d, since, rkey, bkey, ttl, room, cost = 0, 0, 0, 0, 0, now, false, false, 0, 0, 0
+  local c0, p0, c1, p1, d = 0, 0, 0, 0, 0
+  local slack, tokfits, room, cost, rj, bj, ttl, since = inf, true, inf, 0, false, false, 0, now
   if r > 0 then
-    c0, p0, rkey = tonumber(vals[j]) or 0, tonumber(vals[j + 1]) or 0, KEYS[j]
+    local v, w = vals[j], vals[j + 1]
+    if v then c0 = v + 0 end
+    if w then p0 = w + 0 end
+    slack, rj = (r - c0) * 60000 - p0 * weight, j
     j = j + 2
   end
   if t > 0 then
-    c1, p1 = tonumber(vals[j]) or 0, tonumber(vals[j + 1]) or 0
+    local v, w = vals[j], vals[j + 1]
+    if v then c1 = v + 0 end
+    if w then p1 = w + 0 end
+    tokfits = c1 * 60000 + p1 * weight < t * 60000
     j = j + 2
   end
   if q > 0 then
     local burst, c = tonumber(ARGV[a], 16), tonumber(ARGV[a + 1], 16)
     a = a + 2
-    room, cost, bkey, ttl = (burst - c) * 1000000, c * 1000000, KEYS[j], 2 * math.ceil(burst * 1000000 / q)
+    room, cost, bj, ttl = (burst - c) * 1000000, c * 1000000, j, 2 * math.ceil(burst * 1000000 / q)
     local sd, st = string.match(vals[j] or '', '^(%d+):(%d+)$')
     if sd then
-      d, st = tonumber(sd), tonumber(st)
+      d, st = sd + 0, st + 0
       if now > st then
-        d = math.max(d - (now - st) * q, 0)
+        d = d - (now - st) * q
+        if d < 0 then d = 0 end
       else
         since = st -- a clock gone back refills nothing
       end
     end
     j = j + 1
   end
-  limits[i] = {r, t, q, room, cost, c0, p0, c1, p1, d, since, rkey, bkey, ttl, 0}
+  limits[i] = {slack, tokfits, room, d, cost, 0, rj, bj, ttl, since}
   local k = 5 * i - 2
   reply[k], reply[k + 1], reply[k + 2], reply[k + 3], reply[k + 4] = c0, p0, c1, p1, d
 end
@@ -103,9 +117,7 @@ for m = a, #ARGV do
   local fits = 1
   for x = 1, #chain do
     local l = limits[chain[x]]
-    if l[1] > 0 and (l[6] + 1) * 60000 + l[7] * weight > l[1] * 60000
-      or l[2] > 0 and l[8] * 60000 + l[9] * weight >= l[2] * 60000
-      or l[3] > 0 and l[10] > l[4] then
+    if l[1] < 60000 or not l[2] or l[4] > l[3] then
       fits = 0
       break
     end
@@ -113,8 +125,7 @@ for m = a, #ARGV do
   if fits == 1 and charging then
     for x = 1, #chain do
       local l = limits[chain[x]]
-      if l[1] > 0 then l[6], l[15] = l[6] + 1, l[15] + 1 end
-      l[10] = l[10] + l[5]
+      l[1], l[4], l[6] = l[1] - 60000, l[4] + l[5], l[6] + 1
     end
   end
   k = k + 1
@@ -124,15 +135,15 @@ end
 if charging then
   for i = 1, n do
     local l = limits[i]
-    local added = l[15]
+    local added, rj = l[6], l[7]
     -- The expiry is set only when the increment creates the key. (INCR
     -- spares the conversion of a number argument to a string.)
-    if added == 1 and redis.call('INCR', l[12]) == 1
-      or added > 1 and redis.call('INCRBY', l[12], added) == added then
-      redis.call('EXPIRE', l[12], 120)
+    if rj and (added == 1 and redis.call('INCR', KEYS[rj]) == 1
+      or added > 1 and redis.call('INCRBY', KEYS[rj], added) == added) then
+      redis.call('EXPIRE', KEYS[rj], 120)
     end
-    if l[13] and l[10] ~= reply[5 * i + 2] then
-      redis.call('SET', l[13], string.format('%d:%d', l[10], l[11]), 'PX', l[14])
+    if l[8] and l[4] ~= reply[5 * i + 2] then
+      redis.call('SET', KEYS[l[8]], string.format('%d:%d', l[4], l[10]), 'PX', l[9])
     end
   end
 end

@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 	"testing"
@@ -138,4 +139,167 @@ func TestCoalescedTokenChargesAddUpExactly(t *testing.T) {
 			t.Fatalf("key %d holds %d tokens, want %d", i, n, i+1)
 		}
 	}
+}
+
+// recordingBatch is a call of ints whose send waits for release, and records
+// what each call held.
+type recordingBatch struct {
+	r     *callRecorder
+	items []int
+}
+
+type callRecorder struct {
+	mu      sync.Mutex
+	calls   [][]int
+	release chan struct{} // nil: send returns at once
+	full    int           // add refuses an item once a call holds this many; 0: never
+	answers map[int]chan int
+}
+
+// answerFor is where the calls answer item.
+func (r *callRecorder) answerFor(item int) chan int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.answers == nil {
+		r.answers = make(map[int]chan int)
+	}
+	r.answers[item] = make(chan int, 1)
+	return r.answers[item]
+}
+
+func (r *callRecorder) start(first int) batch[int] { return &recordingBatch{r: r, items: []int{first}} }
+
+func (b *recordingBatch) add(item int) bool {
+	if b.r.full > 0 && len(b.items) == b.r.full {
+		return false
+	}
+	b.items = append(b.items, item)
+	return true
+}
+
+func (b *recordingBatch) send() {
+	b.r.mu.Lock()
+	b.r.calls = append(b.r.calls, b.items)
+	release := b.r.release
+	b.r.mu.Unlock()
+	if release != nil && b.items[0] == 0 {
+		<-release // the first call stays in flight until the test releases it
+	}
+	b.r.mu.Lock()
+	for _, item := range b.items {
+		b.r.answers[item] <- item
+	}
+	b.r.mu.Unlock()
+}
+
+func (r *callRecorder) recorded() [][]int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.calls)
+}
+
+// submit awaits item in a goroutine, and returns once the item's call is
+// made or the item waits behind n others; done is called when it returns.
+func submit(q *coalescer[int], r *callRecorder, item int, ctx context.Context, n int, done func(answered bool)) {
+	calls := len(r.recorded())
+	answer := r.answerFor(item)
+	go func() {
+		got, ok := await(ctx, q, item, answer)
+		done(ok && got == item)
+	}()
+	for len(r.recorded()) == calls {
+		q.mu.Lock()
+		w := len(q.waiting)
+		q.mu.Unlock()
+		if w == n+1 {
+			return
+		}
+		runtime.Gosched()
+	}
+}
+
+// submitAll submits items one after another, each once the one before it
+// waits, behind n others, so that their arrival order is known.
+func submitAll(t *testing.T, q *coalescer[int], r *callRecorder, items []int, n int) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	for i, item := range items {
+		wg.Add(1)
+		submit(q, r, item, context.Background(), n+i, func(answered bool) {
+			if !answered {
+				t.Errorf("item %d was not answered by its call", item)
+			}
+			wg.Done()
+		})
+	}
+	return &wg
+}
+
+// waitIdle returns once no call is in flight and nothing waits: the last
+// caller hands nothing on.
+func waitIdle(q *coalescer[int]) {
+	for {
+		q.mu.Lock()
+		idle := q.calls == 0 && len(q.waiting) == 0
+		q.mu.Unlock()
+		if idle {
+			return
+		}
+		runtime.Gosched()
+	}
+}
+
+// A lone request makes its call in its own goroutine, at once.
+func TestLoneSubmissionMakesItsCallItself(t *testing.T) {
+	r := &callRecorder{}
+	q := newCoalescer(1, 0, r.start)
+	if got, ok := await(context.Background(), q, 7, r.answerFor(7)); !ok || got != 7 {
+		t.Fatalf("await = %d, %v", got, ok)
+	}
+	if calls := r.recorded(); !slices.EqualFunc(calls, [][]int{{7}}, slices.Equal) {
+		t.Fatalf("calls %v, want one call of the lone item, made before await returned", calls)
+	}
+}
+
+// Items that arrive while every call is in flight go in the next call, in
+// arrival order, up to what a call can hold; the rest go in the call after.
+func TestItemsWaitingOnABusyCallGoInTheNextCallsInArrivalOrder(t *testing.T) {
+	r := &callRecorder{release: make(chan struct{}), full: 3}
+	q := newCoalescer(1, 0, r.start)
+	first := submitAll(t, q, r, []int{0}, 0) // in flight until released
+	rest := submitAll(t, q, r, []int{1, 2, 3, 4, 5}, 0)
+	close(r.release)
+	first.Wait()
+	rest.Wait()
+	want := [][]int{{0}, {1, 2, 3}, {4, 5}}
+	if calls := r.recorded(); !slices.EqualFunc(calls, want, slices.Equal) {
+		t.Fatalf("calls %v, want %v", calls, want)
+	}
+	waitIdle(q)
+}
+
+// A waiter whose context ends before a call takes it is in no call, and the
+// items around it are still sent: the first waiting leads the next call and
+// takes the others.
+func TestAnItemThatGaveUpWaitingIsInNoCallAndTheRestAreSent(t *testing.T) {
+	r := &callRecorder{release: make(chan struct{})}
+	q := newCoalescer(1, 0, r.start)
+	first := submitAll(t, q, r, []int{0}, 0)
+	before := submitAll(t, q, r, []int{1}, 0)
+	ctx, cancel := context.WithCancel(context.Background())
+	gaveUp := make(chan bool, 1)
+	submit(q, r, 2, ctx, 1, func(answered bool) { gaveUp <- !answered })
+	after := submitAll(t, q, r, []int{3}, 2)
+	cancel()
+	if !<-gaveUp {
+		t.Fatal("await answered an item whose context ended while it waited")
+	}
+	close(r.release)
+	first.Wait()
+	before.Wait()
+	after.Wait()
+	want := [][]int{{0}, {1, 3}}
+	if calls := r.recorded(); !slices.EqualFunc(calls, want, slices.Equal) {
+		t.Fatalf("calls %v, want %v", calls, want)
+	}
+	waitIdle(q)
 }

@@ -40,13 +40,13 @@ type redisStore struct {
 	refusals *refusalCache
 }
 
-// The coalescers' workers (calls in flight at once), and how long a token
-// charge waits for others to share its call: charges are made after their
-// response, so a millisecond costs no client anything.
+// The coalescers' calls in flight at once, and how long a token charge waits
+// for others to share its call: charges are made after their response, so a
+// millisecond costs no client anything.
 const (
-	admissionWorkers = 2
-	chargeWorkers    = 1
-	chargeLinger     = time.Millisecond
+	admissionCalls = 2
+	chargeCalls    = 1
+	chargeLinger   = time.Millisecond
 )
 
 // redisStores shares a client among the handlers of every loaded config with
@@ -75,12 +75,12 @@ func newRedisStore(config *RedisConfig, timeout time.Duration) (*redisStore, err
 	}
 	s := &redisStore{client: client, config: config, timeout: timeout, refusals: newRefusalCache()}
 	if config.topology() != cluster {
-		s.admissions = newCoalescer(admissionWorkers, 0, func(a *admission) batch[*admission] {
+		s.admissions = newCoalescer(admissionCalls, 0, func(a *admission) batch[*admission] {
 			b := &admissionBatch{store: s, items: []*admission{a}}
 			b.call.add(a.chain)
 			return b
 		})
-		s.charges = newCoalescer(chargeWorkers, chargeLinger, func(c *charge) batch[*charge] {
+		s.charges = newCoalescer(chargeCalls, chargeLinger, func(c *charge) batch[*charge] {
 			b := &chargeBatch{store: s, items: []*charge{c}}
 			b.call.add(c.chain, c.tokens)
 			return b
@@ -96,13 +96,7 @@ func (s *redisStore) Destruct() error {
 	return nil
 }
 
-func (s *redisStore) closeClient() {
-	if s.admissions != nil {
-		s.admissions.close()
-		s.charges.close()
-	}
-	s.client.Close()
-}
+func (s *redisStore) closeClient() { s.client.Close() }
 
 func (s *redisStore) release() { s.lifetime.release(s.closeClient) }
 

@@ -1,0 +1,100 @@
+package ratelimit
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"os"
+	"strconv"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+// benchUpstreamBody is what bench/upstream answers: a small chat.completion.
+const benchUpstreamBody = `{"id":"chatcmpl-bench","object":"chat.completion","created":1739812400,"model":"gpt-4o-mini-2024-07-18",` +
+	`"choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"logprobs":null,"finish_reason":"stop"}],` +
+	`"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}`
+
+// benchUpstream stands in for reverse_proxy to bench/upstream: it reads the
+// request body and copies the answer as reverse_proxy does.
+var benchUpstream = caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+	io.Copy(io.Discard, r.Body)
+	h := w.Header()
+	h["Content-Type"] = []string{"application/json"}
+	h["Content-Length"] = []string{strconv.Itoa(len(benchUpstreamBody))}
+	w.WriteHeader(http.StatusOK)
+	_, err := io.Copy(w, bytes.NewReader([]byte(benchUpstreamBody)))
+	return err
+})
+
+// discardWriter is a client connection that takes the answer and keeps nothing.
+type discardWriter struct{ header http.Header }
+
+func (w *discardWriter) Header() http.Header         { return w.header }
+func (w *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
+func (w *discardWriter) WriteHeader(int)             {}
+
+// benchmarkHandler serves requests of 1000 keys sharing a project, team and
+// org, as bench/run's limited site does, through h (nil: no limiter), and
+// reports the time and allocations of each request with the stand-in
+// upstream; the difference to h == nil is what the limiter costs Caddy.
+func benchmarkHandler(b *testing.B, h *Handler) {
+	body := []byte(`{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say ok."}]}`)
+	b.ReportAllocs()
+	b.SetParallelism(16) // 32 clients on 2 cores, as bench/run's wrk
+	b.RunParallel(func(pb *testing.PB) {
+		w := &discardWriter{}
+		for i := 0; pb.Next(); i++ {
+			r, _ := http.NewRequest("POST", "http://gateway/v1/chat/completions", bytes.NewReader(body))
+			r.Header = http.Header{
+				"Content-Type": {"application/json"}, "X-Api-Key": {"bench-key-" + strconv.Itoa(i%1000)},
+				"X-Project": {"bench-project"}, "X-Team": {"bench-team"}, "X-Org": {"bench-org"},
+			}
+			caddyhttp.NewTestReplacer(r)
+			w.header = make(http.Header)
+			var err error
+			if h == nil {
+				err = benchUpstream.ServeHTTP(w, r)
+			} else {
+				err = h.ServeHTTP(w, r, benchUpstream)
+			}
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// benchmarkChainHandler limits the four scopes of bench/run's limited site,
+// with caps that admit everything, in Redis (nil: in-process). It is
+// provisioned before the benchmark's name is printed, so that its log line
+// does not split the benchmark's output line.
+func benchmarkChainHandler(b *testing.B, redis *RedisConfig) *Handler {
+	h := &Handler{Redis: redis}
+	for _, s := range [][2]string{{"key", "X-Api-Key"}, {"project", "X-Project"}, {"team", "X-Team"}, {"org", "X-Org"}} {
+		h.Scopes = append(h.Scopes, Scope{s[0], "{http.request.header." + s[1] + "}"})
+		h.Limits = append(h.Limits, LimitConfig{Scope: s[0], ID: "*", RPM: 1e9, TPM: 1e12})
+	}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	b.Cleanup(cancel)
+	if err := h.Provision(ctx); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { h.Cleanup() })
+	return h
+}
+
+// BenchmarkHandler is Caddy's time per request without the limiter, and with
+// it on bench/run's 4-scope chain in each store.
+func BenchmarkHandler(b *testing.B) {
+	b.Run("none", func(b *testing.B) { benchmarkHandler(b, nil) })
+	memory := benchmarkChainHandler(b, nil)
+	b.Run("memory", func(b *testing.B) { benchmarkHandler(b, memory) })
+	if url := os.Getenv(rhRedisURLEnv); url != "" {
+		redis := benchmarkChainHandler(b, &RedisConfig{URL: url})
+		b.Run("redis", func(b *testing.B) { benchmarkHandler(b, redis) })
+	}
+}
