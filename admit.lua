@@ -2,13 +2,16 @@
 -- step (Redis runs a script to completion before serving any other command).
 -- One call decides one request, or a batch of concurrent requests from one
 -- gateway in arrival order, each all-or-nothing as if it had been sent alone.
+-- A call also charges the tokens of responses that ended before it, first,
+-- so that its admissions read them.
 --
 -- KEYS      for each distinct limit of the call, in order: for each window
 --           kind it caps (req if its rpm > 0, then tok if its tpm > 0) the key
 --           of the current bucket, then of the previous one; then, if it has a
---           token bucket, the bucket's key. Every key the script touches is
---           declared, so that Redis Cluster routes, redirects and migrates
---           the call by the real keys.
+--           token bucket, the bucket's key. Then, for each token charge, the
+--           current tok key of the limit charged. Every key the script
+--           touches is declared, so that Redis Cluster routes, redirects and
+--           migrates the call by the real keys.
 -- Numbers in ARGV are hexadecimal, which Lua reads with strtoul rather than
 -- the much slower strtod.
 --
@@ -20,6 +23,8 @@
 -- ARGV[3]   "a" to admit, or "p" to decide and charge nothing (the admin
 --           API's live view).
 -- ARGV[4]   L, the number of distinct limits.
+-- ARGV[5]   C, the number of token charges (0 with "p").
+-- then      per charge, the tokens to add to its key, a positive integer.
 -- then      per limit: rpm, tpm (0 is no cap), rate of its token bucket in
 --           milli-tokens per second (0 is none), and if rate > 0 its burst
 --           and cost.
@@ -40,8 +45,9 @@
 --
 -- Reply: {1, now_ms, then per limit req_cur, req_prev, tok_cur, tok_prev,
 -- deficit, then per admission 1 (admitted) or 0}, with the counts as read
--- (the deficit refilled to now) before the call's charges: the caller replays
--- the admissions in order to know what each one read.
+-- (the deficit refilled to now) after the token charges and before the
+-- admissions: the caller replays the admissions in order to know what each
+-- one read.
 
 local tonumber, byte, floor = tonumber, string.byte, math.floor
 
@@ -56,8 +62,14 @@ if bucket ~= tonumber(ARGV[2], 16) then
 end
 local weight = 60000 - (now - bucket * 60000)
 local charging = ARGV[3] == 'a'
-local n = tonumber(ARGV[4], 16)
-local vals = redis.call('MGET', unpack(KEYS))
+local n, nc = tonumber(ARGV[4], 16), tonumber(ARGV[5], 16)
+-- Only the increment that creates a key sets its expiry.
+local nk = #KEYS - nc
+for c = 1, nc do
+  local key, tokens = KEYS[nk + c], tonumber(ARGV[5 + c], 16)
+  if redis.call('INCRBY', key, tokens) == tokens then redis.call('EXPIRE', key, 120) end
+end
+local vals = nk > 0 and redis.call('MGET', unpack(KEYS, 1, nk)) or {}
 
 -- Per limit, one table: {slack, tok_fits, room, deficit, cost, added,
 -- req_key, bucket_key, bucket_ttl, since}. slack is how far the request
@@ -70,7 +82,7 @@ local vals = redis.call('MGET', unpack(KEYS))
 local inf = 1 / 0
 local limits = {}
 local reply = {1, now}
-local a, j = 5, 1
+local a, j = 6 + nc, 1
 for i = 1, n do
   local r, t, q = tonumber(ARGV[a], 16), tonumber(ARGV[a + 1], 16), tonumber(ARGV[a + 2], 16)
   a = a + 3

@@ -3,7 +3,6 @@ package ratelimit
 import (
 	"context"
 	"sync"
-	"time"
 )
 
 // coalescer sends the concurrent Redis calls of this process together.
@@ -12,18 +11,18 @@ import (
 // busy waits, and is either answered by a later call or handed the lead of
 // the next one by the caller before it. A lone request thus costs no
 // goroutine hand-off, and under load the items waiting on a round trip go
-// in one call: admissions are decided by one call of admit.lua in arrival
-// order, each all-or-nothing as if sent alone (admissionBatch); token charges
-// are summed per key (chargeBatch). A limit that several requests share
-// (their org, say) is then read, decided and charged once per call.
+// in one call of admit.lua (scriptBatch): it charges the tokens of finished
+// responses, summed per key, then decides the admissions in arrival order,
+// each all-or-nothing as if sent alone. A limit that several requests share
+// (their org, say) is then read, decided and charged once per call. Under
+// load a token charge thus rides on a call that admits.
 //
 // A call keeps the single request's guarantees: an admission call is
 // replayed once on a dead connection, and when a call fails, every item in it
 // gets the error (for an admission, on_redis_error applies to each).
 type coalescer[T any] struct {
 	start    func(first T) batch[T]
-	maxCalls int           // calls in flight at once
-	linger   time.Duration // how long a call waits for more items; 0: not at all
+	maxCalls int // calls in flight at once
 
 	mu      sync.Mutex // guards what follows, and every ticket's state
 	calls   int
@@ -58,8 +57,8 @@ const (
 	abandoned             // its caller gave up before either
 )
 
-func newCoalescer[T any](maxCalls int, linger time.Duration, start func(first T) batch[T]) *coalescer[T] {
-	return &coalescer[T]{start: start, maxCalls: maxCalls, linger: linger}
+func newCoalescer[T any](maxCalls int, start func(first T) batch[T]) *coalescer[T] {
+	return &coalescer[T]{start: start, maxCalls: maxCalls}
 }
 
 // await makes or joins a call for item and returns the item's answer, which
@@ -101,9 +100,6 @@ func await[T, R any](ctx context.Context, q *coalescer[T], item T, answer <-chan
 // lead makes one call of first and of what waits and can join it, then hands
 // the next call to the first item still waiting, if any.
 func (q *coalescer[T]) lead(first T) {
-	if q.linger > 0 {
-		time.Sleep(q.linger)
-	}
 	b := q.start(first)
 	q.mu.Lock()
 	// The call takes what waits in arrival order, up to the first item that
@@ -140,99 +136,71 @@ func (q *coalescer[T]) lead(first T) {
 	q.mu.Unlock()
 }
 
-// admission is one request waiting for its decision.
-type admission struct {
+// scriptItem is one request's part of a call of admit.lua: its admission, or
+// the token charge of its finished response (tokens > 0).
+type scriptItem struct {
 	chain    []limit
+	tokens   int64
 	atMillis int64
-	decided  chan admissionResult // buffered: a call never waits on it
+	answer   chan scriptAnswer // buffered: a call never waits on it
 }
 
-type admissionResult struct {
+// scriptAnswer is an admission's decision, or a charge's outcome.
+type scriptAnswer struct {
 	d   decision
 	err error
 }
 
-// admissionBatch decides its admissions in one call of admit.lua. An
-// admission with another pinned clock, or whose counters are in the call
-// under other caps, starts the next call.
-type admissionBatch struct {
+// scriptBatch is one call of admit.lua. An item with another pinned clock,
+// or an admission whose counters are in the call under other caps, waits for
+// the next call.
+type scriptBatch struct {
 	store *redisStore
 	call  scriptCall
-	items []*admission
+	items []*scriptItem
 }
 
-func (b *admissionBatch) add(a *admission) bool {
-	if a.atMillis != b.items[0].atMillis || !b.call.add(a.chain) {
+func (b *scriptBatch) add(item *scriptItem) bool {
+	if len(b.items) > 0 && item.atMillis != b.items[0].atMillis {
 		return false
 	}
-	b.items = append(b.items, a)
+	if item.tokens > 0 {
+		b.call.charges.add(item.chain, item.tokens)
+	} else if !b.call.add(item.chain) {
+		return false
+	}
+	b.items = append(b.items, item)
 	return true
 }
 
-func (b *admissionBatch) send() {
-	ds, err := b.store.call(context.Background(), &b.call, b.items[0].atMillis, false)
-	for i, a := range b.items {
-		if err != nil {
-			a.decided <- admissionResult{err: err}
-		} else {
-			a.decided <- admissionResult{d: ds[i]}
+func (b *scriptBatch) send() {
+	ds, charged, err := b.store.call(context.Background(), &b.call, b.items[0].atMillis, false)
+	k := 0
+	for _, item := range b.items {
+		switch {
+		case item.tokens > 0:
+			item.answer <- scriptAnswer{err: charged}
+		case err != nil:
+			item.answer <- scriptAnswer{err: err}
+		default:
+			item.answer <- scriptAnswer{d: ds[k]}
+			k++
 		}
 	}
 }
 
-// admitCoalesced waits for the admission's decision: at most the store's
-// timeout in all while others make the calls, and one call (which the timeout
-// bounds) more when it is handed one. An admission that gives up waiting may
-// still be decided, and charged, by its call: that errs towards stricter, as
-// a lost reply does.
-func (s *redisStore) admitCoalesced(ctx context.Context, chain []limit, atMillis int64) (decision, error) {
+// coalesced waits for the item's answer: at most the store's timeout in all
+// while others make the calls, and one call (which the timeout bounds) more
+// when it is handed one. An admission that gives up waiting may still be
+// decided, and charged, by its call: that errs towards stricter, as a lost
+// reply does; a charge that gives up may still be charged.
+func (s *redisStore) coalesced(ctx context.Context, item *scriptItem) (decision, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	a := &admission{chain: chain, atMillis: atMillis, decided: make(chan admissionResult, 1)}
-	r, ok := await(ctx, s.admissions, a, a.decided)
+	item.answer = make(chan scriptAnswer, 1)
+	a, ok := await(ctx, s.calls, item, item.answer)
 	if !ok {
 		return decision{}, ctx.Err()
 	}
-	return r.d, r.err
-}
-
-// charge is one response's tokens, waiting to be charged.
-type charge struct {
-	chain    []limit
-	tokens   int64
-	atMillis int64
-	charged  chan error // buffered
-}
-
-// chargeBatch charges its charges in one call of record.lua, summed per key.
-type chargeBatch struct {
-	store *redisStore
-	call  chargeCall
-	items []*charge
-}
-
-func (b *chargeBatch) add(c *charge) bool {
-	if c.atMillis != b.items[0].atMillis {
-		return false
-	}
-	b.call.add(c.chain, c.tokens)
-	b.items = append(b.items, c)
-	return true
-}
-
-func (b *chargeBatch) send() {
-	err := b.store.charge(context.Background(), &b.call, b.items[0].atMillis)
-	for _, c := range b.items {
-		c.charged <- err
-	}
-}
-
-// recordCoalesced waits until the tokens are charged, or the charge failed.
-func (s *redisStore) recordCoalesced(ctx context.Context, chain []limit, tokens, atMillis int64) error {
-	c := &charge{chain: chain, tokens: tokens, atMillis: atMillis, charged: make(chan error, 1)}
-	err, ok := await(ctx, s.charges, c, c.charged)
-	if !ok {
-		return ctx.Err()
-	}
-	return err
+	return a.d, a.err
 }

@@ -26,7 +26,7 @@ func TestBatchedAdmissionsAreDecidedInArrivalOrderEachAllOrNothing(t *testing.T)
 	if len(c.limits) != 4 {
 		t.Fatalf("%d distinct limits in the call, want 4 (k1, org, k2, k3)", len(c.limits))
 	}
-	ds, err := s.call(context.Background(), &c, at, false)
+	ds, _, err := s.call(context.Background(), &c, at, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -251,7 +251,7 @@ func waitIdle(q *coalescer[int]) {
 // A lone request makes its call in its own goroutine, at once.
 func TestLoneSubmissionMakesItsCallItself(t *testing.T) {
 	r := &callRecorder{}
-	q := newCoalescer(1, 0, r.start)
+	q := newCoalescer(1, r.start)
 	if got, ok := await(context.Background(), q, 7, r.answerFor(7)); !ok || got != 7 {
 		t.Fatalf("await = %d, %v", got, ok)
 	}
@@ -264,7 +264,7 @@ func TestLoneSubmissionMakesItsCallItself(t *testing.T) {
 // arrival order, up to what a call can hold; the rest go in the call after.
 func TestItemsWaitingOnABusyCallGoInTheNextCallsInArrivalOrder(t *testing.T) {
 	r := &callRecorder{release: make(chan struct{}), full: 3}
-	q := newCoalescer(1, 0, r.start)
+	q := newCoalescer(1, r.start)
 	first := submitAll(t, q, r, []int{0}, 0) // in flight until released
 	rest := submitAll(t, q, r, []int{1, 2, 3, 4, 5}, 0)
 	close(r.release)
@@ -282,7 +282,7 @@ func TestItemsWaitingOnABusyCallGoInTheNextCallsInArrivalOrder(t *testing.T) {
 // takes the others.
 func TestAnItemThatGaveUpWaitingIsInNoCallAndTheRestAreSent(t *testing.T) {
 	r := &callRecorder{release: make(chan struct{})}
-	q := newCoalescer(1, 0, r.start)
+	q := newCoalescer(1, r.start)
 	first := submitAll(t, q, r, []int{0}, 0)
 	before := submitAll(t, q, r, []int{1}, 0)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -420,7 +420,7 @@ func (h *Handler) chain(repl *caddy.Replacer) []limit {
 			}
 		}
 	}
-	var chain []limit
+	chain := make([]limit, 0, len(h.Scopes))
 	for _, s := range h.Scopes {
 		sl, ok := h.limits[s.Name]
 		if !ok {

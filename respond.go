@@ -90,8 +90,12 @@ func (s headerSet) apply(h http.Header) {
 			h.Del(name)
 		}
 	}
-	for _, v := range s.values {
-		h.Set(v[0], v[1])
+	// The names are canonical; one array holds every value (a header's own
+	// slice is capped, so that an Add to it copies).
+	values := make([]string, len(s.values))
+	for i, v := range s.values {
+		values[i] = v[1]
+		h[v[0]] = values[i : i+1 : i+1]
 	}
 }
 
@@ -129,10 +133,10 @@ func (f headerFamilies) headersFor(chain []limit, d decision, counted bool) head
 			bkt.consider(tightest{capacity: l.bucket.burst, left: l.bucket.left(deficit), bucket: l.bucket})
 		}
 	}
-	s := headerSet{families: f}
+	s := headerSet{families: f, values: make([][2]string, 0, 8)}
 	if f.openai {
-		s.values = req.appendOpenAI(s.values, "Requests")
-		s.values = tok.appendOpenAI(s.values, "Tokens")
+		s.values = req.appendOpenAI(s.values, openaiHeaders[:3])
+		s.values = tok.appendOpenAI(s.values, openaiHeaders[3:])
 	}
 	if f.ietf {
 		var policy, state []string
@@ -171,14 +175,15 @@ func (t *tightest) consider(candidate tightest) {
 	t.found = true
 }
 
-func (t tightest) appendOpenAI(values [][2]string, suffix string) [][2]string {
+// appendOpenAI appends the limit, remaining and reset headers of names.
+func (t tightest) appendOpenAI(values [][2]string, names []string) [][2]string {
 	if !t.found {
 		return values
 	}
 	return append(values,
-		[2]string{"X-Ratelimit-Limit-" + suffix, strconv.FormatInt(t.capacity, 10)},
-		[2]string{"X-Ratelimit-Remaining-" + suffix, strconv.FormatInt(t.left, 10)},
-		[2]string{"X-Ratelimit-Reset-" + suffix, (time.Duration(t.resetMillis) * time.Millisecond).String()},
+		[2]string{names[0], strconv.FormatInt(t.capacity, 10)},
+		[2]string{names[1], strconv.FormatInt(t.left, 10)},
+		[2]string{names[2], (time.Duration(t.resetMillis) * time.Millisecond).String()},
 	)
 }
 

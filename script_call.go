@@ -5,14 +5,16 @@ import (
 	"strconv"
 )
 
-// scriptCall is what one call of admit.lua decides: the distinct limits of
-// its admissions, and each admission's chain as positions among them, so that
-// a limit shared by the chains of a batch (their org, say) is read, decided
-// and charged once per call.
+// scriptCall is what one call of admit.lua decides and charges: the distinct
+// limits of its admissions, and each admission's chain as positions among
+// them, so that a limit shared by the chains of a batch (their org, say) is
+// read, decided and charged once per call; and the token charges of finished
+// responses, summed per limit.
 type scriptCall struct {
 	limits   []limit
 	chains   []string       // per admission: the 1-based positions of its limits, a byte each
 	position map[string]int // limit prefix → index in limits, once there are two admissions
+	charges  chargeCall
 }
 
 // maxCallLimits is how many distinct limits a byte can point at.
@@ -59,9 +61,10 @@ func (c *scriptCall) add(chain []limit) bool {
 }
 
 // keys declares every key admit.lua touches: per limit and window it caps,
-// the current bucket and the previous one; then its token bucket.
+// the current bucket and the previous one; then its token bucket; then the
+// current tok bucket of each limit charged.
 func (c *scriptCall) keys(bucket int64) []string {
-	keys := make([]string, 0, 4*len(c.limits))
+	keys := make([]string, 0, 4*len(c.limits)+len(c.charges.prefixes))
 	cur, prev := strconv.FormatInt(bucket, 10), strconv.FormatInt(bucket-1, 10)
 	for _, l := range c.limits {
 		if l.rpm > 0 {
@@ -74,6 +77,9 @@ func (c *scriptCall) keys(bucket int64) []string {
 			keys = append(keys, l.prefix+"bkt")
 		}
 	}
+	for _, prefix := range c.charges.prefixes {
+		keys = append(keys, prefix+"tok:"+cur)
+	}
 	return keys
 }
 
@@ -82,8 +88,11 @@ func (c *scriptCall) args(atMillis, bucket int64, peek bool) []any {
 	if peek {
 		mode = "p"
 	}
-	args := make([]any, 0, 4+3*len(c.limits)+len(c.chains))
-	args = append(args, clockArg(atMillis), hexArg(bucket), mode, hexArg(int64(len(c.limits))))
+	args := make([]any, 0, 5+len(c.charges.tokens)+3*len(c.limits)+len(c.chains))
+	args = append(args, clockArg(atMillis), hexArg(bucket), mode, hexArg(int64(len(c.limits))), hexArg(int64(len(c.charges.tokens))))
+	for _, n := range c.charges.tokens {
+		args = append(args, hexArg(n))
+	}
 	for _, l := range c.limits {
 		args = append(args, hexArg(l.rpm), hexArg(l.tpm), hexArg(l.bucket.rate))
 		if l.bucket.rate > 0 {
@@ -145,8 +154,8 @@ func clockArg(atMillis int64) string {
 	return hexArg(atMillis)
 }
 
-// chargeCall is what one call of record.lua charges: tokens per tpm limit,
-// summed over the charges of a batch.
+// chargeCall is what one call charges: tokens per tpm limit, summed over the
+// charges of a batch.
 type chargeCall struct {
 	prefixes []string
 	tokens   []int64
@@ -170,23 +179,4 @@ func (c *chargeCall) add(chain []limit, tokens int64) {
 		}
 		c.tokens[i] += tokens
 	}
-}
-
-// keys declares the current tok bucket of every limit charged.
-func (c *chargeCall) keys(bucket int64) []string {
-	keys := make([]string, len(c.prefixes))
-	cur := strconv.FormatInt(bucket, 10)
-	for i, prefix := range c.prefixes {
-		keys[i] = prefix + "tok:" + cur
-	}
-	return keys
-}
-
-func (c *chargeCall) args(atMillis, bucket int64) []any {
-	args := make([]any, 0, 2+len(c.tokens))
-	args = append(args, clockArg(atMillis), hexArg(bucket))
-	for _, n := range c.tokens {
-		args = append(args, hexArg(n))
-	}
-	return args
 }

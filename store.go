@@ -117,7 +117,10 @@ func keyID(scope, id string) string {
 		return id
 	}
 	sum := sha256.Sum256([]byte(id))
-	return "#" + hex.EncodeToString(sum[:16])
+	var digest [33]byte
+	digest[0] = '#'
+	hex.Encode(digest[1:], sum[:16])
+	return string(digest[:])
 }
 
 func isPlainID(id string) bool {

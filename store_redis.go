@@ -4,7 +4,6 @@ import (
 	"context"
 	_ "embed"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"syscall"
@@ -18,36 +17,26 @@ var (
 	//go:embed admit.lua
 	admitLua    string
 	admitScript = redis.NewScript(admitLua)
-
-	//go:embed record.lua
-	recordLua    string
-	recordScript = redis.NewScript(recordLua)
 )
 
 // redisStore keeps the counters in Redis, shared by every replica. Each
-// admission is one EVALSHA of admit.lua (go-redis's Script loads the script
-// and retries on NOSCRIPT, as after a Redis restart or a failover).
+// admission and each token charge is part of one EVALSHA of admit.lua
+// (go-redis's Script loads the script and retries on NOSCRIPT, as after a
+// Redis restart or a failover).
 type redisStore struct {
 	lifetime
 	client  redis.UniversalClient
 	config  *RedisConfig // resolved: for the replay's fresh connection
 	timeout time.Duration
-	// admissions and charges coalesce concurrent calls (coalesce.go); nil
+	// calls coalesces concurrent admissions and charges (coalesce.go); nil
 	// on Redis Cluster, where a call is bound to one slot.
-	admissions *coalescer[*admission]
-	charges    *coalescer[*charge]
+	calls *coalescer[*scriptItem]
 	// refusals is shared by every handler of the store, across reloads.
 	refusals *refusalCache
 }
 
-// The coalescers' calls in flight at once, and how long a token charge waits
-// for others to share its call: charges are made after their response, so a
-// millisecond costs no client anything.
-const (
-	admissionCalls = 2
-	chargeCalls    = 1
-	chargeLinger   = time.Millisecond
-)
+// callsInFlight is how many calls of admit.lua the coalescer sends at once.
+const callsInFlight = 2
 
 // redisStores shares a client among the handlers of every loaded config with
 // the same settings, so that a reload neither reconnects nor leaks a pool.
@@ -75,14 +64,9 @@ func newRedisStore(config *RedisConfig, timeout time.Duration) (*redisStore, err
 	}
 	s := &redisStore{client: client, config: config, timeout: timeout, refusals: newRefusalCache()}
 	if config.topology() != cluster {
-		s.admissions = newCoalescer(admissionCalls, 0, func(a *admission) batch[*admission] {
-			b := &admissionBatch{store: s, items: []*admission{a}}
-			b.call.add(a.chain)
-			return b
-		})
-		s.charges = newCoalescer(chargeCalls, chargeLinger, func(c *charge) batch[*charge] {
-			b := &chargeBatch{store: s, items: []*charge{c}}
-			b.call.add(c.chain, c.tokens)
+		s.calls = newCoalescer(callsInFlight, func(first *scriptItem) batch[*scriptItem] {
+			b := &scriptBatch{store: s}
+			b.add(first)
 			return b
 		})
 	}
@@ -101,8 +85,8 @@ func (s *redisStore) closeClient() { s.client.Close() }
 func (s *redisStore) release() { s.lifetime.release(s.closeClient) }
 
 func (s *redisStore) admit(ctx context.Context, chain []limit, atMillis int64) (decision, error) {
-	if s.admissions != nil {
-		return s.admitCoalesced(ctx, chain, atMillis)
+	if s.calls != nil {
+		return s.coalesced(ctx, &scriptItem{chain: chain, atMillis: atMillis})
 	}
 	return s.run(ctx, chain, atMillis, false)
 }
@@ -116,34 +100,51 @@ func (s *redisStore) peek(ctx context.Context, chain []limit, atMillis int64) (d
 func (s *redisStore) run(ctx context.Context, chain []limit, atMillis int64, peek bool) (decision, error) {
 	var c scriptCall
 	c.add(chain)
-	ds, err := s.call(ctx, &c, atMillis, peek)
+	ds, _, err := s.call(ctx, &c, atMillis, peek)
 	if err != nil {
 		return decision{}, err
 	}
 	return ds[0], nil
 }
 
-// call runs admit.lua once for the admissions of c.
-func (s *redisStore) call(ctx context.Context, c *scriptCall, atMillis int64, peek bool) ([]decision, error) {
+// call runs admit.lua once for the admissions and token charges of c, and
+// returns the admissions' decisions and the charges' outcome. A charge is
+// never replayed (a double charge would outlive the failure): when a call
+// that charges meets a dead connection, its charges fail with that error and
+// its admissions are replayed alone.
+func (s *redisStore) call(ctx context.Context, c *scriptCall, atMillis int64, peek bool) (ds []decision, charged, err error) {
 	op := "admit"
-	if peek {
+	switch {
+	case peek:
 		op = "peek"
+	case len(c.chains) == 0:
+		op = "record_tokens"
 	}
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
+	charging := len(c.charges.prefixes) > 0
 	bucket := s.bucketFor(atMillis)
-	reply, err := s.runScript(ctx, admitScript, c.keys(bucket), c.args(atMillis, bucket, peek), true)
-	if bucket, ok := otherBucket(reply); ok && err == nil {
+	reply, err := s.runScript(ctx, admitScript, c.keys(bucket), c.args(atMillis, bucket, peek), !charging)
+	if b, ok := otherBucket(reply); ok && err == nil {
 		// Redis's clock is in another minute than ours: nothing ran; name
 		// the keys of its bucket.
-		reply, err = s.runScript(ctx, admitScript, c.keys(bucket), c.args(atMillis, bucket, peek), true)
+		bucket = b
+		reply, err = s.runScript(ctx, admitScript, c.keys(bucket), c.args(atMillis, bucket, peek), !charging)
+	}
+	if charging && len(c.chains) > 0 && s.config.topology() != cluster && isDeadConnection(err) {
+		charged, c.charges = err, chargeCall{}
+		reply, err = s.replay(ctx, admitScript, c.keys(bucket), c.args(atMillis, bucket, peek))
 	}
 	observeRedis(op, start, err)
 	if err != nil {
-		return nil, err
+		return nil, err, err
 	}
-	return c.decode(reply, !peek)
+	ds, err = c.decode(reply, !peek)
+	if charged == nil {
+		charged = err
+	}
+	return ds, charged, err
 }
 
 // bucketFor is the bucket that names a call's keys: the pinned clock's, or
@@ -226,30 +227,14 @@ func (s *redisStore) recordTokens(ctx context.Context, chain []limit, tokens, at
 	if tokens <= 0 || !chainHasTPM(chain) {
 		return nil
 	}
-	if s.charges != nil {
-		return s.recordCoalesced(ctx, chain, tokens, atMillis)
+	if s.calls != nil {
+		_, err := s.coalesced(ctx, &scriptItem{chain: chain, tokens: tokens, atMillis: atMillis})
+		return err
 	}
-	var c chargeCall
-	c.add(chain, tokens)
-	return s.charge(ctx, &c, atMillis)
-}
-
-// charge runs record.lua once for the charges of c. It is never replayed: a
-// double charge would outlive the failure.
-func (s *redisStore) charge(ctx context.Context, c *chargeCall, atMillis int64) error {
-	start := time.Now()
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
-	bucket := s.bucketFor(atMillis)
-	reply, err := s.runScript(ctx, recordScript, c.keys(bucket), c.args(atMillis, bucket), false)
-	if bucket, ok := otherBucket(reply); ok && err == nil {
-		reply, err = s.runScript(ctx, recordScript, c.keys(bucket), c.args(atMillis, bucket), false)
-	}
-	if err == nil && (len(reply) != 2 || reply[0] != 1) {
-		err = fmt.Errorf("%w: token charge reply %v", errBadReply, reply)
-	}
-	observeRedis("record_tokens", start, err)
-	return err
+	var c scriptCall
+	c.charges.add(chain, tokens)
+	_, charged, _ := s.call(ctx, &c, atMillis, false)
+	return charged
 }
 
 // Interface guards

@@ -85,6 +85,66 @@ func TestAdmissionOnAConnectionThatDiesAtItsNextCommandIsReplayedOnce(t *testing
 	}
 }
 
+// A call that charges tokens and admits, on a connection that dies at its
+// next command, replays its admissions alone: the charge fails with the
+// error, for the caller to log, and is charged neither once nor twice.
+func TestCallOnADyingConnectionReplaysItsAdmissionsButNotItsCharges(t *testing.T) {
+	url := redisURLFromEnv(t)
+	opts, err := redis.ParseURL(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := newResetProxy(t, opts.Addr)
+	s := newTestRedisStore(t, "redis://"+proxy.Addr()+"/"+strconv.Itoa(opts.DB))
+	at := pinnedBase() + 1000
+	chain := []limit{newLimit("key", uniqueID(t), 2, 1000)}
+	if !admitOrFail(t, s, chain, at).admitted {
+		t.Fatal("first request refused")
+	}
+	var c scriptCall
+	c.charges.add(chain, 300)
+	c.add(chain)
+	proxy.ResetAtNextCommand()
+	ds, charged, err := s.call(context.Background(), &c, at, false)
+	if err != nil {
+		t.Fatalf("admission on a dying connection was not replayed: %v", err)
+	}
+	if !isDeadConnection(charged) {
+		t.Fatalf("charge on a dying connection: %v, want the dead connection's error", charged)
+	}
+	if !ds[0].admitted || ds[0].counts[0].tok.cur != 0 {
+		t.Fatalf("replayed admission: admitted %v, read %d tokens; want admitted, 0", ds[0].admitted, ds[0].counts[0].tok.cur)
+	}
+	if n := redisCount(t, url, chain[0].prefix, tokens, at/bucketMillis); n != 0 {
+		t.Fatalf("%d tokens charged by a call whose connection died, want 0", n)
+	}
+	if n := redisCount(t, url, chain[0].prefix, requests, at/bucketMillis); n != 2 {
+		t.Fatalf("counted %d requests, want 2", n)
+	}
+}
+
+// A call charges its tokens before it decides: its admissions read them.
+func TestAdmissionsOfACallReadTheTokensItCharges(t *testing.T) {
+	url := redisURLFromEnv(t)
+	s := newTestRedisStore(t, url)
+	at := pinnedBase() + 1000
+	org := newLimit("org", uniqueID(t), 0, 500)
+	key := newLimit("key", uniqueID(t), 10, 0)
+	var c scriptCall
+	c.charges.add([]limit{key, org}, 500) // the key has no tpm: only the org is charged
+	c.add([]limit{key, org})
+	ds, charged, err := s.call(context.Background(), &c, at, false)
+	if err != nil || charged != nil {
+		t.Fatal(err, charged)
+	}
+	if ds[0].admitted || ds[0].counts[1].tok.cur != 500 {
+		t.Fatalf("admitted %v having read %d tokens; want refused on the 500 charged first", ds[0].admitted, ds[0].counts[1].tok.cur)
+	}
+	if len(c.keys(at/bucketMillis)) != 5 { // key req cur/prev, org tok cur/prev, the org's charge
+		t.Fatalf("keys %v", c.keys(at/bucketMillis))
+	}
+}
+
 func TestAdmissionFailsWithAnErrorWhileRedisIsDownAndResumesAfterRestart(t *testing.T) {
 	srv := startRedis(t)
 	s := newTestRedisStore(t, srv.URL())
@@ -164,11 +224,14 @@ func TestScriptTouchesNothingWhenItsKeysNameAnotherMinute(t *testing.T) {
 	if err != nil || len(keys) != 0 {
 		t.Fatalf("keys %v written by a call whose keys named another minute (%v)", keys, err)
 	}
-	var charge chargeCall
-	charge.add(chain, 9)
-	reply, err = s.runScript(context.Background(), recordScript, charge.keys(stale), charge.args(at, stale), false)
+	var charge scriptCall
+	charge.charges.add(chain, 9)
+	reply, err = s.runScript(context.Background(), admitScript, charge.keys(stale), charge.args(at, stale, false), false)
 	if _, ok := otherBucket(reply); !ok || err != nil {
 		t.Fatalf("token charge with keys of another minute: %v %v", reply, err)
+	}
+	if keys, _ := redisClient(t, url).Keys(context.Background(), chain[0].prefix+"*").Result(); len(keys) != 0 {
+		t.Fatalf("keys %v written by a token charge whose keys named another minute", keys)
 	}
 }
 
