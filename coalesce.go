@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"context"
 	"sync"
+	"time"
 )
 
 // coalescer sends the concurrent Redis calls of this process together.
@@ -14,19 +15,22 @@ import (
 // in one call of admit.lua (scriptBatch): it charges the tokens of finished
 // responses, summed per key, then decides the admissions in arrival order,
 // each all-or-nothing as if sent alone. A limit that several requests share
-// (their org, say) is then read, decided and charged once per call. Under
-// load a token charge thus rides on a call that admits.
+// (their org, say) is then read, decided and charged once per call. A token
+// charge rides in the next call that admits, and takes a call of its own
+// only when none comes within a millisecond.
 //
 // A call keeps the single request's guarantees: an admission call is
 // replayed once on a dead connection, and when a call fails, every item in it
 // gets the error (for an admission, on_redis_error applies to each).
 type coalescer[T any] struct {
 	start    func(first T) batch[T]
-	maxCalls int // calls in flight at once
+	maxCalls int           // calls in flight at once
+	linger   time.Duration // how long a rider waits for a call to ride in
 
 	mu      sync.Mutex // guards what follows, and every ticket's state
 	calls   int
 	waiting []*ticket[T]
+	riders  []*ticket[T] // items that go in the next call, whoever makes it
 }
 
 // maxBatch bounds the items of one call.
@@ -57,15 +61,51 @@ const (
 	abandoned             // its caller gave up before either
 )
 
-func newCoalescer[T any](maxCalls int, start func(first T) batch[T]) *coalescer[T] {
-	return &coalescer[T]{start: start, maxCalls: maxCalls}
+func newCoalescer[T any](maxCalls int, linger time.Duration, start func(first T) batch[T]) *coalescer[T] {
+	return &coalescer[T]{start: start, maxCalls: maxCalls, linger: linger}
 }
 
 // await makes or joins a call for item and returns the item's answer, which
 // the call sends on answer, or false if ctx is done before the item is in a
 // call. A caller handed the lead just as its ctx was done still makes the
 // call, in the background: the items behind it wait for it.
-func await[T, R any](ctx context.Context, q *coalescer[T], item T, answer <-chan R) (R, bool) {
+//
+// An item that rides (a token charge: nobody waits for it) takes no call of
+// its own at first: it goes in the next call that another item makes, and
+// only if none is made within the linger, makes or joins one as any item.
+func await[T, R any](ctx context.Context, q *coalescer[T], item T, rides bool, answer <-chan R) (R, bool) {
+	var none R
+	if rides {
+		t := &ticket[T]{item: item}
+		q.mu.Lock()
+		q.riders = append(q.riders, t)
+		q.mu.Unlock()
+		timer := time.NewTimer(q.linger)
+		defer timer.Stop()
+		select {
+		case r := <-answer:
+			return r, true
+		case <-timer.C:
+		case <-ctx.Done():
+		}
+		q.mu.Lock()
+		state := t.state
+		if state == waiting {
+			t.state = abandoned // the next call drops it from the riders
+		}
+		q.mu.Unlock()
+		switch {
+		case state == batched:
+			select {
+			case r := <-answer:
+				return r, true
+			case <-ctx.Done():
+				return none, false
+			}
+		case ctx.Err() != nil:
+			return none, false
+		}
+	}
 	q.mu.Lock()
 	if q.calls < q.maxCalls {
 		q.calls++
@@ -93,7 +133,6 @@ func await[T, R any](ctx context.Context, q *coalescer[T], item T, answer <-chan
 	if state == leading {
 		go q.lead(item)
 	}
-	var none R
 	return none, false
 }
 
@@ -102,9 +141,23 @@ func await[T, R any](ctx context.Context, q *coalescer[T], item T, answer <-chan
 func (q *coalescer[T]) lead(first T) {
 	b := q.start(first)
 	q.mu.Lock()
+	n := 1
+	kept := q.riders[:0]
+	for _, t := range q.riders {
+		switch {
+		case t.state == abandoned:
+		case n < maxBatch && b.add(t.item):
+			t.state = batched
+			n++
+		default:
+			kept = append(kept, t)
+		}
+	}
+	clear(q.riders[len(kept):])
+	q.riders = kept
 	// The call takes what waits in arrival order, up to the first item that
 	// cannot join it: that one leads the next.
-	n, i := 1, 0
+	i := 0
 	for ; i < len(q.waiting) && n < maxBatch; i++ {
 		t := q.waiting[i]
 		if t.state == abandoned {
@@ -198,7 +251,7 @@ func (s *redisStore) coalesced(ctx context.Context, item *scriptItem) (decision,
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	item.answer = make(chan scriptAnswer, 1)
-	a, ok := await(ctx, s.calls, item, item.answer)
+	a, ok := await(ctx, s.calls, item, item.tokens > 0, item.answer)
 	if !ok {
 		return decision{}, ctx.Err()
 	}

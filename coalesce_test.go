@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 )
 
 // One call decides its admissions in arrival order, each as if sent alone:
@@ -204,7 +205,7 @@ func submit(q *coalescer[int], r *callRecorder, item int, ctx context.Context, n
 	calls := len(r.recorded())
 	answer := r.answerFor(item)
 	go func() {
-		got, ok := await(ctx, q, item, answer)
+		got, ok := await(ctx, q, item, false, answer)
 		done(ok && got == item)
 	}()
 	for len(r.recorded()) == calls {
@@ -239,7 +240,7 @@ func submitAll(t *testing.T, q *coalescer[int], r *callRecorder, items []int, n 
 func waitIdle(q *coalescer[int]) {
 	for {
 		q.mu.Lock()
-		idle := q.calls == 0 && len(q.waiting) == 0
+		idle := q.calls == 0 && len(q.waiting) == 0 && len(q.riders) == 0
 		q.mu.Unlock()
 		if idle {
 			return
@@ -251,8 +252,8 @@ func waitIdle(q *coalescer[int]) {
 // A lone request makes its call in its own goroutine, at once.
 func TestLoneSubmissionMakesItsCallItself(t *testing.T) {
 	r := &callRecorder{}
-	q := newCoalescer(1, r.start)
-	if got, ok := await(context.Background(), q, 7, r.answerFor(7)); !ok || got != 7 {
+	q := newCoalescer(1, time.Hour, r.start)
+	if got, ok := await(context.Background(), q, 7, false, r.answerFor(7)); !ok || got != 7 {
 		t.Fatalf("await = %d, %v", got, ok)
 	}
 	if calls := r.recorded(); !slices.EqualFunc(calls, [][]int{{7}}, slices.Equal) {
@@ -264,7 +265,7 @@ func TestLoneSubmissionMakesItsCallItself(t *testing.T) {
 // arrival order, up to what a call can hold; the rest go in the call after.
 func TestItemsWaitingOnABusyCallGoInTheNextCallsInArrivalOrder(t *testing.T) {
 	r := &callRecorder{release: make(chan struct{}), full: 3}
-	q := newCoalescer(1, r.start)
+	q := newCoalescer(1, time.Hour, r.start)
 	first := submitAll(t, q, r, []int{0}, 0) // in flight until released
 	rest := submitAll(t, q, r, []int{1, 2, 3, 4, 5}, 0)
 	close(r.release)
@@ -282,7 +283,7 @@ func TestItemsWaitingOnABusyCallGoInTheNextCallsInArrivalOrder(t *testing.T) {
 // takes the others.
 func TestAnItemThatGaveUpWaitingIsInNoCallAndTheRestAreSent(t *testing.T) {
 	r := &callRecorder{release: make(chan struct{})}
-	q := newCoalescer(1, r.start)
+	q := newCoalescer(1, time.Hour, r.start)
 	first := submitAll(t, q, r, []int{0}, 0)
 	before := submitAll(t, q, r, []int{1}, 0)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -300,6 +301,51 @@ func TestAnItemThatGaveUpWaitingIsInNoCallAndTheRestAreSent(t *testing.T) {
 	want := [][]int{{0}, {1, 3}}
 	if calls := r.recorded(); !slices.EqualFunc(calls, want, slices.Equal) {
 		t.Fatalf("calls %v, want %v", calls, want)
+	}
+	waitIdle(q)
+}
+
+// A token charge takes no call of its own while calls come: it rides in the
+// next one, made by an admission; with no other traffic it goes alone once
+// the linger is over.
+func TestARiderGoesInTheNextCallAndAloneOnlyAfterTheLinger(t *testing.T) {
+	r := &callRecorder{}
+	q := newCoalescer(1, time.Hour, r.start)
+	rider := r.answerFor(100)
+	rode := make(chan bool, 1)
+	go func() {
+		_, ok := await(context.Background(), q, 100, true, rider)
+		rode <- ok
+	}()
+	for {
+		q.mu.Lock()
+		n := len(q.riders)
+		q.mu.Unlock()
+		if n == 1 {
+			break
+		}
+		runtime.Gosched()
+	}
+	if calls := r.recorded(); len(calls) != 0 {
+		t.Fatalf("calls %v before any admission: a rider made its own", calls)
+	}
+	if _, ok := await(context.Background(), q, 1, false, r.answerFor(1)); !ok {
+		t.Fatal("admission not answered")
+	}
+	if !<-rode {
+		t.Fatal("rider not answered by the call it rode in")
+	}
+	if calls := r.recorded(); !slices.EqualFunc(calls, [][]int{{1, 100}}, slices.Equal) {
+		t.Fatalf("calls %v, want the admission's call carrying the rider", calls)
+	}
+
+	alone := &callRecorder{}
+	q = newCoalescer(1, time.Millisecond, alone.start)
+	if _, ok := await(context.Background(), q, 200, true, alone.answerFor(200)); !ok {
+		t.Fatal("a rider with no traffic was never sent")
+	}
+	if calls := alone.recorded(); !slices.EqualFunc(calls, [][]int{{200}}, slices.Equal) {
+		t.Fatalf("calls %v, want the rider's own", calls)
 	}
 	waitIdle(q)
 }

@@ -13,22 +13,24 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
-// benchUpstreamBody is what bench/upstream answers: a small chat.completion.
-const benchUpstreamBody = `{"id":"chatcmpl-bench","object":"chat.completion","created":1739812400,"model":"gpt-4o-mini-2024-07-18",` +
-	`"choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"logprobs":null,"finish_reason":"stop"}],` +
-	`"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}`
-
 // benchUpstream stands in for reverse_proxy to bench/upstream: it reads the
-// request body and copies the answer as reverse_proxy does.
-var benchUpstream = caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-	io.Copy(io.Discard, r.Body)
-	h := w.Header()
-	h["Content-Type"] = []string{"application/json"}
-	h["Content-Length"] = []string{strconv.Itoa(len(benchUpstreamBody))}
-	w.WriteHeader(http.StatusOK)
-	_, err := io.Copy(w, bytes.NewReader([]byte(benchUpstreamBody)))
-	return err
-})
+// request body and copies bench/upstream's answer, as reverse_proxy does.
+func benchUpstream(b *testing.B) caddyhttp.Handler {
+	body, err := os.ReadFile("bench/upstream/completion.json")
+	if err != nil {
+		b.Fatal(err)
+	}
+	length := []string{strconv.Itoa(len(body))}
+	return caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		io.Copy(io.Discard, r.Body)
+		h := w.Header()
+		h["Content-Type"] = []string{"application/json"}
+		h["Content-Length"] = length
+		w.WriteHeader(http.StatusOK)
+		_, err := io.Copy(w, bytes.NewReader(body))
+		return err
+	})
+}
 
 // discardWriter is a client connection that takes the answer and keeps nothing.
 type discardWriter struct{ header http.Header }
@@ -42,6 +44,7 @@ func (w *discardWriter) WriteHeader(int)             {}
 // reports the time and allocations of each request with the stand-in
 // upstream; the difference to h == nil is what the limiter costs Caddy.
 func benchmarkHandler(b *testing.B, h *Handler) {
+	upstream := benchUpstream(b)
 	body := []byte(`{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say ok."}]}`)
 	b.ReportAllocs()
 	b.SetParallelism(16) // 32 clients on 2 cores, as bench/run's wrk
@@ -57,9 +60,9 @@ func benchmarkHandler(b *testing.B, h *Handler) {
 			w.header = make(http.Header)
 			var err error
 			if h == nil {
-				err = benchUpstream.ServeHTTP(w, r)
+				err = upstream.ServeHTTP(w, r)
 			} else {
-				err = h.ServeHTTP(w, r, benchUpstream)
+				err = h.ServeHTTP(w, r, upstream)
 			}
 			if err != nil {
 				b.Fatal(err)

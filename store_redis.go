@@ -35,8 +35,13 @@ type redisStore struct {
 	refusals *refusalCache
 }
 
-// callsInFlight is how many calls of admit.lua the coalescer sends at once.
-const callsInFlight = 2
+// The coalescer's calls of admit.lua in flight at once, and how long a token
+// charge waits to ride in a call that admits before it makes its own: charges
+// are made after their response, so a millisecond costs no client anything.
+const (
+	callsInFlight = 2
+	chargeLinger  = time.Millisecond
+)
 
 // redisStores shares a client among the handlers of every loaded config with
 // the same settings, so that a reload neither reconnects nor leaks a pool.
@@ -64,7 +69,7 @@ func newRedisStore(config *RedisConfig, timeout time.Duration) (*redisStore, err
 	}
 	s := &redisStore{client: client, config: config, timeout: timeout, refusals: newRefusalCache()}
 	if config.topology() != cluster {
-		s.calls = newCoalescer(callsInFlight, func(first *scriptItem) batch[*scriptItem] {
+		s.calls = newCoalescer(callsInFlight, chargeLinger, func(first *scriptItem) batch[*scriptItem] {
 			b := &scriptBatch{store: s}
 			b.add(first)
 			return b

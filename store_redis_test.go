@@ -53,23 +53,31 @@ func TestFirstAdmissionAfterClientKillIsStillEnforced(t *testing.T) {
 	}
 }
 
-// A connection that dies while the admission is on it (not before, when the
-// pool would notice) is what the replay is for: without it this admission
-// would fail open.
-func TestAdmissionOnAConnectionThatDiesAtItsNextCommandIsReplayedOnce(t *testing.T) {
-	url := redisURLFromEnv(t)
+// storeOnADyingConnection is a store whose connections to url pass a proxy,
+// with the first request of chain admitted at at; the proxy then resets the
+// connection that carries the store's next command.
+func storeOnADyingConnection(t *testing.T, url string, chain []limit, at int64) *redisStore {
 	opts, err := redis.ParseURL(url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	proxy := newResetProxy(t, opts.Addr)
 	s := newTestRedisStore(t, "redis://"+proxy.Addr()+"/"+strconv.Itoa(opts.DB))
-	at := pinnedBase() + 1000
-	chain := []limit{newLimit("key", uniqueID(t), 2, 0)}
 	if !admitOrFail(t, s, chain, at).admitted {
 		t.Fatal("first request refused")
 	}
 	proxy.ResetAtNextCommand()
+	return s
+}
+
+// A connection that dies while the admission is on it (not before, when the
+// pool would notice) is what the replay is for: without it this admission
+// would fail open.
+func TestAdmissionOnAConnectionThatDiesAtItsNextCommandIsReplayedOnce(t *testing.T) {
+	url := redisURLFromEnv(t)
+	at := pinnedBase() + 1000
+	chain := []limit{newLimit("key", uniqueID(t), 2, 0)}
+	s := storeOnADyingConnection(t, url, chain, at)
 	d, err := s.admit(context.Background(), chain, at)
 	if err != nil {
 		t.Fatalf("admission on a dying connection was not replayed: %v", err)
@@ -90,21 +98,12 @@ func TestAdmissionOnAConnectionThatDiesAtItsNextCommandIsReplayedOnce(t *testing
 // error, for the caller to log, and is charged neither once nor twice.
 func TestCallOnADyingConnectionReplaysItsAdmissionsButNotItsCharges(t *testing.T) {
 	url := redisURLFromEnv(t)
-	opts, err := redis.ParseURL(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := newResetProxy(t, opts.Addr)
-	s := newTestRedisStore(t, "redis://"+proxy.Addr()+"/"+strconv.Itoa(opts.DB))
 	at := pinnedBase() + 1000
 	chain := []limit{newLimit("key", uniqueID(t), 2, 1000)}
-	if !admitOrFail(t, s, chain, at).admitted {
-		t.Fatal("first request refused")
-	}
+	s := storeOnADyingConnection(t, url, chain, at)
 	var c scriptCall
 	c.charges.add(chain, 300)
 	c.add(chain)
-	proxy.ResetAtNextCommand()
 	ds, charged, err := s.call(context.Background(), &c, at, false)
 	if err != nil {
 		t.Fatalf("admission on a dying connection was not replayed: %v", err)

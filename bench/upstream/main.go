@@ -5,6 +5,7 @@
 package main
 
 import (
+	_ "embed"
 	"flag"
 	"fmt"
 	"io"
@@ -14,9 +15,10 @@ import (
 	"strconv"
 )
 
-const body = `{"id":"chatcmpl-bench","object":"chat.completion","created":1739812400,"model":"gpt-4o-mini-2024-07-18",` +
-	`"choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"logprobs":null,"finish_reason":"stop"}],` +
-	`"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}`
+// body is the answer; the package's BenchmarkHandler answers it too.
+//
+//go:embed completion.json
+var body string
 
 func main() {
 	addr := flag.String("addr", "127.0.0.1:0", "loopback address to listen on")
