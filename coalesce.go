@@ -19,9 +19,10 @@ import (
 // charge rides in the next call that admits, and takes a call of its own
 // only when none comes within a millisecond.
 //
-// A call keeps the single request's guarantees: an admission call is
-// replayed once on a dead connection, and when a call fails, every item in it
-// gets the error (for an admission, on_redis_error applies to each).
+// A call keeps the single request's guarantees: its admissions are replayed
+// once on a dead connection (its token charges never are), and when a call
+// fails, every item in it gets the error (for an admission, on_redis_error
+// applies to each).
 type coalescer[T any] struct {
 	start    func(first T) batch[T]
 	maxCalls int           // calls in flight at once
