@@ -31,7 +31,9 @@ type coalescer[T any] struct {
 	mu      sync.Mutex // guards what follows, and every ticket's state
 	calls   int
 	waiting []*ticket[T]
-	riders  []*ticket[T] // items that go in the next call, whoever makes it
+	riders  []T         // items that go in the next call, whoever makes it
+	flush   *time.Timer // makes a call for riders that none took within the linger
+	armed   bool        // flush is set to fire
 }
 
 // maxBatch bounds the items of one call.
@@ -70,43 +72,8 @@ func newCoalescer[T any](maxCalls int, linger time.Duration, start func(first T)
 // the call sends on answer, or false if ctx is done before the item is in a
 // call. A caller handed the lead just as its ctx was done still makes the
 // call, in the background: the items behind it wait for it.
-//
-// An item that rides (a token charge: nobody waits for it) takes no call of
-// its own at first: it goes in the next call that another item makes, and
-// only if none is made within the linger, makes or joins one as any item.
-func await[T, R any](ctx context.Context, q *coalescer[T], item T, rides bool, answer <-chan R) (R, bool) {
+func await[T, R any](ctx context.Context, q *coalescer[T], item T, answer <-chan R) (R, bool) {
 	var none R
-	if rides {
-		t := &ticket[T]{item: item}
-		q.mu.Lock()
-		q.riders = append(q.riders, t)
-		q.mu.Unlock()
-		timer := time.NewTimer(q.linger)
-		defer timer.Stop()
-		select {
-		case r := <-answer:
-			return r, true
-		case <-timer.C:
-		case <-ctx.Done():
-		}
-		q.mu.Lock()
-		state := t.state
-		if state == waiting {
-			t.state = abandoned // the next call drops it from the riders
-		}
-		q.mu.Unlock()
-		switch {
-		case state == batched:
-			select {
-			case r := <-answer:
-				return r, true
-			case <-ctx.Done():
-				return none, false
-			}
-		case ctx.Err() != nil:
-			return none, false
-		}
-	}
 	q.mu.Lock()
 	if q.calls < q.maxCalls {
 		q.calls++
@@ -144,18 +111,16 @@ func (q *coalescer[T]) lead(first T) {
 	q.mu.Lock()
 	n := 1
 	kept := q.riders[:0]
-	for _, t := range q.riders {
-		switch {
-		case t.state == abandoned:
-		case n < maxBatch && b.add(t.item):
-			t.state = batched
+	for _, item := range q.riders {
+		if n < maxBatch && b.add(item) {
 			n++
-		default:
-			kept = append(kept, t)
+		} else {
+			kept = append(kept, item)
 		}
 	}
 	clear(q.riders[len(kept):])
 	q.riders = kept
+	q.armFlush()
 	// The call takes what waits in arrival order, up to the first item that
 	// cannot join it: that one leads the next.
 	i := 0
@@ -190,13 +155,57 @@ func (q *coalescer[T]) lead(first T) {
 	q.mu.Unlock()
 }
 
+// ride puts item in the next call, whoever makes it: an item nobody waits
+// for (a token charge) takes no call of its own while calls come. If none
+// comes within the linger, one is made for the riders in the background.
+func (q *coalescer[T]) ride(item T) {
+	q.mu.Lock()
+	q.riders = append(q.riders, item)
+	q.armFlush()
+	q.mu.Unlock()
+}
+
+// armFlush sets the flush to fire within the linger if riders wait and it is
+// not set already. q.mu is held.
+func (q *coalescer[T]) armFlush() {
+	if len(q.riders) == 0 || q.armed {
+		return
+	}
+	q.armed = true
+	if q.flush == nil {
+		q.flush = time.AfterFunc(q.linger, q.flushRiders)
+	} else {
+		q.flush.Reset(q.linger)
+	}
+}
+
+// flushRiders makes a call for the riders that no call took, unless every
+// call is in flight: their ends are looked at again after the linger.
+func (q *coalescer[T]) flushRiders() {
+	q.mu.Lock()
+	q.armed = false
+	if len(q.riders) == 0 || q.calls >= q.maxCalls {
+		q.armFlush()
+		q.mu.Unlock()
+		return
+	}
+	q.calls++
+	first := q.riders[0]
+	rest := copy(q.riders, q.riders[1:])
+	clear(q.riders[rest:])
+	q.riders = q.riders[:rest]
+	q.mu.Unlock()
+	q.lead(first)
+}
+
 // scriptItem is one request's part of a call of admit.lua: its admission, or
 // the token charge of its finished response (tokens > 0).
 type scriptItem struct {
 	chain    []limit
 	tokens   int64
 	atMillis int64
-	answer   chan scriptAnswer // buffered: a call never waits on it
+	answer   chan scriptAnswer // an admission's; buffered: a call never waits on it
+	charged  func(error)       // a charge's
 }
 
 // scriptAnswer is an admission's decision, or a charge's outcome.
@@ -233,7 +242,7 @@ func (b *scriptBatch) send() {
 	for _, item := range b.items {
 		switch {
 		case item.tokens > 0:
-			item.answer <- scriptAnswer{err: charged}
+			item.charged(charged)
 		case err != nil:
 			item.answer <- scriptAnswer{err: err}
 		default:
@@ -243,16 +252,16 @@ func (b *scriptBatch) send() {
 	}
 }
 
-// coalesced waits for the item's answer: at most the store's timeout in all
-// while others make the calls, and one call (which the timeout bounds) more
-// when it is handed one. An admission that gives up waiting may still be
-// decided, and charged, by its call: that errs towards stricter, as a lost
-// reply does; a charge that gives up may still be charged.
-func (s *redisStore) coalesced(ctx context.Context, item *scriptItem) (decision, error) {
+// admitCoalesced waits for the admission's decision: at most the store's
+// timeout in all while others make the calls, and one call (which the
+// timeout bounds) more when it is handed one. An admission that gives up
+// waiting may still be decided, and charged, by its call: that errs towards
+// stricter, as a lost reply does.
+func (s *redisStore) admitCoalesced(ctx context.Context, chain []limit, atMillis int64) (decision, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	item.answer = make(chan scriptAnswer, 1)
-	a, ok := await(ctx, s.calls, item, item.tokens > 0, item.answer)
+	item := &scriptItem{chain: chain, atMillis: atMillis, answer: make(chan scriptAnswer, 1)}
+	a, ok := await(ctx, s.calls, item, item.answer)
 	if !ok {
 		return decision{}, ctx.Err()
 	}

@@ -205,7 +205,7 @@ func submit(q *coalescer[int], r *callRecorder, item int, ctx context.Context, n
 	calls := len(r.recorded())
 	answer := r.answerFor(item)
 	go func() {
-		got, ok := await(ctx, q, item, false, answer)
+		got, ok := await(ctx, q, item, answer)
 		done(ok && got == item)
 	}()
 	for len(r.recorded()) == calls {
@@ -253,7 +253,7 @@ func waitIdle(q *coalescer[int]) {
 func TestLoneSubmissionMakesItsCallItself(t *testing.T) {
 	r := &callRecorder{}
 	q := newCoalescer(1, time.Hour, r.start)
-	if got, ok := await(context.Background(), q, 7, false, r.answerFor(7)); !ok || got != 7 {
+	if got, ok := await(context.Background(), q, 7, r.answerFor(7)); !ok || got != 7 {
 		t.Fatalf("await = %d, %v", got, ok)
 	}
 	if calls := r.recorded(); !slices.EqualFunc(calls, [][]int{{7}}, slices.Equal) {
@@ -306,34 +306,21 @@ func TestAnItemThatGaveUpWaitingIsInNoCallAndTheRestAreSent(t *testing.T) {
 }
 
 // A token charge takes no call of its own while calls come: it rides in the
-// next one, made by an admission; with no other traffic it goes alone once
-// the linger is over.
+// next one, made by an admission; with no other traffic a call is made for it
+// once the linger is over.
 func TestARiderGoesInTheNextCallAndAloneOnlyAfterTheLinger(t *testing.T) {
 	r := &callRecorder{}
 	q := newCoalescer(1, time.Hour, r.start)
 	rider := r.answerFor(100)
-	rode := make(chan bool, 1)
-	go func() {
-		_, ok := await(context.Background(), q, 100, true, rider)
-		rode <- ok
-	}()
-	for {
-		q.mu.Lock()
-		n := len(q.riders)
-		q.mu.Unlock()
-		if n == 1 {
-			break
-		}
-		runtime.Gosched()
-	}
+	q.ride(100)
 	if calls := r.recorded(); len(calls) != 0 {
 		t.Fatalf("calls %v before any admission: a rider made its own", calls)
 	}
-	if _, ok := await(context.Background(), q, 1, false, r.answerFor(1)); !ok {
+	if _, ok := await(context.Background(), q, 1, r.answerFor(1)); !ok {
 		t.Fatal("admission not answered")
 	}
-	if !<-rode {
-		t.Fatal("rider not answered by the call it rode in")
+	if got := <-rider; got != 100 {
+		t.Fatalf("rider answered %d", got)
 	}
 	if calls := r.recorded(); !slices.EqualFunc(calls, [][]int{{1, 100}}, slices.Equal) {
 		t.Fatalf("calls %v, want the admission's call carrying the rider", calls)
@@ -341,11 +328,33 @@ func TestARiderGoesInTheNextCallAndAloneOnlyAfterTheLinger(t *testing.T) {
 
 	alone := &callRecorder{}
 	q = newCoalescer(1, time.Millisecond, alone.start)
-	if _, ok := await(context.Background(), q, 200, true, alone.answerFor(200)); !ok {
-		t.Fatal("a rider with no traffic was never sent")
+	rider = alone.answerFor(200)
+	q.ride(200)
+	if got := <-rider; got != 200 {
+		t.Fatalf("rider answered %d", got)
 	}
 	if calls := alone.recorded(); !slices.EqualFunc(calls, [][]int{{200}}, slices.Equal) {
-		t.Fatalf("calls %v, want the rider's own", calls)
+		t.Fatalf("calls %v, want a call of the rider's own", calls)
+	}
+	waitIdle(q)
+}
+
+// A rider behind a call in flight, with nothing else coming, is sent after
+// that call: by the flush, which leaves the riders for a later look while
+// every call is in flight.
+func TestARiderBehindABusyCallIsSentAfterIt(t *testing.T) {
+	r := &callRecorder{release: make(chan struct{})}
+	q := newCoalescer(1, time.Millisecond, r.start)
+	first := submitAll(t, q, r, []int{0}, 0) // in flight until released
+	rider := r.answerFor(300)
+	q.ride(300)
+	close(r.release)
+	first.Wait()
+	if got := <-rider; got != 300 {
+		t.Fatalf("rider answered %d", got)
+	}
+	if calls := r.recorded(); !slices.EqualFunc(calls, [][]int{{0}, {300}}, slices.Equal) {
+		t.Fatalf("calls %v, want the busy call, then the rider's", calls)
 	}
 	waitIdle(q)
 }

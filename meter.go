@@ -93,20 +93,25 @@ func (w *responseWriter) finish() (tokens int64, metered bool) {
 	return w.meter.Finish()
 }
 
-// chargeTimeout bounds one token charge, which runs after the response on a
+// chargeTimeout bounds one token charge of a session, which runs on a
 // context of its own.
 const chargeTimeout = 2 * time.Second
 
-// charge records the tokens of a finished response against its chain. It runs
-// after the handler returned, detached from the request (whose context is
-// done when the client went away), and is never replayed.
+// charge records the tokens of a session against its chain, detached from
+// the request (whose context is done when the client went away). It is never
+// replayed.
 func (h *Handler) charge(ctx context.Context, chain []limit, tokens int64) {
 	if tokens <= 0 {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), chargeTimeout)
 	defer cancel()
-	if err := h.store.recordTokens(ctx, chain, tokens, 0); err != nil {
+	h.charged(tokens, h.store.recordTokens(ctx, chain, tokens, 0))
+}
+
+// charged logs a charge that failed, or counts the tokens charged.
+func (h *Handler) charged(tokens int64, err error) {
+	if err != nil {
 		h.chargeWarn.log(h.logger, "recording tokens failed; they are not charged", zap.Error(err), zap.Int64("tokens", tokens))
 		return
 	}
@@ -114,10 +119,10 @@ func (h *Handler) charge(ctx context.Context, chain []limit, tokens int64) {
 }
 
 // meterResponse finishes the admitted response's metering and charges its
-// tokens in the background, so that the client's last bytes are not held
-// back by a store round trip.
+// tokens without waiting for the store, so that the client's last bytes are
+// not held back by a round trip.
 // It releases the store that ServeHTTP held for it.
-func (h *Handler) meterResponse(ctx context.Context, w *responseWriter, chain []limit) {
+func (h *Handler) meterResponse(w *responseWriter, chain []limit) {
 	tokens, metered := w.finish()
 	if !metered {
 		h.store.release()
@@ -127,8 +132,12 @@ func (h *Handler) meterResponse(ctx context.Context, w *responseWriter, chain []
 		}
 		return
 	}
-	go func() {
-		defer h.store.release()
-		h.charge(ctx, chain, tokens)
-	}()
+	if tokens <= 0 {
+		h.store.release()
+		return
+	}
+	h.store.chargeLater(chain, tokens, func(err error) {
+		h.charged(tokens, err)
+		h.store.release()
+	})
 }

@@ -388,7 +388,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// Deferred: reverse_proxy ends a response cut short (the client or the
 	// upstream went away mid-stream) with panic(http.ErrAbortHandler), and
 	// what was reported by then is still charged.
-	defer h.meterResponse(r.Context(), rw, chain)
+	defer h.meterResponse(rw, chain)
 	return next.ServeHTTP(rw, r)
 }
 

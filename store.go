@@ -24,6 +24,10 @@ type store interface {
 	// recordTokens charges tokens to every limit of chain that has a tpm.
 	// It is never replayed: a double charge would outlive the failure.
 	recordTokens(ctx context.Context, chain []limit, tokens, atMillis int64) error
+	// chargeLater charges tokens as recordTokens does, on the store's clock,
+	// without making its caller wait: done gets the outcome, once, from
+	// another goroutine or before chargeLater returns.
+	chargeLater(chain []limit, tokens int64, done func(error))
 	// hold keeps the store usable, even after the last config that uses it
 	// is unloaded, until the matching release: a response or session
 	// admitted under an old config still charges its tokens.

@@ -295,6 +295,12 @@ func (s *memoryStore) decide(chain []limit, atMillis int64, charge bool) decisio
 	return d
 }
 
+// chargeLater charges at once: the in-process store has no round trip to
+// spare the caller.
+func (s *memoryStore) chargeLater(chain []limit, tokens int64, done func(error)) {
+	done(s.recordTokens(context.Background(), chain, tokens, 0))
+}
+
 func (s *memoryStore) recordTokens(_ context.Context, chain []limit, tokens, atMillis int64) error {
 	if tokens <= 0 {
 		return nil

@@ -91,7 +91,7 @@ func (s *redisStore) release() { s.lifetime.release(s.closeClient) }
 
 func (s *redisStore) admit(ctx context.Context, chain []limit, atMillis int64) (decision, error) {
 	if s.calls != nil {
-		return s.coalesced(ctx, &scriptItem{chain: chain, atMillis: atMillis})
+		return s.admitCoalesced(ctx, chain, atMillis)
 	}
 	return s.run(ctx, chain, atMillis, false)
 }
@@ -233,13 +233,37 @@ func (s *redisStore) recordTokens(ctx context.Context, chain []limit, tokens, at
 		return nil
 	}
 	if s.calls != nil {
-		_, err := s.coalesced(ctx, &scriptItem{chain: chain, tokens: tokens, atMillis: atMillis})
-		return err
+		charged := make(chan error, 1)
+		s.calls.ride(&scriptItem{chain: chain, tokens: tokens, atMillis: atMillis, charged: func(err error) { charged <- err }})
+		select {
+		case err := <-charged:
+			return err
+		case <-ctx.Done():
+			return ctx.Err() // it may still be charged
+		}
 	}
 	var c scriptCall
 	c.charges.add(chain, tokens)
 	_, charged, _ := s.call(ctx, &c, atMillis, false)
 	return charged
+}
+
+// chargeLater rides in the coalescer's calls; on Redis Cluster, where calls
+// are not coalesced, it charges in a goroutine of its own.
+func (s *redisStore) chargeLater(chain []limit, tokens int64, done func(error)) {
+	if tokens <= 0 || !chainHasTPM(chain) {
+		done(nil)
+		return
+	}
+	if s.calls != nil {
+		s.calls.ride(&scriptItem{chain: chain, tokens: tokens, charged: done})
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+		defer cancel()
+		done(s.recordTokens(ctx, chain, tokens, 0))
+	}()
 }
 
 // Interface guards

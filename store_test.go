@@ -287,6 +287,32 @@ func runConformance(t *testing.T, kit storeKit) {
 			t.Fatalf("key without tpm charged %d tokens", n)
 		}
 	})
+	t.Run("ChargesMadeLaterEachReportOnceAndAddUpExactly", func(t *testing.T) {
+		s := kit.replicas(t, 1)[0]
+		org := newLimit("org", uniqueID(t), 0, 1<<40)
+		var wg sync.WaitGroup
+		var failed atomic.Int64
+		for i := range 50 {
+			wg.Add(1) // a second report of one charge would take the count below 0
+			key := newLimit("key", fmt.Sprintf("%s-%d", org.id, i), 5, 0)
+			go s.chargeLater([]limit{key, org}, int64(i+1), func(err error) {
+				if err != nil {
+					failed.Add(1)
+				}
+				wg.Done()
+			})
+		}
+		wg.Wait()
+		if failed.Load() != 0 {
+			t.Fatalf("%d charges failed", failed.Load())
+		}
+		// On the store's clock: a minute may have turned meanwhile.
+		now := time.Now().UnixMilli() / bucketMillis
+		count := counter(t, s)
+		if n := count(org.prefix, tokens, now) + count(org.prefix, tokens, now-1); n != 50*51/2 {
+			t.Fatalf("org holds %d tokens, want %d", n, 50*51/2)
+		}
+	})
 	t.Run("RetryAfterIsTheExactReleaseWhenThePreviousBucketRefuses", func(t *testing.T) {
 		// rpm 10, previous bucket 12, current 3: at 10 s into the bucket the
 		// estimate is 3 + 12×50/60 = 13. One more fits once 3 + 12×(60−t)/60 ≤ 9,
