@@ -69,28 +69,35 @@ func newCoalescer[T any](maxCalls int, linger time.Duration, start func(first T)
 }
 
 // await makes or joins a call for item and returns the item's answer, which
-// the call sends on answer, or false if ctx is done before the item is in a
-// call. A caller handed the lead just as its ctx was done still makes the
-// call, in the background: the items behind it wait for it.
-func await[T, R any](ctx context.Context, q *coalescer[T], item T, answer <-chan R) (R, bool) {
+// the call sends on answer, or an error if ctx is done, or timeout passes,
+// before the item is in a call. Only a caller that waits starts a timer: one
+// that makes the call at once is bounded by the call's own timeout. A caller
+// handed the lead just as it gave up still makes the call, in the background:
+// the items behind it wait for it.
+func await[T, R any](ctx context.Context, q *coalescer[T], item T, answer <-chan R, timeout time.Duration) (R, error) {
 	var none R
 	q.mu.Lock()
 	if q.calls < q.maxCalls {
 		q.calls++
 		q.mu.Unlock()
 		q.lead(item)
-		return <-answer, true
+		return <-answer, nil
 	}
 	t := &ticket[T]{item: item, lead: make(chan struct{}, 1)}
 	q.waiting = append(q.waiting, t)
 	q.mu.Unlock()
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	err := context.DeadlineExceeded
 	select {
 	case r := <-answer:
-		return r, true
+		return r, nil
 	case <-t.lead:
 		q.lead(item)
-		return <-answer, true
+		return <-answer, nil
 	case <-ctx.Done():
+		err = ctx.Err()
+	case <-timer.C:
 	}
 	q.mu.Lock()
 	state := t.state
@@ -101,7 +108,7 @@ func await[T, R any](ctx context.Context, q *coalescer[T], item T, answer <-chan
 	if state == leading {
 		go q.lead(item)
 	}
-	return none, false
+	return none, err
 }
 
 // lead makes one call of first and of what waits and can join it, then hands
@@ -258,12 +265,10 @@ func (b *scriptBatch) send() {
 // waiting may still be decided, and charged, by its call: that errs towards
 // stricter, as a lost reply does.
 func (s *redisStore) admitCoalesced(ctx context.Context, chain []limit, atMillis int64) (decision, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
 	item := &scriptItem{chain: chain, atMillis: atMillis, answer: make(chan scriptAnswer, 1)}
-	a, ok := await(ctx, s.calls, item, item.answer)
-	if !ok {
-		return decision{}, ctx.Err()
+	a, err := await(ctx, s.calls, item, item.answer, s.timeout)
+	if err != nil {
+		return decision{}, err
 	}
 	return a.d, a.err
 }

@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"slices"
@@ -205,8 +206,8 @@ func submit(q *coalescer[int], r *callRecorder, item int, ctx context.Context, n
 	calls := len(r.recorded())
 	answer := r.answerFor(item)
 	go func() {
-		got, ok := await(ctx, q, item, answer)
-		done(ok && got == item)
+		got, err := await(ctx, q, item, answer, time.Hour)
+		done(err == nil && got == item)
 	}()
 	for len(r.recorded()) == calls {
 		q.mu.Lock()
@@ -253,8 +254,8 @@ func waitIdle(q *coalescer[int]) {
 func TestLoneSubmissionMakesItsCallItself(t *testing.T) {
 	r := &callRecorder{}
 	q := newCoalescer(1, time.Hour, r.start)
-	if got, ok := await(context.Background(), q, 7, r.answerFor(7)); !ok || got != 7 {
-		t.Fatalf("await = %d, %v", got, ok)
+	if got, err := await(context.Background(), q, 7, r.answerFor(7), time.Hour); err != nil || got != 7 {
+		t.Fatalf("await = %d, %v", got, err)
 	}
 	if calls := r.recorded(); !slices.EqualFunc(calls, [][]int{{7}}, slices.Equal) {
 		t.Fatalf("calls %v, want one call of the lone item, made before await returned", calls)
@@ -316,7 +317,7 @@ func TestARiderGoesInTheNextCallAndAloneOnlyAfterTheLinger(t *testing.T) {
 	if calls := r.recorded(); len(calls) != 0 {
 		t.Fatalf("calls %v before any admission: a rider made its own", calls)
 	}
-	if _, ok := await(context.Background(), q, 1, r.answerFor(1)); !ok {
+	if _, err := await(context.Background(), q, 1, r.answerFor(1), time.Hour); err != nil {
 		t.Fatal("admission not answered")
 	}
 	if got := <-rider; got != 100 {
@@ -357,4 +358,21 @@ func TestARiderBehindABusyCallIsSentAfterIt(t *testing.T) {
 		t.Fatalf("calls %v, want the busy call, then the rider's", calls)
 	}
 	waitIdle(q)
+}
+
+// A waiter whose call does not come within its timeout gives up with
+// context.DeadlineExceeded, and is in no call.
+func TestAWaiterGivesUpAfterItsTimeout(t *testing.T) {
+	r := &callRecorder{release: make(chan struct{})}
+	q := newCoalescer(1, time.Hour, r.start)
+	first := submitAll(t, q, r, []int{0}, 0)
+	if _, err := await(context.Background(), q, 1, r.answerFor(1), time.Millisecond); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("await behind a busy call: %v, want context.DeadlineExceeded", err)
+	}
+	close(r.release)
+	first.Wait()
+	waitIdle(q)
+	if calls := r.recorded(); !slices.EqualFunc(calls, [][]int{{0}}, slices.Equal) {
+		t.Fatalf("calls %v, want only the first", calls)
+	}
 }
