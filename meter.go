@@ -132,10 +132,6 @@ func (h *Handler) meterResponse(w *responseWriter, chain []limit) {
 		}
 		return
 	}
-	if tokens <= 0 {
-		h.store.release()
-		return
-	}
 	h.store.chargeLater(chain, tokens, func(err error) {
 		h.charged(tokens, err)
 		h.store.release()

@@ -150,7 +150,7 @@ func (f headerFamilies) headersFor(chain []limit, d decision, counted bool) head
 			}
 		}
 		if len(policy) > 0 {
-			s.values = append(s.values, [2]string{"Ratelimit-Policy", strings.Join(policy, ", ")}, [2]string{"Ratelimit", strings.Join(state, ", ")})
+			s.values = append(s.values, [2]string{ietfHeaders[0], strings.Join(policy, ", ")}, [2]string{ietfHeaders[1], strings.Join(state, ", ")})
 		}
 	}
 	if f.scg && bkt.found {
@@ -158,10 +158,10 @@ func (f headerFamilies) headersFor(chain []limit, d decision, counted bool) head
 			bkt.left = 0
 		}
 		s.values = append(s.values,
-			[2]string{"X-Ratelimit-Remaining", strconv.FormatInt(bkt.left, 10)},
-			[2]string{"X-Ratelimit-Burst-Capacity", strconv.FormatInt(bkt.bucket.burst, 10)},
-			[2]string{"X-Ratelimit-Replenish-Rate", bkt.bucket.rateText},
-			[2]string{"X-Ratelimit-Requested-Tokens", strconv.FormatInt(bkt.bucket.cost, 10)},
+			[2]string{scgHeaders[0], strconv.FormatInt(bkt.left, 10)},
+			[2]string{scgHeaders[1], strconv.FormatInt(bkt.bucket.burst, 10)},
+			[2]string{scgHeaders[2], bkt.bucket.rateText},
+			[2]string{scgHeaders[3], strconv.FormatInt(bkt.bucket.cost, 10)},
 		)
 	}
 	return s
