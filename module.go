@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/textproto"
 	"regexp"
 	"strings"
 	"sync"
@@ -76,9 +77,12 @@ type Handler struct {
 	store   store
 	release func() error // gives the store back to its pool
 	limits  map[string]scopeLimits
-	headers headerFamilies
-	logger  *zap.Logger
-	warn    *warnLimiter // store failures at admission
+	// scopeHeaders is, per scope, the request header its value names when
+	// the value is that one placeholder (scopeHeader), else "".
+	scopeHeaders []string
+	headers      headerFamilies
+	logger       *zap.Logger
+	warn         *warnLimiter // store failures at admission
 	// chargeWarn: failed token charges
 	chargeWarn *warnLimiter
 
@@ -148,6 +152,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	repl := caddy.NewReplacer()
+	h.scopeHeaders = make([]string, len(h.Scopes))
+	for i, s := range h.Scopes {
+		h.scopeHeaders[i] = scopeHeader(s.Value)
+	}
 	h.limits = make(map[string]scopeLimits)
 	effective := make([]string, 0, len(h.Limits)) // for the log, ids as stored
 	for _, lc := range h.Limits {
@@ -330,7 +338,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		defer closeSession() // ServeHTTP returns when the session is over
 	}
-	chain := h.chain(repl)
+	chain := h.chain(repl, r)
 	if len(chain) == 0 {
 		return next.ServeHTTP(w, r)
 	}
@@ -410,23 +418,23 @@ func setOutcome(repl *caddy.Replacer, outcome string) {
 // chain resolves the request's limits, in chain order. On Redis Cluster
 // every key carries the hash tag of the chain's root: its outermost scope
 // whose value is not empty, so that the whole chain is one slot.
-func (h *Handler) chain(repl *caddy.Replacer) []limit {
+func (h *Handler) chain(repl *caddy.Replacer, r *http.Request) []limit {
 	tag := ""
 	if h.Redis != nil && h.Redis.topology() == cluster {
 		for i := len(h.Scopes) - 1; i >= 0; i-- {
-			if v := repl.ReplaceAll(h.Scopes[i].Value, ""); v != "" {
+			if v := h.scopeValue(i, repl, r); v != "" {
 				tag = chainTag(h.Scopes[i].Name, keyID(h.Scopes[i].Name, v))
 				break
 			}
 		}
 	}
 	chain := make([]limit, 0, len(h.Scopes))
-	for _, s := range h.Scopes {
+	for i, s := range h.Scopes {
 		sl, ok := h.limits[s.Name]
 		if !ok {
 			continue
 		}
-		value := repl.ReplaceAll(s.Value, "")
+		value := h.scopeValue(i, repl, r)
 		if value == "" {
 			continue
 		}
@@ -441,6 +449,31 @@ func (h *Handler) chain(repl *caddy.Replacer) []limit {
 		chain = append(chain, newTaggedLimit(tag, s.Name, id, caps))
 	}
 	return chain
+}
+
+// scopeValue is the i-th scope's id for the request. A value that is one
+// request header placeholder, as most are, is read from the header as Caddy's
+// replacer reads it (the values joined by commas), without the replacer's
+// allocations and lookups: they were a third of the handler's own CPU time.
+func (h *Handler) scopeValue(i int, repl *caddy.Replacer, r *http.Request) string {
+	if name := h.scopeHeaders[i]; name != "" {
+		return strings.Join(r.Header[name], ",")
+	}
+	return repl.ReplaceAll(h.Scopes[i].Value, "")
+}
+
+// scopeHeader is the canonical name of the request header that value is
+// exactly the placeholder of, or "".
+func scopeHeader(value string) string {
+	name, ok := strings.CutPrefix(value, "{http.request.header.")
+	if !ok {
+		return ""
+	}
+	name, ok = strings.CutSuffix(name, "}")
+	if !ok || name == "" || strings.ContainsAny(name, "{}\\") {
+		return ""
+	}
+	return textproto.CanonicalMIMEHeaderKey(name)
 }
 
 // storeFailed applies on_redis_error.

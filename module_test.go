@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2/caddytest"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
 // End-to-end tests: a real Caddy (caddytest runs it in this process, with its
@@ -467,5 +468,41 @@ func TestChangedLimitTakesEffectOnTheFirstRequestAfterTheReload(t *testing.T) {
 	gw = startGatewayWith(t, up.URL, "", site(1), port)
 	if res, _ := gw.do(t, "X-Org: "+org); res.StatusCode != 429 {
 		t.Fatalf("first request after lowering rpm to 1 again: %d, want 429", res.StatusCode)
+	}
+}
+
+// A scope whose value is one request header placeholder is read from the
+// header directly (scopeValue); it must resolve exactly as Caddy's replacer
+// does, and any other value must still go through the replacer.
+func TestScopeValuesResolveAsCaddysReplacerDoes(t *testing.T) {
+	values := []string{
+		"{http.request.header.X-Api-Key}",
+		"{http.request.header.x-api-key}", // the replacer canonicalizes
+		"{http.request.header.X-Multi}",   // several values: joined by commas
+		"{http.request.header.X-Absent}",  // no value: the scope does not apply
+		"{http.request.header.X-Api-Key}-{http.request.header.X-Org}",
+		"{http.request.header.X-Org}:suffix",
+		"prefix-{http.request.header.X-Org}",
+		"{http.request.host}",
+		"literal",
+	}
+	h := &Handler{}
+	for i, v := range values {
+		h.Scopes = append(h.Scopes, Scope{Name: "s" + strconv.Itoa(i), Value: v})
+		h.scopeHeaders = append(h.scopeHeaders, scopeHeader(v))
+	}
+	if h.scopeHeaders[0] != "X-Api-Key" || h.scopeHeaders[1] != "X-Api-Key" || h.scopeHeaders[4] != "" || h.scopeHeaders[5] != "" {
+		t.Fatalf("header placeholders recognized: %q", h.scopeHeaders)
+	}
+	r := httptest.NewRequest("POST", "http://gateway.example/v1/chat/completions", nil)
+	r.Header.Set("X-Api-Key", "sk-one")
+	r.Header.Set("X-Org", "acme")
+	r.Header.Add("X-Multi", "a")
+	r.Header.Add("X-Multi", "b")
+	repl := caddyhttp.NewTestReplacer(r)
+	for i, v := range values {
+		if got, want := h.scopeValue(i, repl, r), repl.ReplaceAll(v, ""); got != want {
+			t.Errorf("%s: %q, Caddy's replacer gives %q", v, got, want)
+		}
 	}
 }

@@ -139,7 +139,7 @@ func TestClusterChainIsTaggedWithItsOutermostPresentScope(t *testing.T) {
 			}
 			return nil, false
 		})
-		for _, l := range h.chain(repl) {
+		for _, l := range h.chain(repl, r) {
 			if want := "rolter:rl:" + tc.tag + l.scope + ":"; l.prefix[:len(want)] != want {
 				t.Errorf("%v: prefix %s, want it under %s", tc.headers, l.prefix, tc.tag)
 			}

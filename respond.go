@@ -74,24 +74,26 @@ var (
 )
 
 // apply removes the families' headers already in h, then sets the set's.
+// The names are canonical, as every key of h is (http.Header's methods and
+// reverse_proxy canonicalize), so delete spares Del's canonicalization.
 func (s headerSet) apply(h http.Header) {
 	if s.families.openai {
 		for _, name := range openaiHeaders {
-			h.Del(name)
+			delete(h, name)
 		}
 	}
 	if s.families.ietf {
 		for _, name := range ietfHeaders {
-			h.Del(name)
+			delete(h, name)
 		}
 	}
 	if s.families.scg {
 		for _, name := range scgHeaders {
-			h.Del(name)
+			delete(h, name)
 		}
 	}
-	// The names are canonical; one array holds every value (a header's own
-	// slice is capped, so that an Add to it copies).
+	// One array holds every value (a header's own slice is capped, so that
+	// an Add to it copies).
 	values := make([]string, len(s.values))
 	for i, v := range s.values {
 		values[i] = v[1]

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
-	"mime"
 	"net/http"
 	"strconv"
 	"strings"
@@ -28,15 +27,19 @@ func requestStreamUsage(r *http.Request) *usageStripper {
 		r.Body == nil || r.Body == http.NoBody || r.Header.Get("Content-Encoding") != "" {
 		return nil
 	}
-	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "application/json" {
+	if !strings.EqualFold(mediaType(r.Header.Get("Content-Type")), "application/json") {
 		return nil
 	}
 	original := r.Body
 	body, err := io.ReadAll(io.LimitReader(original, maxRewrittenBody+1))
 	rewritten, ok := withStreamUsage(body)
-	if err != nil || len(body) > maxRewrittenBody || !ok {
+	if err != nil || len(body) > maxRewrittenBody {
 		// Pass what was read and the rest on as they were.
 		r.Body = readCloser{io.MultiReader(bytes.NewReader(body), original), original}
+		return nil
+	}
+	if !ok {
+		r.Body = readCloser{bytes.NewReader(body), original} // all of it
 		return nil
 	}
 	r.Body = readCloser{bytes.NewReader(rewritten), original}
@@ -123,9 +126,8 @@ func newUsageStripper() *usageStripper {
 
 // applies reports whether the response is a stream the stripper can read.
 func (s *usageStripper) applies(h http.Header) bool {
-	mt, _, _ := mime.ParseMediaType(h.Get("Content-Type"))
 	ce := h.Get("Content-Encoding")
-	return mt == "text/event-stream" && (ce == "" || ce == "identity")
+	return strings.EqualFold(mediaType(h.Get("Content-Type")), "text/event-stream") && (ce == "" || ce == "identity")
 }
 
 func (s *usageStripper) write(w io.Writer, p []byte) (int, error) {

@@ -111,16 +111,22 @@ func newUsageMeter(h http.Header) *usageMeter {
 	return m
 }
 
+// mediaType is a Content-Type's media type, in the case it was sent (compare
+// with strings.EqualFold): what mime.ParseMediaType returns for a valid one,
+// without parsing and allocating the parameters.
+func mediaType(contentType string) string {
+	if i := strings.IndexByte(contentType, ';'); i >= 0 {
+		contentType = contentType[:i]
+	}
+	return strings.TrimSpace(contentType)
+}
+
 // usageBodyOf tells the body's shape from its Content-Type.
 func usageBodyOf(h http.Header) usageBody {
 	if h == nil {
 		return usageBodyNone
 	}
-	ct := h.Get("Content-Type")
-	if i := strings.IndexByte(ct, ';'); i >= 0 {
-		ct = ct[:i]
-	}
-	ct = strings.TrimSpace(ct)
+	ct := mediaType(h.Get("Content-Type"))
 	switch {
 	case strings.EqualFold(ct, "text/event-stream"):
 		return usageBodySSE
