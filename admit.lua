@@ -24,10 +24,14 @@
 --           API's live view).
 -- ARGV[4]   L, the number of distinct limits.
 -- ARGV[5]   C, the number of token charges (0 with "p").
+-- ARGV[6]   K, the number of distinct caps among the limits: most limits of
+--           a call share a handful (every key of one "limit key *" line has
+--           the same), which are then passed and read once.
 -- then      per charge, the tokens to add to its key, a positive integer.
--- then      per limit: rpm, tpm (0 is no cap), rate of its token bucket in
---           milli-tokens per second (0 is none), and if rate > 0 its burst
+-- then      per distinct caps: rpm, tpm (0 is no cap), rate of a token bucket
+--           in milli-tokens per second (0 is none), and if rate > 0 its burst
 --           and cost.
+-- then      one argument of L bytes: each limit's caps (1-based).
 -- then      one argument per admission, in arrival order: the positions
 --           (1-based) of the limits of its chain, one byte each.
 --
@@ -62,50 +66,66 @@ if bucket ~= tonumber(ARGV[2], 16) then
 end
 local weight = 60000 - (now - bucket * 60000)
 local charging = ARGV[3] == 'a'
-local n, nc = tonumber(ARGV[4], 16), tonumber(ARGV[5], 16)
+local n, nc, ncaps = tonumber(ARGV[4], 16), tonumber(ARGV[5], 16), tonumber(ARGV[6], 16)
 -- Only the increment that creates a key sets its expiry.
 local nk = #KEYS - nc
 for c = 1, nc do
-  local key, tokens = KEYS[nk + c], tonumber(ARGV[5 + c], 16)
+  local key, tokens = KEYS[nk + c], tonumber(ARGV[6 + c], 16)
   if redis.call('INCRBY', key, tokens) == tokens then redis.call('EXPIRE', key, 120) end
 end
 local vals = nk > 0 and redis.call('MGET', unpack(KEYS, 1, nk)) or {}
 
--- Per limit, one table: {slack, tok_fits, room, deficit, cost, added,
--- req_key, bucket_key, bucket_ttl, since}. slack is how far the request
--- window is below its rpm, in 60000ths of a request: a request fits while
--- slack >= 60000, and takes 60000 of it. Tokens are charged after the fact,
--- never by an admission, so whether the token window fits holds for the
--- whole call. A limit without a cap of a kind has infinite slack or room.
--- The reply gets the counts as read. (Strings from MGET become numbers by
--- arithmetic, which is cheaper than tonumber.)
+local arg = 7 + nc
+local caps = {}
+for x = 1, ncaps do
+  local q = tonumber(ARGV[arg + 2], 16)
+  if q > 0 then
+    caps[x] = {tonumber(ARGV[arg], 16), tonumber(ARGV[arg + 1], 16), q, tonumber(ARGV[arg + 3], 16), tonumber(ARGV[arg + 4], 16)}
+    arg = arg + 5
+  else
+    caps[x] = {tonumber(ARGV[arg], 16), tonumber(ARGV[arg + 1], 16), 0}
+    arg = arg + 3
+  end
+end
+local capsof = {byte(ARGV[arg], 1, -1)}
+arg = arg + 1
+
+-- Per limit: left, the room for more requests in 60000ths of a request (a
+-- request fits while left >= 60000, and takes 60000 of it); added, the
+-- requests the call admitted; rkey, the key of its current req bucket; bkt,
+-- its token bucket's {key, ttl, since, deficit, cost}; false where it has
+-- none. A limit's room is the least of its caps': its rpm's slack (how far
+-- the window is below the rpm), 0 if its token window is full (tokens are
+-- charged after the fact, never by an admission, so that holds for the whole
+-- call), and the requests its token bucket holds. (Strings from MGET become
+-- numbers by arithmetic, which is cheaper than tonumber.) The reply gets the
+-- counts as read.
 local inf = 1 / 0
-local limits = {}
+local left, added, rkey, bkt = {}, {}, {}, {}
 local reply = {1, now}
-local a, j = 6 + nc, 1
+local j = 1
 for i = 1, n do
-  local r, t, q = tonumber(ARGV[a], 16), tonumber(ARGV[a + 1], 16), tonumber(ARGV[a + 2], 16)
-  a = a + 3
+  local cap = caps[capsof[i]]
+  local r, t, q = cap[1], cap[2], cap[3]
   local c0, p0, c1, p1, d = 0, 0, 0, 0, 0
-  local slack, tokfits, room, cost, rj, bj, ttl, since = inf, true, inf, 0, false, false, 0, now
+  local room = inf
+  rkey[i], bkt[i] = false, false
   if r > 0 then
     local v, w = vals[j], vals[j + 1]
     if v then c0 = v + 0 end
     if w then p0 = w + 0 end
-    slack, rj = (r - c0) * 60000 - p0 * weight, j
+    room, rkey[i] = (r - c0) * 60000 - p0 * weight, j
     j = j + 2
   end
   if t > 0 then
     local v, w = vals[j], vals[j + 1]
     if v then c1 = v + 0 end
     if w then p1 = w + 0 end
-    tokfits = c1 * 60000 + p1 * weight < t * 60000
+    if c1 * 60000 + p1 * weight >= t * 60000 then room = 0 end
     j = j + 2
   end
   if q > 0 then
-    local burst, c = tonumber(ARGV[a], 16), tonumber(ARGV[a + 1], 16)
-    a = a + 2
-    room, cost, bj, ttl = (burst - c) * 1000000, c * 1000000, j, 2 * math.ceil(burst * 1000000 / q)
+    local since, full, cost = now, (cap[4] - cap[5]) * 1000000, cap[5] * 1000000
     local sd, st = string.match(vals[j] or '', '^(%d+):(%d+)$')
     if sd then
       d, st = sd + 0, st + 0
@@ -116,28 +136,32 @@ for i = 1, n do
         since = st -- a clock gone back refills nothing
       end
     end
+    -- A request fits while deficit <= full, and adds cost to it.
+    local f = floor((full - d) / cost)
+    if f * cost > full - d then f = f - 1 end -- a quotient rounded up
+    if (f + 1) * 60000 < room then room = (f + 1) * 60000 end
+    bkt[i] = {j, 2 * math.ceil(cap[4] * 1000000 / q), since, d, cost}
     j = j + 1
   end
-  limits[i] = {slack, tokfits, room, d, cost, 0, rj, bj, ttl, since}
+  left[i], added[i] = room, 0
   local k = 5 * i - 2
   reply[k], reply[k + 1], reply[k + 2], reply[k + 3], reply[k + 4] = c0, p0, c1, p1, d
 end
 
 local k = 5 * n + 2
-for m = a, #ARGV do
+for m = arg, #ARGV do
   local chain = {byte(ARGV[m], 1, -1)}
   local fits = 1
   for x = 1, #chain do
-    local l = limits[chain[x]]
-    if l[1] < 60000 or not l[2] or l[4] > l[3] then
+    if left[chain[x]] < 60000 then
       fits = 0
       break
     end
   end
   if fits == 1 and charging then
     for x = 1, #chain do
-      local l = limits[chain[x]]
-      l[1], l[4], l[6] = l[1] - 60000, l[4] + l[5], l[6] + 1
+      local i = chain[x]
+      left[i], added[i] = left[i] - 60000, added[i] + 1
     end
   end
   k = k + 1
@@ -146,16 +170,18 @@ end
 
 if charging then
   for i = 1, n do
-    local l = limits[i]
-    local added, rj = l[6], l[7]
-    -- The expiry is set only when the increment creates the key. (INCR
-    -- spares the conversion of a number argument to a string.)
-    if rj and (added == 1 and redis.call('INCR', KEYS[rj]) == 1
-      or added > 1 and redis.call('INCRBY', KEYS[rj], added) == added) then
-      redis.call('EXPIRE', KEYS[rj], 120)
-    end
-    if l[8] and l[4] ~= reply[5 * i + 2] then
-      redis.call('SET', KEYS[l[8]], string.format('%d:%d', l[4], l[10]), 'PX', l[9])
+    local a = added[i]
+    if a > 0 then
+      local rj, b = rkey[i], bkt[i]
+      -- The expiry is set only when the increment creates the key. (INCR
+      -- spares the conversion of a number argument to a string.)
+      if rj and (a == 1 and redis.call('INCR', KEYS[rj]) == 1
+        or a > 1 and redis.call('INCRBY', KEYS[rj], a) == a) then
+        redis.call('EXPIRE', KEYS[rj], 120)
+      end
+      if b then
+        redis.call('SET', KEYS[b[1]], string.format('%d:%d', b[4] + a * b[5], b[3]), 'PX', b[2])
+      end
     end
   end
 end

@@ -2,8 +2,10 @@ package ratelimit
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"runtime"
 	"slices"
 	"sync"
@@ -375,4 +377,120 @@ func TestAWaiterGivesUpAfterItsTimeout(t *testing.T) {
 	if calls := r.recorded(); !slices.EqualFunc(calls, [][]int{{0}}, slices.Equal) {
 		t.Fatalf("calls %v, want only the first", calls)
 	}
+}
+
+// A call of many admissions decides each exactly as it would have been
+// decided alone, one call after another: the same answers, each reading the
+// same counts, and the same counters after. Twin limits (the same caps under
+// other ids) get the same history, then the same admissions, batched on one
+// side and one by one on the other; caps, histories and chains are random,
+// with windows, token windows and buckets.
+func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
+	s := newTestRedisStore(t, redisURLFromEnv(t))
+	ctx := context.Background()
+	for trial := range 40 {
+		rng := rand.New(rand.NewPCG(uint64(trial), 8))
+		base := pinnedBase()
+		at := base + 1000 + rng.Int64N(58000)
+		id := uniqueID(t)
+		var sideA, sideB []limit
+		for i := range 5 {
+			lc := LimitConfig{Scope: fmt.Sprint("s", i)}
+			if rng.IntN(10) < 7 {
+				lc.RPM = 1 + rng.Int64N(6)
+			}
+			if rng.IntN(2) == 0 {
+				lc.TPM = 20 + rng.Int64N(180)
+			}
+			if rng.IntN(10) < 4 {
+				lc.Rate = json.Number([]string{"0.5", "1", "2.5"}[rng.IntN(3)])
+				lc.Burst = 1 + rng.Int64N(4)
+				lc.Cost = 1 + rng.Int64N(lc.Burst)
+			}
+			if lc.RPM == 0 && lc.TPM == 0 && lc.Rate == "" {
+				lc.RPM = 3
+			}
+			caps, err := lc.caps()
+			if err != nil {
+				t.Fatal(err)
+			}
+			sideA = append(sideA, newTaggedLimit("", lc.Scope, id+"a", caps))
+			sideB = append(sideB, newTaggedLimit("", lc.Scope, id+"b", caps))
+		}
+		// chain picks 1 to 3 of the limits, in order, on both sides.
+		chain := func() (a, b []limit) {
+			for i := range sideA {
+				if rng.IntN(5) < 2 {
+					a, b = append(a, sideA[i]), append(b, sideB[i])
+				}
+			}
+			if len(a) == 0 {
+				i := rng.IntN(len(sideA))
+				a, b = []limit{sideA[i]}, []limit{sideB[i]}
+			}
+			return a, b
+		}
+		// The same history on both sides: admissions and token charges in
+		// the previous minute, then in this one before at.
+		for _, when := range []int64{base - 60000 + rng.Int64N(60000), base + rng.Int64N(at-base)} {
+			for range rng.IntN(8) {
+				a, b := chain()
+				for _, c := range [][]limit{a, b} {
+					if _, err := s.admit(ctx, c, when); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			for range rng.IntN(4) {
+				a, b := chain()
+				tokens := 10 + rng.Int64N(140)
+				for _, c := range [][]limit{a, b} {
+					if err := s.recordTokens(ctx, c, tokens, when); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+		}
+		var batch scriptCall
+		var alone [][]limit
+		for range 1 + rng.IntN(12) {
+			a, b := chain()
+			if !batch.add(a) {
+				t.Fatal("a chain was refused by the call")
+			}
+			alone = append(alone, b)
+		}
+		batched, _, err := s.call(ctx, &batch, at, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for m, c := range alone {
+			var one scriptCall
+			one.add(c)
+			ds, _, err := s.call(ctx, &one, at, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, want := describeDecision(batched[m]), describeDecision(ds[0]); got != want {
+				t.Fatalf("trial %d, admission %d of %d: batched %s, alone %s", trial, m, len(alone), got, want)
+			}
+		}
+		for i := range sideA { // what each side holds after
+			var a, b scriptCall
+			a.add(sideA[i : i+1])
+			b.add(sideB[i : i+1])
+			da, _, errA := s.call(ctx, &a, at, true)
+			db, _, errB := s.call(ctx, &b, at, true)
+			if errA != nil || errB != nil {
+				t.Fatal(errA, errB)
+			}
+			if got, want := describeDecision(da[0]), describeDecision(db[0]); got != want {
+				t.Fatalf("trial %d, limit %d after: batched side %s, one-by-one side %s", trial, i, got, want)
+			}
+		}
+	}
+}
+
+func describeDecision(d decision) string {
+	return fmt.Sprintf("admitted=%v counts=%+v", d.admitted, d.counts)
 }

@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 )
 
@@ -88,21 +89,43 @@ func (c *scriptCall) args(atMillis, bucket int64, peek bool) []any {
 	if peek {
 		mode = "p"
 	}
-	args := make([]any, 0, 5+len(c.charges.tokens)+3*len(c.limits)+len(c.chains))
-	args = append(args, clockArg(atMillis), hexArg(bucket), mode, hexArg(int64(len(c.limits))), hexArg(int64(len(c.charges.tokens))))
+	caps, capsOf := c.distinctCaps()
+	args := make([]any, 0, 7+len(c.charges.tokens)+3*len(caps)+len(c.chains))
+	args = append(args, clockArg(atMillis), hexArg(bucket), mode, hexArg(int64(len(c.limits))),
+		hexArg(int64(len(c.charges.tokens))), hexArg(int64(len(caps))))
 	for _, n := range c.charges.tokens {
 		args = append(args, hexArg(n))
 	}
-	for _, l := range c.limits {
+	for _, l := range caps {
 		args = append(args, hexArg(l.rpm), hexArg(l.tpm), hexArg(l.bucket.rate))
 		if l.bucket.rate > 0 {
 			args = append(args, hexArg(l.bucket.burst), hexArg(l.bucket.cost))
 		}
 	}
+	args = append(args, capsOf)
 	for _, chain := range c.chains {
 		args = append(args, chain)
 	}
 	return args
+}
+
+// distinctCaps lists the distinct caps of the call's limits, and for each
+// limit the position (1-based) of its caps among them, a byte each: the
+// limits of a call share a handful of caps (every key of one "limit key *"
+// line has the same), and each number the script reads costs it a string.
+// A call has at most maxCallLimits limits, which bounds the search.
+func (c *scriptCall) distinctCaps() ([]limitCaps, string) {
+	var caps []limitCaps
+	of := make([]byte, len(c.limits))
+	for i, l := range c.limits {
+		at := slices.Index(caps, l.limitCaps)
+		if at < 0 {
+			at = len(caps)
+			caps = append(caps, l.limitCaps)
+		}
+		of[i] = byte(at + 1)
+	}
+	return caps, string(of)
 }
 
 // decode reads the reply into one decision per admission. The reply has the

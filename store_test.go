@@ -210,6 +210,23 @@ func runConformance(t *testing.T, kit storeKit) {
 			t.Fatal("sixth request admitted at mid-minute: estimate 5 + 5 = 10 = rpm")
 		}
 	})
+	t.Run("ARequestOfThePreviousMinuteStillWeighsAtItsLastMillisecond", func(t *testing.T) {
+		s := kit.replicas(t, 1)[0]
+		base := pinnedBase()
+		chain := []limit{newLimit("key", uniqueID(t), 2, 0)}
+		for _, at := range []int64{base - 1, base} { // one in each minute
+			if !admitOrFail(t, s, chain, at).admitted {
+				t.Fatalf("request at %d refused under rpm 2", at-base)
+			}
+		}
+		// 1 + 1 * 1/60000 leaves less than one request of rpm 2.
+		if admitOrFail(t, s, chain, base+bucketMillis-1).admitted {
+			t.Fatal("admitted at the minute's last millisecond, where the previous request still weighs 1/60000")
+		}
+		if !admitOrFail(t, s, chain, base+bucketMillis).admitted {
+			t.Fatal("refused on the next boundary, where only the one request of the minute before counts")
+		}
+	})
 	t.Run("FullTPMWindowRefusesAndChargesNoRequestSlot", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
 		at := pinnedBase() + 5000
