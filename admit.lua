@@ -13,7 +13,8 @@
 --           touches is declared, so that Redis Cluster routes, redirects and
 --           migrates the call by the real keys.
 -- Numbers in ARGV are hexadecimal, which Lua reads with strtoul rather than
--- the much slower strtod.
+-- the much slower strtod, except the token charges: decimal, as INCRBY takes
+-- them, which spares the script formatting a number (with "%.14g").
 --
 -- ARGV[1]   a pinned clock in unix milliseconds, or "" for Redis TIME, so that
 --           replicas with skewed clocks agree.
@@ -27,7 +28,7 @@
 -- ARGV[6]   K, the number of distinct caps among the limits: most limits of
 --           a call share a handful (every key of one "limit key *" line has
 --           the same), which are then passed and read once.
--- then      per charge, the tokens to add to its key, a positive integer.
+-- then      per charge, the tokens to add to its key, a positive decimal.
 -- then      per distinct caps: rpm, tpm (0 is no cap), rate of a token bucket
 --           in milli-tokens per second (0 is none), and if rate > 0 its burst
 --           and cost.
@@ -70,8 +71,8 @@ local n, nc, ncaps = tonumber(ARGV[4], 16), tonumber(ARGV[5], 16), tonumber(ARGV
 -- Only the increment that creates a key sets its expiry.
 local nk = #KEYS - nc
 for c = 1, nc do
-  local key, tokens = KEYS[nk + c], tonumber(ARGV[6 + c], 16)
-  if redis.call('INCRBY', key, tokens) == tokens then redis.call('EXPIRE', key, 120) end
+  local key, tokens = KEYS[nk + c], ARGV[6 + c]
+  if redis.call('INCRBY', key, tokens) == tokens + 0 then redis.call('EXPIRE', key, 120) end
 end
 local vals = nk > 0 and redis.call('MGET', unpack(KEYS, 1, nk)) or {}
 

@@ -94,7 +94,7 @@ func (c *scriptCall) args(atMillis, bucket int64, peek bool) []any {
 	args = append(args, clockArg(atMillis), hexArg(bucket), mode, hexArg(int64(len(c.limits))),
 		hexArg(int64(len(c.charges.tokens))), hexArg(int64(len(caps))))
 	for _, n := range c.charges.tokens {
-		args = append(args, hexArg(n))
+		args = append(args, strconv.FormatInt(n, 10))
 	}
 	for _, l := range caps {
 		args = append(args, hexArg(l.rpm), hexArg(l.tpm), hexArg(l.bucket.rate))
