@@ -258,49 +258,93 @@ func BenchmarkAdmissionRedisServerTime(b *testing.B) {
 				name += "/concurrent=32"
 			}
 			b.Run(name, func(b *testing.B) {
-				s := newTestRedisStore(b, url)
-				admin := redisClient(b, url)
-				chainOf := func(key int) []limit {
-					chain := make([]limit, n)
-					chain[0] = newLimit("key", fmt.Sprintf("bench%d", key%1000), 1<<40, 1<<40)
-					for i := 1; i < n; i++ {
-						chain[i] = newLimit(fmt.Sprintf("s%d", i), "bench", 1<<40, 1<<40)
-					}
-					return chain
-				}
-				ctx := context.Background()
-				if _, err := s.admit(ctx, chainOf(0), 0); err != nil { // load the script
-					b.Fatal(err)
-				}
-				if err := admin.ConfigResetStat(ctx).Err(); err != nil {
-					b.Fatal(err)
-				}
-				b.ResetTimer()
-				if concurrent {
-					var next atomic.Int64
-					b.SetParallelism(16) // 32 goroutines on 2 cores
-					b.RunParallel(func(pb *testing.PB) {
-						for pb.Next() {
-							if _, err := s.admit(ctx, chainOf(int(next.Add(1))), 0); err != nil {
-								b.Error(err)
-								return
-							}
-						}
-					})
-				} else {
-					for i := 0; i < b.N; i++ {
-						if _, err := s.admit(ctx, chainOf(i), 0); err != nil {
-							b.Fatal(err)
-						}
-					}
-				}
-				b.StopTimer()
-				calls, usec := evalshaStats(b, admin)
-				b.ReportMetric(usec/float64(b.N), "redis-µs/admission")
-				b.ReportMetric(float64(b.N)/float64(calls), "admissions/call")
+				benchmarkRedisTime(b, url, concurrent, func(key int) []limit {
+					return benchChain(n, fmt.Sprintf("bench%d", key%1000))
+				})
 			})
 		}
 	}
+}
+
+// BenchmarkAdmissionRedisServerTimeByActiveKeys reports the same for 4-scope
+// chains, 32 at once, spread over 1,000 or 100,000 API keys whose counters
+// (four per key) are all in Redis before the timer starts: what a larger
+// keyspace costs each admission.
+func BenchmarkAdmissionRedisServerTimeByActiveKeys(b *testing.B) {
+	url := redisURLFromEnv(b)
+	for _, active := range []int{1000, 100000} {
+		b.Run(fmt.Sprintf("keys=%d", active), func(b *testing.B) {
+			id := fmt.Sprintf("active%d-", time.Now().UnixNano())
+			chainOf := func(key int) []limit { return benchChain(4, id+strconv.Itoa(key%active)) }
+			admin := redisClient(b, url)
+			ctx := context.Background()
+			bucket := time.Now().UnixMilli() / bucketMillis
+			pipe := admin.Pipeline()
+			for k := range active {
+				prefix := chainOf(k)[0].prefix
+				for _, key := range []string{"req:", "tok:"} {
+					for _, at := range []int64{bucket, bucket - 1} {
+						pipe.Set(ctx, prefix+key+strconv.FormatInt(at, 10), 1, 2*time.Minute)
+					}
+				}
+				if pipe.Len() >= 4000 || k == active-1 {
+					if _, err := pipe.Exec(ctx); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			benchmarkRedisTime(b, url, true, chainOf)
+		})
+	}
+}
+
+// benchChain is a chain of n limits, each with an rpm and a tpm that admit
+// everything: the key's, then scopes s1... shared by every key.
+func benchChain(n int, key string) []limit {
+	chain := make([]limit, n)
+	chain[0] = newLimit("key", key, 1<<40, 1<<40)
+	for i := 1; i < n; i++ {
+		chain[i] = newLimit(fmt.Sprintf("s%d", i), "bench", 1<<40, 1<<40)
+	}
+	return chain
+}
+
+// benchmarkRedisTime admits chainOf(0), chainOf(1), ... one at a time or 32
+// at once, and reports Redis's server time per admission and the admissions
+// per call.
+func benchmarkRedisTime(b *testing.B, url string, concurrent bool, chainOf func(int) []limit) {
+	s := newTestRedisStore(b, url)
+	admin := redisClient(b, url)
+	ctx := context.Background()
+	if _, err := s.admit(ctx, chainOf(0), 0); err != nil { // load the script
+		b.Fatal(err)
+	}
+	if err := admin.ConfigResetStat(ctx).Err(); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	if concurrent {
+		var next atomic.Int64
+		b.SetParallelism(16) // 32 goroutines on 2 cores
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if _, err := s.admit(ctx, chainOf(int(next.Add(1))), 0); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	} else {
+		for i := 0; i < b.N; i++ {
+			if _, err := s.admit(ctx, chainOf(i), 0); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.StopTimer()
+	calls, usec := evalshaStats(b, admin)
+	b.ReportMetric(usec/float64(b.N), "redis-µs/admission")
+	b.ReportMetric(float64(b.N)/float64(calls), "admissions/call")
 }
 
 // evalshaStats reads the calls and usec of evalsha from INFO commandstats.
