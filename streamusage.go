@@ -31,7 +31,7 @@ func requestStreamUsage(r *http.Request) *usageStripper {
 		return nil
 	}
 	original := r.Body
-	body, err := io.ReadAll(io.LimitReader(original, maxRewrittenBody+1))
+	body, err := readBody(original, r.ContentLength, maxRewrittenBody+1)
 	rewritten, ok := withStreamUsage(body)
 	if err != nil || len(body) > maxRewrittenBody {
 		// Pass what was read and the rest on as they were.
@@ -50,6 +50,31 @@ func requestStreamUsage(r *http.Request) *usageStripper {
 	// re-encoding; Caddy's encode can still compress toward the client.
 	r.Header.Set("Accept-Encoding", "identity")
 	return newUsageStripper()
+}
+
+// readBody reads body to its end or to limit bytes, like io.ReadAll, into a
+// buffer sized by the request's Content-Length when it has one: a typical
+// request is a few hundred bytes, and io.ReadAll starts at 512 and doubles.
+func readBody(body io.Reader, length, limit int64) ([]byte, error) {
+	size := int64(512)
+	if length >= 0 && length < limit {
+		size = length + 1 // room to read the EOF without growing
+	}
+	buf := make([]byte, 0, size)
+	for int64(len(buf)) < limit {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := body.Read(buf[len(buf):min(int64(cap(buf)), limit)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, err
+		}
+	}
+	return buf, nil
 }
 
 type readCloser struct {

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"testing/iotest"
 )
 
 func TestStreamUsageIsAddedOnlyToStreamsThatDoNotAskForIt(t *testing.T) {
@@ -157,5 +158,42 @@ func TestStripperAppliesOnlyToUncompressedEventStreams(t *testing.T) {
 		if got := new(usageStripper).applies(h); got != c.applies {
 			t.Errorf("%s %s: applies %v", c.contentType, c.encoding, got)
 		}
+	}
+}
+
+// Reading the body to look for "stream" must pass on exactly the client's
+// bytes, whatever length the request declares (or none) and however the body
+// arrives, and stop at the cap with the rest still to be read.
+func TestForwardedBodyIsTheClientsWhateverItsLengthAndChunking(t *testing.T) {
+	small := `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say ok."}]}`
+	big := `{"model":"m","pad":"` + strings.Repeat("x", maxRewrittenBody) + `"}`
+	for _, body := range []string{small, strings.Repeat(" ", 511) + small, big} {
+		for _, declared := range []int64{int64(len(body)), -1, int64(len(body)) / 2} {
+			for name, wrap := range map[string]func(io.Reader) io.Reader{
+				"whole": func(r io.Reader) io.Reader { return r }, "one byte at a time": iotest.OneByteReader,
+				"with EOF on the last read": iotest.DataErrReader,
+			} {
+				if name == "one byte at a time" && len(body) > maxRewrittenBody {
+					continue // 4 MiB one byte at a time is slow, and the other two cover the cap
+				}
+				r := httptest.NewRequest("POST", "/v1/chat/completions", wrap(strings.NewReader(body)))
+				r.ContentLength = declared
+				r.Header.Set("Content-Type", "application/json")
+				if requestStreamUsage(r) != nil {
+					t.Fatal("a request that is no stream was rewritten")
+				}
+				if got, err := io.ReadAll(r.Body); err != nil || string(got) != body {
+					t.Fatalf("%d bytes declared %d, %s: passed on %d bytes (%v)", len(body), declared, name, len(got), err)
+				}
+			}
+		}
+	}
+	// A read error is passed on after the bytes read before it.
+	failing := io.MultiReader(strings.NewReader(`{"model":`), iotest.ErrReader(io.ErrUnexpectedEOF))
+	r := httptest.NewRequest("POST", "/v1/chat/completions", failing)
+	r.Header.Set("Content-Type", "application/json")
+	requestStreamUsage(r)
+	if got, err := io.ReadAll(r.Body); string(got) != `{"model":` || err != io.ErrUnexpectedEOF {
+		t.Fatalf("passed on %q then %v", got, err)
 	}
 }
