@@ -465,26 +465,21 @@ func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 			t.Fatal(err)
 		}
 		for m, c := range alone {
-			var one scriptCall
-			one.add(c)
-			ds, _, err := s.call(ctx, &one, at, false)
+			d, err := s.run(ctx, c, at, false)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got, want := describeDecision(batched[m]), describeDecision(ds[0]); got != want {
+			if got, want := describeDecision(batched[m]), describeDecision(d); got != want {
 				t.Fatalf("trial %d, admission %d of %d: batched %s, alone %s", trial, m, len(alone), got, want)
 			}
 		}
 		for i := range sideA { // what each side holds after
-			var a, b scriptCall
-			a.add(sideA[i : i+1])
-			b.add(sideB[i : i+1])
-			da, _, errA := s.call(ctx, &a, at, true)
-			db, _, errB := s.call(ctx, &b, at, true)
+			da, errA := s.peek(ctx, sideA[i:i+1], at)
+			db, errB := s.peek(ctx, sideB[i:i+1], at)
 			if errA != nil || errB != nil {
 				t.Fatal(errA, errB)
 			}
-			if got, want := describeDecision(da[0]), describeDecision(db[0]); got != want {
+			if got, want := describeDecision(da), describeDecision(db); got != want {
 				t.Fatalf("trial %d, limit %d after: batched side %s, one-by-one side %s", trial, i, got, want)
 			}
 		}

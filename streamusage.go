@@ -32,12 +32,12 @@ func requestStreamUsage(r *http.Request) *usageStripper {
 	}
 	original := r.Body
 	body, err := readBody(original, r.ContentLength, maxRewrittenBody+1)
-	rewritten, ok := withStreamUsage(body)
 	if err != nil || len(body) > maxRewrittenBody {
 		// Pass what was read and the rest on as they were.
 		r.Body = readCloser{io.MultiReader(bytes.NewReader(body), original), original}
 		return nil
 	}
+	rewritten, ok := withStreamUsage(body)
 	if !ok {
 		r.Body = readCloser{bytes.NewReader(body), original} // all of it
 		return nil
