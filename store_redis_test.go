@@ -282,9 +282,9 @@ func BenchmarkAdmissionRedisServerTimeByActiveKeys(b *testing.B) {
 			pipe := admin.Pipeline()
 			for k := range active {
 				prefix := chainOf(k)[0].prefix
-				for _, key := range []string{"req:", "tok:"} {
+				for _, window := range []kind{requests, tokens} {
 					for _, at := range []int64{bucket, bucket - 1} {
-						pipe.Set(ctx, prefix+key+strconv.FormatInt(at, 10), 1, 2*time.Minute)
+						pipe.Set(ctx, bucketKey(prefix, window, at), 1, 2*time.Minute)
 					}
 				}
 				if pipe.Len() >= 4000 || k == active-1 {
