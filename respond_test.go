@@ -4,6 +4,7 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
@@ -25,7 +26,7 @@ func TestStoreFailuresAreLoggedOncePerIntervalNotPerRequest(t *testing.T) {
 	if n := logs.Len(); n != 1 {
 		t.Fatalf("%d warnings for 500 failures within one interval, want 1", n)
 	}
-	l.next.Store(0) // the interval has passed
+	l.next = time.Time{} // the interval has passed
 	l.log(logger, "rate limit store unavailable", zap.Error(errors.New("connection refused")))
 	entries := logs.All()
 	if len(entries) != 2 {
