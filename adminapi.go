@@ -36,8 +36,9 @@ func init() {
 // Query parameters:
 //
 //	scope   the scope's name, as in the handler's "scope" lines (required)
-//	id      the id as it appears in requests (the raw API key for the "key"
-//	        scope); the view digests it exactly as the handlers do
+//	id      the id as it appears in requests (the raw API key, say); the
+//	        view digests it exactly as each handler does: always, unless
+//	        the handler declares the scope readable
 //	digest  instead of id: the stored form, "#" and 32 hex digits, as logs,
 //	        metrics and Redis keys show it
 //	root    on Redis Cluster only: <scope>:<id> of the chain's root (the
@@ -45,7 +46,8 @@ func init() {
 //	        tag the counters live; the id as in requests, or its digest
 //
 // Exactly one of id and digest is required. Caddy logs the URI of every
-// admin request, so prefer digest for secrets such as API keys.
+// admin request, so prefer digest for secrets such as API keys. The answer
+// names the id only as stored, never as asked.
 //
 // Answers: 200 with a UsageView; 400 for a missing or malformed parameter or
 // a scope that no loaded handler has; 405 for a method other than GET; 503
@@ -77,9 +79,10 @@ func (a AdminAPI) Routes() []caddy.AdminRoute {
 type UsageView struct {
 	// Scope is the scope's name, as asked.
 	Scope string `json:"scope"`
-	// ID is the id as the store holds it: the id itself for a short plain
-	// id, otherwise (and always in the "key" scope) "#" and the first 32 hex
-	// digits of its SHA-256. The raw id is never in the answer.
+	// ID is the id as the handlers store it: "#" and the first 32 hex digits
+	// of its SHA-256, unless every loaded handler with this scope declares
+	// it readable and the id is a short plain token, which is then itself.
+	// The id as asked is never in the answer.
 	ID string `json:"id"`
 	// Limits has one entry per distinct store and caps that the loaded
 	// handlers apply to the id, sorted by store, then rpm, tpm and bucket. It is
@@ -97,6 +100,9 @@ type UsageLimit struct {
 	// Redis locates the Redis server and database of a "redis" store, without
 	// credentials, e.g. "redis://10.0.0.5:6379/0".
 	Redis string `json:"redis,omitempty"`
+	// ID is the id as these handlers store it (see UsageView.ID): handlers
+	// that differ in declaring the scope readable store it apart.
+	ID string `json:"id"`
 	// Source is where the caps come from: "own" (a limit line for this very
 	// id), "default" (the scope's "*" limit), or "own+default" when the
 	// handlers that share these caps differ in that.
@@ -174,15 +180,42 @@ type UsageCounter struct {
 // digestRE is the stored form of a digested id (see keyID).
 var digestRE = regexp.MustCompile(`^#[0-9a-f]{32}$`)
 
-// usageGroup is the handlers that apply the same caps to the id on the same
-// store: they read the same counters, so they make one entry.
+// usageGroup is the handlers that apply the same caps to the same stored id
+// on the same store: they read the same counters, so they make one entry.
 type usageGroup struct {
 	storeKind, where string
+	id, tag          string // the id as stored; the hash tag on Redis Cluster, else ""
 	caps             limitCaps
 	store            store
 	own, byDefault   bool
 	handlers         int
 	chains           [][]string
+}
+
+// askedID is an id as the live view was asked for it: as in requests, or
+// as stored.
+type askedID struct {
+	raw, digest string // one of them is set
+}
+
+// stored is the id as a handler that does or does not declare its scope
+// readable stores it.
+func (a askedID) stored(readable bool) string {
+	if a.digest != "" {
+		return a.digest
+	}
+	return keyID(readable, a.raw)
+}
+
+// readsScope reports whether h has the scope, and whether it declares it
+// readable.
+func readsScope(h *Handler, scope string) (has, readable bool) {
+	for _, s := range h.Scopes {
+		if s.Name == scope {
+			return true, s.Readable
+		}
+	}
+	return false, false
 }
 
 func (a AdminAPI) serveUsage(w http.ResponseWriter, r *http.Request) error {
@@ -196,27 +229,31 @@ func (a AdminAPI) serveUsage(w http.ResponseWriter, r *http.Request) error {
 	}
 	handlers := liveHandlers.all()
 	known := make(map[string]bool)
+	readableEverywhere := true
 	for _, h := range handlers {
 		for _, s := range h.Scopes {
 			known[s.Name] = true
+			if s.Name == scope {
+				readableEverywhere = readableEverywhere && s.Readable
+			}
 		}
 	}
 	if !known[scope] {
 		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: unknownScope(scope, known)}
 	}
 
-	tag, err := rootTag(r.URL.Query().Get("root"))
+	root, err := rootQuery(r.URL.Query().Get("root"))
 	if err != nil {
 		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
 	}
-	groups := groupLimits(handlers, scope, id)
-	view := UsageView{Scope: scope, ID: id, Limits: make([]UsageLimit, 0, len(groups))}
+	groups := groupLimits(handlers, scope, id, root)
+	view := UsageView{Scope: scope, ID: id.stored(readableEverywhere), Limits: make([]UsageLimit, 0, len(groups))}
 	for _, g := range groups {
-		if rs, ok := g.store.(*redisStore); ok && rs.config.topology() == cluster && tag == "" {
+		if rs, ok := g.store.(*redisStore); ok && rs.config.topology() == cluster && g.tag == "" {
 			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: errors.New(
 				"on Redis Cluster a counter lives under its chain's root: add root=<scope>:<id> (the outermost scope with a value in the requests, e.g. root=org:acme)")}
 		}
-		entry, err := g.read(r, tag, scope, id)
+		entry, err := g.read(r, scope)
 		if err != nil {
 			return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: err}
 		}
@@ -235,33 +272,33 @@ func (a AdminAPI) serveUsage(w http.ResponseWriter, r *http.Request) error {
 	return err
 }
 
-// usageQuery reads the scope and the id, as stored, from the query.
-func usageQuery(q url.Values) (scope, id string, err error) {
-	for _, name := range []string{"scope", "id", "digest"} {
+// usageQuery reads the scope and the id from the query.
+func usageQuery(q url.Values) (scope string, id askedID, err error) {
+	for _, name := range []string{"scope", "id", "digest", "root"} {
 		if len(q[name]) > 1 {
-			return "", "", fmt.Errorf("give the %s parameter once", name)
+			return "", id, fmt.Errorf("give the %s parameter once", name)
 		}
 	}
 	scope = q.Get("scope")
 	if scope == "" {
-		return "", "", errors.New("missing scope parameter: ask for ?scope=<scope name>&id=<id as in requests> (or &digest=<#digest>)")
+		return "", id, errors.New("missing scope parameter: ask for ?scope=<scope name>&id=<id as in requests> (or &digest=<#digest>)")
 	}
 	raw, hasID := q["id"]
 	digest, hasDigest := q["digest"]
 	switch {
 	case hasID && hasDigest:
-		return "", "", errors.New("give either the id parameter or the digest parameter, not both")
+		return "", id, errors.New("give either the id parameter or the digest parameter, not both")
 	case hasDigest:
 		if !digestRE.MatchString(digest[0]) {
-			return "", "", errors.New(`the digest parameter must be "#" and 32 lowercase hex digits, as logs, metrics and Redis keys show digested ids`)
+			return "", id, errors.New(`the digest parameter must be "#" and 32 lowercase hex digits, as logs, metrics and Redis keys show digested ids`)
 		}
-		return scope, digest[0], nil
+		return scope, askedID{digest: digest[0]}, nil
 	case hasID && raw[0] != "":
-		return scope, keyID(scope, raw[0]), nil
+		return scope, askedID{raw: raw[0]}, nil
 	case hasID:
-		return "", "", errors.New("empty id parameter: an empty scope value is never limited")
+		return "", id, errors.New("empty id parameter: an empty scope value is never limited")
 	}
-	return "", "", errors.New("missing id parameter: give the id as it appears in requests (id=...) or its stored digest (digest=#...)")
+	return "", id, errors.New("missing id parameter: give the id as it appears in requests (id=...) or its stored digest (digest=#...)")
 }
 
 func unknownScope(scope string, known map[string]bool) error {
@@ -276,23 +313,26 @@ func unknownScope(scope string, known map[string]bool) error {
 	return fmt.Errorf("unknown scope %q: no loaded rolter_ratelimit handler has a scope of that name (known scopes: %s)", scope, strings.Join(names, ", "))
 }
 
-// groupLimits finds the caps each handler applies to the stored id in scope,
-// as chain would, and groups them by store and caps, in a stable order.
-func groupLimits(handlers []*Handler, scope, id string) []*usageGroup {
+// groupLimits finds the caps each handler applies to the id in scope, as
+// chain would, and groups them by store, stored id, hash tag and caps, in a
+// stable order. root is the chain's root, needed on Redis Cluster.
+func groupLimits(handlers []*Handler, scope string, asked askedID, root rootRef) []*usageGroup {
 	type groupKey struct {
-		kind, where string
-		caps        limitCaps
+		kind, where, id, tag string
+		caps                 limitCaps
 	}
 	byKey := make(map[groupKey]*usageGroup)
 	var groups []*usageGroup
 	for _, h := range handlers {
-		if !slices.ContainsFunc(h.Scopes, func(s Scope) bool { return s.Name == scope }) {
+		has, readable := readsScope(h, scope)
+		if !has {
 			continue
 		}
 		sl, ok := h.limits[scope]
 		if !ok {
 			continue
 		}
+		id := asked.stored(readable)
 		caps, own := sl.byID[id]
 		if !own {
 			if !sl.hasDefault {
@@ -301,10 +341,14 @@ func groupLimits(handlers []*Handler, scope, id string) []*usageGroup {
 			caps = sl.byDefault
 		}
 		kind, where := describeStore(h.store)
-		key := groupKey{kind, where, caps}
+		tag := ""
+		if rs, ok := h.store.(*redisStore); ok && rs.config.topology() == cluster {
+			tag = root.tag(h)
+		}
+		key := groupKey{kind, where, id, tag, caps}
 		g, ok := byKey[key]
 		if !ok {
-			g = &usageGroup{storeKind: kind, where: where, caps: caps, store: h.store}
+			g = &usageGroup{storeKind: kind, where: where, id: id, tag: tag, caps: caps, store: h.store}
 			byKey[key] = g
 			groups = append(groups, g)
 		}
@@ -317,7 +361,7 @@ func groupLimits(handlers []*Handler, scope, id string) []*usageGroup {
 		}
 	}
 	slices.SortFunc(groups, func(a, b *usageGroup) int {
-		return cmp.Or(cmp.Compare(a.storeKind, b.storeKind), cmp.Compare(a.where, b.where),
+		return cmp.Or(cmp.Compare(a.storeKind, b.storeKind), cmp.Compare(a.where, b.where), cmp.Compare(a.id, b.id), cmp.Compare(a.tag, b.tag),
 			cmp.Compare(a.caps.rpm, b.caps.rpm), cmp.Compare(a.caps.tpm, b.caps.tpm),
 			cmp.Compare(a.caps.bucket.rate, b.caps.bucket.rate), cmp.Compare(a.caps.bucket.burst, b.caps.bucket.burst),
 			cmp.Compare(a.caps.bucket.cost, b.caps.bucket.cost), cmp.Compare(a.caps.bucket.rateText, b.caps.bucket.rateText))
@@ -340,29 +384,40 @@ func describeStore(s store) (kind, where string) {
 	return fmt.Sprintf("%T", s), fmt.Sprintf("%p", s)
 }
 
-// rootTag reads the root parameter, <scope>:<id as in requests, or its
-// digest>, into the hash tag of the chains rooted there; "" when absent.
-func rootTag(root string) (string, error) {
+// rootRef is the root parameter: the scope and id of the chains' root.
+type rootRef struct {
+	scope string
+	id    askedID
+}
+
+// rootQuery reads the root parameter, <scope>:<id as in requests, or its
+// digest>; the zero rootRef when absent.
+func rootQuery(root string) (rootRef, error) {
 	if root == "" {
-		return "", nil
+		return rootRef{}, nil
 	}
 	scope, id, ok := strings.Cut(root, ":")
 	if !ok || scope == "" || id == "" {
-		return "", errors.New("the root parameter is <scope>:<id>, e.g. root=org:acme")
+		return rootRef{}, errors.New("the root parameter is <scope>:<id>, e.g. root=org:acme")
 	}
-	if !digestRE.MatchString(id) {
-		id = keyID(scope, id)
+	if digestRE.MatchString(id) {
+		return rootRef{scope, askedID{digest: id}}, nil
 	}
-	return chainTag(scope, id), nil
+	return rootRef{scope, askedID{raw: id}}, nil
 }
 
-// read peeks at the group's counters, on a chain of this one limit (whose
-// keys carry tag on Redis Cluster, and tag is "" elsewhere).
-func (g *usageGroup) read(r *http.Request, tag, scope, id string) (UsageLimit, error) {
-	if rs, ok := g.store.(*redisStore); !ok || rs.config.topology() != cluster {
-		tag = ""
+// tag is the hash tag of h's chains rooted at r; "" when r is absent.
+func (r rootRef) tag(h *Handler) string {
+	if r.scope == "" {
+		return ""
 	}
-	l := newTaggedLimit(tag, scope, id, g.caps)
+	_, readable := readsScope(h, r.scope)
+	return chainTag(r.scope, r.id.stored(readable))
+}
+
+// read peeks at the group's counters, on a chain of this one limit.
+func (g *usageGroup) read(r *http.Request, scope string) (UsageLimit, error) {
+	l := newTaggedLimit(g.tag, scope, g.id, g.caps)
 	g.store.hold() // a reload may unload the store meanwhile
 	d, err := g.store.peek(r.Context(), []limit{l}, 0)
 	g.store.release()
@@ -380,6 +435,7 @@ func (g *usageGroup) read(r *http.Request, tag, scope, id string) (UsageLimit, e
 	entry := UsageLimit{
 		Store:    g.storeKind,
 		Redis:    g.where,
+		ID:       g.id,
 		Source:   g.source(),
 		Handlers: g.handlers,
 		Chains:   g.chains,

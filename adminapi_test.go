@@ -118,7 +118,7 @@ func TestAdminLiveViewAgreesWithTheHeadersOfTheLastAdmittedRequest(t *testing.T)
 	rolter_ratelimit {
 		%s
 		scope key {http.request.header.Authorization}
-		scope org {http.request.header.X-Org}
+		scope org {http.request.header.X-Org} readable
 		limit key * rpm 50 tpm 100000
 		limit org * rpm 10 tpm 1000
 	}
@@ -226,7 +226,7 @@ func TestAdminLiveViewDigestsAKeyIDAndNeverEchoesIt(t *testing.T) {
 			t.Fatalf("%d %s", res.StatusCode, body)
 		}
 	}
-	digest := keyID("key", raw)
+	digest := keyID(false, raw)
 	v, body := getLiveView(t, "scope=key&id="+url.QueryEscape(raw))
 	for _, s := range []string{secret, "SECRET", "Bearer", "sk-live"} {
 		if strings.Contains(string(body), s) {
@@ -250,9 +250,9 @@ func TestAdminLiveViewDigestsAKeyIDAndNeverEchoesIt(t *testing.T) {
 	// Outside the key scope, an id that is not a short plain token is
 	// digested too, as in the store's keys.
 	v, body = getLiveView(t, "scope=team&id="+url.QueryEscape(team))
-	if v.ID != keyID("team", team) || !digestRE.MatchString(v.ID) || strings.Contains(string(body), "with spaces") ||
+	if v.ID != keyID(false, team) || !digestRE.MatchString(v.ID) || strings.Contains(string(body), "with spaces") ||
 		len(v.Limits) != 1 || v.Limits[0].RPM.Estimate != 2 {
-		t.Fatalf("team view %s: want the digest %q and the team's 2 requests", body, keyID("team", team))
+		t.Fatalf("team view %s: want the digest %q and the team's 2 requests", body, keyID(false, team))
 	}
 
 	// Errors never repeat the id either.
@@ -441,5 +441,37 @@ func TestAdminLiveViewAnswers503WhenTheStoreCannotBeRead(t *testing.T) {
 	}
 	if msg := apiError(t, body); !strings.Contains(msg, "cannot be read") || !strings.Contains(msg, srv.Addr()) {
 		t.Fatalf("error %q: want it to say which store cannot be read", msg)
+	}
+}
+
+// Handlers that differ in declaring a scope readable store its ids apart:
+// the view reads each as that handler stores it, and names the id in the
+// clear only where every handler declares the scope readable.
+func TestAdminLiveViewReadsEachHandlersStoredFormOfTheID(t *testing.T) {
+	up := newUpstream(t)
+	org := uniqueID(t)
+	gw := startGateway(t, up.URL, `
+	rolter_ratelimit /readable* {
+		scope org {http.request.header.X-Org} readable
+		limit org * rpm 10
+	}
+	rolter_ratelimit /secret* {
+		scope org {http.request.header.X-Org}
+		limit org * rpm 10
+	}
+	reverse_proxy {upstream}`)
+	for _, path := range []string{"/readable", "/secret", "/secret"} {
+		if res, body := gw.send(t, "GET", path, "", "X-Org: "+org); res.StatusCode != 200 {
+			t.Fatalf("%s: %d %s", path, res.StatusCode, body)
+		}
+	}
+	digest := keyID(false, org)
+	v, body := getLiveView(t, "scope=org&id="+org)
+	got := fmt.Sprint(v.ID == digest, len(v.Limits))
+	for _, e := range v.Limits {
+		got += fmt.Sprintf(" %s=%v", map[bool]string{true: "raw", false: e.ID}[e.ID == org], e.RPM.Estimate)
+	}
+	if want := fmt.Sprintf("true 2 %s=2 raw=1", digest); got != want {
+		t.Fatalf("view %s\n got %s\nwant %s", body, got, want)
 	}
 }

@@ -3,8 +3,11 @@ package ratelimit
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -98,7 +101,7 @@ func TestSCGHeadersAndCustomStatusOnBucketAndRPMRefusals(t *testing.T) {
 		t.Fatalf("Retry-After %q, want the 1000 s a token takes at 0.001 per second", res.Header.Get("Retry-After"))
 	}
 	// The live view shows the empty bucket with the headers' definitions.
-	v, view := getLiveView(t, "scope=key&digest="+url.QueryEscape(keyID("key", "Bearer sk-a-"+org)))
+	v, view := getLiveView(t, "scope=key&digest="+url.QueryEscape(keyID(false, "Bearer sk-a-"+org)))
 	if len(v.Limits) != 1 || v.Limits[0].Admits || v.Limits[0].Bucket == nil {
 		t.Fatalf("live view %s: want one limit, refusing, with its bucket", view)
 	}
@@ -108,7 +111,9 @@ func TestSCGHeadersAndCustomStatusOnBucketAndRPMRefusals(t *testing.T) {
 	}
 
 	// A second key of the org fills the org's rpm 4, and then the rpm refuses:
-	// the same status, and the scg headers still describe the tightest bucket.
+	// the same status, and the scg headers still describe the tightest bucket
+	// with what it holds, as Spring's script returns it: the second key's 2,
+	// which the refused request did not take.
 	if res, body := gw.do(t, second, "X-Org: "+org); res.StatusCode != 200 {
 		t.Fatalf("second key: %d %s", res.StatusCode, body)
 	}
@@ -116,7 +121,7 @@ func TestSCGHeadersAndCustomStatusOnBucketAndRPMRefusals(t *testing.T) {
 	if res.StatusCode != 420 || !strings.Contains(body, "Rate limit reached for org: limit 4 RPM") {
 		t.Fatalf("rpm refusal: %d %s, want 420 from the org's rpm", res.StatusCode, body)
 	}
-	if got, want := scg(res), "remaining=0 burst=3 rate=0.001 requested=1"; got != want {
+	if got, want := scg(res), "remaining=2 burst=3 rate=0.001 requested=1"; got != want {
 		t.Fatalf("rpm refusal: %s, want %s", got, want)
 	}
 	if got := res.Header.Get("X-Ratelimit-Remaining-Requests"); got != "0" {
@@ -140,5 +145,48 @@ func TestCustomStatusLeavesTheOutage503Alone(t *testing.T) {
 	reverse_proxy {upstream}`, freePort()))
 	if res, body := gw.do(t, "Authorization: Bearer sk-x"); res.StatusCode != 503 || !strings.Contains(body, "rate_limiter_unavailable") {
 		t.Fatalf("with no Redis: %d %s, want on_redis_error's 503", res.StatusCode, body)
+	}
+}
+
+// When the store cannot answer and the request fails open, Spring sends
+// X-RateLimit-Remaining -1 with the bucket's three other headers
+// (RedisRateLimiterUnitTests.shouldReturnHeadersWhenRedisIssueOccurs); the
+// other families have nothing to say without counters and send nothing.
+func TestFailedOpenRequestCarriesSpringsRemainingMinusOne(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-RateLimit-Remaining", "77") // the upstream's own, replaced with scg
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{}`)
+	}))
+	t.Cleanup(up.Close)
+	gw := startGateway(t, up.URL, fmt.Sprintf(`
+	rolter_ratelimit /scg* {
+		redis redis://127.0.0.1:%[1]d
+		scope key {http.request.header.Authorization}
+		scope org {http.request.header.X-Org}
+		limit key * rate 1 burst 5 cost 2
+		limit org * rate 10 burst 100 rpm 50
+		headers scg
+	}
+	rolter_ratelimit /openai* {
+		redis redis://127.0.0.1:%[1]d
+		scope key {http.request.header.Authorization}
+		limit key * rate 1 burst 5 cost 2 rpm 50
+		headers openai ietf
+	}
+	reverse_proxy {upstream}`, freePort()))
+	res, body := gw.send(t, "GET", "/scg", "", "Authorization: Bearer sk-x", "X-Org: acme")
+	if res.StatusCode != 200 {
+		t.Fatalf("with no Redis: %d %s, want the request failed open", res.StatusCode, body)
+	}
+	got := fmt.Sprint(res.Header.Values("X-RateLimit-Remaining"), res.Header.Values("X-RateLimit-Burst-Capacity"),
+		res.Header.Values("X-RateLimit-Replenish-Rate"), res.Header.Values("X-RateLimit-Requested-Tokens"))
+	if got != "[-1] [5] [1] [2]" { // the key's bucket: the least left after a request when all are full
+		t.Fatalf("scg headers of a failed-open request: %s, want [-1] [5] [1] [2]", got)
+	}
+	res, _ = gw.send(t, "GET", "/openai", "", "Authorization: Bearer sk-x")
+	if res.StatusCode != 200 || res.Header.Get("X-Ratelimit-Limit-Requests") != "" || res.Header.Get("Ratelimit") != "" ||
+		!slices.Equal(res.Header.Values("X-Ratelimit-Remaining"), []string{"77"}) {
+		t.Fatalf("openai and ietf on a failed-open request: %d %v, want only the upstream's own headers", res.StatusCode, res.Header)
 	}
 }

@@ -44,7 +44,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			sentinel_password <password>
 //			tls                                    # TLS even for redis:// URLs
 //		}
-//		scope <name> <value>                       # repeatable; <value> is usually a placeholder
+//		scope <name> <value> [readable] [required] # repeatable; <value> is usually a placeholder
 //		limit <scope> <id>|* [rpm <n>] [tpm <n>] [rate <per-second> burst <n> [cost <n>]]
 //		                                           # repeatable; * is the default for every id of that scope
 //		on_redis_error allow|deny                  # default allow (fail open); deny answers 503
@@ -59,7 +59,14 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	}
 //
 // The scope lines form the chain in the order they are written, innermost
-// first by convention (key, project, team, org). A limit needs rpm, tpm, a
+// first by convention (key, project, team, org). A scope's ids are written
+// in Redis keys, logs, metrics and the admin API only as digests ("#" and 32
+// hex digits of their SHA-256), whatever the scope is called, unless it is
+// declared readable: then a short plain id (letters, digits, '.', '_', '-';
+// at most 64) is written as it is. Declare readable only ids that are not
+// secret, such as project, team or org names. A request whose value for a
+// required scope is empty is refused with 403 before any store call; without
+// required, an empty value leaves the scope out of the request's chain. A limit needs rpm, tpm, a
 // token bucket, or any of them together, in any order, and a scope line for
 // its scope, which may come before or after it in the block. rpm, tpm, burst
 // and cost are positive integers; a bucket is rate (tokens per second, a
@@ -109,9 +116,9 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.Redis = rc
 
 		case "scope":
-			var s Scope
-			if !d.AllArgs(&s.Name, &s.Value) {
-				return d.ArgErr()
+			s, err := parseScope(d)
+			if err != nil {
+				return err
 			}
 			// Handler.Validate says what is wrong with the scope itself,
 			// or that its name is taken by an earlier scope line.
@@ -312,6 +319,32 @@ func parseRedis(d *caddyfile.Dispenser) (*RedisConfig, error) {
 		}
 	}
 	return rc, nil
+}
+
+// parseScope parses the arguments of a scope line, whose name is the
+// current token: the name, the value, and its options in any order, each once.
+func parseScope(d *caddyfile.Dispenser) (Scope, error) {
+	var s Scope
+	if !d.Args(&s.Name, &s.Value) {
+		return s, d.ArgErr()
+	}
+	seen := make(map[string]bool)
+	for d.NextArg() {
+		option := d.Val()
+		if seen[option] {
+			return s, d.Errf("%s is given twice", option)
+		}
+		seen[option] = true
+		switch option {
+		case "readable":
+			s.Readable = true
+		case "required":
+			s.Required = true
+		default:
+			return s, d.Errf("unrecognized scope option '%s': expecting readable or required", option)
+		}
+	}
+	return s, nil
 }
 
 // parseRealtime parses the realtime block, whose name is the current token.

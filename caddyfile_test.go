@@ -74,6 +74,25 @@ var caddyfileGoodCases = []caddyfileGoodCase{
 		},
 	},
 	{
+		name: "readable and required scopes, options in any order",
+		input: `rolter_ratelimit {
+			scope key {http.request.header.X-Api-Key} required
+			scope team {http.request.header.X-Team} readable
+			scope org {http.request.header.X-Org} required readable
+			scope user {http.request.header.X-User} readable required
+			limit org * rpm 5
+		}`,
+		want: &Handler{
+			Scopes: []Scope{
+				{Name: "key", Value: "{http.request.header.X-Api-Key}", Required: true},
+				{Name: "team", Value: "{http.request.header.X-Team}", Readable: true},
+				{Name: "org", Value: "{http.request.header.X-Org}", Readable: true, Required: true},
+				{Name: "user", Value: "{http.request.header.X-User}", Readable: true, Required: true},
+			},
+			Limits: []LimitConfig{{Scope: "org", ID: "*", RPM: 5}},
+		},
+	},
+	{
 		name: "limit before its scope line",
 		input: `rolter_ratelimit {
 			limit org acme rpm 5
@@ -231,7 +250,8 @@ var caddyfileBadCases = []caddyfileBadCase{
 	// scope
 	{"scope without value", "rolter_ratelimit {\n\tscope key\n}", "wrong argument count", 2},
 	{"scope without anything", "rolter_ratelimit {\n\tscope\n}", "wrong argument count", 2},
-	{"scope with three arguments", "rolter_ratelimit {\n\tscope key {http.request.header.X-Api-Key} extra\n}", "wrong argument count", 2},
+	{"scope with an unknown option", "rolter_ratelimit {\n\tscope key {http.request.header.X-Api-Key} extra\n}", "unrecognized scope option 'extra': expecting readable or required", 2},
+	{"scope option twice", "rolter_ratelimit {\n\tscope org x readable required readable\n}", "readable is given twice", 2},
 	{"scope with a bad name", "rolter_ratelimit {\n\tscope \"api key\" x\n}", `scope name "api key"`, 2},
 	{"scope with an empty value", "rolter_ratelimit {\n\tscope key \" \"\n}", `scope "key" has an empty value`, 2},
 	{"scope twice", "rolter_ratelimit {\n\tscope key {http.request.header.A}\n\tscope org x\n\tscope key {http.request.header.B}\n}", `scope "key" is defined twice`, 4},

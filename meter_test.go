@@ -70,9 +70,9 @@ func (i ids) headers() []string {
 
 func (i ids) limits() []limit {
 	return []limit{
-		newLimit("key", keyID("key", i.key), 0, 1),
-		newLimit("team", keyID("team", i.team), 0, 1),
-		newLimit("org", keyID("org", i.org), 0, 1),
+		newLimit("key", keyID(false, i.key), 0, 1),
+		newLimit("team", keyID(false, i.team), 0, 1),
+		newLimit("org", keyID(false, i.org), 0, 1),
 	}
 }
 
@@ -156,7 +156,7 @@ func TestTPMCapRefusesWithTypeTokensOnceChargedUsageFillsIt(t *testing.T) {
 	gw := startGateway(t, up.URL, fmt.Sprintf(`
 	rolter_ratelimit {
 		%s
-		scope org {http.request.header.X-Org}
+		scope org {http.request.header.X-Org} readable
 		limit org * rpm 100 tpm 1000
 	}
 	reverse_proxy {upstream}`, redisLine(t)))

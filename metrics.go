@@ -14,7 +14,7 @@ import (
 var (
 	admissionsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "admissions_total",
-		Help: "Requests and realtime sessions seen, by outcome: admitted, refused, failed_open, failed_closed, refused_connections.",
+		Help: "Requests and realtime sessions seen, by outcome: admitted, refused, refused_empty_scope, failed_open, failed_closed, refused_connections.",
 	}, []string{"outcome"})
 	refusalsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "refusals_total",
@@ -51,6 +51,7 @@ var (
 const (
 	outcomeAdmitted           = "admitted"
 	outcomeRefused            = "refused"
+	outcomeRefusedEmptyScope  = "refused_empty_scope"
 	outcomeFailedOpen         = "failed_open"
 	outcomeFailedClosed       = "failed_closed"
 	outcomeRefusedConnections = "refused_connections"

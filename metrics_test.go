@@ -1,27 +1,35 @@
 package ratelimit
 
 import (
-	"bufio"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
 	"testing"
 )
 
-// scrape reads the admin endpoint's /metrics into "name{labels}" → value.
-func scrape(t *testing.T) map[string]float64 {
+// metricsText is the admin endpoint's whole /metrics answer.
+func metricsText(t *testing.T) string {
 	t.Helper()
 	res, err := http.Get(fmt.Sprintf("http://localhost:%d/metrics", caddyAdmin()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer res.Body.Close()
+	body, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(body)
+}
+
+// scrape reads the admin endpoint's /metrics into "name{labels}" → value.
+func scrape(t *testing.T) map[string]float64 {
+	t.Helper()
 	out := make(map[string]float64)
-	sc := bufio.NewScanner(res.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
+	for line := range strings.Lines(metricsText(t)) {
+		line = strings.TrimSuffix(line, "\n")
 		if !strings.HasPrefix(line, "caddy_rolter_ratelimit_") {
 			continue
 		}
@@ -45,7 +53,7 @@ func TestMetricsCountOutcomesRefusalsAndTokensAndKeepCountingAcrossAReload(t *te
 	rolter_ratelimit {
 		redis %s
 		scope key {http.request.header.Authorization}
-		scope org {http.request.header.X-Org}
+		scope org {http.request.header.X-Org} readable
 		limit key * rpm 2
 		limit org * tpm 100000
 	}

@@ -93,12 +93,21 @@ type Handler struct {
 
 // Scope is one link of the chain.
 type Scope struct {
-	// Name is the scope's name, a free identifier such as "key" or "org". The
-	// ids of the scope named "key" are always digested before they are stored.
+	// Name is the scope's name, a free identifier such as "key" or "org".
 	Name string `json:"name"`
 	// Value is the scope's id for a request, usually a placeholder such as
 	// {http.request.header.X-Org}.
 	Value string `json:"value"`
+	// Readable declares that the scope's ids are not secret, so that they
+	// are written as they are (when they are short plain tokens) in Redis
+	// keys, logs and the admin API's answers. Otherwise, whatever the scope
+	// is called, its ids are written only as "#" and 32 hex digits of their
+	// SHA-256: an API key, a bearer token or an email never is.
+	Readable bool `json:"readable,omitempty"`
+	// Required refuses, with 403 and before any store call, a request whose
+	// value for this scope is empty. Otherwise an empty value leaves the
+	// scope out of the request's chain.
+	Required bool `json:"required,omitempty"`
 }
 
 // LimitConfig caps one id of a scope, or every id of it ("*"): per minute,
@@ -153,8 +162,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	repl := caddy.NewReplacer()
 	h.scopeHeaders = make([]string, len(h.Scopes))
+	readable := make(map[string]bool, len(h.Scopes))
 	for i, s := range h.Scopes {
 		h.scopeHeaders[i] = scopeHeader(s.Value)
+		readable[s.Name] = s.Readable
 	}
 	h.limits = make(map[string]scopeLimits)
 	effective := make([]string, 0, len(h.Limits)) // for the log, ids as stored
@@ -171,7 +182,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			if sl.byID == nil {
 				sl.byID = make(map[string]limitCaps)
 			}
-			id = keyID(lc.Scope, repl.ReplaceKnown(lc.ID, ""))
+			id = keyID(readable[lc.Scope], repl.ReplaceKnown(lc.ID, ""))
 			sl.byID[id] = caps
 		}
 		h.limits[lc.Scope] = sl
@@ -338,7 +349,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		defer closeSession() // ServeHTTP returns when the session is over
 	}
-	chain := h.chain(repl, r)
+	chain, missing := h.chain(repl, r)
+	if missing >= 0 {
+		return h.refuseMissingScope(w, repl, h.Scopes[missing].Name)
+	}
 	if len(chain) == 0 {
 		return next.ServeHTTP(w, r)
 	}
@@ -358,12 +372,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			// is no store failure.
 			h.refusals.forget()
 		}
-		return h.storeFailed(w, repl, err, next, r)
+		return h.storeFailed(w, repl, chain, err, next, r)
 	}
 	if !d.admitted {
 		ref := refusalOf(chain, d)
 		if ref.first < 0 { // the store refused what its own counts admit
-			return h.storeFailed(w, repl, errBadReply, next, r)
+			return h.storeFailed(w, repl, chain, errBadReply, next, r)
 		}
 		h.refusals.record(chain, d, sent)
 		return h.refuse(w, repl, chain, d, ref)
@@ -415,30 +429,38 @@ func setOutcome(repl *caddy.Replacer, outcome string) {
 	admissionsTotal.WithLabelValues(outcome).Inc()
 }
 
-// chain resolves the request's limits, in chain order. On Redis Cluster
-// every key carries the hash tag of the chain's root: its outermost scope
-// whose value is not empty, so that the whole chain is one slot.
-func (h *Handler) chain(repl *caddy.Replacer, r *http.Request) []limit {
+// chain resolves the request's limits, in chain order, or finds the first
+// required scope whose value is empty: missing is its index, else -1. On
+// Redis Cluster every key carries the hash tag of the chain's root: its
+// outermost scope whose value is not empty, so that the whole chain is one
+// slot.
+func (h *Handler) chain(repl *caddy.Replacer, r *http.Request) (chain []limit, missing int) {
 	tag := ""
 	if h.Redis != nil && h.Redis.topology() == cluster {
 		for i := len(h.Scopes) - 1; i >= 0; i-- {
 			if v := h.scopeValue(i, repl, r); v != "" {
-				tag = chainTag(h.Scopes[i].Name, keyID(h.Scopes[i].Name, v))
+				tag = chainTag(h.Scopes[i].Name, keyID(h.Scopes[i].Readable, v))
 				break
 			}
 		}
 	}
-	chain := make([]limit, 0, len(h.Scopes))
+	chain = make([]limit, 0, len(h.Scopes))
 	for i, s := range h.Scopes {
-		sl, ok := h.limits[s.Name]
-		if !ok {
+		sl, limited := h.limits[s.Name]
+		if !limited && !s.Required {
 			continue
 		}
 		value := h.scopeValue(i, repl, r)
 		if value == "" {
+			if s.Required {
+				return nil, i
+			}
 			continue
 		}
-		id := keyID(s.Name, value)
+		if !limited {
+			continue
+		}
+		id := keyID(s.Readable, value)
 		caps, ok := sl.byID[id]
 		if !ok {
 			if !sl.hasDefault {
@@ -448,7 +470,7 @@ func (h *Handler) chain(repl *caddy.Replacer, r *http.Request) []limit {
 		}
 		chain = append(chain, newTaggedLimit(tag, s.Name, id, caps))
 	}
-	return chain
+	return chain, -1
 }
 
 // scopeValue is the i-th scope's id for the request. A value that is one
@@ -476,16 +498,34 @@ func scopeHeader(value string) string {
 	return textproto.CanonicalMIMEHeaderKey(name)
 }
 
-// storeFailed applies on_redis_error.
-func (h *Handler) storeFailed(w http.ResponseWriter, repl *caddy.Replacer, err error, next caddyhttp.Handler, r *http.Request) error {
+// storeFailed applies on_redis_error. A request let through carries, with
+// headers scg, Spring Cloud Gateway's answer to a failed store:
+// X-RateLimit-Remaining -1 beside the bucket's configuration.
+func (h *Handler) storeFailed(w http.ResponseWriter, repl *caddy.Replacer, chain []limit, err error, next caddyhttp.Handler, r *http.Request) error {
 	if h.OnRedisError != "deny" {
 		h.warn.log(h.logger, "rate limit store unavailable; admitting requests unchecked (on_redis_error allow)", zap.Error(err))
 		setOutcome(repl, outcomeFailedOpen)
+		if hs := h.headers.failedOpenHeaders(chain); len(hs.values) > 0 {
+			hs.apply(w.Header())
+			w = &responseWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, headers: hs}
+		}
 		return next.ServeHTTP(w, r)
 	}
 	h.warn.log(h.logger, "rate limit store unavailable; refusing requests with 503 (on_redis_error deny)", zap.Error(err))
 	setOutcome(repl, outcomeFailedClosed)
 	return writeJSONError(w, http.StatusServiceUnavailable, "The rate limiter is unavailable; please retry shortly.", "server_error", "rate_limiter_unavailable")
+}
+
+// refuseMissingScope answers a request whose value for a required scope is
+// empty, as Spring Cloud Gateway's denyEmptyKey does: 403, naming the scope.
+func (h *Handler) refuseMissingScope(w http.ResponseWriter, repl *caddy.Replacer, scope string) error {
+	setOutcome(repl, outcomeRefusedEmptyScope)
+	repl.Set(placeholderRefusedScope, scope)
+	msg := fmt.Sprintf("This request has no value for the rate limit scope %q, which this gateway requires.", scope)
+	if h.OnRefusal == "error" {
+		return caddyhttp.Error(http.StatusForbidden, errors.New(msg))
+	}
+	return writeJSONError(w, http.StatusForbidden, msg, "invalid_request_error", "rate_limit_scope_missing")
 }
 
 // refuse answers a refused request, or hands it to handle_errors.

@@ -94,7 +94,7 @@ func processCPU(b *testing.B) time.Duration {
 func benchmarkChainHandler(b *testing.B, redis *RedisConfig) *Handler {
 	h := &Handler{Redis: redis}
 	for _, s := range [][2]string{{"key", "X-Api-Key"}, {"project", "X-Project"}, {"team", "X-Team"}, {"org", "X-Org"}} {
-		h.Scopes = append(h.Scopes, Scope{s[0], "{http.request.header." + s[1] + "}"})
+		h.Scopes = append(h.Scopes, Scope{Name: s[0], Value: "{http.request.header." + s[1] + "}", Readable: s[0] != "key"})
 		h.Limits = append(h.Limits, LimitConfig{Scope: s[0], ID: "*", RPM: 1e9, TPM: 1e12})
 	}
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -365,54 +366,210 @@ func TestRedisOutageFailsOpenByDefaultAndClosedWithDenyThenEnforcementResumes(t 
 	}
 }
 
-func TestNoSecretReachesARedisKeyOrALogLine(t *testing.T) {
-	url := redisURLFromEnv(t)
-	logFile := t.TempDir() + "/caddy.log"
-	up := newUpstream(t)
-	secret := "sk-proj-" + uniqueID(t) + "-SECRET"
-	gw := startGatewayWith(t, up.URL, fmt.Sprintf("\tlog {\n\t\toutput file %s\n\t\tlevel DEBUG\n\t}", logFile), fmt.Sprintf(`
+// eachStore runs test on the in-process store (storeLine "") and, when the
+// tests have a Redis, on Redis (storeLine its redis line).
+func eachStore(t *testing.T, test func(t *testing.T, storeLine string)) {
+	t.Run("memory", func(t *testing.T) { test(t, "") })
+	t.Run("redis", func(t *testing.T) { test(t, redisLine(t)) })
+}
+
+// Secrets are kept by what a scope holds, not by its name: a scope called
+// apikey holding a 51-character OpenAI key, one holding a user's email and
+// one holding a customer id leave no trace anywhere the module writes, while
+// a readable scope keeps its ids as written.
+func TestSecretIDsLeaveNoTraceWhateverTheirScopeIsCalled(t *testing.T) {
+	eachStore(t, func(t *testing.T, storeLine string) {
+		logFile := t.TempDir() + "/caddy.log"
+		up := newUpstream(t)
+		uid := uniqueID(t)
+		apiKey := "sk-" + uid + strings.Repeat("Zq7", 12) + "xyz" // sk- and 48 letters and digits
+		email := "alice." + uid + "@example.com"
+		customer := "cust_" + uid
+		team := "ml-" + uid
+		secrets := []string{apiKey, email, customer, uid}
+		gw := startGatewayWith(t, up.URL, fmt.Sprintf("\tlog {\n\t\toutput file %s\n\t\tlevel DEBUG\n\t}", logFile), fmt.Sprintf(`
 	rolter_ratelimit {
-		redis %s
-		scope key {http.request.header.Authorization}
-		scope team "{http.request.header.X-Team}"
-		limit key * rpm 1
-		limit team * rpm 100
+		%s
+		scope apikey {http.request.header.X-Api-Key}
+		scope user {http.request.header.X-User-Email}
+		scope customer {http.request.header.X-Customer}
+		scope team {http.request.header.X-Team} readable
+		limit apikey * rpm 2 tpm 100000
+		limit user %s rpm 5
+		limit customer * rpm 5
+		limit team %s rpm 50
 	}
-	reverse_proxy {upstream}`, url), freePort())
-	team := "team with spaces"
-	gw.do(t, "Authorization: Bearer "+secret, "X-Team: "+team)
-	if res, _ := gw.do(t, "Authorization: Bearer "+secret, "X-Team: "+team); res.StatusCode != 429 {
-		t.Fatalf("second request %d, want 429 (which logs the refusal at debug)", res.StatusCode)
-	}
-	keys, err := redisClient(t, url).Keys(context.Background(), "rolter:rl:*").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	digest := keyID("key", "Bearer "+secret)
-	found := false
-	for _, k := range keys {
-		if strings.Contains(k, "SECRET") || strings.Contains(k, "Bearer") || strings.Contains(k, team) {
-			t.Fatalf("Redis key %q holds the secret", k)
+	reverse_proxy {upstream}`, storeLine, email, team), freePort())
+		headers := []string{"X-Api-Key: " + apiKey, "X-User-Email: " + email, "X-Customer: " + customer, "X-Team: " + team}
+		var bodies strings.Builder
+		for i, want := range []int{200, 200, 429} { // the third is refused at debug level, by the key
+			res, body := gw.do(t, headers...)
+			if res.StatusCode != want {
+				t.Fatalf("request %d: %d %s, want %d", i+1, res.StatusCode, body, want)
+			}
+			bodies.WriteString(body)
 		}
-		found = found || strings.HasPrefix(k, "rolter:rl:key:"+digest+":req:")
+		answers := []string{bodies.String()}
+		digests := map[string]string{"apikey": keyID(false, apiKey), "user": keyID(false, email), "customer": keyID(false, customer)}
+		for scope, digest := range digests {
+			raw := map[string]string{"apikey": apiKey, "user": email, "customer": customer}[scope]
+			v, body := getLiveView(t, "scope="+scope+"&id="+url.QueryEscape(raw))
+			if v.ID != digest || len(v.Limits) != 1 || v.Limits[0].ID != digest || v.Limits[0].RPM.Estimate != 2 {
+				t.Errorf("live view of %s: %s, want the digest %s and its counters", scope, body, digest)
+			}
+			answers = append(answers, string(body))
+			_, body = liveView(t, http.MethodGet, "scope=no"+scope+"&id="+url.QueryEscape(raw)) // an error answer
+			answers = append(answers, string(body))
+		}
+		if v, body := getLiveView(t, "scope=team&id="+team); v.ID != team || len(v.Limits) != 1 || v.Limits[0].ID != team || v.Limits[0].RPM.Estimate != 2 {
+			t.Errorf("live view of the readable team: %s, want its id as written", body)
+		}
+		answers = append(answers, metricsText(t))
+
+		if storeLine != "" {
+			keys, err := redisClient(t, redisURLFromEnv(t)).Keys(context.Background(), "rolter:rl:*").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			found := map[string]bool{}
+			for _, k := range keys {
+				answers = append(answers, k)
+				for scope, digest := range digests {
+					found[scope] = found[scope] || strings.HasPrefix(k, "rolter:rl:"+scope+":"+digest+":")
+				}
+				found["team"] = found["team"] || strings.HasPrefix(k, "rolter:rl:team:"+team+":req:")
+			}
+			if len(found) != 4 {
+				t.Errorf("Redis keys of the digested scopes and the readable team: found %v", found)
+			}
+		}
+
+		logs, err := os.ReadFile(logFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ours := 0
+		for _, line := range strings.Split(string(logs), "\n") {
+			if strings.Contains(line, `"logger":"http.handlers.rolter_ratelimit"`) {
+				ours++
+				answers = append(answers, line)
+			}
+		}
+		for _, want := range []string{`"msg":"rate limits loaded"`, `"msg":"refused"`, digests["apikey"], digests["user"], "team " + team} {
+			if !strings.Contains(string(logs), want) {
+				t.Errorf("the module's log lines (%d) lack %q", ours, want)
+			}
+		}
+		for _, a := range answers {
+			for _, secret := range secrets {
+				if strings.Contains(strings.ReplaceAll(a, team, ""), secret) { // the readable team holds uid
+					t.Errorf("%q appears in %s", secret, a)
+				}
+			}
+		}
+	})
+}
+
+// Caddy's access log records request headers, redacting only Authorization
+// and cookies: the README's filter deletes the others that carry keys.
+func TestTheREADMEsLogFilterKeepsAPIKeysOutOfTheAccessLog(t *testing.T) {
+	logFile := t.TempDir() + "/access.log"
+	up := newUpstream(t)
+	apiKey := "sk-ant-" + uniqueID(t) + "-SECRET"
+	gw := startGateway(t, up.URL, fmt.Sprintf(`
+	log {
+		output file %s
+		format filter {
+			request>headers>X-Api-Key delete
+			request>headers>Api-Key delete
+			request>headers>X-Goog-Api-Key delete
+		}
 	}
-	if !found {
-		t.Fatalf("no key for the digested id %s among %d keys", digest, len(keys))
+	rolter_ratelimit {
+		scope key {http.request.header.X-Api-Key}
+		limit key * rpm 5
+	}
+	reverse_proxy {upstream}`, logFile))
+	for _, h := range []string{"X-Api-Key: ", "Api-Key: ", "X-Goog-Api-Key: "} {
+		if res, body := gw.do(t, h+apiKey, "X-Api-Key: "+apiKey); res.StatusCode != 200 {
+			t.Fatalf("%d %s", res.StatusCode, body)
+		}
 	}
 	logs, err := os.ReadFile(logFile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(string(logs), digest) {
-		t.Fatalf("the refusal's debug line with the digested id is missing from the log")
+	if n := strings.Count(string(logs), `"uri":"/v1/chat/completions"`); n != 3 || strings.Contains(string(logs), "SECRET") {
+		t.Fatalf("access log (%d entries) must log every request and no key:\n%s", n, logs)
 	}
-	for _, line := range strings.Split(string(logs), "\n") {
-		if strings.Contains(line, `"logger":"http.handlers.rolter_ratelimit"`) && strings.Contains(line, team) {
-			t.Fatalf("our log line holds a raw id: %s", line)
+}
+
+// Spring's denyEmptyKey, as an option: a request whose value for a required
+// scope is empty is refused with 403 naming the scope, before any store
+// call; a scope that is not required still leaves an empty value unlimited.
+func TestRequiredScopeRefusesAnEmptyValueWith403BeforeAnyStoreCall(t *testing.T) {
+	eachStore(t, func(t *testing.T, storeLine string) {
+		up := newUpstream(t)
+		gw := startGateway(t, up.URL, fmt.Sprintf(`
+	rolter_ratelimit /respond* {
+		%[1]s
+		scope key {http.request.header.Authorization} required
+		scope org {http.request.header.X-Org}
+		limit org * rpm 1
+	}
+	rolter_ratelimit /error* {
+		%[1]s
+		scope key {http.request.header.Authorization}
+		scope org {http.request.header.X-Org} required
+		limit key * rpm 100
+		on_refusal error
+	}
+	reverse_proxy {upstream}
+	handle_errors {
+		respond "{http.rolter_ratelimit.outcome} {http.rolter_ratelimit.refused_scope}" {err.status_code}
+	}`, storeLine))
+		before := scrape(t)[`caddy_rolter_ratelimit_admissions_total{outcome="refused_empty_scope"}`]
+		res, body := gw.send(t, "POST", "/respond", `{}`, "X-Org: "+uniqueID(t))
+		var e openAIError
+		if res.StatusCode != 403 || json.Unmarshal(body, &e) != nil || e.Error.Code != "rate_limit_scope_missing" ||
+			e.Error.Type != "invalid_request_error" || !strings.Contains(e.Error.Message, `"key"`) {
+			t.Fatalf("without the required key: %d %s, want 403 naming the scope", res.StatusCode, body)
 		}
+		res, body = gw.send(t, "POST", "/error", `{}`, "Authorization: Bearer sk-"+uniqueID(t))
+		if res.StatusCode != 403 || string(body) != "refused_empty_scope org" {
+			t.Fatalf("on_refusal error without the required org: %d %q", res.StatusCode, body)
+		}
+		if n := up.hits.Load(); n != 0 {
+			t.Fatalf("the upstream saw %d refused requests", n)
+		}
+		if got := scrape(t)[`caddy_rolter_ratelimit_admissions_total{outcome="refused_empty_scope"}`] - before; got != 2 {
+			t.Errorf("admissions_total{outcome=refused_empty_scope} rose by %v, want 2", got)
+		}
+		key := "Authorization: Bearer sk-" + uniqueID(t)
+		for i := range 3 { // no org value: the org's rpm 1 does not apply
+			if res, body := gw.send(t, "POST", "/respond", `{}`, key); res.StatusCode != 200 {
+				t.Fatalf("request %d with the key and no org: %d %s", i+1, res.StatusCode, body)
+			}
+		}
+	})
+}
+
+// Refused before any store call: a store that cannot answer is never asked.
+func TestRequiredScopeIsCheckedWithoutTheStore(t *testing.T) {
+	up := newUpstream(t)
+	gw := startGateway(t, up.URL, fmt.Sprintf(`
+	rolter_ratelimit {
+		redis redis://127.0.0.1:%d
+		scope key {http.request.header.Authorization} required
+		limit key * rpm 5
+		on_redis_error deny
 	}
-	if strings.Contains(string(logs), "SECRET") {
-		t.Fatalf("the secret appears in Caddy's log:\n%s", logs)
+	reverse_proxy {upstream}`, freePort()))
+	if res, body := gw.do(t); res.StatusCode != 403 {
+		t.Fatalf("without the key, Redis down: %d %s, want 403 without asking the store", res.StatusCode, body)
+	}
+	if res, body := gw.do(t, "Authorization: Bearer sk-x"); res.StatusCode != 503 {
+		t.Fatalf("with the key, Redis down: %d %s, want on_redis_error's 503", res.StatusCode, body)
 	}
 }
 

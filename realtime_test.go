@@ -147,7 +147,7 @@ func realtimeIDs(t *testing.T) ids {
 }
 
 func realtimeLimits(id ids) []limit {
-	return []limit{newLimit("key", keyID("key", id.key), 0, 1), newLimit("org", keyID("org", id.org), 0, 1)}
+	return []limit{newLimit("key", keyID(false, id.key), 0, 1), newLimit("org", keyID(false, id.org), 0, 1)}
 }
 
 func TestRealtimeSessionCostsOneRequestAndASecondOverRPMIsRefused(t *testing.T) {

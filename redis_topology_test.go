@@ -32,7 +32,7 @@ func clusterStores(t *testing.T, c *testCluster, n int) []store {
 func orgChain(org, key, team string, keyRPM, orgRPM int64) []limit {
 	tag := chainTag("org", org)
 	return []limit{
-		newTaggedLimit(tag, "key", keyID("key", key), limitCaps{rpm: keyRPM}),
+		newTaggedLimit(tag, "key", keyID(false, key), limitCaps{rpm: keyRPM}),
 		newTaggedLimit(tag, "team", team, limitCaps{tpm: 1000}),
 		newTaggedLimit(tag, "org", org, limitCaps{rpm: orgRPM, tpm: 1000}),
 	}
@@ -110,8 +110,12 @@ func TestClusterOrgCapIsSharedExactlyByItsKeysAndTeams(t *testing.T) {
 func TestClusterChainIsTaggedWithItsOutermostPresentScope(t *testing.T) {
 	c := startRedisCluster(t, 1)
 	h := &Handler{
-		Redis:  &RedisConfig{Cluster: c.URLs()},
-		Scopes: []Scope{{"key", "{http.request.header.Authorization}"}, {"team", "{http.request.header.X-Team}"}, {"org", "{http.request.header.X-Org}"}},
+		Redis: &RedisConfig{Cluster: c.URLs()},
+		Scopes: []Scope{
+			{Name: "key", Value: "{http.request.header.Authorization}"},
+			{Name: "team", Value: "{http.request.header.X-Team}", Readable: true},
+			{Name: "org", Value: "{http.request.header.X-Org}", Readable: true},
+		},
 		Limits: []LimitConfig{{Scope: "key", ID: "*", RPM: 5}, {Scope: "team", ID: "*", RPM: 50}},
 	}
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
@@ -126,7 +130,7 @@ func TestClusterChainIsTaggedWithItsOutermostPresentScope(t *testing.T) {
 	}{
 		{map[string]string{"Authorization": "Bearer sk-1", "X-Team": "ml", "X-Org": "acme"}, "{org:acme}:"}, // org has no limit, yet it is the root
 		{map[string]string{"Authorization": "Bearer sk-1", "X-Team": "ml"}, "{team:ml}:"},
-		{map[string]string{"Authorization": "Bearer sk-1"}, "{key:" + keyID("key", "Bearer sk-1") + "}:"},
+		{map[string]string{"Authorization": "Bearer sk-1"}, "{key:" + keyID(false, "Bearer sk-1") + "}:"},
 	} {
 		r, _ := http.NewRequest("GET", "/", nil)
 		for k, v := range tc.headers {
@@ -139,7 +143,8 @@ func TestClusterChainIsTaggedWithItsOutermostPresentScope(t *testing.T) {
 			}
 			return nil, false
 		})
-		for _, l := range h.chain(repl, r) {
+		chain, _ := h.chain(repl, r)
+		for _, l := range chain {
 			if want := "rolter:rl:" + tc.tag + l.scope + ":"; l.prefix[:len(want)] != want {
 				t.Errorf("%v: prefix %s, want it under %s", tc.headers, l.prefix, tc.tag)
 			}

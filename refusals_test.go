@@ -219,7 +219,7 @@ func TestCachedOrgRefusalAnswersEveryKeyOfTheOrgAndNothingElse(t *testing.T) {
 	s := newTestRedisStore(t, redisURLFromEnv(t))
 	at := pinnedBase() + 5000
 	org := newLimit("org", uniqueID(t), 2, 0)
-	key := func() limit { return newLimit("key", keyID("key", "sk-"+uniqueID(t)), 100, 0) }
+	key := func() limit { return newLimit("key", keyID(false, "sk-"+uniqueID(t)), 100, 0) }
 	cache := s.refusals
 	sent := time.Now()
 

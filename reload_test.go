@@ -89,7 +89,7 @@ func TestTwentyReloadsUnderLoadLoseNoRequestAndKeepAdmissionExact(t *testing.T) 
 		redis %s {
 			timeout 2s
 		}
-		scope org {http.request.header.X-Org}
+		scope org {http.request.header.X-Org} readable
 		limit org %s rpm %d
 		limit org * rpm %d
 		on_redis_error deny

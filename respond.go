@@ -15,7 +15,7 @@ import (
 // Placeholders set on every request the handler sees, for logs and
 // handle_errors.
 const (
-	placeholderOutcome      = "http.rolter_ratelimit.outcome" // admitted, refused, failed_open, failed_closed, refused_connections
+	placeholderOutcome      = "http.rolter_ratelimit.outcome" // admitted, refused, refused_empty_scope, failed_open, failed_closed, refused_connections
 	placeholderRefusedScope = "http.rolter_ratelimit.refused_scope"
 	placeholderRefusedKind  = "http.rolter_ratelimit.refused_kind" // requests, tokens or burst
 	placeholderRefusedLimit = "http.rolter_ratelimit.refused_limit"
@@ -156,17 +156,43 @@ func (f headerFamilies) headersFor(chain []limit, d decision, counted bool) head
 		}
 	}
 	if f.scg && bkt.found {
-		if !counted { // Spring's contract: a refusal shows none left
-			bkt.left = 0
-		}
-		s.values = append(s.values,
-			[2]string{scgHeaders[0], strconv.FormatInt(bkt.left, 10)},
-			[2]string{scgHeaders[1], strconv.FormatInt(bkt.bucket.burst, 10)},
-			[2]string{scgHeaders[2], bkt.bucket.rateText},
-			[2]string{scgHeaders[3], strconv.FormatInt(bkt.bucket.cost, 10)},
-		)
+		// A refusal shows what the bucket holds, as Spring's script
+		// returns its refilled level unchanged: above 0 when a request
+		// costs more than one token.
+		s.values = bkt.appendSCG(s.values, bkt.left)
 	}
 	return s
+}
+
+// failedOpenHeaders are the headers of a request let through because the
+// store failed: with scg, Spring Cloud Gateway's X-RateLimit-Remaining -1
+// beside the configuration of the bucket the chain's headers describe when
+// every bucket is full; no other family has an answer without counters.
+func (f headerFamilies) failedOpenHeaders(chain []limit) headerSet {
+	s := headerSet{families: headerFamilies{scg: f.scg}}
+	if !f.scg {
+		return s
+	}
+	var bkt tightest
+	for _, l := range chain {
+		if b := l.bucket; b.rate > 0 {
+			bkt.consider(tightest{left: b.burst - b.cost, bucket: b})
+		}
+	}
+	if bkt.found {
+		s.values = bkt.appendSCG(make([][2]string, 0, len(scgHeaders)), -1)
+	}
+	return s
+}
+
+// appendSCG appends Spring's four headers of the bucket, with remaining.
+func (t tightest) appendSCG(values [][2]string, remaining int64) [][2]string {
+	return append(values,
+		[2]string{scgHeaders[0], strconv.FormatInt(remaining, 10)},
+		[2]string{scgHeaders[1], strconv.FormatInt(t.bucket.burst, 10)},
+		[2]string{scgHeaders[2], t.bucket.rateText},
+		[2]string{scgHeaders[3], strconv.FormatInt(t.bucket.cost, 10)},
+	)
 }
 
 func (t *tightest) consider(candidate tightest) {

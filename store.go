@@ -62,7 +62,7 @@ func (l *lifetime) unload(close func()) {
 // limit is one configured cap applied to one scope id of a request.
 type limit struct {
 	scope  string // the scope's name, for messages and logs
-	id     string // the id as it appears in keys (digested where it must be)
+	id     string // the id as it appears in keys: digested unless its scope is readable
 	prefix string // "rolter:rl:<scope>:<id>:", to which the store appends "<req|tok>:<bucket>" or "bkt"
 	limitCaps
 }
@@ -112,12 +112,13 @@ type decision struct {
 // outage.
 var errBadReply = errors.New("rolter_ratelimit: unexpected reply from the store")
 
-// keyID is how a scope id appears in store keys, logs and metrics. A short
-// plain token stays as it is; anything else, and every id of the scope named
-// "key", is "#" and the first 32 hex digits of its SHA-256, so that no API key
-// or bearer token is ever written out.
-func keyID(scope, id string) string {
-	if scope != "key" && isPlainID(id) {
+// keyID is how a scope id appears in store keys, logs, metrics, the admin
+// API's answers and error bodies. Every id is "#" and the first 32 hex digits
+// of its SHA-256, so that no API key, bearer token, email or customer id is
+// ever written out, whatever its scope is called; only a scope declared
+// readable keeps a short plain id as it is.
+func keyID(readable bool, id string) string {
+	if readable && isPlainID(id) {
 		return id
 	}
 	sum := sha256.Sum256([]byte(id))

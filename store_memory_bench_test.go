@@ -21,7 +21,7 @@ func benchmarkChains(n int) [][]limit {
 	for i := range chains {
 		project, team := i/10, i/100
 		chains[i] = []limit{
-			newTaggedLimit("", "key", keyID("key", "sk-bench-"+strconv.Itoa(i)), benchmarkCaps),
+			newTaggedLimit("", "key", keyID(false, "sk-bench-"+strconv.Itoa(i)), benchmarkCaps),
 			newTaggedLimit("", "project", "p"+strconv.Itoa(project), benchmarkCaps),
 			newTaggedLimit("", "team", "t"+strconv.Itoa(team), benchmarkCaps),
 			newTaggedLimit("", "org", "o"+strconv.Itoa(team%8), benchmarkCaps),

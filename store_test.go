@@ -172,7 +172,7 @@ func runConformance(t *testing.T, kit storeKit) {
 		stores := kit.replicas(t, 3)
 		at := pinnedBase() + 1000
 		org := newLimit("org", uniqueID(t), 100, 0)
-		key := newLimit("key", keyID("key", "sk-"+uniqueID(t)), 3, 0)
+		key := newLimit("key", keyID(false, "sk-"+uniqueID(t)), 3, 0)
 		if got := raceAdmissions(t, stores, []limit{key, org}, 48, at); got != 3 {
 			t.Fatalf("admitted %d under key rpm 3 and org rpm 100, want 3", got)
 		}
@@ -181,7 +181,7 @@ func runConformance(t *testing.T, kit storeKit) {
 			t.Fatalf("org charged %d requests, want only the key's 3 admissions", n)
 		}
 		// A second key of the same org still gets in: the org was not overcharged.
-		other := newLimit("key", keyID("key", "sk-"+uniqueID(t)), 3, 0)
+		other := newLimit("key", keyID(false, "sk-"+uniqueID(t)), 3, 0)
 		if d := admitOrFail(t, stores[1], []limit{other, org}, at); !d.admitted {
 			t.Fatal("a second key of the org was refused")
 		}
@@ -448,7 +448,7 @@ func runConformance(t *testing.T, kit storeKit) {
 		s := kit.replicas(t, 1)[0]
 		at := pinnedBase() + 1000
 		org := newLimit("org", uniqueID(t), 5, 0)
-		first := newBucketLimit(t, "key", keyID("key", "sk-"+uniqueID(t)), "1", 3, 0)
+		first := newBucketLimit(t, "key", keyID(false, "sk-"+uniqueID(t)), "1", 3, 0)
 		fill(t, s, []limit{first, org}, at, 3)
 		d := admitOrFail(t, s, []limit{first, org}, at)
 		if ref := refusalOf([]limit{first, org}, d); d.admitted || ref.first != 0 || ref.kind != burst || ref.waitMillis != 1000 {
@@ -457,7 +457,7 @@ func runConformance(t *testing.T, kit storeKit) {
 		if n := kit.count(t, s, org.prefix, requests, at/bucketMillis); n != 3 {
 			t.Fatalf("org charged %d requests, want the 3 admitted", n)
 		}
-		second := newBucketLimit(t, "key", keyID("key", "sk-"+uniqueID(t)), "1", 3, 0)
+		second := newBucketLimit(t, "key", keyID(false, "sk-"+uniqueID(t)), "1", 3, 0)
 		fill(t, s, []limit{second, org}, at, 2) // the org's rpm 5 is now full
 		d = admitOrFail(t, s, []limit{second, org}, at)
 		if ref := refusalOf([]limit{second, org}, d); d.admitted || ref.first != 1 || ref.kind != requests {
@@ -471,6 +471,22 @@ func runConformance(t *testing.T, kit storeKit) {
 		ref := refusalOf([]limit{first, org}, d)
 		if ref.first != 0 || ref.kind != burst || ref.waitMillis != requests.releaseIn(d.counts[1].req, org.rpm, d.now.into) {
 			t.Fatalf("refusal %+v: want the key first and the org's release", ref)
+		}
+	})
+	// Spring's script returns a refused bucket's refilled level unchanged,
+	// and X-RateLimit-Remaining says it: the issue's own example.
+	t.Run("ABucketRefusalReportsTheWholeTokensItHolds", func(t *testing.T) {
+		s := kit.replicas(t, 1)[0]
+		at := pinnedBase() + 1000
+		chain := []limit{newBucketLimit(t, "key", uniqueID(t), "1", 3, 3)}
+		fill(t, s, chain, at, 1) // the bucket runs dry
+		d := admitOrFail(t, s, chain, at+1200)
+		if d.admitted {
+			t.Fatal("admitted 1.2 s after the bucket ran dry, with 1.2 of the 3 tokens a request costs")
+		}
+		hs := headerFamilies{scg: true}.headersFor(chain, d, false)
+		if fmt.Sprint(hs.values) != "[[X-Ratelimit-Remaining 1] [X-Ratelimit-Burst-Capacity 3] [X-Ratelimit-Replenish-Rate 1] [X-Ratelimit-Requested-Tokens 3]]" {
+			t.Fatalf("refusal headers %v: want Remaining 1, the whole tokens of 1.2", hs.values)
 		}
 	})
 }
@@ -554,14 +570,23 @@ func TestBucketKeyLayoutIsTheSpecs(t *testing.T) {
 	if got, want := bucketKey(l.prefix, requests, 29_000_000), "rolter:rl:org:acme:req:29000000"; got != want {
 		t.Fatalf("%s, want %s", got, want)
 	}
-	if got := keyID("key", "sk-live-abc"); len(got) != 33 || got[0] != '#' {
-		t.Fatalf("key id %q is not digested", got)
+}
+
+// Whatever a scope is called, its ids are digested; only a scope declared
+// readable keeps a short plain id as it is.
+func TestEveryIDIsDigestedUnlessItsScopeIsReadable(t *testing.T) {
+	legacyKey := "sk-" + strings.Repeat("aB3", 16) // a 51-character OpenAI key: a plain token
+	for _, id := range []string{legacyKey, "alice@example.com", "acme", "42", "has space", strings.Repeat("x", 65)} {
+		got := keyID(false, id)
+		if !digestRE.MatchString(got) || strings.Contains(got, id) {
+			t.Errorf("secret scope: %q is stored as %q, want its digest", id, got)
+		}
+		if readable := keyID(true, id); isPlainID(id) && readable != id || !isPlainID(id) && readable != got {
+			t.Errorf("readable scope: %q is stored as %q", id, readable)
+		}
 	}
-	if got := keyID("org", "has space"); got[0] != '#' {
-		t.Fatalf("non-plain id %q is not digested", got)
-	}
-	if got := keyID("org", strconv.Itoa(42)); got != "42" {
-		t.Fatalf("plain id changed to %q", got)
+	if keyID(true, "acme") != "acme" || keyID(true, legacyKey) != legacyKey {
+		t.Fatal("a readable scope's short plain ids are written as they are")
 	}
 }
 
