@@ -14,24 +14,48 @@ package ratelimit
 // In a document, the usage object is the value of the top-level key "usage"
 // or "usageMetadata", or of the "usage" key inside the top-level "message"
 // (Anthropic's message_start) or "response" (the Responses API's
-// response.completed) object. Only its numeric members are read:
+// response.completed) object. Only its numeric members are read, and the
+// objects of its "iterations" array (Anthropic's server-side compaction):
 //
 //	OpenAI chat/completions/embeddings  prompt_tokens completion_tokens total_tokens
 //	OpenAI Responses                    input_tokens output_tokens total_tokens
 //	Anthropic messages                  input_tokens output_tokens
 //	                                    cache_creation_input_tokens cache_read_input_tokens
+//	                                    iterations[]: the same four, per sampling iteration
 //	Gemini                              promptTokenCount candidatesTokenCount totalTokenCount
 //	                                    thoughtsTokenCount toolUsePromptTokenCount
 //	                                    (cachedContentTokenCount is part of promptTokenCount)
 //
-// Streams report usage more than once (Anthropic's message_start and its
-// cumulative message_delta, Gemini's running usageMetadata on every chunk), so
-// the meter keeps the largest value seen per field over the whole response.
+// A response may report usage more than once, and each shape says what a
+// later report means; the meter follows the shape, not the largest number:
+//
+//   - Per field, the latest reported value wins. Anthropic's message_delta
+//     is cumulative: the fields it reports are final, the ones it omits keep
+//     message_start's. OpenAI reports once, so latest is the only value.
+//   - A usage object with Gemini counts (usageMetadata) is a whole snapshot
+//     of them: Gemini's running usageMetadata can go down from one chunk to
+//     the next, and its last report is the count. Once the object closes,
+//     the Gemini fields it did not report are dropped.
+//   - An "iterations" array lists every sampling iteration of a compacted
+//     Anthropic response, whose top-level fields cover only the last one;
+//     billing and rate limits count them all, so the sum over the latest
+//     such array (input + output + cache creation + cache read of each) is
+//     the Anthropic charge. A later usage object without the array leaves it.
+//
+// Reports are applied as they are read, not held until their object closes:
+// a value counts as soon as its number ends, so a stream cut anywhere is
+// charged what it had reported by then. What a report replaces is let go
+// only once it is known to be replaced: an earlier Gemini field when the new
+// snapshot closes without it, an earlier iterations sum when the new array
+// closes (until then the larger of the two is charged: a cut array lists
+// only the first iterations).
+//
 // The charge is what the provider says the request cost, cached input
 // included: the reported total where there is one (OpenAI total_tokens,
-// Gemini totalTokenCount), and the sum of the parts where there is not
-// (Anthropic). A total smaller than the sum of its own parts is not believed:
-// the sum is charged then. See usageTally.tokens.
+// Gemini totalTokenCount, the iterations sum), and the sum of the parts where
+// there is not (Anthropic). A total smaller than the sum of its own parts is
+// not believed: the sum is charged then. A usage object that mixes families
+// is charged its largest family, once. See usageTally.tokens.
 //
 // Memory per response is bounded whatever the body: the JSON scanner is a
 // byte-at-a-time state machine that holds no part of the body (a few dozen
@@ -275,7 +299,8 @@ const (
 	usageFieldPromptTokens
 	usageFieldCompletionTokens
 	usageFieldTotalTokens // also the Responses API
-	// OpenAI Responses, Anthropic
+	// OpenAI Responses, Anthropic (these four in this order: an iteration's
+	// counts are kept by them, see usageTally.recordIteration)
 	usageFieldInputTokens
 	usageFieldOutputTokens
 	// Anthropic
@@ -324,20 +349,107 @@ func usageFieldOf(key []byte) usageField {
 	return usageFieldNone
 }
 
-// usageTally is the largest value reported for each field over a response.
+// usageFieldsGemini are the Gemini fields: a usage object that reports any
+// of them is a snapshot of them all.
+const usageFieldsGemini = 1<<usageFieldPromptTokenCount | 1<<usageFieldCandidatesTokenCount |
+	1<<usageFieldTotalTokenCount | 1<<usageFieldThoughtsTokenCount |
+	1<<usageFieldToolUsePromptTokenCount | 1<<usageFieldCachedContentTokenCount
+
+// usageTally is what a response has reported so far, by the rules in the
+// comment at the top of this file. The JSON scanner tells it where usage
+// objects and iterations open and close, and each count it reads.
 type usageTally struct {
-	v    [usageFieldCount]int64
-	seen uint32 // bit f: field f was reported
+	v    [usageFieldCount]int64 // the latest value of each field
+	seen uint32                 // bit f: field f was reported (and not dropped since)
+	snap uint32                 // bit f: field f was reported in the usage object being read
+
+	iter usageIterations
 }
 
+// usageIterations sums Anthropic's usage.iterations arrays.
+type usageIterations struct {
+	seen bool     // an iterations array was opened
+	open bool     // the latest array has not closed (yet, or ever: a cut body)
+	sum  int64    // the latest closed array's sum; while one is open, the sum it replaces
+	run  int64    // the open array: the sum of its closed iterations
+	cur  [4]int64 // the open iteration: input, output, cache creation, cache read
+}
+
+// openUsage starts a usage object.
+func (t *usageTally) openUsage() { t.snap = 0 }
+
+// closeUsage ends a usage object: if it was a Gemini snapshot, the Gemini
+// fields it did not report are gone.
+func (t *usageTally) closeUsage() {
+	if t.snap&usageFieldsGemini == 0 {
+		return
+	}
+	drop := usageFieldsGemini &^ t.snap
+	t.seen &^= drop
+	for f := range usageFieldCount {
+		if drop&(1<<f) != 0 {
+			t.v[f] = 0
+		}
+	}
+}
+
+// record takes a usage object's count: the latest value of a field wins.
 func (t *usageTally) record(f usageField, n int64) {
 	if f == usageFieldNone || f >= usageFieldCount {
 		return
 	}
 	t.seen |= 1 << f
-	if n > t.v[f] {
-		t.v[f] = n
+	t.snap |= 1 << f
+	t.v[f] = n
+}
+
+// openIterations starts an iterations array, which replaces any earlier one
+// once it closes. An earlier one that never closed (its event was cut) is
+// what it had summed by then.
+func (t *usageTally) openIterations() {
+	it := &t.iter
+	it.sum = it.charge()
+	it.seen, it.open = true, true
+	it.run, it.cur = 0, [4]int64{}
+}
+
+func (t *usageTally) closeIterations() {
+	it := &t.iter
+	it.sum, it.open = it.run, false
+}
+
+func (t *usageTally) openIteration() { t.iter.cur = [4]int64{} }
+
+func (t *usageTally) closeIteration() {
+	it := &t.iter
+	it.run = min(it.summed(), maxUsageValue)
+	it.cur = [4]int64{}
+}
+
+// recordIteration takes an iteration's count: the latest value of a field in
+// the iteration wins. Only Anthropic's four counts are summed (the nested
+// cache_creation breakdown is not read: it is part of
+// cache_creation_input_tokens).
+func (t *usageTally) recordIteration(f usageField, n int64) {
+	switch f {
+	case usageFieldInputTokens, usageFieldOutputTokens,
+		usageFieldCacheCreationInputTokens, usageFieldCacheReadInputTokens:
+		t.iter.cur[f-usageFieldInputTokens] = n
 	}
+}
+
+// charge is the iterations sum to charge: the latest array's, or while it
+// is open, the larger of what it has summed so far and the sum it replaces.
+func (it *usageIterations) charge() int64 {
+	if it.open {
+		return max(it.sum, it.summed())
+	}
+	return it.sum
+}
+
+// summed is what the open array has summed so far.
+func (it *usageIterations) summed() int64 {
+	return it.run + it.cur[0] + it.cur[1] + it.cur[2] + it.cur[3]
 }
 
 // tokens is the charge: the largest of what each provider family's fields
@@ -346,21 +458,23 @@ func (t *usageTally) record(f usageField, n int64) {
 //
 //	OpenAI     total_tokens, or prompt_tokens + completion_tokens
 //	Responses  total_tokens, or input_tokens + output_tokens
-//	Anthropic  input_tokens + output_tokens + cache_creation_input_tokens + cache_read_input_tokens
+//	Anthropic  the iterations sum, or input_tokens + output_tokens +
+//	           cache_creation_input_tokens + cache_read_input_tokens
 //	Gemini     totalTokenCount, or promptTokenCount + candidatesTokenCount +
 //	           thoughtsTokenCount + toolUsePromptTokenCount (the prompt count
 //	           includes cachedContentTokenCount already)
 //
 // Where a total is reported it is what the provider charges; a total smaller
 // than the parts reported beside it is taken to have left some out, and the
-// parts are charged instead.
+// parts are charged instead. The iterations sum is such a total: the
+// top-level fields of a compacted response are its last iteration.
 func (t *usageTally) tokens() (int64, bool) {
-	if t.seen == 0 {
+	if t.seen == 0 && !t.iter.seen {
 		return 0, false
 	}
 	v := &t.v
 	openai := max(v[usageFieldTotalTokens], v[usageFieldPromptTokens]+v[usageFieldCompletionTokens])
-	anthropic := max(v[usageFieldTotalTokens], v[usageFieldInputTokens]+v[usageFieldOutputTokens]+
+	anthropic := max(v[usageFieldTotalTokens], t.iter.charge(), v[usageFieldInputTokens]+v[usageFieldOutputTokens]+
 		v[usageFieldCacheCreationInputTokens]+v[usageFieldCacheReadInputTokens])
 	gemini := max(v[usageFieldTotalTokenCount], v[usageFieldPromptTokenCount]+v[usageFieldCandidatesTokenCount]+
 		v[usageFieldThoughtsTokenCount]+v[usageFieldToolUsePromptTokenCount])

@@ -8,12 +8,25 @@ import "bytes"
 type usageRole uint8
 
 const (
-	usageRoleNone    usageRole = iota // nothing in it matters: it is skipped
-	usageRoleRoot                     // a document: its usage, usageMetadata, message and response keys matter
-	usageRoleWrapper                  // a root's "message" or "response": its usage key matters
-	usageRoleUsage                    // a usage object: its numeric members are tallied
-	usageRoleList                     // a top-level array: its objects are documents
+	usageRoleNone       usageRole = iota // nothing in it matters: it is skipped
+	usageRoleRoot                        // a document: its usage, usageMetadata, message and response keys matter
+	usageRoleWrapper                     // a root's "message" or "response": its usage key matters
+	usageRoleUsage                       // a usage object: its numeric members are tallied, its iterations key followed
+	usageRoleList                        // a top-level array: its objects are documents
+	usageRoleIterations                  // a usage object's "iterations" array: its objects are iterations
+	usageRoleIteration                   // one of them: its numeric members are summed
 )
+
+// isList reports whether a followed container is an array.
+func (r usageRole) isList() bool { return r == usageRoleList || r == usageRoleIterations }
+
+// elem is what a followed array's elements are.
+func (r usageRole) elem() usageRole {
+	if r == usageRoleIterations {
+		return usageRoleIteration
+	}
+	return usageRoleRoot
+}
 
 // usageJSONState is where the JSON scanner is.
 type usageJSONState uint8
@@ -34,16 +47,18 @@ const (
 
 // usageJSONScanner streams through JSON text and tallies the counts of its
 // usage objects, holding none of the text: its state is the few containers it
-// follows (at most four deep: list, document, wrapper, usage), a depth count
-// of the containers it skips, and the current key or number (at most 32 bytes
-// each). Skipped strings and containers are crossed with bytes.IndexByte and
-// a lookup table. Malformed JSON stops the scan (what was tallied stays).
-// Keys are compared as written: an escaped key never matches.
+// follows (at most six deep: list, document, wrapper, usage, iterations,
+// iteration), a depth count of the containers it skips, and the current key
+// or number (at most 32 bytes each). It tells the tally where usage objects,
+// iterations arrays and iterations open and close, since what a report
+// replaces depends on them. Skipped strings and containers are crossed with
+// bytes.IndexByte and a lookup table. Malformed JSON stops the scan (what was
+// tallied stays). Keys are compared as written: an escaped key never matches.
 type usageJSONScanner struct {
 	tally *usageTally
 
 	state usageJSONState
-	stack [4]usageRole // the containers followed, outermost first
+	stack [6]usageRole // the containers followed, outermost first
 	n     int          // len(stack) in use
 	skip  int          // depth of skipped containers (ujSkip and strings in them)
 
@@ -118,8 +133,48 @@ func (s *usageJSONScanner) keyDone() {
 			s.valRole = usageRoleUsage
 		}
 	case usageRoleUsage:
+		if string(k) == "iterations" {
+			s.valRole = usageRoleIterations
+		} else {
+			s.valField = usageFieldOf(k)
+		}
+	case usageRoleIteration:
 		s.valField = usageFieldOf(k)
 	}
+}
+
+// push opens a followed container, and tells the tally where usage objects
+// and iterations begin.
+func (s *usageJSONScanner) push(r usageRole) {
+	if s.n == len(s.stack) {
+		s.state = ujDead // cannot happen: roles nest at most six deep
+		return
+	}
+	s.stack[s.n] = r
+	s.n++
+	switch r {
+	case usageRoleUsage:
+		s.tally.openUsage()
+	case usageRoleIterations:
+		s.tally.openIterations()
+	case usageRoleIteration:
+		s.tally.openIteration()
+	}
+}
+
+// pop closes the innermost followed container, and tells the tally where
+// usage objects and iterations end.
+func (s *usageJSONScanner) pop() {
+	s.n--
+	switch s.stack[s.n] {
+	case usageRoleUsage:
+		s.tally.closeUsage()
+	case usageRoleIterations:
+		s.tally.closeIterations()
+	case usageRoleIteration:
+		s.tally.closeIteration()
+	}
+	s.valueDone()
 }
 
 // write scans the next bytes of the text.
@@ -142,32 +197,29 @@ func (s *usageJSONScanner) write(p []byte) {
 			case c == '{':
 				i++
 				switch s.valRole {
-				case usageRoleRoot, usageRoleWrapper, usageRoleUsage:
-					if s.n == len(s.stack) {
-						s.state = ujDead // cannot happen: roles nest at most four deep
-						break
-					}
-					s.stack[s.n] = s.valRole
-					s.n++
+				case usageRoleRoot, usageRoleWrapper, usageRoleUsage, usageRoleIteration:
 					s.state = ujKeyOrEnd
+					s.push(s.valRole)
 				default:
 					s.skip = 1
 					s.state = ujSkip
 				}
 			case c == '[':
 				i++
-				if s.n == 0 {
-					s.stack[0] = usageRoleList
-					s.n = 1
+				switch {
+				case s.n == 0:
+					s.push(usageRoleList)
 					s.valRole, s.valField = usageRoleRoot, usageFieldNone
-				} else {
+				case s.valRole == usageRoleIterations:
+					s.push(usageRoleIterations)
+					s.valRole, s.valField = usageRoleIteration, usageFieldNone
+				default:
 					s.skip = 1
 					s.state = ujSkip
 				}
-			case c == ']' && s.top() == usageRoleList: // [] or a trailing comma
+			case c == ']' && s.top().isList(): // [] or a trailing comma
 				i++
-				s.n--
-				s.valueDone()
+				s.pop()
 			case c == '"':
 				i++
 				s.state = ujString
@@ -193,7 +245,11 @@ func (s *usageJSONScanner) write(p []byte) {
 				// The scalar ended at p[i], which is read next.
 				if s.valField != usageFieldNone && s.numN > 0 {
 					if v, ok := parseUsageCount(s.num[:s.numN]); ok {
-						s.tally.record(s.valField, v)
+						if s.top() == usageRoleIteration {
+							s.tally.recordIteration(s.valField, v)
+						} else {
+							s.tally.record(s.valField, v)
+						}
 					}
 				}
 				s.valueDone()
@@ -209,8 +265,7 @@ func (s *usageJSONScanner) write(p []byte) {
 				s.state = ujKey
 			case c == '}':
 				i++
-				s.n--
-				s.valueDone()
+				s.pop()
 			default:
 				s.state = ujDead
 			}
@@ -259,20 +314,15 @@ func (s *usageJSONScanner) write(p []byte) {
 				i++
 			case c == ',':
 				i++
-				if top == usageRoleList {
-					s.valRole, s.valField = usageRoleRoot, usageFieldNone
+				if top.isList() {
+					s.valRole, s.valField = top.elem(), usageFieldNone
 					s.state = ujValue
 				} else {
 					s.state = ujKeyOrEnd
 				}
-			case c == '}' && top != usageRoleList:
+			case c == '}' && !top.isList(), c == ']' && top.isList():
 				i++
-				s.n--
-				s.valueDone()
-			case c == ']' && top == usageRoleList:
-				i++
-				s.n--
-				s.valueDone()
+				s.pop()
 			default:
 				s.state = ujDead
 			}

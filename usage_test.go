@@ -20,7 +20,7 @@ type usageGolden struct {
 
 // usageGoldens are written from the providers' public API references (shapes
 // and field names; the values are made up). The .sse files are the bytes on
-// the wire; gemini_stream.sse uses CRLF line ends, as Gemini does.
+// the wire; the gemini_stream*.sse files use CRLF line ends, as Gemini does.
 var usageGoldens = []usageGolden{
 	// OpenAI: total_tokens; the content's "usage" text is not usage.
 	{"openai_chat.json", 1163, true},
@@ -29,15 +29,24 @@ var usageGoldens = []usageGolden{
 	{"openai_embeddings.json", 8, true},
 	{"openai_responses.json", 123, true},
 	{"openai_responses_stream.sse", 48, true}, // response.completed's response.usage
-	// Anthropic: input + output + cache creation + cache read.
+	// Anthropic: input + output + cache creation + cache read, the latest
+	// value of each field; with usage.iterations, the sum over them.
 	{"anthropic_messages.json", 2095 + 503 + 2051 + 1800, true},
-	{"anthropic_messages_stream.sse", 472 + 89 + 0 + 1024, true}, // message_start + message_delta
-	{"anthropic_compat_stream.sse", 120 + 30 + 10, true},         // largest value per field
-	{"anthropic_stream_error.sse", 310 + 1, true},                // error after message_start
-	// Gemini: totalTokenCount (prompt, which includes cached, + candidates + thoughts).
+	{"anthropic_messages_stream.sse", 472 + 89 + 0 + 1024, true},    // message_start + message_delta
+	{"anthropic_compat_stream.sse", 118 + 30 + 10, true},            // input 120, then 118: the latest wins
+	{"anthropic_stream_lower_delta.sse", 2097 + 64 + 0 + 512, true}, // input 2100, then 2097
+	{"anthropic_stream_error.sse", 310 + 1, true},                   // error after message_start
+	// Compacted: the iterations (compaction, then message), not the top-level
+	// fields (the last iteration only), nor cache_creation's breakdown.
+	{"anthropic_compaction_stream.sse", (240 + 410 + 0 + 31200) + (315 + 12 + 1200 + 0), true},
+	{"anthropic_compaction.json", (18750 + 640 + 0 + 2048) + (96 + 21 + 300 + 0), true},
+	// Gemini: totalTokenCount (prompt, which includes cached, + candidates +
+	// thoughts) of the last usageMetadata.
 	{"gemini_generate.json", 1263, true},
-	{"gemini_stream.sse", 75, true},        // the last (largest) running total
-	{"gemini_stream_array.json", 10, true}, // streamGenerateContent without alt=sse
+	{"gemini_stream.sse", 75, true},             // the last running total
+	{"gemini_stream_array.json", 10, true},      // streamGenerateContent without alt=sse
+	{"gemini_stream_down.sse", 79, true},        // prompt 42, then 38 + 17 + 24 thoughts
+	{"gemini_stream_array_down.json", 12, true}, // prompt 9, then 7 + 5
 	// No usage: nothing is charged.
 	{"openai_error.json", 0, false},
 	{"anthropic_error.json", 0, false},
@@ -147,29 +156,178 @@ func TestUsageGoldenSamplesChargeWhatTheProviderReportsWhateverTheEncodingAndChu
 	}
 }
 
-func TestUsageAnthropicStreamChargesTheLargestReportedValuePerField(t *testing.T) {
+func TestAnthropicStreamIsChargedTheLatestValueOfEachField(t *testing.T) {
 	// message_start reports input and 1 output token, message_delta the
-	// cumulative output; some compatible backends also report input (and
-	// even a smaller one later) on message_delta.
+	// cumulative usage: the fields it reports are final (even when lower), the
+	// ones it omits keep their earlier value.
 	body := "event: message_start\n" +
 		`data: {"type":"message_start","message":{"usage":{"input_tokens":100,"cache_read_input_tokens":50,"output_tokens":1}}}` + "\n\n" +
 		"event: message_delta\n" +
 		`data: {"type":"message_delta","delta":{"stop_reason":null},"usage":{"input_tokens":90,"output_tokens":40}}` + "\n\n" +
 		"event: message_delta\n" +
 		`data: {"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":70,"cache_creation_input_tokens":5}}` + "\n\n"
-	tokens, metered := meterUsage(usageHeader("text/event-stream", ""), [][]byte{[]byte(body)})
-	if want := int64(100 + 50 + 70 + 5); tokens != want || !metered {
-		t.Fatalf("got (%d, %v), want (%d, true)", tokens, metered, want)
+	for _, c := range usageChunkings() {
+		tokens, metered := meterUsage(usageHeader("text/event-stream", ""), c.split([]byte(body)))
+		if want := int64(90 + 50 + 70 + 5); tokens != want || !metered {
+			t.Fatalf("%s: got (%d, %v), want (%d, true)", c.name, tokens, metered, want)
+		}
+	}
+	// A compatible backend that reports input only on message_delta.
+	late := "data: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":0,\"output_tokens\":0}}}\n\n" +
+		"data: {\"type\":\"message_delta\",\"usage\":{\"input_tokens\":30,\"output_tokens\":4}}\n\n"
+	if tokens, metered := meterUsage(usageHeader("text/event-stream", ""), [][]byte{[]byte(late)}); tokens != 34 || !metered {
+		t.Fatalf("input reported late: got (%d, %v), want (34, true)", tokens, metered)
 	}
 }
 
-func TestUsageGeminiStreamChargesTheLargestRunningTotal(t *testing.T) {
-	body := "data: {\"usageMetadata\":{\"promptTokenCount\":10,\"totalTokenCount\":10}}\r\n\r\n" +
-		"data: {\"usageMetadata\":{\"promptTokenCount\":10,\"candidatesTokenCount\":5,\"totalTokenCount\":15}}\r\n\r\n" +
-		"data: {\"usageMetadata\":{\"promptTokenCount\":10,\"candidatesTokenCount\":9,\"thoughtsTokenCount\":20,\"totalTokenCount\":39}}\r\n\r\n"
-	tokens, metered := meterUsage(usageHeader("text/event-stream", ""), [][]byte{[]byte(body)})
-	if tokens != 39 || !metered {
-		t.Fatalf("got (%d, %v), want (39, true)", tokens, metered)
+func TestGeminiStreamIsChargedItsLastUsageReport(t *testing.T) {
+	cases := []struct {
+		name   string
+		chunks []string // usageMetadata values, one per chunk
+		want   int64
+	}{
+		{"running total", []string{
+			`{"promptTokenCount":10,"totalTokenCount":10}`,
+			`{"promptTokenCount":10,"candidatesTokenCount":5,"totalTokenCount":15}`,
+			`{"promptTokenCount":10,"candidatesTokenCount":9,"thoughtsTokenCount":20,"totalTokenCount":39}`,
+		}, 39},
+		// The prompt count goes down on the last chunk: its total is the
+		// count, not the largest prompt plus the candidates.
+		{"counts going down", []string{
+			`{"promptTokenCount":15,"totalTokenCount":15}`,
+			`{"promptTokenCount":15,"totalTokenCount":15}`,
+			`{"promptTokenCount":13,"candidatesTokenCount":8,"totalTokenCount":21}`,
+		}, 21},
+		// A field the last snapshot leaves out is gone, not kept from earlier.
+		{"field absent from the last snapshot", []string{
+			`{"promptTokenCount":10,"toolUsePromptTokenCount":50,"candidatesTokenCount":2}`,
+			`{"promptTokenCount":10,"candidatesTokenCount":6}`,
+		}, 16},
+		{"total absent from the last snapshot", []string{
+			`{"promptTokenCount":10,"totalTokenCount":90}`,
+			`{"promptTokenCount":10,"candidatesTokenCount":6}`,
+		}, 16},
+		// A usageMetadata without Gemini counts is no snapshot of them.
+		{"empty usageMetadata last", []string{
+			`{"promptTokenCount":10,"candidatesTokenCount":6,"totalTokenCount":16}`,
+			`{}`,
+			`{"trafficType":"ON_DEMAND"}`,
+		}, 16},
+	}
+	for _, c := range cases {
+		var sse, array strings.Builder
+		array.WriteString("[")
+		for i, u := range c.chunks {
+			doc := `{"candidates":[{"content":{"parts":[{"text":"x"}],"role":"model"}}],"usageMetadata":` + u + `,"modelVersion":"gemini-2.5-flash"}`
+			sse.WriteString("data: " + doc + "\r\n\r\n")
+			if i > 0 {
+				array.WriteString(",\r\n")
+			}
+			array.WriteString(doc)
+		}
+		array.WriteString("]")
+		for _, body := range []struct{ contentType, text string }{
+			{"text/event-stream", sse.String()},
+			{"application/json", array.String()},
+		} {
+			for _, ch := range usageChunkings() {
+				tokens, metered := meterUsage(usageHeader(body.contentType, ""), ch.split([]byte(body.text)))
+				if tokens != c.want || !metered {
+					t.Errorf("%s (%s, %s): got (%d, %v), want (%d, true)", c.name, body.contentType, ch.name, tokens, metered, c.want)
+				}
+			}
+		}
+	}
+}
+
+func TestCompactedAnthropicResponseIsChargedTheUsageOfEveryIteration(t *testing.T) {
+	iteration := func(typ string, in, out, cacheCreate, cacheRead int) string {
+		return fmt.Sprintf(`{"type":%q,"input_tokens":%d,"output_tokens":%d,"cache_creation_input_tokens":%d,"cache_read_input_tokens":%d,`+
+			`"cache_creation":{"ephemeral_5m_input_tokens":%d,"ephemeral_1h_input_tokens":0}}`, typ, in, out, cacheCreate, cacheRead, cacheCreate)
+	}
+	compaction, message := iteration("compaction", 100, 83, 0, 55096), iteration("message", 181, 8, 40, 0)
+	const sum = 100 + 83 + 55096 + 181 + 8 + 40
+	start := `data: {"type":"message_start","message":{"usage":{"input_tokens":100,"cache_read_input_tokens":55096,"output_tokens":7}}}` + "\n\n"
+	delta := func(usage string) string {
+		return `data: {"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":` + usage + `,"context_management":{"applied_edits":[]}}` + "\n\n"
+	}
+	last := `{"input_tokens":181,"cache_creation_input_tokens":40,"cache_read_input_tokens":0,"output_tokens":8,"iterations":[` + compaction + `,` + message + `]}`
+	cases := []struct {
+		name, contentType, body string
+		want                    int64
+	}{
+		{"stream", "text/event-stream", start + delta(last), sum},
+		{"JSON body", "application/json", `{"type":"message","usage":` + last + `}`, sum},
+		{"iterations before the top-level fields", "application/json",
+			`{"usage":{"iterations":[` + compaction + `,` + message + `],"input_tokens":181,"output_tokens":8,"cache_creation_input_tokens":40}}`, sum},
+		{"iterations in message.usage", "application/json", `{"message":{"usage":` + last + `}}`, sum},
+		// A later usage object without iterations leaves their sum; a later
+		// one with them replaces it (latest wins, even when lower).
+		{"later usage without iterations", "text/event-stream", start + delta(last) + delta(`{"output_tokens":9}`), sum},
+		{"later iterations", "text/event-stream",
+			start + delta(last) + delta(`{"input_tokens":181,"output_tokens":8,"iterations":[`+iteration("compaction", 100, 83, 0, 50000)+`,`+message+`]}`),
+			100 + 83 + 50000 + 181 + 8 + 40},
+		// Within an iteration, as in a usage object, a repeated key's latest value wins.
+		{"repeated key in an iteration", "application/json",
+			`{"usage":{"input_tokens":5,"iterations":[{"input_tokens":1000,"input_tokens":3,"output_tokens":2},{"input_tokens":5}]}}`, 3 + 2 + 5},
+		// The sum is a total: if it is smaller than the top-level fields beside
+		// it, those are charged.
+		{"iterations smaller than the top level", "application/json",
+			`{"usage":{"input_tokens":500,"output_tokens":20,"iterations":[{"input_tokens":1,"output_tokens":1}]}}`, 520},
+		{"empty iterations", "application/json", `{"usage":{"input_tokens":500,"output_tokens":20,"iterations":[]}}`, 520},
+		{"only empty iterations is metered", "application/json", `{"usage":{"iterations":[]}}`, 0},
+		// Elements that are not iterations, and iterations that are not a list.
+		{"odd elements", "application/json",
+			`{"usage":{"iterations":[1,"two",null,[{"input_tokens":900}],{"input_tokens":7,"nested":{"input_tokens":900}},{}]}}`, 7},
+		{"iterations not a list", "application/json", `{"usage":{"input_tokens":4,"iterations":{"input_tokens":900}}}`, 4},
+		{"iterations outside usage", "application/json", `{"iterations":[{"input_tokens":900}],"usage":{"input_tokens":4}}`, 4},
+	}
+	for _, c := range cases {
+		for _, ch := range usageChunkings() {
+			tokens, metered := meterUsage(usageHeader(c.contentType, ""), ch.split([]byte(c.body)))
+			if tokens != c.want || !metered {
+				t.Errorf("%s (%s): got (%d, %v), want (%d, true)", c.name, ch.name, tokens, metered, c.want)
+			}
+		}
+	}
+}
+
+func TestUsageReportCutShortIsChargedWhatItAndTheReportBeforeItSaid(t *testing.T) {
+	// A cut inside a Gemini snapshot: the counts it has reported count, and
+	// the earlier snapshot's fields it has not replaced yet still stand.
+	raw := readUsageGolden(t, "gemini_stream_down.sse")
+	lastEvent := bytes.LastIndex(raw, []byte("data: "))
+	lastUsage := lastEvent + bytes.Index(raw[lastEvent:], []byte(`"usageMetadata"`))
+	for cut := lastEvent; cut <= len(raw); cut++ {
+		tokens, metered := meterUsage(usageHeader("text/event-stream", ""), [][]byte{raw[:cut]})
+		switch {
+		case !metered || tokens < 42 || tokens > 79:
+			t.Fatalf("cut at %d: got (%d, %v), want between the last two reports' 42 and 79", cut, tokens, metered)
+		case cut <= lastUsage && tokens != 42:
+			t.Fatalf("cut at %d (before the last report): got %d, want 42", cut, tokens)
+		}
+	}
+	// A cut inside an iterations list: the top-level fields beside it, until
+	// its iterations sum to more; the sum grows with each count read.
+	raw = readUsageGolden(t, "anthropic_compaction_stream.sse")
+	list := bytes.Index(raw, []byte(`"iterations":[`)) + len(`"iterations":[`)
+	second := list + bytes.Index(raw[list:], []byte(`},{`)) + 1
+	var prev int64
+	for cut := list; cut <= len(raw); cut++ {
+		tokens, metered := meterUsage(usageHeader("text/event-stream", ""), [][]byte{raw[:cut]})
+		var want int64
+		switch cut {
+		case list:
+			want = 315 + 12 + 1200 + 0
+		case second:
+			want = 240 + 410 + 0 + 31200
+		case len(raw):
+			want = (240 + 410 + 0 + 31200) + (315 + 12 + 1200 + 0)
+		}
+		if !metered || tokens < prev || (want != 0 && tokens != want) {
+			t.Fatalf("cut at %d: got (%d, %v), want %d (0: any, not below the shorter cut's %d)", cut, tokens, metered, want, prev)
+		}
+		prev = tokens
 	}
 }
 
@@ -392,6 +550,7 @@ func FuzzUsageMeter(f *testing.F) {
 	}
 	f.Add(true, uint8(0), []byte("data: {\"usage\":{\"total_tokens\":5}}\r\rdata: x\r"), uint64(3))
 	f.Add(false, uint8(0), []byte(`[{"usage":{"total_tokens":5}},{"message":{"usage":{"input_tokens":1e400}}}]`), uint64(5))
+	f.Add(false, uint8(0), []byte(`[{"message":{"usage":{"iterations":[{"input_tokens":1,"cache_creation":{}},[{}],{"output_tokens":2}]}}},{"usageMetadata":{"promptTokenCount":3}}]`), uint64(7))
 	f.Fuzz(func(t *testing.T, sse bool, coding uint8, body []byte, seed uint64) {
 		ct := "application/json"
 		if sse {
