@@ -419,7 +419,7 @@ func (r rootRef) tag(h *Handler) string {
 func (g *usageGroup) read(r *http.Request, scope string) (UsageLimit, error) {
 	l := newTaggedLimit(g.tag, scope, g.id, g.caps)
 	g.store.hold() // a reload may unload the store meanwhile
-	d, err := g.store.peek(r.Context(), []limit{l}, 0)
+	d, err := g.store.peek(r.Context(), []limit{l})
 	g.store.release()
 	if err == nil && len(d.counts) != 1 {
 		err = errBadReply

@@ -106,7 +106,7 @@ func (h *Handler) charge(ctx context.Context, chain []limit, tokens int64) {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), chargeTimeout)
 	defer cancel()
-	h.charged(tokens, h.store.recordTokens(ctx, chain, tokens, 0))
+	h.charged(tokens, h.store.recordTokens(ctx, chain, tokens))
 }
 
 // charged logs a charge that failed, or counts the tokens charged.

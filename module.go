@@ -85,10 +85,6 @@ type Handler struct {
 	warn         *warnLimiter // store failures at admission
 	// chargeWarn: failed token charges
 	chargeWarn *warnLimiter
-
-	// refusals answers what the store has refused, until the store would
-	// admit again (refusals.go); nil for the in-process store.
-	refusals *refusalCache
 }
 
 // Scope is one link of the chain.
@@ -199,7 +195,6 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
-	h.refusals = refusalsOf(h.store)
 	liveHandlers.add(h)
 	h.logger.Info("rate limits loaded", zap.Strings("chain", h.scopeNames()), zap.Strings("limits", effective), zap.Bool("redis", h.Redis != nil))
 	return nil
@@ -356,31 +351,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if len(chain) == 0 {
 		return next.ServeHTTP(w, r)
 	}
-	// A limit the store refused is refused here, without asking it, until
-	// the store would admit it again; the cache bounds the store's clock
-	// from a moment before the admission is sent.
-	sent := time.Now()
-	if sub, d, ref := h.refusals.refusedLocally(chain, sent); ref.first >= 0 {
-		refusalsCachedTotal.Inc()
-		return h.refuse(w, repl, sub, d, ref)
-	}
-	d, err := h.store.admit(r.Context(), chain, 0)
+	a, err := h.store.admit(r.Context(), chain)
 	if err != nil {
-		if r.Context().Err() == nil {
-			// Redis may come back without its counters, and then admit
-			// what the cache remembers refused. A client that went away
-			// is no store failure.
-			h.refusals.forget()
-		}
 		return h.storeFailed(w, repl, chain, err, next, r)
 	}
-	if !d.admitted {
-		ref := refusalOf(chain, d)
-		if ref.first < 0 { // the store refused what its own counts admit
-			return h.storeFailed(w, repl, chain, errBadReply, next, r)
-		}
-		h.refusals.record(chain, d, sent)
-		return h.refuse(w, repl, chain, d, ref)
+	if !a.admitted {
+		return h.refuse(w, repl, a)
 	}
 	setOutcome(repl, outcomeAdmitted)
 	metering := chainHasTPM(chain)
@@ -389,7 +365,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	rw := &responseWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, metering: metering}
 	if h.headers.any() {
-		rw.headers = h.headers.headersFor(chain, d, true)
+		rw.headers = h.headers.headersFor(chain, a.decision, true)
 		rw.headers.apply(w.Header())
 	}
 	if !metering {
@@ -529,7 +505,8 @@ func (h *Handler) refuseMissingScope(w http.ResponseWriter, repl *caddy.Replacer
 }
 
 // refuse answers a refused request, or hands it to handle_errors.
-func (h *Handler) refuse(w http.ResponseWriter, repl *caddy.Replacer, chain []limit, d decision, ref refusal) error {
+func (h *Handler) refuse(w http.ResponseWriter, repl *caddy.Replacer, a admission) error {
+	chain, ref := a.limits, a.refusal
 	setOutcome(repl, outcomeRefused)
 	refusalsTotal.WithLabelValues(chain[ref.first].scope, ref.kind.String()).Inc()
 	repl.Set(placeholderRefusedScope, chain[ref.first].scope)
@@ -538,7 +515,7 @@ func (h *Handler) refuse(w http.ResponseWriter, repl *caddy.Replacer, chain []li
 	repl.Set(placeholderRetryAfter, ref.retryAfterSeconds())
 	hdr := w.Header()
 	if h.headers.any() {
-		h.headers.headersFor(chain, d, false).apply(hdr)
+		h.headers.headersFor(chain, a.decision, false).apply(hdr)
 	}
 	ref.setRetryHeaders(hdr)
 	if h.logger.Core().Enabled(zap.DebugLevel) {

@@ -76,16 +76,6 @@ func newRefusalCache() *refusalCache {
 	return c
 }
 
-// refusalsOf is the refusal cache of the handlers of s. The in-process store
-// has none: it decides a refusal without a round trip, so a cache would save
-// nothing.
-func refusalsOf(s store) *refusalCache {
-	if rs, ok := s.(*redisStore); ok {
-		return rs.refusals
-	}
-	return nil
-}
-
 func (c *refusalCache) shard(prefix string) *refusalShard {
 	return &c.shards[maphash.String(c.seed, prefix)%refusalShards]
 }
@@ -93,9 +83,6 @@ func (c *refusalCache) shard(prefix string) *refusalShard {
 // record caches every limit of chain that refuses in d, the store's refusal
 // of an admission sent at sent. Limits that fit are not cached.
 func (c *refusalCache) record(chain []limit, d decision, sent time.Time) {
-	if c == nil {
-		return
-	}
 	for i, l := range chain {
 		ref := refusalOf(chain[i:i+1], decision{now: d.now, counts: d.counts[i : i+1]})
 		if ref.first < 0 {
@@ -131,17 +118,14 @@ func (sh *refusalShard) makeRoom(now time.Time) {
 	sh.byLimit = kept
 }
 
-// refusedLocally is the refusal of chain that the cache can answer at now:
-// the limits of chain whose cached refusals still hold, a decision that
-// carries their counters to the latest moment the store's clock can read
-// (the earliest of their bounds), and refusalOf those, which names the
-// first of them and waits for the last release. ref.first < 0 when none
-// holds: the store must decide.
-func (c *refusalCache) refusedLocally(chain []limit, now time.Time) (sub []limit, d decision, ref refusal) {
-	none := refusal{first: -1}
-	if c == nil {
-		return nil, decision{}, none
-	}
+// refusedLocally is the refusal of chain that the cache can answer at now,
+// if any (ok false: the store must decide). Its limits are those of chain
+// whose cached refusals still hold, its decision carries their counters to
+// the latest moment the store's clock can read (the earliest of their
+// bounds), and its refusal names the first of them and waits for the last
+// release.
+func (c *refusalCache) refusedLocally(chain []limit, now time.Time) (a admission, ok bool) {
+	var sub []limit
 	var found []cachedRefusal
 	for _, l := range chain {
 		if r, ok := c.lookup(l, now); ok {
@@ -149,22 +133,22 @@ func (c *refusalCache) refusedLocally(chain []limit, now time.Time) (sub []limit
 		}
 	}
 	if len(found) == 0 {
-		return nil, decision{}, none
+		return admission{}, false
 	}
 	latest := found[0].storeClockBound(now)
 	for _, r := range found[1:] {
 		latest = min(latest, r.storeClockBound(now))
 	}
-	d = decision{now: momentAt(latest), counts: make([]counts, len(found))}
+	d := decision{now: momentAt(latest), counts: make([]counts, len(found))}
 	for i, r := range found {
 		if latest < r.at {
 			// The store's clock went back between two refusals: no bound
 			// holds for sure.
-			return nil, decision{}, none
+			return admission{}, false
 		}
 		d.counts[i] = r.countsAt(sub[i], d.now)
 	}
-	return sub, d, refusalOf(sub, d)
+	return admission{decision: d, limits: sub, refusal: refusalOf(sub, d)}, true
 }
 
 // lookup is l's cached refusal if it still holds at now; one that no longer
@@ -188,9 +172,6 @@ func (c *refusalCache) lookup(l limit, now time.Time) (cachedRefusal, bool) {
 
 // forget drops every cached refusal.
 func (c *refusalCache) forget() {
-	if c == nil {
-		return
-	}
 	for i := range c.shards {
 		sh := &c.shards[i]
 		sh.mu.Lock()

@@ -34,7 +34,7 @@ func fillUnder(t *testing.T, s store, l limit, at int64, n int) {
 
 func chargeTokens(t *testing.T, s store, l limit, at, tokens int64) {
 	t.Helper()
-	if err := s.recordTokens(context.Background(), []limit{l}, tokens, at); err != nil {
+	if err := pinned(s, at).recordTokens(context.Background(), []limit{l}, tokens); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -167,8 +167,8 @@ func refusalProbes(c refusalCase) []int64 {
 }
 
 func refusesLocally(cache *refusalCache, chain []limit, now time.Time) bool {
-	_, _, ref := cache.refusedLocally(chain, now)
-	return ref.first >= 0
+	_, ok := cache.refusedLocally(chain, now)
+	return ok
 }
 
 // assertCacheAgreesWithRedis checks that the cache, at every moment whose
@@ -177,22 +177,23 @@ func refusesLocally(cache *refusalCache, chain []limit, now time.Time) bool {
 // refusing limits.
 func assertCacheAgreesWithRedis(t *testing.T, s store, cache *refusalCache, chain []limit, sent time.Time, x, redisAt int64) {
 	t.Helper()
-	whole, err := s.peek(context.Background(), chain, redisAt)
+	whole, err := pinned(s, redisAt).peek(context.Background(), chain)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var part decision
 	end := sent.Add(time.Duration(x) * time.Millisecond)
 	for _, now := range []time.Time{end.Add(1 - time.Millisecond), end} {
-		sub, d, ref := cache.refusedLocally(chain, now)
-		if (ref.first >= 0) != !whole.admitted {
-			t.Fatalf("at %d ms into the minute: the cache refuses %v, Redis refuses %v", redisAt%bucketMillis, ref.first >= 0, !whole.admitted)
+		a, ok := cache.refusedLocally(chain, now)
+		if ok != !whole.admitted {
+			t.Fatalf("at %d ms into the minute: the cache refuses %v, Redis refuses %v", redisAt%bucketMillis, ok, !whole.admitted)
 		}
-		if ref.first < 0 {
+		if !ok {
 			continue
 		}
+		sub, d, ref := a.limits, a.decision, a.refusal
 		if part.counts == nil {
-			if part, err = s.peek(context.Background(), sub, redisAt); err != nil {
+			if part, err = pinned(s, redisAt).peek(context.Background(), sub); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -241,7 +242,8 @@ func TestCachedOrgRefusalAnswersEveryKeyOfTheOrgAndNothingElse(t *testing.T) {
 	}
 
 	third := []limit{key(), org}
-	sub, _, ref := cache.refusedLocally(third, sent)
+	a, _ := cache.refusedLocally(third, sent)
+	sub, ref := a.limits, a.refusal
 	if ref.first != 0 || len(sub) != 1 || sub[0] != org || ref.kind != requests {
 		t.Fatalf("another key of the org: refusal %+v by %v, want the org's rpm", ref, sub)
 	}

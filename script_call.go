@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strconv"
@@ -201,5 +202,65 @@ func (c *chargeCall) add(chain []limit, tokens int64) {
 			c.tokens = append(c.tokens, 0)
 		}
 		c.tokens[i] += tokens
+	}
+}
+
+// scriptItem is one request's part of a call of admit.lua: its admission, or
+// the token charge of its finished response (tokens > 0).
+type scriptItem struct {
+	chain   []limit
+	tokens  int64
+	answer  chan scriptAnswer // an admission's; buffered: a call never waits on it
+	charged func(error)       // a charge's
+}
+
+// scriptAnswer is an admission's decision, or a charge's outcome.
+type scriptAnswer struct {
+	d   decision
+	err error
+}
+
+// scriptBatch is one call of admit.lua made of the items the coalescer
+// (internal/coalesce) found waiting: it charges the tokens of finished
+// responses, summed per key, then decides the admissions in arrival order,
+// each all-or-nothing as if sent alone, so that a limit several requests
+// share (their org, say) is read, decided and charged once per call. A token
+// charge rides in the next call that admits, and takes a call of its own only
+// when none comes within chargeLinger.
+//
+// A call keeps the single request's guarantees: its admissions are replayed
+// once on a dead connection (its token charges never are), and when a call
+// fails, every item in it gets the error (for an admission, on_redis_error
+// applies to each). An admission whose counters are in the call under other
+// caps waits for the next call.
+type scriptBatch struct {
+	store *redisStore
+	call  scriptCall
+	items []*scriptItem
+}
+
+func (b *scriptBatch) Add(item *scriptItem) bool {
+	if item.tokens > 0 {
+		b.call.charges.add(item.chain, item.tokens)
+	} else if !b.call.add(item.chain) {
+		return false
+	}
+	b.items = append(b.items, item)
+	return true
+}
+
+func (b *scriptBatch) Send() {
+	ds, charged, err := b.store.call(context.Background(), &b.call, false)
+	k := 0
+	for _, item := range b.items {
+		switch {
+		case item.tokens > 0:
+			item.charged(charged)
+		case err != nil:
+			item.answer <- scriptAnswer{err: err}
+		default:
+			item.answer <- scriptAnswer{d: ds[k]}
+			k++
+		}
 	}
 }

@@ -16,17 +16,18 @@ type store interface {
 	// admit decides one request against every limit of chain in one atomic
 	// step: admitted only if every limit fits, and then charged one request
 	// on every limit that has an rpm and its cost on every bucket; refused
-	// and charged nothing otherwise.
-	// atMillis pins the clock (unix milliseconds); 0 uses the store's own.
-	admit(ctx context.Context, chain []limit, atMillis int64) (decision, error)
+	// and charged nothing otherwise. A refusal says why, and may come from
+	// the store's own record of what it refused (the Redis store's refusal
+	// cache) without asking its backend.
+	admit(ctx context.Context, chain []limit) (admission, error)
 	// peek reads the chain's counters as admit would, and charges nothing.
-	peek(ctx context.Context, chain []limit, atMillis int64) (decision, error)
+	peek(ctx context.Context, chain []limit) (decision, error)
 	// recordTokens charges tokens to every limit of chain that has a tpm.
 	// It is never replayed: a double charge would outlive the failure.
-	recordTokens(ctx context.Context, chain []limit, tokens, atMillis int64) error
-	// chargeLater charges tokens as recordTokens does, on the store's clock,
-	// without making its caller wait: done gets the outcome, once, from
-	// another goroutine or before chargeLater returns.
+	recordTokens(ctx context.Context, chain []limit, tokens int64) error
+	// chargeLater charges tokens as recordTokens does, without making its
+	// caller wait: done gets the outcome, once, from another goroutine or
+	// before chargeLater returns.
 	chargeLater(chain []limit, tokens int64, done func(error))
 	// hold keeps the store usable, even after the last config that uses it
 	// is unloaded, until the matching release: a response or session
@@ -34,6 +35,37 @@ type store interface {
 	hold()
 	release()
 }
+
+// admission is a store's answer to a request.
+type admission struct {
+	decision
+	// limits are the limits whose counters decision holds, in chain order:
+	// the chain, or, for a refusal answered by the refusal cache, the
+	// chain's limits that the cache refuses.
+	limits []limit
+	// refusal says why a refused request is refused; first is -1 for an
+	// admitted one.
+	refusal refusal
+}
+
+// admissionOf is the answer that the decision d of the store's backend on
+// chain gives. A refusal that no limit's counts explain is a bad reply.
+func admissionOf(chain []limit, d decision) (admission, error) {
+	a := admission{decision: d, limits: chain, refusal: refusal{first: -1}}
+	if !d.admitted {
+		if a.refusal = refusalOf(chain, d); a.refusal.first < 0 {
+			return admission{}, errBadReply
+		}
+	}
+	return a, nil
+}
+
+// testClock pins a store's clock, in unix milliseconds, for tests of what
+// happens at a given moment; at 0, as in production, the store reads its
+// own (Redis TIME, or this machine's).
+type testClock struct{ pinned atomic.Int64 }
+
+func (c *testClock) pin(unixMillis int64) { c.pinned.Store(unixMillis) }
 
 // lifetime closes a store once it is both unloaded and released by every
 // holder.

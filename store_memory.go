@@ -18,6 +18,7 @@ import (
 // without locking. Counters whose buckets can no longer be read are dropped
 // by a sweep, so memory is bounded by the active limits.
 type memoryStore struct {
+	testClock
 	seed   maphash.Seed
 	shards [memoryShards]memoryShard
 	seq    atomic.Uint64 // lock order of new counters
@@ -130,7 +131,8 @@ func (s *memoryStore) Destruct() error {
 	return nil
 }
 
-func (s *memoryStore) clock(atMillis int64) moment {
+func (s *memoryStore) clock() moment {
+	atMillis := s.pinned.Load()
 	if atMillis == 0 {
 		atMillis = time.Now().UnixMilli()
 	}
@@ -251,12 +253,12 @@ func unlockAll(cs []*memoryCounter) {
 	}
 }
 
-func (s *memoryStore) admit(_ context.Context, chain []limit, atMillis int64) (decision, error) {
-	return s.decide(chain, atMillis, true), nil
+func (s *memoryStore) admit(_ context.Context, chain []limit) (admission, error) {
+	return admissionOf(chain, s.decide(chain, true))
 }
 
-func (s *memoryStore) peek(_ context.Context, chain []limit, atMillis int64) (decision, error) {
-	return s.decide(chain, atMillis, false), nil
+func (s *memoryStore) peek(_ context.Context, chain []limit) (decision, error) {
+	return s.decide(chain, false), nil
 }
 
 // The process store stays usable after it is unloaded: only its sweep stops.
@@ -264,8 +266,8 @@ func (s *memoryStore) hold()    {}
 func (s *memoryStore) release() {}
 
 // decide is one admission, which charges only when charge is set.
-func (s *memoryStore) decide(chain []limit, atMillis int64, charge bool) decision {
-	now := s.clock(atMillis)
+func (s *memoryStore) decide(chain []limit, charge bool) decision {
+	now := s.clock()
 	var byLimitBuf, lockedBuf [stackChain]*memoryCounter
 	cs, locked := s.lock(chain, byLimitBuf[:0], lockedBuf[:0])
 	defer unlockAll(locked)
@@ -298,14 +300,14 @@ func (s *memoryStore) decide(chain []limit, atMillis int64, charge bool) decisio
 // chargeLater charges at once: the in-process store has no round trip to
 // spare the caller.
 func (s *memoryStore) chargeLater(chain []limit, tokens int64, done func(error)) {
-	done(s.recordTokens(context.Background(), chain, tokens, 0))
+	done(s.recordTokens(context.Background(), chain, tokens))
 }
 
-func (s *memoryStore) recordTokens(_ context.Context, chain []limit, tokens, atMillis int64) error {
+func (s *memoryStore) recordTokens(_ context.Context, chain []limit, tokens int64) error {
 	if tokens <= 0 {
 		return nil
 	}
-	now := s.clock(atMillis)
+	now := s.clock()
 	for _, l := range chain {
 		if l.tpm <= 0 {
 			continue

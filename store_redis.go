@@ -11,6 +11,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/rolter/caddy-ratelimit/internal/coalesce"
 )
 
 var (
@@ -25,13 +27,15 @@ var (
 // Redis restart or a failover).
 type redisStore struct {
 	lifetime
+	testClock
 	client  redis.UniversalClient
 	config  *RedisConfig // resolved: for the replay's fresh connection
 	timeout time.Duration
-	// calls coalesces concurrent admissions and charges (coalesce.go); nil
+	// calls coalesces concurrent admissions and charges (scriptBatch); nil
 	// on Redis Cluster, where a call is bound to one slot.
-	calls *coalescer[*scriptItem]
-	// refusals is shared by every handler of the store, across reloads.
+	calls *coalesce.Coalescer[*scriptItem]
+	// refusals answers what Redis refused, until Redis would admit again
+	// (refusals.go); shared by every handler of the store, across reloads.
 	refusals *refusalCache
 }
 
@@ -74,9 +78,9 @@ func newRedisStore(config *RedisConfig, timeout time.Duration) (*redisStore, err
 	}
 	s := &redisStore{client: client, config: config, timeout: timeout, refusals: newRefusalCache()}
 	if config.topology() != cluster {
-		s.calls = newCoalescer(callsInFlight, chargeLinger, func(first *scriptItem) batch[*scriptItem] {
+		s.calls = coalesce.New(callsInFlight, chargeLinger, func(first *scriptItem) coalesce.Batch[*scriptItem] {
 			b := &scriptBatch{store: s}
-			b.add(first)
+			b.Add(first)
 			return b
 		})
 	}
@@ -94,23 +98,54 @@ func (s *redisStore) closeClient() { s.client.Close() }
 
 func (s *redisStore) release() { s.lifetime.release(s.closeClient) }
 
-func (s *redisStore) admit(ctx context.Context, chain []limit, atMillis int64) (decision, error) {
-	if s.calls != nil {
-		return s.admitCoalesced(ctx, chain, atMillis)
+// admit answers from the refusal cache what Redis refused until Redis would
+// admit it again, and asks Redis the rest. A pinned clock (tests) does not
+// run with this process's, so the cache, which bounds Redis's clock by ours,
+// is not used then.
+func (s *redisStore) admit(ctx context.Context, chain []limit) (admission, error) {
+	cached := s.pinned.Load() == 0
+	sent := time.Now() // the cache bounds Redis's clock from a moment before the call
+	if cached {
+		if a, ok := s.refusals.refusedLocally(chain, sent); ok {
+			refusalsCachedTotal.Inc()
+			return a, nil
+		}
 	}
-	return s.run(ctx, chain, atMillis, false)
+	d, err := s.decide(ctx, chain)
+	if err != nil {
+		if ctx.Err() == nil {
+			// Redis may come back without its counters, and then admit
+			// what the cache remembers refused. A client that went away
+			// is no store failure.
+			s.refusals.forget()
+		}
+		return admission{}, err
+	}
+	a, err := admissionOf(chain, d)
+	if err == nil && !a.admitted && cached {
+		s.refusals.record(chain, d, sent)
+	}
+	return a, err
 }
 
-func (s *redisStore) peek(ctx context.Context, chain []limit, atMillis int64) (decision, error) {
-	return s.run(ctx, chain, atMillis, true)
+// decide asks Redis for one admission, in a coalesced call where calls are.
+func (s *redisStore) decide(ctx context.Context, chain []limit) (decision, error) {
+	if s.calls != nil {
+		return s.admitCoalesced(ctx, chain)
+	}
+	return s.run(ctx, chain, false)
+}
+
+func (s *redisStore) peek(ctx context.Context, chain []limit) (decision, error) {
+	return s.run(ctx, chain, true)
 }
 
 // run decides one admission with admit.lua, which only reads when peek is
 // set.
-func (s *redisStore) run(ctx context.Context, chain []limit, atMillis int64, peek bool) (decision, error) {
+func (s *redisStore) run(ctx context.Context, chain []limit, peek bool) (decision, error) {
 	var c scriptCall
 	c.add(chain)
-	ds, _, err := s.call(ctx, &c, atMillis, peek)
+	ds, _, err := s.call(ctx, &c, peek)
 	if err != nil {
 		return decision{}, err
 	}
@@ -122,7 +157,7 @@ func (s *redisStore) run(ctx context.Context, chain []limit, atMillis int64, pee
 // never replayed (a double charge would outlive the failure): when a call
 // that charges meets a dead connection, its charges fail with that error and
 // its admissions are replayed alone.
-func (s *redisStore) call(ctx context.Context, c *scriptCall, atMillis int64, peek bool) (ds []decision, charged, err error) {
+func (s *redisStore) call(ctx context.Context, c *scriptCall, peek bool) (ds []decision, charged, err error) {
 	op := "admit"
 	switch {
 	case peek:
@@ -134,6 +169,7 @@ func (s *redisStore) call(ctx context.Context, c *scriptCall, atMillis int64, pe
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	charging := len(c.charges.prefixes) > 0
+	atMillis := s.pinned.Load()
 	bucket := s.bucketFor(atMillis)
 	reply, err := s.runScript(ctx, admitScript, c.keys(bucket), c.args(atMillis, bucket, peek), !charging)
 	if b, ok := otherBucket(reply); ok && err == nil {
@@ -233,13 +269,13 @@ func isDeadConnection(err error) bool {
 		errors.Is(err, syscall.ECONNABORTED) || errors.Is(err, net.ErrClosed)
 }
 
-func (s *redisStore) recordTokens(ctx context.Context, chain []limit, tokens, atMillis int64) error {
+func (s *redisStore) recordTokens(ctx context.Context, chain []limit, tokens int64) error {
 	if tokens <= 0 || !chainHasTPM(chain) {
 		return nil
 	}
 	if s.calls != nil {
 		charged := make(chan error, 1)
-		s.calls.ride(&scriptItem{chain: chain, tokens: tokens, atMillis: atMillis, charged: func(err error) { charged <- err }})
+		s.calls.Ride(&scriptItem{chain: chain, tokens: tokens, charged: func(err error) { charged <- err }})
 		select {
 		case err := <-charged:
 			return err
@@ -249,7 +285,7 @@ func (s *redisStore) recordTokens(ctx context.Context, chain []limit, tokens, at
 	}
 	var c scriptCall
 	c.charges.add(chain, tokens)
-	_, charged, _ := s.call(ctx, &c, atMillis, false)
+	_, charged, _ := s.call(ctx, &c, false)
 	return charged
 }
 
@@ -261,13 +297,13 @@ func (s *redisStore) chargeLater(chain []limit, tokens int64, done func(error)) 
 		return
 	}
 	if s.calls != nil {
-		s.calls.ride(&scriptItem{chain: chain, tokens: tokens, charged: done})
+		s.calls.Ride(&scriptItem{chain: chain, tokens: tokens, charged: done})
 		return
 	}
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 		defer cancel()
-		done(s.recordTokens(ctx, chain, tokens, 0))
+		done(s.recordTokens(ctx, chain, tokens))
 	}()
 }
 
@@ -276,3 +312,17 @@ var (
 	_ store            = (*redisStore)(nil)
 	_ caddy.Destructor = (*redisStore)(nil)
 )
+
+// admitCoalesced waits for the admission's decision: at most the store's
+// timeout in all while others make the calls, and one call (which the
+// timeout bounds) more when it is handed one. An admission that gives up
+// waiting may still be decided, and charged, by its call: that errs towards
+// stricter, as a lost reply does.
+func (s *redisStore) admitCoalesced(ctx context.Context, chain []limit) (decision, error) {
+	item := &scriptItem{chain: chain, answer: make(chan scriptAnswer, 1)}
+	a, err := coalesce.Await(ctx, s.calls, item, item.answer, s.timeout)
+	if err != nil {
+		return decision{}, err
+	}
+	return a.d, a.err
+}

@@ -44,7 +44,7 @@ func TestFirstAdmissionAfterClientKillIsStillEnforced(t *testing.T) {
 	if err := redisClient(t, url).ClientKillByFilter(context.Background(), "TYPE", "normal").Err(); err != nil {
 		t.Fatal(err)
 	}
-	d, err := s.admit(context.Background(), chain, 0)
+	d, err := s.admit(context.Background(), chain)
 	if err != nil {
 		t.Fatalf("first admission after CLIENT KILL failed (would fail open): %v", err)
 	}
@@ -78,7 +78,7 @@ func TestAdmissionOnAConnectionThatDiesAtItsNextCommandIsReplayedOnce(t *testing
 	at := pinnedBase() + 1000
 	chain := []limit{newLimit("key", uniqueID(t), 2, 0)}
 	s := storeOnADyingConnection(t, url, chain, at)
-	d, err := s.admit(context.Background(), chain, at)
+	d, err := pinned(s, at).admit(context.Background(), chain)
 	if err != nil {
 		t.Fatalf("admission on a dying connection was not replayed: %v", err)
 	}
@@ -104,7 +104,7 @@ func TestCallOnADyingConnectionReplaysItsAdmissionsButNotItsCharges(t *testing.T
 	var c scriptCall
 	c.charges.add(chain, 300)
 	c.add(chain)
-	ds, charged, err := s.call(context.Background(), &c, at, false)
+	ds, charged, err := pinned(s, at).call(context.Background(), &c, false)
 	if err != nil {
 		t.Fatalf("admission on a dying connection was not replayed: %v", err)
 	}
@@ -132,7 +132,7 @@ func TestAdmissionsOfACallReadTheTokensItCharges(t *testing.T) {
 	var c scriptCall
 	c.charges.add([]limit{key, org}, 500) // the key has no tpm: only the org is charged
 	c.add([]limit{key, org})
-	ds, charged, err := s.call(context.Background(), &c, at, false)
+	ds, charged, err := pinned(s, at).call(context.Background(), &c, false)
 	if err != nil || charged != nil {
 		t.Fatal(err, charged)
 	}
@@ -152,7 +152,7 @@ func TestAdmissionFailsWithAnErrorWhileRedisIsDownAndResumesAfterRestart(t *test
 		t.Fatal("first request refused")
 	}
 	srv.Stop(t)
-	if _, err := s.admit(context.Background(), chain, 0); err == nil {
+	if _, err := s.admit(context.Background(), chain); err == nil {
 		t.Fatal("admission succeeded with Redis stopped")
 	}
 	srv.Start(t) // empty dataset and empty script cache
@@ -162,10 +162,10 @@ func TestAdmissionFailsWithAnErrorWhileRedisIsDownAndResumesAfterRestart(t *test
 	// The pool may refuse to dial for about a second after failed dials: wait
 	// for enforcement rather than assume it is instant.
 	deadline := time.Now().Add(5 * time.Second)
-	var d decision
+	var d admission
 	var err error
 	for {
-		if d, err = s.admit(context.Background(), chain, 0); err == nil || time.Now().After(deadline) {
+		if d, err = s.admit(context.Background(), chain); err == nil || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -193,7 +193,7 @@ func TestUnloadedRedisStoreStaysOpenUntilItsLastHolderReleasesIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	chain := []limit{newLimit("org", uniqueID(t), 0, 100)}
-	if err := s.recordTokens(context.Background(), chain, 7, 0); err != nil {
+	if err := s.recordTokens(context.Background(), chain, 7); err != nil {
 		t.Fatalf("charging after the unload: %v", err)
 	}
 	s.release()
@@ -316,7 +316,7 @@ func benchmarkRedisTime(b *testing.B, url string, concurrent bool, chainOf func(
 	s := newTestRedisStore(b, url)
 	admin := redisClient(b, url)
 	ctx := context.Background()
-	if _, err := s.admit(ctx, chainOf(0), 0); err != nil { // load the script
+	if _, err := s.admit(ctx, chainOf(0)); err != nil { // load the script
 		b.Fatal(err)
 	}
 	if err := admin.ConfigResetStat(ctx).Err(); err != nil {
@@ -328,7 +328,7 @@ func benchmarkRedisTime(b *testing.B, url string, concurrent bool, chainOf func(
 		b.SetParallelism(16) // 32 goroutines on 2 cores
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				if _, err := s.admit(ctx, chainOf(int(next.Add(1))), 0); err != nil {
+				if _, err := s.admit(ctx, chainOf(int(next.Add(1)))); err != nil {
 					b.Error(err)
 					return
 				}
@@ -336,7 +336,7 @@ func benchmarkRedisTime(b *testing.B, url string, concurrent bool, chainOf func(
 		})
 	} else {
 		for i := 0; i < b.N; i++ {
-			if _, err := s.admit(ctx, chainOf(i), 0); err != nil {
+			if _, err := s.admit(ctx, chainOf(i)); err != nil {
 				b.Fatal(err)
 			}
 		}

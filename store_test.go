@@ -134,6 +134,13 @@ func uniqueID(t *testing.T) string {
 	return "t" + hex.EncodeToString(b[:])
 }
 
+// pinned pins the clock of s, a store, at unix milliseconds at (0: its own
+// clock) for the calls that follow, and returns it.
+func pinned[S any](s S, at int64) S {
+	any(s).(interface{ pin(int64) }).pin(at)
+	return s
+}
+
 // pinnedBase is a bucket boundary near now, for pinned clocks whose keys
 // Redis expires like real ones.
 func pinnedBase() int64 { return (time.Now().UnixMilli()/bucketMillis + 1) * bucketMillis }
@@ -234,7 +241,7 @@ func runConformance(t *testing.T, kit storeKit) {
 		if !admitOrFail(t, s, chain, at).admitted {
 			t.Fatal("first request refused")
 		}
-		if err := s.recordTokens(context.Background(), chain, 1000, at+1); err != nil {
+		if err := pinned(s, at+1).recordTokens(context.Background(), chain, 1000); err != nil {
 			t.Fatal(err)
 		}
 		if tok := counter(t, s)(chain[0].prefix, tokens, at/bucketMillis); tok != 1000 {
@@ -272,7 +279,7 @@ func runConformance(t *testing.T, kit storeKit) {
 		chain := []limit{newLimit("key", uniqueID(t), 2, 0)}
 		fill(t, s, chain, at, 1)
 		for i := 0; i < 3; i++ {
-			d, err := s.peek(context.Background(), chain, at)
+			d, err := pinned(s, at).peek(context.Background(), chain)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -281,7 +288,7 @@ func runConformance(t *testing.T, kit storeKit) {
 			}
 		}
 		fill(t, s, chain, at, 1)
-		if d, _ := s.peek(context.Background(), chain, at); d.admitted {
+		if d, _ := pinned(s, at).peek(context.Background(), chain); d.admitted {
 			t.Fatal("peek admits over the cap")
 		}
 		if n := counter(t, s)(chain[0].prefix, requests, at/bucketMillis); n != 2 {
@@ -293,7 +300,7 @@ func runConformance(t *testing.T, kit storeKit) {
 		at := pinnedBase() + 5000
 		withTPM := newLimit("org", uniqueID(t), 0, 500)
 		without := newLimit("key", uniqueID(t), 5, 0)
-		if err := s.recordTokens(context.Background(), []limit{without, withTPM}, 42, at); err != nil {
+		if err := pinned(s, at).recordTokens(context.Background(), []limit{without, withTPM}, 42); err != nil {
 			t.Fatal(err)
 		}
 		count := counter(t, s)
@@ -357,10 +364,10 @@ func runConformance(t *testing.T, kit storeKit) {
 		s := kit.replicas(t, 1)[0]
 		base := pinnedBase()
 		chain := []limit{newLimit("key", uniqueID(t), 0, 1000)}
-		if err := s.recordTokens(context.Background(), chain, 1200, base-bucketMillis); err != nil {
+		if err := pinned(s, base-bucketMillis).recordTokens(context.Background(), chain, 1200); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.recordTokens(context.Background(), chain, 400, base); err != nil {
+		if err := pinned(s, base).recordTokens(context.Background(), chain, 400); err != nil {
 			t.Fatal(err)
 		}
 		assertReleaseAt(t, s, chain, base+1000, base+30_001)
@@ -423,7 +430,7 @@ func runConformance(t *testing.T, kit storeKit) {
 			newBucketLimit(t, "org", uniqueID(t), "100", 100, 3),
 		}
 		fill(t, s, chain, at, 2)
-		if err := s.recordTokens(context.Background(), chain, 40, at); err != nil {
+		if err := pinned(s, at).recordTokens(context.Background(), chain, 40); err != nil {
 			t.Fatal(err)
 		}
 		before := kit.state(t, s, chain, at)
@@ -463,7 +470,7 @@ func runConformance(t *testing.T, kit storeKit) {
 		if ref := refusalOf([]limit{second, org}, d); d.admitted || ref.first != 1 || ref.kind != requests {
 			t.Fatalf("admitted %v, refusal %+v: want the org's rpm", d.admitted, ref)
 		}
-		if p, _ := s.peek(context.Background(), []limit{second}, at); p.counts[0].deficit != 2*microTokens {
+		if p, _ := pinned(s, at).peek(context.Background(), []limit{second}); p.counts[0].deficit != 2*microTokens {
 			t.Fatalf("the second key's bucket is %d micro-tokens down, want the 2 admitted", p.counts[0].deficit)
 		}
 		// Both refusing: the wait is the later release, the org's window.
@@ -526,11 +533,11 @@ func assertReleaseAt(t *testing.T, s store, chain []limit, at, release int64) {
 
 func admitOrFail(t *testing.T, s store, chain []limit, at int64) decision {
 	t.Helper()
-	d, err := s.admit(context.Background(), chain, at)
+	a, err := pinned(s, at).admit(context.Background(), chain)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return d
+	return a.decision
 }
 
 // raceAdmissions sends n admissions at once, spread over the stores, and
@@ -546,7 +553,7 @@ func raceAdmissions(t *testing.T, stores []store, chain []limit, n int, at int64
 		go func(s store) {
 			defer wg.Done()
 			start.Wait()
-			d, err := s.admit(context.Background(), chain, at)
+			d, err := pinned(s, at).admit(context.Background(), chain)
 			if err != nil {
 				errs <- err
 				return

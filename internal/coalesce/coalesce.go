@@ -1,0 +1,206 @@
+// Package coalesce sends concurrent calls of a process together: items that
+// wait while a call is in flight go in the next call, and items nobody waits
+// for ride in whichever call comes next.
+package coalesce
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// Coalescer sends the concurrent calls of this process together. Whoever
+// finds fewer than maxCalls calls in flight makes a call at once, in its own
+// goroutine, of its item and of what waits; whoever finds them all busy
+// waits, and is either answered by a later call or handed the lead of the
+// next one by the caller before it. A lone item thus costs no goroutine
+// hand-off, and under load the items waiting on a round trip go in one
+// call, in arrival order. An item nobody waits for rides in the next call,
+// and takes a call of its own only when none comes within the linger.
+//
+// A call is one Batch: what it does with its items, and what it answers
+// each, is the Batch's.
+type Coalescer[T any] struct {
+	start    func(first T) Batch[T]
+	maxCalls int           // calls in flight at once
+	linger   time.Duration // how long a rider waits for a call to ride in
+
+	mu      sync.Mutex // guards what follows, and every ticket's state
+	calls   int
+	waiting []*ticket[T]
+	riders  []T         // items that go in the next call, whoever makes it
+	flush   *time.Timer // makes a call for riders that none took within the linger
+	armed   bool        // flush is set to fire
+}
+
+// maxBatch bounds the items of one call.
+const maxBatch = 64
+
+// Batch is a call being built from waiting items.
+type Batch[T any] interface {
+	// Add joins an item to the call, or reports that it cannot join (it
+	// then waits for the next call).
+	Add(T) bool
+	// Send makes the call and answers each item.
+	Send()
+}
+
+// ticket is an item's place in the coalescer.
+type ticket[T any] struct {
+	item  T
+	state ticketState
+	lead  chan struct{} // buffered: the holder makes the next call
+}
+
+type ticketState uint8
+
+const (
+	waiting   ticketState = iota
+	batched               // in a call, which answers it
+	leading               // handed the next call
+	abandoned             // its caller gave up before either
+)
+
+// New is a Coalescer that keeps maxCalls calls in flight at once, lets an
+// item that rides wait at most linger for a call, and starts each call with
+// start.
+func New[T any](maxCalls int, linger time.Duration, start func(first T) Batch[T]) *Coalescer[T] {
+	return &Coalescer[T]{start: start, maxCalls: maxCalls, linger: linger}
+}
+
+// Await makes or joins a call for item and returns the item's answer, which
+// the call sends on answer, or an error if ctx is done, or timeout passes,
+// before the item is in a call. Only a caller that waits starts a timer: one
+// that makes the call at once is bounded by the call's own timeout. A caller
+// handed the lead just as it gave up still makes the call, in the background:
+// the items behind it wait for it.
+func Await[T, R any](ctx context.Context, q *Coalescer[T], item T, answer <-chan R, timeout time.Duration) (R, error) {
+	var none R
+	q.mu.Lock()
+	if q.calls < q.maxCalls {
+		q.calls++
+		q.mu.Unlock()
+		q.lead(item)
+		return <-answer, nil
+	}
+	t := &ticket[T]{item: item, lead: make(chan struct{}, 1)}
+	q.waiting = append(q.waiting, t)
+	q.mu.Unlock()
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	err := context.DeadlineExceeded
+	select {
+	case r := <-answer:
+		return r, nil
+	case <-t.lead:
+		q.lead(item)
+		return <-answer, nil
+	case <-ctx.Done():
+		err = ctx.Err()
+	case <-timer.C:
+	}
+	q.mu.Lock()
+	state := t.state
+	if state == waiting {
+		t.state = abandoned
+	}
+	q.mu.Unlock()
+	if state == leading {
+		go q.lead(item)
+	}
+	return none, err
+}
+
+// lead makes one call of first and of what waits and can join it, then hands
+// the next call to the first item still waiting, if any.
+func (q *Coalescer[T]) lead(first T) {
+	b := q.start(first)
+	q.mu.Lock()
+	n := 1
+	kept := q.riders[:0]
+	for _, item := range q.riders {
+		if n < maxBatch && b.Add(item) {
+			n++
+		} else {
+			kept = append(kept, item)
+		}
+	}
+	clear(q.riders[len(kept):])
+	q.riders = kept
+	q.armFlush()
+	// The call takes what waits in arrival order, up to the first item that
+	// cannot join it: that one leads the next.
+	i := 0
+	for ; i < len(q.waiting) && n < maxBatch; i++ {
+		t := q.waiting[i]
+		if t.state == abandoned {
+			continue
+		}
+		if !b.Add(t.item) {
+			break
+		}
+		t.state = batched
+		n++
+	}
+	rest := copy(q.waiting, q.waiting[i:])
+	clear(q.waiting[rest:])
+	q.waiting = q.waiting[:rest]
+	q.mu.Unlock()
+	b.Send()
+	q.mu.Lock()
+	for len(q.waiting) > 0 {
+		next := q.waiting[0]
+		q.waiting = q.waiting[1:]
+		if next.state == waiting {
+			next.state = leading
+			q.mu.Unlock()
+			next.lead <- struct{}{}
+			return
+		}
+	}
+	q.calls--
+	q.mu.Unlock()
+}
+
+// Ride puts item in the next call, whoever makes it: an item nobody waits
+// for (a token charge) takes no call of its own while calls come. If none
+// comes within the linger, one is made for the riders in the background.
+func (q *Coalescer[T]) Ride(item T) {
+	q.mu.Lock()
+	q.riders = append(q.riders, item)
+	q.armFlush()
+	q.mu.Unlock()
+}
+
+// armFlush sets the flush to fire within the linger if riders wait and it is
+// not set already. q.mu is held.
+func (q *Coalescer[T]) armFlush() {
+	if len(q.riders) == 0 || q.armed {
+		return
+	}
+	q.armed = true
+	if q.flush == nil {
+		q.flush = time.AfterFunc(q.linger, q.flushRiders)
+	} else {
+		q.flush.Reset(q.linger)
+	}
+}
+
+// flushRiders makes a call for the riders that no call took, unless every
+// call is in flight: their ends are looked at again after the linger.
+func (q *Coalescer[T]) flushRiders() {
+	q.mu.Lock()
+	q.armed = false
+	if len(q.riders) == 0 || q.calls >= q.maxCalls {
+		q.armFlush()
+		q.mu.Unlock()
+		return
+	}
+	q.calls++
+	first := q.riders[0]
+	rest := copy(q.riders, q.riders[1:])
+	clear(q.riders[rest:])
+	q.riders = q.riders[:rest]
+	q.mu.Unlock()
+	q.lead(first)
+}

@@ -1,0 +1,254 @@
+package ratelimit
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+)
+
+// One call decides its admissions in arrival order, each as if sent alone:
+// a refused one charges nothing, and each reads what those before it charged.
+func TestBatchedAdmissionsAreDecidedInArrivalOrderEachAllOrNothing(t *testing.T) {
+	s := newTestRedisStore(t, redisURLFromEnv(t))
+	at := pinnedBase() + 1000
+	org := newLimit("org", uniqueID(t), 2, 0)
+	k1 := newBucketLimit(t, "key", uniqueID(t), "1", 1, 0)
+	k2, k3 := newLimit("key", uniqueID(t), 5, 0), newLimit("key", uniqueID(t), 5, 0)
+	var c scriptCall
+	for _, chain := range [][]limit{{k1, org}, {k1, org}, {k2, org}, {k3, org}} {
+		if !c.add(chain) {
+			t.Fatal("a chain was refused by the call")
+		}
+	}
+	if len(c.limits) != 4 {
+		t.Fatalf("%d distinct limits in the call, want 4 (k1, org, k2, k3)", len(c.limits))
+	}
+	ds, _, err := pinned(s, at).call(context.Background(), &c, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for i, d := range ds {
+		line := fmt.Sprintf("%v org=%d", d.admitted, d.counts[1].req.cur)
+		if i < 2 {
+			line += fmt.Sprintf(" k1-bucket-down=%d", d.counts[0].deficit/microTokens)
+		}
+		got = append(got, line)
+	}
+	want := []string{
+		"true org=0 k1-bucket-down=0",  // k1's bucket full, the org empty
+		"false org=1 k1-bucket-down=1", // k1's bucket of 1 is empty now
+		"true org=1",                   // the refusal above charged the org nothing
+		"false org=2",                  // the org's rpm 2 is full
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("decisions\n%q\nwant\n%q", got, want)
+	}
+	count := redisKit(redisURLFromEnv(t)).count
+	if n := count(t, s, org.prefix, requests, at/bucketMillis); n != 2 {
+		t.Fatalf("org charged %d, want the 2 admitted", n)
+	}
+	if n := count(t, s, k3.prefix, requests, at/bucketMillis); n != 0 {
+		t.Fatalf("the refused k3 was charged %d", n)
+	}
+}
+
+// Concurrent admissions through the coalescer each get their own decision:
+// under rpm 5, the five admitted read 0 to 4 requests, one each.
+func TestCoalescedAdmissionsEachReadTheCountsTheirTurnLeft(t *testing.T) {
+	s := newTestRedisStore(t, redisURLFromEnv(t))
+	at := pinnedBase() + 1000
+	org := newLimit("org", uniqueID(t), 5, 0)
+	var mu sync.Mutex
+	var seen []int64
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			chain := []limit{newLimit("key", fmt.Sprintf("%s-%d", org.id, i), 100, 0), org}
+			d, err := pinned(s, at).admit(context.Background(), chain)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if d.admitted {
+				mu.Lock()
+				seen = append(seen, d.counts[1].req.cur)
+				mu.Unlock()
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	slices.Sort(seen)
+	if !slices.Equal(seen, []int64{0, 1, 2, 3, 4}) {
+		t.Fatalf("the admitted read the org's count as %v, want 0 to 4 once each", seen)
+	}
+}
+
+func TestCallRefusesAChainWhoseCountersItHoldsUnderOtherCaps(t *testing.T) {
+	var c scriptCall
+	c.add([]limit{newLimit("key", "a", 5, 0), newLimit("org", "o", 10, 0)})
+	if c.add([]limit{newLimit("key", "b", 5, 0), newLimit("org", "o", 20, 0)}) {
+		t.Fatal("joined a call that holds the org's counters under rpm 10 with rpm 20")
+	}
+	if !c.add([]limit{newLimit("key", "b", 5, 0), newLimit("org", "o", 10, 0)}) {
+		t.Fatal("refused a chain with the same caps")
+	}
+	many := make([]limit, maxCallLimits)
+	for i := range many {
+		many[i] = newLimit("s", fmt.Sprint(i), 1, 0)
+	}
+	if c.add(many) {
+		t.Fatal("joined a call past 255 distinct limits")
+	}
+}
+
+// Concurrent token charges coalesce into calls that sum them per key: the org
+// holds every response's tokens exactly once, each key its own.
+func TestCoalescedTokenChargesAddUpExactly(t *testing.T) {
+	url := redisURLFromEnv(t)
+	s := newTestRedisStore(t, url)
+	at := pinnedBase() + 1000
+	org := newLimit("org", uniqueID(t), 0, 1<<40)
+	keys := make([]limit, 50)
+	var wg sync.WaitGroup
+	for i := range keys {
+		keys[i] = newLimit("key", fmt.Sprintf("%s-%d", org.id, i), 0, 1<<40)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := pinned(s, at).recordTokens(context.Background(), []limit{keys[i], org}, int64(i+1)); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	count := redisKit(url).count
+	if n := count(t, s, org.prefix, tokens, at/bucketMillis); n != 50*51/2 {
+		t.Fatalf("org holds %d tokens, want %d", n, 50*51/2)
+	}
+	for i, k := range keys {
+		if n := count(t, s, k.prefix, tokens, at/bucketMillis); n != int64(i+1) {
+			t.Fatalf("key %d holds %d tokens, want %d", i, n, i+1)
+		}
+	}
+}
+
+// A call of many admissions decides each exactly as it would have been
+// decided alone, one call after another: the same answers, each reading the
+// same counts, and the same counters after. Twin limits (the same caps under
+// other ids) get the same history, then the same admissions, batched on one
+// side and one by one on the other; caps, histories and chains are random,
+// with windows, token windows and buckets.
+func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
+	s := newTestRedisStore(t, redisURLFromEnv(t))
+	ctx := context.Background()
+	for trial := range 40 {
+		rng := rand.New(rand.NewPCG(uint64(trial), 8))
+		base := pinnedBase()
+		at := base + 1000 + rng.Int64N(58000)
+		id := uniqueID(t)
+		var sideA, sideB []limit
+		for i := range 5 {
+			lc := LimitConfig{Scope: fmt.Sprint("s", i)}
+			if rng.IntN(10) < 7 {
+				lc.RPM = 1 + rng.Int64N(6)
+			}
+			if rng.IntN(2) == 0 {
+				lc.TPM = 20 + rng.Int64N(180)
+			}
+			if rng.IntN(10) < 4 {
+				lc.Rate = json.Number([]string{"0.5", "1", "2.5"}[rng.IntN(3)])
+				lc.Burst = 1 + rng.Int64N(4)
+				lc.Cost = 1 + rng.Int64N(lc.Burst)
+			}
+			if lc.RPM == 0 && lc.TPM == 0 && lc.Rate == "" {
+				lc.RPM = 3
+			}
+			caps, err := lc.caps()
+			if err != nil {
+				t.Fatal(err)
+			}
+			sideA = append(sideA, newTaggedLimit("", lc.Scope, id+"a", caps))
+			sideB = append(sideB, newTaggedLimit("", lc.Scope, id+"b", caps))
+		}
+		// chain picks 1 to 3 of the limits, in order, on both sides.
+		chain := func() (a, b []limit) {
+			for i := range sideA {
+				if rng.IntN(5) < 2 {
+					a, b = append(a, sideA[i]), append(b, sideB[i])
+				}
+			}
+			if len(a) == 0 {
+				i := rng.IntN(len(sideA))
+				a, b = []limit{sideA[i]}, []limit{sideB[i]}
+			}
+			return a, b
+		}
+		// The same history on both sides: admissions and token charges in
+		// the previous minute, then in this one before at.
+		for _, when := range []int64{base - 60000 + rng.Int64N(60000), base + rng.Int64N(at-base)} {
+			for range rng.IntN(8) {
+				a, b := chain()
+				for _, c := range [][]limit{a, b} {
+					if _, err := pinned(s, when).admit(ctx, c); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			for range rng.IntN(4) {
+				a, b := chain()
+				tokens := 10 + rng.Int64N(140)
+				for _, c := range [][]limit{a, b} {
+					if err := pinned(s, when).recordTokens(ctx, c, tokens); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+		}
+		var batch scriptCall
+		var alone [][]limit
+		for range 1 + rng.IntN(12) {
+			a, b := chain()
+			if !batch.add(a) {
+				t.Fatal("a chain was refused by the call")
+			}
+			alone = append(alone, b)
+		}
+		batched, _, err := pinned(s, at).call(ctx, &batch, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for m, c := range alone {
+			d, err := pinned(s, at).run(ctx, c, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, want := describeDecision(batched[m]), describeDecision(d); got != want {
+				t.Fatalf("trial %d, admission %d of %d: batched %s, alone %s", trial, m, len(alone), got, want)
+			}
+		}
+		for i := range sideA { // what each side holds after
+			da, errA := pinned(s, at).peek(ctx, sideA[i:i+1])
+			db, errB := pinned(s, at).peek(ctx, sideB[i:i+1])
+			if errA != nil || errB != nil {
+				t.Fatal(errA, errB)
+			}
+			if got, want := describeDecision(da), describeDecision(db); got != want {
+				t.Fatalf("trial %d, limit %d after: batched side %s, one-by-one side %s", trial, i, got, want)
+			}
+		}
+	}
+}
+
+func describeDecision(d decision) string {
+	return fmt.Sprintf("admitted=%v counts=%+v", d.admitted, d.counts)
+}
