@@ -112,156 +112,152 @@ func headerDuration(t *testing.T, res *http.Response, name string) time.Duration
 }
 
 func TestAdminLiveViewAgreesWithTheHeadersOfTheLastAdmittedRequest(t *testing.T) {
-	up := newUpstream(t) // every response reports 7 tokens
-	org := uniqueID(t)
-	gw := startGateway(t, up.URL, fmt.Sprintf(`
-	rolter_ratelimit {
-		%s
-		scope key {http.request.header.Authorization}
-		scope org {http.request.header.X-Org} readable
-		limit key * rpm 50 tpm 100000
-		limit org * rpm 10 tpm 1000
-	}
-	reverse_proxy {upstream}`, redisLine(t)))
-	query := "scope=org&id=" + org
-	tokensCharged := func(n float64) func(UsageView) bool {
-		return func(v UsageView) bool {
-			return len(v.Limits) == 1 && v.Limits[0].TPM != nil && v.Limits[0].TPM.Estimate >= n
+	eachStore(t, func(t *testing.T, store string) {
+		up := newUpstream(t) // every response reports 7 tokens
+		org := uniqueID(t)
+		gw := startGateway(t, up.URL, limited(store, `
+			scope key {http.request.header.Authorization}
+			scope org {http.request.header.X-Org} readable
+			limit key * rpm 50 tpm 100000
+			limit org * rpm 10 tpm 1000`))
+		query := "scope=org&id=" + org
+		tokensCharged := func(n float64) func(UsageView) bool {
+			return func(v UsageView) bool {
+				return len(v.Limits) == 1 && v.Limits[0].TPM != nil && v.Limits[0].TPM.Estimate >= n
+			}
 		}
-	}
-	send := func() *http.Response {
-		res, body := gw.do(t, "Authorization: Bearer sk-"+org, "X-Org: "+org)
-		if res.StatusCode != 200 {
-			t.Fatalf("%d %s", res.StatusCode, body)
+		send := func() *http.Response {
+			res, body := gw.do(t, "Authorization: Bearer sk-"+org, "X-Org: "+org)
+			if res.StatusCode != 200 {
+				t.Fatalf("%d %s", res.StatusCode, body)
+			}
+			return res
 		}
-		return res
-	}
-	clearOfMinuteEnd(t, 10*time.Second)
-	start := time.Now()
-	send()
-	send()
-	// The third request's token headers must see both earlier charges.
-	waitLiveView(t, query, tokensCharged(14))
-	sent := time.Now()
-	last := send()
-	v := waitLiveView(t, query, tokensCharged(21))
-	elapsed := time.Since(sent)
-	if time.Now().Truncate(time.Minute) != start.Truncate(time.Minute) {
-		t.Logf("a minute boundary passed during the test; the relations below still hold within %v of it", 2*time.Second)
-	}
+		clearOfMinuteEnd(t, 10*time.Second)
+		start := time.Now()
+		send()
+		send()
+		// The third request's token headers must see both earlier charges.
+		waitLiveView(t, query, tokensCharged(14))
+		sent := time.Now()
+		last := send()
+		v := waitLiveView(t, query, tokensCharged(21))
+		elapsed := time.Since(sent)
+		if time.Now().Truncate(time.Minute) != start.Truncate(time.Minute) {
+			t.Logf("a minute boundary passed during the test; the relations below still hold within %v of it", 2*time.Second)
+		}
 
-	e := v.Limits[0]
-	if v.Scope != "org" || v.ID != org || e.Store != "redis" || e.Source != "default" || e.Handlers != 1 || !e.Admits ||
-		!slices.EqualFunc(e.Chains, [][]string{{"key", "org"}}, slices.Equal) {
-		t.Fatalf("view %+v, entry %+v", v, e)
-	}
-	if e.Redis != strings.TrimPrefix(redisLine(t), "redis ") {
-		t.Errorf("redis %q, want the store's address %q", e.Redis, strings.TrimPrefix(redisLine(t), "redis "))
-	}
-
-	// Requests. The header of an admitted request counts that request,
-	// which the store holds by now: the view, which counts no hypothetical
-	// request, shows the same remaining (not one more, not one less).
-	if got := headerInt(t, last, "X-Ratelimit-Limit-Requests"); e.RPM.Limit != got || got != 10 {
-		t.Errorf("rpm limit: view %d, header %d, want 10 (the org is the tightest)", e.RPM.Limit, got)
-	}
-	if got := headerInt(t, last, "X-Ratelimit-Remaining-Requests"); e.RPM.Remaining != got || got != 7 {
-		t.Errorf("remaining requests: view %d, header %d, want both 7: the header counts the admitted request, which the view sees charged", e.RPM.Remaining, got)
-	}
-	if e.RPM.Estimate != 3 || e.RPM.Remaining != e.RPM.Limit-int64(e.RPM.Estimate) {
-		t.Errorf("rpm estimate %v, remaining %d: want 3 requests in this minute and remaining = limit - estimate", e.RPM.Estimate, e.RPM.Remaining)
-	}
-
-	// Tokens. The header is written before the response's own tokens are
-	// charged, so the view is lower by exactly those 7 tokens.
-	if got := headerInt(t, last, "X-Ratelimit-Limit-Tokens"); e.TPM.Limit != got || got != 1000 {
-		t.Errorf("tpm limit: view %d, header %d, want 1000", e.TPM.Limit, got)
-	}
-	if got := headerInt(t, last, "X-Ratelimit-Remaining-Tokens"); got != 986 || e.TPM.Remaining != got-7 {
-		t.Errorf("remaining tokens: view %d, header %d: want header 1000-14 and view = header - the last response's 7 tokens", e.TPM.Remaining, got)
-	}
-	if e.TPM.Estimate != 21 {
-		t.Errorf("tpm estimate %v, want 21", e.TPM.Estimate)
-	}
-
-	// Resets: both count down from the same end (the end of the next minute),
-	// so the header's reset exceeds the view's by the time between the
-	// admission and the view's reading, at most what the test measured (plus
-	// a millisecond for the store clock's truncation).
-	for _, c := range []struct {
-		kind   string
-		header string
-		view   *UsageCounter
-	}{{"requests", "X-Ratelimit-Reset-Requests", e.RPM}, {"tokens", "X-Ratelimit-Reset-Tokens", e.TPM}} {
-		h := headerDuration(t, last, c.header)
-		r, err := time.ParseDuration(c.view.Reset)
-		if err != nil || r != time.Duration(c.view.ResetMillis)*time.Millisecond {
-			t.Errorf("%s reset %q does not match reset_ms %d", c.kind, c.view.Reset, c.view.ResetMillis)
+		e := v.Limits[0]
+		if v.Scope != "org" || v.ID != org || e.Store != storeKind(store) || e.Source != "default" || e.Handlers != 1 || !e.Admits ||
+			!slices.EqualFunc(e.Chains, [][]string{{"key", "org"}}, slices.Equal) {
+			t.Fatalf("view %+v, entry %+v", v, e)
 		}
-		if d := h - r; d < 0 || d > elapsed+time.Millisecond {
-			t.Errorf("%s reset: header %v, view %v: the difference %v is not within the %v between the admission and the view", c.kind, h, r, d, elapsed)
+		if e.Redis != strings.TrimPrefix(store, "redis ") {
+			t.Errorf("redis %q, want the store's address %q", e.Redis, strings.TrimPrefix(store, "redis "))
 		}
-		if r <= time.Minute || r > 2*time.Minute {
-			t.Errorf("%s reset %v: want the time until the end of the next minute", c.kind, r)
+
+		// Requests. The header of an admitted request counts that request,
+		// which the store holds by now: the view, which counts no hypothetical
+		// request, shows the same remaining (not one more, not one less).
+		if got := headerInt(t, last, "X-Ratelimit-Limit-Requests"); e.RPM.Limit != got || got != 10 {
+			t.Errorf("rpm limit: view %d, header %d, want 10 (the org is the tightest)", e.RPM.Limit, got)
 		}
-	}
+		if got := headerInt(t, last, "X-Ratelimit-Remaining-Requests"); e.RPM.Remaining != got || got != 7 {
+			t.Errorf("remaining requests: view %d, header %d, want both 7: the header counts the admitted request, which the view sees charged", e.RPM.Remaining, got)
+		}
+		if e.RPM.Estimate != 3 || e.RPM.Remaining != e.RPM.Limit-int64(e.RPM.Estimate) {
+			t.Errorf("rpm estimate %v, remaining %d: want 3 requests in this minute and remaining = limit - estimate", e.RPM.Estimate, e.RPM.Remaining)
+		}
+
+		// Tokens. The header is written before the response's own tokens are
+		// charged, so the view is lower by exactly those 7 tokens.
+		if got := headerInt(t, last, "X-Ratelimit-Limit-Tokens"); e.TPM.Limit != got || got != 1000 {
+			t.Errorf("tpm limit: view %d, header %d, want 1000", e.TPM.Limit, got)
+		}
+		if got := headerInt(t, last, "X-Ratelimit-Remaining-Tokens"); got != 986 || e.TPM.Remaining != got-7 {
+			t.Errorf("remaining tokens: view %d, header %d: want header 1000-14 and view = header - the last response's 7 tokens", e.TPM.Remaining, got)
+		}
+		if e.TPM.Estimate != 21 {
+			t.Errorf("tpm estimate %v, want 21", e.TPM.Estimate)
+		}
+
+		// Resets: both count down from the same end (the end of the next minute),
+		// so the header's reset exceeds the view's by the time between the
+		// admission and the view's reading, at most what the test measured (plus
+		// a millisecond for the store clock's truncation).
+		for _, c := range []struct {
+			kind   string
+			header string
+			view   *UsageCounter
+		}{{"requests", "X-Ratelimit-Reset-Requests", e.RPM}, {"tokens", "X-Ratelimit-Reset-Tokens", e.TPM}} {
+			h := headerDuration(t, last, c.header)
+			r, err := time.ParseDuration(c.view.Reset)
+			if err != nil || r != time.Duration(c.view.ResetMillis)*time.Millisecond {
+				t.Errorf("%s reset %q does not match reset_ms %d", c.kind, c.view.Reset, c.view.ResetMillis)
+			}
+			if d := h - r; d < 0 || d > elapsed+time.Millisecond {
+				t.Errorf("%s reset: header %v, view %v: the difference %v is not within the %v between the admission and the view", c.kind, h, r, d, elapsed)
+			}
+			if r <= time.Minute || r > 2*time.Minute {
+				t.Errorf("%s reset %v: want the time until the end of the next minute", c.kind, r)
+			}
+		}
+	})
 }
 
 func TestAdminLiveViewDigestsAKeyIDAndNeverEchoesIt(t *testing.T) {
-	up := newUpstream(t)
-	secret := "sk-live-" + uniqueID(t) + "-SECRET"
-	raw := "Bearer " + secret
-	gw := startGateway(t, up.URL, fmt.Sprintf(`
-	rolter_ratelimit {
-		%s
-		scope key {http.request.header.Authorization}
-		scope team "{http.request.header.X-Team}"
-		limit key * rpm 5
-		limit team * rpm 9
-	}
-	reverse_proxy {upstream}`, redisLine(t)))
-	team := "team " + uniqueID(t) + " with spaces"
-	for range 2 {
-		if res, body := gw.do(t, "Authorization: "+raw, "X-Team: "+team); res.StatusCode != 200 {
-			t.Fatalf("%d %s", res.StatusCode, body)
+	eachStore(t, func(t *testing.T, store string) {
+		up := newUpstream(t)
+		secret := "sk-live-" + uniqueID(t) + "-SECRET"
+		raw := "Bearer " + secret
+		gw := startGateway(t, up.URL, limited(store, `
+			scope key {http.request.header.Authorization}
+			scope team "{http.request.header.X-Team}"
+			limit key * rpm 5
+			limit team * rpm 9`))
+		team := "team " + uniqueID(t) + " with spaces"
+		for range 2 {
+			if res, body := gw.do(t, "Authorization: "+raw, "X-Team: "+team); res.StatusCode != 200 {
+				t.Fatalf("%d %s", res.StatusCode, body)
+			}
 		}
-	}
-	digest := keyID(false, raw)
-	v, body := getLiveView(t, "scope=key&id="+url.QueryEscape(raw))
-	for _, s := range []string{secret, "SECRET", "Bearer", "sk-live"} {
-		if strings.Contains(string(body), s) {
-			t.Fatalf("the answer repeats the raw key (%q): %s", s, body)
+		digest := keyID(false, raw)
+		v, body := getLiveView(t, "scope=key&id="+url.QueryEscape(raw))
+		for _, s := range []string{secret, "SECRET", "Bearer", "sk-live"} {
+			if strings.Contains(string(body), s) {
+				t.Fatalf("the answer repeats the raw key (%q): %s", s, body)
+			}
 		}
-	}
-	if v.ID != digest || !digestRE.MatchString(v.ID) {
-		t.Fatalf("id %q, want the digest %q", v.ID, digest)
-	}
-	if len(v.Limits) != 1 || v.Limits[0].RPM == nil || v.Limits[0].RPM.Estimate != 2 || v.Limits[0].RPM.Remaining != 3 || v.Limits[0].TPM != nil {
-		t.Fatalf("limits %s: want the key's 2 requests of 5 and no tpm", body)
-	}
-
-	// The digest (as logs, metrics and Redis keys show it) asks for the same
-	// counters without the key ever being sent.
-	byDigest, _ := getLiveView(t, "scope=key&digest="+url.QueryEscape(digest))
-	if byDigest.ID != digest || len(byDigest.Limits) != 1 || byDigest.Limits[0].RPM.Estimate != 2 {
-		t.Fatalf("by digest: %+v", byDigest)
-	}
-
-	// Outside the key scope, an id that is not a short plain token is
-	// digested too, as in the store's keys.
-	v, body = getLiveView(t, "scope=team&id="+url.QueryEscape(team))
-	if v.ID != keyID(false, team) || !digestRE.MatchString(v.ID) || strings.Contains(string(body), "with spaces") ||
-		len(v.Limits) != 1 || v.Limits[0].RPM.Estimate != 2 {
-		t.Fatalf("team view %s: want the digest %q and the team's 2 requests", body, keyID(false, team))
-	}
-
-	// Errors never repeat the id either.
-	for _, q := range []string{"scope=nosuch&id=", "scope=key&digest=" + url.QueryEscape(raw) + "&id="} {
-		res, body := liveView(t, http.MethodGet, q+url.QueryEscape(raw))
-		if res.StatusCode != http.StatusBadRequest || strings.Contains(string(body), "SECRET") {
-			t.Fatalf("%s: %d %s", q, res.StatusCode, body)
+		if v.ID != digest || !digestRE.MatchString(v.ID) {
+			t.Fatalf("id %q, want the digest %q", v.ID, digest)
 		}
-	}
+		if len(v.Limits) != 1 || v.Limits[0].RPM == nil || v.Limits[0].RPM.Estimate != 2 || v.Limits[0].RPM.Remaining != 3 || v.Limits[0].TPM != nil {
+			t.Fatalf("limits %s: want the key's 2 requests of 5 and no tpm", body)
+		}
+
+		// The digest (as logs, metrics and Redis keys show it) asks for the same
+		// counters without the key ever being sent.
+		byDigest, _ := getLiveView(t, "scope=key&digest="+url.QueryEscape(digest))
+		if byDigest.ID != digest || len(byDigest.Limits) != 1 || byDigest.Limits[0].RPM.Estimate != 2 {
+			t.Fatalf("by digest: %+v", byDigest)
+		}
+
+		// Outside the key scope, an id that is not a short plain token is
+		// digested too, as in the store's keys.
+		v, body = getLiveView(t, "scope=team&id="+url.QueryEscape(team))
+		if v.ID != keyID(false, team) || !digestRE.MatchString(v.ID) || strings.Contains(string(body), "with spaces") ||
+			len(v.Limits) != 1 || v.Limits[0].RPM.Estimate != 2 {
+			t.Fatalf("team view %s: want the digest %q and the team's 2 requests", body, keyID(false, team))
+		}
+
+		// Errors never repeat the id either.
+		for _, q := range []string{"scope=nosuch&id=", "scope=key&digest=" + url.QueryEscape(raw) + "&id="} {
+			res, body := liveView(t, http.MethodGet, q+url.QueryEscape(raw))
+			if res.StatusCode != http.StatusBadRequest || strings.Contains(string(body), "SECRET") {
+				t.Fatalf("%s: %d %s", q, res.StatusCode, body)
+			}
+		}
+	})
 }
 
 func TestAdminLiveViewListsEachHandlerWithDifferentCapsOnceAndItsStore(t *testing.T) {

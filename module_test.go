@@ -152,146 +152,135 @@ type openAIError struct {
 }
 
 func TestCaddyRefusesOverRPMWithOpenAIShaped429AndTheUpstreamNeverSeesIt(t *testing.T) {
-	up := newUpstream(t)
-	org := uniqueID(t)
-	gw := startGateway(t, up.URL, fmt.Sprintf(`
-	rolter_ratelimit {
-		%s
-		scope key {http.request.header.Authorization}
-		scope org {http.request.header.X-Org}
-		limit key * rpm 2
-		limit org * rpm 100 tpm 100000
-	}
-	reverse_proxy {upstream}`, redisLine(t)))
-	auth := "Authorization: Bearer sk-secret-" + org
-	for i := 0; i < 2; i++ {
-		if res, body := gw.do(t, auth, "X-Org: "+org); res.StatusCode != 200 {
-			t.Fatalf("request %d: %d %s", i+1, res.StatusCode, body)
+	eachStore(t, func(t *testing.T, store string) {
+		up := newUpstream(t)
+		org := uniqueID(t)
+		gw := startGateway(t, up.URL, limited(store, `
+			scope key {http.request.header.Authorization}
+			scope org {http.request.header.X-Org}
+			limit key * rpm 2
+			limit org * rpm 100 tpm 100000`))
+		auth := "Authorization: Bearer sk-secret-" + org
+		for i := 0; i < 2; i++ {
+			if res, body := gw.do(t, auth, "X-Org: "+org); res.StatusCode != 200 {
+				t.Fatalf("request %d: %d %s", i+1, res.StatusCode, body)
+			}
 		}
-	}
-	res, body := gw.do(t, auth, "X-Org: "+org)
-	if res.StatusCode != http.StatusTooManyRequests {
-		t.Fatalf("third request: %d, want 429", res.StatusCode)
-	}
-	if up.hits.Load() != 2 {
-		t.Fatalf("upstream saw %d requests, want 2: the refused one must not reach it", up.hits.Load())
-	}
-	if ct := res.Header.Get("Content-Type"); ct != "application/json" {
-		t.Fatalf("Content-Type %q", ct)
-	}
-	var e openAIError
-	if err := json.Unmarshal([]byte(body), &e); err != nil {
-		t.Fatalf("body %q: %v", body, err)
-	}
-	if e.Error.Type != "requests" || e.Error.Code != "rate_limit_exceeded" || e.Error.Param != nil || !strings.Contains(body, `"param":null`) {
-		t.Fatalf("error body %s", body)
-	}
-	if !strings.Contains(e.Error.Message, "key") || !strings.Contains(e.Error.Message, "2") || strings.Contains(body, "sk-secret") {
-		t.Fatalf("message %q must name the scope and the cap, never the id", e.Error.Message)
-	}
-	ra, err := strconv.Atoi(res.Header.Get("Retry-After"))
-	if err != nil || ra < 1 || ra > 120 {
-		t.Fatalf("Retry-After %q", res.Header.Get("Retry-After"))
-	}
-	ms, err := strconv.Atoi(res.Header.Get("Retry-After-Ms"))
-	if err != nil || (ms+999)/1000 != ra {
-		t.Fatalf("retry-after-ms %q does not round up to Retry-After %d", res.Header.Get("Retry-After-Ms"), ra)
-	}
-	if got := res.Header.Get("X-Ratelimit-Remaining-Requests"); got != "0" {
-		t.Fatalf("x-ratelimit-remaining-requests on the refusal: %q", got)
-	}
+		res, body := gw.do(t, auth, "X-Org: "+org)
+		if res.StatusCode != http.StatusTooManyRequests {
+			t.Fatalf("third request: %d, want 429", res.StatusCode)
+		}
+		if up.hits.Load() != 2 {
+			t.Fatalf("upstream saw %d requests, want 2: the refused one must not reach it", up.hits.Load())
+		}
+		if ct := res.Header.Get("Content-Type"); ct != "application/json" {
+			t.Fatalf("Content-Type %q", ct)
+		}
+		var e openAIError
+		if err := json.Unmarshal([]byte(body), &e); err != nil {
+			t.Fatalf("body %q: %v", body, err)
+		}
+		if e.Error.Type != "requests" || e.Error.Code != "rate_limit_exceeded" || e.Error.Param != nil || !strings.Contains(body, `"param":null`) {
+			t.Fatalf("error body %s", body)
+		}
+		if !strings.Contains(e.Error.Message, "key") || !strings.Contains(e.Error.Message, "2") || strings.Contains(body, "sk-secret") {
+			t.Fatalf("message %q must name the scope and the cap, never the id", e.Error.Message)
+		}
+		ra, err := strconv.Atoi(res.Header.Get("Retry-After"))
+		if err != nil || ra < 1 || ra > 120 {
+			t.Fatalf("Retry-After %q", res.Header.Get("Retry-After"))
+		}
+		ms, err := strconv.Atoi(res.Header.Get("Retry-After-Ms"))
+		if err != nil || (ms+999)/1000 != ra {
+			t.Fatalf("retry-after-ms %q does not round up to Retry-After %d", res.Header.Get("Retry-After-Ms"), ra)
+		}
+		if got := res.Header.Get("X-Ratelimit-Remaining-Requests"); got != "0" {
+			t.Fatalf("x-ratelimit-remaining-requests on the refusal: %q", got)
+		}
+	})
 }
 
 func TestAdmittedResponsesCarryTheTightestLimitsHeadersInPlaceOfTheUpstreams(t *testing.T) {
-	up := newUpstream(t)
-	org := uniqueID(t)
-	gw := startGateway(t, up.URL, fmt.Sprintf(`
-	rolter_ratelimit {
-		%s
-		scope key {http.request.header.Authorization}
-		scope org {http.request.header.X-Org}
-		limit key * rpm 50
-		limit org * rpm 10 tpm 5000
-	}
-	reverse_proxy {upstream}`, redisLine(t)))
-	res, body := gw.do(t, "Authorization: Bearer sk-"+org, "X-Org: "+org)
-	if res.StatusCode != 200 || !strings.Contains(body, "chat.completion") {
-		t.Fatalf("%d %s", res.StatusCode, body)
-	}
-	want := map[string]string{
-		"X-Ratelimit-Limit-Requests":     "10", // the org has the least remaining
-		"X-Ratelimit-Remaining-Requests": "9",
-		"X-Ratelimit-Limit-Tokens":       "5000",
-		"X-Ratelimit-Remaining-Tokens":   "5000",
-		"X-Ratelimit-Reset-Tokens":       "0s",
-	}
-	for name, v := range want {
-		if got := res.Header.Values(name); len(got) != 1 || got[0] != v {
-			t.Errorf("%s: %q, want exactly %q", name, got, v)
+	eachStore(t, func(t *testing.T, store string) {
+		up := newUpstream(t)
+		org := uniqueID(t)
+		gw := startGateway(t, up.URL, limited(store, `
+			scope key {http.request.header.Authorization}
+			scope org {http.request.header.X-Org}
+			limit key * rpm 50
+			limit org * rpm 10 tpm 5000`))
+		res, body := gw.do(t, "Authorization: Bearer sk-"+org, "X-Org: "+org)
+		if res.StatusCode != 200 || !strings.Contains(body, "chat.completion") {
+			t.Fatalf("%d %s", res.StatusCode, body)
 		}
-	}
-	reset, err := time.ParseDuration(res.Header.Get("X-Ratelimit-Reset-Requests"))
-	if err != nil || reset <= time.Minute || reset > 2*time.Minute {
-		t.Errorf("x-ratelimit-reset-requests %q: want the time until the end of the next minute", res.Header.Get("X-Ratelimit-Reset-Requests"))
-	}
+		want := map[string]string{
+			"X-Ratelimit-Limit-Requests":     "10", // the org has the least remaining
+			"X-Ratelimit-Remaining-Requests": "9",
+			"X-Ratelimit-Limit-Tokens":       "5000",
+			"X-Ratelimit-Remaining-Tokens":   "5000",
+			"X-Ratelimit-Reset-Tokens":       "0s",
+		}
+		for name, v := range want {
+			if got := res.Header.Values(name); len(got) != 1 || got[0] != v {
+				t.Errorf("%s: %q, want exactly %q", name, got, v)
+			}
+		}
+		reset, err := time.ParseDuration(res.Header.Get("X-Ratelimit-Reset-Requests"))
+		if err != nil || reset <= time.Minute || reset > 2*time.Minute {
+			t.Errorf("x-ratelimit-reset-requests %q: want the time until the end of the next minute", res.Header.Get("X-Ratelimit-Reset-Requests"))
+		}
+	})
 }
 
 func TestIETFHeadersDescribeThePolicyAndItsState(t *testing.T) {
-	up := newUpstream(t)
-	org := uniqueID(t)
-	gw := startGateway(t, up.URL, fmt.Sprintf(`
-	rolter_ratelimit {
-		%s
-		scope org {http.request.header.X-Org}
-		limit org * rpm 10 tpm 5000
-		headers ietf
-	}
-	reverse_proxy {upstream}`, redisLine(t)))
-	res, _ := gw.do(t, "X-Org: "+org)
-	if got := res.Header.Get("RateLimit-Policy"); got != `"requests";q=10;w=60, "tokens";q=5000;w=60` {
-		t.Errorf("RateLimit-Policy %q", got)
-	}
-	if got := res.Header.Get("RateLimit"); !strings.HasPrefix(got, `"requests";r=9;t=`) || !strings.HasSuffix(got, `"tokens";r=5000;t=0`) {
-		t.Errorf("RateLimit %q", got)
-	}
-	if got := res.Header.Values("X-Ratelimit-Limit-Requests"); len(got) != 1 || got[0] != "99999" {
-		t.Errorf("the upstream's own x-ratelimit headers are not ours to touch with headers ietf: %q", got)
-	}
+	eachStore(t, func(t *testing.T, store string) {
+		up := newUpstream(t)
+		org := uniqueID(t)
+		gw := startGateway(t, up.URL, limited(store, `
+			scope org {http.request.header.X-Org}
+			limit org * rpm 10 tpm 5000
+			headers ietf`))
+		res, _ := gw.do(t, "X-Org: "+org)
+		if got := res.Header.Get("RateLimit-Policy"); got != `"requests";q=10;w=60, "tokens";q=5000;w=60` {
+			t.Errorf("RateLimit-Policy %q", got)
+		}
+		if got := res.Header.Get("RateLimit"); !strings.HasPrefix(got, `"requests";r=9;t=`) || !strings.HasSuffix(got, `"tokens";r=5000;t=0`) {
+			t.Errorf("RateLimit %q", got)
+		}
+		if got := res.Header.Values("X-Ratelimit-Limit-Requests"); len(got) != 1 || got[0] != "99999" {
+			t.Errorf("the upstream's own x-ratelimit headers are not ours to touch with headers ietf: %q", got)
+		}
+	})
 }
 
 func TestOnRefusalErrorHandsThe429ToHandleErrorsWithPlaceholders(t *testing.T) {
-	up := newUpstream(t)
-	org := uniqueID(t)
-	gw := startGateway(t, up.URL, fmt.Sprintf(`
-	rolter_ratelimit {
-		%s
-		scope org {http.request.header.X-Org}
-		limit org * rpm 1
-		on_refusal error
-	}
-	reverse_proxy {upstream}
-	handle_errors {
-		respond "refused by {http.rolter_ratelimit.refused_scope} on {http.rolter_ratelimit.refused_kind}, cap {http.rolter_ratelimit.refused_limit}, retry in {http.rolter_ratelimit.retry_after}s" {err.status_code}
-	}`, redisLine(t)))
-	gw.do(t, "X-Org: "+org)
-	res, body := gw.do(t, "X-Org: "+org)
-	if res.StatusCode != 429 || !strings.HasPrefix(body, "refused by org on requests, cap 1, retry in ") {
-		t.Fatalf("%d %q", res.StatusCode, body)
-	}
-	if res.Header.Get("Retry-After") == "" {
-		t.Error("Retry-After missing from the handle_errors answer")
-	}
+	eachStore(t, func(t *testing.T, store string) {
+		up := newUpstream(t)
+		org := uniqueID(t)
+		gw := startGateway(t, up.URL, limited(store, `
+			scope org {http.request.header.X-Org}
+			limit org * rpm 1
+			on_refusal error`, `
+		handle_errors {
+			respond "refused by {http.rolter_ratelimit.refused_scope} on {http.rolter_ratelimit.refused_kind}, cap {http.rolter_ratelimit.refused_limit}, retry in {http.rolter_ratelimit.retry_after}s" {err.status_code}
+		}`))
+		gw.do(t, "X-Org: "+org)
+		res, body := gw.do(t, "X-Org: "+org)
+		if res.StatusCode != 429 || !strings.HasPrefix(body, "refused by org on requests, cap 1, retry in ") {
+			t.Fatalf("%d %q", res.StatusCode, body)
+		}
+		if res.Header.Get("Retry-After") == "" {
+			t.Error("Retry-After missing from the handle_errors answer")
+		}
+	})
 }
 
 func TestInProcessStoreEnforcesWithoutRedis(t *testing.T) {
 	up := newUpstream(t)
 	key := uniqueID(t)
-	gw := startGateway(t, up.URL, `
-	rolter_ratelimit {
+	gw := startGateway(t, up.URL, limited("", `
 		scope key {http.request.header.Authorization}
-		limit key * rpm 3
-	}
-	reverse_proxy {upstream}`)
+		limit key * rpm 3`))
 	statuses := make([]int, 5)
 	for i := range statuses {
 		res, _ := gw.do(t, "Authorization: Bearer "+key)
@@ -366,11 +355,38 @@ func TestRedisOutageFailsOpenByDefaultAndClosedWithDenyThenEnforcementResumes(t 
 	}
 }
 
-// eachStore runs test on the in-process store (storeLine "") and, when the
-// tests have a Redis, on Redis (storeLine its redis line).
-func eachStore(t *testing.T, test func(t *testing.T, storeLine string)) {
+// eachStore runs test on the in-process store (store "") and, when the
+// tests have a Redis, on Redis (store its redis line), as the store
+// conformance suite does: the HTTP contract holds on both.
+func eachStore(t *testing.T, test func(t *testing.T, store string)) {
 	t.Run("memory", func(t *testing.T) { test(t, "") })
 	t.Run("redis", func(t *testing.T) { test(t, redisLine(t)) })
+}
+
+// storeKind is the live view's name of the store of a store line.
+func storeKind(store string) string {
+	if store == "" {
+		return "memory"
+	}
+	return "redis"
+}
+
+// limited is the routes of a test site: a rolter_ratelimit block on store
+// (a redis line, or "" for the in-process store) holding lines, the reverse
+// proxy to the test upstream, then the site's other directives.
+func limited(store, lines string, after ...string) string {
+	var b strings.Builder
+	b.WriteString("\trolter_ratelimit {\n")
+	for l := range strings.Lines(store + "\n" + lines) {
+		if l = strings.TrimSpace(l); l != "" {
+			b.WriteString("\t\t" + l + "\n")
+		}
+	}
+	b.WriteString("\t}\n\treverse_proxy {upstream}\n")
+	for _, a := range after {
+		b.WriteString(a + "\n")
+	}
+	return b.String()
 }
 
 // Secrets are kept by what a scope holds, not by its name: a scope called
@@ -600,32 +616,30 @@ func TestInProcessCountersSurviveAConfigReload(t *testing.T) {
 }
 
 func TestChangedLimitTakesEffectOnTheFirstRequestAfterTheReload(t *testing.T) {
-	up := newUpstream(t)
-	org := uniqueID(t)
-	port := freePort()
-	site := func(rpm int) string {
-		return fmt.Sprintf(`
-	rolter_ratelimit {
-		%s
-		scope org {http.request.header.X-Org}
-		limit org * rpm %d
-	}
-	reverse_proxy {upstream}`, redisLine(t), rpm)
-	}
-	gw := startGatewayWith(t, up.URL, "", site(1), port)
-	gw.do(t, "X-Org: "+org)
-	if res, _ := gw.do(t, "X-Org: "+org); res.StatusCode != 429 {
-		t.Fatalf("second request under rpm 1: %d", res.StatusCode)
-	}
-	gw = startGatewayWith(t, up.URL, "", site(3), port)
-	res, _ := gw.do(t, "X-Org: "+org)
-	if res.StatusCode != 200 || res.Header.Get("X-Ratelimit-Limit-Requests") != "3" {
-		t.Fatalf("first request after raising rpm to 3: %d, limit %q", res.StatusCode, res.Header.Get("X-Ratelimit-Limit-Requests"))
-	}
-	gw = startGatewayWith(t, up.URL, "", site(1), port)
-	if res, _ := gw.do(t, "X-Org: "+org); res.StatusCode != 429 {
-		t.Fatalf("first request after lowering rpm to 1 again: %d, want 429", res.StatusCode)
-	}
+	eachStore(t, func(t *testing.T, store string) {
+		up := newUpstream(t)
+		org := uniqueID(t)
+		port := freePort()
+		site := func(rpm int) string {
+			return limited(store, fmt.Sprintf(`
+				scope org {http.request.header.X-Org}
+				limit org * rpm %d`, rpm))
+		}
+		gw := startGatewayWith(t, up.URL, "", site(1), port)
+		gw.do(t, "X-Org: "+org)
+		if res, _ := gw.do(t, "X-Org: "+org); res.StatusCode != 429 {
+			t.Fatalf("second request under rpm 1: %d", res.StatusCode)
+		}
+		gw = startGatewayWith(t, up.URL, "", site(3), port)
+		res, _ := gw.do(t, "X-Org: "+org)
+		if res.StatusCode != 200 || res.Header.Get("X-Ratelimit-Limit-Requests") != "3" {
+			t.Fatalf("first request after raising rpm to 3: %d, limit %q", res.StatusCode, res.Header.Get("X-Ratelimit-Limit-Requests"))
+		}
+		gw = startGatewayWith(t, up.URL, "", site(1), port)
+		if res, _ := gw.do(t, "X-Org: "+org); res.StatusCode != 429 {
+			t.Fatalf("first request after lowering rpm to 1 again: %d, want 429", res.StatusCode)
+		}
+	})
 }
 
 // A scope whose value is one request header placeholder is read from the
