@@ -1,20 +1,5 @@
 package ratelimit
 
-// Token buckets, beside the per-minute windows (window.go): a bucket holds up
-// to burst tokens, refills at rate tokens per second from elapsed time (no
-// background job), and an admitted request takes cost tokens. This is the
-// contract of Spring Cloud Gateway's RedisRateLimiter, in exact integer
-// arithmetic.
-//
-// A bucket's state is its deficit, how far it is below full, in micro-tokens,
-// as of a moment in unix milliseconds. A rate is a decimal with at most three
-// places, so it is a whole number of milli-tokens per second, which is the
-// same number of micro-tokens per millisecond: the refill over d milliseconds
-// is d × rate micro-tokens, an integer. A missing bucket is full. The deficit
-// does not depend on the capacity, so a bucket read under another burst still
-// means the same thing. admit.lua does the same arithmetic with Lua's doubles,
-// exact below 2^53: with burst ≤ 10^9 every deficit is below 10^15.
-
 import (
 	"fmt"
 	"strconv"
@@ -30,7 +15,20 @@ const (
 	maxBurst     = 1_000_000_000
 )
 
-// tokenBucket is one limit's bucket; rate 0 is none.
+// tokenBucket is one limit's bucket; rate 0 is none. Beside the per-minute
+// windows (window.go), a bucket holds up to burst tokens, refills at rate
+// tokens per second from elapsed time (no background job), and an admitted
+// request takes cost tokens. This is the contract of Spring Cloud Gateway's
+// RedisRateLimiter, in exact integer arithmetic.
+//
+// A bucket's state is its deficit, how far it is below full, in micro-tokens,
+// as of a moment in unix milliseconds. A rate is a decimal with at most three
+// places, so it is a whole number of milli-tokens per second, which is the
+// same number of micro-tokens per millisecond: the refill over d milliseconds
+// is d × rate micro-tokens, an integer. A missing bucket is full. The deficit
+// does not depend on the capacity, so a bucket read under another burst still
+// means the same thing. admit.lua does the same arithmetic with Lua's doubles,
+// exact below 2^53: with burst ≤ 10^9 every deficit is below 10^15.
 type tokenBucket struct {
 	rate     int64  // milli-tokens per second, i.e. micro-tokens per millisecond
 	burst    int64  // capacity, in tokens

@@ -1,8 +1,3 @@
-// Package ratelimit is the Caddy HTTP handler rolter_ratelimit: it caps every
-// scope of a request (API key, project, team, org, …) to requests and tokens
-// per minute, with counters in Redis that every gateway replica shares, or in
-// this process when no Redis is configured. See ../shared/spec/rate-limiting.md
-// for the design and caddyfile.go for the Caddyfile syntax.
 package ratelimit
 
 import (
@@ -26,10 +21,33 @@ func init() {
 	caddy.RegisterModule(Handler{})
 }
 
-// Handler enforces requests-per-minute and tokens-per-minute caps over a
-// chain of scopes. A request is admitted only if every limit of its chain
-// fits, in one atomic step; a refused request gets a 429 that LLM client SDKs
-// understand and never reaches the next handler.
+// Handler enforces requests-per-minute and tokens-per-minute caps and token
+// buckets over a chain of scopes. A request is admitted only if every limit
+// of its chain fits, in one atomic step; a refused request gets a 429 that
+// LLM client SDKs understand and never reaches the next handler.
+//
+// Each request that a limit applies to (or whose required scope is empty,
+// or that is a WebSocket session the connection cap refuses) ends in one of
+// these outcomes:
+//
+//	admitted             passed on, with the rate-limit headers
+//	refused              by a limit: 429 (or Status), Retry-After
+//	refused_empty_scope  a required scope is empty: 403, before any store call
+//	failed_open          the store failed; passed on unchecked (on_redis_error allow)
+//	failed_closed        the store failed; 503 (on_redis_error deny)
+//	refused_connections  a WebSocket session over realtime max_connections: 503
+//
+// These placeholders are set for those requests, for logs and handle_errors:
+//
+//	{http.rolter_ratelimit.outcome}        the outcome above
+//	{http.rolter_ratelimit.refused_scope}  on a refusal: the first refusing scope's name,
+//	                                       or the required scope that is empty
+//	{http.rolter_ratelimit.refused_kind}   on a refusal by a limit: requests, tokens or burst
+//	{http.rolter_ratelimit.refused_limit}  on a refusal by a limit: its cap (a bucket's burst)
+//	{http.rolter_ratelimit.retry_after}    on a refusal by a limit: Retry-After, in seconds
+//
+// A request that no limit applies to passes through untouched, with no
+// placeholder set.
 type Handler struct {
 	// Redis is the shared store. Without it the counters live in this Caddy
 	// process (kept across config reloads), which suits a single machine.
@@ -37,7 +55,8 @@ type Handler struct {
 
 	// Scopes is the request's chain, innermost first by convention (key,
 	// project, team, org). Limits are checked in this order and the first
-	// refusal wins. A scope whose value resolves empty is not in the chain.
+	// refusal wins. A scope whose value resolves empty is not in the chain,
+	// unless it is Required.
 	Scopes []Scope `json:"scopes,omitempty"`
 
 	// Limits are the caps. An id with neither its own limit nor a "*" default

@@ -12,8 +12,8 @@ import (
 	"go.uber.org/zap"
 )
 
-// Placeholders set on every request the handler sees, for logs and
-// handle_errors.
+// The placeholders the Handler's doc lists, set on the requests a limit
+// applies to.
 const (
 	placeholderOutcome      = "http.rolter_ratelimit.outcome" // admitted, refused, refused_empty_scope, failed_open, failed_closed, refused_connections
 	placeholderRefusedScope = "http.rolter_ratelimit.refused_scope"

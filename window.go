@@ -1,17 +1,7 @@
 package ratelimit
 
-// The sliding-window counter of ../shared/spec/rate-limiting.md, in exact
-// integer arithmetic. Each counter has one bucket per minute; an estimate of
-// the trailing minute weights the previous bucket by the part of it that
-// still lies inside the window:
-//
-//	estimate = current + previous × (60 − seconds_into_current_bucket) / 60
-//
-// Time is in milliseconds, so every comparison is done on
-// estimate × bucketMillis, which is an integer: the Lua script (admit.lua)
-// makes the same comparisons with Lua's doubles, exact below 2^53, so both
-// stores decide identically, and Retry-After is the exact moment the script
-// would admit.
+// The sliding-window counter of the package doc, in exact integer
+// arithmetic; admit.lua makes the same comparisons.
 
 const (
 	// bucketMillis is the length of one bucket.

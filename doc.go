@@ -1,0 +1,93 @@
+// Package ratelimit is the Caddy HTTP handler rolter_ratelimit
+// (http.handlers.rolter_ratelimit) and its live view on the admin API
+// (admin.api.rolter_ratelimit). It caps every scope of a request (API key,
+// project, team, org, …) to requests and tokens per minute and to token
+// buckets, with counters in Redis that every gateway replica shares, or in
+// this process when no Redis is configured. The Caddyfile syntax is in
+// [Handler.UnmarshalCaddyfile]; the JSON config is [Handler].
+//
+// # The chain
+//
+// A request's scopes, resolved from placeholders, form its chain, innermost
+// first (key, project, team, org). Each scope id has the limits its scope
+// gives it (its own, or the scope's "*" default). A scope whose value is
+// empty is not in the chain, unless the scope is required: the request is
+// then refused with 403. Counters are named by scope and id only, so every
+// handler and every replica using the same store shares them.
+//
+// # The sliding window
+//
+// Each per-minute counter has one bucket per minute of the store's clock
+// (unix seconds / 60). The estimate of the trailing minute weights the
+// previous bucket by the part of it still inside the window:
+//
+//	estimate = current + previous × (60 − seconds into the current bucket) / 60
+//
+// Time is in milliseconds, and every comparison is made on estimate × 60000,
+// an integer: one more request fits while estimate + 1 ≤ rpm, tokens fit
+// while estimate < tpm. admit.lua makes the same comparisons with Lua's
+// doubles, exact below 2^53, so both stores decide identically, and a
+// refusal's Retry-After is the exact millisecond at which the store would
+// admit absent further traffic. The estimate can be off at bucket edges; the
+// guarantees below do not depend on it.
+//
+// Token buckets (Spring Cloud Gateway's contract) hold a deficit in
+// millionths of a token as of a moment, refilled from elapsed time at the
+// configured rate; their arithmetic is exact in the same way (see
+// tokenBucket).
+//
+// # One atomic admission
+//
+// A request is admitted only if every limit of its chain fits, and then
+// charged one request on every rpm and its cost on every bucket; a refused
+// request is charged nothing. On Redis the whole decision is one run of
+// admit.lua, which reads every counter, decides and increments before Redis
+// serves any other command: admission is exact under any concurrency and
+// across any number of replicas. Concurrent admissions of one process share
+// calls of the script, each decided in arrival order exactly as if it were
+// sent alone (scriptBatch). The in-process store makes the same decisions
+// under per-counter locks taken in one global order.
+//
+// On Redis Cluster every key of a chain carries the hash tag of the chain's
+// root (its outermost scope with a value), so that the script runs on one
+// shard.
+//
+// # Failures, and the one replay
+//
+// go-redis never retries behind the module's back. An admission whose
+// connection was found dead is replayed once, on a fresh connection, within
+// the same timeout: usually the first attempt never reached Redis, and if it
+// did, the replay errs by one request towards stricter. Token charges are
+// never replayed: a double charge would outlive the failure. Any other
+// failure applies on_redis_error (fail open by default, or 503).
+//
+// # Tokens are reactive
+//
+// Tokens exist only once a response has reported its usage, so they are
+// charged afterwards: the response body is teed, unchanged, into the usage
+// extractor (internal/usage), and its total is charged to every limit of the
+// chain with a tpm. Admission refuses once a token window has reached its
+// cap; requests admitted together before that can overshoot it by their own
+// usage.
+//
+// # Refusals cost Redis nothing
+//
+// A limit Redis refused is refused by the store's refusal cache, without a
+// call, until the moment Redis would admit it again (refusalCache). It is
+// exact: traffic only makes counters grow, and the gateway bounds Redis's
+// clock from its own monotonic clock, so the cache never refuses what Redis
+// would admit.
+//
+// # Secrets
+//
+// An id is written (in Redis keys, logs, metrics, the admin API's answers
+// and error bodies) only as "#" and 32 hex digits of its SHA-256, unless its
+// scope is declared readable (keyID).
+//
+// # Reloads
+//
+// Stores live in process-wide pools keyed by their settings: a reload that
+// keeps them keeps the counters and the Redis connections, and a response or
+// realtime session admitted under an old config still charges its tokens
+// after the config is unloaded (lifetime).
+package ratelimit
