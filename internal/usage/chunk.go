@@ -62,13 +62,6 @@ func IsUsageOnlyChunk(data []byte) bool {
 	return skipSpace(data, i+1) == len(data) && emptyChoices && usageObject
 }
 
-func skipSpace(b []byte, i int) int {
-	for i < len(b) && isSpace(b[i]) {
-		i++
-	}
-	return i
-}
-
 // skipJSON returns the index just after the JSON value that starts at
 // b[i], or -1 if there is none. Containers must nest properly (at most 64
 // deep); scalars are not validated beyond their alphabet.
@@ -82,7 +75,8 @@ func skipJSON(b []byte, i int) int {
 		c := b[i]
 		switch {
 		case c == '"':
-			if i = skipJSONString(b, i+1); i < 0 {
+			var closed bool
+			if i, closed, _ = skipString(b, i+1); !closed {
 				return -1
 			}
 		case c == '{' || c == '[':
@@ -123,28 +117,4 @@ func skipJSON(b []byte, i int) int {
 		}
 	}
 	return -1
-}
-
-// skipJSONString returns the index just after the closing quote of the
-// string whose contents start at b[i], or -1 if it does not close. Each byte
-// is looked at a bounded number of times however many escapes there are.
-func skipJSONString(b []byte, i int) int {
-	q := -1
-	for {
-		if q < i {
-			r := bytes.IndexByte(b[i:], '"')
-			if r < 0 {
-				return -1
-			}
-			q = i + r
-		}
-		bs := bytes.IndexByte(b[i:q], '\\')
-		if bs < 0 {
-			return q + 1
-		}
-		i += bs + 2
-		if i > len(b) {
-			return -1
-		}
-	}
 }

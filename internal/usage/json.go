@@ -94,6 +94,15 @@ var scalarTable = func() (t [256]bool) {
 
 func isSpace(c byte) bool { return c == ' ' || c == '\n' || c == '\r' || c == '\t' }
 
+// skipSpace returns the index of the first byte at or after b[i] that is not
+// JSON whitespace, or len(b).
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && isSpace(b[i]) {
+		i++
+	}
+	return i
+}
+
 func (s *jsonScanner) top() role {
 	if s.n == 0 {
 		return roleNone
@@ -185,7 +194,17 @@ func (s *jsonScanner) write(p []byte) {
 		case jsonSkip:
 			i = s.skipContainers(p, i)
 		case jsonString:
-			i = s.skipString(p, i)
+			var closed, escaped bool
+			i, closed, escaped = skipString(p, i)
+			switch {
+			case escaped:
+				s.state = jsonStringEsc
+			case !closed: // the string goes on in the next bytes
+			case s.skip > 0:
+				s.state = jsonSkip
+			default:
+				s.valueDone()
+			}
 		case jsonStringEsc:
 			i++
 			s.state = jsonString
@@ -358,36 +377,32 @@ func (s *jsonScanner) skipContainers(p []byte, i int) int {
 	return i
 }
 
-// skipString crosses a skipped string from p[i] (after its opening quote)
-// and returns where it stopped: at the end of p, or after the closing quote.
-// Each byte is looked at a bounded number of times however many escapes the
-// string has.
-func (s *jsonScanner) skipString(p []byte, i int) int {
-	q := -1 // the next '"' at or after i, or len(p) if none
+// skipString crosses the contents of a JSON string from b[i] (just after its
+// opening quote, or just after an escape) and returns where it stopped: just
+// after the closing quote, with closed set; or len(b) when the string goes on
+// past b, with escaped set if b ended in a backslash (the byte after b is
+// escaped). Each byte is looked at a bounded number of times however many
+// escapes the string has.
+func skipString(b []byte, i int) (end int, closed, escaped bool) {
+	q := -1 // the next '"' at or after i, or len(b) if none
 	for {
 		if q < i {
-			if r := bytes.IndexByte(p[i:], '"'); r >= 0 {
+			if r := bytes.IndexByte(b[i:], '"'); r >= 0 {
 				q = i + r
 			} else {
-				q = len(p)
+				q = len(b)
 			}
 		}
-		b := bytes.IndexByte(p[i:q], '\\')
-		if b < 0 {
-			if q == len(p) {
-				return q // the string goes on in the next bytes
+		bs := bytes.IndexByte(b[i:q], '\\')
+		if bs < 0 {
+			if q == len(b) {
+				return q, false, false
 			}
-			if s.skip > 0 {
-				s.state = jsonSkip
-			} else {
-				s.valueDone()
-			}
-			return q + 1
+			return q + 1, true, false
 		}
-		i += b + 2 // the backslash and the byte it escapes
-		if i > len(p) {
-			s.state = jsonStringEsc
-			return len(p)
+		i += bs + 2 // the backslash and the byte it escapes
+		if i > len(b) {
+			return len(b), false, true
 		}
 	}
 }

@@ -202,22 +202,15 @@ func mayCarryUsage(data []byte) bool {
 		if len(rest) == 0 || rest[0] != '"' {
 			continue
 		}
-		rest = trimSpace(rest[1:])
+		rest = rest[skipSpace(rest, 1):]
 		if len(rest) == 0 || rest[0] != ':' {
 			continue
 		}
-		rest = trimSpace(rest[1:])
+		rest = rest[skipSpace(rest, 1):]
 		if bytes.HasPrefix(rest, []byte("null")) {
 			continue
 		}
 		return true
 	}
 	return false
-}
-
-func trimSpace(b []byte) []byte {
-	for len(b) > 0 && isSpace(b[0]) {
-		b = b[1:]
-	}
-	return b
 }
