@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/rolter/caddy-ratelimit/internal/usage"
 	"go.uber.org/zap"
 )
 
@@ -19,10 +20,10 @@ import (
 type responseWriter struct {
 	*caddyhttp.ResponseWriterWrapper
 	headers     headerSet
-	metering    bool           // the chain has a tpm: read the body's usage
-	meter       *usageMeter    // set by WriteHeader for a metered 2xx body
-	strip       *usageStripper // set when the client did not ask for stream usage
-	tap         *realtimeTap   // set for a metered WebSocket session
+	metering    bool               // the chain has a tpm: read the body's usage
+	meter       *usage.Meter       // set by WriteHeader for a metered 2xx body
+	strip       *usageStripper     // set when the client did not ask for stream usage
+	tap         *usage.RealtimeTap // set for a metered WebSocket session
 	wroteHeader bool
 }
 
@@ -35,7 +36,7 @@ func (w *responseWriter) WriteHeader(status int) {
 	h := w.Header()
 	w.headers.apply(h)
 	if w.metering && status < 300 {
-		w.meter = newUsageMeter(h)
+		w.meter = usage.NewMeter(h)
 		if w.strip != nil && !w.strip.applies(h) {
 			w.strip = nil
 		}

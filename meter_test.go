@@ -12,19 +12,22 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rolter/caddy-ratelimit/internal/usage"
+	"github.com/rolter/caddy-ratelimit/internal/usage/usagetest"
 )
 
-// sampleUpstream serves the golden samples of testdata/usage as an LLM
+// sampleUpstream serves the golden samples of usagetest as an LLM
 // provider would: GET /samples/<file>?coding=<coding>, SSE in small flushed
 // writes.
 func sampleUpstream(t *testing.T) *httptest.Server {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		file := strings.TrimPrefix(r.URL.Path, "/samples/")
 		coding := r.URL.Query().Get("coding")
-		body := usageEncode(t, coding, readUsageGolden(t, file))
-		w.Header().Set("Content-Type", usageContentType(file))
+		body := usagetest.Encode(t, coding, usagetest.Read(t, file))
+		w.Header().Set("Content-Type", usagetest.ContentType(file))
 		if coding != "identity" {
-			w.Header().Set("Content-Encoding", usageEncodingHeader(coding))
+			w.Header().Set("Content-Encoding", usagetest.EncodingHeader(coding))
 		}
 		writeInFlushedChunks(w, body, 97)
 	}))
@@ -126,26 +129,26 @@ func (g *gateway) get(t *testing.T, path string, headers ...string) (*http.Respo
 func TestEveryResponseShapeChargesEveryScopeAndReachesTheClientByteForByte(t *testing.T) {
 	up := sampleUpstream(t)
 	gw := meteredChain(t, up.URL, "")
-	for _, g := range usageGoldens {
+	for _, g := range usagetest.Goldens {
 		codings := []string{"identity", "gzip"}
-		if g.file == "openai_chat_stream.sse" || g.file == "anthropic_messages.json" {
+		if g.File == "openai_chat_stream.sse" || g.File == "anthropic_messages.json" {
 			codings = append(codings, "deflate", "br", "zstd")
 		}
 		for _, coding := range codings {
-			t.Run(g.file+"/"+coding, func(t *testing.T) {
+			t.Run(g.File+"/"+coding, func(t *testing.T) {
 				id := newIDs(t)
-				res, body := gw.get(t, "/samples/"+g.file+"?coding="+coding, id.headers()...)
+				res, body := gw.get(t, "/samples/"+g.File+"?coding="+coding, id.headers()...)
 				if res.StatusCode != 200 {
 					t.Fatalf("status %d", res.StatusCode)
 				}
-				if want := usageEncode(t, coding, readUsageGolden(t, g.file)); !bytes.Equal(body, want) {
+				if want := usagetest.Encode(t, coding, usagetest.Read(t, g.File)); !bytes.Equal(body, want) {
 					t.Fatalf("the client got %d bytes that differ from the upstream's %d", len(body), len(want))
 				}
-				if !g.metered {
+				if !g.Metered {
 					assertNothingCharged(t, gw, id)
 					return
 				}
-				waitCharged(t, id.limits(), g.tokens)
+				waitCharged(t, id.limits(), g.Tokens)
 			})
 		}
 	}
@@ -210,7 +213,7 @@ func TestClientLeavingMidStreamIsChargedWhatTheStreamReportedByThen(t *testing.T
 }
 
 func TestStreamUsageIsRequestedUpstreamAndItsChunkHiddenFromAClientThatDidNotAsk(t *testing.T) {
-	sample := readUsageGolden(t, "openai_chat_stream.sse")
+	sample := usagetest.Read(t, "openai_chat_stream.sse")
 	type seen struct {
 		includeUsage   bool
 		acceptEncoding string
@@ -265,8 +268,8 @@ func TestStreamUsageIsRequestedUpstreamAndItsChunkHiddenFromAClientThatDidNotAsk
 // withoutUsageChunk is the stream minus the bytes of its usage-only event.
 func withoutUsageChunk(t *testing.T, stream []byte) []byte {
 	var cut [2]int64
-	s := newSSEScanner(maxUsageEvent, func(ev sseEvent) {
-		if isUsageOnlyChunk(ev.Data) {
+	s := usage.NewSSEScanner(usage.MaxEvent, func(ev usage.SSEEvent) {
+		if usage.IsUsageOnlyChunk(ev.Data) {
 			cut = [2]int64{ev.Start, ev.End}
 		}
 	})
@@ -279,7 +282,7 @@ func withoutUsageChunk(t *testing.T, stream []byte) []byte {
 }
 
 func TestResponseWithAnEventOverTheCapIsUnmeteredAndUntouched(t *testing.T) {
-	padding := strings.Repeat("x", maxUsageEvent+1024)
+	padding := strings.Repeat("x", usage.MaxEvent+1024)
 	stream := []byte("event: message_delta\ndata: {\"type\":\"message_delta\",\"pad\":\"" + padding + "\",\"usage\":{\"input_tokens\":5,\"output_tokens\":7}}\n\n")
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")

@@ -14,6 +14,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/rolter/caddy-ratelimit/internal/usage"
 	"go.uber.org/zap"
 )
 
@@ -395,7 +396,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	h.store.hold()
 	if session {
 		removeDeflateOffer(r.Header)
-		rw.tap = newRealtimeTap(maxUsageEvent)
+		rw.tap = usage.NewRealtimeTap(usage.MaxEvent)
 		defer h.meterSession(r.Context(), rw.tap, chain)()
 		return next.ServeHTTP(rw, r)
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/rolter/caddy-ratelimit/internal/usage"
 	"go.uber.org/zap"
 )
 
@@ -19,9 +20,10 @@ import (
 // refused while tpm is full. Before that, a process-wide cap on open
 // sessions is checked, so that a session the gateway would refuse anyway
 // never takes an rpm slot. While a session lives, the frames the upstream
-// sends are read for each finished response's usage (realtime_tap.go), which
-// is charged every flush interval and once more when the session ends. A full
-// window never closes a live session, as it never cuts off a response.
+// sends are read for each finished response's usage (a usage.RealtimeTap, fed
+// by realtime_tap.go), which is charged every flush interval and once more
+// when the session ends. A full window never closes a live session, as it
+// never cuts off a response.
 
 // RealtimeConfig configures WebSocket sessions.
 type RealtimeConfig struct {
@@ -142,7 +144,7 @@ func (w *responseWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 // meterSession charges a session's tokens every flush interval and once more
 // when the returned stop is called at the session's end, and then releases
 // the store that ServeHTTP held for it: a session outlives config reloads.
-func (h *Handler) meterSession(ctx context.Context, tap *realtimeTap, chain []limit) (stop func()) {
+func (h *Handler) meterSession(ctx context.Context, tap *usage.RealtimeTap, chain []limit) (stop func()) {
 	done := make(chan struct{})
 	go func() {
 		defer h.store.release()
@@ -154,7 +156,7 @@ func (h *Handler) meterSession(ctx context.Context, tap *realtimeTap, chain []li
 				h.chargeTaken(ctx, tap, chain)
 			case <-done:
 				h.chargeTaken(ctx, tap, chain)
-				if n := tap.unmetered(); n > 0 {
+				if n := tap.Unmetered(); n > 0 {
 					unmeteredTotal.WithLabelValues("realtime_message").Add(float64(n))
 					h.logger.Debug("realtime messages not metered", zap.Int64("messages", n), zap.String("scope", chain[0].scope), zap.String("id", chain[0].id))
 				}
@@ -165,6 +167,6 @@ func (h *Handler) meterSession(ctx context.Context, tap *realtimeTap, chain []li
 	return func() { close(done) }
 }
 
-func (h *Handler) chargeTaken(ctx context.Context, tap *realtimeTap, chain []limit) {
-	h.charge(ctx, chain, tap.take())
+func (h *Handler) chargeTaken(ctx context.Context, tap *usage.RealtimeTap, chain []limit) {
+	h.charge(ctx, chain, tap.Take())
 }

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+
+	"github.com/rolter/caddy-ratelimit/internal/usage"
 )
 
 // An OpenAI streaming chat completion reports its usage only when the request
@@ -27,7 +29,7 @@ func requestStreamUsage(r *http.Request) *usageStripper {
 		r.Body == nil || r.Body == http.NoBody || r.Header.Get("Content-Encoding") != "" {
 		return nil
 	}
-	if !strings.EqualFold(mediaType(r.Header.Get("Content-Type")), "application/json") {
+	if !strings.EqualFold(usage.MediaType(r.Header.Get("Content-Type")), "application/json") {
 		return nil
 	}
 	original := r.Body
@@ -127,10 +129,10 @@ func marshalRaw(v map[string]json.RawMessage) ([]byte, error) {
 // usageStripper removes the usage-only chunk from an uncompressed SSE stream
 // on its way to the client. It passes every complete event on at once and
 // holds back only what follows the last one (an incomplete event, which a
-// client could not use yet), up to maxUsageEvent bytes. Once the chunk is
+// client could not use yet), up to usage.MaxEvent bytes. Once the chunk is
 // gone the rest passes straight through.
 type usageStripper struct {
-	scan   *sseScanner
+	scan   *usage.SSEScanner
 	held   []byte // stream[heldAt:], not passed on yet
 	heldAt int64
 	ready  int64    // the end of the last complete event
@@ -140,9 +142,9 @@ type usageStripper struct {
 
 func newUsageStripper() *usageStripper {
 	s := new(usageStripper)
-	s.scan = newSSEScanner(maxUsageEvent, func(ev sseEvent) {
+	s.scan = usage.NewSSEScanner(usage.MaxEvent, func(ev usage.SSEEvent) {
 		s.ready = ev.End
-		if s.cut[1] == 0 && !ev.Oversize && isUsageOnlyChunk(ev.Data) {
+		if s.cut[1] == 0 && !ev.Oversize && usage.IsUsageOnlyChunk(ev.Data) {
 			s.cut = [2]int64{ev.Start, ev.End}
 		}
 	})
@@ -152,7 +154,7 @@ func newUsageStripper() *usageStripper {
 // applies reports whether the response is a stream the stripper can read.
 func (s *usageStripper) applies(h http.Header) bool {
 	ce := h.Get("Content-Encoding")
-	return strings.EqualFold(mediaType(h.Get("Content-Type")), "text/event-stream") && (ce == "" || ce == "identity")
+	return strings.EqualFold(usage.MediaType(h.Get("Content-Type")), "text/event-stream") && (ce == "" || ce == "identity")
 }
 
 func (s *usageStripper) write(w io.Writer, p []byte) (int, error) {
@@ -175,7 +177,7 @@ func (s *usageStripper) write(w io.Writer, p []byte) (int, error) {
 	_, err = w.Write(complete)
 	s.held = append(s.held[:0], s.held[len(complete):]...)
 	s.heldAt = s.ready
-	if len(s.held) > maxUsageEvent { // too large to be the usage chunk
+	if len(s.held) > usage.MaxEvent { // too large to be the usage chunk
 		_, err = w.Write(s.held)
 		s.done, s.held = true, nil
 	}

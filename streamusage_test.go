@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"testing/iotest"
+
+	"github.com/rolter/caddy-ratelimit/internal/usage/usagetest"
 )
 
 func TestStreamUsageIsAddedOnlyToStreamsThatDoNotAskForIt(t *testing.T) {
@@ -118,16 +120,16 @@ func TestRequestBodiesOverTheCapOrNotChatCompletionsPassUnmodified(t *testing.T)
 // the stream is split into writes.
 func TestUsageChunkIsRemovedWhateverTheWriteBoundaries(t *testing.T) {
 	for _, file := range []string{"openai_chat_stream.sse", "openai_stream_without_usage.sse"} {
-		stream := readUsageGolden(t, file)
+		stream := usagetest.Read(t, file)
 		want := stream
 		if bytes.Contains(stream, []byte(`"choices":[]`)) {
 			want = withoutUsageChunk(t, stream)
 		}
-		for _, c := range usageChunkings() {
-			t.Run(file+"/"+c.name, func(t *testing.T) {
+		for _, c := range usagetest.Chunkings() {
+			t.Run(file+"/"+c.Name, func(t *testing.T) {
 				s := newUsageStripper()
 				var out bytes.Buffer
-				for _, p := range c.split(stream) {
+				for _, p := range c.Split(stream) {
 					if n, err := s.write(&out, p); n != len(p) || err != nil {
 						t.Fatalf("write returned %d, %v", n, err)
 					}

@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"net/http"
 	"testing"
+
+	"github.com/rolter/caddy-ratelimit/internal/usage"
+	"github.com/rolter/caddy-ratelimit/internal/usage/usagetest"
 )
 
 // usageBigSSE is an event stream of about size bytes: OpenAI chat chunks of
@@ -35,7 +38,7 @@ func benchmarkUsageMeter(b *testing.B, h http.Header, raw, body []byte) {
 	b.SetBytes(int64(len(raw)))
 	b.ReportAllocs()
 	for b.Loop() {
-		m := newUsageMeter(h)
+		m := usage.NewMeter(h)
 		for p := body; len(p) > 0; {
 			n := min(32<<10, len(p))
 			m.Write(p[:n])
@@ -52,8 +55,8 @@ func BenchmarkUsageMeterSSE10MB(b *testing.B) {
 	for _, shape := range []string{"openai", "anthropic"} {
 		raw := usageBigSSE(shape, 10<<20)
 		for _, coding := range []string{"identity", "gzip"} {
-			body := usageEncode(b, coding, raw)
-			h := usageHeader("text/event-stream", usageEncodingHeader(coding))
+			body := usagetest.Encode(b, coding, raw)
+			h := usagetest.Header("text/event-stream", usagetest.EncodingHeader(coding))
 			b.Run(shape+"/"+coding, func(b *testing.B) { benchmarkUsageMeter(b, h, raw, body) })
 		}
 	}
@@ -62,10 +65,10 @@ func BenchmarkUsageMeterSSE10MB(b *testing.B) {
 // BenchmarkUsageMeterJSON10MB: MB/s are of the decoded body.
 func BenchmarkUsageMeterJSON10MB(b *testing.B) {
 	for _, shape := range []string{"content", "embeddings"} {
-		raw := usageBigJSON(shape, 10<<20)
+		raw := usagetest.BigJSON(shape, 10<<20)
 		for _, coding := range []string{"identity", "gzip"} {
-			body := usageEncode(b, coding, raw)
-			h := usageHeader("application/json", usageEncodingHeader(coding))
+			body := usagetest.Encode(b, coding, raw)
+			h := usagetest.Header("application/json", usagetest.EncodingHeader(coding))
 			b.Run(shape+"/"+coding, func(b *testing.B) { benchmarkUsageMeter(b, h, raw, body) })
 		}
 	}

@@ -1,11 +1,9 @@
-package ratelimit
+package usage
 
 import "bytes"
 
-// --- SSE framing ---
-
-// sseEvent is one server-sent event, as an sseScanner reports it.
-type sseEvent struct {
+// SSEEvent is one server-sent event, as an SSEScanner reports it.
+type SSEEvent struct {
 	// Data is the values of the event's "data" lines joined by "\n" (each
 	// value without the one space that may follow "data:"). It is only
 	// valid during the callback: copy what must outlive it.
@@ -25,7 +23,7 @@ type sseEvent struct {
 	Start, End int64
 }
 
-// sseScanner splits a text/event-stream byte stream into events, following
+// SSEScanner splits a text/event-stream byte stream into events, following
 // the WHATWG HTML "event stream interpretation": lines end in LF, CRLF or a
 // lone CR, in any mix (a CRLF split between two Writes is still one line
 // end); a blank line ends an event; a line starting with ':' is a comment;
@@ -37,7 +35,7 @@ type sseEvent struct {
 //
 // Use it push-style:
 //
-//	s := newSSEScanner(maxUsageEvent, func(ev sseEvent) { ... })
+//	s := NewSSEScanner(MaxEvent, func(ev SSEEvent) { ... })
 //	s.Write(p) // any number of times, with any split of the stream
 //	s.Flush()  // at the end of the stream
 //
@@ -49,7 +47,7 @@ type sseEvent struct {
 // the stream is split into Writes.
 //
 // A filter that drops events (say, the chunk that stream_options.include_usage
-// added, see isUsageOnlyChunk) can hold back the bytes of the event in
+// added, see IsUsageOnlyChunk) can hold back the bytes of the event in
 // progress and, from onEvent, pass on or drop stream[ev.Start:ev.End]; bytes
 // outside any event are passed on as they are. The scanner keeps no raw bytes
 // itself.
@@ -64,8 +62,8 @@ type sseEvent struct {
 // Flush is lenient where the spec is not: see Flush.
 //
 // Not safe for concurrent use.
-type sseScanner struct {
-	onEvent  func(sseEvent)
+type SSEScanner struct {
+	onEvent  func(SSEEvent)
 	maxEvent int
 
 	// the event being read
@@ -88,18 +86,18 @@ type sseScanner struct {
 	started    bool   // a line was read (for the BOM)
 }
 
-// sseKeepBuffer is the most scratch memory an sseScanner keeps between
+// sseKeepBuffer is the most scratch memory an SSEScanner keeps between
 // events; a bigger event's buffers are let go once it is read.
 const sseKeepBuffer = 64 << 10
 
-// newSSEScanner returns a scanner that calls onEvent for each event and
+// NewSSEScanner returns a scanner that calls onEvent for each event and
 // skips (reporting them as Oversize) events of more than maxEvent bytes.
-func newSSEScanner(maxEvent int, onEvent func(sseEvent)) *sseScanner {
-	return &sseScanner{onEvent: onEvent, maxEvent: maxEvent}
+func NewSSEScanner(maxEvent int, onEvent func(SSEEvent)) *SSEScanner {
+	return &SSEScanner{onEvent: onEvent, maxEvent: maxEvent}
 }
 
 // Write feeds the next bytes of the stream.
-func (s *sseScanner) Write(p []byte) {
+func (s *SSEScanner) Write(p []byte) {
 	off := s.off // the offset of p[0]
 	s.off += int64(len(p))
 	if s.cr && len(p) > 0 {
@@ -162,7 +160,7 @@ func (s *sseScanner) Write(p []byte) {
 // Flush ends the stream. An event that the stream ended in before its blank
 // line, even in the middle of a line, is dispatched as if it had ended: the
 // spec discards it, but a stream cut short still reported what it carried.
-func (s *sseScanner) Flush() {
+func (s *SSEScanner) Flush() {
 	s.cr = false
 	if s.pending {
 		s.pending = false
@@ -175,7 +173,7 @@ func (s *sseScanner) Flush() {
 }
 
 // appendLine keeps the start of a line cut by the end of a Write.
-func (s *sseScanner) appendLine(b []byte) {
+func (s *SSEScanner) appendLine(b []byte) {
 	s.inLine = true
 	s.lineN += len(b)
 	if s.over {
@@ -191,7 +189,7 @@ func (s *sseScanner) appendLine(b []byte) {
 
 // endCutLine reads the line that appendLine kept; next is the offset after
 // its line end.
-func (s *sseScanner) endCutLine(term int, next int64) {
+func (s *SSEScanner) endCutLine(term int, next int64) {
 	s.lineEnded(s.line, s.lineN, term, s.lineStart, next)
 	s.line = s.line[:0]
 	if cap(s.line) > sseKeepBuffer {
@@ -204,7 +202,7 @@ func (s *sseScanner) endCutLine(term int, next int64) {
 // lineEnded reads one complete line of n bytes (line holds them unless the
 // event is over its size) with a line end of term bytes; the line starts at
 // offset start and its line end ends before offset next.
-func (s *sseScanner) lineEnded(line []byte, n, term int, start, next int64) {
+func (s *SSEScanner) lineEnded(line []byte, n, term int, start, next int64) {
 	if !s.started {
 		s.started = true
 		if bytes.HasPrefix(line, []byte("\xef\xbb\xbf")) {
@@ -255,12 +253,12 @@ func (s *sseScanner) lineEnded(line []byte, n, term int, start, next int64) {
 
 // dispatch reports the event read so far, if any, as ending before offset
 // end, and starts the next.
-func (s *sseScanner) dispatch(end int64) {
+func (s *SSEScanner) dispatch(end int64) {
 	switch {
 	case s.over:
-		s.onEvent(sseEvent{Name: s.name, Oversize: true, Start: s.start, End: end})
+		s.onEvent(SSEEvent{Name: s.name, Oversize: true, Start: s.start, End: end})
 	case s.hasData:
-		s.onEvent(sseEvent{Data: s.data, Name: s.name, Start: s.start, End: end})
+		s.onEvent(SSEEvent{Data: s.data, Name: s.name, Start: s.start, End: end})
 	}
 	s.inEvent = false
 	s.data = s.data[:0]
@@ -271,151 +269,4 @@ func (s *sseScanner) dispatch(end int64) {
 	s.hasData = false
 	s.size = 0
 	s.over = false
-}
-
-// --- the usage-only chunk ---
-
-// isUsageOnlyChunk reports whether an SSE data payload is an OpenAI chat-completions chunk with an empty "choices" array and a non-null "usage" (the chunk that stream_options.include_usage adds).
-//
-// The payload must be one well-formed JSON object whose "choices" is [] and
-// whose "usage" is an object; nothing else about it is required (compatible
-// backends differ in "object", "id" and the like). It does not allocate.
-func isUsageOnlyChunk(data []byte) bool {
-	if !bytes.Contains(data, []byte(`"choices"`)) || !bytes.Contains(data, []byte(`"usage"`)) {
-		return false
-	}
-	i := usageSkipSpaceAt(data, 0)
-	if i >= len(data) || data[i] != '{' {
-		return false
-	}
-	i = usageSkipSpaceAt(data, i+1)
-	var emptyChoices, usageObject bool
-	if i < len(data) && data[i] == '}' {
-		return false
-	}
-	for {
-		if i >= len(data) || data[i] != '"' {
-			return false
-		}
-		end := usageSkipJSON(data, i)
-		if end < 0 {
-			return false
-		}
-		key := data[i+1 : end-1]
-		i = usageSkipSpaceAt(data, end)
-		if i >= len(data) || data[i] != ':' {
-			return false
-		}
-		i = usageSkipSpaceAt(data, i+1)
-		end = usageSkipJSON(data, i)
-		if end < 0 {
-			return false
-		}
-		val := data[i:end]
-		switch string(key) {
-		case "choices":
-			emptyChoices = val[0] == '[' && usageSkipSpaceAt(val, 1) == len(val)-1
-		case "usage":
-			usageObject = val[0] == '{'
-		}
-		i = usageSkipSpaceAt(data, end)
-		if i >= len(data) {
-			return false
-		}
-		if data[i] == '}' {
-			break
-		}
-		if data[i] != ',' {
-			return false
-		}
-		i = usageSkipSpaceAt(data, i+1)
-	}
-	return usageSkipSpaceAt(data, i+1) == len(data) && emptyChoices && usageObject
-}
-
-func usageSkipSpaceAt(b []byte, i int) int {
-	for i < len(b) && usageIsSpace(b[i]) {
-		i++
-	}
-	return i
-}
-
-// usageSkipJSON returns the index just after the JSON value that starts at
-// b[i], or -1 if there is none. Containers must nest properly (at most 64
-// deep); scalars are not validated beyond their alphabet.
-func usageSkipJSON(b []byte, i int) int {
-	if i >= len(b) {
-		return -1
-	}
-	var stack uint64 // bit d: the container at depth d is an array
-	depth := 0
-	for i < len(b) {
-		c := b[i]
-		switch {
-		case c == '"':
-			if i = usageSkipJSONString(b, i+1); i < 0 {
-				return -1
-			}
-		case c == '{' || c == '[':
-			if depth == 64 {
-				return -1
-			}
-			if c == '[' {
-				stack |= 1 << depth
-			} else {
-				stack &^= 1 << depth
-			}
-			depth++
-			i++
-			continue
-		case c == '}' || c == ']':
-			if depth == 0 || (stack>>(depth-1)&1 == 1) != (c == ']') {
-				return -1
-			}
-			depth--
-			i++
-		case usageScalarTable[c]:
-			if depth == 0 {
-				for i < len(b) && usageScalarTable[b[i]] {
-					i++
-				}
-				return i
-			}
-			i++
-			continue
-		case depth > 0 && (usageIsSpace(c) || c == ',' || c == ':'):
-			i++
-			continue
-		default:
-			return -1
-		}
-		if depth == 0 {
-			return i
-		}
-	}
-	return -1
-}
-
-// usageSkipJSONString returns the index just after the closing quote of the
-// string whose contents start at b[i], or -1 if it does not close. Each byte
-// is looked at a bounded number of times however many escapes there are.
-func usageSkipJSONString(b []byte, i int) int {
-	q := -1
-	for {
-		if q < i {
-			r := bytes.IndexByte(b[i:], '"')
-			if r < 0 {
-				return -1
-			}
-			q = i + r
-		}
-		bs := bytes.IndexByte(b[i:q], '\\')
-		if bs < 0 {
-			return q + 1
-		}
-		i += bs + 2
-		if i > len(b) {
-			return -1
-		}
-	}
 }

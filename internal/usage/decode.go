@@ -1,4 +1,4 @@
-package ratelimit
+package usage
 
 // Compressed bodies (Content-Encoding gzip, x-gzip, deflate, br, zstd) are
 // decoded from the meter's own copy. Decoders pull their input while Write is
@@ -39,55 +39,55 @@ const (
 	// for 2048 inputs of 3072 float dimensions is about 130 MB of JSON.
 	maxDecodedBody = 256 << 20
 
-	// usageDecodeBuffer is the size of the buffer decoded bytes are read into.
-	usageDecodeBuffer = 16 << 10
+	// decodeBuffer is the size of the buffer decoded bytes are read into.
+	decodeBuffer = 16 << 10
 
-	// usageZstdMaxWindow: RFC 9659 limits the window of the "zstd" content
+	// zstdMaxWindow: RFC 9659 limits the window of the "zstd" content
 	// coding to 8 MB, and browsers refuse more; so does the meter (a frame
 	// written as a single segment has its whole content as its window, so
 	// such a frame of more than 8 MiB is refused: unmetered).
-	usageZstdMaxWindow = 8 << 20
+	zstdMaxWindow = 8 << 20
 )
 
-// usageCoding is a response's Content-Encoding.
-type usageCoding uint8
+// coding is a response's Content-Encoding.
+type coding uint8
 
 const (
-	usageCodingIdentity usageCoding = iota
-	usageCodingGzip
-	usageCodingDeflate
-	usageCodingBrotli
-	usageCodingZstd
-	usageCodingUnsupported
+	codingIdentity coding = iota
+	codingGzip
+	codingDeflate
+	codingBrotli
+	codingZstd
+	codingUnsupported
 )
 
-// usageCodingOf reads Content-Encoding. Codings applied one over another
+// codingOf reads Content-Encoding. Codings applied one over another
 // ("gzip, br") are not decoded: such a body is unsupported.
-func usageCodingOf(h http.Header) usageCoding {
-	c := usageCodingIdentity
+func codingOf(h http.Header) coding {
+	c := codingIdentity
 	if h == nil {
 		return c
 	}
 	for _, v := range h.Values("Content-Encoding") {
 		for part := range strings.SplitSeq(v, ",") {
 			t := strings.TrimSpace(part)
-			var this usageCoding
+			var this coding
 			switch {
 			case t == "" || strings.EqualFold(t, "identity"):
 				continue
 			case strings.EqualFold(t, "gzip") || strings.EqualFold(t, "x-gzip"):
-				this = usageCodingGzip
+				this = codingGzip
 			case strings.EqualFold(t, "deflate"):
-				this = usageCodingDeflate
+				this = codingDeflate
 			case strings.EqualFold(t, "br"):
-				this = usageCodingBrotli
+				this = codingBrotli
 			case strings.EqualFold(t, "zstd"):
-				this = usageCodingZstd
+				this = codingZstd
 			default:
-				return usageCodingUnsupported
+				return codingUnsupported
 			}
-			if c != usageCodingIdentity {
-				return usageCodingUnsupported
+			if c != codingIdentity {
+				return codingUnsupported
 			}
 			c = this
 		}
@@ -95,26 +95,26 @@ func usageCodingOf(h http.Header) usageCoding {
 	return c
 }
 
-// errUsageStopped is what the decoder's input returns once the meter has
+// errStopped is what the decoder's input returns once the meter has
 // stopped the coroutine.
-var errUsageStopped = errors.New("usage meter stopped")
+var errStopped = errors.New("usage meter stopped")
 
-// usageSource is the decoder's input: the p of the Write in progress. When it
+// source is the decoder's input: the p of the Write in progress. When it
 // is used up, Read suspends the decoder coroutine (yield) until the next Write
 // or Finish resumes it.
-type usageSource struct {
+type source struct {
 	p     []byte // the bytes of the Write in progress; nil between Writes
 	eof   bool   // Finish was called: no more bytes will come
 	yield func(struct{}) bool
 }
 
-func (s *usageSource) Read(b []byte) (int, error) {
+func (s *source) Read(b []byte) (int, error) {
 	for len(s.p) == 0 {
 		if s.eof {
 			return 0, io.EOF
 		}
 		if s.yield == nil || !s.yield(struct{}{}) {
-			return 0, errUsageStopped
+			return 0, errStopped
 		}
 	}
 	n := copy(b, s.p)
@@ -124,7 +124,7 @@ func (s *usageSource) Read(b []byte) (int, error) {
 
 // decodeMore hands p to the decoder coroutine, starting it on the first
 // Write, and returns once the decoder has consumed all of p.
-func (m *usageMeter) decodeMore(p []byte) {
+func (m *Meter) decodeMore(p []byte) {
 	if m.next == nil {
 		m.next, m.stop = iter.Pull(m.decode)
 	}
@@ -140,7 +140,7 @@ func (m *usageMeter) decodeMore(p []byte) {
 
 // decode is the decoder coroutine: it decodes the body and feeds the decoded
 // bytes to the scanner until its input ends or fails.
-func (m *usageMeter) decode(yield func(struct{}) bool) {
+func (m *Meter) decode(yield func(struct{}) bool) {
 	m.src.yield = yield
 	defer func() {
 		m.src.yield = nil
@@ -149,7 +149,7 @@ func (m *usageMeter) decode(yield func(struct{}) bool) {
 			m.failed = true
 		}
 	}()
-	dec, closeDec, err := newUsageDecoder(m.coding, &m.src)
+	dec, closeDec, err := newDecoder(m.coding, &m.src)
 	if closeDec != nil {
 		defer closeDec()
 	}
@@ -157,7 +157,7 @@ func (m *usageMeter) decode(yield func(struct{}) bool) {
 		m.decodeFailed(err)
 		return
 	}
-	buf := make([]byte, usageDecodeBuffer)
+	buf := make([]byte, decodeBuffer)
 	for idle := 0; idle < 100; {
 		n, err := dec.Read(buf)
 		if n > 0 {
@@ -182,11 +182,11 @@ func (m *usageMeter) decode(yield func(struct{}) bool) {
 // decodeFailed classifies the error that ended decoding: the stream's end,
 // or the body cut short after Finish, keep what was found; anything else is
 // corrupt data and leaves the response unmetered.
-func (m *usageMeter) decodeFailed(err error) {
+func (m *Meter) decodeFailed(err error) {
 	switch {
-	case err == io.EOF, errors.Is(err, errUsageStopped):
+	case err == io.EOF, errors.Is(err, errStopped):
 	case m.src.eof && errors.Is(err, io.ErrUnexpectedEOF):
-	case m.coding == usageCodingBrotli && err.Error() == usageBrotliExcessInput:
+	case m.coding == codingBrotli && err.Error() == brotliExcessInput:
 		// The brotli stream reached its end: all of it was decoded. The
 		// decoder says so with this error when bytes follow the end, and
 		// also, wrongly, when the stream came in very small reads (its
@@ -196,20 +196,20 @@ func (m *usageMeter) decodeFailed(err error) {
 	}
 }
 
-// usageBrotliExcessInput is the message of andybalholm/brotli's unexported
+// brotliExcessInput is the message of andybalholm/brotli's unexported
 // errExcessiveInput.
-const usageBrotliExcessInput = "brotli: excessive input"
+const brotliExcessInput = "brotli: excessive input"
 
-// newUsageDecoder returns a reader of the decoded body and what releases it.
-func newUsageDecoder(c usageCoding, r io.Reader) (io.Reader, func(), error) {
+// newDecoder returns a reader of the decoded body and what releases it.
+func newDecoder(c coding, r io.Reader) (io.Reader, func(), error) {
 	switch c {
-	case usageCodingGzip:
+	case codingGzip:
 		z, err := gzip.NewReader(r)
 		if err != nil {
 			return nil, nil, err
 		}
 		return z, func() { z.Close() }, nil
-	case usageCodingDeflate:
+	case codingDeflate:
 		// HTTP's deflate is zlib-wrapped (RFC 9110), but some servers send raw
 		// deflate: tell them apart by the zlib header, as browsers do.
 		var hdr [2]byte
@@ -221,7 +221,7 @@ func newUsageDecoder(c usageCoding, r io.Reader) (io.Reader, func(), error) {
 			return nil, nil, err
 		}
 		in := io.MultiReader(bytes.NewReader(hdr[:]), r)
-		if usageIsZlibHeader(hdr[0], hdr[1]) {
+		if isZlibHeader(hdr[0], hdr[1]) {
 			z, err := zlib.NewReader(in)
 			if err != nil {
 				return nil, nil, err
@@ -230,14 +230,14 @@ func newUsageDecoder(c usageCoding, r io.Reader) (io.Reader, func(), error) {
 		}
 		f := flate.NewReader(in)
 		return f, func() { f.Close() }, nil
-	case usageCodingBrotli:
+	case codingBrotli:
 		return brotli.NewReader(r), nil, nil
-	case usageCodingZstd:
+	case codingZstd:
 		d, err := zstd.NewReader(r,
 			zstd.WithDecoderConcurrency(1), // decode on the calling goroutine
 			zstd.WithDecoderLowmem(true),
-			zstd.WithDecoderMaxWindow(usageZstdMaxWindow),
-			zstd.WithDecoderMaxMemory(usageZstdMaxWindow))
+			zstd.WithDecoderMaxWindow(zstdMaxWindow),
+			zstd.WithDecoderMaxMemory(zstdMaxWindow))
 		if d == nil {
 			return nil, nil, err
 		}
@@ -246,8 +246,8 @@ func newUsageDecoder(c usageCoding, r io.Reader) (io.Reader, func(), error) {
 	return nil, nil, errors.New("unsupported content coding")
 }
 
-// usageIsZlibHeader reports whether two bytes open a zlib stream (RFC 1950):
+// isZlibHeader reports whether two bytes open a zlib stream (RFC 1950):
 // method 8 (deflate), a window of at most 32 KiB, and a valid check value.
-func usageIsZlibHeader(cmf, flg byte) bool {
+func isZlibHeader(cmf, flg byte) bool {
 	return cmf&0x0f == 8 && cmf>>4 <= 7 && (uint16(cmf)<<8|uint16(flg))%31 == 0
 }

@@ -1,4 +1,4 @@
-package ratelimit
+package usage
 
 import (
 	"bytes"
@@ -6,51 +6,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
-)
 
-func TestIsUsageOnlyChunkRecognizesTheIncludeUsageChunkOnly(t *testing.T) {
-	cases := []struct {
-		data string
-		want bool
-	}{
-		{`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}`, true},
-		{` { "choices" : [ ] , "usage" : { } } `, true},
-		{"{\"usage\":{\"total_tokens\":3,\"prompt_tokens_details\":{\"cached_tokens\":0}},\n\"choices\":[\r\n]}", true},
-		{`{"id":"chatcmpl-1","choices":[{"index":0,"delta":{"content":"hi"}}],"usage":null}`, false},
-		{`{"choices":[],"usage":null}`, false},
-		{`{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":{"total_tokens":3}}`, false},
-		{`{"choices":[],"x":{"usage":{"total_tokens":3}}}`, false},
-		{`{"x":{"choices":[]},"usage":{"total_tokens":3}}`, false},
-		{`{"choices":[],"usage":{"total_tokens":3}`, false}, // unclosed
-		{`{"choices":[],"usage":{"total_tokens":3}} x`, false},
-		{`{"choices":[],"usage":{"total_tokens":3]}`, false},
-		{`{"choices":[],"usage":"{\"total_tokens\":3}"}`, false},
-		{`{"choices":"[]","usage":{}}`, false},
-		{`[{"choices":[],"usage":{}}]`, false},
-		{`[DONE]`, false},
-		{``, false},
-		{`{"choices":[],"usage":{"a":"\"}"}}`, true},
-		{`{"choices":[],"usage":{"a":"\\"}}`, true},
-		{`{"choices":[],"usage":{"a":"\\\"}}`, false},
-	}
-	for _, c := range cases {
-		if got := isUsageOnlyChunk([]byte(c.data)); got != c.want {
-			t.Errorf("isUsageOnlyChunk(%s) = %v, want %v", c.data, got, c.want)
-		}
-	}
-	// The golden stream has exactly one, its usage chunk.
-	var found []string
-	s := newSSEScanner(maxUsageEvent, func(ev sseEvent) {
-		if isUsageOnlyChunk(ev.Data) {
-			found = append(found, string(ev.Data))
-		}
-	})
-	s.Write(readUsageGolden(t, "openai_chat_stream.sse"))
-	s.Flush()
-	if len(found) != 1 || !strings.Contains(found[0], `"total_tokens":31`) {
-		t.Fatalf("usage-only chunks in the golden stream: %q", found)
-	}
-}
+	"github.com/rolter/caddy-ratelimit/internal/usage/usagetest"
+)
 
 // sseCollect runs a scanner over chunks and returns what it reported, one
 // string per event: "name|data", or "name|OVERSIZE".
@@ -62,7 +20,7 @@ func sseCollect(max int, chunks [][]byte) []string {
 	return got
 }
 
-// sseCollected is an sseEvent copied out of its callback.
+// sseCollected is an SSEEvent copied out of its callback.
 type sseCollected struct {
 	name, data string // data is "OVERSIZE" for an oversize event
 	start, end int64
@@ -70,7 +28,7 @@ type sseCollected struct {
 
 func sseCollectEvents(max int, chunks [][]byte) []sseCollected {
 	var got []sseCollected
-	s := newSSEScanner(max, func(ev sseEvent) {
+	s := NewSSEScanner(max, func(ev SSEEvent) {
 		c := sseCollected{name: string(ev.Name), data: string(ev.Data), start: ev.Start, end: ev.End}
 		if ev.Oversize {
 			c.data = "OVERSIZE"
@@ -112,10 +70,10 @@ func TestUsageSSEScannerFramesEventsAsTheSpecSaysWhateverTheChunking(t *testing.
 		{"field name is case-sensitive", "Data: a\n\n", nil},
 	}
 	for _, c := range cases {
-		for _, ch := range usageChunkings() {
-			got := sseCollect(maxUsageEvent, ch.split([]byte(c.stream)))
+		for _, ch := range usagetest.Chunkings() {
+			got := sseCollect(MaxEvent, ch.Split([]byte(c.stream)))
 			if !slices.Equal(got, c.want) {
-				t.Errorf("%s (%s): got %q, want %q", c.name, ch.name, got, c.want)
+				t.Errorf("%s (%s): got %q, want %q", c.name, ch.Name, got, c.want)
 			}
 		}
 	}
@@ -130,10 +88,10 @@ func TestUsageSSEScannerReportsOversizeEventsOnceAndKeepsGoing(t *testing.T) {
 		"data: " + long[:max-7] + "\n\n" + // exactly max with its line end
 		"data: b\n\n"
 	want := []string{"|a", "big|OVERSIZE", "|OVERSIZE", "|" + long[:max-7], "|b"}
-	for _, ch := range usageChunkings() {
-		got := sseCollect(max, ch.split([]byte(stream)))
+	for _, ch := range usagetest.Chunkings() {
+		got := sseCollect(max, ch.Split([]byte(stream)))
 		if !slices.Equal(got, want) {
-			t.Errorf("%s: got %q, want %q", ch.name, got, want)
+			t.Errorf("%s: got %q, want %q", ch.Name, got, want)
 		}
 	}
 }
@@ -141,14 +99,14 @@ func TestUsageSSEScannerReportsOversizeEventsOnceAndKeepsGoing(t *testing.T) {
 func TestUsageSSEScannerDoesNotRetainWrites(t *testing.T) {
 	// sseCollect overwrites each chunk after its Write: the events must not
 	// show it, however the lines were cut.
-	stream := readUsageGolden(t, "anthropic_messages_stream.sse")
-	want := sseCollect(maxUsageEvent, [][]byte{stream})
+	stream := usagetest.Read(t, "anthropic_messages_stream.sse")
+	want := sseCollect(MaxEvent, [][]byte{stream})
 	if len(want) != 8 {
 		t.Fatalf("%d events in the golden Anthropic stream, want 8", len(want))
 	}
-	for _, ch := range usageChunkings() {
-		if got := sseCollect(maxUsageEvent, ch.split(stream)); !slices.Equal(got, want) {
-			t.Errorf("%s: got %q, want %q", ch.name, got, want)
+	for _, ch := range usagetest.Chunkings() {
+		if got := sseCollect(MaxEvent, ch.Split(stream)); !slices.Equal(got, want) {
+			t.Errorf("%s: got %q, want %q", ch.Name, got, want)
 		}
 	}
 }
@@ -157,13 +115,13 @@ func TestUsageSSEScannerTellsWhereEachEventIsInTheStream(t *testing.T) {
 	streams := map[string][]byte{
 		"mixed line ends": []byte(": hi\n\ndata: a\r\n\r\n\r\nevent: x\rdata: b\r\rid: 1\n\ndata: c\r\n\r\ndata: d"),
 	}
-	for _, g := range usageGoldens {
-		if strings.HasSuffix(g.file, ".sse") {
-			streams[g.file] = readUsageGolden(t, g.file)
+	for _, g := range usagetest.Goldens {
+		if strings.HasSuffix(g.File, ".sse") {
+			streams[g.File] = usagetest.Read(t, g.File)
 		}
 	}
 	for name, stream := range streams {
-		want := sseCollectEvents(maxUsageEvent, [][]byte{stream})
+		want := sseCollectEvents(MaxEvent, [][]byte{stream})
 		if len(want) == 0 {
 			t.Fatalf("%s: no events", name)
 		}
@@ -173,40 +131,40 @@ func TestUsageSSEScannerTellsWhereEachEventIsInTheStream(t *testing.T) {
 				t.Fatalf("%s: event at [%d, %d) after one ending at %d in %d bytes", name, ev.start, ev.end, prevEnd, len(stream))
 			}
 			// Outside events there is no event.
-			if got := sseCollectEvents(maxUsageEvent, [][]byte{stream[prevEnd:ev.start]}); len(got) != 0 {
+			if got := sseCollectEvents(MaxEvent, [][]byte{stream[prevEnd:ev.start]}); len(got) != 0 {
 				t.Errorf("%s: an event between %d and %d: %+v", name, prevEnd, ev.start, got)
 			}
 			// An event's bytes alone are that event.
-			got := sseCollectEvents(maxUsageEvent, [][]byte{stream[ev.start:ev.end]})
+			got := sseCollectEvents(MaxEvent, [][]byte{stream[ev.start:ev.end]})
 			if len(got) != 1 || got[0].name != ev.name || got[0].data != ev.data {
 				t.Errorf("%s: stream[%d:%d] = %q scans as %+v, want %+v", name, ev.start, ev.end, stream[ev.start:ev.end], got, ev)
 			}
 			prevEnd = ev.end
 		}
-		for _, ch := range usageChunkings() {
-			if got := sseCollectEvents(maxUsageEvent, ch.split(stream)); !slices.Equal(got, want) {
-				t.Errorf("%s (%s): got %+v, want %+v", name, ch.name, got, want)
+		for _, ch := range usagetest.Chunkings() {
+			if got := sseCollectEvents(MaxEvent, ch.Split(stream)); !slices.Equal(got, want) {
+				t.Errorf("%s (%s): got %+v, want %+v", name, ch.Name, got, want)
 			}
 		}
 	}
 }
 
 func TestUsageSSEScannerLetsAFilterDropTheUsageOnlyChunk(t *testing.T) {
-	// What the colleague stripping an injected usage chunk does: hold back
+	// What a filter stripping an injected usage chunk does: hold back
 	// the event in progress, and pass on every event but the usage-only one.
-	stream := readUsageGolden(t, "openai_chat_stream.sse")
-	for _, ch := range usageChunkings() {
+	stream := usagetest.Read(t, "openai_chat_stream.sse")
+	for _, ch := range usagetest.Chunkings() {
 		var out, held []byte
 		var heldFrom, passed int64 // held holds stream[heldFrom:], out has stream[:passed] minus drops
-		s := newSSEScanner(maxUsageEvent, func(ev sseEvent) {
+		s := NewSSEScanner(MaxEvent, func(ev SSEEvent) {
 			// Pass on what lies before the event, then the event unless dropped.
 			out = append(out, held[passed-heldFrom:ev.Start-heldFrom]...)
-			if !isUsageOnlyChunk(ev.Data) {
+			if !IsUsageOnlyChunk(ev.Data) {
 				out = append(out, held[ev.Start-heldFrom:ev.End-heldFrom]...)
 			}
 			passed = ev.End
 		})
-		for _, c := range ch.split(stream) {
+		for _, c := range ch.Split(stream) {
 			held = append(held, c...)
 			s.Write(c)
 			held = held[passed-heldFrom:] // forget what was passed on or dropped
@@ -216,7 +174,7 @@ func TestUsageSSEScannerLetsAFilterDropTheUsageOnlyChunk(t *testing.T) {
 		out = append(out, held[passed-heldFrom:]...)
 		want := bytes.Replace(stream, stream[bytes.Index(stream, []byte(`data: {"id":"chatcmpl-B1xK9qW2eR3tY4uI5oP6aS7dF8","object":"chat.completion.chunk","created":1739812400,"model":"gpt-4o-mini-2024-07-18","system_fingerprint":"fp_0aa8d3e20b","choices":[]`)):bytes.Index(stream, []byte("data: [DONE]"))], nil, 1)
 		if !bytes.Equal(out, want) {
-			t.Fatalf("%s: filtered stream:\n%s\nwant:\n%s", ch.name, out, want)
+			t.Fatalf("%s: filtered stream:\n%s\nwant:\n%s", ch.Name, out, want)
 		}
 	}
 }
@@ -225,7 +183,7 @@ func TestUsageSSEScannerLetsAFilterDropTheUsageOnlyChunk(t *testing.T) {
 // split into Writes.
 func FuzzUsageSSEScanner(f *testing.F) {
 	for _, name := range []string{"openai_chat_stream.sse", "anthropic_messages_stream.sse", "gemini_stream.sse", "openai_responses_stream.sse"} {
-		f.Add(readUsageGolden(f, name), uint64(len(name)))
+		f.Add(usagetest.Read(f, name), uint64(len(name)))
 	}
 	f.Add([]byte("data: a\r\n\r\ndata:b\rdata\n\n\xef\xbb\xbf: c\r\r"), uint64(9))
 	f.Fuzz(func(t *testing.T, stream []byte, seed uint64) {

@@ -1,127 +1,21 @@
-package ratelimit
+package usage
 
 import (
 	"bytes"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/rolter/caddy-ratelimit/internal/usage/usagetest"
 )
-
-// usageGolden is a sample body under testdata/usage and what it must charge.
-type usageGolden struct {
-	file    string
-	tokens  int64
-	metered bool
-}
-
-// usageGoldens are written from the providers' public API references (shapes
-// and field names; the values are made up). The .sse files are the bytes on
-// the wire; the gemini_stream*.sse files use CRLF line ends, as Gemini does.
-var usageGoldens = []usageGolden{
-	// OpenAI: total_tokens; the content's "usage" text is not usage.
-	{"openai_chat.json", 1163, true},
-	{"openai_chat_stream.sse", 31, true}, // stream_options.include_usage
-	{"openai_completions.json", 12, true},
-	{"openai_embeddings.json", 8, true},
-	{"openai_responses.json", 123, true},
-	{"openai_responses_stream.sse", 48, true}, // response.completed's response.usage
-	// Anthropic: input + output + cache creation + cache read, the latest
-	// value of each field; with usage.iterations, the sum over them.
-	{"anthropic_messages.json", 2095 + 503 + 2051 + 1800, true},
-	{"anthropic_messages_stream.sse", 472 + 89 + 0 + 1024, true},    // message_start + message_delta
-	{"anthropic_compat_stream.sse", 118 + 30 + 10, true},            // input 120, then 118: the latest wins
-	{"anthropic_stream_lower_delta.sse", 2097 + 64 + 0 + 512, true}, // input 2100, then 2097
-	{"anthropic_stream_error.sse", 310 + 1, true},                   // error after message_start
-	// Compacted: the iterations (compaction, then message), not the top-level
-	// fields (the last iteration only), nor cache_creation's breakdown.
-	{"anthropic_compaction_stream.sse", (240 + 410 + 0 + 31200) + (315 + 12 + 1200 + 0), true},
-	{"anthropic_compaction.json", (18750 + 640 + 0 + 2048) + (96 + 21 + 300 + 0), true},
-	// Gemini: totalTokenCount (prompt, which includes cached, + candidates +
-	// thoughts) of the last usageMetadata.
-	{"gemini_generate.json", 1263, true},
-	{"gemini_stream.sse", 75, true},             // the last running total
-	{"gemini_stream_array.json", 10, true},      // streamGenerateContent without alt=sse
-	{"gemini_stream_down.sse", 79, true},        // prompt 42, then 38 + 17 + 24 thoughts
-	{"gemini_stream_array_down.json", 12, true}, // prompt 9, then 7 + 5
-	// No usage: nothing is charged.
-	{"openai_error.json", 0, false},
-	{"anthropic_error.json", 0, false},
-	{"gemini_error.json", 0, false},
-	{"openai_stream_without_usage.sse", 0, false},
-	{"unknown_shape.json", 0, false}, // "usage" only below the top level
-}
-
-func readUsageGolden(t testing.TB, file string) []byte {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join("testdata", "usage", file))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
-func usageContentType(file string) string {
-	if strings.HasSuffix(file, ".sse") {
-		return "text/event-stream; charset=utf-8"
-	}
-	return "application/json; charset=utf-8"
-}
-
-func usageHeader(contentType, encoding string) http.Header {
-	h := http.Header{}
-	if contentType != "" {
-		h.Set("Content-Type", contentType)
-	}
-	if encoding != "" {
-		h.Set("Content-Encoding", encoding)
-	}
-	return h
-}
-
-// usageChunking splits a body into the Writes the meter gets.
-type usageChunking struct {
-	name  string
-	split func(b []byte) [][]byte
-}
-
-func usageChunkings() []usageChunking {
-	cs := []usageChunking{
-		{"whole", func(b []byte) [][]byte { return [][]byte{b} }},
-		{"1-byte", func(b []byte) [][]byte {
-			out := make([][]byte, len(b))
-			for i := range b {
-				out[i] = b[i : i+1]
-			}
-			return out
-		}},
-	}
-	for _, c := range []struct {
-		seed uint64
-		max  int
-	}{{1, 7}, {2, 64}, {3, 700}, {4, 4096}} {
-		cs = append(cs, usageChunking{fmt.Sprintf("random-%d-max%d", c.seed, c.max), func(b []byte) [][]byte {
-			r := rand.New(rand.NewPCG(c.seed, uint64(len(b))))
-			var out [][]byte
-			for len(b) > 0 {
-				n := min(1+r.IntN(c.max), len(b))
-				out = append(out, b[:n])
-				b = b[n:]
-			}
-			return out
-		}})
-	}
-	return cs
-}
 
 // meterUsage writes the chunks to a meter, each from a buffer that is
 // overwritten right after the Write (the meter must not keep p), and finishes.
 // A panic that the meter recovered from is a bug: it is raised again here.
 func meterUsage(h http.Header, chunks [][]byte) (int64, bool) {
-	m := newUsageMeter(h)
+	m := NewMeter(h)
 	var buf []byte
 	for _, c := range chunks {
 		buf = append(buf[:0], c...)
@@ -141,15 +35,15 @@ func meterUsage(h http.Header, chunks [][]byte) (int64, bool) {
 }
 
 func TestUsageGoldenSamplesChargeWhatTheProviderReportsWhateverTheEncodingAndChunking(t *testing.T) {
-	for _, g := range usageGoldens {
-		raw := readUsageGolden(t, g.file)
-		for _, coding := range usageEncodings {
-			body := usageEncode(t, coding, raw)
-			h := usageHeader(usageContentType(g.file), usageEncodingHeader(coding))
-			for _, c := range usageChunkings() {
-				tokens, metered := meterUsage(h, c.split(body))
-				if tokens != g.tokens || metered != g.metered {
-					t.Errorf("%s %s %s: got (%d, %v), want (%d, %v)", g.file, coding, c.name, tokens, metered, g.tokens, g.metered)
+	for _, g := range usagetest.Goldens {
+		raw := usagetest.Read(t, g.File)
+		for _, coding := range usagetest.Encodings {
+			body := usagetest.Encode(t, coding, raw)
+			h := usagetest.Header(usagetest.ContentType(g.File), usagetest.EncodingHeader(coding))
+			for _, c := range usagetest.Chunkings() {
+				tokens, metered := meterUsage(h, c.Split(body))
+				if tokens != g.Tokens || metered != g.Metered {
+					t.Errorf("%s %s %s: got (%d, %v), want (%d, %v)", g.File, coding, c.Name, tokens, metered, g.Tokens, g.Metered)
 				}
 			}
 		}
@@ -166,16 +60,16 @@ func TestAnthropicStreamIsChargedTheLatestValueOfEachField(t *testing.T) {
 		`data: {"type":"message_delta","delta":{"stop_reason":null},"usage":{"input_tokens":90,"output_tokens":40}}` + "\n\n" +
 		"event: message_delta\n" +
 		`data: {"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":70,"cache_creation_input_tokens":5}}` + "\n\n"
-	for _, c := range usageChunkings() {
-		tokens, metered := meterUsage(usageHeader("text/event-stream", ""), c.split([]byte(body)))
+	for _, c := range usagetest.Chunkings() {
+		tokens, metered := meterUsage(usagetest.Header("text/event-stream", ""), c.Split([]byte(body)))
 		if want := int64(90 + 50 + 70 + 5); tokens != want || !metered {
-			t.Fatalf("%s: got (%d, %v), want (%d, true)", c.name, tokens, metered, want)
+			t.Fatalf("%s: got (%d, %v), want (%d, true)", c.Name, tokens, metered, want)
 		}
 	}
 	// A compatible backend that reports input only on message_delta.
 	late := "data: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":0,\"output_tokens\":0}}}\n\n" +
 		"data: {\"type\":\"message_delta\",\"usage\":{\"input_tokens\":30,\"output_tokens\":4}}\n\n"
-	if tokens, metered := meterUsage(usageHeader("text/event-stream", ""), [][]byte{[]byte(late)}); tokens != 34 || !metered {
+	if tokens, metered := meterUsage(usagetest.Header("text/event-stream", ""), [][]byte{[]byte(late)}); tokens != 34 || !metered {
 		t.Fatalf("input reported late: got (%d, %v), want (34, true)", tokens, metered)
 	}
 }
@@ -230,10 +124,10 @@ func TestGeminiStreamIsChargedItsLastUsageReport(t *testing.T) {
 			{"text/event-stream", sse.String()},
 			{"application/json", array.String()},
 		} {
-			for _, ch := range usageChunkings() {
-				tokens, metered := meterUsage(usageHeader(body.contentType, ""), ch.split([]byte(body.text)))
+			for _, ch := range usagetest.Chunkings() {
+				tokens, metered := meterUsage(usagetest.Header(body.contentType, ""), ch.Split([]byte(body.text)))
 				if tokens != c.want || !metered {
-					t.Errorf("%s (%s, %s): got (%d, %v), want (%d, true)", c.name, body.contentType, ch.name, tokens, metered, c.want)
+					t.Errorf("%s (%s, %s): got (%d, %v), want (%d, true)", c.name, body.contentType, ch.Name, tokens, metered, c.want)
 				}
 			}
 		}
@@ -283,10 +177,10 @@ func TestCompactedAnthropicResponseIsChargedTheUsageOfEveryIteration(t *testing.
 		{"iterations outside usage", "application/json", `{"iterations":[{"input_tokens":900}],"usage":{"input_tokens":4}}`, 4},
 	}
 	for _, c := range cases {
-		for _, ch := range usageChunkings() {
-			tokens, metered := meterUsage(usageHeader(c.contentType, ""), ch.split([]byte(c.body)))
+		for _, ch := range usagetest.Chunkings() {
+			tokens, metered := meterUsage(usagetest.Header(c.contentType, ""), ch.Split([]byte(c.body)))
 			if tokens != c.want || !metered {
-				t.Errorf("%s (%s): got (%d, %v), want (%d, true)", c.name, ch.name, tokens, metered, c.want)
+				t.Errorf("%s (%s): got (%d, %v), want (%d, true)", c.name, ch.Name, tokens, metered, c.want)
 			}
 		}
 	}
@@ -295,11 +189,11 @@ func TestCompactedAnthropicResponseIsChargedTheUsageOfEveryIteration(t *testing.
 func TestUsageReportCutShortIsChargedWhatItAndTheReportBeforeItSaid(t *testing.T) {
 	// A cut inside a Gemini snapshot: the counts it has reported count, and
 	// the earlier snapshot's fields it has not replaced yet still stand.
-	raw := readUsageGolden(t, "gemini_stream_down.sse")
+	raw := usagetest.Read(t, "gemini_stream_down.sse")
 	lastEvent := bytes.LastIndex(raw, []byte("data: "))
 	lastUsage := lastEvent + bytes.Index(raw[lastEvent:], []byte(`"usageMetadata"`))
 	for cut := lastEvent; cut <= len(raw); cut++ {
-		tokens, metered := meterUsage(usageHeader("text/event-stream", ""), [][]byte{raw[:cut]})
+		tokens, metered := meterUsage(usagetest.Header("text/event-stream", ""), [][]byte{raw[:cut]})
 		switch {
 		case !metered || tokens < 42 || tokens > 79:
 			t.Fatalf("cut at %d: got (%d, %v), want between the last two reports' 42 and 79", cut, tokens, metered)
@@ -309,12 +203,12 @@ func TestUsageReportCutShortIsChargedWhatItAndTheReportBeforeItSaid(t *testing.T
 	}
 	// A cut inside an iterations list: the top-level fields beside it, until
 	// its iterations sum to more; the sum grows with each count read.
-	raw = readUsageGolden(t, "anthropic_compaction_stream.sse")
+	raw = usagetest.Read(t, "anthropic_compaction_stream.sse")
 	list := bytes.Index(raw, []byte(`"iterations":[`)) + len(`"iterations":[`)
 	second := list + bytes.Index(raw[list:], []byte(`},{`)) + 1
 	var prev int64
 	for cut := list; cut <= len(raw); cut++ {
-		tokens, metered := meterUsage(usageHeader("text/event-stream", ""), [][]byte{raw[:cut]})
+		tokens, metered := meterUsage(usagetest.Header("text/event-stream", ""), [][]byte{raw[:cut]})
 		var want int64
 		switch cut {
 		case list:
@@ -351,12 +245,12 @@ func TestUsageChargeIsTheReportedTotalOrElseTheSumOfTheParts(t *testing.T) {
 		{`{"total_tokens":1.5e3}`, 1500},
 		{`{"total_tokens":12.0}`, 12},
 		{`{"total_tokens":-5,"prompt_tokens":2}`, 2},
-		{`{"total_tokens":99999999999999999999999}`, maxUsageValue},
+		{`{"total_tokens":99999999999999999999999}`, maxValue},
 		{`{"total_tokens":"15","prompt_tokens":true,"completion_tokens":null}`, 0},
 	}
 	for _, c := range cases {
 		body := `{"id":"x","usage":` + c.usage + `}`
-		tokens, _ := meterUsage(usageHeader("application/json", ""), [][]byte{[]byte(body)})
+		tokens, _ := meterUsage(usagetest.Header("application/json", ""), [][]byte{[]byte(body)})
 		if tokens != c.want {
 			t.Errorf("usage %s: got %d, want %d", c.usage, tokens, c.want)
 		}
@@ -387,13 +281,13 @@ func TestUsageOnlyJSONAndEventStreamBodiesInKnownEncodingsAreMetered(t *testing.
 		{"application/json", "snappy", jsonBody, false},
 	}
 	for _, c := range cases {
-		tokens, metered := meterUsage(usageHeader(c.contentType, c.encoding), [][]byte{c.body})
+		tokens, metered := meterUsage(usagetest.Header(c.contentType, c.encoding), [][]byte{c.body})
 		if metered != c.metered || (metered && tokens != 5) {
 			t.Errorf("Content-Type %q, Content-Encoding %q: got (%d, %v), want metered=%v", c.contentType, c.encoding, tokens, metered, c.metered)
 		}
 	}
 	// The SSE reading of a JSON body, and the other way round, finds nothing.
-	if _, metered := meterUsage(usageHeader("text/event-stream", ""), [][]byte{jsonBody}); metered {
+	if _, metered := meterUsage(usagetest.Header("text/event-stream", ""), [][]byte{jsonBody}); metered {
 		t.Error("a JSON body read as an event stream was metered")
 	}
 	if tokens, metered := meterUsage(nil, [][]byte{jsonBody}); metered || tokens != 0 {
@@ -402,13 +296,13 @@ func TestUsageOnlyJSONAndEventStreamBodiesInKnownEncodingsAreMetered(t *testing.
 }
 
 func TestUsageTruncatedStreamChargesWhatWasReportedBeforeTheCut(t *testing.T) {
-	raw := readUsageGolden(t, "anthropic_messages_stream.sse")
+	raw := usagetest.Read(t, "anthropic_messages_stream.sse")
 	afterStart := bytes.Index(raw, []byte("event: content_block_start"))
 	beforeDelta := bytes.Index(raw, []byte("event: message_delta"))
 	deltaEnd := beforeDelta + bytes.Index(raw[beforeDelta:], []byte("\n\n")) + 1 // after its data line
 	var prev int64
 	for cut := 0; cut <= len(raw); cut++ {
-		tokens, metered := meterUsage(usageHeader("text/event-stream", ""), [][]byte{raw[:cut]})
+		tokens, metered := meterUsage(usagetest.Header("text/event-stream", ""), [][]byte{raw[:cut]})
 		switch {
 		case tokens < prev:
 			t.Fatalf("cut at %d: %d tokens, fewer than a shorter cut's %d", cut, tokens, prev)
@@ -420,31 +314,31 @@ func TestUsageTruncatedStreamChargesWhatWasReportedBeforeTheCut(t *testing.T) {
 		prev = tokens
 	}
 	// An OpenAI stream cut before its usage chunk reported nothing.
-	raw = readUsageGolden(t, "openai_chat_stream.sse")
+	raw = usagetest.Read(t, "openai_chat_stream.sse")
 	cut := bytes.Index(raw, []byte(`"choices":[],`))
-	if tokens, metered := meterUsage(usageHeader("text/event-stream", ""), [][]byte{raw[:cut]}); metered {
+	if tokens, metered := meterUsage(usagetest.Header("text/event-stream", ""), [][]byte{raw[:cut]}); metered {
 		t.Fatalf("OpenAI stream cut before its usage: got (%d, true), want unmetered", tokens)
 	}
 }
 
 func TestOversizeEventIsSkippedAndLeavesTheResponseUnmeteredIfItAloneCarriedUsage(t *testing.T) {
-	big := `data: {"pad":"` + strings.Repeat("a", maxUsageEvent) + `","usage":{"total_tokens":5}}` + "\n\n"
+	big := `data: {"pad":"` + strings.Repeat("a", MaxEvent) + `","usage":{"total_tokens":5}}` + "\n\n"
 	small := "data: {\"usage\":{\"total_tokens\":7}}\n\n"
-	for _, c := range usageChunkings() {
-		if c.name == "1-byte" {
+	for _, c := range usagetest.Chunkings() {
+		if c.Name == "1-byte" {
 			continue // a megabyte one byte at a time is slow under -race, and 7 max covers it
 		}
-		if tokens, metered := meterUsage(usageHeader("text/event-stream", ""), c.split([]byte(big))); metered {
-			t.Errorf("%s: an oversize event was metered (%d)", c.name, tokens)
+		if tokens, metered := meterUsage(usagetest.Header("text/event-stream", ""), c.Split([]byte(big))); metered {
+			t.Errorf("%s: an oversize event was metered (%d)", c.Name, tokens)
 		}
-		if tokens, metered := meterUsage(usageHeader("text/event-stream", ""), c.split([]byte(big+small))); tokens != 7 || !metered {
-			t.Errorf("%s: the event after an oversize one: got (%d, %v), want (7, true)", c.name, tokens, metered)
+		if tokens, metered := meterUsage(usagetest.Header("text/event-stream", ""), c.Split([]byte(big+small))); tokens != 7 || !metered {
+			t.Errorf("%s: the event after an oversize one: got (%d, %v), want (7, true)", c.Name, tokens, metered)
 		}
 	}
 	// The meter holds no more than the maximum for it.
-	m := newUsageMeter(usageHeader("text/event-stream", ""))
+	m := NewMeter(usagetest.Header("text/event-stream", ""))
 	m.Write([]byte(big[:len(big)-2]))
-	if n := cap(m.sse.data) + cap(m.sse.line); n > 2*maxUsageEvent {
+	if n := cap(m.sse.data) + cap(m.sse.line); n > 2*MaxEvent {
 		t.Errorf("the meter holds %d bytes for an event of %d", n, len(big))
 	}
 	m.Finish()
@@ -452,8 +346,8 @@ func TestOversizeEventIsSkippedAndLeavesTheResponseUnmeteredIfItAloneCarriedUsag
 
 func TestUsageFinishIsIdempotentAndWritesAfterItAreIgnored(t *testing.T) {
 	for _, coding := range []string{"identity", "gzip"} {
-		body := usageEncode(t, coding, []byte(`{"usage":{"total_tokens":5}}`))
-		m := newUsageMeter(usageHeader("application/json", usageEncodingHeader(coding)))
+		body := usagetest.Encode(t, coding, []byte(`{"usage":{"total_tokens":5}}`))
+		m := NewMeter(usagetest.Header("application/json", usagetest.EncodingHeader(coding)))
 		m.Write(body)
 		a, am := m.Finish()
 		if n, err := m.Write(body); n != len(body) || err != nil {
@@ -467,10 +361,10 @@ func TestUsageFinishIsIdempotentAndWritesAfterItAreIgnored(t *testing.T) {
 }
 
 func TestEventsWithoutUsageCostNoAllocation(t *testing.T) {
-	stream := readUsageGolden(t, "openai_chat_stream.sse")
+	stream := usagetest.Read(t, "openai_chat_stream.sse")
 	noUsage := stream[:bytes.Index(stream, []byte(`data: {"id":"chatcmpl-B1xK9qW2eR3tY4uI5oP6aS7dF8","object":"chat.completion.chunk","created":1739812400,"model":"gpt-4o-mini-2024-07-18","system_fingerprint":"fp_0aa8d3e20b","choices":[],`))]
 	withUsage := stream[len(noUsage):]
-	m := newUsageMeter(usageHeader("text/event-stream", ""))
+	m := NewMeter(usagetest.Header("text/event-stream", ""))
 	m.Write(stream) // grows the scratch buffers once
 	if a := testing.AllocsPerRun(100, func() { m.Write(noUsage) }); a != 0 {
 		t.Errorf("events without usage: %v allocations per Write, want 0", a)
@@ -491,14 +385,14 @@ func TestEventsWithoutUsageCostNoAllocation(t *testing.T) {
 	if tokens, metered := m.Finish(); tokens != 31 || !metered {
 		t.Errorf("got (%d, %v), want (31, true)", tokens, metered)
 	}
-	j := newUsageMeter(usageHeader("application/json", ""))
-	body := readUsageGolden(t, "openai_chat.json")
+	j := NewMeter(usagetest.Header("application/json", ""))
+	body := usagetest.Read(t, "openai_chat.json")
 	if a := testing.AllocsPerRun(100, func() { j.json.reset(); j.Write(body) }); a != 0 {
 		t.Errorf("a JSON body: %v allocations per Write, want 0", a)
 	}
 	chunk := []byte(`{"id":"c","object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}`)
-	if a := testing.AllocsPerRun(100, func() { isUsageOnlyChunk(chunk) }); a != 0 {
-		t.Errorf("isUsageOnlyChunk: %v allocations, want 0", a)
+	if a := testing.AllocsPerRun(100, func() { IsUsageOnlyChunk(chunk) }); a != 0 {
+		t.Errorf("IsUsageOnlyChunk: %v allocations, want 0", a)
 	}
 }
 
@@ -536,15 +430,11 @@ func TestOnlyEventsThatMayCarryUsageAreScanned(t *testing.T) {
 // codings, split at arbitrary points: the meter must not panic, must charge
 // the same whatever the split, and must stay within its memory bounds.
 func FuzzUsageMeter(f *testing.F) {
-	entries, err := os.ReadDir(filepath.Join("testdata", "usage"))
-	if err != nil {
-		f.Fatal(err)
-	}
-	for i, e := range entries {
-		raw := readUsageGolden(f, e.Name())
-		sse := strings.HasSuffix(e.Name(), ".sse")
-		for c, coding := range usageEncodings {
-			f.Add(sse, uint8(c), usageEncode(f, coding, raw), uint64(i*31+c))
+	for i, file := range usagetest.Files() {
+		raw := usagetest.Read(f, file)
+		sse := strings.HasSuffix(file, ".sse")
+		for c, coding := range usagetest.Encodings {
+			f.Add(sse, uint8(c), usagetest.Encode(f, coding, raw), uint64(i*31+c))
 		}
 		f.Add(!sse, uint8(0), raw, uint64(i))
 	}
@@ -556,7 +446,7 @@ func FuzzUsageMeter(f *testing.F) {
 		if sse {
 			ct = "text/event-stream"
 		}
-		h := usageHeader(ct, usageEncodingHeader(usageEncodings[int(coding)%len(usageEncodings)]))
+		h := usagetest.Header(ct, usagetest.EncodingHeader(usagetest.Encodings[int(coding)%len(usagetest.Encodings)]))
 		whole, wholeMetered := meterUsage(h, [][]byte{body})
 		r := rand.New(rand.NewPCG(seed, seed>>32))
 		var chunks [][]byte
@@ -565,10 +455,10 @@ func FuzzUsageMeter(f *testing.F) {
 			chunks = append(chunks, b[:n])
 			b = b[n:]
 		}
-		m := newUsageMeter(h)
+		m := NewMeter(h)
 		for _, c := range chunks {
 			m.Write(c)
-			if m.sse != nil && (cap(m.sse.data) > 2*maxUsageEvent || cap(m.sse.line) > 2*maxUsageEvent) {
+			if m.sse != nil && (cap(m.sse.data) > 2*MaxEvent || cap(m.sse.line) > 2*MaxEvent) {
 				t.Fatalf("SSE buffers grew to %d and %d", cap(m.sse.data), cap(m.sse.line))
 			}
 		}
@@ -582,7 +472,7 @@ func FuzzUsageMeter(f *testing.F) {
 		if whole < 0 || (!wholeMetered && whole != 0) {
 			t.Fatalf("got (%d, %v)", whole, wholeMetered)
 		}
-		if isUsageOnlyChunk(body) && !bytes.Contains(body, []byte(`"usage"`)) {
+		if IsUsageOnlyChunk(body) && !bytes.Contains(body, []byte(`"usage"`)) {
 			t.Fatal("a usage-only chunk without usage")
 		}
 	})

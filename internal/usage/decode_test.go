@@ -1,4 +1,4 @@
-package ratelimit
+package usage
 
 import (
 	"bytes"
@@ -14,59 +14,11 @@ import (
 	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zlib"
 	"github.com/klauspost/compress/zstd"
+	"github.com/rolter/caddy-ratelimit/internal/usage/usagetest"
 )
 
-// usageEncodings are the content codings the meter decodes. "deflate" is
-// zlib-wrapped as HTTP says; "deflate-raw" is sent as "deflate" too.
-var usageEncodings = []string{"identity", "gzip", "x-gzip", "deflate", "deflate-raw", "br", "zstd"}
-
-// usageEncode compresses b as the coding says (the header value is
-// usageEncodingHeader of it).
-func usageEncode(t testing.TB, coding string, b []byte) []byte {
-	t.Helper()
-	var out bytes.Buffer
-	var w io.WriteCloser
-	var err error
-	switch coding {
-	case "identity":
-		return b
-	case "gzip", "x-gzip":
-		w, err = gzip.NewWriterLevel(&out, gzip.BestSpeed)
-	case "deflate":
-		w, err = zlib.NewWriterLevel(&out, zlib.BestSpeed)
-	case "deflate-raw":
-		w, err = flate.NewWriter(&out, flate.BestSpeed)
-	case "br":
-		w = brotli.NewWriterLevel(&out, 1)
-	case "zstd":
-		w, err = zstd.NewWriter(&out, zstd.WithEncoderLevel(zstd.SpeedFastest))
-	default:
-		t.Fatalf("unknown coding %q", coding)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := w.Write(b); err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return out.Bytes()
-}
-
-func usageEncodingHeader(coding string) string {
-	switch coding {
-	case "identity":
-		return ""
-	case "deflate-raw":
-		return "deflate"
-	}
-	return coding
-}
-
 func TestUsageTruncatedCompressedStreamChargesWhatWasDecodedBeforeTheCut(t *testing.T) {
-	raw := readUsageGolden(t, "anthropic_messages_stream.sse")
+	raw := usagetest.Read(t, "anthropic_messages_stream.sse")
 	events := bytes.SplitAfter(raw, []byte("\n\n"))
 	for _, coding := range []string{"gzip", "deflate", "deflate-raw", "br", "zstd"} {
 		// Flush after each event, as a streaming server does, and cut the
@@ -98,16 +50,16 @@ func TestUsageTruncatedCompressedStreamChargesWhatWasDecodedBeforeTheCut(t *test
 		}
 		w.Close()
 		body := out.Bytes()
-		h := usageHeader("text/event-stream", usageEncodingHeader(coding))
+		h := usagetest.Header("text/event-stream", usagetest.EncodingHeader(coding))
 		for _, cut := range []int{firstFlush, firstFlush + 3, len(body) - 3} {
-			for _, c := range usageChunkings()[:3] {
-				tokens, metered := meterUsage(h, c.split(body[:cut]))
+			for _, c := range usagetest.Chunkings()[:3] {
+				tokens, metered := meterUsage(h, c.Split(body[:cut]))
 				want := int64(472 + 1024 + 2)
 				if cut == len(body)-3 {
 					want = 472 + 1024 + 89
 				}
 				if tokens != want || !metered {
-					t.Errorf("%s cut at %d of %d (%s): got (%d, %v), want (%d, true)", coding, cut, len(body), c.name, tokens, metered, want)
+					t.Errorf("%s cut at %d of %d (%s): got (%d, %v), want (%d, true)", coding, cut, len(body), c.Name, tokens, metered, want)
 				}
 			}
 		}
@@ -115,11 +67,11 @@ func TestUsageTruncatedCompressedStreamChargesWhatWasDecodedBeforeTheCut(t *test
 }
 
 func TestUsageCorruptCompressedBodiesAreUnmeteredWithoutPanic(t *testing.T) {
-	raw := readUsageGolden(t, "openai_chat.json")
+	raw := usagetest.Read(t, "openai_chat.json")
 	r := rand.New(rand.NewPCG(7, 7))
-	for _, coding := range usageEncodings[1:] {
-		h := usageHeader("application/json", usageEncodingHeader(coding))
-		body := usageEncode(t, coding, raw)
+	for _, coding := range usagetest.Encodings[1:] {
+		h := usagetest.Header("application/json", usagetest.EncodingHeader(coding))
+		body := usagetest.Encode(t, coding, raw)
 		// Garbage.
 		garbage := make([]byte, 4096)
 		for i := range garbage {
@@ -148,7 +100,7 @@ func TestUsageCorruptCompressedBodiesAreUnmeteredWithoutPanic(t *testing.T) {
 }
 
 func TestUsageNoGoroutineOutlivesFinish(t *testing.T) {
-	raw := readUsageGolden(t, "openai_chat_stream.sse")
+	raw := usagetest.Read(t, "openai_chat_stream.sse")
 	waitFor := func(want int) int {
 		var n int
 		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
@@ -160,12 +112,12 @@ func TestUsageNoGoroutineOutlivesFinish(t *testing.T) {
 	}
 	time.Sleep(50 * time.Millisecond) // let goroutines of earlier tests end
 	base := runtime.NumGoroutine()
-	var meters []*usageMeter
-	for _, coding := range usageEncodings[1:] {
-		body := usageEncode(t, coding, raw)
-		h := usageHeader("text/event-stream", usageEncodingHeader(coding))
+	var meters []*Meter
+	for _, coding := range usagetest.Encodings[1:] {
+		body := usagetest.Encode(t, coding, raw)
+		h := usagetest.Header("text/event-stream", usagetest.EncodingHeader(coding))
 		for _, part := range [][]byte{nil, body[:len(body)/2], body, append(slices.Clone(body), "garbage"...)} {
-			m := newUsageMeter(h)
+			m := NewMeter(h)
 			m.Write(part)
 			meters = append(meters, m)
 		}
@@ -202,7 +154,7 @@ func TestUsageDecompressionBombIsCutOffAtTheDecodedCap(t *testing.T) {
 	}
 	w.Write([]byte(`","usage":{"total_tokens":5}}`))
 	w.Close()
-	m := newUsageMeter(usageHeader("application/json", "zstd"))
+	m := NewMeter(usagetest.Header("application/json", "zstd"))
 	var slowest time.Duration
 	for b := out.Bytes(); len(b) > 0; {
 		n := min(32<<10, len(b))
@@ -217,7 +169,7 @@ func TestUsageDecompressionBombIsCutOffAtTheDecodedCap(t *testing.T) {
 	if tokens != 3 || !metered {
 		t.Fatalf("got (%d, %v), want (3, true): the usage past the cap must not be read", tokens, metered)
 	}
-	if m.decoded > maxDecodedBody+usageDecodeBuffer {
+	if m.decoded > maxDecodedBody+decodeBuffer {
 		t.Fatalf("decoded %d bytes, cap %d", m.decoded, maxDecodedBody)
 	}
 }

@@ -1,13 +1,11 @@
-package ratelimit
+package usage
 
 import (
-	"bytes"
-	"fmt"
-	"math/rand/v2"
 	"runtime"
-	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/rolter/caddy-ratelimit/internal/usage/usagetest"
 )
 
 func TestUsageIsReadOnlyWhereProvidersPutIt(t *testing.T) {
@@ -43,17 +41,17 @@ func TestUsageIsReadOnlyWhereProvidersPutIt(t *testing.T) {
 		{"long keys", `{"` + strings.Repeat("k", 100) + `":1,"usage":{"` + strings.Repeat("t", 40) + `":3,"total_tokens":5}}`, 5, true},
 	}
 	for _, c := range cases {
-		for _, ch := range usageChunkings() {
-			tokens, metered := meterUsage(usageHeader("application/json", ""), ch.split([]byte(c.body)))
+		for _, ch := range usagetest.Chunkings() {
+			tokens, metered := meterUsage(usagetest.Header("application/json", ""), ch.Split([]byte(c.body)))
 			if tokens != c.tokens || metered != c.metered {
-				t.Errorf("%s (%s): got (%d, %v), want (%d, %v)", c.name, ch.name, tokens, metered, c.tokens, c.metered)
+				t.Errorf("%s (%s): got (%d, %v), want (%d, %v)", c.name, ch.Name, tokens, metered, c.tokens, c.metered)
 			}
 		}
 	}
 }
 
-// usageHeapDuring reports the bytes allocated while f ran.
-func usageHeapDuring(f func()) uint64 {
+// heapDuring reports the bytes allocated while f ran.
+func heapDuring(f func()) uint64 {
 	runtime.GC()
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
@@ -64,18 +62,18 @@ func usageHeapDuring(f func()) uint64 {
 
 func TestUsageTenMegabyteJSONBodyIsMeteredInBoundedMemory(t *testing.T) {
 	for _, shape := range []string{"content", "embeddings"} {
-		raw := usageBigJSON(shape, 10<<20)
+		raw := usagetest.BigJSON(shape, 10<<20)
 		codings := []string{"identity", "gzip", "zstd", "br"}
 		if shape == "embeddings" {
 			codings = codings[:2] // random floats are slow to compress under -race
 		}
 		for _, coding := range codings {
-			body := usageEncode(t, coding, raw)
-			h := usageHeader("application/json", usageEncodingHeader(coding))
+			body := usagetest.Encode(t, coding, raw)
+			h := usagetest.Header("application/json", usagetest.EncodingHeader(coding))
 			var tokens int64
 			var metered bool
-			allocated := usageHeapDuring(func() {
-				m := newUsageMeter(h)
+			allocated := heapDuring(func() {
+				m := NewMeter(h)
 				for b := body; len(b) > 0; {
 					n := min(32<<10, len(b))
 					m.Write(b[:n])
@@ -98,38 +96,4 @@ func TestUsageTenMegabyteJSONBodyIsMeteredInBoundedMemory(t *testing.T) {
 			}
 		}
 	}
-}
-
-// usageBigJSON is a JSON body of about size bytes with its usage at the end:
-// a chat completion with one long content string, or an embeddings list.
-func usageBigJSON(shape string, size int) []byte {
-	var b bytes.Buffer
-	switch shape {
-	case "content":
-		b.WriteString(`{"id":"chatcmpl-big","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"`)
-		line := `Line with \"quotes\", a \\ backslash, usage: {\"total_tokens\": 1}, and \u00e9.\n`
-		b.Write(bytes.Repeat([]byte(line), size/len(line)+1))
-		b.WriteString(`"},"finish_reason":"stop"}],`)
-	default:
-		b.WriteString(`{"object":"list","data":[`)
-		r := rand.New(rand.NewPCG(1, 2))
-		for i := 0; b.Len() < size; i++ {
-			if i > 0 {
-				b.WriteByte(',')
-			}
-			fmt.Fprintf(&b, `{"object":"embedding","index":%d,"embedding":[`, i)
-			var num []byte
-			for j := range 256 {
-				if j > 0 {
-					b.WriteByte(',')
-				}
-				num = strconv.AppendFloat(num[:0], r.Float64()*2-1, 'f', 9, 64)
-				b.Write(num)
-			}
-			b.WriteString("]}")
-		}
-		b.WriteString(`],"model":"text-embedding-3-large",`)
-	}
-	b.WriteString(`"usage":{"prompt_tokens":42,"total_tokens":42}}`)
-	return b.Bytes()
 }

@@ -1,0 +1,66 @@
+// Package usage reads the tokens an LLM provider reports having used, from a
+// copy of the bytes of its answer on their way to the client, so that exactly
+// those are charged. A Meter reads a response body; a RealtimeTap reads the
+// frames of a WebSocket session of the OpenAI Realtime API (see websocket.go).
+//
+// What a Meter reads, by Content-Type (the request is never looked at):
+//
+//   - application/json and any */*+json: one JSON body (or several top-level
+//     values, or one top-level array of them, as Gemini's streamGenerateContent
+//     answers without alt=sse). Each top-level object is a document.
+//   - text/event-stream: each event's data payload is a document.
+//
+// In a document, the usage object is the value of the top-level key "usage"
+// or "usageMetadata", or of the "usage" key inside the top-level "message"
+// (Anthropic's message_start) or "response" (the Responses API's
+// response.completed) object. Only its numeric members are read, and the
+// objects of its "iterations" array (Anthropic's server-side compaction):
+//
+//	OpenAI chat/completions/embeddings  prompt_tokens completion_tokens total_tokens
+//	OpenAI Responses                    input_tokens output_tokens total_tokens
+//	Anthropic messages                  input_tokens output_tokens
+//	                                    cache_creation_input_tokens cache_read_input_tokens
+//	                                    iterations[]: the same four, per sampling iteration
+//	Gemini                              promptTokenCount candidatesTokenCount totalTokenCount
+//	                                    thoughtsTokenCount toolUsePromptTokenCount
+//	                                    (cachedContentTokenCount is part of promptTokenCount)
+//
+// A response may report usage more than once, and each shape says what a
+// later report means; the meter follows the shape, not the largest number:
+//
+//   - Per field, the latest reported value wins. Anthropic's message_delta
+//     is cumulative: the fields it reports are final, the ones it omits keep
+//     message_start's. OpenAI reports once, so latest is the only value.
+//   - A usage object with Gemini counts (usageMetadata) is a whole snapshot
+//     of them: Gemini's running usageMetadata can go down from one chunk to
+//     the next, and its last report is the count. Once the object closes,
+//     the Gemini fields it did not report are dropped.
+//   - An "iterations" array lists every sampling iteration of a compacted
+//     Anthropic response, whose top-level fields cover only the last one;
+//     billing and rate limits count them all, so the sum over the latest
+//     such array (input + output + cache creation + cache read of each) is
+//     the Anthropic charge. A later usage object without the array leaves it.
+//
+// Reports are applied as they are read, not held until their object closes:
+// a value counts as soon as its number ends, so a stream cut anywhere is
+// charged what it had reported by then. What a report replaces is let go
+// only once it is known to be replaced: an earlier Gemini field when the new
+// snapshot closes without it, an earlier iterations sum when the new array
+// closes (until then the larger of the two is charged: a cut array lists
+// only the first iterations).
+//
+// The charge is what the provider says the request cost, cached input
+// included: the reported total where there is one (OpenAI total_tokens,
+// Gemini totalTokenCount, the iterations sum), and the sum of the parts where
+// there is not (Anthropic). A total smaller than the sum of its own parts is
+// not believed: the sum is charged then. A usage object that mixes families
+// is charged its largest family, once. See tally.tokens.
+//
+// Memory per response is bounded whatever the body: the JSON scanner is a
+// byte-at-a-time state machine that holds no part of the body (a few dozen
+// bytes of state), the SSE scanner holds one event of at most MaxEvent
+// bytes, and a compressed body adds its decoder's window (32 KiB for
+// gzip/deflate, at most 8 MiB for zstd, at most 16 MiB for brotli).
+//
+// Compressed bodies are decoded from the meter's own copy: see decode.go.
+package usage

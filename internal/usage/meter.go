@@ -1,0 +1,216 @@
+package usage
+
+import (
+	"bytes"
+	"net/http"
+	"strings"
+)
+
+const (
+	// MaxEvent bounds the bytes of one SSE event (all its lines and line
+	// ends). A larger event is skipped; if it was the one carrying usage, the
+	// response is unmetered.
+	MaxEvent = 1 << 20
+
+	// maxValue caps each reported count so that sums cannot overflow.
+	maxValue = 1 << 40
+)
+
+// body is how a response body is read.
+type body uint8
+
+const (
+	bodyNone body = iota // not metered: Write does nothing
+	bodyJSON
+	bodySSE
+)
+
+// Meter reads one response body for the usage its upstream reports. It
+// is not safe for concurrent use: Write and Finish are called in sequence (from
+// any goroutines, one after another).
+type Meter struct {
+	body   body
+	coding coding
+
+	tally tally
+	json  jsonScanner // the JSON body, or one SSE event's data at a time
+	sse   *SSEScanner // SSE bodies only
+
+	oversize int  // SSE events skipped for their size
+	failed   bool // corrupt data or an internal fault: unmetered whatever was found
+	panicked any  // the internal fault, if any (tests look at it)
+	stopped  bool // nothing more is read (Finish was called, or decoding ended)
+	finished bool
+
+	// compressed bodies only
+	src     source
+	next    func() (struct{}, bool) // resumes the decoder coroutine
+	stop    func()                  // ends it
+	decoded int64                   // decoded bytes so far
+}
+
+// NewMeter starts metering a response with the given response header
+// (Content-Type, Content-Encoding are what matter).
+func NewMeter(h http.Header) *Meter {
+	m := &Meter{}
+	m.body = bodyOf(h)
+	m.coding = codingOf(h)
+	if m.coding == codingUnsupported {
+		m.body = bodyNone
+	}
+	m.json.tally = &m.tally
+	m.json.reset()
+	if m.body == bodySSE {
+		m.sse = NewSSEScanner(MaxEvent, m.onEvent)
+	}
+	if m.body == bodyNone {
+		m.stopped = true
+	}
+	return m
+}
+
+// MediaType is a Content-Type's media type, in the case it was sent (compare
+// with strings.EqualFold): what mime.ParseMediaType returns for a valid one,
+// without parsing and allocating the parameters.
+func MediaType(contentType string) string {
+	if i := strings.IndexByte(contentType, ';'); i >= 0 {
+		contentType = contentType[:i]
+	}
+	return strings.TrimSpace(contentType)
+}
+
+// bodyOf tells the body's shape from its Content-Type.
+func bodyOf(h http.Header) body {
+	if h == nil {
+		return bodyNone
+	}
+	ct := MediaType(h.Get("Content-Type"))
+	switch {
+	case strings.EqualFold(ct, "text/event-stream"):
+		return bodySSE
+	case strings.EqualFold(ct, "application/json"):
+		return bodyJSON
+	case len(ct) > len("+json") && strings.IndexByte(ct, '/') > 0 &&
+		strings.EqualFold(ct[len(ct)-len("+json"):], "+json"):
+		return bodyJSON
+	}
+	return bodyNone
+}
+
+// Write takes the next body bytes as they go to the client. It never fails,
+// never blocks for long, never retains p after returning, and never panics on any input.
+func (m *Meter) Write(p []byte) (int, error) {
+	if m.stopped || len(p) == 0 {
+		return len(p), nil
+	}
+	defer m.recoverFault()
+	if m.coding == codingIdentity {
+		m.feed(p)
+	} else {
+		m.decodeMore(p)
+	}
+	return len(p), nil
+}
+
+// Finish ends the body (also called when the client went away mid-stream)
+// and returns the tokens to charge, and whether any usage was found. After a
+// partial stream it returns what was reported by then.
+func (m *Meter) Finish() (tokens int64, metered bool) {
+	if !m.finished {
+		m.finished = true
+		m.finish()
+	}
+	if m.failed {
+		return 0, false
+	}
+	return m.tally.tokens()
+}
+
+func (m *Meter) finish() {
+	defer m.recoverFault()
+	m.stopped = true
+	if m.next != nil {
+		// Let the decoder see the end of its input and drain what it holds.
+		m.src.eof = true
+		m.next()
+		m.stop()
+		m.next, m.stop = nil, nil
+	}
+	if m.sse != nil && !m.failed {
+		// An event the stream ended in without its blank line still counts:
+		// a truncated stream is metered with what it reported.
+		m.sse.Flush()
+	}
+	m.sse = nil
+}
+
+// recoverFault turns a panic (a bug: no input should cause one) into an
+// unmetered response rather than a crashed request.
+func (m *Meter) recoverFault() {
+	if r := recover(); r != nil {
+		m.panicked = r
+		m.failed = true
+		m.stopped = true
+	}
+}
+
+// feed reads decoded body bytes.
+func (m *Meter) feed(p []byte) {
+	if m.body == bodySSE {
+		m.sse.Write(p)
+	} else {
+		m.json.write(p)
+	}
+}
+
+// onEvent reads one SSE event. An event that cannot carry usage costs one
+// substring search and no allocation.
+func (m *Meter) onEvent(ev SSEEvent) {
+	if ev.Oversize {
+		m.oversize++
+		return
+	}
+	if !mayCarryUsage(ev.Data) {
+		return
+	}
+	m.json.reset()
+	m.json.write(ev.Data)
+}
+
+// mayCarryUsage reports whether data has a "usage" or "usageMetadata" key
+// whose value is not null. OpenAI chunks of a stream with include_usage all
+// carry "usage":null, so the mere substring is not enough to be worth a scan.
+// It may say yes wrongly (the key in a nested object, or text that looks like
+// one): the scan decides. It looks for the key's 'g', the rarest of its bytes
+// in JSON and English text alike, so that most events cost one IndexByte.
+func mayCarryUsage(data []byte) bool {
+	const key = `"usage`
+	const g = 4 // key[g] == 'g'
+	for i := g; i < len(data); {
+		j := bytes.IndexByte(data[i:], 'g')
+		if j < 0 {
+			return false
+		}
+		i += j + 1
+		if i-1-g < 0 || string(data[i-1-g:min(i+1, len(data))]) != key {
+			continue
+		}
+		rest := data[i+1:]
+		if bytes.HasPrefix(rest, []byte("Metadata")) {
+			rest = rest[len("Metadata"):]
+		}
+		if len(rest) == 0 || rest[0] != '"' {
+			continue
+		}
+		rest = rest[skipSpace(rest, 1):]
+		if len(rest) == 0 || rest[0] != ':' {
+			continue
+		}
+		rest = rest[skipSpace(rest, 1):]
+		if bytes.HasPrefix(rest, []byte("null")) {
+			continue
+		}
+		return true
+	}
+	return false
+}

@@ -1,0 +1,148 @@
+// Package usagetest holds what the tests of package usage and of the handler
+// share: golden response bodies with the charge each must produce, the content
+// codings and chunkings they are sent in, and WebSocket frames for the
+// realtime tap. Only tests import it.
+package usagetest
+
+import (
+	"embed"
+	"fmt"
+	"io/fs"
+	"math/rand/v2"
+	"net/http"
+	"path"
+	"strings"
+	"testing"
+)
+
+// Golden is a sample body under testdata and what it must charge.
+type Golden struct {
+	File    string
+	Tokens  int64
+	Metered bool
+}
+
+// Goldens are written from the providers' public API references (shapes
+// and field names; the values are made up). The .sse files are the bytes on
+// the wire; the gemini_stream*.sse files use CRLF line ends, as Gemini does.
+var Goldens = []Golden{
+	// OpenAI: total_tokens; the content's "usage" text is not usage.
+	{"openai_chat.json", 1163, true},
+	{"openai_chat_stream.sse", 31, true}, // stream_options.include_usage
+	{"openai_completions.json", 12, true},
+	{"openai_embeddings.json", 8, true},
+	{"openai_responses.json", 123, true},
+	{"openai_responses_stream.sse", 48, true}, // response.completed's response.usage
+	// Anthropic: input + output + cache creation + cache read, the latest
+	// value of each field; with usage.iterations, the sum over them.
+	{"anthropic_messages.json", 2095 + 503 + 2051 + 1800, true},
+	{"anthropic_messages_stream.sse", 472 + 89 + 0 + 1024, true},    // message_start + message_delta
+	{"anthropic_compat_stream.sse", 118 + 30 + 10, true},            // input 120, then 118: the latest wins
+	{"anthropic_stream_lower_delta.sse", 2097 + 64 + 0 + 512, true}, // input 2100, then 2097
+	{"anthropic_stream_error.sse", 310 + 1, true},                   // error after message_start
+	// Compacted: the iterations (compaction, then message), not the top-level
+	// fields (the last iteration only), nor cache_creation's breakdown.
+	{"anthropic_compaction_stream.sse", (240 + 410 + 0 + 31200) + (315 + 12 + 1200 + 0), true},
+	{"anthropic_compaction.json", (18750 + 640 + 0 + 2048) + (96 + 21 + 300 + 0), true},
+	// Gemini: totalTokenCount (prompt, which includes cached, + candidates +
+	// thoughts) of the last usageMetadata.
+	{"gemini_generate.json", 1263, true},
+	{"gemini_stream.sse", 75, true},             // the last running total
+	{"gemini_stream_array.json", 10, true},      // streamGenerateContent without alt=sse
+	{"gemini_stream_down.sse", 79, true},        // prompt 42, then 38 + 17 + 24 thoughts
+	{"gemini_stream_array_down.json", 12, true}, // prompt 9, then 7 + 5
+	// No usage: nothing is charged.
+	{"openai_error.json", 0, false},
+	{"anthropic_error.json", 0, false},
+	{"gemini_error.json", 0, false},
+	{"openai_stream_without_usage.sse", 0, false},
+	{"unknown_shape.json", 0, false}, // "usage" only below the top level
+}
+
+//go:embed testdata
+var testdata embed.FS
+
+// Files names every sample body under testdata, in lexical order.
+func Files() []string {
+	entries, err := fs.ReadDir(testdata, "testdata")
+	if err != nil {
+		panic(err) // the directory is embedded: it is there
+	}
+	names := make([]string, len(entries))
+	for i, e := range entries {
+		names[i] = e.Name()
+	}
+	return names
+}
+
+// Read returns the sample body in file, a copy the caller may change.
+func Read(t testing.TB, file string) []byte {
+	t.Helper()
+	b, err := testdata.ReadFile(path.Join("testdata", file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// ContentType is the Content-Type a provider sends a sample with.
+func ContentType(file string) string {
+	if strings.HasSuffix(file, ".sse") {
+		return "text/event-stream; charset=utf-8"
+	}
+	return "application/json; charset=utf-8"
+}
+
+// Header is a response header with the Content-Type and Content-Encoding
+// given, each left out when empty.
+func Header(contentType, encoding string) http.Header {
+	h := http.Header{}
+	if contentType != "" {
+		h.Set("Content-Type", contentType)
+	}
+	if encoding != "" {
+		h.Set("Content-Encoding", encoding)
+	}
+	return h
+}
+
+// Chunking splits a body into the Writes a reader gets.
+type Chunking struct {
+	Name  string
+	Split func(b []byte) [][]byte
+}
+
+// Bytewise is b cut into one-byte chunks.
+func Bytewise(b []byte) [][]byte {
+	out := make([][]byte, len(b))
+	for i := range b {
+		out[i] = b[i : i+1]
+	}
+	return out
+}
+
+// Chunkings are the body as one Write, one byte per Write, and random
+// splits with chunks of up to 7, 64, 700 and 4096 bytes (the same splits on
+// every run).
+func Chunkings() []Chunking {
+	cs := []Chunking{
+		{"whole", func(b []byte) [][]byte { return [][]byte{b} }},
+		{"1-byte", Bytewise},
+	}
+	for _, c := range []struct {
+		seed uint64
+		max  int
+	}{{1, 7}, {2, 64}, {3, 700}, {4, 4096}} {
+		cs = append(cs, Chunking{fmt.Sprintf("random-%d-max%d", c.seed, c.max), func(b []byte) [][]byte {
+			r := rand.New(rand.NewPCG(c.seed, uint64(len(b))))
+			var out [][]byte
+			for len(b) > 0 {
+				n := min(1+r.IntN(c.max), len(b))
+				out = append(out, b[:n])
+				b = b[n:]
+			}
+			return out
+		}})
+	}
+	return cs
+}
