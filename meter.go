@@ -138,3 +138,13 @@ func (h *Handler) meterResponse(w *responseWriter, chain []limit) {
 		h.store.release()
 	})
 }
+
+// Interface guards: reverse_proxy flushes streams and hijacks WebSocket
+// upgrades through http.ResponseController, which finds these methods or
+// unwraps to the writer beneath.
+var (
+	_ http.Hijacker                             = (*responseWriter)(nil)
+	_ io.ReaderFrom                             = (*responseWriter)(nil)
+	_ interface{ FlushError() error }           = (*responseWriter)(nil)
+	_ interface{ Unwrap() http.ResponseWriter } = (*responseWriter)(nil)
+)

@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -44,20 +43,16 @@ func writeInFlushedChunks(w http.ResponseWriter, body []byte, size int) {
 	}
 }
 
-// meteredChain is a gateway site whose chain of three scopes all have a tpm.
-func meteredChain(t *testing.T, upstreamURL string, extra string) *gateway {
-	return startGateway(t, upstreamURL, fmt.Sprintf(`
-	rolter_ratelimit {
-		%s
+// meteredChain is a gateway site on store whose chain of three scopes all
+// have a tpm.
+func meteredChain(t *testing.T, store, upstreamURL string) *gateway {
+	return startGateway(t, upstreamURL, limited(store, `
 		scope key {http.request.header.Authorization}
 		scope team {http.request.header.X-Team}
 		scope org {http.request.header.X-Org}
 		limit key * rpm 1000 tpm 100000000
 		limit team * tpm 100000000
-		limit org * rpm 1000 tpm 100000000
-		%s
-	}
-	reverse_proxy {upstream}`, redisLine(t), extra))
+		limit org * rpm 1000 tpm 100000000`))
 }
 
 // ids is one request's scope ids, unique to a test.
@@ -79,27 +74,35 @@ func (i ids) limits() []limit {
 	}
 }
 
+// storeCount reads one bucket directly from the store that gateways on
+// store (a redis line, or "" for the in-process store) use.
+func storeCount(t *testing.T, store, prefix string, k kind, bucket int64) int64 {
+	if store == "" {
+		s, release, err := acquireMemoryStore()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer release()
+		return memoryCount(t, s, prefix, k, bucket)
+	}
+	return redisCount(t, strings.TrimPrefix(store, "redis "), prefix, k, bucket)
+}
+
 // tokensCharged is what the tok buckets of l hold in this minute and the
 // last (a charge may land just before a minute boundary).
-func tokensCharged(t *testing.T, url string, l limit) int64 {
+func tokensCharged(t *testing.T, store string, l limit) int64 {
 	b := time.Now().UnixMilli() / bucketMillis
-	return redisCount(t, url, l.prefix, tokens, b) + redisCount(t, url, l.prefix, tokens, b-1)
+	return storeCount(t, store, l.prefix, tokens, b) + storeCount(t, store, l.prefix, tokens, b-1)
 }
 
-// waitCharged waits until every limit's tok buckets hold want tokens. The
-// charge runs after the response, in the background: poll for it.
-func waitCharged(t *testing.T, chain []limit, want int64) {
-	t.Helper()
-	waitChargedIn(t, redisURLFromEnv(t), chain, want)
-}
-
-// waitChargedIn is waitCharged on the Redis server at url.
-func waitChargedIn(t *testing.T, url string, chain []limit, want int64) {
+// waitCharged waits until every limit's tok buckets hold want tokens in
+// store. The charge runs after the response, in the background: poll for it.
+func waitCharged(t *testing.T, store string, chain []limit, want int64) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for _, l := range chain {
 		for {
-			got := tokensCharged(t, url, l)
+			got := tokensCharged(t, store, l)
 			if got == want {
 				break
 			}
@@ -113,10 +116,10 @@ func waitChargedIn(t *testing.T, url string, chain []limit, want int64) {
 
 // assertNothingCharged sends a metered sentinel request on the same chain,
 // waits for its charge, and checks that it is all the chain holds.
-func assertNothingCharged(t *testing.T, gw *gateway, id ids) {
+func assertNothingCharged(t *testing.T, store string, gw *gateway, id ids) {
 	t.Helper()
 	gw.get(t, "/samples/openai_completions.json?coding=identity", id.headers()...)
-	waitCharged(t, id.limits(), 12)
+	waitCharged(t, store, id.limits(), 12)
 }
 
 // get asks for a body as a client that decodes nothing itself (a
@@ -127,142 +130,146 @@ func (g *gateway) get(t *testing.T, path string, headers ...string) (*http.Respo
 }
 
 func TestEveryResponseShapeChargesEveryScopeAndReachesTheClientByteForByte(t *testing.T) {
-	up := sampleUpstream(t)
-	gw := meteredChain(t, up.URL, "")
-	for _, g := range usagetest.Goldens {
-		codings := []string{"identity", "gzip"}
-		if g.File == "openai_chat_stream.sse" || g.File == "anthropic_messages.json" {
-			codings = append(codings, "deflate", "br", "zstd")
+	eachStore(t, func(t *testing.T, store string) {
+		up := sampleUpstream(t)
+		gw := meteredChain(t, store, up.URL)
+		for _, g := range usagetest.Goldens {
+			codings := []string{"identity", "gzip"}
+			if g.File == "openai_chat_stream.sse" || g.File == "anthropic_messages.json" {
+				codings = append(codings, "deflate", "br", "zstd")
+			}
+			for _, coding := range codings {
+				t.Run(g.File+"/"+coding, func(t *testing.T) {
+					id := newIDs(t)
+					res, body := gw.get(t, "/samples/"+g.File+"?coding="+coding, id.headers()...)
+					if res.StatusCode != 200 {
+						t.Fatalf("status %d", res.StatusCode)
+					}
+					if want := usagetest.Encode(t, coding, usagetest.Read(t, g.File)); !bytes.Equal(body, want) {
+						t.Fatalf("the client got %d bytes that differ from the upstream's %d", len(body), len(want))
+					}
+					if !g.Metered {
+						assertNothingCharged(t, store, gw, id)
+						return
+					}
+					waitCharged(t, store, id.limits(), g.Tokens)
+				})
+			}
 		}
-		for _, coding := range codings {
-			t.Run(g.File+"/"+coding, func(t *testing.T) {
-				id := newIDs(t)
-				res, body := gw.get(t, "/samples/"+g.File+"?coding="+coding, id.headers()...)
-				if res.StatusCode != 200 {
-					t.Fatalf("status %d", res.StatusCode)
-				}
-				if want := usagetest.Encode(t, coding, usagetest.Read(t, g.File)); !bytes.Equal(body, want) {
-					t.Fatalf("the client got %d bytes that differ from the upstream's %d", len(body), len(want))
-				}
-				if !g.Metered {
-					assertNothingCharged(t, gw, id)
-					return
-				}
-				waitCharged(t, id.limits(), g.Tokens)
-			})
-		}
-	}
+	})
 }
 
 func TestTPMCapRefusesWithTypeTokensOnceChargedUsageFillsIt(t *testing.T) {
-	up := sampleUpstream(t)
-	gw := startGateway(t, up.URL, fmt.Sprintf(`
-	rolter_ratelimit {
-		%s
-		scope org {http.request.header.X-Org} readable
-		limit org * rpm 100 tpm 1000
-	}
-	reverse_proxy {upstream}`, redisLine(t)))
-	org := uniqueID(t)
-	if res, _ := gw.get(t, "/samples/openai_chat.json?coding=gzip", "X-Org: "+org); res.StatusCode != 200 {
-		t.Fatalf("first request %d", res.StatusCode)
-	}
-	waitCharged(t, []limit{newLimit("org", org, 0, 1)}, 1163)
-	res, body := gw.get(t, "/samples/openai_chat.json?coding=gzip", "X-Org: "+org)
-	if res.StatusCode != 429 {
-		t.Fatalf("with 1163 of tpm 1000 charged: %d, want 429", res.StatusCode)
-	}
-	var e openAIError
-	if err := json.Unmarshal(body, &e); err != nil || e.Error.Type != "tokens" || !strings.Contains(e.Error.Message, "1000 TPM") {
-		t.Fatalf("refusal body %s", body)
-	}
+	eachStore(t, func(t *testing.T, store string) {
+		up := sampleUpstream(t)
+		gw := startGateway(t, up.URL, limited(store, `
+			scope org {http.request.header.X-Org} readable
+			limit org * rpm 100 tpm 1000`))
+		org := uniqueID(t)
+		if res, _ := gw.get(t, "/samples/openai_chat.json?coding=gzip", "X-Org: "+org); res.StatusCode != 200 {
+			t.Fatalf("first request %d", res.StatusCode)
+		}
+		waitCharged(t, store, []limit{newLimit("org", org, 0, 1)}, 1163)
+		res, body := gw.get(t, "/samples/openai_chat.json?coding=gzip", "X-Org: "+org)
+		if res.StatusCode != 429 {
+			t.Fatalf("with 1163 of tpm 1000 charged: %d, want 429", res.StatusCode)
+		}
+		var e openAIError
+		if err := json.Unmarshal(body, &e); err != nil || e.Error.Type != "tokens" || !strings.Contains(e.Error.Message, "1000 TPM") {
+			t.Fatalf("refusal body %s", body)
+		}
+	})
 }
 
 func TestClientLeavingMidStreamIsChargedWhatTheStreamReportedByThen(t *testing.T) {
-	leave := make(chan struct{})
-	upstreamDone := make(chan struct{})
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		defer close(upstreamDone)
-		w.Header().Set("Content-Type", "text/event-stream")
-		io.WriteString(w, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\n\n")
-		w.(http.Flusher).Flush()
-		select { // the rest of the answer never comes before the client leaves
-		case <-r.Context().Done():
-		case <-leave:
+	eachStore(t, func(t *testing.T, store string) {
+		leave := make(chan struct{})
+		upstreamDone := make(chan struct{})
+		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			defer close(upstreamDone)
+			w.Header().Set("Content-Type", "text/event-stream")
+			io.WriteString(w, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\n\n")
+			w.(http.Flusher).Flush()
+			select { // the rest of the answer never comes before the client leaves
+			case <-r.Context().Done():
+			case <-leave:
+			}
+		}))
+		t.Cleanup(up.Close)
+		t.Cleanup(func() { close(leave) })
+		gw := meteredChain(t, store, up.URL)
+		id := newIDs(t)
+		ctx, cancel := context.WithCancel(context.Background())
+		req, _ := http.NewRequestWithContext(ctx, "GET", gw.url+"/v1/messages", nil)
+		setHeaders(req, id.headers())
+		res, err := gw.tester.Client.Do(req)
+		if err != nil {
+			t.Fatal(err)
 		}
-	}))
-	t.Cleanup(up.Close)
-	t.Cleanup(func() { close(leave) })
-	gw := meteredChain(t, up.URL, "")
-	id := newIDs(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	req, _ := http.NewRequestWithContext(ctx, "GET", gw.url+"/v1/messages", nil)
-	setHeaders(req, id.headers())
-	res, err := gw.tester.Client.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	line, err := bufio.NewReader(res.Body).ReadString('\n')
-	if err != nil || line != "event: message_start\n" {
-		t.Fatalf("first line %q %v", line, err)
-	}
-	cancel() // the client goes away mid-stream
-	res.Body.Close()
-	<-upstreamDone
-	waitCharged(t, id.limits(), 26)
+		line, err := bufio.NewReader(res.Body).ReadString('\n')
+		if err != nil || line != "event: message_start\n" {
+			t.Fatalf("first line %q %v", line, err)
+		}
+		cancel() // the client goes away mid-stream
+		res.Body.Close()
+		<-upstreamDone
+		waitCharged(t, store, id.limits(), 26)
+	})
 }
 
 func TestStreamUsageIsRequestedUpstreamAndItsChunkHiddenFromAClientThatDidNotAsk(t *testing.T) {
-	sample := usagetest.Read(t, "openai_chat_stream.sse")
-	type seen struct {
-		includeUsage   bool
-		acceptEncoding string
-		contentLength  int64
-		bodyLength     int
-	}
-	requests := make(chan seen, 2)
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		var req struct {
-			StreamOptions struct {
-				IncludeUsage bool `json:"include_usage"`
-			} `json:"stream_options"`
+	eachStore(t, func(t *testing.T, store string) {
+		sample := usagetest.Read(t, "openai_chat_stream.sse")
+		type seen struct {
+			includeUsage   bool
+			acceptEncoding string
+			contentLength  int64
+			bodyLength     int
 		}
-		json.Unmarshal(body, &req)
-		requests <- seen{req.StreamOptions.IncludeUsage, r.Header.Get("Accept-Encoding"), r.ContentLength, len(body)}
-		w.Header().Set("Content-Type", "text/event-stream")
-		writeInFlushedChunks(w, sample, 61)
-	}))
-	t.Cleanup(up.Close)
-	gw := meteredChain(t, up.URL, "")
+		requests := make(chan seen, 2)
+		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			body, _ := io.ReadAll(r.Body)
+			var req struct {
+				StreamOptions struct {
+					IncludeUsage bool `json:"include_usage"`
+				} `json:"stream_options"`
+			}
+			json.Unmarshal(body, &req)
+			requests <- seen{req.StreamOptions.IncludeUsage, r.Header.Get("Accept-Encoding"), r.ContentLength, len(body)}
+			w.Header().Set("Content-Type", "text/event-stream")
+			writeInFlushedChunks(w, sample, 61)
+		}))
+		t.Cleanup(up.Close)
+		gw := meteredChain(t, store, up.URL)
 
-	post := func(id ids, body string) []byte {
-		_, got := gw.send(t, "POST", "/v1/chat/completions", body, append(id.headers(), "Content-Type: application/json")...)
-		return got
-	}
+		post := func(id ids, body string) []byte {
+			_, got := gw.send(t, "POST", "/v1/chat/completions", body, append(id.headers(), "Content-Type: application/json")...)
+			return got
+		}
 
-	// A client that did not ask: usage requested, the chunk removed.
-	id := newIDs(t)
-	got := post(id, `{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"<b>hi</b> & bye"}]}`)
-	up1 := <-requests
-	if !up1.includeUsage || up1.acceptEncoding != "identity" || up1.contentLength != int64(up1.bodyLength) {
-		t.Fatalf("upstream saw %+v: want include_usage, identity and a correct Content-Length", up1)
-	}
-	if want := withoutUsageChunk(t, sample); !bytes.Equal(got, want) {
-		t.Fatalf("client got:\n%s\nwant the stream without its usage chunk:\n%s", got, want)
-	}
-	waitCharged(t, id.limits(), 31)
+		// A client that did not ask: usage requested, the chunk removed.
+		id := newIDs(t)
+		got := post(id, `{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"<b>hi</b> & bye"}]}`)
+		up1 := <-requests
+		if !up1.includeUsage || up1.acceptEncoding != "identity" || up1.contentLength != int64(up1.bodyLength) {
+			t.Fatalf("upstream saw %+v: want include_usage, identity and a correct Content-Length", up1)
+		}
+		if want := withoutUsageChunk(t, sample); !bytes.Equal(got, want) {
+			t.Fatalf("client got:\n%s\nwant the stream without its usage chunk:\n%s", got, want)
+		}
+		waitCharged(t, store, id.limits(), 31)
 
-	// A client that asked gets the stream as it is.
-	id = newIDs(t)
-	got = post(id, `{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true},"messages":[]}`)
-	if up2 := <-requests; !up2.includeUsage {
-		t.Fatal("the client's own include_usage did not reach the upstream")
-	}
-	if !bytes.Equal(got, sample) {
-		t.Fatalf("a client that asked for usage got a changed stream:\n%s", got)
-	}
-	waitCharged(t, id.limits(), 31)
+		// A client that asked gets the stream as it is.
+		id = newIDs(t)
+		got = post(id, `{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true},"messages":[]}`)
+		if up2 := <-requests; !up2.includeUsage {
+			t.Fatal("the client's own include_usage did not reach the upstream")
+		}
+		if !bytes.Equal(got, sample) {
+			t.Fatalf("a client that asked for usage got a changed stream:\n%s", got)
+		}
+		waitCharged(t, store, id.limits(), 31)
+	})
 }
 
 // withoutUsageChunk is the stream minus the bytes of its usage-only event.
@@ -282,20 +289,22 @@ func withoutUsageChunk(t *testing.T, stream []byte) []byte {
 }
 
 func TestResponseWithAnEventOverTheCapIsUnmeteredAndUntouched(t *testing.T) {
-	padding := strings.Repeat("x", usage.MaxEvent+1024)
-	stream := []byte("event: message_delta\ndata: {\"type\":\"message_delta\",\"pad\":\"" + padding + "\",\"usage\":{\"input_tokens\":5,\"output_tokens\":7}}\n\n")
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		writeInFlushedChunks(w, stream, 32<<10)
-	}))
-	t.Cleanup(up.Close)
-	gw := meteredChain(t, up.URL, "")
-	id := newIDs(t)
-	_, body := gw.get(t, "/v1/messages", id.headers()...)
-	if !bytes.Equal(body, stream) {
-		t.Fatalf("client got %d bytes, want the upstream's %d unchanged", len(body), len(stream))
-	}
-	// The sentinel goes to a sample upstream on the same chain.
-	sentinel := meteredChain(t, sampleUpstream(t).URL, "")
-	assertNothingCharged(t, sentinel, id)
+	eachStore(t, func(t *testing.T, store string) {
+		padding := strings.Repeat("x", usage.MaxEvent+1024)
+		stream := []byte("event: message_delta\ndata: {\"type\":\"message_delta\",\"pad\":\"" + padding + "\",\"usage\":{\"input_tokens\":5,\"output_tokens\":7}}\n\n")
+		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			writeInFlushedChunks(w, stream, 32<<10)
+		}))
+		t.Cleanup(up.Close)
+		gw := meteredChain(t, store, up.URL)
+		id := newIDs(t)
+		_, body := gw.get(t, "/v1/messages", id.headers()...)
+		if !bytes.Equal(body, stream) {
+			t.Fatalf("client got %d bytes, want the upstream's %d unchanged", len(body), len(stream))
+		}
+		// The sentinel goes to a sample upstream on the same chain.
+		sentinel := meteredChain(t, store, sampleUpstream(t).URL)
+		assertNothingCharged(t, store, sentinel, id)
+	})
 }

@@ -67,7 +67,7 @@ func TestMetricsCountOutcomesRefusalsAndTokensAndKeepCountingAcrossAReload(t *te
 		gw.get(t, "/samples/openai_chat.json?coding=identity", key, org)
 	}
 	gw.get(t, "/samples/openai_error.json?coding=identity", "Authorization: Bearer sk-"+uniqueID(t), org) // admitted, not metered
-	waitChargedIn(t, srv.URL(), []limit{newLimit("org", strings.TrimPrefix(org, "X-Org: "), 0, 1)}, 2*1163)
+	waitCharged(t, "redis "+srv.URL(), []limit{newLimit("org", strings.TrimPrefix(org, "X-Org: "), 0, 1)}, 2*1163)
 	srv.Stop(t)
 	gw.get(t, "/samples/openai_chat.json?coding=identity", "Authorization: Bearer sk-"+uniqueID(t), org) // failed open
 	after := scrape(t)

@@ -15,8 +15,8 @@ import (
 	"go.uber.org/zap"
 )
 
-// Realtime sessions (a WebSocket upgrade, such as OpenAI's /v1/realtime) go
-// through the same admission as any request: one request against rpm,
+// RealtimeConfig configures WebSocket sessions. Realtime sessions (a
+// WebSocket upgrade, such as OpenAI's /v1/realtime) go through the same admission as any request: one request against rpm,
 // refused while tpm is full. Before that, a process-wide cap on open
 // sessions is checked, so that a session the gateway would refuse anyway
 // never takes an rpm slot. While a session lives, the frames the upstream
@@ -24,8 +24,6 @@ import (
 // by realtime_tap.go), which is charged every flush interval and once more
 // when the session ends. A full window never closes a live session, as it
 // never cuts off a response.
-
-// RealtimeConfig configures WebSocket sessions.
 type RealtimeConfig struct {
 	// MaxConnections caps the WebSocket sessions open at once through every
 	// rolter_ratelimit handler of this Caddy process, limited or not; the

@@ -61,7 +61,7 @@ func newRealtimeUpstream(t *testing.T) *realtimeUpstream {
 	return u
 }
 
-func realtimeSite(t *testing.T, up *realtimeUpstream, limits, realtime string) string {
+func realtimeSite(store string, up *realtimeUpstream, limits, realtime string) string {
 	return fmt.Sprintf(`
 	rolter_ratelimit /v1/realtime* {
 		%s
@@ -74,7 +74,7 @@ func realtimeSite(t *testing.T, up *realtimeUpstream, limits, realtime string) s
 	}
 	reverse_proxy {upstream} {
 		stream_close_delay 1m
-	}`, redisLine(t), limits, realtime)
+	}`, store, limits, realtime)
 }
 
 // dial opens a session; it returns the handshake's status when refused.
@@ -151,110 +151,122 @@ func realtimeLimits(id ids) []limit {
 }
 
 func TestRealtimeSessionCostsOneRequestAndASecondOverRPMIsRefused(t *testing.T) {
-	up := newRealtimeUpstream(t)
-	gw := startGateway(t, up.URL, realtimeSite(t, up, "limit key * rpm 1 tpm 100000\n\t\tlimit org * rpm 100 tpm 100000", ""))
-	id := realtimeIDs(t)
-	conn, status, _ := dial(t, gw, id, false)
-	if status != 101 {
-		t.Fatalf("first session: %d", status)
-	}
-	respond(t, conn, 10)
-	if _, status, body := dial(t, gw, id, false); status != 429 || !strings.Contains(body, `"type":"requests"`) {
-		t.Fatalf("second session over rpm 1: %d %s, want 429", status, body)
-	}
-	closeAndWait(t, conn)
+	eachStore(t, func(t *testing.T, store string) {
+		up := newRealtimeUpstream(t)
+		gw := startGateway(t, up.URL, realtimeSite(store, up, "limit key * rpm 1 tpm 100000\n\t\tlimit org * rpm 100 tpm 100000", ""))
+		id := realtimeIDs(t)
+		conn, status, _ := dial(t, gw, id, false)
+		if status != 101 {
+			t.Fatalf("first session: %d", status)
+		}
+		respond(t, conn, 10)
+		if _, status, body := dial(t, gw, id, false); status != 429 || !strings.Contains(body, `"type":"requests"`) {
+			t.Fatalf("second session over rpm 1: %d %s, want 429", status, body)
+		}
+		closeAndWait(t, conn)
+	})
 }
 
 func TestRealtimeTokensAreChargedPerFlushWhileTheSessionLivesAndAtItsClose(t *testing.T) {
-	up := newRealtimeUpstream(t)
-	gw := startGateway(t, up.URL, realtimeSite(t, up, "limit key * rpm 100 tpm 100000\n\t\tlimit org * tpm 100000", "flush_interval 100ms"))
-	id := realtimeIDs(t)
-	conn, status, _ := dial(t, gw, id, false)
-	if status != 101 {
-		t.Fatalf("session: %d", status)
-	}
-	respond(t, conn, 100)
-	waitCharged(t, realtimeLimits(id), 100) // charged by a flush: the session is still open
-	respond(t, conn, 40)
-	respond(t, conn, 2)
-	if err := conn.WriteMessage(websocket.TextMessage, []byte("echo")); err != nil {
-		t.Fatal(err)
-	}
-	closeAndWait(t, conn)
-	waitCharged(t, realtimeLimits(id), 142)
+	eachStore(t, func(t *testing.T, store string) {
+		up := newRealtimeUpstream(t)
+		gw := startGateway(t, up.URL, realtimeSite(store, up, "limit key * rpm 100 tpm 100000\n\t\tlimit org * tpm 100000", "flush_interval 100ms"))
+		id := realtimeIDs(t)
+		conn, status, _ := dial(t, gw, id, false)
+		if status != 101 {
+			t.Fatalf("session: %d", status)
+		}
+		respond(t, conn, 100)
+		waitCharged(t, store, realtimeLimits(id), 100) // charged by a flush: the session is still open
+		respond(t, conn, 40)
+		respond(t, conn, 2)
+		if err := conn.WriteMessage(websocket.TextMessage, []byte("echo")); err != nil {
+			t.Fatal(err)
+		}
+		closeAndWait(t, conn)
+		waitCharged(t, store, realtimeLimits(id), 142)
+	})
 }
 
 func TestRealtimeDeflateOfferIsRemovedSoTheSessionIsMetered(t *testing.T) {
-	up := newRealtimeUpstream(t)
-	gw := startGateway(t, up.URL, realtimeSite(t, up, "limit key * rpm 100 tpm 100000\n\t\tlimit org * tpm 100000", "flush_interval 1h"))
-	id := realtimeIDs(t)
-	conn, status, _ := dial(t, gw, id, true) // the client offers permessage-deflate
-	if status != 101 {
-		t.Fatalf("session: %d", status)
-	}
-	if offer := <-up.offers; strings.Contains(offer, "permessage-deflate") {
-		t.Fatalf("the upstream was offered %q", offer)
-	}
-	respond(t, conn, 77)
-	closeAndWait(t, conn)
-	waitCharged(t, realtimeLimits(id), 77) // at the close: the flush interval never came
+	eachStore(t, func(t *testing.T, store string) {
+		up := newRealtimeUpstream(t)
+		gw := startGateway(t, up.URL, realtimeSite(store, up, "limit key * rpm 100 tpm 100000\n\t\tlimit org * tpm 100000", "flush_interval 1h"))
+		id := realtimeIDs(t)
+		conn, status, _ := dial(t, gw, id, true) // the client offers permessage-deflate
+		if status != 101 {
+			t.Fatalf("session: %d", status)
+		}
+		if offer := <-up.offers; strings.Contains(offer, "permessage-deflate") {
+			t.Fatalf("the upstream was offered %q", offer)
+		}
+		respond(t, conn, 77)
+		closeAndWait(t, conn)
+		waitCharged(t, store, realtimeLimits(id), 77) // at the close: the flush interval never came
+	})
 }
 
 func TestRealtimeMaxConnectionsRefusalTakesNoRPMSlot(t *testing.T) {
-	waitOpenSessions(t, 0)
-	up := newRealtimeUpstream(t)
-	gw := startGateway(t, up.URL, realtimeSite(t, up, "limit key * rpm 2", "max_connections 1"))
-	id := realtimeIDs(t)
-	first, status, _ := dial(t, gw, id, false)
-	if status != 101 {
-		t.Fatalf("first session: %d", status)
-	}
-	_, status, body := dial(t, gw, id, false)
-	if status != 503 || !strings.Contains(body, `"code":"connection_limit_exceeded"`) || !strings.Contains(body, `"type":"connections"`) {
-		t.Fatalf("session over max_connections 1: %d %s, want 503", status, body)
-	}
-	closeAndWait(t, first)
-	second, status, _ := dial(t, gw, id, false)
-	if status != 101 {
-		t.Fatalf("the second admitted session was refused (%d): the capped one took an rpm slot", status)
-	}
-	closeAndWait(t, second)
-	if _, status, _ := dial(t, gw, id, false); status != 429 {
-		t.Fatalf("third admitted session: %d, want 429 after rpm 2", status)
-	}
+	eachStore(t, func(t *testing.T, store string) {
+		waitOpenSessions(t, 0)
+		up := newRealtimeUpstream(t)
+		gw := startGateway(t, up.URL, realtimeSite(store, up, "limit key * rpm 2", "max_connections 1"))
+		id := realtimeIDs(t)
+		first, status, _ := dial(t, gw, id, false)
+		if status != 101 {
+			t.Fatalf("first session: %d", status)
+		}
+		_, status, body := dial(t, gw, id, false)
+		if status != 503 || !strings.Contains(body, `"code":"connection_limit_exceeded"`) || !strings.Contains(body, `"type":"connections"`) {
+			t.Fatalf("session over max_connections 1: %d %s, want 503", status, body)
+		}
+		closeAndWait(t, first)
+		second, status, _ := dial(t, gw, id, false)
+		if status != 101 {
+			t.Fatalf("the second admitted session was refused (%d): the capped one took an rpm slot", status)
+		}
+		closeAndWait(t, second)
+		if _, status, _ := dial(t, gw, id, false); status != 429 {
+			t.Fatalf("third admitted session: %d, want 429 after rpm 2", status)
+		}
+	})
 }
 
 func TestRealtimeWhileTPMIsFullANewSessionIsRefusedAndAnOpenOneGoesOn(t *testing.T) {
-	up := newRealtimeUpstream(t)
-	gw := startGateway(t, up.URL, realtimeSite(t, up, "limit org * tpm 100", "flush_interval 50ms"))
-	id := realtimeIDs(t)
-	conn, status, _ := dial(t, gw, id, false)
-	if status != 101 {
-		t.Fatalf("session: %d", status)
-	}
-	respond(t, conn, 150)
-	waitCharged(t, realtimeLimits(id)[1:], 150)
-	if _, status, body := dial(t, gw, id, false); status != 429 || !strings.Contains(body, `"type":"tokens"`) {
-		t.Fatalf("new session with tpm full: %d %s, want 429 tokens", status, body)
-	}
-	respond(t, conn, 5) // the open session goes on
-	closeAndWait(t, conn)
-	waitCharged(t, realtimeLimits(id)[1:], 155)
+	eachStore(t, func(t *testing.T, store string) {
+		up := newRealtimeUpstream(t)
+		gw := startGateway(t, up.URL, realtimeSite(store, up, "limit org * tpm 100", "flush_interval 50ms"))
+		id := realtimeIDs(t)
+		conn, status, _ := dial(t, gw, id, false)
+		if status != 101 {
+			t.Fatalf("session: %d", status)
+		}
+		respond(t, conn, 150)
+		waitCharged(t, store, realtimeLimits(id)[1:], 150)
+		if _, status, body := dial(t, gw, id, false); status != 429 || !strings.Contains(body, `"type":"tokens"`) {
+			t.Fatalf("new session with tpm full: %d %s, want 429 tokens", status, body)
+		}
+		respond(t, conn, 5) // the open session goes on
+		closeAndWait(t, conn)
+		waitCharged(t, store, realtimeLimits(id)[1:], 155)
+	})
 }
 
 func TestRealtimeSessionOutlivesAConfigReloadAndStillMeters(t *testing.T) {
-	up := newRealtimeUpstream(t)
-	port := freePort()
-	site := realtimeSite(t, up, "limit key * rpm 100 tpm 100000\n\t\tlimit org * tpm 100000", "flush_interval 1h")
-	gw := startGatewayWith(t, up.URL, "", site, port)
-	id := realtimeIDs(t)
-	conn, status, _ := dial(t, gw, id, false)
-	if status != 101 {
-		t.Fatalf("session: %d", status)
-	}
-	respond(t, conn, 30)
-	startGatewayWith(t, up.URL, "\tdebug", site, port) // a reload; stream_close_delay keeps the session
-	respond(t, conn, 12)
-	closeAndWait(t, conn)
-	waitCharged(t, realtimeLimits(id), 42)
+	eachStore(t, func(t *testing.T, store string) {
+		up := newRealtimeUpstream(t)
+		port := freePort()
+		site := realtimeSite(store, up, "limit key * rpm 100 tpm 100000\n\t\tlimit org * tpm 100000", "flush_interval 1h")
+		gw := startGatewayWith(t, up.URL, "", site, port)
+		id := realtimeIDs(t)
+		conn, status, _ := dial(t, gw, id, false)
+		if status != 101 {
+			t.Fatalf("session: %d", status)
+		}
+		respond(t, conn, 30)
+		startGatewayWith(t, up.URL, "\tdebug", site, port) // a reload; stream_close_delay keeps the session
+		respond(t, conn, 12)
+		closeAndWait(t, conn)
+		waitCharged(t, store, realtimeLimits(id), 42)
+	})
 }
