@@ -16,6 +16,9 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
 CADDY_VERSION=v2.11.9
+# xcaddy is run at this version, not required by go.mod: a requirement of the
+# module would be one of every operator's build too.
+XCADDY_VERSION=v0.4.5
 MODULE=github.com/rolter/caddy-ratelimit
 MODULE_ID=http.handlers.rolter_ratelimit
 
@@ -64,7 +67,8 @@ go build -o "$tmp/withredis" ./internal/redistest/cmd/withredis
 "$tmp/withredis" go test -race -count=1 ./... "$@"
 
 section "xcaddy build $CADDY_VERSION --with $MODULE"
-go tool xcaddy build "$CADDY_VERSION" --with "$MODULE@v0.0.0=." --output "$tmp/caddy"
+go run "github.com/caddyserver/xcaddy/cmd/xcaddy@$XCADDY_VERSION" \
+	build "$CADDY_VERSION" --with "$MODULE@v0.0.0=." --output "$tmp/caddy"
 modules=$("$tmp/caddy" list-modules) || die "caddy list-modules failed"
 if ! grep -Fxq "$MODULE_ID" <<<"$modules"; then
 	die "$MODULE_ID is not among the modules of the xcaddy-built Caddy"
