@@ -114,16 +114,6 @@ func (s *Sentinel) FailoverURL() string {
 	return "redis://" + a[0] + "/0?" + q.Encode()
 }
 
-// Node is the data node (primary or replica) or sentinel at addr, or nil.
-func (s *Sentinel) Node(addr string) *Server {
-	for _, n := range append(append([]*Server{}, s.data...), s.sentinels...) {
-		if n.Addr() == addr {
-			return n
-		}
-	}
-	return nil
-}
-
 // PrimaryAddr is the primary's host:port as the first sentinel that answers
 // announces it (SENTINEL get-master-addr-by-name).
 func (s *Sentinel) PrimaryAddr(t testing.TB) string {
