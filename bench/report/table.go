@@ -1,0 +1,170 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"strings"
+)
+
+// num is v printed with format, n/a when it was not measured.
+func num(v float64, format string) string {
+	if math.IsNaN(v) {
+		return "n/a"
+	}
+	return fmt.Sprintf(format, v)
+}
+
+// check is yes when v meets its target, NO when it does not, n/a when it
+// was not measured.
+func check(v float64, meets func(float64) bool) string {
+	switch {
+	case math.IsNaN(v):
+		return "n/a"
+	case meets(v):
+		return "yes"
+	}
+	return "NO"
+}
+
+func atLeast(target float64) func(float64) bool { return func(v float64) bool { return v >= target } }
+func atMost(target float64) func(float64) bool  { return func(v float64) bool { return v <= target } }
+
+// table prints rows of cells " | "-separated, each as wide as its column's
+// width (negative: left-aligned; a cell past the widths is not padded),
+// and a rule under the header.
+type table struct {
+	w      io.Writer
+	widths []int
+	rule   string
+}
+
+func (t table) header(cells ...string) {
+	t.row(cells...)
+	fmt.Fprintln(t.w, t.rule)
+}
+
+func (t table) row(cells ...string) {
+	for i, c := range cells {
+		if i < len(t.widths) {
+			cells[i] = fmt.Sprintf("%*s", t.widths[i], c)
+		}
+	}
+	fmt.Fprintln(t.w, strings.Join(cells, " | "))
+}
+
+// median is the median of the rounds' values of name.
+func (m measurements) median(name string) float64 { return median(m[name]) }
+
+// pairedMedian is the median of the rounds' op of a and b.
+func (m measurements) pairedMedian(a, b string, op func(x, y float64) float64) float64 {
+	return median(perRound(m[a], m[b], op))
+}
+
+// writeResults prints the results table, the Redis cost by chain length and
+// by active keys, and how each figure was measured.
+func writeResults(w io.Writer, m measurements, b benchmarks) error {
+	p, err := m.pace()
+	if err != nil {
+		return err
+	}
+	plainRPS := m.median("plain.rps")
+	thrRatio := rounded(m.pairedMedian("limited.rps", "plain.rps", ratio))
+	noiseRatio := rounded(m.pairedMedian("plain2.rps", "plain.rps", ratio))
+	refusedRatio := rounded(ratio(m.median("refused.rps"), plainRPS))
+	p99Diff := m.pairedMedian("limited.p99_ms", "plain.p99_ms", diff)
+	p50Diff := m.pairedMedian("limited.p50_ms", "plain.p50_ms", diff)
+	usecPerAdmission := median(perRound(m["limited.evalsha_usec"], m["limited.admissions"], ratio))
+	callsPerAdmission := median(perRound(m["limited.evalsha_calls"], m["limited.admissions"], ratio))
+	callsPerRefusal := median(perRound(m["refused.evalsha_calls"], m["refused.refusals"], ratio))
+	reqs := func(v float64) string { return num(v, "%.0f req/s") }
+
+	const chain = "BenchmarkAdmissionRedisServerTime/chain="
+	const sse = "BenchmarkUsageMeterSSE10MB/openai/identity"
+	chain4, chain4Concurrent := b.get(chain+"4", "redis-µs/admission"), b.get(chain+"4/concurrent=32", "redis-µs/admission")
+	sseAllocs := b.get(sse, "allocs/op")
+	memAdmissions := b.get("BenchmarkMemoryStoreAdmissions", "admissions/s")
+	handlerNone := b.get("BenchmarkHandler/none", "cpu-ns/op") / 1000
+
+	t := table{w: w, widths: []int{-46, 14, 14, 11, -14},
+		rule: "-----------------------------------------------+----------------+----------------+-------------+----------------+-----"}
+	t.header("figure", "ours", "baseline", "ratio/diff", "target", "ok?")
+	t.row("throughput, 4-scope chain, all admitted", reqs(m.median("limited.rps")), reqs(plainRPS),
+		num(thrRatio, "%.3f"), ">= 0.90", check(thrRatio, atLeast(0.90)))
+	t.row("  noise floor: plain2 vs plain (identical)", reqs(m.median("plain2.rps")), reqs(plainRPS),
+		num(noiseRatio, "%.3f"), "(info)", "-")
+	t.row(fmt.Sprintf("p99 at half the plain max rate (~%d/s)", p.halfRate), num(m.median("limited.p99_ms"), "%.2f ms"),
+		num(m.median("plain.p99_ms"), "%.2f ms"), num(p99Diff, "%+.2f ms"), "<= +1 ms", check(p99Diff, atMost(1)))
+	t.row("  p50 at the same rate", num(m.median("limited.p50_ms"), "%.2f ms"), num(m.median("plain.p50_ms"), "%.2f ms"),
+		num(p50Diff, "%+.2f ms"), "(info)", "-")
+	for _, proc := range []string{"caddy", "redis", "upstream"} {
+		ours, theirs := m.cpuPerRequest(proc, "limited"), m.cpuPerRequest(proc, "plain")
+		t.row("  CPU per request: "+proc, num(median(ours), "%.1f us"), num(median(theirs), "%.1f us"),
+			num(median(perRound(ours, theirs, diff)), "%+.1f us"), "(info)", "-")
+	}
+	t.row("Redis time per admission (HTTP, 4 scopes)", num(usecPerAdmission, "%.2f us"), "-", "-", "<= 10 us",
+		check(usecPerAdmission, atMost(10)))
+	t.row("  evalsha calls per admission (admit+tokens)", num(callsPerAdmission, "%.3f"), "-", "-", "(info)", "-")
+	t.row("refusals served (one key over rpm 1)", reqs(m.median("refused.rps")), reqs(plainRPS),
+		num(refusedRatio, "%.3f"), ">= 1", check(refusedRatio, atLeast(1)))
+	t.row("Redis calls per refused request", num(callsPerRefusal, "%.3f"), "-", "-", "<= 0.01",
+		check(callsPerRefusal, atMost(0.01)))
+	t.row("Redis time per admission (Go bench, chain=4)", num(chain4, "%.2f us"), "-", "-", "<= 10 us", check(chain4, atMost(10)))
+	t.row("  the same, 32 concurrent (coalesced)", num(chain4Concurrent, "%.2f us"), "-", "-", "<= 10 us",
+		check(chain4Concurrent, atMost(10)))
+	sseGBs := b.get(sse, "MB/s") / 1000
+	t.row("usage meter, 10 MB OpenAI SSE (identity)", num(sseGBs, "%.2f GB/s"), "-", "-", ">= 1 GB/s", check(sseGBs, atLeast(1)))
+	t.row("  allocs per 10 MB stream (~37k events)", num(sseAllocs, "%.0f allocs"), "-", "-", "<= 100", check(sseAllocs, atMost(100)))
+	t.row("in-process store admissions (-cpu 1)", num(memAdmissions, "%.0f /s"), "-", "-", ">= 1000000",
+		check(memAdmissions, atLeast(1000000)))
+	t.row("in-process store, 100k active keys", num(b.get("BenchmarkMemoryStore100kActiveKeys", "MiB/100k-keys"), "%.1f MiB"),
+		"-", "-", "(info)", "-")
+	// The handler's CPU time per request in the Go benchmark (32 clients,
+	// 2 cores), over the same requests without the limiter.
+	for _, h := range []struct{ label, bench string }{
+		{"gateway CPU per request, in-process (Go)", "BenchmarkHandler/memory"},
+		{"gateway CPU per request, Redis (Go)", "BenchmarkHandler/redis"},
+	} {
+		us := b.get(h.bench, "cpu-ns/op") / 1000
+		t.row(h.label, num(us, "%.1f us"), num(handlerNone, "%.1f us"), num(us-handlerNone, "%+.1f us"), "(info)", "-")
+		t.row("  allocations per request", num(b.get(h.bench, "allocs/op"), "%.0f"),
+			num(b.get("BenchmarkHandler/none", "allocs/op"), "%.0f"), "-", "(info)", "-")
+	}
+
+	fmt.Fprintln(w, "\nRedis time by chain length (Go benchmark, each limit with rpm and tpm, 20000 admissions):")
+	t = table{w: w, widths: []int{-6, 20, 26, 22, 15},
+		rule: "-------+----------------------+----------------------------+------------------------+----------------"}
+	t.header("chain", "Redis us/admission", "client ns/op (sequential)", "32 concurrent: us/adm", "admissions/call")
+	for _, c := range []string{"1", "2", "4", "6"} {
+		t.row(c, num(b.get(chain+c, "redis-µs/admission"), "%.2f us"), num(b.get(chain+c, "ns/op"), "%.0f ns"),
+			num(b.get(chain+c+"/concurrent=32", "redis-µs/admission"), "%.2f us"),
+			num(b.get(chain+c+"/concurrent=32", "admissions/call"), "%.1f"))
+	}
+
+	fmt.Fprintln(w, "\nRedis time by active API keys (Go benchmark, 4-scope chains, 32 concurrent, every key's four counters in Redis):")
+	t = table{w: w, widths: []int{-8, 20, 15}, rule: "---------+----------------------+----------------"}
+	t.header("keys", "Redis us/admission", "admissions/call")
+	for _, k := range []string{"1000", "100000"} {
+		name := "BenchmarkAdmissionRedisServerTimeByActiveKeys/keys=" + k
+		t.row(k, num(b.get(name, "redis-µs/admission"), "%.2f us"), num(b.get(name, "admissions/call"), "%.1f"))
+	}
+
+	_, err = fmt.Fprintf(w, `
+How it was measured:
+- throughput: wrk -t%[1]v -c%[2]v -d%[3]vs, POST /v1/chat/completions, over %[4]v rounds; each round runs
+  limited and plain2 each right next to plain (the order reversed every other round); req/s columns: medians of the
+  rounds; ratio: the median of the rounds' ratios (runs seconds apart, so that the machine's drift cancels)
+- p99 and p50: wrk --latency, %[5]d connections each waiting %[6]v ms between requests; achieved %[7]s req/s plain,
+  %[8]s limited (a slower answer slows the pacing a little); diff: the median of the rounds' differences
+- CPU per request: user + system time of the process during a wrk round (/proc/<pid>/stat) / wrk's requests, medians;
+  diff: the median of the rounds' differences
+- Redis time: usec of cmdstat_evalsha (CONFIG RESETSTAT before each limited round) / admissions that round (Caddy's
+  admissions_total); it includes the token charges, which ride in the calls of admit.lua (summed per key)
+- refusals: every refused-site response is a 429 (its one admitted request was the sanity check); calls = evalsha calls / refusals
+- Caddy, redis-server, the upstream and the load generator share the same %[9]v cores: figures are noisy;
+  read a ratio against the noise floor row (two identical proxies; within ~4%% on a quiet machine)
+`, m.setting("threads"), m.setting("connections"), m.setting("duration"), m.setting("rounds"),
+		p.connections, m.setting("pace_ms"), num(m.median("plain.paced_rps"), "%.0f"), num(m.median("limited.paced_rps"), "%.0f"),
+		m.setting("cores"))
+	return err
+}
