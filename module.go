@@ -472,7 +472,7 @@ func (h *Handler) chain(repl *caddy.Replacer, r *http.Request) (chain []limit, m
 // scopeValue is the i-th scope's id for the request. A value that is one
 // request header placeholder, as most are, is read from the header as Caddy's
 // replacer reads it (the values joined by commas), without the replacer's
-// allocations and lookups: they were a third of the handler's own CPU time.
+// allocations and lookups, which would be most of the handler's own work.
 func (h *Handler) scopeValue(i int, repl *caddy.Replacer, r *http.Request) string {
 	if name := h.scopeHeaders[i]; name != "" {
 		return strings.Join(r.Header[name], ",")

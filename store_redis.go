@@ -42,10 +42,8 @@ type redisStore struct {
 // The coalescer's calls of admit.lua in flight at once, and how long a token
 // charge waits to ride in a call that admits before it makes its own: charges
 // are made after their response, so a millisecond costs no client anything.
-// One call in flight makes the calls half as many as two did, and took a
-// fifth less of Redis's CPU per request through Caddy, at the same
-// throughput and latency (bench/run's chain, alternated runs): a call's
-// fixed cost is most of Redis's. A lone request still goes at once; under
+// One call in flight: a call's fixed cost is most of Redis's, so fewer and
+// fuller calls cost it less, and a lone request still goes at once; under
 // load a request waits for at most the call in flight, then goes in the next.
 const (
 	callsInFlight = 1
