@@ -1,8 +1,5 @@
 package ratelimit
 
-// The live view: an admin API route that answers, from the stores the
-// handlers use, where one scope id stands against its caps right now.
-
 import (
 	"cmp"
 	"encoding/json"

@@ -1,8 +1,5 @@
 package ratelimit
 
-// The sliding-window counter of the package doc, in exact integer
-// arithmetic; admit.lua makes the same comparisons.
-
 const (
 	// bucketMillis is the length of one bucket.
 	bucketMillis = 60_000
@@ -41,7 +38,9 @@ func (k kind) errorType() string {
 	return "requests"
 }
 
-// window holds the two buckets of one counter that an estimate reads.
+// window holds the two buckets of one counter that an estimate reads: the
+// sliding window of the package doc, in exact integer arithmetic, with the
+// comparisons admit.lua makes.
 type window struct {
 	cur, prev int64
 }

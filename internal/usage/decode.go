@@ -1,20 +1,5 @@
 package usage
 
-// Compressed bodies (Content-Encoding gzip, x-gzip, deflate, br, zstd) are
-// decoded from the meter's own copy. Decoders pull their input while Write is
-// pushed bytes, so each compressed body runs its decoder in a coroutine
-// (iter.Pull): Write hands p to the decoder and switches to it on the calling
-// goroutine; the decoder runs until it has consumed all of p and asks for more,
-// which switches back, and Write returns. There is no buffering of the
-// compressed input, no lock, no channel and no second goroutine running
-// concurrently: the decoding is done synchronously on the client path and costs
-// what decoding len(p) bytes costs, and the decoded bytes are capped per
-// response (maxDecodedBody) so that a decompression bomb cannot make a Write
-// slow. Finish ends the coroutine (its goroutine exits), so nothing outlives
-// Finish. An unknown or layered encoding, or corrupt compressed data, leaves
-// the response unmetered; a compressed body cut short (client gone, upstream
-// reset) is metered with what was decoded by then.
-
 import (
 	"bytes"
 	"errors"
@@ -50,6 +35,21 @@ const (
 )
 
 // coding is a response's Content-Encoding.
+//
+// Compressed bodies (Content-Encoding gzip, x-gzip, deflate, br, zstd) are
+// decoded from the meter's own copy. Decoders pull their input while Write is
+// pushed bytes, so each compressed body runs its decoder in a coroutine
+// (iter.Pull): Write hands p to the decoder and switches to it on the calling
+// goroutine; the decoder runs until it has consumed all of p and asks for more,
+// which switches back, and Write returns. There is no buffering of the
+// compressed input, no lock, no channel and no second goroutine running
+// concurrently: the decoding is done synchronously on the client path and costs
+// what decoding len(p) bytes costs, and the decoded bytes are capped per
+// response (maxDecodedBody) so that a decompression bomb cannot make a Write
+// slow. Finish ends the coroutine (its goroutine exits), so nothing outlives
+// Finish. An unknown or layered encoding, or corrupt compressed data, leaves
+// the response unmetered; a compressed body cut short (client gone, upstream
+// reset) is metered with what was decoded by then.
 type coding uint8
 
 const (
