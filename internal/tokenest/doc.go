@@ -1,0 +1,103 @@
+// Package tokenest says what an LLM API request asks of the model, in
+// tokens, from its JSON body alone: an estimate of its input and the output
+// cap it sets itself. A gateway reserves both before it admits the request
+// against a tokens-per-minute cap, and settles against the usage the
+// provider reports afterwards. It is an estimate by rule, not a tokenizer.
+//
+// # Paths
+//
+// The API is told by the end of the URL path, whatever comes before it (a
+// gateway's mount, Azure's /openai/deployments/<d>); one trailing slash and
+// anything from a '?' are ignored, and segments are compared exactly:
+//
+//	…/chat/completions                      OpenAI chat completions
+//	…/completions (not chat/)               OpenAI legacy completions
+//	…/embeddings                            OpenAI embeddings           capped at 0
+//	…/responses                             OpenAI Responses
+//	…/responses/input_tokens                its token count             capped at 0
+//	…/messages (not …/threads/<id>/messages, the Assistants API)
+//	                                        Anthropic Messages
+//	…/messages/count_tokens                 its token count             capped at 0
+//	…/<model>:generateContent, …/<model>:streamGenerateContent
+//	                                        Gemini (and Vertex AI)
+//	…/<model>:countTokens                   its token count             capped at 0
+//	…/publishers/anthropic/…/<model>:rawPredict, :streamRawPredict
+//	                                        Anthropic Messages on Vertex AI
+//	                                        (model count-tokens: capped at 0)
+//
+// Another path, a body that is not JSON as json.Valid has it (so not nested
+// more than 10000 deep), or JSON that is not an object gives Known false.
+//
+// # Input
+//
+//	Input = ⌈characters / 4⌉ + token ids + MediaTokens × media parts
+//
+// Characters are Unicode code points of the decoded strings, not bytes: an
+// escape is one, a \u surrogate pair one, an invalid UTF-8 byte one. A value
+// counted as JSON counts the characters of its compact JSON: punctuation,
+// numbers and literals as written, each string's characters and its two
+// quotes, no whitespace. A media part counts MediaTokens, never its bytes:
+// a 2 MB base64 image, or a data: URL, is one part. Token ids (integers in
+// place of a prompt) count one token each. What is read, per API; nothing
+// else counts:
+//
+//	chat         messages[]: content, name, tool_calls[].function (or .custom)
+//	             name + arguments (+ input), function_call name + arguments;
+//	             tools[], functions[] as JSON
+//	completions  prompt: a string, strings, token ids, or arrays of token ids;
+//	             suffix
+//	embeddings   input, as prompt
+//	responses    input: a string, or items: a message (no type, or "message")
+//	             its content; function_call name + arguments; custom_tool_call
+//	             name + input; function_call_output, custom_tool_call_output
+//	             their output (a string or parts); instructions; tools[] as JSON
+//	messages     system; messages[] as chat's (Anthropic's have only content);
+//	             tools[] as JSON
+//	gemini       contents[].parts[], systemInstruction.parts[]; tools[] as
+//	             JSON; generateContentRequest (countTokens), read as a request
+//
+// Content (chat and Anthropic messages, system, tool_result content,
+// Responses content and outputs) is a string, or parts that count by type:
+//
+//	text, input_text, output_text             their text
+//	refusal                                   its refusal
+//	image_url, input_audio, file, input_image,
+//	input_file, image                         media
+//	document                                  a source of type text: its data;
+//	                                          of type content: its content;
+//	                                          else media
+//	tool_use, server_tool_use                 name + input as JSON
+//	tool_result                               its content
+//	any other (thinking, reasoning, …)        nothing
+//
+// A Gemini part counts its text; each of inlineData and fileData is media;
+// functionCall, functionResponse, executableCode and codeExecutionResult
+// count as JSON.
+//
+// # Output
+//
+// Capped says whether the request names its own cap; Output is it, times the
+// choices asked for:
+//
+//	chat         max_completion_tokens, else max_tokens; × n
+//	completions  max_tokens × max(n, best_of)
+//	responses    max_output_tokens
+//	messages     max_tokens
+//	gemini       generationConfig.maxOutputTokens × generationConfig.candidateCount
+//
+// Embeddings and the token counts are Capped with Output 0. A legacy
+// completion without max_tokens is not capped, although OpenAI then stops at
+// 16: the gateway's default applies. A cap or multiplier is a count: a JSON
+// number of whole value at least 1 without an exponent (256 and 256.0, not
+// 0, -5, 1.5, 1e3, "256" or null). A cap that is not a count is no cap, and
+// a multiplier that is not one is 1. Every count saturates at 1<<40.
+//
+// # Reading
+//
+// The body is read in one pass, allocating nothing; every byte is checked,
+// even where nothing is counted. Keys are compared exactly, after unescaping.
+// A member given twice counts as its last value, as the providers' decoders
+// read it. Gemini members are read under either spelling, lowerCamelCase or
+// snake_case (systemInstruction, system_instruction, …): both count if both
+// are given, and of two caps or multipliers the camelCase one is read.
+package tokenest

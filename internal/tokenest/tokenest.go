@@ -1,0 +1,679 @@
+package tokenest
+
+import "strings"
+
+// Estimate is what a request body asks of the model, in tokens.
+type Estimate struct {
+	// Input is the estimate of the request's input: the characters of the
+	// text it sends to the model divided by 4, rounded up, plus MediaTokens
+	// for each media part.
+	Input int64
+	// Output is the output the request caps itself at, times the number of
+	// choices it asks for; meaningful only when Capped.
+	Output int64
+	// Capped says whether the request names its own output cap (an
+	// embeddings request is capped at 0: it produces no output tokens).
+	Capped bool
+	// Known says whether the body was JSON of an API this package reads;
+	// when false, Input and Output are 0 and Capped is false.
+	Known bool
+}
+
+// MediaTokens is the fixed estimate of one media part (an image, audio, a
+// file, inline base64 data), whatever its size. It is about the most one
+// image costs at a provider's default sizing, so that a reservation rarely
+// falls short for images: Anthropic bills w×h/750 tokens and scales images
+// down to about 1.15 megapixels, so at most about 1600 (1092×1092 is 1590);
+// an OpenAI high-detail 1024×1024 image is 765 tokens (85 + 170 per 512px
+// tile, at most 1445); Gemini 3 at high media resolution is 1120 per image.
+// Audio, video and multi-page documents usually cost more; what they really
+// cost is settled from the usage the provider reports.
+const MediaTokens = 1600
+
+// limit is where every count saturates.
+const limit = 1 << 40
+
+// Of reads a request of the API at path (the URL path, e.g.
+// "/v1/chat/completions", "/v1/messages",
+// "/v1beta/models/gemini-2.5-flash:generateContent") with this JSON body.
+func Of(path string, body []byte) Estimate {
+	r, zeroCap, ok := read(path, body)
+	if !ok {
+		return Estimate{}
+	}
+	// Each count is of distinct bytes of the body, so the sum cannot
+	// overflow; only the product with MediaTokens and the caps can pass limit.
+	e := Estimate{Known: true}
+	e.Input = min((r.chars+3)/4+r.tokens+mul(r.media, MediaTokens), limit)
+	switch {
+	case zeroCap:
+		e.Capped = true
+	case r.capped:
+		e.Capped, e.Output = true, r.out
+	}
+	return e
+}
+
+// read reads the body of a request of the API at path, and reports whether
+// its output is capped at 0, and whether it is one this package reads.
+func read(path string, body []byte) (r reading, zeroCap, ok bool) {
+	a, zeroCap := route(path)
+	if a == unknown {
+		return r, false, false
+	}
+	p := parser{b: body}
+	if p.peek() != '{' {
+		return r, false, false
+	}
+	switch a {
+	case apiChat:
+		r = chat(&p)
+	case apiCompletions:
+		r = completions(&p)
+	case apiEmbeddings:
+		r = embeddings(&p)
+	case apiResponses:
+		r = responses(&p)
+	case apiMessages:
+		r = messages(&p)
+	case apiGemini:
+		r = gemini(&p)
+	}
+	if p.bad || p.ws() {
+		return reading{}, false, false
+	}
+	return r, zeroCap, true
+}
+
+// api is an API this package reads.
+type api uint8
+
+const (
+	unknown api = iota
+	apiChat
+	apiCompletions
+	apiEmbeddings
+	apiResponses
+	apiMessages
+	apiGemini
+)
+
+// route is the API at path and whether its output is capped at 0. See the
+// package documentation for the paths.
+func route(path string) (a api, zeroCap bool) {
+	if i := strings.IndexByte(path, '?'); i >= 0 {
+		path = path[:i]
+	}
+	path = strings.TrimSuffix(path, "/")
+	rest, last := cutLast(path)
+	rest, prev := cutLast(rest)
+	_, prev2 := cutLast(rest)
+	switch {
+	case last == "completions" && prev == "chat":
+		return apiChat, false
+	case last == "completions":
+		return apiCompletions, false
+	case last == "embeddings":
+		return apiEmbeddings, true
+	case last == "responses":
+		return apiResponses, false
+	case last == "input_tokens" && prev == "responses":
+		return apiResponses, true
+	case last == "messages" && prev2 != "threads":
+		return apiMessages, false
+	case last == "count_tokens" && prev == "messages":
+		return apiMessages, true
+	}
+	i := strings.LastIndexByte(last, ':')
+	if i < 0 {
+		return unknown, false
+	}
+	switch model, method := last[:i], last[i+1:]; method {
+	case "generateContent", "streamGenerateContent":
+		return apiGemini, false
+	case "countTokens":
+		return apiGemini, true
+	case "rawPredict", "streamRawPredict":
+		if strings.Contains(path, "/publishers/anthropic/") {
+			return apiMessages, model == "count-tokens"
+		}
+	}
+	return unknown, false
+}
+
+// cutLast splits path at its last slash.
+func cutLast(path string) (rest, last string) {
+	i := strings.LastIndexByte(path, '/')
+	return path[:max(i, 0)], path[i+1:]
+}
+
+// tally is what part of a request sends the model.
+type tally struct {
+	chars  int64 // characters of text
+	tokens int64 // token ids
+	media  int64 // media parts
+}
+
+func (t *tally) add(u tally) {
+	t.chars += u.chars
+	t.tokens += u.tokens
+	t.media += u.media
+}
+
+// reading is what a request sends the model and the output it caps itself at.
+type reading struct {
+	tally
+	out    int64
+	capped bool
+}
+
+// setCap caps the reading at c times mult choices, if c is a count.
+func (r *reading) setCap(c opt, mult opt) {
+	if c.ok {
+		r.capped = true
+		r.out = mul(c.v, mult.or1())
+	}
+}
+
+// opt is a count that may be absent.
+type opt struct {
+	v  int64
+	ok bool
+}
+
+func (o *opt) read(p *parser) { o.v, o.ok = p.count() }
+
+// or is o, else d.
+func (o opt) or(d opt) opt {
+	if o.ok {
+		return o
+	}
+	return d
+}
+
+func (o opt) or1() int64 {
+	if o.ok {
+		return o.v
+	}
+	return 1
+}
+
+// mul is a×b saturated at limit, for a and b in [0, limit].
+func mul(a, b int64) int64 {
+	if a != 0 && b > limit/a {
+		return limit
+	}
+	return a * b
+}
+
+// chat reads an OpenAI chat completions request.
+func chat(p *parser) (r reading) {
+	var c [3]opt
+	r.tally = p.object(chatMembers, c[:])
+	r.setCap(c[0].or(c[1]), c[2])
+	return r
+}
+
+// completions reads an OpenAI legacy completions request.
+func completions(p *parser) (r reading) {
+	var c [3]opt
+	r.tally = p.object(completionsMembers, c[:])
+	r.setCap(c[0], opt{max(c[1].or1(), c[2].or1()), true})
+	return r
+}
+
+// embeddings reads an OpenAI embeddings request.
+func embeddings(p *parser) (r reading) {
+	r.tally = p.object(embeddingsMembers, nil)
+	return r
+}
+
+// responses reads an OpenAI Responses request.
+func responses(p *parser) (r reading) {
+	var c [1]opt
+	r.tally = p.object(responsesMembers, c[:])
+	r.setCap(c[0], opt{})
+	return r
+}
+
+// messages reads an Anthropic Messages request.
+func messages(p *parser) (r reading) {
+	var c [1]opt
+	r.tally = p.object(messagesMembers, c[:])
+	r.setCap(c[0], opt{})
+	return r
+}
+
+// gemini reads a Gemini generateContent or countTokens request. Its counts
+// are those of generationConfig (0 to 3) and of generation_config (4 to 7),
+// and of each the camelCase one is read first.
+func gemini(p *parser) (r reading) {
+	var c [8]opt
+	r.tally = p.object(geminiMembers, c[:])
+	r.setCap(c[0].or(c[1]).or(c[4]).or(c[5]), c[2].or(c[3]).or(c[6]).or(c[7]))
+	return r
+}
+
+// shape is what the value of a member counts.
+type shape uint8
+
+const (
+	shapeText           shape = iota // a string: its characters
+	shapeJSON                        // any value, as JSON
+	shapeMedia                       // any value: one media part
+	shapeDefinitions                 // an array: each element as JSON
+	shapeContent                     // see content
+	shapePrompt                      // see prompt
+	shapeInput                       // a Responses input: a string, or items
+	shapeMessages                    // an array of messageMembers
+	shapeToolCalls                   // an array of toolCallMembers
+	shapeCall                        // callMembers
+	shapeGeminiContents              // an array of geminiContentMembers
+	shapeGeminiContent               // geminiContentMembers
+	shapeGeminiParts                 // an array of geminiPartMembers
+	shapeGeminiRequest               // geminiMembers, for their input only
+	shapeCount                       // a count, read into counts[at]
+	shapeGeminiConfig                // geminiConfigMembers, read into counts[at:at+4]
+)
+
+// member is a member of an object that counts, and its shape.
+type member struct {
+	key   string
+	shape shape
+	at    int // for shapeCount and shapeGeminiConfig
+}
+
+// What each object reads; any other member counts nothing.
+var (
+	chatMembers = []member{
+		{key: "messages", shape: shapeMessages},
+		{key: "tools", shape: shapeDefinitions},
+		{key: "functions", shape: shapeDefinitions},
+		{key: "max_completion_tokens", shape: shapeCount, at: 0},
+		{key: "max_tokens", shape: shapeCount, at: 1},
+		{key: "n", shape: shapeCount, at: 2},
+	}
+	completionsMembers = []member{
+		{key: "prompt", shape: shapePrompt},
+		{key: "suffix", shape: shapeText},
+		{key: "max_tokens", shape: shapeCount, at: 0},
+		{key: "n", shape: shapeCount, at: 1},
+		{key: "best_of", shape: shapeCount, at: 2},
+	}
+	embeddingsMembers = []member{{key: "input", shape: shapePrompt}}
+	responsesMembers  = []member{
+		{key: "input", shape: shapeInput},
+		{key: "instructions", shape: shapeText},
+		{key: "tools", shape: shapeDefinitions},
+		{key: "max_output_tokens", shape: shapeCount, at: 0},
+	}
+	messagesMembers = []member{
+		{key: "system", shape: shapeContent},
+		{key: "messages", shape: shapeMessages},
+		{key: "tools", shape: shapeDefinitions},
+		{key: "max_tokens", shape: shapeCount, at: 0},
+	}
+	// Gemini's members are read under either spelling, lowerCamelCase or
+	// snake_case: both count if both are given.
+	geminiMembers = []member{
+		{key: "contents", shape: shapeGeminiContents},
+		{key: "systemInstruction", shape: shapeGeminiContent},
+		{key: "system_instruction", shape: shapeGeminiContent},
+		{key: "tools", shape: shapeDefinitions},
+		{key: "generateContentRequest", shape: shapeGeminiRequest},
+		{key: "generate_content_request", shape: shapeGeminiRequest},
+		{key: "generationConfig", shape: shapeGeminiConfig, at: 0},
+		{key: "generation_config", shape: shapeGeminiConfig, at: 4},
+	}
+	geminiConfigMembers = []member{
+		{key: "maxOutputTokens", shape: shapeCount, at: 0},
+		{key: "max_output_tokens", shape: shapeCount, at: 1},
+		{key: "candidateCount", shape: shapeCount, at: 2},
+		{key: "candidate_count", shape: shapeCount, at: 3},
+	}
+
+	// An element of messages[]: OpenAI chat's or Anthropic's.
+	messageMembers = []member{
+		{key: "content", shape: shapeContent},
+		{key: "name", shape: shapeText},
+		{key: "tool_calls", shape: shapeToolCalls},
+		{key: "function_call", shape: shapeCall},
+	}
+	// An element of an OpenAI assistant message's tool_calls.
+	toolCallMembers = []member{{key: "function", shape: shapeCall}, {key: "custom", shape: shapeCall}}
+	// A call of a tool.
+	callMembers = []member{
+		{key: "name", shape: shapeText},
+		{key: "arguments", shape: shapeText},
+		{key: "input", shape: shapeText},
+	}
+	// A Gemini Content: an element of contents, or a systemInstruction.
+	geminiContentMembers = []member{{key: "parts", shape: shapeGeminiParts}}
+	// A Gemini Part, whose members say what it is.
+	geminiPartMembers = []member{
+		{key: "text", shape: shapeText},
+		{key: "inlineData", shape: shapeMedia},
+		{key: "inline_data", shape: shapeMedia},
+		{key: "fileData", shape: shapeMedia},
+		{key: "file_data", shape: shapeMedia},
+		{key: "functionCall", shape: shapeJSON},
+		{key: "function_call", shape: shapeJSON},
+		{key: "functionResponse", shape: shapeJSON},
+		{key: "function_response", shape: shapeJSON},
+		{key: "executableCode", shape: shapeJSON},
+		{key: "executable_code", shape: shapeJSON},
+		{key: "codeExecutionResult", shape: shapeJSON},
+		{key: "code_execution_result", shape: shapeJSON},
+	}
+)
+
+// maxMembers bounds the members of an object that count.
+const maxMembers = 16
+
+// object reads an object whose members are those of members, each of its
+// shape; a count is read into counts. A member given twice is read as its
+// last value, as the providers' JSON decoders do, and what the members count
+// is summed at the end.
+func (p *parser) object(members []member, counts []opt) tally {
+	var each [maxMembers]tally
+	p.members(func(k word) {
+		for i, m := range members {
+			if string(k.bytes()) != m.key {
+				continue
+			}
+			switch m.shape {
+			case shapeCount:
+				counts[m.at].read(p)
+			case shapeGeminiConfig:
+				c := counts[m.at : m.at+4]
+				clear(c)
+				p.object(geminiConfigMembers, c)
+			default:
+				each[i] = p.shaped(m.shape)
+			}
+			return
+		}
+		p.skip()
+	})
+	var t tally
+	for _, u := range each[:len(members)] {
+		t.add(u)
+	}
+	return t
+}
+
+// shaped reads a value of the shape.
+func (p *parser) shaped(s shape) tally {
+	switch s {
+	case shapeText:
+		return tally{chars: p.text()}
+	case shapeJSON:
+		return tally{chars: p.jsonChars()}
+	case shapeMedia:
+		p.skip()
+		return tally{media: 1}
+	case shapeDefinitions:
+		var n int64
+		p.each(func() { n += p.jsonChars() })
+		return tally{chars: n}
+	case shapeContent:
+		return p.content()
+	case shapePrompt:
+		return p.prompt()
+	case shapeInput:
+		if p.peek() == '"' {
+			return tally{chars: p.text()}
+		}
+		return p.eachTally(p.item)
+	case shapeMessages:
+		return p.eachObject(messageMembers)
+	case shapeToolCalls:
+		return p.eachObject(toolCallMembers)
+	case shapeCall:
+		return p.object(callMembers, nil)
+	case shapeGeminiContents:
+		return p.eachObject(geminiContentMembers)
+	case shapeGeminiContent:
+		return p.object(geminiContentMembers, nil)
+	case shapeGeminiParts:
+		return p.eachObject(geminiPartMembers)
+	case shapeGeminiRequest:
+		var c [8]opt
+		return p.object(geminiMembers, c[:])
+	}
+	p.skip()
+	return tally{}
+}
+
+// eachTally reads an array whose elements read adds up.
+func (p *parser) eachTally(read func() tally) (t tally) {
+	p.each(func() { t.add(read()) })
+	return t
+}
+
+// eachObject reads an array of objects of members.
+func (p *parser) eachObject(members []member) tally {
+	return p.eachTally(func() tally { return p.object(members, nil) })
+}
+
+// prompt reads a legacy prompt or an embeddings input: a string, an array of
+// strings, an array of token ids, or an array of arrays of token ids. A
+// token id counts one token.
+func (p *parser) prompt() (t tally) {
+	if p.peek() == '"' {
+		return tally{chars: p.text()}
+	}
+	p.each(func() {
+		switch c := p.peek(); {
+		case c == '"':
+			t.chars += p.text()
+		case c == '[':
+			p.each(func() { t.tokens += p.tokenID() })
+		default:
+			t.tokens += p.tokenID()
+		}
+	})
+	return t
+}
+
+// tokenID reads a value that is a token id if it is a number: 1 if it is.
+func (p *parser) tokenID() int64 {
+	c := p.peek()
+	p.skip()
+	if c == '-' || '0' <= c && c <= '9' {
+		return 1
+	}
+	return 0
+}
+
+// content reads the content of a message, a system prompt, a tool result or
+// a function call output: a string is text, an array is parts (see part),
+// anything else counts nothing.
+func (p *parser) content() tally {
+	if p.peek() == '"' {
+		return tally{chars: p.text()}
+	}
+	return p.eachTally(p.part)
+}
+
+// partKind is what a content part is, by its type.
+type partKind uint8
+
+const (
+	partOther      partKind = iota
+	partText                // counts its text
+	partRefusal             // counts its refusal
+	partMedia               // counts MediaTokens
+	partDocument            // counts by its source
+	partToolUse             // counts its name and its input as JSON
+	partToolResult          // counts its content
+)
+
+// partKinds are the types of the content parts of all the APIs; a part of
+// another type counts nothing.
+var partKinds = map[string]partKind{
+	"text":            partText, // OpenAI chat, Anthropic
+	"input_text":      partText, // Responses
+	"output_text":     partText, // Responses
+	"refusal":         partRefusal,
+	"image_url":       partMedia, // OpenAI chat
+	"input_audio":     partMedia, // OpenAI chat, Responses
+	"file":            partMedia, // OpenAI chat
+	"input_image":     partMedia, // Responses
+	"input_file":      partMedia, // Responses
+	"image":           partMedia, // Anthropic
+	"document":        partDocument,
+	"tool_use":        partToolUse,
+	"server_tool_use": partToolUse,
+	"tool_result":     partToolResult,
+}
+
+// part reads one element of a content array.
+func (p *parser) part() tally {
+	o := p.typed()
+	switch partKinds[string(o.typ.bytes())] {
+	case partText:
+		return tally{chars: o.text}
+	case partRefusal:
+		return tally{chars: o.refusal}
+	case partMedia:
+		return tally{media: 1}
+	case partDocument:
+		switch o.source.kind {
+		case sourceText:
+			return tally{chars: o.source.data}
+		case sourceContent:
+			return o.source.content
+		}
+		return tally{media: 1}
+	case partToolUse:
+		return tally{chars: o.name + o.inputJSON}
+	case partToolResult:
+		return o.content
+	}
+	return tally{}
+}
+
+// typedObject is what may count of a content part or a Responses item.
+// Its members may come in any order, so each is read, and its type then
+// picks which count.
+type typedObject struct {
+	typ                            word
+	typed                          bool // it has a type
+	text, refusal, name, arguments int64
+	input                          int64 // if a string, its characters
+	inputJSON                      int64 // as JSON
+	content, output                tally
+	source                         source
+}
+
+func (p *parser) typed() (o typedObject) {
+	p.members(func(k word) {
+		switch string(k.bytes()) {
+		case "type":
+			o.typ, o.typed = p.name(), true
+		case "text":
+			o.text = p.text()
+		case "refusal":
+			o.refusal = p.text()
+		case "name":
+			o.name = p.text()
+		case "arguments":
+			o.arguments = p.text()
+		case "input":
+			if p.peek() == '"' {
+				o.input = p.text()
+				o.inputJSON = o.input + 2
+			} else {
+				o.input, o.inputJSON = 0, p.jsonChars()
+			}
+		case "content":
+			o.content = p.content()
+		case "output":
+			o.output = p.content()
+		case "source":
+			o.source = p.source()
+		default:
+			p.skip()
+		}
+	})
+	return o
+}
+
+// source is an Anthropic document's source: a plain text one counts its
+// data, a content one its content, any other (base64, url, file) is media.
+type source struct {
+	kind    sourceKind
+	data    int64
+	content tally
+}
+
+type sourceKind uint8
+
+const (
+	sourceMedia sourceKind = iota
+	sourceText
+	sourceContent
+)
+
+func (p *parser) source() (s source) {
+	p.members(func(k word) {
+		switch string(k.bytes()) {
+		case "type":
+			switch t := p.name(); string(t.bytes()) {
+			case "text":
+				s.kind = sourceText
+			case "content":
+				s.kind = sourceContent
+			default:
+				s.kind = sourceMedia
+			}
+		case "data":
+			s.data = p.text()
+		case "content":
+			s.content = p.content()
+		default:
+			p.skip()
+		}
+	})
+	return s
+}
+
+// itemKind is what an element of a Responses input is, by its type.
+type itemKind uint8
+
+const (
+	itemOther   itemKind = iota
+	itemMessage          // counts its content (no type is a message)
+	itemCall             // counts its name and arguments
+	itemCustom           // counts its name and input
+	itemOutput           // counts its output
+)
+
+var itemKinds = map[string]itemKind{
+	"message":                 itemMessage,
+	"function_call":           itemCall,
+	"custom_tool_call":        itemCustom,
+	"function_call_output":    itemOutput,
+	"custom_tool_call_output": itemOutput,
+}
+
+// item reads an element of a Responses input.
+func (p *parser) item() tally {
+	o := p.typed()
+	kind := itemMessage
+	if o.typed {
+		kind = itemKinds[string(o.typ.bytes())]
+	}
+	switch kind {
+	case itemMessage:
+		return o.content
+	case itemCall:
+		return tally{chars: o.name + o.arguments}
+	case itemCustom:
+		return tally{chars: o.name + o.input}
+	case itemOutput:
+		return o.output
+	}
+	return tally{}
+}
