@@ -119,7 +119,8 @@ func TestAdminLiveViewAgreesWithTheHeadersOfTheLastAdmittedRequest(t *testing.T)
 			scope key {http.request.header.Authorization}
 			scope org {http.request.header.X-Org} readable
 			limit key * rpm 50 tpm 100000
-			limit org * rpm 10 tpm 1000`))
+			limit org * rpm 10 tpm 1000
+			reserve_tokens off`))
 		query := "scope=org&id=" + org
 		tokensCharged := func(n float64) func(UsageView) bool {
 			return func(v UsageView) bool {
@@ -282,6 +283,7 @@ func TestAdminLiveViewListsEachHandlerWithDifferentCapsOnceAndItsStore(t *testin
 		scope org {http.request.header.X-Org}
 		limit org %[2]s rpm 20 tpm 2000
 		limit org * rpm 30
+		reserve_tokens off
 	}
 	# the same caps as /a in the in-process store: an entry of its own
 	rolter_ratelimit /c* {

@@ -3,13 +3,14 @@
 -- One call decides one request, or a batch of concurrent requests from one
 -- gateway in arrival order, each all-or-nothing as if it had been sent alone.
 -- A call also charges the tokens of responses that ended before it, first,
--- so that its admissions read them.
+-- so that its admissions read them; a charge that settles a reservation may
+-- be negative, and gives back at most what its bucket holds.
 --
 -- KEYS      for each distinct limit of the call, in order: for each window
 --           kind it caps (req if its rpm > 0, then tok if its tpm > 0) the key
 --           of the current bucket, then of the previous one; then, if it has a
 --           token bucket, the bucket's key. Then, for each token charge, the
---           current tok key of the limit charged. Every key the script
+--           tok key it charges: the current one, or a settlement's own. Every key the script
 --           touches is declared, so that Redis Cluster routes, redirects and
 --           migrates the call by the real keys.
 -- Numbers in ARGV are hexadecimal, which Lua reads with strtoul rather than
@@ -21,22 +22,26 @@
 -- ARGV[2]   the bucket the keys name (unix_seconds / 60 by the gateway's
 --           clock). If Redis's clock is in another bucket, the script touches
 --           nothing and answers {-1, now}: the caller names the keys again.
--- ARGV[3]   "a" to admit, or "p" to decide and charge nothing (the admin
---           API's live view).
+-- ARGV[3]   "a" to admit, "r" to admit with reservations (see below), or "p"
+--           to decide and charge nothing (the admin API's live view).
 -- ARGV[4]   L, the number of distinct limits.
 -- ARGV[5]   C, the number of token charges (0 with "p").
 -- ARGV[6]   K, the number of distinct caps among the limits: most limits of
 --           a call share a handful (every key of one "limit key *" line has
 --           the same), which are then passed and read once.
--- then      per charge, the tokens to add to its key, a positive decimal.
+-- then      per charge, the tokens to add to its key, a decimal (negative
+--           for a settlement that gives tokens back).
 -- then      per distinct caps: rpm, tpm (0 is no cap), rate of a token bucket
 --           in milli-tokens per second (0 is none), and if rate > 0 its burst
 --           and cost.
 -- then      one argument of L bytes: each limit's caps (1-based).
--- then      one argument per admission, in arrival order: the positions
---           (1-based) of the limits of its chain, one byte each.
+-- then      per admission, in arrival order: with "r", the tokens it reserves
+--           on every tpm of its chain; then the positions (1-based) of the
+--           limits of its chain, one byte each.
 --
--- A request fits a window while estimate + 1 <= rpm and estimate < tpm, with
+-- A request fits a window while estimate + 1 <= rpm, and estimate < tpm, or
+-- with a reservation of r tokens estimate + r <= tpm (then r is added to
+-- the current tok bucket of every tpm of its chain), with
 -- estimate = current + previous * (60000 - ms_into_bucket) / 60000, compared
 -- multiplied by 60000 so that every number is an integer (exact in Lua's
 -- doubles below 2^53). window.go does the same arithmetic in Go.
@@ -66,13 +71,16 @@ if bucket ~= tonumber(ARGV[2], 16) then
   return {-1, now}
 end
 local weight = 60000 - (now - bucket * 60000)
-local charging = ARGV[3] == 'a'
+local reserving = ARGV[3] == 'r'
+local charging = reserving or ARGV[3] == 'a'
 local n, nc, ncaps = tonumber(ARGV[4], 16), tonumber(ARGV[5], 16), tonumber(ARGV[6], 16)
 -- Only the increment that creates a key sets its expiry.
 local nk = #KEYS - nc
 for c = 1, nc do
   local key, tokens = KEYS[nk + c], ARGV[6 + c]
-  if redis.call('INCRBY', key, tokens) == tokens + 0 then redis.call('EXPIRE', key, 120) end
+  local v = redis.call('INCRBY', key, tokens)
+  if v == tokens + 0 then redis.call('EXPIRE', key, 120) end
+  if v < 0 then redis.call('SET', key, 0, 'KEEPTTL') end
 end
 local vals = nk > 0 and redis.call('MGET', unpack(KEYS, 1, nk)) or {}
 
@@ -96,13 +104,17 @@ arg = arg + 1
 -- requests the call admitted; rkey, the key of its current req bucket; bkt,
 -- its token bucket's {key, ttl, since, deficit, cost}; false where it has
 -- none. A limit's room is the least of its caps': its rpm's slack (how far
--- the window is below the rpm), 0 if its token window is full (tokens are
--- charged after the fact, never by an admission, so that holds for the whole
--- call), and the requests its token bucket holds. (Strings from MGET become
+-- the window is below the rpm), 0 if its token window is full (without
+-- reservations, tokens are charged after the fact, never by an admission,
+-- so that holds for the whole call), and the requests its token bucket
+-- holds. With reservations, a tpm has a room of its own, tleft, in 60000ths
+-- of a token (a reservation of r fits while tleft >= r * 60000, and at least
+-- 1), reserved tokens the call added, and tkey, its current tok key. (Strings from MGET become
 -- numbers by arithmetic, which is cheaper than tonumber.) The reply gets the
 -- counts as read.
 local inf = 1 / 0
 local left, added, rkey, bkt = {}, {}, {}, {}
+local tleft, reserved, tkey = {}, {}, {}
 local reply = {1, now}
 local j = 1
 for i = 1, n do
@@ -110,7 +122,7 @@ for i = 1, n do
   local r, t, q = cap[1], cap[2], cap[3]
   local c0, p0, c1, p1, d = 0, 0, 0, 0, 0
   local room = inf
-  rkey[i], bkt[i] = false, false
+  rkey[i], bkt[i], tleft[i] = false, false, false
   if r > 0 then
     local v, w = vals[j], vals[j + 1]
     if v then c0 = v + 0 end
@@ -122,7 +134,12 @@ for i = 1, n do
     local v, w = vals[j], vals[j + 1]
     if v then c1 = v + 0 end
     if w then p1 = w + 0 end
-    if c1 * 60000 + p1 * weight >= t * 60000 then room = 0 end
+    local est = c1 * 60000 + p1 * weight
+    if reserving then
+      tleft[i], reserved[i], tkey[i] = t * 60000 - est, 0, j
+    elseif est >= t * 60000 then
+      room = 0
+    end
     j = j + 2
   end
   if q > 0 then
@@ -150,11 +167,19 @@ for i = 1, n do
 end
 
 local k = 5 * n + 2
-for m = arg, #ARGV do
-  local chain = {byte(ARGV[m], 1, -1)}
+local step = reserving and 2 or 1
+for m = arg, #ARGV, step do
+  local chain = {byte(ARGV[m + step - 1], 1, -1)}
+  local r, need = 0, 1
+  if reserving then
+    r = tonumber(ARGV[m], 16)
+    if r > 0 then need = r * 60000 end
+  end
   local fits = 1
   for x = 1, #chain do
-    if left[chain[x]] < 60000 then
+    local i = chain[x]
+    local tl = tleft[i]
+    if left[i] < 60000 or tl and tl < need then
       fits = 0
       break
     end
@@ -163,6 +188,9 @@ for m = arg, #ARGV do
     for x = 1, #chain do
       local i = chain[x]
       left[i], added[i] = left[i] - 60000, added[i] + 1
+      if tleft[i] then
+        tleft[i], reserved[i] = tleft[i] - r * 60000, reserved[i] + r
+      end
     end
   end
   k = k + 1
@@ -183,6 +211,11 @@ if charging then
       if b then
         redis.call('SET', KEYS[b[1]], string.format('%d:%d', b[4] + a * b[5], b[3]), 'PX', b[2])
       end
+    end
+    local r = reserved[i]
+    if r and r > 0 then
+      local tokens = string.format('%d', r)
+      if redis.call('INCRBY', KEYS[tkey[i]], tokens) == r then redis.call('EXPIRE', KEYS[tkey[i]], 120) end
     end
   end
 end

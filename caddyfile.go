@@ -52,6 +52,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		status <code>                              # of every refusal by a limit, 400-599; default 429
 //		headers openai|ietf|scg|off ...            # default openai; several may be listed
 //		ensure_stream_usage on|off                 # default on: ask OpenAI streams for their usage
+//		reserve_tokens on|off                      # default on: reserve each request's tokens at admission
+//		reserve_output <n>                         # default 1024: the output reserved for a request that names no cap
 //		realtime {                                 # WebSocket sessions (any upgrade the matcher covers)
 //			max_connections <n>                    # open sessions per Caddy process; default no cap
 //			flush_interval <duration>              # how often a session's tokens are charged; default 5s
@@ -196,19 +198,30 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			h.Realtime = rc
 
-		case "ensure_stream_usage":
+		case "ensure_stream_usage", "reserve_tokens":
+			on, err := onOff(d)
+			if err != nil {
+				return err
+			}
+			if sub.Text == "reserve_tokens" {
+				h.ReserveTokens = &on
+			} else {
+				h.EnsureStreamUsage = &on
+			}
+
+		case "reserve_output":
 			var v string
 			if !d.AllArgs(&v) {
 				return d.ArgErr()
 			}
-			if v != "on" && v != "off" {
-				return d.Errf("ensure_stream_usage must be on or off, not %q", v)
+			n, err := strconv.ParseUint(v, 10, 63)
+			if err != nil || n == 0 {
+				return d.Errf("reserve_output must be a positive number of tokens, not %q", v)
 			}
 			if err := noBlock(d, sub); err != nil {
 				return err
 			}
-			on := v == "on"
-			h.EnsureStreamUsage = &on
+			h.ReserveOutput = int64(n)
 
 		default:
 			return d.Errf("unrecognized rolter_ratelimit subdirective '%s'", sub.Text)
@@ -452,6 +465,20 @@ func optionValue(d *caddyfile.Dispenser, with func(string) *Handler) (string, er
 		return "", d.WrapErr(err)
 	}
 	return v, noBlock(d, sub)
+}
+
+// onOff reads the one value of an on/off option line, whose name is the
+// current token.
+func onOff(d *caddyfile.Dispenser) (bool, error) {
+	sub := d.Token()
+	var v string
+	if !d.AllArgs(&v) {
+		return false, d.ArgErr()
+	}
+	if v != "on" && v != "off" {
+		return false, d.Errf("%s must be on or off, not %q", sub.Text, v)
+	}
+	return v == "on", noBlock(d, sub)
 }
 
 // noBlock reports a block opened after the line of sub, which takes none.

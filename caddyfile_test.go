@@ -74,6 +74,21 @@ var caddyfileGoodCases = []caddyfileGoodCase{
 		},
 	},
 	{
+		name: "token reservation options",
+		input: `rolter_ratelimit {
+			scope org {http.request.header.X-Org}
+			limit org * tpm 10000
+			reserve_tokens off
+			reserve_output 256
+		}`,
+		want: &Handler{
+			Scopes:        []Scope{{Name: "org", Value: "{http.request.header.X-Org}"}},
+			Limits:        []LimitConfig{{Scope: "org", ID: "*", TPM: 10000}},
+			ReserveTokens: new(bool),
+			ReserveOutput: 256,
+		},
+	},
+	{
 		name: "readable and required scopes, options in any order",
 		input: `rolter_ratelimit {
 			scope key {http.request.header.X-Api-Key} required
@@ -251,6 +266,11 @@ var caddyfileBadCases = []caddyfileBadCase{
 	{"scope without value", "rolter_ratelimit {\n\tscope key\n}", "wrong argument count", 2},
 	{"scope without anything", "rolter_ratelimit {\n\tscope\n}", "wrong argument count", 2},
 	{"scope with an unknown option", "rolter_ratelimit {\n\tscope key {http.request.header.X-Api-Key} extra\n}", "unrecognized scope option 'extra': expecting readable or required", 2},
+	{"reserve_tokens with a bad value", "rolter_ratelimit {\n\treserve_tokens yes\n}", `reserve_tokens must be on or off, not "yes"`, 2},
+	{"reserve_tokens twice", "rolter_ratelimit {\n\treserve_tokens on\n\treserve_tokens off\n}", "reserve_tokens is given twice", 3},
+	{"reserve_output zero", "rolter_ratelimit {\n\treserve_output 0\n}", `reserve_output must be a positive number of tokens, not "0"`, 2},
+	{"reserve_output negative", "rolter_ratelimit {\n\treserve_output -5\n}", `reserve_output must be a positive number of tokens, not "-5"`, 2},
+	{"reserve_output without a value", "rolter_ratelimit {\n\treserve_output\n}", "wrong argument count", 2},
 	{"scope option twice", "rolter_ratelimit {\n\tscope org x readable required readable\n}", "readable is given twice", 2},
 	{"scope with a bad name", "rolter_ratelimit {\n\tscope \"api key\" x\n}", `scope name "api key"`, 2},
 	{"scope with an empty value", "rolter_ratelimit {\n\tscope key \" \"\n}", `scope "key" has an empty value`, 2},

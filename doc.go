@@ -61,22 +61,27 @@
 // never replayed: a double charge would outlive the failure. Any other
 // failure applies on_redis_error (fail open by default, or 503).
 //
-// # Tokens are reactive
+// # Tokens are reserved, then settled
 //
-// Tokens exist only once a response has reported its usage, so they are
-// charged afterwards: the response body is teed, unchanged, into the usage
-// extractor (internal/usage), and its total is charged to every limit of the
-// chain with a tpm. Admission refuses once a token window has reached its
-// cap; requests admitted together before that can overshoot it by their own
-// usage.
+// A request whose chain has a tpm reserves, in the same atomic step as the
+// rest of its admission, what it may cost: an estimate of its input and the
+// output cap it names, read from its body (internal/tokenest), or a default.
+// A tpm fits while its estimate plus the reservation is within it, so
+// concurrent requests hold it however many are in flight. The response body
+// is teed, unchanged, into the usage extractor (internal/usage), and the
+// usage reported replaces the reservation in the minute it was made in.
+// With reserve_tokens off, and for realtime sessions, tokens are reactive:
+// charged once reported, so that requests admitted together before a window
+// fills can overshoot it by their own usage.
 //
 // # Refusals cost Redis nothing
 //
-// A limit Redis refused is refused by the store's refusal cache, without a
-// call, until the moment Redis would admit it again (refusalCache). It is
-// exact: traffic only makes counters grow, and the gateway bounds Redis's
-// clock from its own monotonic clock, so the cache never refuses what Redis
-// would admit.
+// A limit Redis refused on requests or a token bucket is refused by the
+// store's refusal cache, without a call, until the moment Redis would admit
+// it again (refusalCache). It is exact: traffic only makes those counters
+// grow, and the gateway bounds Redis's clock from its own monotonic clock,
+// so the cache never refuses what Redis would admit. Tokens refusals are
+// left to Redis: a settlement can give tokens back.
 //
 // # Secrets
 //

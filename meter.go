@@ -25,6 +25,7 @@ type responseWriter struct {
 	strip       *usageStripper     // set when the client did not ask for stream usage
 	tap         *usage.RealtimeTap // set for a metered WebSocket session
 	wroteHeader bool
+	status      int // the final status written, once wroteHeader
 }
 
 func (w *responseWriter) WriteHeader(status int) {
@@ -32,7 +33,7 @@ func (w *responseWriter) WriteHeader(status int) {
 		w.ResponseWriterWrapper.WriteHeader(status)
 		return
 	}
-	w.wroteHeader = true
+	w.wroteHeader, w.status = true, status
 	h := w.Header()
 	w.headers.apply(h)
 	if w.metering && status < 300 {
@@ -121,22 +122,48 @@ func (h *Handler) charged(tokens int64, err error) {
 
 // meterResponse finishes the admitted response's metering and charges its
 // tokens without waiting for the store, so that the client's last bytes are
-// not held back by a round trip.
+// not held back by a round trip. A reservation made at admission (d) is
+// settled in its own bucket: the usage reported replaces it; without usage,
+// an upstream error gives it all back (the provider charged nothing) and
+// any other response keeps it as its charge (a response cut short keeps
+// what it reported, or else its reservation).
 // It releases the store that ServeHTTP held for it.
-func (h *Handler) meterResponse(w *responseWriter, chain []limit) {
+func (h *Handler) meterResponse(w *responseWriter, chain []limit, d decision) {
 	tokens, metered := w.finish()
 	if !metered {
-		h.store.release()
 		unmeteredTotal.WithLabelValues("response").Inc()
 		if h.logger.Core().Enabled(zap.DebugLevel) {
 			h.logger.Debug("response not metered: no usage found", zap.String("scope", chain[0].scope), zap.String("id", chain[0].id))
 		}
+	}
+	c, charged := charge{tokens: tokens}, tokens
+	if d.reserve > 0 {
+		c.bucket = d.now.bucket
+		switch {
+		case metered:
+			c.tokens = tokens - d.reserve
+		case w.status >= 400:
+			c.tokens, charged = -d.reserve, 0
+		default:
+			c.tokens, charged = 0, d.reserve
+		}
+	} else if !metered {
+		h.store.release()
 		return
 	}
-	h.store.chargeLater(chain, tokens, func(err error) {
-		h.charged(tokens, err)
+	h.store.chargeLater(chain, c, func(err error) {
+		h.settled(c, charged, err)
 		h.store.release()
 	})
+}
+
+// settled counts a response's charge once the store has it: the tokens
+// finally charged, and what a settlement gave back.
+func (h *Handler) settled(c charge, charged int64, err error) {
+	if err == nil && c.tokens < 0 {
+		tokensReturnedTotal.Add(float64(-c.tokens))
+	}
+	h.charged(charged, err)
 }
 
 // Interface guards: reverse_proxy flushes streams and hijacks WebSocket

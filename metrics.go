@@ -18,7 +18,7 @@ var (
 	}, []string{"outcome"})
 	refusalsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "refusals_total",
-		Help: "Refused requests, by the scope name and kind (requests, tokens, burst) of the first refusing limit.",
+		Help: "Refused requests, by the scope name and kind (requests, tokens, burst, too_large) of the first refusing limit.",
 	}, []string{"scope", "kind"})
 	refusalsCachedTotal = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "refusals_cached_total",
@@ -26,7 +26,15 @@ var (
 	})
 	tokensChargedTotal = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "tokens_charged_total",
-		Help: "Tokens charged to the chains of admitted responses and realtime sessions.",
+		Help: "Tokens charged to the chains of admitted responses and realtime sessions (a settled reservation counts what it finally charged).",
+	})
+	tokensReservedTotal = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "tokens_reserved_total",
+		Help: "Tokens reserved by admitted requests on their chains' tpm limits.",
+	})
+	tokensReturnedTotal = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "tokens_returned_total",
+		Help: "Reserved tokens given back when responses settled below their reservation.",
 	})
 	unmeteredTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "unmetered_total",
@@ -59,7 +67,7 @@ const (
 
 // registerMetrics registers the process's collectors in a config's registry.
 func registerMetrics(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{admissionsTotal, refusalsTotal, refusalsCachedTotal, tokensChargedTotal, unmeteredTotal, redisDuration, redisErrorsTotal, sessionsOpen} {
+	for _, c := range []prometheus.Collector{admissionsTotal, refusalsTotal, refusalsCachedTotal, tokensChargedTotal, tokensReservedTotal, tokensReturnedTotal, unmeteredTotal, redisDuration, redisErrorsTotal, sessionsOpen} {
 		if err := reg.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return err
 		}

@@ -56,6 +56,7 @@ func TestMetricsCountOutcomesRefusalsAndTokensAndKeepCountingAcrossAReload(t *te
 		scope org {http.request.header.X-Org} readable
 		limit key * rpm 2
 		limit org * tpm 100000
+		reserve_tokens off
 	}
 	reverse_proxy {upstream}`, comment, srv.URL())
 	}

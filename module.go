@@ -32,7 +32,8 @@ func init() {
 // these outcomes:
 //
 //	admitted             passed on, with the rate-limit headers
-//	refused              by a limit: 429 (or Status), Retry-After
+//	refused              by a limit: 429 (or Status), Retry-After; or, too large for a
+//	                     tpm to ever fit, 429 with x-should-retry false and no wait
 //	refused_empty_scope  a required scope is empty: 403, before any store call
 //	failed_open          the store failed; passed on unchecked (on_redis_error allow)
 //	failed_closed        the store failed; 503 (on_redis_error deny)
@@ -43,7 +44,7 @@ func init() {
 //	{http.rolter_ratelimit.outcome}        the outcome above
 //	{http.rolter_ratelimit.refused_scope}  on a refusal: the first refusing scope's name,
 //	                                       or the required scope that is empty
-//	{http.rolter_ratelimit.refused_kind}   on a refusal by a limit: requests, tokens or burst
+//	{http.rolter_ratelimit.refused_kind}   on a refusal by a limit: requests, tokens, burst or too_large
 //	{http.rolter_ratelimit.refused_limit}  on a refusal by a limit: its cap (a bucket's burst)
 //	{http.rolter_ratelimit.retry_after}    on a refusal by a limit: Retry-After, in seconds
 //
@@ -93,6 +94,21 @@ type Handler struct {
 	// Realtime configures WebSocket sessions (realtime.go). Every WebSocket
 	// upgrade that the handler's matcher covers is a session.
 	Realtime *RealtimeConfig `json:"realtime,omitempty"`
+
+	// ReserveTokens reserves, when a request is admitted, the tokens it may
+	// cost against every tpm of its chain: an estimate of its input from
+	// its body, plus the output cap it names (or ReserveOutput), so that
+	// concurrent requests cannot together overshoot a tpm. The reservation
+	// is settled against the usage the response reports. A request whose
+	// reservation alone is over a tpm of its chain is refused at once.
+	// Default true; false is reactive: a tpm refuses once the tokens
+	// reported have filled it. Realtime sessions are always reactive.
+	ReserveTokens *bool `json:"reserve_tokens,omitempty"`
+
+	// ReserveOutput is the output reserved for a request that names no
+	// output cap, default 1024; that request's whole reservation is then
+	// at most the smallest tpm of its chain.
+	ReserveOutput int64 `json:"reserve_output,omitempty"`
 
 	store   store
 	release func() error // gives the store back to its pool
@@ -282,6 +298,9 @@ func (h *Handler) Validate() error {
 	if err := validateHeaderFamilies(h.Headers); err != nil {
 		return err
 	}
+	if h.ReserveOutput < 0 {
+		return fmt.Errorf("reserve_output must be a positive number of tokens, not %d", h.ReserveOutput)
+	}
 	if h.Realtime != nil {
 		if err := h.Realtime.validate(); err != nil {
 			return err
@@ -371,7 +390,19 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if len(chain) == 0 {
 		return next.ServeHTTP(w, r)
 	}
-	a, err := h.store.admit(r.Context(), chain)
+	metering := chainHasTPM(chain)
+	var body []byte // the request's, when the limiter reads it
+	var reserve int64
+	if metering && !session {
+		body = bufferBody(r)
+		if h.reserving() {
+			var over int
+			if reserve, over = h.reservation(r.URL.Path, body, chain); over >= 0 {
+				return h.refuseTooLarge(w, repl, chain[over], reserve)
+			}
+		}
+	}
+	a, err := h.store.admit(r.Context(), chain, reserve)
 	if err != nil {
 		return h.storeFailed(w, repl, chain, err, next, r)
 	}
@@ -379,7 +410,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.refuse(w, repl, a)
 	}
 	setOutcome(repl, outcomeAdmitted)
-	metering := chainHasTPM(chain)
+	if reserve > 0 {
+		tokensReservedTotal.Add(float64(reserve))
+	}
 	if !h.headers.any() && !metering {
 		return next.ServeHTTP(w, r)
 	}
@@ -401,12 +434,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return next.ServeHTTP(rw, r)
 	}
 	if h.EnsureStreamUsage == nil || *h.EnsureStreamUsage {
-		rw.strip = requestStreamUsage(r)
+		rw.strip = requestStreamUsage(r, body)
 	}
 	// Deferred: reverse_proxy ends a response cut short (the client or the
 	// upstream went away mid-stream) with panic(http.ErrAbortHandler), and
 	// what was reported by then is still charged.
-	defer h.meterResponse(rw, chain)
+	defer h.meterResponse(rw, chain, a.decision)
 	return next.ServeHTTP(rw, r)
 }
 

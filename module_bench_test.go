@@ -88,11 +88,11 @@ func processCPU(b *testing.B) time.Duration {
 }
 
 // benchmarkChainHandler limits the four scopes of bench/run's limited site,
-// with caps that admit everything, in Redis (nil: in-process). It is
-// provisioned before the benchmark's name is printed, so that its log line
-// does not split the benchmark's output line.
-func benchmarkChainHandler(b *testing.B, redis *RedisConfig) *Handler {
-	h := &Handler{Redis: redis}
+// with caps that admit everything, in Redis (nil: in-process), reserving
+// tokens or not. It is provisioned before the benchmark's name is printed,
+// so that its log line does not split the benchmark's output line.
+func benchmarkChainHandler(b *testing.B, redis *RedisConfig, reserve bool) *Handler {
+	h := &Handler{Redis: redis, ReserveTokens: &reserve}
 	for _, s := range [][2]string{{"key", "X-Api-Key"}, {"project", "X-Project"}, {"team", "X-Team"}, {"org", "X-Org"}} {
 		h.Scopes = append(h.Scopes, Scope{Name: s[0], Value: "{http.request.header." + s[1] + "}", Readable: s[0] != "key"})
 		h.Limits = append(h.Limits, LimitConfig{Scope: s[0], ID: "*", RPM: 1e9, TPM: 1e12})
@@ -107,13 +107,16 @@ func benchmarkChainHandler(b *testing.B, redis *RedisConfig) *Handler {
 }
 
 // BenchmarkHandler is Caddy's time per request without the limiter, and with
-// it on bench/run's 4-scope chain in each store.
+// it on bench/run's 4-scope chain in each store, reserving tokens (the
+// default) and reactive: the difference is what reservation costs.
 func BenchmarkHandler(b *testing.B) {
 	b.Run("none", func(b *testing.B) { benchmarkHandler(b, nil) })
-	memory := benchmarkChainHandler(b, nil)
+	memory, memoryReactive := benchmarkChainHandler(b, nil, true), benchmarkChainHandler(b, nil, false)
 	b.Run("memory", func(b *testing.B) { benchmarkHandler(b, memory) })
+	b.Run("memory/reactive", func(b *testing.B) { benchmarkHandler(b, memoryReactive) })
 	if url := os.Getenv(rhRedisURLEnv); url != "" {
-		redis := benchmarkChainHandler(b, &RedisConfig{URL: url})
+		redis, redisReactive := benchmarkChainHandler(b, &RedisConfig{URL: url}, true), benchmarkChainHandler(b, &RedisConfig{URL: url}, false)
 		b.Run("redis", func(b *testing.B) { benchmarkHandler(b, redis) })
+		b.Run("redis/reactive", func(b *testing.B) { benchmarkHandler(b, redisReactive) })
 	}
 }

@@ -208,7 +208,8 @@ func TestAdmittedResponsesCarryTheTightestLimitsHeadersInPlaceOfTheUpstreams(t *
 			scope key {http.request.header.Authorization}
 			scope org {http.request.header.X-Org}
 			limit key * rpm 50
-			limit org * rpm 10 tpm 5000`))
+			limit org * rpm 10 tpm 5000
+			reserve_tokens off`))
 		res, body := gw.do(t, "Authorization: Bearer sk-"+org, "X-Org: "+org)
 		if res.StatusCode != 200 || !strings.Contains(body, "chat.completion") {
 			t.Fatalf("%d %s", res.StatusCode, body)
@@ -239,7 +240,8 @@ func TestIETFHeadersDescribeThePolicyAndItsState(t *testing.T) {
 		gw := startGateway(t, up.URL, limited(store, `
 			scope org {http.request.header.X-Org}
 			limit org * rpm 10 tpm 5000
-			headers ietf`))
+			headers ietf
+			reserve_tokens off`))
 		res, _ := gw.do(t, "X-Org: "+org)
 		if got := res.Header.Get("RateLimit-Policy"); got != `"requests";q=10;w=60, "tokens";q=5000;w=60` {
 			t.Errorf("RateLimit-Policy %q", got)

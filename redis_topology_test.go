@@ -84,7 +84,7 @@ func TestClusterOrgCapIsSharedExactlyByItsKeysAndTeams(t *testing.T) {
 			defer wg.Done()
 			start.Wait()
 			chain := orgChain(org, fmt.Sprintf("sk-%d", i%6), fmt.Sprintf("team%d", i%3), 100, 10)
-			d, err := pinned(stores[i%3], at).admit(context.Background(), chain)
+			d, err := pinned(stores[i%3], at).admit(context.Background(), chain, 0)
 			if err != nil {
 				t.Error(err)
 				return
@@ -176,7 +176,7 @@ func TestClusterSlotMigrationIsRetriedThenFollowedWithExactCounts(t *testing.T) 
 	}
 	m := c.BeginSlotMigration(t, c.KeySlot(tag), to)
 	m.MoveKeys(t, bucketKey(chain[0].prefix, requests, at/bucketMillis)) // the key's counter moves, the org's stays
-	if _, err := pinned(s, at).admit(context.Background(), chain); err == nil {
+	if _, err := pinned(s, at).admit(context.Background(), chain, 0); err == nil {
 		t.Fatal("admitted while the chain's keys were split between two shards")
 	}
 	m.Finish(t)
@@ -214,7 +214,7 @@ func TestSentinelFailoverResumesExactAdmissionOnTheNewPrimary(t *testing.T) {
 			case <-pace.C:
 			}
 			during.Add(1)
-			if _, err := s.admit(ctx, chain); err != nil {
+			if _, err := s.admit(ctx, chain, 0); err != nil {
 				failed.Add(1) // on_redis_error applies during the gap
 			}
 		}
@@ -291,7 +291,7 @@ func BenchmarkAdmissionsSingleNodeVersusCluster(b *testing.B) {
 			start := time.Now()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
-					if _, err := s.admit(context.Background(), chains[next.Add(1)%int64(len(chains))]); err != nil {
+					if _, err := s.admit(context.Background(), chains[next.Add(1)%int64(len(chains))], 0); err != nil {
 						b.Error(err)
 						return
 					}

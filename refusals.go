@@ -15,9 +15,12 @@ import (
 // and the counters of every limit of the chain as the script read them; from
 // those refusalOf computes each refusing limit's release, the first
 // millisecond at which it would admit absent traffic. Traffic only makes a
-// limit's counters grow (admissions, token charges, bucket deficit), so
-// Redis refuses that limit, and with it every chain that holds it, at every
-// moment before its release. Refusals are therefore cached per limit, not
+// limit's request counters and bucket deficit grow, so Redis refuses that
+// limit, and with it every chain that holds it, at every moment before its
+// release. Token counters are another matter: a settlement gives back what
+// a reservation did not use, from any replica, so a tokens refusal may be
+// lifted before its release; the cache leaves tpm caps to Redis and caches
+// only what refuses on requests or a bucket. Refusals are therefore cached per limit, not
 // per chain (one org refusal answers for every key of the org), keyed by the
 // limit's counters and caps (a limit whose caps a reload changed misses at
 // once), and an admission is never cached.
@@ -84,7 +87,7 @@ func (c *refusalCache) shard(prefix string) *refusalShard {
 // of an admission sent at sent. Limits that fit are not cached.
 func (c *refusalCache) record(chain []limit, d decision, sent time.Time) {
 	for i, l := range chain {
-		ref := refusalOf(chain[i:i+1], decision{now: d.now, counts: d.counts[i : i+1]})
+		ref := refusalOf([]limit{withoutTokens(l)}, decision{now: d.now, counts: d.counts[i : i+1]})
 		if ref.first < 0 {
 			continue
 		}
@@ -148,7 +151,17 @@ func (c *refusalCache) refusedLocally(chain []limit, now time.Time) (a admission
 		}
 		d.counts[i] = r.countsAt(sub[i], d.now)
 	}
-	return admission{decision: d, limits: sub, refusal: refusalOf(sub, d)}, true
+	cached := make([]limit, len(sub))
+	for i, l := range sub {
+		cached[i] = withoutTokens(l)
+	}
+	return admission{decision: d, limits: sub, refusal: refusalOf(cached, d)}, true
+}
+
+// withoutTokens is l as the cache decides it: without its tpm.
+func withoutTokens(l limit) limit {
+	l.tpm = 0
+	return l
 }
 
 // lookup is l's cached refusal if it still holds at now; one that no longer

@@ -16,13 +16,16 @@ import (
 	"time"
 )
 
-// refusalCase is a refusal by Redis at base+at, of limits that Redis would
-// admit again at base+releases[i], absent traffic.
+// refusalCase is a refusal by Redis at base+at, of limits that the cache
+// refuses until base+releases[i]: when Redis would admit again, absent
+// traffic, on requests and buckets. A tokens refusal is Redis's alone (a
+// settlement may give tokens back): its release is its refusal.
 type refusalCase struct {
 	name     string
 	chain    func(t *testing.T) []limit
 	fill     func(t *testing.T, s store, chain []limit, base int64)
 	at       int64
+	reserve  int64 // the tokens the refused request reserves
 	releases []int64
 }
 
@@ -57,14 +60,15 @@ var refusalCases = []refusalCase{{
 	},
 	at: 20_000, releases: []int64{90_000},
 }, {
-	// tpm 1000, previous 1200, current 400: fits once 400 + 1200×(60−t)/60 < 1000.
-	name:  "TPMStrictInequalityReleasedAMillisecondAfterTheEquality",
+	// tpm 1000, previous 1200, current 400: Redis admits once
+	// 400 + 1200×(60−t)/60 < 1000, at 30.001 s; the cache never refuses it.
+	name:  "TPMRefusalIsLeftToRedis",
 	chain: func(t *testing.T) []limit { return []limit{newLimit("key", uniqueID(t), 0, 1000)} },
 	fill: func(t *testing.T, s store, chain []limit, base int64) {
 		chargeTokens(t, s, chain[0], base-bucketMillis, 1200)
 		chargeTokens(t, s, chain[0], base, 400)
 	},
-	at: 1000, releases: []int64{30_001},
+	at: 1000, releases: []int64{1000},
 }, {
 	// 1.5 tokens per second and a cost of 2: 1333.3 ms.
 	name:  "BucketWithAFractionalRateAndCost",
@@ -104,14 +108,33 @@ var refusalCases = []refusalCase{{
 		fill(t, s, chain, base+59_000, 10)
 	},
 	at: 59_999, releases: []int64{66_000},
+}, {
+	// rpm 4, current 6, refused while reserving 5000 of a tpm with room:
+	// a requests refusal, cached whatever the reservation's size.
+	name:  "RPMRefusalOfAReservation",
+	chain: func(t *testing.T) []limit { return []limit{newLimit("key", uniqueID(t), 4, 100_000)} },
+	fill: func(t *testing.T, s store, chain []limit, base int64) {
+		fillUnder(t, s, chain[0], base, 6)
+	},
+	at: 20_000, reserve: 5_000, releases: []int64{90_000},
+}, {
+	// tpm 10000 with 9000 reserved, refused a reservation of 2000.
+	name:  "ReservationOverTheRoomIsLeftToRedis",
+	chain: func(t *testing.T) []limit { return []limit{newLimit("key", uniqueID(t), 0, 10_000)} },
+	fill: func(t *testing.T, s store, chain []limit, base int64) {
+		fillReserving(t, s, chain, base+1_000, 9_000)
+	},
+	at: 1_000, reserve: 2_000, releases: []int64{1_000},
 }}
 
 // TestCachedRefusalNeverRefusesWhatRedisWouldAdmit drives the cache's clock
 // exactly: a refusal recorded with send time sent maps sent + x ms to the
 // Redis time at + x. At every such moment, up to and past the last release,
 // the cache must refuse a limit exactly when Redis (peek, which charges
-// nothing) refuses it, and its answer must be Redis's own: the same counts,
-// hence the same Retry-After and headers.
+// nothing) refuses it on requests or a bucket, never when Redis admits it,
+// and its answer must be Redis's own: the same counts, hence the same
+// Retry-After and headers. Tokens refusals, whatever the size of the
+// reservation refused, are left to Redis.
 func TestCachedRefusalNeverRefusesWhatRedisWouldAdmit(t *testing.T) {
 	url := redisURLFromEnv(t)
 	for _, c := range refusalCases {
@@ -121,7 +144,7 @@ func TestCachedRefusalNeverRefusesWhatRedisWouldAdmit(t *testing.T) {
 			chain := c.chain(t)
 			c.fill(t, s, chain, base)
 			at := base + c.at
-			d := admitOrFail(t, s, chain, at)
+			d := admitReserving(t, s, chain, at, c.reserve)
 			if d.admitted {
 				t.Fatal("admitted, want a refusal")
 			}
@@ -181,12 +204,20 @@ func assertCacheAgreesWithRedis(t *testing.T, s store, cache *refusalCache, chai
 	if err != nil {
 		t.Fatal(err)
 	}
+	cacheable := make([]limit, len(chain))
+	for i, l := range chain {
+		cacheable[i] = withoutTokens(l)
+	}
+	redisRefuses := refusalOf(cacheable, whole).first >= 0
 	var part decision
 	end := sent.Add(time.Duration(x) * time.Millisecond)
 	for _, now := range []time.Time{end.Add(1 - time.Millisecond), end} {
 		a, ok := cache.refusedLocally(chain, now)
-		if ok != !whole.admitted {
-			t.Fatalf("at %d ms into the minute: the cache refuses %v, Redis refuses %v", redisAt%bucketMillis, ok, !whole.admitted)
+		if ok && whole.admitted {
+			t.Fatalf("at %d ms into the minute: the cache refuses what Redis admits", redisAt%bucketMillis)
+		}
+		if ok != redisRefuses {
+			t.Fatalf("at %d ms into the minute: the cache refuses %v, Redis refuses on requests or a bucket %v", redisAt%bucketMillis, ok, redisRefuses)
 		}
 		if !ok {
 			continue
@@ -202,14 +233,14 @@ func assertCacheAgreesWithRedis(t *testing.T, s store, cache *refusalCache, chai
 		}
 		var refusing []limit // what Redis refuses on, which the headers describe
 		for i, l := range chain {
-			if refusalOf(chain[i:i+1], decision{now: whole.now, counts: whole.counts[i : i+1]}).first >= 0 {
+			if refusalOf(cacheable[i:i+1], decision{now: whole.now, counts: whole.counts[i : i+1]}).first >= 0 {
 				refusing = append(refusing, l)
 			}
 		}
 		if !slices.Equal(sub, refusing) {
 			t.Fatalf("the cache refuses on %v, Redis on %v", sub, refusing)
 		}
-		want := refusalOf(chain, whole)
+		want := refusalOf(cacheable, whole)
 		if sub[ref.first].prefix != chain[want.first].prefix || ref.kind != want.kind || ref.waitMillis != want.waitMillis {
 			t.Fatalf("the cache's refusal %+v of %s, Redis's %+v of %s", ref, sub[ref.first].prefix, want, chain[want.first].prefix)
 		}

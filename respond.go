@@ -125,7 +125,11 @@ func (f headerFamilies) headersFor(chain []limit, d decision, counted bool) head
 			req.consider(tightest{capacity: l.rpm, left: remaining(w, l.rpm, into), resetMillis: resetIn(w, into)})
 		}
 		if l.tpm > 0 {
-			tok.consider(tightest{capacity: l.tpm, left: remaining(c.tok, l.tpm, into), resetMillis: resetIn(c.tok, into)})
+			w := c.tok
+			if counted {
+				w.cur += d.reserve
+			}
+			tok.consider(tightest{capacity: l.tpm, left: remaining(w, l.tpm, into), resetMillis: resetIn(w, into)})
 		}
 		if l.bucket.rate > 0 {
 			deficit := c.deficit
@@ -229,21 +233,21 @@ type refusal struct {
 func refusalOf(chain []limit, d decision) refusal {
 	ref := refusal{first: -1}
 	into := d.now.into
-	note := func(i int, k kind, capacity int64, w window) {
-		if k.fits(w, capacity, into) {
+	note := func(i int, k kind, capacity, size int64, w window) {
+		if fits(w, capacity, size, into) {
 			return
 		}
 		if ref.first < 0 {
 			ref.first, ref.kind, ref.capacity = i, k, capacity
 		}
-		ref.waitMillis = max(ref.waitMillis, k.releaseIn(w, capacity, into))
+		ref.waitMillis = max(ref.waitMillis, releaseIn(w, capacity, size, into))
 	}
 	for i, l := range chain {
 		if l.rpm > 0 {
-			note(i, requests, l.rpm, d.counts[i].req)
+			note(i, requests, l.rpm, 1, d.counts[i].req)
 		}
 		if l.tpm > 0 {
-			note(i, tokens, l.tpm, d.counts[i].tok)
+			note(i, tokens, l.tpm, d.reserve, d.counts[i].tok)
 		}
 		if b := l.bucket; b.rate > 0 && !b.fits(d.counts[i].deficit) {
 			if ref.first < 0 {

@@ -15,6 +15,7 @@ import (
 type scriptCall struct {
 	limits   []limit
 	chains   []string       // per admission: the 1-based positions of its limits, a byte each
+	reserves []int64        // per admission: the tokens it reserves on its tpm limits
 	position map[string]int // limit prefix → index in limits, once there are two admissions
 	charges  chargeCall
 }
@@ -26,7 +27,7 @@ const maxCallLimits = 255
 // large: a limit whose counters are in the call already under other caps
 // (two handlers sharing counters) must be decided in another call. A call of
 // one admission needs no index of its limits.
-func (c *scriptCall) add(chain []limit) bool {
+func (c *scriptCall) add(chain []limit, reserve int64) bool {
 	if len(c.chains) == 1 && c.position == nil {
 		c.position = make(map[string]int, 4*len(c.limits))
 		for i, l := range c.limits {
@@ -59,14 +60,15 @@ func (c *scriptCall) add(chain []limit) bool {
 		positions[x] = byte(i + 1)
 	}
 	c.chains = append(c.chains, string(positions))
+	c.reserves = append(c.reserves, reserve)
 	return true
 }
 
 // keys declares every key admit.lua touches: per limit and window it caps,
 // the current bucket and the previous one; then its token bucket; then the
-// current tok bucket of each limit charged.
+// tok bucket of each charge: the current one, or a settlement's own.
 func (c *scriptCall) keys(bucket int64) []string {
-	keys := make([]string, 0, 4*len(c.limits)+len(c.charges.prefixes))
+	keys := make([]string, 0, 4*len(c.limits)+len(c.charges.keys))
 	cur, prev := strconv.FormatInt(bucket, 10), strconv.FormatInt(bucket-1, 10)
 	for _, l := range c.limits {
 		if l.rpm > 0 {
@@ -79,19 +81,31 @@ func (c *scriptCall) keys(bucket int64) []string {
 			keys = append(keys, l.prefix+"bkt")
 		}
 	}
-	for _, prefix := range c.charges.prefixes {
-		keys = append(keys, prefix+"tok:"+cur)
+	for _, k := range c.charges.keys {
+		if k.bucket == 0 {
+			keys = append(keys, k.prefix+"tok:"+cur)
+		} else {
+			keys = append(keys, k.prefix+"tok:"+strconv.FormatInt(k.bucket, 10))
+		}
 	}
 	return keys
 }
 
+// reserving reports whether an admission of the call reserves tokens.
+func (c *scriptCall) reserving() bool {
+	return slices.ContainsFunc(c.reserves, func(r int64) bool { return r > 0 })
+}
+
 func (c *scriptCall) args(atMillis, bucket int64, peek bool) []any {
-	mode := "a"
-	if peek {
+	mode, reserving := "a", !peek && c.reserving()
+	switch {
+	case peek:
 		mode = "p"
+	case reserving:
+		mode = "r"
 	}
 	caps, capsOf := c.distinctCaps()
-	args := make([]any, 0, 7+len(c.charges.tokens)+3*len(caps)+len(c.chains))
+	args := make([]any, 0, 7+len(c.charges.tokens)+3*len(caps)+2*len(c.chains))
 	args = append(args, clockArg(atMillis), hexArg(bucket), mode, hexArg(int64(len(c.limits))),
 		hexArg(int64(len(c.charges.tokens))), hexArg(int64(len(caps))))
 	for _, n := range c.charges.tokens {
@@ -104,7 +118,10 @@ func (c *scriptCall) args(atMillis, bucket int64, peek bool) []any {
 		}
 	}
 	args = append(args, capsOf)
-	for _, chain := range c.chains {
+	for m, chain := range c.chains {
+		if reserving {
+			args = append(args, hexArg(c.reserves[m]))
+		}
 		args = append(args, chain)
 	}
 	return args
@@ -149,7 +166,8 @@ func (c *scriptCall) decode(reply []int64, charged bool) ([]decision, error) {
 		if flag != 0 && flag != 1 {
 			return nil, fmt.Errorf("%w: admission flag %d", errBadReply, flag)
 		}
-		d := decision{admitted: flag == 1, now: now, counts: make([]counts, len(chain))}
+		reserve := c.reserves[m]
+		d := decision{admitted: flag == 1, now: now, counts: make([]counts, len(chain)), reserve: reserve}
 		for x := range len(chain) {
 			d.counts[x] = state[chain[x]-1]
 		}
@@ -158,6 +176,9 @@ func (c *scriptCall) decode(reply []int64, charged bool) ([]decision, error) {
 				i := chain[x] - 1
 				if c.limits[i].rpm > 0 {
 					state[i].req.cur++
+				}
+				if c.limits[i].tpm > 0 {
+					state[i].tok.cur += reserve
 				}
 				state[i].deficit += c.limits[i].bucket.cost * microTokens
 			}
@@ -178,38 +199,48 @@ func clockArg(atMillis int64) string {
 	return hexArg(atMillis)
 }
 
-// chargeCall is what one call charges: tokens per tpm limit, summed over the
-// charges of a batch.
+// chargeCall is what one call charges: tokens per tok bucket of a tpm
+// limit, summed over the charges of a batch. A sum of settlements that is
+// negative gives back at most what the bucket holds.
 type chargeCall struct {
-	prefixes []string
+	keys     []chargeKey
 	tokens   []int64
-	position map[string]int
+	position map[chargeKey]int
 }
 
-func (c *chargeCall) add(chain []limit, tokens int64) {
+// chargeKey is a limit's tok bucket: bucket 0 is the call's current one.
+type chargeKey struct {
+	prefix string
+	bucket int64
+}
+
+func (c *chargeCall) add(chain []limit, ch charge) {
 	for _, l := range chain {
 		if l.tpm <= 0 {
 			continue
 		}
-		i, ok := c.position[l.prefix]
+		k := chargeKey{l.prefix, ch.bucket}
+		i, ok := c.position[k]
 		if !ok {
 			if c.position == nil {
-				c.position = make(map[string]int)
+				c.position = make(map[chargeKey]int)
 			}
-			i = len(c.prefixes)
-			c.position[l.prefix] = i
-			c.prefixes = append(c.prefixes, l.prefix)
+			i = len(c.keys)
+			c.position[k] = i
+			c.keys = append(c.keys, k)
 			c.tokens = append(c.tokens, 0)
 		}
-		c.tokens[i] += tokens
+		c.tokens[i] += ch.tokens
 	}
 }
 
-// scriptItem is one request's part of a call of admit.lua: its admission, or
-// the token charge of its finished response (tokens > 0).
+// scriptItem is one request's part of a call of admit.lua: its admission
+// (and its reservation), or the token charge of its finished response
+// (charged is set).
 type scriptItem struct {
 	chain   []limit
-	tokens  int64
+	reserve int64
+	charge  charge
 	answer  chan scriptAnswer // an admission's; buffered: a call never waits on it
 	charged func(error)       // a charge's
 }
@@ -240,9 +271,9 @@ type scriptBatch struct {
 }
 
 func (b *scriptBatch) Add(item *scriptItem) bool {
-	if item.tokens > 0 {
-		b.call.charges.add(item.chain, item.tokens)
-	} else if !b.call.add(item.chain) {
+	if item.charged != nil {
+		b.call.charges.add(item.chain, item.charge)
+	} else if !b.call.add(item.chain, item.reserve) {
 		return false
 	}
 	b.items = append(b.items, item)
@@ -254,7 +285,7 @@ func (b *scriptBatch) Send() {
 	k := 0
 	for _, item := range b.items {
 		switch {
-		case item.tokens > 0:
+		case item.charged != nil:
 			item.charged(charged)
 		case err != nil:
 			item.answer <- scriptAnswer{err: err}

@@ -20,7 +20,7 @@ func TestBatchedAdmissionsAreDecidedInArrivalOrderEachAllOrNothing(t *testing.T)
 	k2, k3 := newLimit("key", uniqueID(t), 5, 0), newLimit("key", uniqueID(t), 5, 0)
 	var c scriptCall
 	for _, chain := range [][]limit{{k1, org}, {k1, org}, {k2, org}, {k3, org}} {
-		if !c.add(chain) {
+		if !c.add(chain, 0) {
 			t.Fatal("a chain was refused by the call")
 		}
 	}
@@ -73,7 +73,7 @@ func TestCoalescedAdmissionsEachReadTheCountsTheirTurnLeft(t *testing.T) {
 			defer wg.Done()
 			<-start
 			chain := []limit{newLimit("key", fmt.Sprintf("%s-%d", org.id, i), 100, 0), org}
-			d, err := pinned(s, at).admit(context.Background(), chain)
+			d, err := pinned(s, at).admit(context.Background(), chain, 0)
 			if err != nil {
 				t.Error(err)
 				return
@@ -95,18 +95,18 @@ func TestCoalescedAdmissionsEachReadTheCountsTheirTurnLeft(t *testing.T) {
 
 func TestCallRefusesAChainWhoseCountersItHoldsUnderOtherCaps(t *testing.T) {
 	var c scriptCall
-	c.add([]limit{newLimit("key", "a", 5, 0), newLimit("org", "o", 10, 0)})
-	if c.add([]limit{newLimit("key", "b", 5, 0), newLimit("org", "o", 20, 0)}) {
+	c.add([]limit{newLimit("key", "a", 5, 0), newLimit("org", "o", 10, 0)}, 0)
+	if c.add([]limit{newLimit("key", "b", 5, 0), newLimit("org", "o", 20, 0)}, 0) {
 		t.Fatal("joined a call that holds the org's counters under rpm 10 with rpm 20")
 	}
-	if !c.add([]limit{newLimit("key", "b", 5, 0), newLimit("org", "o", 10, 0)}) {
+	if !c.add([]limit{newLimit("key", "b", 5, 0), newLimit("org", "o", 10, 0)}, 0) {
 		t.Fatal("refused a chain with the same caps")
 	}
 	many := make([]limit, maxCallLimits)
 	for i := range many {
 		many[i] = newLimit("s", fmt.Sprint(i), 1, 0)
 	}
-	if c.add(many) {
+	if c.add(many, 0) {
 		t.Fatal("joined a call past 255 distinct limits")
 	}
 }
@@ -147,7 +147,7 @@ func TestCoalescedTokenChargesAddUpExactly(t *testing.T) {
 // same counts, and the same counters after. Twin limits (the same caps under
 // other ids) get the same history, then the same admissions, batched on one
 // side and one by one on the other; caps, histories and chains are random,
-// with windows, token windows and buckets.
+// with windows, token windows and buckets, with and without reservations.
 func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 	s := newTestRedisStore(t, redisURLFromEnv(t))
 	ctx := context.Background()
@@ -199,7 +199,7 @@ func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 			for range rng.IntN(8) {
 				a, b := chain()
 				for _, c := range [][]limit{a, b} {
-					if _, err := pinned(s, when).admit(ctx, c); err != nil {
+					if _, err := pinned(s, when).admit(ctx, c, 0); err != nil {
 						t.Fatal(err)
 					}
 				}
@@ -214,21 +214,28 @@ func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 				}
 			}
 		}
+		// Every other trial reserves: some admissions reserve tokens on
+		// their tpm limits (up to past the caps), some none.
 		var batch scriptCall
 		var alone [][]limit
+		var reserves []int64
 		for range 1 + rng.IntN(12) {
 			a, b := chain()
-			if !batch.add(a) {
+			var reserve int64
+			if trial%2 == 1 && rng.IntN(3) > 0 {
+				reserve = 1 + rng.Int64N(90)
+			}
+			if !batch.add(a, reserve) {
 				t.Fatal("a chain was refused by the call")
 			}
-			alone = append(alone, b)
+			alone, reserves = append(alone, b), append(reserves, reserve)
 		}
 		batched, _, err := pinned(s, at).call(ctx, &batch, false)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for m, c := range alone {
-			d, err := pinned(s, at).run(ctx, c, false)
+			d, err := pinned(s, at).run(ctx, c, reserves[m], false)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -250,5 +257,5 @@ func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 }
 
 func describeDecision(d decision) string {
-	return fmt.Sprintf("admitted=%v counts=%+v", d.admitted, d.counts)
+	return fmt.Sprintf("admitted=%v reserve=%d counts=%+v", d.admitted, d.reserve, d.counts)
 }

@@ -14,26 +14,40 @@ import (
 // the same conformance suite (store_test.go).
 type store interface {
 	// admit decides one request against every limit of chain in one atomic
-	// step: admitted only if every limit fits, and then charged one request
-	// on every limit that has an rpm and its cost on every bucket; refused
-	// and charged nothing otherwise. A refusal says why, and may come from
-	// the store's own record of what it refused (the Redis store's refusal
-	// cache) without asking its backend.
-	admit(ctx context.Context, chain []limit) (admission, error)
+	// step: admitted only if every limit fits (a tpm fits while its
+	// estimate plus reserve is within it; without a reservation, while the
+	// estimate is below it), and then charged one request on every limit
+	// that has an rpm, its cost on every bucket and reserve tokens on every
+	// tpm; refused and charged nothing otherwise. A refusal says why, and
+	// may come from the store's own record of what it refused (the Redis
+	// store's refusal cache) without asking its backend.
+	admit(ctx context.Context, chain []limit, reserve int64) (admission, error)
 	// peek reads the chain's counters as admit would, and charges nothing.
 	peek(ctx context.Context, chain []limit) (decision, error)
-	// recordTokens charges tokens to every limit of chain that has a tpm.
-	// It is never replayed: a double charge would outlive the failure.
+	// recordTokens charges tokens to every limit of chain that has a tpm,
+	// in the current tok bucket. It is never replayed: a double charge would
+	// outlive the failure.
 	recordTokens(ctx context.Context, chain []limit, tokens int64) error
-	// chargeLater charges tokens as recordTokens does, without making its
-	// caller wait: done gets the outcome, once, from another goroutine or
-	// before chargeLater returns.
-	chargeLater(chain []limit, tokens int64, done func(error))
+	// chargeLater charges c to every limit of chain that has a tpm, without
+	// making its caller wait: done gets the outcome, once, from another
+	// goroutine or before chargeLater returns. Never replayed either.
+	chargeLater(chain []limit, c charge, done func(error))
 	// hold keeps the store usable, even after the last config that uses it
 	// is unloaded, until the matching release: a response or session
 	// admitted under an old config still charges its tokens.
 	hold()
 	release()
+}
+
+// charge is tokens added to tok buckets after a response: a reactive
+// charge in the current bucket, or a settlement, which replaces a
+// reservation by the usage reported and goes in the bucket the reservation
+// was made in: tokens is then the difference, and may be negative. A
+// settlement never takes a counter below zero, and one whose bucket is out
+// of the window (older than the previous minute) changes nothing.
+type charge struct {
+	tokens int64
+	bucket int64 // the reservation's bucket (unix_seconds / 60); 0: the current one
 }
 
 // admission is a store's answer to a request.
@@ -138,6 +152,9 @@ type decision struct {
 	admitted bool
 	now      moment   // the store's clock (Redis TIME for the Redis store)
 	counts   []counts // one per limit of the chain, in chain order
+	// reserve is the tokens the admission reserves on every limit of its
+	// chain with a tpm, in the current tok bucket (its size against them).
+	reserve int64
 }
 
 // errBadReply marks a store answer of the wrong shape; it is handled like an

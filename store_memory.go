@@ -91,6 +91,7 @@ func add(slots *[2]slot, b, n int64) {
 	case s.bucket < b:
 		*s = slot{bucket: b, n: n}
 	}
+	s.n = max(s.n, 0) // a settlement gives back at most what is there
 }
 
 // newest is the latest bucket the counter has written.
@@ -253,12 +254,12 @@ func unlockAll(cs []*memoryCounter) {
 	}
 }
 
-func (s *memoryStore) admit(_ context.Context, chain []limit) (admission, error) {
-	return admissionOf(chain, s.decide(chain, true))
+func (s *memoryStore) admit(_ context.Context, chain []limit, reserve int64) (admission, error) {
+	return admissionOf(chain, s.decide(chain, reserve, true))
 }
 
 func (s *memoryStore) peek(_ context.Context, chain []limit) (decision, error) {
-	return s.decide(chain, false), nil
+	return s.decide(chain, 0, false), nil
 }
 
 // The process store stays usable after it is unloaded: only its sweep stops.
@@ -266,19 +267,19 @@ func (s *memoryStore) hold()    {}
 func (s *memoryStore) release() {}
 
 // decide is one admission, which charges only when charge is set.
-func (s *memoryStore) decide(chain []limit, charge bool) decision {
+func (s *memoryStore) decide(chain []limit, reserve int64, charge bool) decision {
 	now := s.clock()
 	var byLimitBuf, lockedBuf [stackChain]*memoryCounter
 	cs, locked := s.lock(chain, byLimitBuf[:0], lockedBuf[:0])
 	defer unlockAll(locked)
-	d := decision{admitted: true, now: now, counts: make([]counts, len(chain))}
+	d := decision{admitted: true, now: now, counts: make([]counts, len(chain)), reserve: reserve}
 	for i, l := range chain {
 		c := counts{req: readWindow(&cs[i].req, now.bucket), tok: readWindow(&cs[i].tok, now.bucket)}
 		if l.bucket.rate > 0 {
 			c.deficit = l.bucket.refilled(cs[i].bkt.deficit, cs[i].bkt.at, now.unixMillis)
 		}
 		d.counts[i] = c
-		if l.rpm > 0 && !requests.fits(c.req, l.rpm, now.into) || l.tpm > 0 && !tokens.fits(c.tok, l.tpm, now.into) ||
+		if l.rpm > 0 && !fits(c.req, l.rpm, 1, now.into) || l.tpm > 0 && !fits(c.tok, l.tpm, reserve, now.into) ||
 			l.bucket.rate > 0 && !l.bucket.fits(c.deficit) {
 			d.admitted = false
 		}
@@ -287,6 +288,9 @@ func (s *memoryStore) decide(chain []limit, charge bool) decision {
 		for i, l := range chain {
 			if l.rpm > 0 {
 				add(&cs[i].req, now.bucket, 1)
+			}
+			if l.tpm > 0 && reserve > 0 {
+				add(&cs[i].tok, now.bucket, reserve)
 			}
 			if l.bucket.rate > 0 {
 				deficit, at := d.counts[i].deficit+l.bucket.cost*microTokens, max(cs[i].bkt.at, now.unixMillis)
@@ -299,15 +303,27 @@ func (s *memoryStore) decide(chain []limit, charge bool) decision {
 
 // chargeLater charges at once: the in-process store has no round trip to
 // spare the caller.
-func (s *memoryStore) chargeLater(chain []limit, tokens int64, done func(error)) {
-	done(s.recordTokens(context.Background(), chain, tokens))
+func (s *memoryStore) chargeLater(chain []limit, c charge, done func(error)) {
+	s.charge(chain, c)
+	done(nil)
 }
 
 func (s *memoryStore) recordTokens(_ context.Context, chain []limit, tokens int64) error {
-	if tokens <= 0 {
-		return nil
+	if tokens > 0 {
+		s.charge(chain, charge{tokens: tokens})
 	}
+	return nil
+}
+
+func (s *memoryStore) charge(chain []limit, ch charge) {
 	now := s.clock()
+	bucket := ch.bucket
+	if bucket == 0 {
+		bucket = now.bucket
+	}
+	if ch.tokens == 0 || bucket < now.bucket-1 {
+		return // nothing to charge, or out of the window
+	}
 	for _, l := range chain {
 		if l.tpm <= 0 {
 			continue
@@ -316,14 +332,13 @@ func (s *memoryStore) recordTokens(_ context.Context, chain []limit, tokens int6
 			c := s.counter(l.prefix)
 			c.mu.Lock()
 			if !c.dead {
-				add(&c.tok, now.bucket, tokens)
+				add(&c.tok, bucket, ch.tokens)
 				c.mu.Unlock()
 				break
 			}
 			c.mu.Unlock()
 		}
 	}
-	return nil
 }
 
 func (s *memoryStore) sweepLoop(every time.Duration) {

@@ -107,7 +107,7 @@ func TestMemoryStoreChainsThatShareCountersInAnyOrderNeverDeadlock(t *testing.T)
 		go func() {
 			defer wg.Done()
 			for i := 0; i < 2000; i++ {
-				if d, _ := pinned(s, at).admit(context.Background(), chain); !d.admitted {
+				if d, _ := pinned(s, at).admit(context.Background(), chain, 0); !d.admitted {
 					t.Error("refused under caps that admit everything")
 					return
 				}
@@ -161,7 +161,7 @@ func TestMemoryStoreCountsExactlyWhileItsShardsGrowAndAreSwept(t *testing.T) {
 		go func() {
 			defer admitters.Done()
 			for range each {
-				s.admit(ctx, live)
+				s.admit(ctx, live, 0)
 			}
 		}()
 	}

@@ -100,7 +100,7 @@ func (s *redisStore) release() { s.lifetime.release(s.closeClient) }
 // admit it again, and asks Redis the rest. A pinned clock (tests) does not
 // run with this process's, so the cache, which bounds Redis's clock by ours,
 // is not used then.
-func (s *redisStore) admit(ctx context.Context, chain []limit) (admission, error) {
+func (s *redisStore) admit(ctx context.Context, chain []limit, reserve int64) (admission, error) {
 	cached := s.pinned.Load() == 0
 	sent := time.Now() // the cache bounds Redis's clock from a moment before the call
 	if cached {
@@ -109,7 +109,7 @@ func (s *redisStore) admit(ctx context.Context, chain []limit) (admission, error
 			return a, nil
 		}
 	}
-	d, err := s.decide(ctx, chain)
+	d, err := s.decide(ctx, chain, reserve)
 	if err != nil {
 		if ctx.Err() == nil {
 			// Redis may come back without its counters, and then admit
@@ -127,22 +127,22 @@ func (s *redisStore) admit(ctx context.Context, chain []limit) (admission, error
 }
 
 // decide asks Redis for one admission, in a coalesced call where calls are.
-func (s *redisStore) decide(ctx context.Context, chain []limit) (decision, error) {
+func (s *redisStore) decide(ctx context.Context, chain []limit, reserve int64) (decision, error) {
 	if s.calls != nil {
-		return s.admitCoalesced(ctx, chain)
+		return s.admitCoalesced(ctx, chain, reserve)
 	}
-	return s.run(ctx, chain, false)
+	return s.run(ctx, chain, reserve, false)
 }
 
 func (s *redisStore) peek(ctx context.Context, chain []limit) (decision, error) {
-	return s.run(ctx, chain, true)
+	return s.run(ctx, chain, 0, true)
 }
 
 // run decides one admission with admit.lua, which only reads when peek is
 // set.
-func (s *redisStore) run(ctx context.Context, chain []limit, peek bool) (decision, error) {
+func (s *redisStore) run(ctx context.Context, chain []limit, reserve int64, peek bool) (decision, error) {
 	var c scriptCall
-	c.add(chain)
+	c.add(chain, reserve)
 	ds, _, err := s.call(ctx, &c, peek)
 	if err != nil {
 		return decision{}, err
@@ -166,7 +166,7 @@ func (s *redisStore) call(ctx context.Context, c *scriptCall, peek bool) (ds []d
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	charging := len(c.charges.prefixes) > 0
+	charging := len(c.charges.keys) > 0
 	atMillis := s.pinned.Load()
 	bucket := s.bucketFor(atMillis)
 	reply, err := s.runScript(ctx, admitScript, c.keys(bucket), c.args(atMillis, bucket, peek), !charging)
@@ -268,12 +268,20 @@ func isDeadConnection(err error) bool {
 }
 
 func (s *redisStore) recordTokens(ctx context.Context, chain []limit, tokens int64) error {
-	if tokens <= 0 || !chainHasTPM(chain) {
+	if tokens <= 0 {
+		return nil
+	}
+	return s.chargeNow(ctx, chain, charge{tokens: tokens})
+}
+
+// chargeNow charges c to chain and waits for the outcome.
+func (s *redisStore) chargeNow(ctx context.Context, chain []limit, c charge) error {
+	if !s.changes(chain, c) {
 		return nil
 	}
 	if s.calls != nil {
 		charged := make(chan error, 1)
-		s.calls.Ride(&scriptItem{chain: chain, tokens: tokens, charged: func(err error) { charged <- err }})
+		s.calls.Ride(&scriptItem{chain: chain, charge: c, charged: func(err error) { charged <- err }})
 		select {
 		case err := <-charged:
 			return err
@@ -281,28 +289,39 @@ func (s *redisStore) recordTokens(ctx context.Context, chain []limit, tokens int
 			return ctx.Err() // it may still be charged
 		}
 	}
-	var c scriptCall
-	c.charges.add(chain, tokens)
-	_, charged, _ := s.call(ctx, &c, false)
+	var call scriptCall
+	call.charges.add(chain, c)
+	_, charged, _ := s.call(ctx, &call, false)
 	return charged
 }
 
 // chargeLater rides in the coalescer's calls; on Redis Cluster, where calls
 // are not coalesced, it charges in a goroutine of its own.
-func (s *redisStore) chargeLater(chain []limit, tokens int64, done func(error)) {
-	if tokens <= 0 || !chainHasTPM(chain) {
+func (s *redisStore) chargeLater(chain []limit, c charge, done func(error)) {
+	if !s.changes(chain, c) {
 		done(nil)
 		return
 	}
 	if s.calls != nil {
-		s.calls.Ride(&scriptItem{chain: chain, tokens: tokens, charged: done})
+		s.calls.Ride(&scriptItem{chain: chain, charge: c, charged: done})
 		return
 	}
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 		defer cancel()
-		done(s.recordTokens(ctx, chain, tokens))
+		done(s.chargeNow(ctx, chain, c))
 	}()
+}
+
+// changes reports whether c changes a counter of chain: it has tokens, the
+// chain a tpm, and its bucket is still in the window by this process's
+// clock. (When Redis's clock is already a minute further, the script writes
+// a bucket that no admission reads any more, and which expires.)
+func (s *redisStore) changes(chain []limit, c charge) bool {
+	if c.tokens == 0 || !chainHasTPM(chain) {
+		return false
+	}
+	return c.bucket == 0 || c.bucket >= s.bucketFor(s.pinned.Load())-1
 }
 
 // Interface guards
@@ -316,8 +335,8 @@ var (
 // timeout bounds) more when it is handed one. An admission that gives up
 // waiting may still be decided, and charged, by its call: that errs towards
 // stricter, as a lost reply does.
-func (s *redisStore) admitCoalesced(ctx context.Context, chain []limit) (decision, error) {
-	item := &scriptItem{chain: chain, answer: make(chan scriptAnswer, 1)}
+func (s *redisStore) admitCoalesced(ctx context.Context, chain []limit, reserve int64) (decision, error) {
+	item := &scriptItem{chain: chain, reserve: reserve, answer: make(chan scriptAnswer, 1)}
 	a, err := coalesce.Await(ctx, s.calls, item, item.answer, s.timeout)
 	if err != nil {
 		return decision{}, err

@@ -44,7 +44,7 @@ func TestFirstAdmissionAfterClientKillIsStillEnforced(t *testing.T) {
 	if err := redisClient(t, url).ClientKillByFilter(context.Background(), "TYPE", "normal").Err(); err != nil {
 		t.Fatal(err)
 	}
-	d, err := s.admit(context.Background(), chain)
+	d, err := s.admit(context.Background(), chain, 0)
 	if err != nil {
 		t.Fatalf("first admission after CLIENT KILL failed (would fail open): %v", err)
 	}
@@ -78,7 +78,7 @@ func TestAdmissionOnAConnectionThatDiesAtItsNextCommandIsReplayedOnce(t *testing
 	at := pinnedBase() + 1000
 	chain := []limit{newLimit("key", uniqueID(t), 2, 0)}
 	s := storeOnADyingConnection(t, url, chain, at)
-	d, err := pinned(s, at).admit(context.Background(), chain)
+	d, err := pinned(s, at).admit(context.Background(), chain, 0)
 	if err != nil {
 		t.Fatalf("admission on a dying connection was not replayed: %v", err)
 	}
@@ -102,8 +102,8 @@ func TestCallOnADyingConnectionReplaysItsAdmissionsButNotItsCharges(t *testing.T
 	chain := []limit{newLimit("key", uniqueID(t), 2, 1000)}
 	s := storeOnADyingConnection(t, url, chain, at)
 	var c scriptCall
-	c.charges.add(chain, 300)
-	c.add(chain)
+	c.charges.add(chain, charge{tokens: 300})
+	c.add(chain, 0)
 	ds, charged, err := pinned(s, at).call(context.Background(), &c, false)
 	if err != nil {
 		t.Fatalf("admission on a dying connection was not replayed: %v", err)
@@ -130,8 +130,8 @@ func TestAdmissionsOfACallReadTheTokensItCharges(t *testing.T) {
 	org := newLimit("org", uniqueID(t), 0, 500)
 	key := newLimit("key", uniqueID(t), 10, 0)
 	var c scriptCall
-	c.charges.add([]limit{key, org}, 500) // the key has no tpm: only the org is charged
-	c.add([]limit{key, org})
+	c.charges.add([]limit{key, org}, charge{tokens: 500}) // the key has no tpm: only the org is charged
+	c.add([]limit{key, org}, 0)
 	ds, charged, err := pinned(s, at).call(context.Background(), &c, false)
 	if err != nil || charged != nil {
 		t.Fatal(err, charged)
@@ -152,7 +152,7 @@ func TestAdmissionFailsWithAnErrorWhileRedisIsDownAndResumesAfterRestart(t *test
 		t.Fatal("first request refused")
 	}
 	srv.Stop(t)
-	if _, err := s.admit(context.Background(), chain); err == nil {
+	if _, err := s.admit(context.Background(), chain, 0); err == nil {
 		t.Fatal("admission succeeded with Redis stopped")
 	}
 	srv.Start(t) // empty dataset and empty script cache
@@ -165,7 +165,7 @@ func TestAdmissionFailsWithAnErrorWhileRedisIsDownAndResumesAfterRestart(t *test
 	var d admission
 	var err error
 	for {
-		if d, err = s.admit(context.Background(), chain); err == nil || time.Now().After(deadline) {
+		if d, err = s.admit(context.Background(), chain, 0); err == nil || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -211,7 +211,7 @@ func TestScriptTouchesNothingWhenItsKeysNameAnotherMinute(t *testing.T) {
 	chain := []limit{newLimit("org", uniqueID(t), 5, 100)}
 	stale := momentAt(at).bucket - 1
 	var c scriptCall
-	c.add(chain)
+	c.add(chain, 0)
 	reply, err := s.runScript(context.Background(), admitScript, c.keys(stale), c.args(at, stale, false), true)
 	if err != nil {
 		t.Fatal(err)
@@ -223,9 +223,9 @@ func TestScriptTouchesNothingWhenItsKeysNameAnotherMinute(t *testing.T) {
 	if err != nil || len(keys) != 0 {
 		t.Fatalf("keys %v written by a call whose keys named another minute (%v)", keys, err)
 	}
-	var charge scriptCall
-	charge.charges.add(chain, 9)
-	reply, err = s.runScript(context.Background(), admitScript, charge.keys(stale), charge.args(at, stale, false), false)
+	var chargeOnly scriptCall
+	chargeOnly.charges.add(chain, charge{tokens: 9})
+	reply, err = s.runScript(context.Background(), admitScript, chargeOnly.keys(stale), chargeOnly.args(at, stale, false), false)
 	if _, ok := otherBucket(reply); !ok || err != nil {
 		t.Fatalf("token charge with keys of another minute: %v %v", reply, err)
 	}
@@ -236,7 +236,7 @@ func TestScriptTouchesNothingWhenItsKeysNameAnotherMinute(t *testing.T) {
 
 func TestReplyOfTheWrongShapeIsAnError(t *testing.T) {
 	var c scriptCall
-	c.add([]limit{newLimit("key", "k", 1, 0)})
+	c.add([]limit{newLimit("key", "k", 1, 0)}, 0)
 	for _, reply := range [][]int64{nil, {1, 0}, {1, 0, 0, 0, 0, 0, 0, 2}, {1, 0, 0, 0, 0, 0, 1}, {0, 0, 0, 0, 0, 0, 0, 1}} {
 		if _, err := c.decode(reply, true); !errors.Is(err, errBadReply) {
 			t.Fatalf("reply %v: err %v, want errBadReply", reply, err)
@@ -248,7 +248,8 @@ func TestReplyOfTheWrongShapeIsAnError(t *testing.T) {
 // admission (INFO commandstats: evalsha's usec over the admissions) for
 // chains of 1, 2, 4 and 6 limits, each with an rpm and a tpm: one request at
 // a time, and 32 at once from keys that share their other scopes, which the
-// coalescer decides together.
+// coalescer decides together; and for 4 limits, each admission reserving
+// 1000 tokens, which the script then decides in its reserving mode.
 func BenchmarkAdmissionRedisServerTime(b *testing.B) {
 	url := redisURLFromEnv(b)
 	for _, concurrent := range []bool{false, true} {
@@ -257,11 +258,11 @@ func BenchmarkAdmissionRedisServerTime(b *testing.B) {
 			if concurrent {
 				name += "/concurrent=32"
 			}
-			b.Run(name, func(b *testing.B) {
-				benchmarkRedisTime(b, url, concurrent, func(key int) []limit {
-					return benchChain(n, fmt.Sprintf("bench%d", key%1000))
-				})
-			})
+			chainOf := func(key int) []limit { return benchChain(n, fmt.Sprintf("bench%d", key%1000)) }
+			b.Run(name, func(b *testing.B) { benchmarkRedisTime(b, url, concurrent, 0, chainOf) })
+			if n == 4 {
+				b.Run(name+"/reserving", func(b *testing.B) { benchmarkRedisTime(b, url, concurrent, 1000, chainOf) })
+			}
 		}
 	}
 }
@@ -293,7 +294,7 @@ func BenchmarkAdmissionRedisServerTimeByActiveKeys(b *testing.B) {
 					}
 				}
 			}
-			benchmarkRedisTime(b, url, true, chainOf)
+			benchmarkRedisTime(b, url, true, 0, chainOf)
 		})
 	}
 }
@@ -310,13 +311,13 @@ func benchChain(n int, key string) []limit {
 }
 
 // benchmarkRedisTime admits chainOf(0), chainOf(1), ... one at a time or 32
-// at once, and reports Redis's server time per admission and the admissions
+// at once, each reserving reserve tokens, and reports Redis's server time per admission and the admissions
 // per call.
-func benchmarkRedisTime(b *testing.B, url string, concurrent bool, chainOf func(int) []limit) {
+func benchmarkRedisTime(b *testing.B, url string, concurrent bool, reserve int64, chainOf func(int) []limit) {
 	s := newTestRedisStore(b, url)
 	admin := redisClient(b, url)
 	ctx := context.Background()
-	if _, err := s.admit(ctx, chainOf(0)); err != nil { // load the script
+	if _, err := s.admit(ctx, chainOf(0), 0); err != nil { // load the script
 		b.Fatal(err)
 	}
 	if err := admin.ConfigResetStat(ctx).Err(); err != nil {
@@ -328,7 +329,7 @@ func benchmarkRedisTime(b *testing.B, url string, concurrent bool, chainOf func(
 		b.SetParallelism(16) // 32 goroutines on 2 cores
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				if _, err := s.admit(ctx, chainOf(int(next.Add(1)))); err != nil {
+				if _, err := s.admit(ctx, chainOf(int(next.Add(1))), reserve); err != nil {
 					b.Error(err)
 					return
 				}
@@ -336,7 +337,7 @@ func benchmarkRedisTime(b *testing.B, url string, concurrent bool, chainOf func(
 		})
 	} else {
 		for i := 0; i < b.N; i++ {
-			if _, err := s.admit(ctx, chainOf(i)); err != nil {
+			if _, err := s.admit(ctx, chainOf(i), reserve); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -83,7 +83,7 @@ func redisKit(url string) storeKit {
 		},
 		state: func(t *testing.T, _ store, chain []limit, at int64) string {
 			var c scriptCall
-			c.add(chain)
+			c.add(chain, 0)
 			keys := c.keys(momentAt(at).bucket)
 			vals, err := redisClient(t, url).MGet(context.Background(), keys...).Result()
 			if err != nil {
@@ -319,7 +319,7 @@ func runConformance(t *testing.T, kit storeKit) {
 		for i := range 50 {
 			wg.Add(1) // a second report of one charge would take the count below 0
 			key := newLimit("key", fmt.Sprintf("%s-%d", org.id, i), 5, 0)
-			go s.chargeLater([]limit{key, org}, int64(i+1), func(err error) {
+			go s.chargeLater([]limit{key, org}, charge{tokens: int64(i + 1)}, func(err error) {
 				if err != nil {
 					failed.Add(1)
 				}
@@ -476,8 +476,87 @@ func runConformance(t *testing.T, kit storeKit) {
 		// Both refusing: the wait is the later release, the org's window.
 		d = admitOrFail(t, s, []limit{first, org}, at)
 		ref := refusalOf([]limit{first, org}, d)
-		if ref.first != 0 || ref.kind != burst || ref.waitMillis != requests.releaseIn(d.counts[1].req, org.rpm, d.now.into) {
+		if ref.first != 0 || ref.kind != burst || ref.waitMillis != releaseIn(d.counts[1].req, org.rpm, 1, d.now.into) {
 			t.Fatalf("refusal %+v: want the key first and the org's release", ref)
+		}
+	})
+	t.Run("ConcurrentReservationsOf1000AgainstTPM10500AdmitExactlyTen", func(t *testing.T) {
+		stores := kit.replicas(t, 3)
+		at := pinnedBase() + 1000
+		chain := []limit{newLimit("key", uniqueID(t), 0, 1_000_000), newLimit("org", uniqueID(t), 0, 10_500)}
+		if got := raceReservations(t, stores, chain, 40, 1000, at); got != 10 {
+			t.Fatalf("admitted %d of 40 reservations of 1000 against tpm 10500, want exactly 10", got)
+		}
+		for _, l := range chain {
+			if n := kit.count(t, stores[0], l.prefix, tokens, at/bucketMillis); n != 10_000 {
+				t.Fatalf("%s holds %d reserved tokens, want the 10 admissions' 10000", l.scope, n)
+			}
+		}
+	})
+	t.Run("ARefusedReservationChargesNothingAndWaitsForItsOwnSize", func(t *testing.T) {
+		s := kit.replicas(t, 1)[0]
+		at := pinnedBase() + 15_000
+		chain := []limit{newLimit("org", uniqueID(t), 10, 10_500)}
+		fillReserving(t, s, chain, at, 9_000)
+		a, err := pinned(s, at).admit(context.Background(), chain, 2_000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.admitted || a.refusal.kind != tokens {
+			t.Fatalf("admitted %v, refusal %+v: want 2000 over the 1500 left refused on tokens", a.admitted, a.refusal)
+		}
+		if want := releaseIn(a.counts[0].tok, 10_500, 2_000, a.now.into); a.refusal.waitMillis != want {
+			t.Fatalf("wait %d ms, want %d, when 2000 tokens fit", a.refusal.waitMillis, want)
+		}
+		if n := kit.count(t, s, chain[0].prefix, tokens, at/bucketMillis); n != 9_000 {
+			t.Fatalf("the refusal changed the tok bucket to %d", n)
+		}
+		if n := kit.count(t, s, chain[0].prefix, requests, at/bucketMillis); n != 9 {
+			t.Fatalf("the refusal changed the req bucket to %d", n)
+		}
+		release := at + a.refusal.waitMillis
+		if admitReserving(t, s, chain, release-1, 2_000).admitted {
+			t.Fatal("2000 tokens admitted 1 ms before the announced release")
+		}
+		if !admitReserving(t, s, chain, release, 2_000).admitted {
+			t.Fatal("2000 tokens refused at the announced release")
+		}
+	})
+	t.Run("SettlementReplacesTheReservationInTheBucketItWasMadeIn", func(t *testing.T) {
+		s := kit.replicas(t, 1)[0]
+		base := pinnedBase()
+		chain := []limit{newLimit("key", uniqueID(t), 0, 100_000)}
+		d := admitReserving(t, s, chain, base+58_000, 1_000)                                                    // at 0:58
+		settle(t, pinned(s, base+bucketMillis+1_000), chain, charge{tokens: 700 - 1_000, bucket: d.now.bucket}) // at 1:01
+		if first, second := kit.count(t, s, chain[0].prefix, tokens, base/bucketMillis), kit.count(t, s, chain[0].prefix, tokens, base/bucketMillis+1); first != 700 || second != 0 {
+			t.Fatalf("tok buckets %d and %d, want the usage 700 in the reservation's minute", first, second)
+		}
+		settle(t, pinned(s, base+bucketMillis+2_000), chain, charge{tokens: -5_000, bucket: d.now.bucket})
+		if n := kit.count(t, s, chain[0].prefix, tokens, base/bucketMillis); n != 0 {
+			t.Fatalf("a settlement took the bucket to %d, want never below 0", n)
+		}
+		d = admitReserving(t, s, chain, base+2*bucketMillis+5_000, 1_000)
+		settle(t, pinned(s, base+4*bucketMillis), chain, charge{tokens: 2_000, bucket: d.now.bucket})
+		if n := kit.count(t, s, chain[0].prefix, tokens, d.now.bucket); n != 1_000 {
+			t.Fatalf("a settlement out of the window changed its bucket to %d, want it left at 1000", n)
+		}
+	})
+	t.Run("UsageBelowTheReservationGivesTheRestBack", func(t *testing.T) {
+		s := kit.replicas(t, 1)[0]
+		at := pinnedBase() + 1_000
+		chain := []limit{newLimit("org", uniqueID(t), 0, 10_500)}
+		for range 10 {
+			d := admitReserving(t, s, chain, at, 1_000)
+			settle(t, s, chain, charge{tokens: 600 - 1_000, bucket: d.now.bucket})
+		}
+		admitted := 0
+		for range 6 {
+			if admitReserving(t, s, chain, at, 1_000).admitted {
+				admitted++
+			}
+		}
+		if admitted != 4 {
+			t.Fatalf("with 6000 of 10500 used, %d more reservations of 1000 fit, want exactly 4", admitted)
 		}
 	})
 	// Spring's script returns a refused bucket's refilled level unchanged,
@@ -533,16 +612,53 @@ func assertReleaseAt(t *testing.T, s store, chain []limit, at, release int64) {
 
 func admitOrFail(t *testing.T, s store, chain []limit, at int64) decision {
 	t.Helper()
-	a, err := pinned(s, at).admit(context.Background(), chain)
+	a, err := pinned(s, at).admit(context.Background(), chain, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return a.decision
 }
 
+// admitReserving admits chain on s at the pinned time with a reservation.
+func admitReserving(t *testing.T, s store, chain []limit, at, reserve int64) decision {
+	t.Helper()
+	a, err := pinned(s, at).admit(context.Background(), chain, reserve)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a.decision
+}
+
+// fillReserving admits requests reserving 1000 tokens each until tokens are
+// reserved, all of which must fit.
+func fillReserving(t *testing.T, s store, chain []limit, at, tokens int64) {
+	t.Helper()
+	for ; tokens > 0; tokens -= 1_000 {
+		if !admitReserving(t, s, chain, at, 1_000).admitted {
+			t.Fatal("a filling reservation was refused")
+		}
+	}
+}
+
+// settle charges c to chain on s and waits for the store to have it.
+func settle(t *testing.T, s store, chain []limit, c charge) {
+	t.Helper()
+	done := make(chan error, 1)
+	s.chargeLater(chain, c, func(err error) { done <- err })
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
 // raceAdmissions sends n admissions at once, spread over the stores, and
 // returns how many were admitted.
 func raceAdmissions(t *testing.T, stores []store, chain []limit, n int, at int64) int {
+	t.Helper()
+	return raceReservations(t, stores, chain, n, 0, at)
+}
+
+// raceReservations is raceAdmissions with a reservation for each admission.
+func raceReservations(t *testing.T, stores []store, chain []limit, n int, reserve, at int64) int {
 	t.Helper()
 	var admitted atomic.Int64
 	var start, wg sync.WaitGroup
@@ -553,7 +669,7 @@ func raceAdmissions(t *testing.T, stores []store, chain []limit, n int, at int64
 		go func(s store) {
 			defer wg.Done()
 			start.Wait()
-			d, err := pinned(s, at).admit(context.Background(), chain)
+			d, err := pinned(s, at).admit(context.Background(), chain, reserve)
 			if err != nil {
 				errs <- err
 				return

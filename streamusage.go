@@ -17,19 +17,18 @@ import (
 // chunk that it adds is removed from what the client receives, so that the
 // client sees the stream it asked for and the gateway still charges tokens.
 
-// maxRewrittenBody caps the request bodies that are read to add the option;
-// a larger one passes unmodified (and its stream may go unmetered).
+// maxRewrittenBody caps the request bodies that are read, to estimate the
+// tokens they reserve and to add the option; a larger one passes unmodified
+// (and reserves the default, and its stream may go unmetered).
 const maxRewrittenBody = 4 << 20
 
-// requestStreamUsage adds stream_options.include_usage to an OpenAI streaming
-// chat-completions request that lacks it, and returns the stripper that hides
-// the resulting usage chunk from the client; nil if the request is left as it is.
-func requestStreamUsage(r *http.Request) *usageStripper {
-	if r.Method != http.MethodPost || !strings.HasSuffix(r.URL.Path, "/chat/completions") ||
-		r.Body == nil || r.Body == http.NoBody || r.Header.Get("Content-Encoding") != "" {
-		return nil
-	}
-	if !strings.EqualFold(usage.MediaType(r.Header.Get("Content-Type")), "application/json") {
+// bufferBody reads the body of a request that the limiter reads (a JSON
+// POST, not content-encoded, of at most maxRewrittenBody bytes) and gives the
+// request a body that replays it; nil, with every byte still in the
+// request's body, for any other request.
+func bufferBody(r *http.Request) []byte {
+	if r.Method != http.MethodPost || r.Body == nil || r.Body == http.NoBody || r.Header.Get("Content-Encoding") != "" ||
+		!strings.EqualFold(usage.MediaType(r.Header.Get("Content-Type")), "application/json") {
 		return nil
 	}
 	original := r.Body
@@ -39,12 +38,23 @@ func requestStreamUsage(r *http.Request) *usageStripper {
 		r.Body = readCloser{io.MultiReader(bytes.NewReader(body), original), original}
 		return nil
 	}
-	rewritten, ok := withStreamUsage(body)
-	if !ok {
-		r.Body = readCloser{bytes.NewReader(body), original} // all of it
+	r.Body = readCloser{bytes.NewReader(body), original} // all of it
+	return body
+}
+
+// requestStreamUsage adds stream_options.include_usage to an OpenAI streaming
+// chat-completions request that lacks it, and returns the stripper that hides
+// the resulting usage chunk from the client; nil if the request is left as it
+// is. body is the request's, buffered (nil when it was not read).
+func requestStreamUsage(r *http.Request, body []byte) *usageStripper {
+	if body == nil || !strings.HasSuffix(r.URL.Path, "/chat/completions") {
 		return nil
 	}
-	r.Body = readCloser{bytes.NewReader(rewritten), original}
+	rewritten, ok := withStreamUsage(body)
+	if !ok {
+		return nil
+	}
+	r.Body = readCloser{bytes.NewReader(rewritten), r.Body} // closes the original
 	r.ContentLength = int64(len(rewritten))
 	r.TransferEncoding = nil
 	r.Header.Set("Content-Length", strconv.Itoa(len(rewritten)))

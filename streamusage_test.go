@@ -78,7 +78,7 @@ func TestRewrittenRequestGetsItsNewContentLengthAndAnIdentityStream(t *testing.T
 	r.Header.Set("Accept-Encoding", "gzip, br")
 	r.ContentLength = -1
 	r.TransferEncoding = []string{"chunked"}
-	if requestStreamUsage(r) == nil {
+	if requestStreamUsage(r, bufferBody(r)) == nil {
 		t.Fatal("no stripper for a streaming chat completion")
 	}
 	got, _ := io.ReadAll(r.Body)
@@ -105,7 +105,7 @@ func TestRequestBodiesOverTheCapOrNotChatCompletionsPassUnmodified(t *testing.T)
 			r := httptest.NewRequest(c.method, c.path, strings.NewReader(c.body))
 			r.Header.Set("Content-Type", c.contentType)
 			r.Header.Set("Accept-Encoding", "gzip")
-			if requestStreamUsage(r) != nil {
+			if requestStreamUsage(r, bufferBody(r)) != nil {
 				t.Fatal("the request was rewritten")
 			}
 			got, _ := io.ReadAll(r.Body)
@@ -181,7 +181,7 @@ func TestForwardedBodyIsTheClientsWhateverItsLengthAndChunking(t *testing.T) {
 				r := httptest.NewRequest("POST", "/v1/chat/completions", wrap(strings.NewReader(body)))
 				r.ContentLength = declared
 				r.Header.Set("Content-Type", "application/json")
-				if requestStreamUsage(r) != nil {
+				if requestStreamUsage(r, bufferBody(r)) != nil {
 					t.Fatal("a request that is no stream was rewritten")
 				}
 				if got, err := io.ReadAll(r.Body); err != nil || string(got) != body {
@@ -194,7 +194,7 @@ func TestForwardedBodyIsTheClientsWhateverItsLengthAndChunking(t *testing.T) {
 	failing := io.MultiReader(strings.NewReader(`{"model":`), iotest.ErrReader(io.ErrUnexpectedEOF))
 	r := httptest.NewRequest("POST", "/v1/chat/completions", failing)
 	r.Header.Set("Content-Type", "application/json")
-	requestStreamUsage(r)
+	requestStreamUsage(r, bufferBody(r))
 	if got, err := io.ReadAll(r.Body); string(got) != `{"model":` || err != io.ErrUnexpectedEOF {
 		t.Fatalf("passed on %q then %v", got, err)
 	}

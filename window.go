@@ -9,13 +9,15 @@ const (
 )
 
 // kind is what a limit counts: requests or tokens per minute, or a token
-// bucket's tokens (bucket.go).
+// bucket's tokens (bucket.go); and, for refusals, a request whose token
+// reservation alone is over a tpm.
 type kind uint8
 
 const (
 	requests kind = iota
 	tokens
 	burst
+	tooLarge
 )
 
 // String is the kind's name in placeholders, metrics and logs.
@@ -25,6 +27,8 @@ func (k kind) String() string {
 		return "tokens"
 	case burst:
 		return "burst"
+	case tooLarge:
+		return "too_large"
 	}
 	return "requests"
 }
@@ -32,7 +36,7 @@ func (k kind) String() string {
 // errorType is the kind in an OpenAI-style error body, whose types are
 // "requests" and "tokens": a bucket meters requests.
 func (k kind) errorType() string {
-	if k == tokens {
+	if k == tokens || k == tooLarge {
 		return "tokens"
 	}
 	return "requests"
@@ -70,26 +74,26 @@ func (w window) estimate(into int64) float64 {
 	return float64(w.weighted(into)) / bucketMillis
 }
 
-// fits reports whether the counter admits at offset into: one more request
-// fits while estimate + 1 ≤ rpm; tokens fit while estimate < tpm.
-func (k kind) fits(w window, capacity, into int64) bool {
-	if k == requests {
-		return w.weighted(into)+bucketMillis <= capacity*bucketMillis
+// fits reports whether an admission that adds size to the counter fits at
+// offset into: while estimate + size ≤ capacity. A request has size 1; a
+// token reservation its tokens. Size 0 is tokens not reserved, which exist
+// only once a response reports them: they fit while estimate < capacity.
+func fits(w window, capacity, size, into int64) bool {
+	if size == 0 {
+		return w.weighted(into) < capacity*bucketMillis
 	}
-	return w.weighted(into) < capacity*bucketMillis
+	return w.weighted(into)+size*bucketMillis <= capacity*bucketMillis
 }
 
 // releaseIn is how many milliseconds after offset into a counter that refuses
-// would admit again, absent further traffic: the earliest whole millisecond at
-// which fits holds. While the current bucket alone fits, what refuses is the
-// previous bucket's weight, which falls during this bucket; otherwise the
-// current bucket must first become the previous one.
-func (k kind) releaseIn(w window, capacity, into int64) int64 {
+// an admission of size would admit it, absent further traffic: the earliest
+// whole millisecond at which fits holds. While the current bucket alone
+// fits, what refuses is the previous bucket's weight, which falls during this
+// bucket; otherwise the current bucket must first become the previous one.
+// size is at most capacity.
+func releaseIn(w window, capacity, size, into int64) int64 {
 	// room is how much the weighted estimate may reach, strict or not.
-	room, strict := (capacity-1)*bucketMillis, false
-	if k == tokens {
-		room, strict = capacity*bucketMillis, true
-	}
+	room, strict := (capacity-size)*bucketMillis, size == 0
 	if w.cur*bucketMillis < room || !strict && w.cur*bucketMillis == room {
 		// Admits at the earliest t in this bucket with prev × (60000 − t) within room − cur.
 		at := bucketMillis - maxWeight(room-w.cur*bucketMillis, w.prev, strict)

@@ -6,28 +6,29 @@ import (
 )
 
 // releaseIn must be the earliest whole millisecond at which the counter fits
-// again, absent traffic: checked against a brute-force walk of the clock over
+// an admission of its size (a request, a reservation of any size up to the
+// cap, or unreserved tokens) again, absent traffic: checked against a brute-force walk of the clock over
 // the current and the next bucket.
 func TestReleaseInIsTheEarliestMillisecondAtWhichTheCounterFits(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	for i := 0; i < 400; i++ {
-		k := kind(rng.IntN(2))
 		capacity := 1 + rng.Int64N(20)
+		size := rng.Int64N(capacity + 1) // a request is 1, a reservation up to the cap, unreserved tokens 0
 		w := window{cur: rng.Int64N(3 * capacity), prev: rng.Int64N(3 * capacity)}
 		into := rng.Int64N(bucketMillis)
-		if k.fits(w, capacity, into) {
+		if fits(w, capacity, size, into) {
 			continue
 		}
-		got := k.releaseIn(w, capacity, into)
+		got := releaseIn(w, capacity, size, into)
 		want := int64(-1)
 		for t := into; t < 3*bucketMillis; t++ {
-			if k.fits(windowAt(w, t), capacity, t%bucketMillis) {
+			if fits(windowAt(w, t), capacity, size, t%bucketMillis) {
 				want = t - into
 				break
 			}
 		}
 		if got != want {
-			t.Fatalf("%v cap %d %+v at %d ms: releaseIn %d, brute force %d", k, capacity, w, into, got, want)
+			t.Fatalf("size %d cap %d %+v at %d ms: releaseIn %d, brute force %d", size, capacity, w, into, got, want)
 		}
 	}
 }

@@ -1,0 +1,269 @@
+package ratelimit
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// heldUpstream answers chat completions reporting usage tokens, each once
+// release is closed, so that every admitted request is in flight at once;
+// arrived counts the requests that reached it.
+type heldUpstream struct {
+	*httptest.Server
+	arrived atomic.Int64
+	release chan struct{}
+}
+
+func newHeldUpstream(t *testing.T, status int, usage int64) *heldUpstream {
+	u := &heldUpstream{release: make(chan struct{})}
+	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u.arrived.Add(1)
+		io.Copy(io.Discard, r.Body)
+		<-u.release
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		if status >= 400 {
+			io.WriteString(w, `{"error":{"message":"upstream failed","type":"server_error"}}`)
+			return
+		}
+		fmt.Fprintf(w, `{"object":"chat.completion","usage":{"prompt_tokens":%d,"completion_tokens":0,"total_tokens":%d}}`, usage, usage)
+	}))
+	t.Cleanup(func() {
+		select {
+		case <-u.release:
+		default:
+			close(u.release)
+		}
+		u.Close()
+	})
+	return u
+}
+
+// chatAbout1000 is a chat completion that reserves exactly 1000 tokens: 400
+// characters of input (100 tokens) and max_tokens 900.
+var chatAbout1000 = `{"model":"gpt-4o","max_tokens":900,"messages":[{"role":"user","content":"` + strings.Repeat("abcd", 100) + `"}]}`
+
+// sendAll sends n copies of body at once and returns their statuses, once
+// every refused one has answered and the admitted ones have reached up:
+// then it releases up and waits for the rest.
+func sendAll(t *testing.T, gws []*gateway, up *heldUpstream, n int, body string, headers ...string) map[int]int {
+	t.Helper()
+	statuses := make(map[int]int)
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	var refused atomic.Int64
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, _ := gws[i%len(gws)].send(t, "POST", "/v1/chat/completions", body, append([]string{"Content-Type: application/json"}, headers...)...)
+			if res.StatusCode != 200 {
+				refused.Add(1)
+			}
+			mu.Lock()
+			statuses[res.StatusCode]++
+			mu.Unlock()
+		}()
+	}
+	for up.arrived.Load()+refused.Load() < int64(n) {
+		runtime.Gosched()
+	}
+	close(up.release)
+	wg.Wait()
+	return statuses
+}
+
+// Reservations hold a tpm under concurrency: 40 requests in flight at once,
+// each reserving 1000 tokens against tpm 10500, admit exactly 10; after the
+// responses the tok buckets hold exactly the usage they reported.
+func TestConcurrentReservationsHoldTheTPMAndSettleToTheReportedUsage(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		up := newHeldUpstream(t, 200, 800)
+		gw := startGateway(t, up.URL, limited(store, `
+			scope org {http.request.header.X-Org} readable
+			limit org * tpm 10500`))
+		org := uniqueID(t)
+		statuses := sendAll(t, []*gateway{gw}, up, 40, chatAbout1000, "X-Org: "+org)
+		if statuses[200] != 10 || statuses[429] != 30 {
+			t.Fatalf("statuses %v, want exactly 10 admitted and 30 refused", statuses)
+		}
+		waitCharged(t, store, []limit{newLimit("org", org, 0, 1)}, 10*800)
+	})
+}
+
+// Three gateways sharing one Redis, each with its own client, admit together
+// exactly what one would.
+func TestThreeGatewaysSharingRedisReserveAsOne(t *testing.T) {
+	url := redisURLFromEnv(t)
+	up := newHeldUpstream(t, 200, 1000)
+	site := ""
+	for i, path := range []string{"/a", "/b", "/c"} {
+		// A timeout of its own gives each handler its own Redis client:
+		// replicas that share counters only through Redis.
+		site += fmt.Sprintf(`
+	handle_path %s* {
+		rolter_ratelimit {
+			redis %s {
+				timeout %dms
+			}
+			scope org {http.request.header.X-Org} readable
+			limit org * tpm 10500
+		}
+		reverse_proxy {upstream}
+	}`, path, url, 1000+i)
+	}
+	gw := startGateway(t, up.URL, site)
+	org := uniqueID(t)
+	gws := []*gateway{{tester: gw.tester, url: gw.url + "/a"}, {tester: gw.tester, url: gw.url + "/b"}, {tester: gw.tester, url: gw.url + "/c"}}
+	statuses := sendAll(t, gws, up, 40, chatAbout1000, "X-Org: "+org)
+	if statuses[200] != 10 {
+		t.Fatalf("statuses %v across three gateways, want exactly 10 admitted", statuses)
+	}
+	waitCharged(t, "redis "+url, []limit{newLimit("org", org, 0, 1)}, 10*1000)
+}
+
+// Usage below the reservation gives the rest back: with 6000 of 10500 used,
+// exactly 4 more requests of 1000 fit.
+func TestUsageBelowTheReservationGivesTheRestBack(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		used := newHeldUpstream(t, 200, 600)
+		close(used.release)
+		held := newHeldUpstream(t, 200, 1000)
+		limiter := limited(store, `
+			scope org {http.request.header.X-Org} readable
+			limit org * tpm 10500`)
+		gw := startGateway(t, used.URL, fmt.Sprintf(`
+	handle_path /used* {
+	%s
+	}
+	handle_path /held* {
+	%s
+	}`, limiter, strings.ReplaceAll(limiter, "{upstream}", strings.TrimPrefix(held.URL, "http://"))))
+		org := uniqueID(t)
+		for i := range 10 {
+			if res, body := gw.send(t, "POST", "/used/v1/chat/completions", chatAbout1000, "Content-Type: application/json", "X-Org: "+org); res.StatusCode != 200 {
+				t.Fatalf("request %d: %d %s", i+1, res.StatusCode, body)
+			}
+		}
+		waitCharged(t, store, []limit{newLimit("org", org, 0, 1)}, 10*600)
+		statuses := sendAll(t, []*gateway{{tester: gw.tester, url: gw.url + "/held"}}, held, 6, chatAbout1000, "X-Org: "+org)
+		if statuses[200] != 4 {
+			t.Fatalf("statuses %v of 6 requests of 1000 in flight with 6000 of 10500 used, want exactly 4 admitted", statuses)
+		}
+	})
+}
+
+// An upstream error reports no usage and costs the provider nothing: the
+// whole reservation is given back.
+func TestAnUpstreamErrorGivesTheReservationBack(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		up := newHeldUpstream(t, 500, 0)
+		close(up.release)
+		gw := startGateway(t, up.URL, limited(store, `
+			scope org {http.request.header.X-Org} readable
+			limit org * tpm 10500`))
+		org := uniqueID(t)
+		before := scrape(t)["caddy_rolter_ratelimit_tokens_returned_total"]
+		if res, _ := gw.send(t, "POST", "/v1/chat/completions", chatAbout1000, "Content-Type: application/json", "X-Org: "+org); res.StatusCode != 500 {
+			t.Fatalf("status %d, want the upstream's 500", res.StatusCode)
+		}
+		waitCharged(t, store, []limit{newLimit("org", org, 0, 1)}, 0)
+		waitMetric(t, "caddy_rolter_ratelimit_tokens_returned_total", before+1000)
+	})
+}
+
+// A request whose reservation alone is over a tpm can never be admitted: it
+// is refused at once, as OpenAI refuses a request too large, with
+// x-should-retry false and no wait, and charges nothing.
+func TestARequestTooLargeForItsTPMIsRefusedAtOnceAndNotToBeRetried(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		up := newHeldUpstream(t, 200, 10)
+		close(up.release)
+		gw := startGateway(t, up.URL, limited(store, `
+			scope key {http.request.header.Authorization}
+			scope org {http.request.header.X-Org} readable
+			limit key * rpm 100
+			limit org * tpm 10500`))
+		org := uniqueID(t)
+		body := `{"model":"gpt-4o","max_tokens":20000,"messages":[{"role":"user","content":"hi"}]}`
+		res, got := gw.send(t, "POST", "/v1/chat/completions", body, "Content-Type: application/json", "X-Org: "+org, "Authorization: Bearer sk-"+org)
+		var e openAIError
+		if res.StatusCode != 429 || json.Unmarshal(got, &e) != nil || e.Error.Type != "tokens" ||
+			!strings.Contains(e.Error.Message, "Request too large for org") || !strings.Contains(e.Error.Message, "Limit 10500, Requested 20001") {
+			t.Fatalf("%d %s, want a 429 saying the request is too large", res.StatusCode, got)
+		}
+		if res.Header.Get("X-Should-Retry") != "false" || res.Header.Get("Retry-After") != "" || res.Header.Get("Retry-After-Ms") != "" {
+			t.Fatalf("headers %v: want x-should-retry false and no wait", res.Header)
+		}
+		if up.arrived.Load() != 0 {
+			t.Fatal("the upstream saw the request")
+		}
+		if n := storeCount(t, store, newLimit("key", keyID(false, "Bearer sk-"+org), 0, 0).prefix, requests, nowBucket()); n != 0 {
+			t.Fatalf("the key was charged %d requests", n)
+		}
+		waitCharged(t, store, []limit{newLimit("org", org, 0, 1)}, 0)
+	})
+}
+
+// reserve_tokens off is the reactive behaviour: all 40 are admitted.
+func TestReserveTokensOffAdmitsWhatTheWindowHasRoomForReactively(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		up := newHeldUpstream(t, 200, 1000)
+		gw := startGateway(t, up.URL, limited(store, `
+			scope org {http.request.header.X-Org} readable
+			limit org * tpm 10500
+			reserve_tokens off`))
+		org := uniqueID(t)
+		if statuses := sendAll(t, []*gateway{gw}, up, 40, chatAbout1000, "X-Org: "+org); statuses[200] != 40 {
+			t.Fatalf("statuses %v, want all 40 admitted", statuses)
+		}
+		waitCharged(t, store, []limit{newLimit("org", org, 0, 1)}, 40*1000)
+	})
+}
+
+// The tokens headers of an admission count its reservation.
+func TestAdmittedHeadersCountTheRequestsReservation(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		up := newHeldUpstream(t, 200, 1000)
+		close(up.release)
+		gw := startGateway(t, up.URL, limited(store, `
+			scope org {http.request.header.X-Org} readable
+			limit org * tpm 10500
+			headers openai ietf`))
+		res, _ := gw.send(t, "POST", "/v1/chat/completions", chatAbout1000, "Content-Type: application/json", "X-Org: "+uniqueID(t))
+		if got := res.Header.Get("X-Ratelimit-Remaining-Tokens"); got != "9500" {
+			t.Errorf("x-ratelimit-remaining-tokens %q, want 10500 - 1000 reserved", got)
+		}
+		if got := res.Header.Get("Ratelimit"); !strings.HasPrefix(got, `"tokens";r=9500;`) {
+			t.Errorf("RateLimit %q, want r=9500", got)
+		}
+	})
+}
+
+func nowBucket() int64 { return time.Now().UnixMilli() / bucketMillis }
+
+// waitMetric waits until the process's metric reads want: charges, and
+// their metrics, land after the response.
+func waitMetric(t *testing.T, name string, want float64) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got := scrape(t)[name]
+		if got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s = %v, want %v", name, got, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
