@@ -38,6 +38,26 @@ func orgChain(org, key, team string, keyRPM, orgRPM int64) []limit {
 	}
 }
 
+// Reservations and their settlement keep their guarantees on a cluster,
+// where calls are not coalesced: 40 concurrent reservations of 1000 across
+// three limiters admit exactly 10 against the org's tpm 10500, and a
+// settlement lands in its chain's slot and bucket.
+func TestClusterReservationsHoldTheTPMAndSettleInTheirSlot(t *testing.T) {
+	c := startRedisCluster(t, 3)
+	stores := clusterStores(t, c, 3)
+	at := pinnedBase() + 1000
+	org := "org-" + uniqueID(t)
+	tag := chainTag("org", org)
+	chain := []limit{newTaggedLimit(tag, "key", "k", limitCaps{tpm: 1 << 30}), newTaggedLimit(tag, "org", org, limitCaps{tpm: 10_500})}
+	if got := raceReservations(t, stores, chain, 40, 1000, at); got != 10 {
+		t.Fatalf("admitted %d of 40 reservations of 1000 against tpm 10500, want exactly 10", got)
+	}
+	settle(t, pinned(stores[1], at+5_000), chain, charge{tokens: -10_000, bucket: at / bucketMillis})
+	if n := c.Count(t, bucketKey(chain[1].prefix, tokens, at/bucketMillis)); n != 0 {
+		t.Fatalf("the org's tok bucket holds %d after every reservation was given back", n)
+	}
+}
+
 func TestClusterAdmissionIsExactForOrgsOnDifferentShardsAcrossThreeLimiters(t *testing.T) {
 	c := startRedisCluster(t, 3)
 	stores := clusterStores(t, c, 3)

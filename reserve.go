@@ -8,6 +8,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
 
 	"github.com/rolter/caddy-ratelimit/internal/tokenest"
 )
@@ -64,6 +65,9 @@ func (h *Handler) refuseTooLarge(w http.ResponseWriter, repl *caddy.Replacer, l 
 	repl.Set(placeholderRefusedScope, l.scope)
 	repl.Set(placeholderRefusedKind, tooLarge.String())
 	repl.Set(placeholderRefusedLimit, l.tpm)
+	if h.logger.Core().Enabled(zap.DebugLevel) {
+		h.logger.Debug("refused", zap.String("scope", l.scope), zap.String("id", l.id), zap.String("kind", tooLarge.String()), zap.Int64("requested", requested))
+	}
 	w.Header().Set("X-Should-Retry", "false")
 	msg := fmt.Sprintf("Request too large for %s on tokens per min (TPM): Limit %d, Requested %d. The input or output tokens must be reduced in order to run successfully.",
 		l.scope, l.tpm, requested)
