@@ -329,13 +329,9 @@ func groupLimits(handlers []*Handler, scope string, asked askedID, root rootRef)
 		if !ok {
 			continue
 		}
-		id := asked.stored(readable)
-		caps, own := sl.byID[id]
-		if !own {
-			if !sl.hasDefault {
-				continue
-			}
-			caps = sl.byDefault
+		id, caps, own, ok := sl.resolve(asked.raw, asked.stored(readable))
+		if !ok {
+			continue
 		}
 		kind, where := describeStore(h.store)
 		tag := ""

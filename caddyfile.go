@@ -45,8 +45,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			tls                                    # TLS even for redis:// URLs
 //		}
 //		scope <name> <value> [readable] [required] # repeatable; <value> is usually a placeholder
-//		limit <scope> <id>|* [rpm <n>] [tpm <n>] [rate <per-second> burst <n> [cost <n>]]
-//		                                           # repeatable; * is the default for every id of that scope
+//		limit <scope> <id>|<prefix>*|* [rpm <n>] [tpm <n>] [rate <per-second> burst <n> [cost <n>]]
+//		                                           # repeatable; <prefix>* is one pool for every id starting with
+//		                                           # <prefix> (the longest wins; an exact id beats it); * is the
+//		                                           # default for every id of that scope
 //		on_redis_error allow|deny                  # default allow (fail open); deny answers 503
 //		on_refusal respond|error                   # default respond: the handler writes the refusal itself
 //		status <code>                              # of every refusal by a limit, 400-599; default 429
@@ -75,7 +77,9 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // decimal with at most three places, such as 0.5) with burst (its capacity),
 // and cost (what a request takes, default 1) at most the burst. <id> and <value> are kept verbatim:
 // placeholders such as {env.VIP_KEY} or {http.request.header.X-Api-Key} are
-// resolved when the config loads (ids) or per request (values).
+// resolved when the config loads (ids) or per request (values); the
+// placeholder {http.rolter_ratelimit.model}, the model the request asks
+// for, can be a value or part of one (scope model {http.rolter_ratelimit.model}).
 //
 // The directive is ordered right after encode, so no order option is needed:
 // it runs after map, header, rewrite, forward_auth and request_header, and

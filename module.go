@@ -8,12 +8,14 @@ import (
 	"net/http"
 	"net/textproto"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/rolter/caddy-ratelimit/internal/tokenest"
 	"github.com/rolter/caddy-ratelimit/internal/usage"
 	"go.uber.org/zap"
 )
@@ -41,6 +43,11 @@ func init() {
 //
 // These placeholders are set for those requests, for logs and handle_errors:
 //
+//	{http.rolter_ratelimit.model}          the model the request asks for (the JSON body's
+//	                                       "model", or Gemini's and Azure OpenAI's path
+//	                                       segment), set before the chain is resolved when a
+//	                                       scope's value names it, so that scopes can be
+//	                                       per model: "" when there is none
 //	{http.rolter_ratelimit.outcome}        the outcome above
 //	{http.rolter_ratelimit.refused_scope}  on a refusal: the first refusing scope's name,
 //	                                       or the required scope that is empty
@@ -116,9 +123,12 @@ type Handler struct {
 	// scopeHeaders is, per scope, the request header its value names when
 	// the value is that one placeholder (scopeHeader), else "".
 	scopeHeaders []string
-	headers      headerFamilies
-	logger       *zap.Logger
-	warn         *warnLimiter // store failures at admission
+	// readsModel: a scope's value names the model placeholder, which is set
+	// from the request before the chain is resolved.
+	readsModel bool
+	headers    headerFamilies
+	logger     *zap.Logger
+	warn       *warnLimiter // store failures at admission
 	// chargeWarn: failed token charges
 	chargeWarn *warnLimiter
 }
@@ -167,11 +177,38 @@ type LimitConfig struct {
 	Cost int64 `json:"cost,omitempty"`
 }
 
-// scopeLimits are the caps of one scope: per id (as stored) and the default.
+// scopeLimits are the caps of one scope: per id (as stored), per id prefix
+// (longest first), and the default.
 type scopeLimits struct {
 	byID       map[string]limitCaps
+	byPrefix   []prefixLimit
 	byDefault  limitCaps
 	hasDefault bool
+}
+
+// prefixLimit caps every id that starts with prefix as one pool, as a
+// provider's model family shares one quota: its counters are named by the
+// prefix (id, as stored), not by each id.
+type prefixLimit struct {
+	prefix, id string
+	caps       limitCaps
+}
+
+// resolve finds the caps of an id of the scope, as the request gives it
+// (value) and as stored (id): its own, else those of the longest prefix
+// that covers it, else the default. stored is the id its counters are
+// named by; own is false for the default; ok is false when nothing limits
+// it. A value of "" (an id asked for by its digest) matches no prefix.
+func (sl scopeLimits) resolve(value, id string) (stored string, caps limitCaps, own, ok bool) {
+	if caps, ok := sl.byID[id]; ok {
+		return id, caps, true, true
+	}
+	for _, p := range sl.byPrefix {
+		if value != "" && strings.HasPrefix(value, p.prefix) {
+			return p.id, p.caps, true, true
+		}
+	}
+	return id, sl.byDefault, false, sl.hasDefault
 }
 
 const defaultTimeout = 100 * time.Millisecond
@@ -198,6 +235,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	for i, s := range h.Scopes {
 		h.scopeHeaders[i] = scopeHeader(s.Value)
 		readable[s.Name] = s.Readable
+		h.readsModel = h.readsModel || strings.Contains(s.Value, "{"+placeholderModel+"}")
 	}
 	h.limits = make(map[string]scopeLimits)
 	effective := make([]string, 0, len(h.Limits)) // for the log, ids as stored
@@ -208,13 +246,19 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return err
 		}
 		id := "*"
-		if lc.ID == "*" {
+		raw := repl.ReplaceKnown(lc.ID, "")
+		switch prefix, isPrefix := strings.CutSuffix(raw, "*"); {
+		case lc.ID == "*":
 			sl.byDefault, sl.hasDefault = caps, true
-		} else {
+		case isPrefix:
+			id = prefixKeyID(readable[lc.Scope], prefix)
+			sl.byPrefix = append(sl.byPrefix, prefixLimit{prefix: prefix, id: id, caps: caps})
+			slices.SortStableFunc(sl.byPrefix, func(a, b prefixLimit) int { return len(b.prefix) - len(a.prefix) })
+		default:
 			if sl.byID == nil {
 				sl.byID = make(map[string]limitCaps)
 			}
-			id = keyID(readable[lc.Scope], repl.ReplaceKnown(lc.ID, ""))
+			id = keyID(readable[lc.Scope], raw)
 			sl.byID[id] = caps
 		}
 		h.limits[lc.Scope] = sl
@@ -383,6 +427,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		defer closeSession() // ServeHTTP returns when the session is over
 	}
+	var body []byte // the request's, when the limiter reads it
+	bodyRead := false
+	if h.readsModel {
+		body, bodyRead = bufferBody(r), true
+		repl.Set(placeholderModel, tokenest.Model(r.URL.Path, body))
+	}
 	chain, missing := h.chain(repl, r)
 	if missing >= 0 {
 		return h.refuseMissingScope(w, repl, h.Scopes[missing].Name)
@@ -391,10 +441,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return next.ServeHTTP(w, r)
 	}
 	metering := chainHasTPM(chain)
-	var body []byte // the request's, when the limiter reads it
 	var reserve int64
 	if metering && !session {
-		body = bufferBody(r)
+		if !bodyRead {
+			body = bufferBody(r)
+		}
 		if h.reserving() {
 			var over int
 			if reserve, over = h.reservation(r.URL.Path, body, chain); over >= 0 {
@@ -489,13 +540,9 @@ func (h *Handler) chain(repl *caddy.Replacer, r *http.Request) (chain []limit, m
 		if !limited {
 			continue
 		}
-		id := keyID(s.Readable, value)
-		caps, ok := sl.byID[id]
+		id, caps, _, ok := sl.resolve(value, keyID(s.Readable, value))
 		if !ok {
-			if !sl.hasDefault {
-				continue
-			}
-			caps = sl.byDefault
+			continue
 		}
 		chain = append(chain, newTaggedLimit(tag, s.Name, id, caps))
 	}

@@ -20,6 +20,7 @@ const (
 	placeholderRefusedKind  = "http.rolter_ratelimit.refused_kind" // requests, tokens or burst
 	placeholderRefusedLimit = "http.rolter_ratelimit.refused_limit"
 	placeholderRetryAfter   = "http.rolter_ratelimit.retry_after" // seconds
+	placeholderModel        = "http.rolter_ratelimit.model"
 )
 
 // headerFamilies is which rate-limit headers a handler sends.

@@ -177,6 +177,16 @@ func keyID(readable bool, id string) string {
 	return string(digest[:])
 }
 
+// prefixKeyID is how the pool of every id of a scope that starts with prefix
+// appears: the prefix and "*" in a readable scope, when the prefix is a
+// short plain token, else the digest of that.
+func prefixKeyID(readable bool, prefix string) string {
+	if readable && isPlainID(prefix) {
+		return prefix + "*"
+	}
+	return keyID(false, prefix+"*")
+}
+
 func isPlainID(id string) bool {
 	if len(id) == 0 || len(id) > 64 {
 		return false
