@@ -112,6 +112,11 @@ func writeResults(w io.Writer, m measurements, b benchmarks) error {
 	t.row("Redis time per admission (Go bench, chain=4)", num(chain4, "%.2f us"), "-", "-", "<= 10 us", check(chain4, atMost(10)))
 	t.row("  the same, 32 concurrent (coalesced)", num(chain4Concurrent, "%.2f us"), "-", "-", "<= 10 us",
 		check(chain4Concurrent, atMost(10)))
+	for _, name := range []string{"4/reserving", "4/concurrent=32/reserving"} {
+		reserving, reactive := b.get(chain+name, "redis-µs/admission"), b.get(chain+strings.TrimSuffix(name, "/reserving"), "redis-µs/admission")
+		t.row("  chain="+name+" (1000 tokens each)", num(reserving, "%.2f us"), num(reactive, "%.2f us"),
+			num(reserving-reactive, "%+.2f us"), "(info)", "-")
+	}
 	sseGBs := b.get(sse, "MB/s") / 1000
 	t.row("usage meter, 10 MB OpenAI SSE (identity)", num(sseGBs, "%.2f GB/s"), "-", "-", ">= 1 GB/s", check(sseGBs, atLeast(1)))
 	t.row("  allocs per 10 MB stream (~37k events)", num(sseAllocs, "%.0f allocs"), "-", "-", "<= 100", check(sseAllocs, atMost(100)))
