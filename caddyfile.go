@@ -52,7 +52,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		on_redis_error allow|deny                  # default allow (fail open); deny answers 503
 //		on_refusal respond|error                   # default respond: the handler writes the refusal itself
 //		status <code>                              # of every refusal by a limit, 400-599; default 429
-//		headers openai|ietf|scg|off ...            # default openai; several may be listed
+//		headers openai|ietf|scg|anthropic|off ...  # default: the dialect's (anthropic for Anthropic, else openai); several may be listed
+//		dialect openai|anthropic|gemini            # the shape of the handler's answers; default: the API the path names
 //		ensure_stream_usage on|off                 # default on: ask OpenAI streams for their usage
 //		reserve_tokens on|off                      # default on: reserve each request's tokens at admission
 //		reserve_output <n>                         # default 1024: the output reserved for a request that names no cap
@@ -157,6 +158,13 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			h.OnRedisError = v
+
+		case "dialect":
+			v, err := optionValue(d, func(v string) *Handler { return &Handler{Dialect: v} })
+			if err != nil {
+				return err
+			}
+			h.Dialect = v
 
 		case "on_refusal":
 			v, err := optionValue(d, func(v string) *Handler { return &Handler{OnRefusal: v} })

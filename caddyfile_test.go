@@ -80,12 +80,16 @@ var caddyfileGoodCases = []caddyfileGoodCase{
 			limit org * tpm 10000
 			reserve_tokens off
 			reserve_output 256
+			dialect anthropic
+			headers anthropic ietf
 		}`,
 		want: &Handler{
 			Scopes:        []Scope{{Name: "org", Value: "{http.request.header.X-Org}"}},
 			Limits:        []LimitConfig{{Scope: "org", ID: "*", TPM: 10000}},
 			ReserveTokens: new(bool),
 			ReserveOutput: 256,
+			Dialect:       "anthropic",
+			Headers:       []string{"anthropic", "ietf"},
 		},
 	},
 	{
@@ -266,6 +270,7 @@ var caddyfileBadCases = []caddyfileBadCase{
 	{"scope without value", "rolter_ratelimit {\n\tscope key\n}", "wrong argument count", 2},
 	{"scope without anything", "rolter_ratelimit {\n\tscope\n}", "wrong argument count", 2},
 	{"scope with an unknown option", "rolter_ratelimit {\n\tscope key {http.request.header.X-Api-Key} extra\n}", "unrecognized scope option 'extra': expecting readable or required", 2},
+	{"dialect unknown", "rolter_ratelimit {\n\tdialect cohere\n}", `dialect must be openai, anthropic or gemini, not "cohere"`, 2},
 	{"reserve_tokens with a bad value", "rolter_ratelimit {\n\treserve_tokens yes\n}", `reserve_tokens must be on or off, not "yes"`, 2},
 	{"reserve_tokens twice", "rolter_ratelimit {\n\treserve_tokens on\n\treserve_tokens off\n}", "reserve_tokens is given twice", 3},
 	{"reserve_output zero", "rolter_ratelimit {\n\treserve_output 0\n}", `reserve_output must be a positive number of tokens, not "0"`, 2},
@@ -335,7 +340,7 @@ var caddyfileBadCases = []caddyfileBadCase{
 	{"on_refusal with two values", "rolter_ratelimit {\n\ton_refusal respond error\n}", "wrong argument count", 2},
 	{"on_refusal twice", "rolter_ratelimit {\n\ton_refusal respond\n\ton_refusal respond\n}", "on_refusal is given twice", 3},
 	{"headers without value", "rolter_ratelimit {\n\theaders\n}", "wrong argument count", 2},
-	{"headers unknown", "rolter_ratelimit {\n\theaders openai draft7\n}", `headers must be openai, ietf, scg or off, not "draft7"`, 2},
+	{"headers unknown", "rolter_ratelimit {\n\theaders openai draft7\n}", `headers must be openai, ietf, scg, anthropic or off, not "draft7"`, 2},
 	{"status not a number", "rolter_ratelimit {\n\tstatus TooMany\n}", `status must be an HTTP status from 400 to 599, not "TooMany"`, 2},
 	{"status of a success", "rolter_ratelimit {\n\tstatus 200\n}", "status must be an HTTP status from 400 to 599, not 200", 2},
 	{"status above 599", "rolter_ratelimit {\n\tstatus 600\n}", "status must be an HTTP status from 400 to 599, not 600", 2},

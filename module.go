@@ -102,6 +102,12 @@ type Handler struct {
 	// upgrade that the handler's matcher covers is a session.
 	Realtime *RealtimeConfig `json:"realtime,omitempty"`
 
+	// Dialect is the API shape of the handler's own answers (refusals and
+	// errors): "openai", "anthropic" or "gemini". Default: the API the
+	// request's path names (Anthropic's …/v1/messages, Gemini's
+	// …/models/<model>:generateContent and its siblings), else OpenAI.
+	Dialect string `json:"dialect,omitempty"`
+
 	// ReserveTokens reserves, when a request is admitted, the tokens it may
 	// cost against every tpm of its chain: an estimate of its input from
 	// its body, plus the output cap it names (or ReserveOutput), so that
@@ -342,6 +348,11 @@ func (h *Handler) Validate() error {
 	if err := validateHeaderFamilies(h.Headers); err != nil {
 		return err
 	}
+	switch h.Dialect {
+	case "", "openai", "anthropic", "gemini":
+	default:
+		return fmt.Errorf("dialect must be openai, anthropic or gemini, not %q", h.Dialect)
+	}
 	if h.ReserveOutput < 0 {
 		return fmt.Errorf("reserve_output must be a positive number of tokens, not %d", h.ReserveOutput)
 	}
@@ -433,9 +444,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		body, bodyRead = bufferBody(r), true
 		repl.Set(placeholderModel, tokenest.Model(r.URL.Path, body))
 	}
+	dia := dialectOf(h.Dialect, r.URL.Path)
 	chain, missing := h.chain(repl, r)
 	if missing >= 0 {
-		return h.refuseMissingScope(w, repl, h.Scopes[missing].Name)
+		return h.refuseMissingScope(w, repl, dia, h.Scopes[missing].Name)
 	}
 	if len(chain) == 0 {
 		return next.ServeHTTP(w, r)
@@ -449,27 +461,28 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		if h.reserving() {
 			var over int
 			if reserve, over = h.reservation(r.URL.Path, body, chain); over >= 0 {
-				return h.refuseTooLarge(w, repl, chain[over], reserve)
+				return h.refuseTooLarge(w, repl, dia, chain[over], reserve)
 			}
 		}
 	}
 	a, err := h.store.admit(r.Context(), chain, reserve)
 	if err != nil {
-		return h.storeFailed(w, repl, chain, err, next, r)
+		return h.storeFailed(w, repl, dia, chain, err, next, r)
 	}
 	if !a.admitted {
-		return h.refuse(w, repl, a)
+		return h.refuse(w, repl, dia, a)
 	}
 	setOutcome(repl, outcomeAdmitted)
 	if reserve > 0 {
 		tokensReservedTotal.Add(float64(reserve))
 	}
-	if !h.headers.any() && !metering {
+	families := h.families(dia)
+	if !families.any() && !metering {
 		return next.ServeHTTP(w, r)
 	}
 	rw := &responseWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, metering: metering}
-	if h.headers.any() {
-		rw.headers = h.headers.headersFor(chain, a.decision, true)
+	if families.any() {
+		rw.headers = families.headersFor(chain, a.decision, true)
 		rw.headers.apply(w.Header())
 	}
 	if !metering {
@@ -577,7 +590,7 @@ func scopeHeader(value string) string {
 // storeFailed applies on_redis_error. A request let through carries, with
 // headers scg, Spring Cloud Gateway's answer to a failed store:
 // X-RateLimit-Remaining -1 beside the bucket's configuration.
-func (h *Handler) storeFailed(w http.ResponseWriter, repl *caddy.Replacer, chain []limit, err error, next caddyhttp.Handler, r *http.Request) error {
+func (h *Handler) storeFailed(w http.ResponseWriter, repl *caddy.Replacer, dia dialect, chain []limit, err error, next caddyhttp.Handler, r *http.Request) error {
 	if h.OnRedisError != "deny" {
 		h.warn.log(h.logger, "rate limit store unavailable; admitting requests unchecked (on_redis_error allow)", zap.Error(err))
 		setOutcome(repl, outcomeFailedOpen)
@@ -589,23 +602,24 @@ func (h *Handler) storeFailed(w http.ResponseWriter, repl *caddy.Replacer, chain
 	}
 	h.warn.log(h.logger, "rate limit store unavailable; refusing requests with 503 (on_redis_error deny)", zap.Error(err))
 	setOutcome(repl, outcomeFailedClosed)
-	return writeJSONError(w, http.StatusServiceUnavailable, "The rate limiter is unavailable; please retry shortly.", "server_error", "rate_limiter_unavailable")
+	return dia.write(w, errorAnswer{status: http.StatusServiceUnavailable, message: "The rate limiter is unavailable; please retry shortly.",
+		typ: "server_error", code: "rate_limiter_unavailable"})
 }
 
 // refuseMissingScope answers a request whose value for a required scope is
 // empty, as Spring Cloud Gateway's denyEmptyKey does: 403, naming the scope.
-func (h *Handler) refuseMissingScope(w http.ResponseWriter, repl *caddy.Replacer, scope string) error {
+func (h *Handler) refuseMissingScope(w http.ResponseWriter, repl *caddy.Replacer, dia dialect, scope string) error {
 	setOutcome(repl, outcomeRefusedEmptyScope)
 	repl.Set(placeholderRefusedScope, scope)
 	msg := fmt.Sprintf("This request has no value for the rate limit scope %q, which this gateway requires.", scope)
 	if h.OnRefusal == "error" {
 		return caddyhttp.Error(http.StatusForbidden, errors.New(msg))
 	}
-	return writeJSONError(w, http.StatusForbidden, msg, "invalid_request_error", "rate_limit_scope_missing")
+	return dia.write(w, errorAnswer{status: http.StatusForbidden, message: msg, typ: "invalid_request_error", code: "rate_limit_scope_missing"})
 }
 
 // refuse answers a refused request, or hands it to handle_errors.
-func (h *Handler) refuse(w http.ResponseWriter, repl *caddy.Replacer, a admission) error {
+func (h *Handler) refuse(w http.ResponseWriter, repl *caddy.Replacer, dia dialect, a admission) error {
 	chain, ref := a.limits, a.refusal
 	setOutcome(repl, outcomeRefused)
 	refusalsTotal.WithLabelValues(chain[ref.first].scope, ref.kind.String()).Inc()
@@ -614,8 +628,8 @@ func (h *Handler) refuse(w http.ResponseWriter, repl *caddy.Replacer, a admissio
 	repl.Set(placeholderRefusedLimit, ref.capacity)
 	repl.Set(placeholderRetryAfter, ref.retryAfterSeconds())
 	hdr := w.Header()
-	if h.headers.any() {
-		h.headers.headersFor(chain, a.decision, false).apply(hdr)
+	if families := h.families(dia); families.any() {
+		families.headersFor(chain, a.decision, false).apply(hdr)
 	}
 	ref.setRetryHeaders(hdr)
 	if h.logger.Core().Enabled(zap.DebugLevel) {
@@ -626,7 +640,7 @@ func (h *Handler) refuse(w http.ResponseWriter, repl *caddy.Replacer, a admissio
 	if h.OnRefusal == "error" {
 		return caddyhttp.Error(status, errors.New(msg))
 	}
-	return writeJSONError(w, status, msg, ref.kind.errorType(), "rate_limit_exceeded")
+	return dia.write(w, errorAnswer{status: status, message: msg, typ: ref.kind.errorType(), code: "rate_limit_exceeded", retryMillis: max(ref.waitMillis, 1)})
 }
 
 // liveHandlers are the provisioned handlers of every loaded config, which the

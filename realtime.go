@@ -80,8 +80,8 @@ func (h *Handler) flushInterval() time.Duration {
 
 // refuseSession answers a session over the process cap; it costs no rpm.
 func refuseSession(w http.ResponseWriter) error {
-	return writeJSONError(w, http.StatusServiceUnavailable,
-		"Too many realtime sessions are open on this gateway; please retry shortly.", "connections", "connection_limit_exceeded")
+	return dialectOpenAI.write(w, errorAnswer{status: http.StatusServiceUnavailable,
+		message: "Too many realtime sessions are open on this gateway; please retry shortly.", typ: "connections", code: "connection_limit_exceeded"})
 }
 
 // isWebSocketUpgrade reports an HTTP/1.1 WebSocket upgrade. (An HTTP/2

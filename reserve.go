@@ -59,7 +59,7 @@ func (h *Handler) reservation(path string, body []byte, chain []limit) (reserve 
 // no wait would admit it, so it says so as OpenAI does ("Request too
 // large"), with x-should-retry false, which the OpenAI SDKs obey, and no
 // Retry-After. Nothing is charged.
-func (h *Handler) refuseTooLarge(w http.ResponseWriter, repl *caddy.Replacer, l limit, requested int64) error {
+func (h *Handler) refuseTooLarge(w http.ResponseWriter, repl *caddy.Replacer, dia dialect, l limit, requested int64) error {
 	setOutcome(repl, outcomeRefused)
 	refusalsTotal.WithLabelValues(l.scope, tooLarge.String()).Inc()
 	repl.Set(placeholderRefusedScope, l.scope)
@@ -75,5 +75,5 @@ func (h *Handler) refuseTooLarge(w http.ResponseWriter, repl *caddy.Replacer, l 
 	if h.OnRefusal == "error" {
 		return caddyhttp.Error(status, errors.New(msg))
 	}
-	return writeJSONError(w, status, msg, tooLarge.errorType(), "rate_limit_exceeded")
+	return dia.write(w, errorAnswer{status: status, message: msg, typ: tooLarge.errorType(), code: "rate_limit_exceeded"})
 }

@@ -1,7 +1,6 @@
 package ratelimit
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -24,7 +23,7 @@ const (
 )
 
 // headerFamilies is which rate-limit headers a handler sends.
-type headerFamilies struct{ openai, ietf, scg bool }
+type headerFamilies struct{ openai, ietf, scg, anthropic bool }
 
 func parseHeaderFamilies(names []string) headerFamilies {
 	if len(names) == 0 {
@@ -35,26 +34,37 @@ func parseHeaderFamilies(names []string) headerFamilies {
 		f.openai = f.openai || n == "openai"
 		f.ietf = f.ietf || n == "ietf"
 		f.scg = f.scg || n == "scg"
+		f.anthropic = f.anthropic || n == "anthropic"
 	}
 	return f
+}
+
+// families is which headers the handler sends a request of dialect d: the
+// configured families, or by default the dialect's own (Anthropic's
+// anthropic-ratelimit-*, else OpenAI's x-ratelimit-*).
+func (h *Handler) families(d dialect) headerFamilies {
+	if len(h.Headers) == 0 && d == dialectAnthropic {
+		return headerFamilies{anthropic: true}
+	}
+	return h.headers
 }
 
 func validateHeaderFamilies(names []string) error {
 	for _, n := range names {
 		switch n {
-		case "openai", "ietf", "scg":
+		case "openai", "ietf", "scg", "anthropic":
 		case "off":
 			if len(names) > 1 {
 				return fmt.Errorf("headers off cannot be combined with other header families")
 			}
 		default:
-			return fmt.Errorf("headers must be openai, ietf, scg or off, not %q", n)
+			return fmt.Errorf("headers must be openai, ietf, scg, anthropic or off, not %q", n)
 		}
 	}
 	return nil
 }
 
-func (f headerFamilies) any() bool { return f.openai || f.ietf || f.scg }
+func (f headerFamilies) any() bool { return f.openai || f.ietf || f.scg || f.anthropic }
 
 // headerSet is the rate-limit headers of one answer, which replace any of the
 // same families that the upstream sends.
@@ -71,6 +81,10 @@ var (
 	ietfHeaders = []string{"Ratelimit-Policy", "Ratelimit"}
 	scgHeaders  = []string{
 		"X-Ratelimit-Remaining", "X-Ratelimit-Burst-Capacity", "X-Ratelimit-Replenish-Rate", "X-Ratelimit-Requested-Tokens",
+	}
+	anthropicHeaders = []string{
+		"Anthropic-Ratelimit-Requests-Limit", "Anthropic-Ratelimit-Requests-Remaining", "Anthropic-Ratelimit-Requests-Reset",
+		"Anthropic-Ratelimit-Tokens-Limit", "Anthropic-Ratelimit-Tokens-Remaining", "Anthropic-Ratelimit-Tokens-Reset",
 	}
 )
 
@@ -90,6 +104,11 @@ func (s headerSet) apply(h http.Header) {
 	}
 	if s.families.scg {
 		for _, name := range scgHeaders {
+			delete(h, name)
+		}
+	}
+	if s.families.anthropic {
+		for _, name := range anthropicHeaders {
 			delete(h, name)
 		}
 	}
@@ -144,6 +163,10 @@ func (f headerFamilies) headersFor(chain []limit, d decision, counted bool) head
 	if f.openai {
 		s.values = req.appendOpenAI(s.values, openaiHeaders[:3])
 		s.values = tok.appendOpenAI(s.values, openaiHeaders[3:])
+	}
+	if f.anthropic {
+		s.values = req.appendAnthropic(s.values, anthropicHeaders[:3], d.now.unixMillis)
+		s.values = tok.appendAnthropic(s.values, anthropicHeaders[3:], d.now.unixMillis)
 	}
 	if f.ietf {
 		var policy, state []string
@@ -220,6 +243,20 @@ func (t tightest) appendOpenAI(values [][2]string, names []string) [][2]string {
 	)
 }
 
+// appendAnthropic appends the limit, remaining and reset headers of names,
+// as Anthropic's API sends them: reset is the RFC 3339 time at which the
+// limit is fully replenished, from the store's clock now.
+func (t tightest) appendAnthropic(values [][2]string, names []string, now int64) [][2]string {
+	if !t.found {
+		return values
+	}
+	return append(values,
+		[2]string{names[0], strconv.FormatInt(t.capacity, 10)},
+		[2]string{names[1], strconv.FormatInt(t.left, 10)},
+		[2]string{names[2], time.UnixMilli(now + t.resetMillis).UTC().Format(time.RFC3339)},
+	)
+}
+
 // refusal describes why a request was refused.
 type refusal struct {
 	first      int   // index in the chain of the first refusing limit
@@ -285,22 +322,6 @@ func (r refusal) message(chain []limit) string {
 	}
 	return fmt.Sprintf("Rate limit reached for %s: limit %d %s (%s per minute). Please try again in %ds.",
 		chain[r.first].scope, r.capacity, unit, r.kind, r.retryAfterSeconds())
-}
-
-// writeJSONError writes an OpenAI-shaped error body.
-func writeJSONError(w http.ResponseWriter, status int, message, typ, code string) error {
-	body, err := json.Marshal(map[string]any{"error": map[string]any{
-		"message": message, "type": typ, "param": nil, "code": code,
-	}})
-	if err != nil {
-		return err
-	}
-	h := w.Header()
-	h.Set("Content-Type", "application/json")
-	h.Set("Content-Length", strconv.Itoa(len(body)))
-	w.WriteHeader(status)
-	_, err = w.Write(body)
-	return err
 }
 
 // warnLimiter logs store failures at most once per interval, with the number

@@ -1,0 +1,115 @@
+package ratelimit
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+)
+
+// dialect is the API shape a request speaks, which the handler's own
+// answers take, so that each provider's SDK reads them as its own errors.
+type dialect uint8
+
+const (
+	dialectOpenAI dialect = iota
+	dialectAnthropic
+	dialectGemini
+)
+
+// dialectOf is the dialect of a request to path: the configured one (the
+// dialect option), or the API the path names: Anthropic Messages
+// (…/v1/messages, …/v1/messages/count_tokens), Gemini (…/models/<model>:
+// generateContent and its siblings), else OpenAI.
+func dialectOf(configured, path string) dialect {
+	switch configured {
+	case "openai":
+		return dialectOpenAI
+	case "anthropic":
+		return dialectAnthropic
+	case "gemini":
+		return dialectGemini
+	}
+	if _, rest, ok := strings.Cut(path, "/models/"); ok {
+		switch _, method, _ := strings.Cut(rest, ":"); method {
+		case "generateContent", "streamGenerateContent", "countTokens":
+			return dialectGemini
+		}
+	}
+	if strings.HasSuffix(path, "/v1/messages") || strings.HasSuffix(path, "/v1/messages/count_tokens") {
+		return dialectAnthropic
+	}
+	return dialectOpenAI
+}
+
+// errorAnswer is one of the handler's own error answers.
+type errorAnswer struct {
+	status      int
+	message     string
+	typ, code   string // OpenAI's error type and code
+	retryMillis int64  // the wait the answer announces; 0: none
+}
+
+// write writes e in the dialect's error shape: OpenAI's {"error":{message,
+// type, param, code}}, Anthropic's {"type":"error","error":{type, message}},
+// or Google's {"error":{code, message, status, details}} with a RetryInfo
+// carrying the wait.
+func (d dialect) write(w http.ResponseWriter, e errorAnswer) error {
+	var v any
+	switch d {
+	case dialectAnthropic:
+		v = map[string]any{"type": "error", "error": map[string]any{"type": anthropicErrorType(e.status), "message": e.message}}
+	case dialectGemini:
+		body := map[string]any{"code": e.status, "message": e.message, "status": googleStatus(e.status)}
+		if e.retryMillis > 0 {
+			body["details"] = []any{map[string]any{
+				"@type":      "type.googleapis.com/google.rpc.RetryInfo",
+				"retryDelay": fmt.Sprintf("%d.%03ds", e.retryMillis/1000, e.retryMillis%1000),
+			}}
+		}
+		v = map[string]any{"error": body}
+	default:
+		v = map[string]any{"error": map[string]any{"message": e.message, "type": e.typ, "param": nil, "code": e.code}}
+	}
+	body, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(e.status)
+	_, err = w.Write(body)
+	return err
+}
+
+// anthropicErrorType is the error type Anthropic's API gives a status.
+func anthropicErrorType(status int) string {
+	switch {
+	case status == http.StatusTooManyRequests:
+		return "rate_limit_error"
+	case status == http.StatusForbidden:
+		return "permission_error"
+	case status == http.StatusServiceUnavailable:
+		return "overloaded_error"
+	case status >= 500:
+		return "api_error"
+	}
+	return "invalid_request_error"
+}
+
+// googleStatus is the google.rpc.Code name of a status.
+func googleStatus(status int) string {
+	switch {
+	case status == http.StatusTooManyRequests:
+		return "RESOURCE_EXHAUSTED"
+	case status == http.StatusForbidden:
+		return "PERMISSION_DENIED"
+	case status == http.StatusServiceUnavailable:
+		return "UNAVAILABLE"
+	case status >= 500:
+		return "INTERNAL"
+	}
+	return "FAILED_PRECONDITION"
+}

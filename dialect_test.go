@@ -1,0 +1,99 @@
+package ratelimit
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Each API's clients get the handler's refusal in that API's own shape:
+// Anthropic's error object and anthropic-ratelimit-* headers on
+// /v1/messages, Google's RESOURCE_EXHAUSTED with a RetryInfo delay on
+// Gemini's paths, OpenAI's everywhere else.
+func TestRefusalsSpeakTheDialectOfTheAPIThePathNames(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		up := newUpstream(t)
+		gw := startGateway(t, up.URL, limited(store, `
+			scope key {http.request.header.X-Api-Key}
+			limit key * rpm 1 tpm 100000
+			reserve_tokens off`))
+		key := "X-Api-Key: sk-" + uniqueID(t)
+		res, _ := gw.send(t, "POST", "/v1/messages", `{"model":"claude-sonnet-4-5","max_tokens":5}`, key)
+		if res.StatusCode != 200 || res.Header.Get("Anthropic-Ratelimit-Requests-Limit") != "1" || res.Header.Get("Anthropic-Ratelimit-Requests-Remaining") != "0" ||
+			res.Header.Get("X-Ratelimit-Limit-Requests") != "99999" { // the upstream's own: not this dialect's family
+			t.Fatalf("admitted Anthropic request: %d %v", res.StatusCode, res.Header)
+		}
+		if reset, err := time.Parse(time.RFC3339, res.Header.Get("Anthropic-Ratelimit-Requests-Reset")); err != nil || time.Until(reset) <= time.Minute-2*time.Second || time.Until(reset) > 2*time.Minute {
+			t.Fatalf("anthropic-ratelimit-requests-reset %q: want an RFC 3339 time within two minutes (%v)", res.Header.Get("Anthropic-Ratelimit-Requests-Reset"), err)
+		}
+		res, body := gw.send(t, "POST", "/v1/messages", `{"model":"claude-sonnet-4-5","max_tokens":5}`, key)
+		var anthropic struct {
+			Type  string `json:"type"`
+			Error struct{ Type, Message string }
+		}
+		if res.StatusCode != 429 || json.Unmarshal(body, &anthropic) != nil || anthropic.Type != "error" || anthropic.Error.Type != "rate_limit_error" ||
+			!strings.Contains(anthropic.Error.Message, "Rate limit reached for key") || res.Header.Get("Retry-After") == "" {
+			t.Fatalf("Anthropic refusal: %d %s %v", res.StatusCode, body, res.Header)
+		}
+
+		res, body = gw.send(t, "POST", "/v1beta/models/gemini-2.5-flash:generateContent", `{"contents":[]}`, key)
+		var gemini struct {
+			Error struct {
+				Code    int
+				Message string
+				Status  string
+				Details []struct {
+					Type       string `json:"@type"`
+					RetryDelay string `json:"retryDelay"`
+				}
+			}
+		}
+		if res.StatusCode != 429 || json.Unmarshal(body, &gemini) != nil || gemini.Error.Code != 429 || gemini.Error.Status != "RESOURCE_EXHAUSTED" ||
+			len(gemini.Error.Details) != 1 || gemini.Error.Details[0].Type != "type.googleapis.com/google.rpc.RetryInfo" {
+			t.Fatalf("Gemini refusal: %d %s", res.StatusCode, body)
+		}
+		delay, err := time.ParseDuration(gemini.Error.Details[0].RetryDelay)
+		if ms := headerInt(t, res, "Retry-After-Ms"); err != nil || delay != time.Duration(ms)*time.Millisecond {
+			t.Fatalf("retryDelay %q, want the Retry-After-Ms wait %d ms", gemini.Error.Details[0].RetryDelay, ms)
+		}
+
+		res, body = gw.send(t, "POST", "/v1/chat/completions", `{"model":"gpt-4o"}`, key)
+		var e openAIError
+		if res.StatusCode != 429 || json.Unmarshal(body, &e) != nil || e.Error.Code != "rate_limit_exceeded" || e.Error.Type != "requests" {
+			t.Fatalf("OpenAI refusal: %d %s", res.StatusCode, body)
+		}
+	})
+}
+
+// The dialect option chooses the shape where the path cannot tell, as
+// behind a gateway that mounts an API elsewhere.
+func TestTheDialectOptionOverridesThePath(t *testing.T) {
+	up := newUpstream(t)
+	gw := startGateway(t, up.URL, limited("", `
+		scope key {http.request.header.X-Api-Key} required
+		limit key * rpm 1
+		dialect gemini`))
+	res, body := gw.send(t, "POST", "/anthropic/proxy", `{}`)
+	if res.StatusCode != 403 || !strings.Contains(string(body), `"status":"PERMISSION_DENIED"`) || !strings.Contains(string(body), `"code":403`) {
+		t.Fatalf("%d %s, want Google's PERMISSION_DENIED", res.StatusCode, body)
+	}
+}
+
+func TestDialectOfAPathIsTheAPIItNames(t *testing.T) {
+	for path, want := range map[string]dialect{
+		"/v1/messages":              dialectAnthropic,
+		"/anthropic/v1/messages":    dialectAnthropic,
+		"/v1/messages/count_tokens": dialectAnthropic,
+		"/v1beta/models/gemini-2.5-flash:streamGenerateContent": dialectGemini,
+		"/v1beta/models/gemini-2.5-flash:countTokens":           dialectGemini,
+		"/v1/chat/completions":                                  dialectOpenAI,
+		"/v1/threads/t1/messages":                               dialectOpenAI,
+		"/openai/deployments/gpt/chat/completions":              dialectOpenAI,
+		"/v1/models/gpt-4o":                                     dialectOpenAI,
+	} {
+		if got := dialectOf("", path); got != want {
+			t.Errorf("%s: dialect %d, want %d", path, got, want)
+		}
+	}
+}
