@@ -3,7 +3,8 @@
 #
 #   ./test.sh [extra go test args, e.g. -run TestX -v]
 #
-# 1. installs redis-server, redis-tools and gcc (apt) when they are missing,
+# 1. installs redis-server, redis-tools, gcc and node (apt) when they are
+#    missing, and the providers' SDKs of testdata/sdk (npm ci),
 # 2. go vet ./...,
 # 3. go test -race -count=1 ./... under internal/redistest/cmd/withredis, which
 #    starts a throwaway redis-server on a free loopback port and exports
@@ -58,6 +59,13 @@ if ((${#missing[@]})); then
 	apt_install "${missing[@]}"
 fi
 redis-server --version
+# The providers' SDKs read the gateway's refusals in sdk_test.go.
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+	echo "installing: nodejs npm"
+	apt_install nodejs npm
+fi
+node --version
+npm ci --prefix testdata/sdk --no-audit --no-fund --ignore-scripts --loglevel=error
 
 section "go vet ./..."
 go vet ./...

@@ -1,0 +1,118 @@
+package ratelimit
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// sdkDir holds the providers' SDKs (testdata/sdk/package.json), which
+// test.sh installs with npm.
+const sdkDir = "testdata/sdk"
+
+// runSDK runs one of testdata/sdk's scripts against the gateway and decodes
+// its report. Without node or the installed SDKs the test skips, except in
+// CI, where test.sh has installed them.
+func runSDK(t *testing.T, script, gateway, key string, report any) {
+	t.Helper()
+	node, err := exec.LookPath("node")
+	if _, statErr := os.Stat(filepath.Join(sdkDir, "node_modules")); err != nil || statErr != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("node or the SDKs of %s are missing (./test.sh installs them)", sdkDir)
+		}
+		t.Skipf("node and the SDKs of %s (npm ci --prefix %s) are needed", sdkDir, sdkDir)
+	}
+	cmd := exec.Command(node, script)
+	cmd.Dir = sdkDir
+	cmd.Env = append(os.Environ(), "GATEWAY="+gateway, "KEY="+key)
+	out, err := cmd.Output()
+	if err != nil {
+		stderr := ""
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = string(ee.Stderr)
+		}
+		t.Fatalf("node %s: %v\n%s%s", script, err, out, stderr)
+	}
+	if err := json.Unmarshal(out, report); err != nil {
+		t.Fatalf("node %s printed %q: %v", script, out, err)
+	}
+}
+
+// providersUpstream answers each API in its own success shape.
+func providersUpstream(t *testing.T) *httptest.Server {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		switch {
+		case strings.HasSuffix(r.URL.Path, "/v1/messages"):
+			io.WriteString(w, `{"id":"msg_1","type":"message","role":"assistant","model":"claude-sonnet-4-5","content":[{"type":"text","text":"ok"}],"stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":3,"output_tokens":1}}`)
+		case strings.HasSuffix(r.URL.Path, ":generateContent"):
+			io.WriteString(w, `{"candidates":[{"content":{"parts":[{"text":"ok"}],"role":"model"},"finishReason":"STOP","index":0}],"usageMetadata":{"promptTokenCount":3,"candidatesTokenCount":1,"totalTokenCount":4}}`)
+		default:
+			io.WriteString(w, `{"id":"c1","object":"chat.completion","model":"gpt-4o","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// The providers' own SDKs read the gateway's refusals in their dialects:
+// Anthropic's as its RateLimitError, retried after retry-after-ms; Google's
+// as an ApiError of status 429 with RESOURCE_EXHAUSTED and a RetryInfo
+// delay, after which a call succeeds; OpenAI's refusal of a request too
+// large as a RateLimitError it does not retry.
+func TestEachProvidersSDKReadsTheRefusalAsItsRateLimitError(t *testing.T) {
+	up := providersUpstream(t)
+	// A bucket that refills in half a second for Anthropic's and Gemini's
+	// paths; a tpm for OpenAI's, where a request can be too large.
+	gw := startGateway(t, up.URL, `
+	rolter_ratelimit /v1/chat/completions* {
+		scope key {http.request.header.Authorization}
+		limit key * tpm 1000
+	}
+	rolter_ratelimit {
+		scope key {http.request.header.Authorization}{http.request.header.X-Api-Key}{http.request.header.X-Goog-Api-Key}
+		limit key * rate 2 burst 1
+	}
+	reverse_proxy {upstream}`)
+
+	var anthropic struct {
+		Refused, RateLimitError, Answered bool
+		Status, RetryAfterMs              int
+		ErrorType                         string
+		RetriedCalls, RetriedAfterMs      int
+	}
+	runSDK(t, "anthropic.mjs", gw.url, uniqueID(t), &anthropic)
+	if !anthropic.Refused || !anthropic.RateLimitError || anthropic.Status != 429 || anthropic.ErrorType != "rate_limit_error" {
+		t.Errorf("Anthropic's SDK: %+v, want its RateLimitError of type rate_limit_error", anthropic)
+	}
+	if !anthropic.Answered || anthropic.RetriedCalls != 2 || anthropic.RetryAfterMs <= 0 || anthropic.RetriedAfterMs < anthropic.RetryAfterMs*9/10 {
+		t.Errorf("Anthropic's SDK with retries: %+v, want one retry after the gateway's retry-after-ms, then the answer", anthropic)
+	}
+
+	var gemini struct {
+		Refused, APIError, AnsweredAfterTheDelay bool
+		Status                                   int
+		GrpcStatus, RetryDelay                   string
+	}
+	runSDK(t, "gemini.mjs", gw.url, uniqueID(t), &gemini)
+	if !gemini.Refused || !gemini.APIError || gemini.Status != 429 || gemini.GrpcStatus != "RESOURCE_EXHAUSTED" || !strings.HasSuffix(gemini.RetryDelay, "s") || !gemini.AnsweredAfterTheDelay {
+		t.Errorf("Google's SDK: %+v, want an ApiError 429 RESOURCE_EXHAUSTED with a RetryInfo delay, then an answer after it", gemini)
+	}
+
+	var openai struct {
+		Refused, RateLimitError bool
+		Type, Message           string
+		Calls                   int
+	}
+	runSDK(t, "openai.mjs", gw.url, uniqueID(t), &openai)
+	if !openai.Refused || !openai.RateLimitError || openai.Calls != 1 || !strings.Contains(openai.Message, "Request too large") {
+		t.Errorf("OpenAI's SDK: %+v, want a RateLimitError saying the request is too large, not retried", openai)
+	}
+}
