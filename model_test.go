@@ -1,8 +1,12 @@
 package ratelimit
 
 import (
+	"context"
 	"fmt"
+	"strings"
 	"testing"
+
+	"github.com/caddyserver/caddy/v2"
 )
 
 // chatFor is a chat completion of model.
@@ -89,5 +93,21 @@ func TestPrefixPoolsAreNamedByTheirPrefix(t *testing.T) {
 	}
 	if got := prefixKeyID(true, "has space"); got != keyID(false, "has space*") {
 		t.Fatalf("a prefix that is no plain token is stored as %q, want its digest", got)
+	}
+}
+
+// A prefix that resolves to nothing would silently cover every id: the
+// config load says so instead.
+func TestAPrefixResolvingToNothingFailsTheConfigLoad(t *testing.T) {
+	h := &Handler{
+		Scopes: []Scope{{Name: "model", Value: "{http.rolter_ratelimit.model}"}},
+		Limits: []LimitConfig{{Scope: "model", ID: "{env.ROLTER_TEST_UNSET_PREFIX}*", RPM: 1}},
+	}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	err := h.Provision(ctx)
+	defer h.Cleanup()
+	if err == nil || !strings.Contains(err.Error(), "prefix resolves to nothing") {
+		t.Fatalf("Provision: %v, want the empty prefix refused", err)
 	}
 }

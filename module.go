@@ -256,6 +256,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		switch prefix, isPrefix := strings.CutSuffix(raw, "*"); {
 		case lc.ID == "*":
 			sl.byDefault, sl.hasDefault = caps, true
+		case isPrefix && prefix == "":
+			return fmt.Errorf("limit for scope %q id %q: its prefix resolves to nothing, so it would cover every id: write * for the scope's default", lc.Scope, lc.ID)
 		case isPrefix:
 			id = prefixKeyID(readable[lc.Scope], prefix)
 			sl.byPrefix = append(sl.byPrefix, prefixLimit{prefix: prefix, id: id, caps: caps})
