@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/rolter/caddy-ratelimit/internal/usage/usagetest"
 )
 
 // heldUpstream answers chat completions reporting usage tokens, each once
@@ -266,4 +268,35 @@ func waitMetric(t *testing.T, name string, want float64) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// Every response shape settles its reservation: the tok buckets then hold
+// exactly what the response reported, in JSON, SSE or compressed form; a
+// successful answer that reports nothing keeps its reservation.
+func TestEveryResponseShapeSettlesItsReservationToTheReportedUsage(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		up := sampleUpstream(t)
+		gw := startGateway(t, up.URL, limited(store, `
+			scope key {http.request.header.Authorization}
+			scope team {http.request.header.X-Team}
+			scope org {http.request.header.X-Org}
+			limit key * rpm 1000 tpm 100000000
+			limit team * tpm 100000000
+			limit org * rpm 1000 tpm 100000000`))
+		for _, g := range usagetest.Goldens {
+			for _, coding := range []string{"identity", "gzip"} {
+				t.Run(g.File+"/"+coding, func(t *testing.T) {
+					id := newIDs(t)
+					if res, _ := gw.get(t, "/samples/"+g.File+"?coding="+coding, id.headers()...); res.StatusCode != 200 {
+						t.Fatalf("status %d", res.StatusCode)
+					}
+					want := int64(defaultReserveOutput) // a GET names no output cap, and has no body
+					if g.Metered {
+						want = g.Tokens
+					}
+					waitCharged(t, store, id.limits(), want)
+				})
+			}
+		}
+	})
 }
