@@ -69,7 +69,7 @@ func providersUpstream(t *testing.T) *httptest.Server {
 // large as a RateLimitError it does not retry.
 func TestEachProvidersSDKReadsTheRefusalAsItsRateLimitError(t *testing.T) {
 	up := providersUpstream(t)
-	// A bucket that refills in half a second for Anthropic's and Gemini's
+	// A bucket that refills in 2 s (a wide margin for a slow machine) for Anthropic's and Gemini's
 	// paths; a tpm for OpenAI's, where a request can be too large.
 	gw := startGateway(t, up.URL, `
 	rolter_ratelimit /v1/chat/completions* {
@@ -78,7 +78,7 @@ func TestEachProvidersSDKReadsTheRefusalAsItsRateLimitError(t *testing.T) {
 	}
 	rolter_ratelimit {
 		scope key {http.request.header.Authorization}{http.request.header.X-Api-Key}{http.request.header.X-Goog-Api-Key}
-		limit key * rate 2 burst 1
+		limit key * rate 0.5 burst 1
 	}
 	reverse_proxy {upstream}`)
 
