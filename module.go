@@ -261,7 +261,6 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		case isPrefix:
 			id = prefixKeyID(readable[lc.Scope], prefix)
 			sl.byPrefix = append(sl.byPrefix, prefixLimit{prefix: prefix, id: id, caps: caps})
-			slices.SortStableFunc(sl.byPrefix, func(a, b prefixLimit) int { return len(b.prefix) - len(a.prefix) })
 		default:
 			if sl.byID == nil {
 				sl.byID = make(map[string]limitCaps)
@@ -271,6 +270,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		h.limits[lc.Scope] = sl
 		effective = append(effective, caps.describe(lc.Scope+" "+id))
+	}
+	for _, sl := range h.limits { // the longest prefix first: it wins
+		slices.SortStableFunc(sl.byPrefix, func(a, b prefixLimit) int { return len(b.prefix) - len(a.prefix) })
 	}
 	h.headers = parseHeaderFamilies(h.Headers)
 

@@ -50,6 +50,27 @@ func newHeldUpstream(t *testing.T, status int, usage int64) *heldUpstream {
 	return u
 }
 
+// newAnsweringUpstream is a heldUpstream that answers at once.
+func newAnsweringUpstream(t *testing.T, status int, usage int64) *heldUpstream {
+	u := newHeldUpstream(t, status, usage)
+	close(u.release)
+	return u
+}
+
+// orgTPM10500 caps a readable org scope at tpm 10500, the reservation tests'
+// limit; orgTokens is that limit's counters for an org.
+const orgTPM10500 = `
+			scope org {http.request.header.X-Org} readable
+			limit org * tpm 10500`
+
+func orgTokens(org string) []limit { return []limit{newLimit("org", org, 0, 1)} }
+
+// postChat sends a JSON chat completion.
+func (g *gateway) postChat(t *testing.T, body string, headers ...string) (*http.Response, []byte) {
+	t.Helper()
+	return g.send(t, "POST", "/v1/chat/completions", body, append([]string{"Content-Type: application/json"}, headers...)...)
+}
+
 // chatAbout1000 is a chat completion that reserves exactly 1000 tokens: 400
 // characters of input (100 tokens) and max_tokens 900.
 var chatAbout1000 = `{"model":"gpt-4o","max_tokens":900,"messages":[{"role":"user","content":"` + strings.Repeat("abcd", 100) + `"}]}`
@@ -67,7 +88,7 @@ func sendAll(t *testing.T, gws []*gateway, up *heldUpstream, n int, body string,
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			res, _ := gws[i%len(gws)].send(t, "POST", "/v1/chat/completions", body, append([]string{"Content-Type: application/json"}, headers...)...)
+			res, _ := gws[i%len(gws)].postChat(t, body, headers...)
 			if res.StatusCode != 200 {
 				refused.Add(1)
 			}
@@ -90,15 +111,13 @@ func sendAll(t *testing.T, gws []*gateway, up *heldUpstream, n int, body string,
 func TestConcurrentReservationsHoldTheTPMAndSettleToTheReportedUsage(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		up := newHeldUpstream(t, 200, 800)
-		gw := startGateway(t, up.URL, limited(store, `
-			scope org {http.request.header.X-Org} readable
-			limit org * tpm 10500`))
+		gw := startGateway(t, up.URL, limited(store, orgTPM10500))
 		org := uniqueID(t)
 		statuses := sendAll(t, []*gateway{gw}, up, 40, chatAbout1000, "X-Org: "+org)
 		if statuses[200] != 10 || statuses[429] != 30 {
 			t.Fatalf("statuses %v, want exactly 10 admitted and 30 refused", statuses)
 		}
-		waitCharged(t, store, []limit{newLimit("org", org, 0, 1)}, 10*800)
+		waitCharged(t, store, orgTokens(org), 10*800)
 	})
 }
 
@@ -130,19 +149,16 @@ func TestThreeGatewaysSharingRedisReserveAsOne(t *testing.T) {
 	if statuses[200] != 10 {
 		t.Fatalf("statuses %v across three gateways, want exactly 10 admitted", statuses)
 	}
-	waitCharged(t, "redis "+url, []limit{newLimit("org", org, 0, 1)}, 10*1000)
+	waitCharged(t, "redis "+url, orgTokens(org), 10*1000)
 }
 
 // Usage below the reservation gives the rest back: with 6000 of 10500 used,
 // exactly 4 more requests of 1000 fit.
 func TestUsageBelowTheReservationGivesTheRestBack(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		used := newHeldUpstream(t, 200, 600)
-		close(used.release)
+		used := newAnsweringUpstream(t, 200, 600)
 		held := newHeldUpstream(t, 200, 1000)
-		limiter := limited(store, `
-			scope org {http.request.header.X-Org} readable
-			limit org * tpm 10500`)
+		limiter := limited(store, orgTPM10500)
 		gw := startGateway(t, used.URL, fmt.Sprintf(`
 	handle_path /used* {
 	%s
@@ -156,7 +172,7 @@ func TestUsageBelowTheReservationGivesTheRestBack(t *testing.T) {
 				t.Fatalf("request %d: %d %s", i+1, res.StatusCode, body)
 			}
 		}
-		waitCharged(t, store, []limit{newLimit("org", org, 0, 1)}, 10*600)
+		waitCharged(t, store, orgTokens(org), 10*600)
 		statuses := sendAll(t, []*gateway{{tester: gw.tester, url: gw.url + "/held"}}, held, 6, chatAbout1000, "X-Org: "+org)
 		if statuses[200] != 4 {
 			t.Fatalf("statuses %v of 6 requests of 1000 in flight with 6000 of 10500 used, want exactly 4 admitted", statuses)
@@ -168,17 +184,14 @@ func TestUsageBelowTheReservationGivesTheRestBack(t *testing.T) {
 // whole reservation is given back.
 func TestAnUpstreamErrorGivesTheReservationBack(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		up := newHeldUpstream(t, 500, 0)
-		close(up.release)
-		gw := startGateway(t, up.URL, limited(store, `
-			scope org {http.request.header.X-Org} readable
-			limit org * tpm 10500`))
+		up := newAnsweringUpstream(t, 500, 0)
+		gw := startGateway(t, up.URL, limited(store, orgTPM10500))
 		org := uniqueID(t)
 		before := scrape(t)["caddy_rolter_ratelimit_tokens_returned_total"]
-		if res, _ := gw.send(t, "POST", "/v1/chat/completions", chatAbout1000, "Content-Type: application/json", "X-Org: "+org); res.StatusCode != 500 {
+		if res, _ := gw.postChat(t, chatAbout1000, "X-Org: "+org); res.StatusCode != 500 {
 			t.Fatalf("status %d, want the upstream's 500", res.StatusCode)
 		}
-		waitCharged(t, store, []limit{newLimit("org", org, 0, 1)}, 0)
+		waitCharged(t, store, orgTokens(org), 0)
 		waitMetric(t, "caddy_rolter_ratelimit_tokens_returned_total", before+1000)
 	})
 }
@@ -188,8 +201,7 @@ func TestAnUpstreamErrorGivesTheReservationBack(t *testing.T) {
 // x-should-retry false and no wait, and charges nothing.
 func TestARequestTooLargeForItsTPMIsRefusedAtOnceAndNotToBeRetried(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		up := newHeldUpstream(t, 200, 10)
-		close(up.release)
+		up := newAnsweringUpstream(t, 200, 10)
 		gw := startGateway(t, up.URL, limited(store, `
 			scope key {http.request.header.Authorization}
 			scope org {http.request.header.X-Org} readable
@@ -197,7 +209,7 @@ func TestARequestTooLargeForItsTPMIsRefusedAtOnceAndNotToBeRetried(t *testing.T)
 			limit org * tpm 10500`))
 		org := uniqueID(t)
 		body := `{"model":"gpt-4o","max_tokens":20000,"messages":[{"role":"user","content":"hi"}]}`
-		res, got := gw.send(t, "POST", "/v1/chat/completions", body, "Content-Type: application/json", "X-Org: "+org, "Authorization: Bearer sk-"+org)
+		res, got := gw.postChat(t, body, "X-Org: "+org, "Authorization: Bearer sk-"+org)
 		var e openAIError
 		if res.StatusCode != 429 || json.Unmarshal(got, &e) != nil || e.Error.Type != "tokens" ||
 			!strings.Contains(e.Error.Message, "Request too large for org") || !strings.Contains(e.Error.Message, "Limit 10500, Requested 20001") {
@@ -212,7 +224,7 @@ func TestARequestTooLargeForItsTPMIsRefusedAtOnceAndNotToBeRetried(t *testing.T)
 		if n := storeCount(t, store, newLimit("key", keyID(false, "Bearer sk-"+org), 0, 0).prefix, requests, nowBucket()); n != 0 {
 			t.Fatalf("the key was charged %d requests", n)
 		}
-		waitCharged(t, store, []limit{newLimit("org", org, 0, 1)}, 0)
+		waitCharged(t, store, orgTokens(org), 0)
 	})
 }
 
@@ -220,28 +232,23 @@ func TestARequestTooLargeForItsTPMIsRefusedAtOnceAndNotToBeRetried(t *testing.T)
 func TestReserveTokensOffAdmitsWhatTheWindowHasRoomForReactively(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		up := newHeldUpstream(t, 200, 1000)
-		gw := startGateway(t, up.URL, limited(store, `
-			scope org {http.request.header.X-Org} readable
-			limit org * tpm 10500
+		gw := startGateway(t, up.URL, limited(store, orgTPM10500+`
 			reserve_tokens off`))
 		org := uniqueID(t)
 		if statuses := sendAll(t, []*gateway{gw}, up, 40, chatAbout1000, "X-Org: "+org); statuses[200] != 40 {
 			t.Fatalf("statuses %v, want all 40 admitted", statuses)
 		}
-		waitCharged(t, store, []limit{newLimit("org", org, 0, 1)}, 40*1000)
+		waitCharged(t, store, orgTokens(org), 40*1000)
 	})
 }
 
 // The tokens headers of an admission count its reservation.
 func TestAdmittedHeadersCountTheRequestsReservation(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		up := newHeldUpstream(t, 200, 1000)
-		close(up.release)
-		gw := startGateway(t, up.URL, limited(store, `
-			scope org {http.request.header.X-Org} readable
-			limit org * tpm 10500
+		up := newAnsweringUpstream(t, 200, 1000)
+		gw := startGateway(t, up.URL, limited(store, orgTPM10500+`
 			headers openai ietf`))
-		res, _ := gw.send(t, "POST", "/v1/chat/completions", chatAbout1000, "Content-Type: application/json", "X-Org: "+uniqueID(t))
+		res, _ := gw.postChat(t, chatAbout1000, "X-Org: "+uniqueID(t))
 		if got := res.Header.Get("X-Ratelimit-Remaining-Tokens"); got != "9500" {
 			t.Errorf("x-ratelimit-remaining-tokens %q, want 10500 - 1000 reserved", got)
 		}
