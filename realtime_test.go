@@ -77,6 +77,16 @@ func realtimeSite(store string, up *realtimeUpstream, limits, realtime string) s
 	}`, store, limits, realtime)
 }
 
+// mustDial opens a session that must be admitted.
+func mustDial(t *testing.T, gw *gateway, id ids) *websocket.Conn {
+	t.Helper()
+	conn, status, body := dial(t, gw, id, false)
+	if status != 101 {
+		t.Fatalf("session: %d %s, want 101", status, body)
+	}
+	return conn
+}
+
 // dial opens a session; it returns the handshake's status when refused.
 func dial(t *testing.T, gw *gateway, id ids, compress bool) (*websocket.Conn, int, string) {
 	t.Helper()
@@ -155,10 +165,7 @@ func TestRealtimeSessionCostsOneRequestAndASecondOverRPMIsRefused(t *testing.T) 
 		up := newRealtimeUpstream(t)
 		gw := startGateway(t, up.URL, realtimeSite(store, up, "limit key * rpm 1 tpm 100000\n\t\tlimit org * rpm 100 tpm 100000", ""))
 		id := realtimeIDs(t)
-		conn, status, _ := dial(t, gw, id, false)
-		if status != 101 {
-			t.Fatalf("first session: %d", status)
-		}
+		conn := mustDial(t, gw, id)
 		respond(t, conn, 10)
 		if _, status, body := dial(t, gw, id, false); status != 429 || !strings.Contains(body, `"type":"requests"`) {
 			t.Fatalf("second session over rpm 1: %d %s, want 429", status, body)
@@ -172,10 +179,7 @@ func TestRealtimeTokensAreChargedPerFlushWhileTheSessionLivesAndAtItsClose(t *te
 		up := newRealtimeUpstream(t)
 		gw := startGateway(t, up.URL, realtimeSite(store, up, "limit key * rpm 100 tpm 100000\n\t\tlimit org * tpm 100000", "flush_interval 100ms"))
 		id := realtimeIDs(t)
-		conn, status, _ := dial(t, gw, id, false)
-		if status != 101 {
-			t.Fatalf("session: %d", status)
-		}
+		conn := mustDial(t, gw, id)
 		respond(t, conn, 100)
 		waitCharged(t, store, realtimeLimits(id), 100) // charged by a flush: the session is still open
 		respond(t, conn, 40)
@@ -212,10 +216,7 @@ func TestRealtimeMaxConnectionsRefusalTakesNoRPMSlot(t *testing.T) {
 		up := newRealtimeUpstream(t)
 		gw := startGateway(t, up.URL, realtimeSite(store, up, "limit key * rpm 2", "max_connections 1"))
 		id := realtimeIDs(t)
-		first, status, _ := dial(t, gw, id, false)
-		if status != 101 {
-			t.Fatalf("first session: %d", status)
-		}
+		first := mustDial(t, gw, id)
 		_, status, body := dial(t, gw, id, false)
 		if status != 503 || !strings.Contains(body, `"code":"connection_limit_exceeded"`) || !strings.Contains(body, `"type":"connections"`) {
 			t.Fatalf("session over max_connections 1: %d %s, want 503", status, body)
@@ -237,10 +238,7 @@ func TestRealtimeWhileTPMIsFullANewSessionIsRefusedAndAnOpenOneGoesOn(t *testing
 		up := newRealtimeUpstream(t)
 		gw := startGateway(t, up.URL, realtimeSite(store, up, "limit org * tpm 100", "flush_interval 50ms"))
 		id := realtimeIDs(t)
-		conn, status, _ := dial(t, gw, id, false)
-		if status != 101 {
-			t.Fatalf("session: %d", status)
-		}
+		conn := mustDial(t, gw, id)
 		respond(t, conn, 150)
 		waitCharged(t, store, realtimeLimits(id)[1:], 150)
 		if _, status, body := dial(t, gw, id, false); status != 429 || !strings.Contains(body, `"type":"tokens"`) {
@@ -259,10 +257,7 @@ func TestRealtimeSessionOutlivesAConfigReloadAndStillMeters(t *testing.T) {
 		site := realtimeSite(store, up, "limit key * rpm 100 tpm 100000\n\t\tlimit org * tpm 100000", "flush_interval 1h")
 		gw := startGatewayWith(t, up.URL, "", site, port)
 		id := realtimeIDs(t)
-		conn, status, _ := dial(t, gw, id, false)
-		if status != 101 {
-			t.Fatalf("session: %d", status)
-		}
+		conn := mustDial(t, gw, id)
 		respond(t, conn, 30)
 		startGatewayWith(t, up.URL, "\tdebug", site, port) // a reload; stream_close_delay keeps the session
 		respond(t, conn, 12)
