@@ -82,7 +82,7 @@ type UsageView struct {
 	// The id as asked is never in the answer.
 	ID string `json:"id"`
 	// Limits has one entry per distinct store and caps that the loaded
-	// handlers apply to the id, sorted by store, then rpm, tpm and bucket. It is
+	// handlers apply to the id, sorted by store, then caps. It is
 	// empty (never null) when no handler limits the id in this scope.
 	Limits []UsageLimit `json:"limits"`
 	// Note explains an empty Limits.
@@ -117,11 +117,25 @@ type UsageLimit struct {
 	// Admits reports whether this limit alone would admit a request now. A
 	// request is admitted only if every limit of its chain admits it.
 	Admits bool `json:"admits"`
-	// RPM is the request counter; absent when the limit has no rpm.
+	// RPM is the counter of requests per minute; absent when the limit
+	// has no rpm. So for each window: absent when the limit does not cap
+	// it (its tokens are then not counted for this id on this limit).
 	RPM *UsageCounter `json:"rpm,omitempty"`
-	// TPM is the token counter; absent when the limit has no tpm (tokens are
-	// then not counted for this id on this limit).
+	// TPM counts tokens per minute (every token the usage reports).
 	TPM *UsageCounter `json:"tpm,omitempty"`
+	// ITPM counts input tokens per minute.
+	ITPM *UsageCounter `json:"itpm,omitempty"`
+	// OTPM counts output tokens per minute.
+	OTPM *UsageCounter `json:"otpm,omitempty"`
+	// RPD counts requests per day: over the trailing 24 hours, with day
+	// buckets (unix seconds / 86400) at one-second resolution.
+	RPD *UsageCounter `json:"rpd,omitempty"`
+	// TPD counts tokens per day.
+	TPD *UsageCounter `json:"tpd,omitempty"`
+	// ITPD counts input tokens per day.
+	ITPD *UsageCounter `json:"itpd,omitempty"`
+	// OTPD counts output tokens per day.
+	OTPD *UsageCounter `json:"otpd,omitempty"`
 	// Bucket is the token bucket; absent when the limit has none.
 	Bucket *UsageBucket `json:"bucket,omitempty"`
 }
@@ -151,11 +165,11 @@ type UsageBucket struct {
 // x-ratelimit-* headers, applied to the state now: no hypothetical request
 // is counted.
 type UsageCounter struct {
-	// Limit is the cap per minute (x-ratelimit-limit-*).
+	// Limit is the cap per minute or per day (x-ratelimit-limit-*).
 	Limit int64 `json:"limit"`
-	// Estimate is the sliding-window estimate of the trailing minute,
-	// current + previous × (60 s − time into the current minute) / 60 s,
-	// rounded to three decimals.
+	// Estimate is the sliding-window estimate of the trailing minute (or
+	// day), current + previous × (60 s − time into the current minute) /
+	// 60 s, rounded to three decimals.
 	Estimate float64 `json:"estimate"`
 	// Remaining is Limit − Estimate rounded down, at least 0
 	// (x-ratelimit-remaining-*). The requests header of an admitted
@@ -355,7 +369,7 @@ func groupLimits(handlers []*Handler, scope string, asked askedID, root rootRef)
 	}
 	slices.SortFunc(groups, func(a, b *usageGroup) int {
 		return cmp.Or(cmp.Compare(a.storeKind, b.storeKind), cmp.Compare(a.where, b.where), cmp.Compare(a.id, b.id), cmp.Compare(a.tag, b.tag),
-			cmp.Compare(a.caps.rpm, b.caps.rpm), cmp.Compare(a.caps.tpm, b.caps.tpm),
+			slices.Compare(a.caps.windows[:], b.caps.windows[:]),
 			cmp.Compare(a.caps.bucket.rate, b.caps.bucket.rate), cmp.Compare(a.caps.bucket.burst, b.caps.bucket.burst),
 			cmp.Compare(a.caps.bucket.cost, b.caps.bucket.cost), cmp.Compare(a.caps.bucket.rateText, b.caps.bucket.rateText))
 	})
@@ -424,7 +438,6 @@ func (g *usageGroup) read(r *http.Request, scope string) (UsageLimit, error) {
 		}
 		return UsageLimit{}, fmt.Errorf("the rate limit store (%s) cannot be read: %v", name, err)
 	}
-	into := d.now.into
 	entry := UsageLimit{
 		Store:    g.storeKind,
 		Redis:    g.where,
@@ -435,11 +448,12 @@ func (g *usageGroup) read(r *http.Request, scope string) (UsageLimit, error) {
 		At:       time.UnixMilli(d.now.unixMillis).UTC().Format("2006-01-02T15:04:05.000Z07:00"),
 		Admits:   d.admitted,
 	}
-	if l.rpm > 0 {
-		entry.RPM = usageCounter(d.counts[0].req, l.rpm, into)
-	}
-	if l.tpm > 0 {
-		entry.TPM = usageCounter(d.counts[0].tok, l.tpm, into)
+	windows := [numWindows]**UsageCounter{rpm: &entry.RPM, tpm: &entry.TPM, itpm: &entry.ITPM, otpm: &entry.OTPM,
+		rpd: &entry.RPD, tpd: &entry.TPD, itpd: &entry.ITPD, otpd: &entry.OTPD}
+	for k, capacity := range l.windows {
+		if capacity > 0 {
+			*windows[k] = usageCounter(d.counts[0].w[k], capacity, d.now.in(windowKind(k).span()))
+		}
 	}
 	if b := l.bucket; b.rate > 0 {
 		deficit := d.counts[0].deficit
@@ -467,12 +481,12 @@ func (g *usageGroup) source() string {
 	return "default"
 }
 
-func usageCounter(w window, capacity, into int64) *UsageCounter {
-	reset := resetIn(w, into)
+func usageCounter(w window, capacity int64, p position) *UsageCounter {
+	reset := resetIn(w, p)
 	return &UsageCounter{
 		Limit:       capacity,
-		Estimate:    math.Round(w.estimate(into)*1000) / 1000,
-		Remaining:   remaining(w, capacity, into),
+		Estimate:    math.Round(w.estimate(p)*1000) / 1000,
+		Remaining:   remaining(w, capacity, p),
 		Reset:       (time.Duration(reset) * time.Millisecond).String(),
 		ResetMillis: reset,
 	}

@@ -45,8 +45,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			tls                                    # TLS even for redis:// URLs
 //		}
 //		scope <name> <value> [readable] [required] # repeatable; <value> is usually a placeholder
-//		limit <scope> <id>|<prefix>*|* [rpm <n>] [tpm <n>] [rate <per-second> burst <n> [cost <n>]]
-//		                                           # repeatable; <prefix>* is one pool for every id starting with
+//		limit <scope> <id>|<prefix>*|* [rpm|tpm|itpm|otpm|rpd|tpd|itpd|otpd <n>]... [rate <per-second> burst <n> [cost <n>]]
+//		                                           # repeatable; rpm requests, tpm tokens, itpm input tokens and otpm
+//		                                           # output tokens per minute; rpd, tpd, itpd, otpd per day;
+//		                                           # <prefix>* is one pool for every id starting with
 //		                                           # <prefix> (the longest wins; an exact id beats it); * is the
 //		                                           # default for every id of that scope
 //		on_redis_error allow|deny                  # default allow (fail open); deny answers 503
@@ -71,10 +73,15 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // at most 64) is written as it is. Declare readable only ids that are not
 // secret, such as project, team or org names. A request whose value for a
 // required scope is empty is refused with 403 before any store call; without
-// required, an empty value leaves the scope out of the request's chain. A limit needs rpm, tpm, a
-// token bucket, or any of them together, in any order, and a scope line for
-// its scope, which may come before or after it in the block. rpm, tpm, burst
-// and cost are positive integers; a bucket is rate (tokens per second, a
+// required, an empty value leaves the scope out of the request's chain. A
+// limit needs a window cap, a token bucket, or any of them together, in any
+// order, and a scope line for its scope, which may come before or after it in
+// the block. Window caps are positive integers of at most 10^11; a day window
+// is the trailing 24 hours, estimated from day buckets as a minute window is
+// from minute buckets. Token caps count the tokens the response's usage
+// reports: tpm and tpd all of them, itpm and itpd the input (prompt) tokens,
+// otpm and otpd the output (completion) tokens. burst and cost are positive
+// integers; a bucket is rate (tokens per second, a
 // decimal with at most three places, such as 0.5) with burst (its capacity),
 // and cost (what a request takes, default 1) at most the burst. <id> and <value> are kept verbatim:
 // placeholders such as {env.VIP_KEY} or {http.request.header.X-Api-Key} are
@@ -429,13 +436,25 @@ func parseLimit(d *caddyfile.Dispenser) (LimitConfig, error) {
 			n = &l.RPM
 		case "tpm":
 			n = &l.TPM
+		case "itpm":
+			n = &l.ITPM
+		case "otpm":
+			n = &l.OTPM
+		case "rpd":
+			n = &l.RPD
+		case "tpd":
+			n = &l.TPD
+		case "itpd":
+			n = &l.ITPD
+		case "otpd":
+			n = &l.OTPD
 		case "burst":
 			n = &l.Burst
 		case "cost":
 			n = &l.Cost
 		case "rate":
 		default:
-			return l, d.Errf("unrecognized limit option '%s': expecting rpm, tpm, rate, burst or cost", name)
+			return l, d.Errf("unrecognized limit option '%s': expecting rpm, tpm, itpm, otpm, rpd, tpd, itpd, otpd, rate, burst or cost", name)
 		}
 		if seen[name] {
 			return l, d.Errf("%s is given twice", name)

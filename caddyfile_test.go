@@ -48,7 +48,7 @@ var caddyfileGoodCases = []caddyfileGoodCase{
 			limit key {env.VIP_KEY} tpm 2000000 rpm 600
 			limit project * rpm 1000
 			limit team ml-research tpm 5000000
-			limit org * tpm 9223372036854775807
+			limit org * tpm 100000000000
 			on_redis_error deny
 			on_refusal error
 			headers openai ietf
@@ -66,7 +66,7 @@ var caddyfileGoodCases = []caddyfileGoodCase{
 				{Scope: "key", ID: "{env.VIP_KEY}", RPM: 600, TPM: 2000000},
 				{Scope: "project", ID: "*", RPM: 1000},
 				{Scope: "team", ID: "ml-research", TPM: 5000000},
-				{Scope: "org", ID: "*", TPM: 9223372036854775807},
+				{Scope: "org", ID: "*", TPM: 100000000000},
 			},
 			OnRedisError: "deny",
 			OnRefusal:    "error",
@@ -289,7 +289,7 @@ var caddyfileBadCases = []caddyfileBadCase{
 	{"default limit twice", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5\n\tlimit key * rpm 5\n}", `a second limit for scope "key" id "*"`, 4},
 	{"limit without id", "rolter_ratelimit {\n\tscope key x\n\tlimit key\n}", "wrong argument count", 3},
 	{"limit without anything", "rolter_ratelimit {\n\tlimit\n}", "wrong argument count", 2},
-	{"limit without rpm or tpm", "rolter_ratelimit {\n\tscope key x\n\tlimit key *\n}", `limit for scope "key" id "*" sets no cap: give rpm, tpm, or rate and burst`, 3},
+	{"limit without rpm or tpm", "rolter_ratelimit {\n\tscope key x\n\tlimit key *\n}", `limit for scope "key" id "*" sets no cap: give rpm, tpm, itpm, otpm, rpd, tpd, itpd, otpd, or rate and burst`, 3},
 	{"limit with an empty id", "rolter_ratelimit {\n\tscope key x\n\tlimit key \"\" rpm 5\n}", `limit for scope "key" has an empty id`, 3},
 	{"rpm zero", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 0\n}", `rpm must be a positive integer, not "0"`, 3},
 	{"tpm zero", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 tpm 0\n}", `tpm must be a positive integer, not "0"`, 3},
@@ -304,7 +304,7 @@ var caddyfileBadCases = []caddyfileBadCase{
 	{"tpm without value after rpm", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 tpm\n}", "wrong argument count or unexpected line ending after 'tpm'", 3},
 	{"rpm twice", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 tpm 10 rpm 6\n}", "rpm is given twice", 3},
 	{"tpm twice", "rolter_ratelimit {\n\tscope key x\n\tlimit key * tpm 5 tpm 5\n}", "tpm is given twice", 3},
-	{"unknown limit option", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rps 5\n}", "unrecognized limit option 'rps': expecting rpm, tpm, rate, burst or cost", 3},
+	{"unknown limit option", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rps 5\n}", "unrecognized limit option 'rps': expecting rpm, tpm, itpm, otpm, rpd, tpd, itpd, otpd, rate, burst or cost", 3},
 	{"rate without burst", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rate 5\n}", `limit for scope "key" id "*": a token bucket needs a burst (its capacity) with its rate`, 3},
 	{"burst without rate", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 burst 10\n}", `limit for scope "key" id "*": a token bucket needs a rate (tokens per second) with its burst`, 3},
 	{"cost without a bucket", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 cost 2\n}", `a token bucket needs a rate (tokens per second) with its burst`, 3},

@@ -20,7 +20,7 @@ import (
 type responseWriter struct {
 	*caddyhttp.ResponseWriterWrapper
 	headers     headerSet
-	metering    bool               // the chain has a tpm: read the body's usage
+	metering    bool               // the chain has a token window: read the body's usage
 	meter       *usage.Meter       // set by WriteHeader for a metered 2xx body
 	strip       *usageStripper     // set when the client did not ask for stream usage
 	tap         *usage.RealtimeTap // set for a metered WebSocket session
@@ -85,14 +85,15 @@ func (w *responseWriter) FlushError() error {
 
 // finish ends the response: it writes what a stripper still holds and
 // returns the tokens the body reported.
-func (w *responseWriter) finish() (tokens int64, metered bool) {
+func (w *responseWriter) finish() (used tokenCounts, metered bool) {
 	if w.strip != nil {
 		w.strip.flushTail(w.ResponseWriterWrapper)
 	}
 	if w.meter == nil {
-		return 0, false
+		return tokenCounts{}, false
 	}
-	return w.meter.Finish()
+	u, metered := w.meter.Finish()
+	return tokenCounts{total: u}, metered // TEMP until usage split merges
 }
 
 // chargeTimeout bounds one token charge of a session, which runs on a
@@ -102,8 +103,8 @@ const chargeTimeout = 2 * time.Second
 // charge records the tokens of a session against its chain, detached from
 // the request (whose context is done when the client went away). It is never
 // replayed.
-func (h *Handler) charge(ctx context.Context, chain []limit, tokens int64) {
-	if tokens <= 0 {
+func (h *Handler) charge(ctx context.Context, chain []limit, tokens tokenCounts) {
+	if tokens.isZero() {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), chargeTimeout)
@@ -112,12 +113,12 @@ func (h *Handler) charge(ctx context.Context, chain []limit, tokens int64) {
 }
 
 // charged logs a charge that failed, or counts the tokens charged.
-func (h *Handler) charged(tokens int64, err error) {
+func (h *Handler) charged(tokens tokenCounts, err error) {
 	if err != nil {
-		h.chargeWarn.log(h.logger, "recording tokens failed; they are not charged", zap.Error(err), zap.Int64("tokens", tokens))
+		h.chargeWarn.log(h.logger, "recording tokens failed; they are not charged", zap.Error(err), zap.Int64("tokens", tokens.total))
 		return
 	}
-	tokensChargedTotal.Add(float64(tokens))
+	countTokens(tokensChargedTotal, tokens)
 }
 
 // meterResponse finishes the admitted response's metering and charges its
@@ -129,23 +130,23 @@ func (h *Handler) charged(tokens int64, err error) {
 // what it reported, or else its reservation).
 // It releases the store that ServeHTTP held for it.
 func (h *Handler) meterResponse(w *responseWriter, chain []limit, d decision) {
-	tokens, metered := w.finish()
+	used, metered := w.finish()
 	if !metered {
 		unmeteredTotal.WithLabelValues("response").Inc()
 		if h.logger.Core().Enabled(zap.DebugLevel) {
 			h.logger.Debug("response not metered: no usage found", zap.String("scope", chain[0].scope), zap.String("id", chain[0].id))
 		}
 	}
-	c, charged := charge{tokens: tokens}, tokens
-	if d.reserve > 0 {
+	c, charged := charge{tokens: used}, used
+	if !d.reserve.isZero() {
 		c.bucket = d.now.bucket
 		switch {
 		case metered:
-			c.tokens = tokens - d.reserve
+			c.tokens = used.minus(d.reserve)
 		case w.status >= 400:
-			c.tokens, charged = -d.reserve, 0
+			c.tokens, charged = tokenCounts{}.minus(d.reserve), tokenCounts{}
 		default:
-			c.tokens, charged = 0, d.reserve
+			c.tokens, charged = tokenCounts{}, d.reserve
 		}
 	} else if !metered {
 		h.store.release()
@@ -159,9 +160,9 @@ func (h *Handler) meterResponse(w *responseWriter, chain []limit, d decision) {
 
 // settled counts a response's charge once the store has it: the tokens
 // finally charged, and what a settlement gave back.
-func (h *Handler) settled(c charge, charged int64, err error) {
-	if err == nil && c.tokens < 0 {
-		tokensReturnedTotal.Add(float64(-c.tokens))
+func (h *Handler) settled(c charge, charged tokenCounts, err error) {
+	if err == nil {
+		countTokens(tokensReturnedTotal, tokenCounts{max(-c.tokens.total, 0), max(-c.tokens.input, 0), max(-c.tokens.output, 0)})
 	}
 	h.charged(charged, err)
 }

@@ -78,7 +78,7 @@ func (i ids) limits() []limit {
 
 // storeCount reads one bucket directly from the store that gateways on
 // store (a redis line, or "" for the in-process store) use.
-func storeCount(t *testing.T, store, prefix string, k kind, bucket int64) int64 {
+func storeCount(t *testing.T, store, prefix string, k windowKind, bucket int64) int64 {
 	if store == "" {
 		s, release, err := acquireMemoryStore()
 		if err != nil {
@@ -94,7 +94,7 @@ func storeCount(t *testing.T, store, prefix string, k kind, bucket int64) int64 
 // last (a charge may land just before a minute boundary).
 func tokensCharged(t *testing.T, store string, l limit) int64 {
 	b := time.Now().UnixMilli() / bucketMillis
-	return storeCount(t, store, l.prefix, tokens, b) + storeCount(t, store, l.prefix, tokens, b-1)
+	return storeCount(t, store, l.prefix, tpm, b) + storeCount(t, store, l.prefix, tpm, b-1)
 }
 
 // waitCharged waits until every limit's tok buckets hold want tokens in

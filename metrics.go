@@ -18,24 +18,24 @@ var (
 	}, []string{"outcome"})
 	refusalsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "refusals_total",
-		Help: "Refused requests, by the scope name and kind (requests, tokens, burst, too_large) of the first refusing limit.",
-	}, []string{"scope", "kind"})
+		Help: "Refused requests, by the scope name, kind (requests, tokens, input_tokens, output_tokens, burst, too_large) and window (minute, day; empty for a bucket) of the first refusing limit.",
+	}, []string{"scope", "kind", "window"})
 	refusalsCachedTotal = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "refusals_cached_total",
 		Help: "Refused requests answered from the refusal cache, without a Redis call; they also count in refusals_total.",
 	})
-	tokensChargedTotal = prometheus.NewCounter(prometheus.CounterOpts{
+	tokensChargedTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "tokens_charged_total",
-		Help: "Tokens charged to the chains of admitted responses and realtime sessions (a settled reservation counts what it finally charged).",
-	})
-	tokensReservedTotal = prometheus.NewCounter(prometheus.CounterOpts{
+		Help: "Tokens charged to the chains of admitted responses and realtime sessions (a settled reservation counts what it finally charged), by kind: total (what tpm and tpd count), input, output.",
+	}, []string{"kind"})
+	tokensReservedTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "tokens_reserved_total",
-		Help: "Tokens reserved by admitted requests on their chains' tpm limits.",
-	})
-	tokensReturnedTotal = prometheus.NewCounter(prometheus.CounterOpts{
+		Help: "Tokens reserved by admitted requests on their chains' token windows, by kind: total, input, output.",
+	}, []string{"kind"})
+	tokensReturnedTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "tokens_returned_total",
-		Help: "Reserved tokens given back when responses settled below their reservation.",
-	})
+		Help: "Reserved tokens given back when responses settled below their reservation, by kind: total, input, output.",
+	}, []string{"kind"})
 	unmeteredTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "unmetered_total",
 		Help: "Metered responses with no usage found, and realtime messages that could not be read, by what: response, realtime_message.",
@@ -73,6 +73,18 @@ func registerMetrics(reg prometheus.Registerer) error {
 		}
 	}
 	return nil
+}
+
+// countTokens adds tokens to a counter of tokens by kind.
+func countTokens(c *prometheus.CounterVec, t tokenCounts) {
+	for _, n := range [...]struct {
+		kind   string
+		tokens int64
+	}{{"total", t.total}, {"input", t.input}, {"output", t.output}} {
+		if n.tokens > 0 {
+			c.WithLabelValues(n.kind).Add(float64(n.tokens))
+		}
+	}
 }
 
 // observeRedis records one Redis call's latency and failure.

@@ -75,14 +75,14 @@ func TestMetricsCountOutcomesRefusalsAndTokensAndKeepCountingAcrossAReload(t *te
 
 	delta := func(name string) float64 { return after[name] - before[name] }
 	for name, want := range map[string]float64{
-		`caddy_rolter_ratelimit_admissions_total{outcome="admitted"}`:          3,
-		`caddy_rolter_ratelimit_admissions_total{outcome="refused"}`:           1,
-		`caddy_rolter_ratelimit_admissions_total{outcome="failed_open"}`:       1,
-		`caddy_rolter_ratelimit_refusals_total{kind="requests",scope="key"}`:   1,
-		`caddy_rolter_ratelimit_tokens_charged_total`:                          2 * 1163,
-		`caddy_rolter_ratelimit_unmetered_total{what="response"}`:              1,
-		`caddy_rolter_ratelimit_redis_errors_total{op="admit"}`:                1,
-		`caddy_rolter_ratelimit_redis_call_duration_seconds_count{op="admit"}`: 5,
+		`caddy_rolter_ratelimit_admissions_total{outcome="admitted"}`:                        3,
+		`caddy_rolter_ratelimit_admissions_total{outcome="refused"}`:                         1,
+		`caddy_rolter_ratelimit_admissions_total{outcome="failed_open"}`:                     1,
+		`caddy_rolter_ratelimit_refusals_total{kind="requests",scope="key",window="minute"}`: 1,
+		`caddy_rolter_ratelimit_tokens_charged_total{kind="total"}`:                          2 * 1163,
+		`caddy_rolter_ratelimit_unmetered_total{what="response"}`:                            1,
+		`caddy_rolter_ratelimit_redis_errors_total{op="admit"}`:                              1,
+		`caddy_rolter_ratelimit_redis_call_duration_seconds_count{op="admit"}`:               5,
 	} {
 		if got := delta(name); got != want {
 			t.Errorf("%s went up by %v, want %v", name, got, want)

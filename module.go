@@ -24,8 +24,8 @@ func init() {
 	caddy.RegisterModule(Handler{})
 }
 
-// Handler enforces requests-per-minute and tokens-per-minute caps and token
-// buckets over a chain of scopes. A request is admitted only if every limit
+// Handler enforces caps on requests and tokens (all of them, input or output)
+// per minute and per day, and token buckets, over a chain of scopes. A request is admitted only if every limit
 // of its chain fits, in one atomic step; a refused request gets a 429 that
 // LLM client SDKs understand and never reaches the next handler.
 //
@@ -35,7 +35,7 @@ func init() {
 //
 //	admitted             passed on, with the rate-limit headers
 //	refused              by a limit: 429 (or Status), Retry-After; or, too large for a
-//	                     tpm to ever fit, 429 with x-should-retry false and no wait
+//	                     token cap to ever fit, 429 with x-should-retry false and no wait
 //	refused_empty_scope  a required scope is empty: 403, before any store call
 //	failed_open          the store failed; passed on unchecked (on_redis_error allow)
 //	failed_closed        the store failed; 503 (on_redis_error deny)
@@ -51,7 +51,10 @@ func init() {
 //	{http.rolter_ratelimit.outcome}        the outcome above
 //	{http.rolter_ratelimit.refused_scope}  on a refusal: the first refusing scope's name,
 //	                                       or the required scope that is empty
-//	{http.rolter_ratelimit.refused_kind}   on a refusal by a limit: requests, tokens, burst or too_large
+//	{http.rolter_ratelimit.refused_kind}   on a refusal by a limit: requests, tokens, input_tokens,
+//	                                       output_tokens, burst or too_large
+//	{http.rolter_ratelimit.refused_window} on a refusal by a limit's window: minute or day
+//	                                       ("" for a bucket)
 //	{http.rolter_ratelimit.refused_limit}  on a refusal by a limit: its cap (a bucket's burst)
 //	{http.rolter_ratelimit.retry_after}    on a refusal by a limit: Retry-After, in seconds
 //
@@ -95,7 +98,7 @@ type Handler struct {
 	// EnsureStreamUsage adds stream_options.include_usage to OpenAI streaming
 	// chat-completions requests that lack it, so that their tokens can be
 	// charged, and removes the usage chunk it adds from what the client
-	// receives. Default true. Only requests whose chain has a tpm are touched.
+	// receives. Default true. Only requests whose chain caps tokens are touched.
 	EnsureStreamUsage *bool `json:"ensure_stream_usage,omitempty"`
 
 	// Realtime configures WebSocket sessions (realtime.go). Every WebSocket
@@ -109,18 +112,20 @@ type Handler struct {
 	Dialect string `json:"dialect,omitempty"`
 
 	// ReserveTokens reserves, when a request is admitted, the tokens it may
-	// cost against every tpm of its chain: an estimate of its input from
-	// its body, plus the output cap it names (or ReserveOutput), so that
-	// concurrent requests cannot together overshoot a tpm. The reservation
-	// is settled against the usage the response reports. A request whose
-	// reservation alone is over a tpm of its chain is refused at once.
-	// Default true; false is reactive: a tpm refuses once the tokens
-	// reported have filled it. Realtime sessions are always reactive.
+	// cost against every token cap of its chain: an estimate of its input
+	// from its body, plus the output cap it names (or ReserveOutput), so
+	// that concurrent requests cannot together overshoot a cap. Both count
+	// against tpm and tpd, the input against itpm and itpd, the output
+	// against otpm and otpd. The reservation is settled against the usage
+	// the response reports. A request whose reservation alone is over a cap
+	// of its chain is refused at once. Default true; false is reactive: a
+	// cap refuses once the tokens reported have filled it. Realtime sessions
+	// are always reactive.
 	ReserveTokens *bool `json:"reserve_tokens,omitempty"`
 
 	// ReserveOutput is the output reserved for a request that names no
-	// output cap, default 1024; that request's whole reservation is then
-	// at most the smallest tpm of its chain.
+	// output cap, default 1024; that request's reservation is then at most
+	// each cap of its chain.
 	ReserveOutput int64 `json:"reserve_output,omitempty"`
 
 	store   store
@@ -158,8 +163,13 @@ type Scope struct {
 	Required bool `json:"required,omitempty"`
 }
 
-// LimitConfig caps one id of a scope, or every id of it ("*"): per minute,
-// with a token bucket, or both; every cap must admit a request.
+// LimitConfig caps one id of a scope, every id that starts with a prefix
+// ("gpt-4o*"), or every id of it ("*"): per minute, per day, with a token
+// bucket, or any of these; every cap must admit a request. Each window cap is
+// a positive integer of at most 10^11. Tokens are those the response's usage
+// reports: TPM and TPD count all of them, ITPM and ITPD its input (prompt)
+// tokens, OTPM and OTPD its output (completion) tokens; the README's table
+// names the usage fields of each provider that each counts.
 type LimitConfig struct {
 	// Scope names a scope of the chain.
 	Scope string `json:"scope"`
@@ -167,10 +177,26 @@ type LimitConfig struct {
 	// {env.VIP_KEY} are resolved when the config loads), or "*" for the
 	// default of every id of the scope that has no limit of its own.
 	ID string `json:"id"`
-	// RPM caps requests per minute; 0 or absent: no request cap.
+	// RPM caps requests per minute; 0 or absent: no cap (so for each
+	// window).
 	RPM int64 `json:"rpm,omitempty"`
-	// TPM caps tokens per minute; 0 or absent: no token cap.
+	// TPM caps tokens per minute: input and output, and whatever else the
+	// usage's total counts (Anthropic's cache reads).
 	TPM int64 `json:"tpm,omitempty"`
+	// ITPM caps input tokens per minute.
+	ITPM int64 `json:"itpm,omitempty"`
+	// OTPM caps output tokens per minute.
+	OTPM int64 `json:"otpm,omitempty"`
+	// RPD caps requests per day: a sliding window over the trailing 24
+	// hours, estimated from day buckets (unix seconds / 86400) as the
+	// minute windows are from minute buckets, at one-second resolution.
+	RPD int64 `json:"rpd,omitempty"`
+	// TPD caps tokens per day.
+	TPD int64 `json:"tpd,omitempty"`
+	// ITPD caps input tokens per day.
+	ITPD int64 `json:"itpd,omitempty"`
+	// OTPD caps output tokens per day.
+	OTPD int64 `json:"otpd,omitempty"`
 	// Rate is the refill of a token bucket, in tokens per second: a positive
 	// decimal with at most three places, such as 10 or 0.5, refilled from
 	// elapsed time at millisecond precision. Absent: no bucket.
@@ -385,19 +411,29 @@ func (l LimitConfig) validate() error {
 	if l.ID == "" {
 		return fmt.Errorf("limit for scope %q has an empty id", l.Scope)
 	}
-	if l.RPM < 0 || l.TPM < 0 || l.Burst < 0 || l.Cost < 0 {
-		return fmt.Errorf("limit for scope %q: rpm, tpm, burst and cost must be positive integers", l.Scope)
+	if l.Burst < 0 || l.Cost < 0 {
+		return fmt.Errorf("limit for scope %q id %q: burst and cost must be positive integers", l.Scope, l.ID)
 	}
-	if l.RPM == 0 && l.TPM == 0 && l.Rate == "" && l.Burst == 0 && l.Cost == 0 {
-		return fmt.Errorf("limit for scope %q id %q sets no cap: give rpm, tpm, or rate and burst", l.Scope, l.ID)
+	for k, n := range l.windowCaps() {
+		if n < 0 || n > maxCap {
+			return fmt.Errorf("limit for scope %q id %q: %s must be a positive integer of at most %d, not %d", l.Scope, l.ID, windowKind(k), int64(maxCap), n)
+		}
+	}
+	if l.windowCaps() == (windowCaps{}) && l.Rate == "" && l.Burst == 0 && l.Cost == 0 {
+		return fmt.Errorf("limit for scope %q id %q sets no cap: give rpm, tpm, itpm, otpm, rpd, tpd, itpd, otpd, or rate and burst", l.Scope, l.ID)
 	}
 	_, err := l.caps()
 	return err
 }
 
+// windowCaps are the limit's window caps, by windowKind.
+func (l LimitConfig) windowCaps() windowCaps {
+	return windowCaps{rpm: l.RPM, tpm: l.TPM, itpm: l.ITPM, otpm: l.OTPM, rpd: l.RPD, tpd: l.TPD, itpd: l.ITPD, otpd: l.OTPD}
+}
+
 // caps reads the limit's caps; its error is a configuration mistake.
 func (l LimitConfig) caps() (limitCaps, error) {
-	caps := limitCaps{rpm: l.RPM, tpm: l.TPM}
+	caps := limitCaps{windows: l.windowCaps()}
 	switch {
 	case l.Rate == "" && l.Burst == 0 && l.Cost == 0:
 		return caps, nil
@@ -456,16 +492,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if len(chain) == 0 {
 		return next.ServeHTTP(w, r)
 	}
-	metering := chainHasTPM(chain)
-	var reserve int64
+	metering := chainMetersTokens(chain)
+	var reserve tokenCounts
 	if metering && !session {
 		if !bodyRead {
 			body = bufferBody(r)
 		}
 		if h.reserving() {
-			var over int
-			if reserve, over = h.reservation(r.URL.Path, body, chain); over >= 0 {
-				return h.refuseTooLarge(w, repl, dia, chain[over], reserve)
+			var over tooLargeFor
+			if reserve, over = h.reservation(r.URL.Path, body, chain); over.limit >= 0 {
+				return h.refuseTooLarge(w, repl, dia, chain[over.limit], over.window, reserve)
 			}
 		}
 	}
@@ -477,9 +513,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.refuse(w, repl, dia, a)
 	}
 	setOutcome(repl, outcomeAdmitted)
-	if reserve > 0 {
-		tokensReservedTotal.Add(float64(reserve))
-	}
+	countTokens(tokensReservedTotal, reserve)
 	families := h.families(dia)
 	if !families.any() && !metering {
 		return next.ServeHTTP(w, r)
@@ -511,9 +545,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	return next.ServeHTTP(rw, r)
 }
 
-func chainHasTPM(chain []limit) bool {
+// chainMetersTokens reports whether a limit of chain caps a token window:
+// the response's usage is then metered.
+func chainMetersTokens(chain []limit) bool {
 	for _, l := range chain {
-		if l.tpm > 0 {
+		if l.windows.tokenWindows() {
 			return true
 		}
 	}
@@ -626,9 +662,10 @@ func (h *Handler) refuseMissingScope(w http.ResponseWriter, repl *caddy.Replacer
 func (h *Handler) refuse(w http.ResponseWriter, repl *caddy.Replacer, dia dialect, a admission) error {
 	chain, ref := a.limits, a.refusal
 	setOutcome(repl, outcomeRefused)
-	refusalsTotal.WithLabelValues(chain[ref.first].scope, ref.kind.String()).Inc()
+	refusalsTotal.WithLabelValues(chain[ref.first].scope, ref.kind.String(), ref.windowName()).Inc()
 	repl.Set(placeholderRefusedScope, chain[ref.first].scope)
 	repl.Set(placeholderRefusedKind, ref.kind.String())
+	repl.Set(placeholderRefusedWindow, ref.windowName())
 	repl.Set(placeholderRefusedLimit, ref.capacity)
 	repl.Set(placeholderRetryAfter, ref.retryAfterSeconds())
 	hdr := w.Header()
@@ -637,7 +674,7 @@ func (h *Handler) refuse(w http.ResponseWriter, repl *caddy.Replacer, dia dialec
 	}
 	ref.setRetryHeaders(hdr)
 	if h.logger.Core().Enabled(zap.DebugLevel) {
-		h.logger.Debug("refused", zap.String("scope", chain[ref.first].scope), zap.String("id", chain[ref.first].id), zap.String("kind", ref.kind.String()), zap.Int64("retry_after_ms", ref.waitMillis))
+		h.logger.Debug("refused", zap.String("scope", chain[ref.first].scope), zap.String("id", chain[ref.first].id), zap.String("kind", ref.kind.String()), zap.String("window", ref.windowName()), zap.Int64("retry_after_ms", ref.waitMillis))
 	}
 	msg := ref.message(chain)
 	status := cmp.Or(h.Status, http.StatusTooManyRequests)

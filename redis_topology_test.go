@@ -32,9 +32,9 @@ func clusterStores(t *testing.T, c *testCluster, n int) []store {
 func orgChain(org, key, team string, keyRPM, orgRPM int64) []limit {
 	tag := chainTag("org", org)
 	return []limit{
-		newTaggedLimit(tag, "key", keyID(false, key), limitCaps{rpm: keyRPM}),
-		newTaggedLimit(tag, "team", team, limitCaps{tpm: 1000}),
-		newTaggedLimit(tag, "org", org, limitCaps{rpm: orgRPM, tpm: 1000}),
+		newTaggedLimit(tag, "key", keyID(false, key), limitCaps{windows: windowCaps{rpm: keyRPM}}),
+		newTaggedLimit(tag, "team", team, limitCaps{windows: windowCaps{tpm: 1000}}),
+		newTaggedLimit(tag, "org", org, limitCaps{windows: windowCaps{rpm: orgRPM, tpm: 1000}}),
 	}
 }
 
@@ -48,12 +48,12 @@ func TestClusterReservationsHoldTheTPMAndSettleInTheirSlot(t *testing.T) {
 	at := pinnedBase() + 1000
 	org := "org-" + uniqueID(t)
 	tag := chainTag("org", org)
-	chain := []limit{newTaggedLimit(tag, "key", "k", limitCaps{tpm: 1 << 30}), newTaggedLimit(tag, "org", org, limitCaps{tpm: 10_500})}
+	chain := []limit{newTaggedLimit(tag, "key", "k", limitCaps{windows: windowCaps{tpm: 1 << 30}}), newTaggedLimit(tag, "org", org, limitCaps{windows: windowCaps{tpm: 10_500}})}
 	if got := raceReservations(t, stores, chain, 40, 1000, at); got != 10 {
 		t.Fatalf("admitted %d of 40 reservations of 1000 against tpm 10500, want exactly 10", got)
 	}
-	settle(t, pinned(stores[1], at+5_000), chain, charge{tokens: -10_000, bucket: at / bucketMillis})
-	if n := c.Count(t, bucketKey(chain[1].prefix, tokens, at/bucketMillis)); n != 0 {
+	settle(t, pinned(stores[1], at+5_000), chain, charge{tokens: totalTokens(-10_000), bucket: at / bucketMillis})
+	if n := c.Count(t, bucketKey(chain[1].prefix, tpm, at/bucketMillis)); n != 0 {
 		t.Fatalf("the org's tok bucket holds %d after every reservation was given back", n)
 	}
 }
@@ -84,7 +84,7 @@ func TestClusterAdmissionIsExactForOrgsOnDifferentShardsAcrossThreeLimiters(t *t
 			t.Errorf("%s: admitted %d of 48 against rpm 5, want exactly 5", org, admitted[i])
 		}
 		chain := orgChain(org, "sk-"+org, "team", 100, 5)
-		if n := c.Count(t, bucketKey(chain[2].prefix, requests, at/bucketMillis)); n != 5 {
+		if n := c.Count(t, bucketKey(chain[2].prefix, rpm, at/bucketMillis)); n != 5 {
 			t.Errorf("%s: counted %d on its shard, want exactly 5", org, n)
 		}
 	}
@@ -104,7 +104,7 @@ func TestClusterOrgCapIsSharedExactlyByItsKeysAndTeams(t *testing.T) {
 			defer wg.Done()
 			start.Wait()
 			chain := orgChain(org, fmt.Sprintf("sk-%d", i%6), fmt.Sprintf("team%d", i%3), 100, 10)
-			d, err := pinned(stores[i%3], at).admit(context.Background(), chain, 0)
+			d, err := pinned(stores[i%3], at).admit(context.Background(), chain, tokenCounts{})
 			if err != nil {
 				t.Error(err)
 				return
@@ -120,7 +120,7 @@ func TestClusterOrgCapIsSharedExactlyByItsKeysAndTeams(t *testing.T) {
 		t.Fatalf("admitted %d requests of 6 keys and 3 teams against the org's rpm 10, want exactly 10", admitted.Load())
 	}
 	orgLimit := orgChain(org, "", "", 0, 10)[2]
-	if n := c.Count(t, bucketKey(orgLimit.prefix, requests, at/bucketMillis)); n != 10 {
+	if n := c.Count(t, bucketKey(orgLimit.prefix, rpm, at/bucketMillis)); n != 10 {
 		t.Fatalf("org counted %d, want 10", n)
 	}
 }
@@ -195,8 +195,8 @@ func TestClusterSlotMigrationIsRetriedThenFollowedWithExactCounts(t *testing.T) 
 		}
 	}
 	m := c.BeginSlotMigration(t, c.KeySlot(tag), to)
-	m.MoveKeys(t, bucketKey(chain[0].prefix, requests, at/bucketMillis)) // the key's counter moves, the org's stays
-	if _, err := pinned(s, at).admit(context.Background(), chain, 0); err == nil {
+	m.MoveKeys(t, bucketKey(chain[0].prefix, rpm, at/bucketMillis)) // the key's counter moves, the org's stays
+	if _, err := pinned(s, at).admit(context.Background(), chain, tokenCounts{}); err == nil {
 		t.Fatal("admitted while the chain's keys were split between two shards")
 	}
 	m.Finish(t)
@@ -204,7 +204,7 @@ func TestClusterSlotMigrationIsRetriedThenFollowedWithExactCounts(t *testing.T) 
 	if admitOrFail(t, s, chain, at).admitted {
 		t.Fatal("admitted over the org's rpm 4 after the move")
 	}
-	if n := c.Count(t, bucketKey(chain[2].prefix, requests, at/bucketMillis)); n != 4 {
+	if n := c.Count(t, bucketKey(chain[2].prefix, rpm, at/bucketMillis)); n != 4 {
 		t.Fatalf("org counted %d on its new shard, want exactly 4", n)
 	}
 }
@@ -234,7 +234,7 @@ func TestSentinelFailoverResumesExactAdmissionOnTheNewPrimary(t *testing.T) {
 			case <-pace.C:
 			}
 			during.Add(1)
-			if _, err := s.admit(ctx, chain, 0); err != nil {
+			if _, err := s.admit(ctx, chain, tokenCounts{}); err != nil {
 				failed.Add(1) // on_redis_error applies during the gap
 			}
 		}
@@ -299,10 +299,10 @@ func BenchmarkAdmissionsSingleNodeVersusCluster(b *testing.B) {
 					tag = chainTag("org", org)
 				}
 				chains[i] = []limit{
-					newTaggedLimit(tag, "key", fmt.Sprintf("k%d", i), limitCaps{rpm: 1 << 40, tpm: 1 << 40}),
-					newTaggedLimit(tag, "project", "p", limitCaps{rpm: 1 << 40, tpm: 1 << 40}),
-					newTaggedLimit(tag, "team", "t", limitCaps{rpm: 1 << 40, tpm: 1 << 40}),
-					newTaggedLimit(tag, "org", org, limitCaps{rpm: 1 << 40, tpm: 1 << 40}),
+					newTaggedLimit(tag, "key", fmt.Sprintf("k%d", i), limitCaps{windows: windowCaps{rpm: 1 << 40, tpm: 1 << 40}}),
+					newTaggedLimit(tag, "project", "p", limitCaps{windows: windowCaps{rpm: 1 << 40, tpm: 1 << 40}}),
+					newTaggedLimit(tag, "team", "t", limitCaps{windows: windowCaps{rpm: 1 << 40, tpm: 1 << 40}}),
+					newTaggedLimit(tag, "org", org, limitCaps{windows: windowCaps{rpm: 1 << 40, tpm: 1 << 40}}),
 				}
 			}
 			var next atomic.Int64
@@ -311,7 +311,7 @@ func BenchmarkAdmissionsSingleNodeVersusCluster(b *testing.B) {
 			start := time.Now()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
-					if _, err := s.admit(context.Background(), chains[next.Add(1)%int64(len(chains))], 0); err != nil {
+					if _, err := s.admit(context.Background(), chains[next.Add(1)%int64(len(chains))], tokenCounts{}); err != nil {
 						b.Error(err)
 						return
 					}

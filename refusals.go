@@ -158,9 +158,13 @@ func (c *refusalCache) refusedLocally(chain []limit, now time.Time) (a admission
 	return admission{decision: d, limits: sub, refusal: refusalOf(cached, d)}, true
 }
 
-// withoutTokens is l as the cache decides it: without its tpm.
+// withoutTokens is l as the cache decides it: without its token windows.
 func withoutTokens(l limit) limit {
-	l.tpm = 0
+	for k := range l.windows {
+		if windowKind(k).kind() != requests {
+			l.windows[k] = 0
+		}
+	}
 	return l
 }
 
@@ -212,21 +216,24 @@ func (r cachedRefusal) refusesAt(now time.Time) bool {
 }
 
 // countsAt is the limit's cached counters carried to the store's clock t,
-// absent traffic: its windows slide into later minutes and its bucket
+// absent traffic: its windows slide into later buckets and its bucket
 // refills.
 func (r cachedRefusal) countsAt(l limit, t moment) counts {
 	c := r.counts
-	minutes := t.bucket - momentAt(r.at).bucket
-	c.req, c.tok = slid(c.req, minutes), slid(c.tok, minutes)
+	at := momentAt(r.at)
+	for k := range c.w {
+		s := windowKind(k).span()
+		c.w[k] = slid(c.w[k], t.in(s).bucket-at.in(s).bucket)
+	}
 	if l.bucket.rate > 0 {
 		c.deficit = l.bucket.refilled(c.deficit, r.at, t.unixMillis)
 	}
 	return c
 }
 
-// slid is w as read the given number of minute buckets later.
-func slid(w window, minutes int64) window {
-	switch minutes {
+// slid is w as read the given number of buckets later.
+func slid(w window, buckets int64) window {
+	switch buckets {
 	case 0:
 		return w
 	case 1:

@@ -37,7 +37,7 @@ func fillUnder(t *testing.T, s store, l limit, at int64, n int) {
 
 func chargeTokens(t *testing.T, s store, l limit, at, tokens int64) {
 	t.Helper()
-	if err := pinned(s, at).recordTokens(context.Background(), []limit{l}, tokens); err != nil {
+	if err := pinned(s, at).recordTokens(context.Background(), []limit{l}, totalTokens(tokens)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -282,7 +282,7 @@ func TestCachedOrgRefusalAnswersEveryKeyOfTheOrgAndNothingElse(t *testing.T) {
 		"the key alone":                 third[:1],
 		"the key in another org":        {third[0], newLimit("org", uniqueID(t), 2, 0)},
 		"the org under another rpm cap": {third[0], newLimit("org", org.id, 3, 0)},
-		"the org with a tpm cap added":  {newTaggedLimit("", "org", org.id, limitCaps{rpm: 2, tpm: 100})},
+		"the org with a tpm cap added":  {newTaggedLimit("", "org", org.id, limitCaps{windows: windowCaps{rpm: 2, tpm: 100}})},
 	} {
 		if refusesLocally(cache, chain, sent) {
 			t.Errorf("%s is refused from the cache", name)
@@ -294,7 +294,7 @@ func TestRefusalCacheStaysWithinItsBound(t *testing.T) {
 	cache := newRefusalCache()
 	const capacity = refusalShards * refusalsPerShard
 	sent := time.Now()
-	refused := decision{now: momentAt(pinnedBase()), counts: []counts{{req: window{cur: 1}}}}
+	refused := decision{now: momentAt(pinnedBase()), counts: []counts{{w: [numWindows]window{rpm: {cur: 1}}}}}
 	for i := 0; i < 2*capacity; i++ {
 		cache.record([]limit{newLimit("key", fmt.Sprint(i), 1, 0)}, refused, sent)
 	}
@@ -517,9 +517,9 @@ func TestCachedOrgRefusalAnswersAnotherKeyOfTheOrgWithoutARedisCall(t *testing.T
 	}
 	after := scrape(t)
 	for name, want := range map[string]float64{
-		`caddy_rolter_ratelimit_refusals_cached_total`:                       1,
-		`caddy_rolter_ratelimit_refusals_total{kind="requests",scope="org"}`: 1,
-		`caddy_rolter_ratelimit_admissions_total{outcome="refused"}`:         1,
+		`caddy_rolter_ratelimit_refusals_cached_total`:                                       1,
+		`caddy_rolter_ratelimit_refusals_total{kind="requests",scope="org",window="minute"}`: 1,
+		`caddy_rolter_ratelimit_admissions_total{outcome="refused"}`:                         1,
 	} {
 		if got := after[name] - metrics[name]; got != want {
 			t.Errorf("%s went up by %v, want %v", name, got, want)

@@ -233,7 +233,7 @@ func TestTwentyReloadsUnderLoadLoseNoRequestAndKeepAdmissionExact(t *testing.T) 
 	if got := run.count(smallOrg, 200); got != rlSmallRPM {
 		t.Errorf("capped org: %d of %d requests admitted across %d reloads, want exactly %d", got, run.count(smallOrg, 0), rlReloads, rlSmallRPM)
 	}
-	smallKey := bucketKey(newLimit("org", smallOrg, 0, 0).prefix, requests, bucket)
+	smallKey := bucketKey(newLimit("org", smallOrg, 0, 0).prefix, rpm, bucket)
 	if got := probe.get(t, smallKey); got != rlSmallRPM {
 		t.Errorf("Redis %s = %d, want %d", smallKey, got, rlSmallRPM)
 	}

@@ -30,47 +30,74 @@ func (h *Handler) reserving() bool { return h.ReserveTokens == nil || *h.Reserve
 
 func (h *Handler) reserveOutput() int64 { return cmp.Or(h.ReserveOutput, defaultReserveOutput) }
 
-// reservation is what the request at path with body (nil when it was not
-// read) reserves on every tpm of chain, and the index in chain of a limit
-// whose tpm that alone exceeds (over), or -1. A request that names no output
-// cap reserves the default for it, and at most the smallest tpm of chain: it
-// is never too large because of the default.
-func (h *Handler) reservation(path string, body []byte, chain []limit) (reserve int64, over int) {
-	est := tokenest.Of(path, body)
-	if !est.Capped {
-		reserve = est.Input + h.reserveOutput()
-		for _, l := range chain {
-			if l.tpm > 0 {
-				reserve = min(reserve, l.tpm)
-			}
-		}
-		return reserve, -1
-	}
-	reserve = est.Input + est.Output
-	for i, l := range chain {
-		if l.tpm > 0 && reserve > l.tpm {
-			return reserve, i
-		}
-	}
-	return reserve, -1
+// tooLargeFor is the limit of a chain (its index; -1 for none), and its
+// window, that a reservation alone exceeds.
+type tooLargeFor struct {
+	limit  int
+	window windowKind
 }
 
-// refuseTooLarge answers a request whose reservation alone exceeds l's tpm:
-// no wait would admit it, so it says so as OpenAI does ("Request too
-// large"), with x-should-retry false, which the OpenAI SDKs obey, and no
+// reservation is what the request at path with body (nil when it was not
+// read) reserves on the token windows of chain (its input on input caps,
+// its output on output caps, both on tpm and tpd), and the first window
+// that this alone exceeds, if any. A request that names no output cap
+// reserves the default for it, and at most each cap of chain: it is never
+// too large because of the default.
+func (h *Handler) reservation(path string, body []byte, chain []limit) (tokenCounts, tooLargeFor) {
+	est := tokenest.Of(path, body)
+	in, out := est.Input, est.Output
+	if !est.Capped {
+		out = h.reserveOutput()
+		// One pass suffices: in only decreases, which keeps every earlier
+		// bound on out.
+		for _, l := range chain {
+			for k, c := range l.windows {
+				if c == 0 {
+					continue
+				}
+				switch windowKind(k).kind() {
+				case tokens:
+					in = min(in, c)
+					out = min(out, c-in)
+				case inputTokens:
+					in = min(in, c)
+				case outputTokens:
+					out = min(out, c)
+				}
+			}
+		}
+		return tokenCounts{total: in + out, input: in, output: out}, tooLargeFor{limit: -1}
+	}
+	r := tokenCounts{total: in + out, input: in, output: out}
+	for i, l := range chain {
+		for k, c := range l.windows {
+			if kd := windowKind(k).kind(); kd != requests && c > 0 && r.of(kd) > c {
+				return r, tooLargeFor{i, windowKind(k)}
+			}
+		}
+	}
+	return r, tooLargeFor{limit: -1}
+}
+
+// refuseTooLarge answers a request whose reservation alone exceeds l's
+// window k: no wait would admit it, so it says so as OpenAI does ("Request
+// too large"), with x-should-retry false, which the OpenAI SDKs obey, and no
 // Retry-After. Nothing is charged.
-func (h *Handler) refuseTooLarge(w http.ResponseWriter, repl *caddy.Replacer, dia dialect, l limit, requested int64) error {
+func (h *Handler) refuseTooLarge(w http.ResponseWriter, repl *caddy.Replacer, dia dialect, l limit, k windowKind, reserve tokenCounts) error {
+	capacity, requested := l.windows[k], reserve.of(k.kind())
 	setOutcome(repl, outcomeRefused)
-	refusalsTotal.WithLabelValues(l.scope, tooLarge.String()).Inc()
+	refusalsTotal.WithLabelValues(l.scope, tooLarge.String(), spans[k.span()].name).Inc()
 	repl.Set(placeholderRefusedScope, l.scope)
 	repl.Set(placeholderRefusedKind, tooLarge.String())
-	repl.Set(placeholderRefusedLimit, l.tpm)
+	repl.Set(placeholderRefusedWindow, spans[k.span()].name)
+	repl.Set(placeholderRefusedLimit, capacity)
 	if h.logger.Core().Enabled(zap.DebugLevel) {
-		h.logger.Debug("refused", zap.String("scope", l.scope), zap.String("id", l.id), zap.String("kind", tooLarge.String()), zap.Int64("requested", requested))
+		h.logger.Debug("refused", zap.String("scope", l.scope), zap.String("id", l.id), zap.String("kind", tooLarge.String()),
+			zap.String("window", k.String()), zap.Int64("requested", requested))
 	}
 	w.Header().Set("X-Should-Retry", "false")
-	msg := fmt.Sprintf("Request too large for %s on tokens per min (TPM): Limit %d, Requested %d. The input or output tokens must be reduced in order to run successfully.",
-		l.scope, l.tpm, requested)
+	msg := fmt.Sprintf("Request too large for %s on %s per %s (%s): Limit %d, Requested %d. The input or output tokens must be reduced in order to run successfully.",
+		l.scope, k.noun(), spans[k.span()].per, k.unit(), capacity, requested)
 	status := cmp.Or(h.Status, http.StatusTooManyRequests)
 	if h.OnRefusal == "error" {
 		return caddyhttp.Error(status, errors.New(msg))

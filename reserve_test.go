@@ -187,12 +187,12 @@ func TestAnUpstreamErrorGivesTheReservationBack(t *testing.T) {
 		up := newAnsweringUpstream(t, 500, 0)
 		gw := startGateway(t, up.URL, limited(store, orgTPM10500))
 		org := uniqueID(t)
-		before := scrape(t)["caddy_rolter_ratelimit_tokens_returned_total"]
+		before := scrape(t)[`caddy_rolter_ratelimit_tokens_returned_total{kind="total"}`]
 		if res, _ := gw.postChat(t, chatAbout1000, "X-Org: "+org); res.StatusCode != 500 {
 			t.Fatalf("status %d, want the upstream's 500", res.StatusCode)
 		}
 		waitCharged(t, store, orgTokens(org), 0)
-		waitMetric(t, "caddy_rolter_ratelimit_tokens_returned_total", before+1000)
+		waitMetric(t, `caddy_rolter_ratelimit_tokens_returned_total{kind="total"}`, before+1000)
 	})
 }
 
@@ -221,7 +221,7 @@ func TestARequestTooLargeForItsTPMIsRefusedAtOnceAndNotToBeRetried(t *testing.T)
 		if up.arrived.Load() != 0 {
 			t.Fatal("the upstream saw the request")
 		}
-		if n := storeCount(t, store, newLimit("key", keyID(false, "Bearer sk-"+org), 0, 0).prefix, requests, nowBucket()); n != 0 {
+		if n := storeCount(t, store, newLimit("key", keyID(false, "Bearer sk-"+org), 0, 0).prefix, rpm, nowBucket()); n != 0 {
 			t.Fatalf("the key was charged %d requests", n)
 		}
 		waitCharged(t, store, orgTokens(org), 0)

@@ -14,12 +14,13 @@ import (
 // The placeholders the Handler's doc lists, set on the requests a limit
 // applies to.
 const (
-	placeholderOutcome      = "http.rolter_ratelimit.outcome" // admitted, refused, refused_empty_scope, failed_open, failed_closed, refused_connections
-	placeholderRefusedScope = "http.rolter_ratelimit.refused_scope"
-	placeholderRefusedKind  = "http.rolter_ratelimit.refused_kind" // requests, tokens or burst
-	placeholderRefusedLimit = "http.rolter_ratelimit.refused_limit"
-	placeholderRetryAfter   = "http.rolter_ratelimit.retry_after" // seconds
-	placeholderModel        = "http.rolter_ratelimit.model"
+	placeholderOutcome       = "http.rolter_ratelimit.outcome" // admitted, refused, refused_empty_scope, failed_open, failed_closed, refused_connections
+	placeholderRefusedScope  = "http.rolter_ratelimit.refused_scope"
+	placeholderRefusedKind   = "http.rolter_ratelimit.refused_kind"   // kind.String()
+	placeholderRefusedWindow = "http.rolter_ratelimit.refused_window" // minute or day; "" for a bucket
+	placeholderRefusedLimit  = "http.rolter_ratelimit.refused_limit"
+	placeholderRetryAfter    = "http.rolter_ratelimit.retry_after" // seconds
+	placeholderModel         = "http.rolter_ratelimit.model"
 )
 
 // headerFamilies is which rate-limit headers a handler sends.
@@ -82,9 +83,12 @@ var (
 	scgHeaders  = []string{
 		"X-Ratelimit-Remaining", "X-Ratelimit-Burst-Capacity", "X-Ratelimit-Replenish-Rate", "X-Ratelimit-Requested-Tokens",
 	}
+	// by kind: requests, tokens, input tokens, output tokens
 	anthropicHeaders = []string{
 		"Anthropic-Ratelimit-Requests-Limit", "Anthropic-Ratelimit-Requests-Remaining", "Anthropic-Ratelimit-Requests-Reset",
 		"Anthropic-Ratelimit-Tokens-Limit", "Anthropic-Ratelimit-Tokens-Remaining", "Anthropic-Ratelimit-Tokens-Reset",
+		"Anthropic-Ratelimit-Input-Tokens-Limit", "Anthropic-Ratelimit-Input-Tokens-Remaining", "Anthropic-Ratelimit-Input-Tokens-Reset",
+		"Anthropic-Ratelimit-Output-Tokens-Limit", "Anthropic-Ratelimit-Output-Tokens-Remaining", "Anthropic-Ratelimit-Output-Tokens-Reset",
 	}
 )
 
@@ -121,8 +125,8 @@ func (s headerSet) apply(h http.Header) {
 	}
 }
 
-// tightest is, for one kind, the limit of the chain with the least
-// remaining, the first of them in chain order.
+// tightest is, for one kind or window, the limit of the chain with the
+// least remaining, the first of them in chain order.
 type tightest struct {
 	found          bool
 	capacity, left int64
@@ -131,25 +135,29 @@ type tightest struct {
 }
 
 // headersFor computes the headers of an answer. counted says whether the
-// request itself was charged (admissions) or not (refusals).
+// request itself was charged (admissions) or not (refusals). The headers of
+// a kind (requests, tokens, input and output tokens) describe its tightest
+// window, a minute or a day: the one with the least remaining, which will
+// refuse first; the IETF family lists every window.
 func (f headerFamilies) headersFor(chain []limit, d decision, counted bool) headerSet {
-	into := d.now.into
-	var req, tok, bkt tightest
+	at := [...]position{d.now.in(minute), d.now.in(day)}
+	var byKind [4]tightest
+	var byWindow [numWindows]tightest
+	var bkt tightest
 	for i, l := range chain {
 		c := d.counts[i]
-		if l.rpm > 0 {
-			w := c.req
-			if counted {
-				w.cur++
+		for k, capacity := range l.windows {
+			if capacity == 0 {
+				continue
 			}
-			req.consider(tightest{capacity: l.rpm, left: remaining(w, l.rpm, into), resetMillis: resetIn(w, into)})
-		}
-		if l.tpm > 0 {
-			w := c.tok
+			wk, w := windowKind(k), c.w[k]
 			if counted {
-				w.cur += d.reserve
+				w.cur += d.size(wk.kind())
 			}
-			tok.consider(tightest{capacity: l.tpm, left: remaining(w, l.tpm, into), resetMillis: resetIn(w, into)})
+			p := at[wk.span()]
+			t := tightest{capacity: capacity, left: remaining(w, capacity, p), resetMillis: resetIn(w, p)}
+			byKind[wk.kind()].consider(t)
+			byWindow[k].consider(t)
 		}
 		if l.bucket.rate > 0 {
 			deficit := c.deficit
@@ -161,22 +169,25 @@ func (f headerFamilies) headersFor(chain []limit, d decision, counted bool) head
 	}
 	s := headerSet{families: f, values: make([][2]string, 0, 8)}
 	if f.openai {
-		s.values = req.appendOpenAI(s.values, openaiHeaders[:3])
-		s.values = tok.appendOpenAI(s.values, openaiHeaders[3:])
+		s.values = byKind[requests].appendOpenAI(s.values, openaiHeaders[:3])
+		s.values = byKind[tokens].appendOpenAI(s.values, openaiHeaders[3:])
 	}
 	if f.anthropic {
-		s.values = req.appendAnthropic(s.values, anthropicHeaders[:3], d.now.unixMillis)
-		s.values = tok.appendAnthropic(s.values, anthropicHeaders[3:], d.now.unixMillis)
+		for k, t := range byKind {
+			s.values = t.appendAnthropic(s.values, anthropicHeaders[3*k:3*k+3], d.now.unixMillis)
+		}
 	}
 	if f.ietf {
 		var policy, state []string
-		for _, t := range []struct {
-			name string
-			t    tightest
-		}{{"requests", req}, {"tokens", tok}} {
-			if t.t.found {
-				policy = append(policy, fmt.Sprintf("%q;q=%d;w=60", t.name, t.t.capacity))
-				state = append(state, fmt.Sprintf("%q;r=%d;t=%d", t.name, t.t.left, ceilSeconds(t.t.resetMillis, 0)))
+		for k, t := range byWindow {
+			if t.found {
+				name, wk := windowKind(k).kind().String(), windowKind(k)
+				if wk.span() == day {
+					name += "_per_day"
+				}
+				u := spans[wk.span()]
+				policy = append(policy, fmt.Sprintf("%q;q=%d;w=%d", name, t.capacity, u.length*u.unitMillis/1000))
+				state = append(state, fmt.Sprintf("%q;r=%d;t=%d", name, t.left, ceilSeconds(t.resetMillis, 0)))
 			}
 		}
 		if len(policy) > 0 {
@@ -259,10 +270,19 @@ func (t tightest) appendAnthropic(values [][2]string, names []string, now int64)
 
 // refusal describes why a request was refused.
 type refusal struct {
-	first      int   // index in the chain of the first refusing limit
-	kind       kind  // what that limit refused on
-	capacity   int64 // its cap
-	waitMillis int64 // until every refusing limit would admit, absent traffic
+	first      int        // index in the chain of the first refusing limit
+	kind       kind       // what that limit refused on
+	window     windowKind // the window that refused, unless kind is burst
+	capacity   int64      // its cap
+	waitMillis int64      // until every refusing limit would admit, absent traffic
+}
+
+// windowName is the span of the refusing window, "" for a bucket.
+func (r refusal) windowName() string {
+	if r.kind == burst {
+		return ""
+	}
+	return spans[r.window.span()].name
 }
 
 // refusalOf finds the first refusing limit and the wait until the last of the
@@ -270,22 +290,18 @@ type refusal struct {
 // refused by the next limit of the chain.
 func refusalOf(chain []limit, d decision) refusal {
 	ref := refusal{first: -1}
-	into := d.now.into
-	note := func(i int, k kind, capacity, size int64, w window) {
-		if fits(w, capacity, size, into) {
-			return
-		}
-		if ref.first < 0 {
-			ref.first, ref.kind, ref.capacity = i, k, capacity
-		}
-		ref.waitMillis = max(ref.waitMillis, releaseIn(w, capacity, size, into))
-	}
+	at := [...]position{d.now.in(minute), d.now.in(day)}
 	for i, l := range chain {
-		if l.rpm > 0 {
-			note(i, requests, l.rpm, 1, d.counts[i].req)
-		}
-		if l.tpm > 0 {
-			note(i, tokens, l.tpm, d.reserve, d.counts[i].tok)
+		for k, capacity := range l.windows {
+			wk := windowKind(k)
+			size, p, w := d.size(wk.kind()), at[wk.span()], d.counts[i].w[k]
+			if capacity == 0 || fits(w, capacity, size, p) {
+				continue
+			}
+			if ref.first < 0 {
+				ref.first, ref.kind, ref.window, ref.capacity = i, wk.kind(), wk, capacity
+			}
+			ref.waitMillis = max(ref.waitMillis, releaseIn(w, capacity, size, p))
 		}
 		if b := l.bucket; b.rate > 0 && !b.fits(d.counts[i].deficit) {
 			if ref.first < 0 {
@@ -316,12 +332,8 @@ func (r refusal) message(chain []limit) string {
 		return fmt.Sprintf("Rate limit reached for %s: burst capacity %d, refilled at %s per second; a request takes %d. Please try again in %ds.",
 			chain[r.first].scope, b.burst, b.rateText, b.cost, r.retryAfterSeconds())
 	}
-	unit := "RPM"
-	if r.kind == tokens {
-		unit = "TPM"
-	}
-	return fmt.Sprintf("Rate limit reached for %s: limit %d %s (%s per minute). Please try again in %ds.",
-		chain[r.first].scope, r.capacity, unit, r.kind, r.retryAfterSeconds())
+	return fmt.Sprintf("Rate limit reached for %s: limit %d %s (%s per %s). Please try again in %ds.",
+		chain[r.first].scope, r.capacity, r.window.unit(), r.window.noun(), spans[r.window.span()].name, r.retryAfterSeconds())
 }
 
 // warnLimiter logs store failures at most once per interval, with the number

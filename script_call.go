@@ -15,7 +15,7 @@ import (
 type scriptCall struct {
 	limits   []limit
 	chains   []string       // per admission: the 1-based positions of its limits, a byte each
-	reserves []int64        // per admission: the tokens it reserves on its tpm limits
+	reserves []tokenCounts  // per admission: the tokens it reserves on its token windows
 	position map[string]int // limit prefix → index in limits, once there are two admissions
 	charges  chargeCall
 }
@@ -27,7 +27,7 @@ const maxCallLimits = 255
 // large: a limit whose counters are in the call already under other caps
 // (two handlers sharing counters) must be decided in another call. A call of
 // one admission needs no index of its limits.
-func (c *scriptCall) add(chain []limit, reserve int64) bool {
+func (c *scriptCall) add(chain []limit, reserve tokenCounts) bool {
 	if len(c.chains) == 1 && c.position == nil {
 		c.position = make(map[string]int, 4*len(c.limits))
 		for i, l := range c.limits {
@@ -66,26 +66,29 @@ func (c *scriptCall) add(chain []limit, reserve int64) bool {
 
 // keys declares every key admit.lua touches: per limit and window it caps,
 // the current bucket and the previous one; then its token bucket; then the
-// tok bucket of each charge: the current one, or a settlement's own.
+// key of each charge, minute ones first: the current bucket, or a
+// settlement's own.
 func (c *scriptCall) keys(bucket int64) []string {
-	keys := make([]string, 0, 4*len(c.limits)+len(c.charges.keys))
-	cur, prev := strconv.FormatInt(bucket, 10), strconv.FormatInt(bucket-1, 10)
+	keys := make([]string, 0, 4*len(c.limits)+c.charges.count())
+	buckets := [...]int64{minute: bucket, day: dayOf(bucket)}
 	for _, l := range c.limits {
-		if l.rpm > 0 {
-			keys = append(keys, l.prefix+"req:"+cur, l.prefix+"req:"+prev)
-		}
-		if l.tpm > 0 {
-			keys = append(keys, l.prefix+"tok:"+cur, l.prefix+"tok:"+prev)
+		for k, capacity := range l.windows {
+			if capacity > 0 {
+				b := buckets[windowKind(k).span()]
+				keys = append(keys, bucketKey(l.prefix, windowKind(k), b), bucketKey(l.prefix, windowKind(k), b-1))
+			}
 		}
 		if l.bucket.rate > 0 {
 			keys = append(keys, l.prefix+"bkt")
 		}
 	}
-	for _, k := range c.charges.keys {
-		if k.bucket == 0 {
-			keys = append(keys, k.prefix+"tok:"+cur)
-		} else {
-			keys = append(keys, k.prefix+"tok:"+strconv.FormatInt(k.bucket, 10))
+	for _, spanKeys := range c.charges.keys {
+		for _, k := range spanKeys {
+			b := k.bucket
+			if b == 0 {
+				b = buckets[k.window.span()]
+			}
+			keys = append(keys, bucketKey(k.prefix, k.window, b))
 		}
 	}
 	return keys
@@ -93,7 +96,7 @@ func (c *scriptCall) keys(bucket int64) []string {
 
 // reserving reports whether an admission of the call reserves tokens.
 func (c *scriptCall) reserving() bool {
-	return slices.ContainsFunc(c.reserves, func(r int64) bool { return r > 0 })
+	return slices.ContainsFunc(c.reserves, func(r tokenCounts) bool { return !r.isZero() })
 }
 
 func (c *scriptCall) args(atMillis, bucket int64, peek bool) []any {
@@ -105,14 +108,28 @@ func (c *scriptCall) args(atMillis, bucket int64, peek bool) []any {
 		mode = "r"
 	}
 	caps, capsOf := c.distinctCaps()
-	args := make([]any, 0, 7+len(c.charges.tokens)+3*len(caps)+2*len(c.chains))
+	args := make([]any, 0, 8+c.charges.count()+4*len(caps)+4*len(c.chains))
 	args = append(args, clockArg(atMillis), hexArg(bucket), mode, hexArg(int64(len(c.limits))),
-		hexArg(int64(len(c.charges.tokens))), hexArg(int64(len(caps))))
-	for _, n := range c.charges.tokens {
-		args = append(args, strconv.FormatInt(n, 10))
+		hexArg(int64(len(c.charges.keys[minute]))), hexArg(int64(len(c.charges.keys[day]))), hexArg(int64(len(caps))))
+	for _, spanTokens := range c.charges.tokens {
+		for _, n := range spanTokens {
+			args = append(args, strconv.FormatInt(n, 10))
+		}
 	}
 	for _, l := range caps {
-		args = append(args, hexArg(l.rpm), hexArg(l.tpm), hexArg(l.bucket.rate))
+		var mask int64
+		for k, capacity := range l.windows {
+			if capacity > 0 {
+				mask |= 1 << k
+			}
+		}
+		args = append(args, hexArg(mask))
+		for _, capacity := range l.windows {
+			if capacity > 0 {
+				args = append(args, hexArg(capacity))
+			}
+		}
+		args = append(args, hexArg(l.bucket.rate))
 		if l.bucket.rate > 0 {
 			args = append(args, hexArg(l.bucket.burst), hexArg(l.bucket.cost))
 		}
@@ -120,7 +137,8 @@ func (c *scriptCall) args(atMillis, bucket int64, peek bool) []any {
 	args = append(args, capsOf)
 	for m, chain := range c.chains {
 		if reserving {
-			args = append(args, hexArg(c.reserves[m]))
+			r := c.reserves[m]
+			args = append(args, hexArg(r.total), hexArg(r.input), hexArg(r.output))
 		}
 		args = append(args, chain)
 	}
@@ -151,34 +169,42 @@ func (c *scriptCall) distinctCaps() ([]limitCaps, string) {
 // admissions before it in the call, which decode replays.
 func (c *scriptCall) decode(reply []int64, charged bool) ([]decision, error) {
 	k, n := len(c.chains), len(c.limits)
-	if len(reply) != 2+k+5*n || reply[0] != 1 {
+	want := 2 + k + n
+	for _, l := range c.limits {
+		want += 2 * l.windows.capped()
+	}
+	if len(reply) != want || reply[0] != 1 {
 		return nil, fmt.Errorf("%w: admission reply of %d values for %d admissions of %d limits", errBadReply, len(reply), k, n)
 	}
 	now := momentAt(reply[1])
 	state := make([]counts, n)
-	for i := range state {
-		r := reply[2+5*i:]
-		state[i] = counts{req: window{cur: r[0], prev: r[1]}, tok: window{cur: r[2], prev: r[3]}, deficit: r[4]}
+	r := reply[2:]
+	for i, l := range c.limits {
+		for w, capacity := range l.windows {
+			if capacity > 0 {
+				state[i].w[w] = window{cur: r[0], prev: r[1]}
+				r = r[2:]
+			}
+		}
+		state[i].deficit, r = r[0], r[1:]
 	}
 	ds := make([]decision, k)
 	for m, chain := range c.chains {
-		flag := reply[2+5*n+m]
+		flag := r[m]
 		if flag != 0 && flag != 1 {
 			return nil, fmt.Errorf("%w: admission flag %d", errBadReply, flag)
 		}
-		reserve := c.reserves[m]
-		d := decision{admitted: flag == 1, now: now, counts: make([]counts, len(chain)), reserve: reserve}
+		d := decision{admitted: flag == 1, now: now, counts: make([]counts, len(chain)), reserve: c.reserves[m]}
 		for x := range len(chain) {
 			d.counts[x] = state[chain[x]-1]
 		}
 		if d.admitted && charged {
 			for x := range len(chain) {
 				i := chain[x] - 1
-				if c.limits[i].rpm > 0 {
-					state[i].req.cur++
-				}
-				if c.limits[i].tpm > 0 {
-					state[i].tok.cur += reserve
+				for w, capacity := range c.limits[i].windows {
+					if capacity > 0 {
+						state[i].w[w].cur += d.size(windowKind(w).kind())
+					}
 				}
 				state[i].deficit += c.limits[i].bucket.cost * microTokens
 			}
@@ -199,47 +225,57 @@ func clockArg(atMillis int64) string {
 	return hexArg(atMillis)
 }
 
-// chargeCall is what one call charges: tokens per tok bucket of a tpm
-// limit, summed over the charges of a batch. A sum of settlements that is
-// negative gives back at most what the bucket holds.
+// chargeCall is what one call charges: tokens per bucket of a token window,
+// summed over the charges of a batch. A sum of settlements that is negative
+// gives back at most what the bucket holds.
 type chargeCall struct {
-	keys     []chargeKey
-	tokens   []int64
-	position map[chargeKey]int
+	keys     [2][]chargeKey // by span: the script takes the minute ones first
+	tokens   [2][]int64
+	position map[chargeKey]int // index in keys[its span]
 }
 
-// chargeKey is a limit's tok bucket: bucket 0 is the call's current one.
+// chargeKey is the bucket of a limit's token window: bucket 0 is the call's
+// current one.
 type chargeKey struct {
 	prefix string
+	window windowKind
 	bucket int64
 }
 
-func (c *chargeCall) add(chain []limit, ch charge) {
+// add adds what ch changes in chain's windows at now, by the gateway's clock
+// (when Redis's clock is already further, the script writes a bucket that
+// no admission reads any more, and which expires).
+func (c *chargeCall) add(chain []limit, ch charge, now moment) {
 	for _, l := range chain {
-		if l.tpm <= 0 {
-			continue
-		}
-		k := chargeKey{l.prefix, ch.bucket}
-		i, ok := c.position[k]
-		if !ok {
-			if c.position == nil {
-				c.position = make(map[chargeKey]int)
+		for w, capacity := range l.windows {
+			k := windowKind(w)
+			if capacity == 0 || k.kind() == requests || !ch.settles(k, now) {
+				continue
 			}
-			i = len(c.keys)
-			c.position[k] = i
-			c.keys = append(c.keys, k)
-			c.tokens = append(c.tokens, 0)
+			key, s := chargeKey{l.prefix, k, ch.bucketIn(k.span())}, k.span()
+			i, ok := c.position[key]
+			if !ok {
+				if c.position == nil {
+					c.position = make(map[chargeKey]int)
+				}
+				i = len(c.keys[s])
+				c.position[key] = i
+				c.keys[s], c.tokens[s] = append(c.keys[s], key), append(c.tokens[s], 0)
+			}
+			c.tokens[s][i] += ch.tokens.of(k.kind())
 		}
-		c.tokens[i] += ch.tokens
 	}
 }
+
+// count is how many buckets the call charges.
+func (c *chargeCall) count() int { return len(c.keys[minute]) + len(c.keys[day]) }
 
 // scriptItem is one request's part of a call of admit.lua: its admission
 // (and its reservation), or the token charge of its finished response
 // (charged is set).
 type scriptItem struct {
 	chain   []limit
-	reserve int64
+	reserve tokenCounts
 	charge  charge
 	answer  chan scriptAnswer // an admission's; buffered: a call never waits on it
 	charged func(error)       // a charge's
@@ -272,7 +308,7 @@ type scriptBatch struct {
 
 func (b *scriptBatch) Add(item *scriptItem) bool {
 	if item.charged != nil {
-		b.call.charges.add(item.chain, item.charge)
+		b.call.charges.add(item.chain, item.charge, b.store.gatewayMoment())
 	} else if !b.call.add(item.chain, item.reserve) {
 		return false
 	}

@@ -20,7 +20,7 @@ func TestBatchedAdmissionsAreDecidedInArrivalOrderEachAllOrNothing(t *testing.T)
 	k2, k3 := newLimit("key", uniqueID(t), 5, 0), newLimit("key", uniqueID(t), 5, 0)
 	var c scriptCall
 	for _, chain := range [][]limit{{k1, org}, {k1, org}, {k2, org}, {k3, org}} {
-		if !c.add(chain, 0) {
+		if !c.add(chain, tokenCounts{}) {
 			t.Fatal("a chain was refused by the call")
 		}
 	}
@@ -33,7 +33,7 @@ func TestBatchedAdmissionsAreDecidedInArrivalOrderEachAllOrNothing(t *testing.T)
 	}
 	var got []string
 	for i, d := range ds {
-		line := fmt.Sprintf("%v org=%d", d.admitted, d.counts[1].req.cur)
+		line := fmt.Sprintf("%v org=%d", d.admitted, d.counts[1].w[rpm].cur)
 		if i < 2 {
 			line += fmt.Sprintf(" k1-bucket-down=%d", d.counts[0].deficit/microTokens)
 		}
@@ -49,10 +49,10 @@ func TestBatchedAdmissionsAreDecidedInArrivalOrderEachAllOrNothing(t *testing.T)
 		t.Fatalf("decisions\n%q\nwant\n%q", got, want)
 	}
 	count := redisKit(redisURLFromEnv(t)).count
-	if n := count(t, s, org.prefix, requests, at/bucketMillis); n != 2 {
+	if n := count(t, s, org.prefix, rpm, at/bucketMillis); n != 2 {
 		t.Fatalf("org charged %d, want the 2 admitted", n)
 	}
-	if n := count(t, s, k3.prefix, requests, at/bucketMillis); n != 0 {
+	if n := count(t, s, k3.prefix, rpm, at/bucketMillis); n != 0 {
 		t.Fatalf("the refused k3 was charged %d", n)
 	}
 }
@@ -73,14 +73,14 @@ func TestCoalescedAdmissionsEachReadTheCountsTheirTurnLeft(t *testing.T) {
 			defer wg.Done()
 			<-start
 			chain := []limit{newLimit("key", fmt.Sprintf("%s-%d", org.id, i), 100, 0), org}
-			d, err := pinned(s, at).admit(context.Background(), chain, 0)
+			d, err := pinned(s, at).admit(context.Background(), chain, tokenCounts{})
 			if err != nil {
 				t.Error(err)
 				return
 			}
 			if d.admitted {
 				mu.Lock()
-				seen = append(seen, d.counts[1].req.cur)
+				seen = append(seen, d.counts[1].w[rpm].cur)
 				mu.Unlock()
 			}
 		}()
@@ -95,18 +95,18 @@ func TestCoalescedAdmissionsEachReadTheCountsTheirTurnLeft(t *testing.T) {
 
 func TestCallRefusesAChainWhoseCountersItHoldsUnderOtherCaps(t *testing.T) {
 	var c scriptCall
-	c.add([]limit{newLimit("key", "a", 5, 0), newLimit("org", "o", 10, 0)}, 0)
-	if c.add([]limit{newLimit("key", "b", 5, 0), newLimit("org", "o", 20, 0)}, 0) {
+	c.add([]limit{newLimit("key", "a", 5, 0), newLimit("org", "o", 10, 0)}, tokenCounts{})
+	if c.add([]limit{newLimit("key", "b", 5, 0), newLimit("org", "o", 20, 0)}, tokenCounts{}) {
 		t.Fatal("joined a call that holds the org's counters under rpm 10 with rpm 20")
 	}
-	if !c.add([]limit{newLimit("key", "b", 5, 0), newLimit("org", "o", 10, 0)}, 0) {
+	if !c.add([]limit{newLimit("key", "b", 5, 0), newLimit("org", "o", 10, 0)}, tokenCounts{}) {
 		t.Fatal("refused a chain with the same caps")
 	}
 	many := make([]limit, maxCallLimits)
 	for i := range many {
 		many[i] = newLimit("s", fmt.Sprint(i), 1, 0)
 	}
-	if c.add(many, 0) {
+	if c.add(many, tokenCounts{}) {
 		t.Fatal("joined a call past 255 distinct limits")
 	}
 }
@@ -125,18 +125,18 @@ func TestCoalescedTokenChargesAddUpExactly(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := pinned(s, at).recordTokens(context.Background(), []limit{keys[i], org}, int64(i+1)); err != nil {
+			if err := pinned(s, at).recordTokens(context.Background(), []limit{keys[i], org}, totalTokens(int64(i+1))); err != nil {
 				t.Error(err)
 			}
 		}()
 	}
 	wg.Wait()
 	count := redisKit(url).count
-	if n := count(t, s, org.prefix, tokens, at/bucketMillis); n != 50*51/2 {
+	if n := count(t, s, org.prefix, tpm, at/bucketMillis); n != 50*51/2 {
 		t.Fatalf("org holds %d tokens, want %d", n, 50*51/2)
 	}
 	for i, k := range keys {
-		if n := count(t, s, k.prefix, tokens, at/bucketMillis); n != int64(i+1) {
+		if n := count(t, s, k.prefix, tpm, at/bucketMillis); n != int64(i+1) {
 			t.Fatalf("key %d holds %d tokens, want %d", i, n, i+1)
 		}
 	}
@@ -199,7 +199,7 @@ func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 			for range rng.IntN(8) {
 				a, b := chain()
 				for _, c := range [][]limit{a, b} {
-					if _, err := pinned(s, when).admit(ctx, c, 0); err != nil {
+					if _, err := pinned(s, when).admit(ctx, c, tokenCounts{}); err != nil {
 						t.Fatal(err)
 					}
 				}
@@ -208,7 +208,7 @@ func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 				a, b := chain()
 				tokens := 10 + rng.Int64N(140)
 				for _, c := range [][]limit{a, b} {
-					if err := pinned(s, when).recordTokens(ctx, c, tokens); err != nil {
+					if err := pinned(s, when).recordTokens(ctx, c, totalTokens(tokens)); err != nil {
 						t.Fatal(err)
 					}
 				}
@@ -225,7 +225,7 @@ func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 			if trial%2 == 1 && rng.IntN(3) > 0 {
 				reserve = 1 + rng.Int64N(90)
 			}
-			if !batch.add(a, reserve) {
+			if !batch.add(a, totalTokens(reserve)) {
 				t.Fatal("a chain was refused by the call")
 			}
 			alone, reserves = append(alone, b), append(reserves, reserve)
@@ -235,7 +235,7 @@ func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 			t.Fatal(err)
 		}
 		for m, c := range alone {
-			d, err := pinned(s, at).run(ctx, c, reserves[m], false)
+			d, err := pinned(s, at).run(ctx, c, totalTokens(reserves[m]), false)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -14,21 +14,23 @@ import (
 // the same conformance suite (store_test.go).
 type store interface {
 	// admit decides one request against every limit of chain in one atomic
-	// step: admitted only if every limit fits (a tpm fits while its
-	// estimate plus reserve is within it; without a reservation, while the
-	// estimate is below it), and then charged one request on every limit
-	// that has an rpm, its cost on every bucket and reserve tokens on every
-	// tpm; refused and charged nothing otherwise. A refusal says why, and
-	// may come from the store's own record of what it refused (the Redis
-	// store's refusal cache) without asking its backend.
-	admit(ctx context.Context, chain []limit, reserve int64) (admission, error)
+	// step: admitted only if every window of every limit fits (a token
+	// window fits while its estimate plus the part of reserve it counts is
+	// within it; without a reservation, while the estimate is below it), and
+	// every bucket; then charged one request on every request window, its
+	// cost on every bucket and reserve on every token window (its total on
+	// tpm and tpd, its input on itpm and itpd, its output on otpm and otpd);
+	// refused and charged nothing otherwise. A refusal says why, and may come
+	// from the store's own record of what it refused (the Redis store's
+	// refusal cache) without asking its backend.
+	admit(ctx context.Context, chain []limit, reserve tokenCounts) (admission, error)
 	// peek reads the chain's counters as admit would, and charges nothing.
 	peek(ctx context.Context, chain []limit) (decision, error)
-	// recordTokens charges tokens to every limit of chain that has a tpm,
-	// in the current tok bucket. It is never replayed: a double charge would
-	// outlive the failure.
-	recordTokens(ctx context.Context, chain []limit, tokens int64) error
-	// chargeLater charges c to every limit of chain that has a tpm, without
+	// recordTokens charges tokens to every token window of chain, in the
+	// current buckets. It is never replayed: a double charge would outlive
+	// the failure.
+	recordTokens(ctx context.Context, chain []limit, tokens tokenCounts) error
+	// chargeLater charges c to every token window of chain, without
 	// making its caller wait: done gets the outcome, once, from another
 	// goroutine or before chargeLater returns. Never replayed either.
 	chargeLater(chain []limit, c charge, done func(error))
@@ -39,15 +41,45 @@ type store interface {
 	release()
 }
 
-// charge is tokens added to tok buckets after a response: a reactive
-// charge in the current bucket, or a settlement, which replaces a
-// reservation by the usage reported and goes in the bucket the reservation
-// was made in: tokens is then the difference, and may be negative. A
-// settlement never takes a counter below zero, and one whose bucket is out
-// of the window (older than the previous minute) changes nothing.
+// charge is tokens added to the token windows after a response: a reactive
+// charge in the current buckets, or a settlement, which replaces a
+// reservation by the usage reported and goes in the buckets the reservation
+// was made in: tokens are then the difference, and may be negative. A
+// settlement never takes a counter below zero, and changes nothing in a
+// window whose bucket it is out of (older than the previous minute, or
+// the previous day).
 type charge struct {
-	tokens int64
-	bucket int64 // the reservation's bucket (unix_seconds / 60); 0: the current one
+	tokens tokenCounts
+	bucket int64 // the reservation's minute bucket (unix_seconds / 60), and its day; 0: the current ones
+}
+
+// settles reports whether c changes a counter of window k at now: it has
+// tokens of k's kind, and its bucket is still in k's window.
+func (c charge) settles(k windowKind, now moment) bool {
+	if c.tokens.of(k.kind()) == 0 {
+		return false
+	}
+	return c.bucket == 0 || c.bucketIn(k.span()) >= now.in(k.span()).bucket-1
+}
+
+// changes reports whether c changes a counter of chain at now.
+func (c charge) changes(chain []limit, now moment) bool {
+	for _, l := range chain {
+		for k, capacity := range l.windows {
+			if capacity > 0 && windowKind(k).kind() != requests && c.settles(windowKind(k), now) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// bucketIn is c's bucket in span s; 0 is the current one.
+func (c charge) bucketIn(s span) int64 {
+	if s == day && c.bucket != 0 {
+		return dayOf(c.bucket)
+	}
+	return c.bucket
 }
 
 // admission is a store's answer to a request.
@@ -109,19 +141,24 @@ func (l *lifetime) unload(close func()) {
 type limit struct {
 	scope  string // the scope's name, for messages and logs
 	id     string // the id as it appears in keys: digested unless its scope is readable
-	prefix string // "rolter:rl:<scope>:<id>:", to which the store appends "<req|tok>:<bucket>" or "bkt"
+	prefix string // "rolter:rl:<scope>:<id>:", to which the store appends "<window>:<bucket>" (bucketKey) or "bkt"
 	limitCaps
 }
 
 // limitCaps are what one limit caps.
 type limitCaps struct {
-	rpm, tpm int64 // 0: no cap
-	bucket   tokenBucket
+	windows windowCaps
+	bucket  tokenBucket
 }
 
 // describe is the caps after name, for the log.
 func (c limitCaps) describe(name string) string {
-	s := fmt.Sprintf("%s rpm %d tpm %d", name, c.rpm, c.tpm)
+	s := name
+	for k, n := range c.windows {
+		if n > 0 {
+			s += fmt.Sprintf(" %s %d", windowKind(k), n)
+		}
+	}
 	if c.bucket.rate > 0 {
 		s += fmt.Sprintf(" rate %s burst %d cost %d", c.bucket.rateText, c.bucket.burst, c.bucket.cost)
 	}
@@ -143,8 +180,8 @@ func chainTag(rootScope, rootID string) string {
 // counts are a limit's counters as an admission read them, before the
 // admitted request was charged.
 type counts struct {
-	req, tok window
-	deficit  int64 // the bucket's, refilled to the store's clock
+	w       [numWindows]window // by windowKind; only the capped ones are read
+	deficit int64              // the bucket's, refilled to the store's clock
 }
 
 // decision is what a store answers to an admission.
@@ -152,10 +189,13 @@ type decision struct {
 	admitted bool
 	now      moment   // the store's clock (Redis TIME for the Redis store)
 	counts   []counts // one per limit of the chain, in chain order
-	// reserve is the tokens the admission reserves on every limit of its
-	// chain with a tpm, in the current tok bucket (its size against them).
-	reserve int64
+	// reserve is the tokens the admission reserves on the token windows of
+	// its chain, in their current buckets (its size against them).
+	reserve tokenCounts
 }
+
+// size is what an admission of d adds to a window of kind k.
+func (d decision) size(k kind) int64 { return d.reserve.of(k) }
 
 // errBadReply marks a store answer of the wrong shape; it is handled like an
 // outage.

@@ -48,8 +48,8 @@ type memoryShard struct {
 // counterTable holds the heads of the lists; their number is a power of two.
 type counterTable []atomic.Pointer[memoryCounter]
 
-// memoryCounter holds every kind of one limit: the buckets of the current
-// and previous minute of each window, at slot bucket%2, and the token bucket.
+// memoryCounter holds every window of one limit: the current and previous
+// bucket of each, at slot bucket%2, and the token bucket.
 type memoryCounter struct {
 	prefix string // the limit's: what the counter is looked up by
 	hash   uint64 // of prefix: its low bits pick the shard, the next ones the list
@@ -57,8 +57,7 @@ type memoryCounter struct {
 	mu     sync.Mutex
 	order  uint64 // lock order
 	dead   bool   // swept: look it up again
-	req    [2]slot
-	tok    [2]slot
+	slots  [numWindows][2]slot
 	bkt    bucketState
 }
 
@@ -94,9 +93,16 @@ func add(slots *[2]slot, b, n int64) {
 	s.n = max(s.n, 0) // a settlement gives back at most what is there
 }
 
-// newest is the latest bucket the counter has written.
-func (c *memoryCounter) newest() int64 {
-	return max(c.req[0].bucket, c.req[1].bucket, c.tok[0].bucket, c.tok[1].bucket)
+// readAt reports whether an admission at now may still read a bucket of
+// the counter's windows.
+func (c *memoryCounter) readAt(now moment) bool {
+	for k := range c.slots {
+		oldest := now.in(windowKind(k).span()).bucket - 1
+		if c.slots[k][0].bucket >= oldest || c.slots[k][1].bucket >= oldest {
+			return true
+		}
+	}
+	return false
 }
 
 // memoryStores holds the one in-process store, kept across config reloads.
@@ -254,12 +260,12 @@ func unlockAll(cs []*memoryCounter) {
 	}
 }
 
-func (s *memoryStore) admit(_ context.Context, chain []limit, reserve int64) (admission, error) {
+func (s *memoryStore) admit(_ context.Context, chain []limit, reserve tokenCounts) (admission, error) {
 	return admissionOf(chain, s.decide(chain, reserve, true))
 }
 
 func (s *memoryStore) peek(_ context.Context, chain []limit) (decision, error) {
-	return s.decide(chain, 0, false), nil
+	return s.decide(chain, tokenCounts{}, false), nil
 }
 
 // The process store stays usable after it is unloaded: only its sweep stops.
@@ -267,30 +273,38 @@ func (s *memoryStore) hold()    {}
 func (s *memoryStore) release() {}
 
 // decide is one admission, which charges only when charge is set.
-func (s *memoryStore) decide(chain []limit, reserve int64, charge bool) decision {
+func (s *memoryStore) decide(chain []limit, reserve tokenCounts, charge bool) decision {
 	now := s.clock()
+	at := [...]position{now.in(minute), now.in(day)}
 	var byLimitBuf, lockedBuf [stackChain]*memoryCounter
 	cs, locked := s.lock(chain, byLimitBuf[:0], lockedBuf[:0])
 	defer unlockAll(locked)
 	d := decision{admitted: true, now: now, counts: make([]counts, len(chain)), reserve: reserve}
 	for i, l := range chain {
-		c := counts{req: readWindow(&cs[i].req, now.bucket), tok: readWindow(&cs[i].tok, now.bucket)}
+		c := &d.counts[i]
+		for k, capacity := range l.windows {
+			if capacity == 0 {
+				continue
+			}
+			p := at[windowKind(k).span()]
+			c.w[k] = readWindow(&cs[i].slots[k], p.bucket)
+			if !fits(c.w[k], capacity, d.size(windowKind(k).kind()), p) {
+				d.admitted = false
+			}
+		}
 		if l.bucket.rate > 0 {
 			c.deficit = l.bucket.refilled(cs[i].bkt.deficit, cs[i].bkt.at, now.unixMillis)
-		}
-		d.counts[i] = c
-		if l.rpm > 0 && !fits(c.req, l.rpm, 1, now.into) || l.tpm > 0 && !fits(c.tok, l.tpm, reserve, now.into) ||
-			l.bucket.rate > 0 && !l.bucket.fits(c.deficit) {
-			d.admitted = false
+			if !l.bucket.fits(c.deficit) {
+				d.admitted = false
+			}
 		}
 	}
 	if d.admitted && charge {
 		for i, l := range chain {
-			if l.rpm > 0 {
-				add(&cs[i].req, now.bucket, 1)
-			}
-			if l.tpm > 0 && reserve > 0 {
-				add(&cs[i].tok, now.bucket, reserve)
+			for k, capacity := range l.windows {
+				if n := d.size(windowKind(k).kind()); capacity > 0 && n > 0 {
+					add(&cs[i].slots[k], at[windowKind(k).span()].bucket, n)
+				}
 			}
 			if l.bucket.rate > 0 {
 				deficit, at := d.counts[i].deficit+l.bucket.cost*microTokens, max(cs[i].bkt.at, now.unixMillis)
@@ -308,31 +322,30 @@ func (s *memoryStore) chargeLater(chain []limit, c charge, done func(error)) {
 	done(nil)
 }
 
-func (s *memoryStore) recordTokens(_ context.Context, chain []limit, tokens int64) error {
-	if tokens > 0 {
-		s.charge(chain, charge{tokens: tokens})
-	}
+func (s *memoryStore) recordTokens(_ context.Context, chain []limit, tokens tokenCounts) error {
+	s.charge(chain, charge{tokens: tokens})
 	return nil
 }
 
 func (s *memoryStore) charge(chain []limit, ch charge) {
 	now := s.clock()
-	bucket := ch.bucket
-	if bucket == 0 {
-		bucket = now.bucket
-	}
-	if ch.tokens == 0 || bucket < now.bucket-1 {
-		return // nothing to charge, or out of the window
-	}
 	for _, l := range chain {
-		if l.tpm <= 0 {
+		if !l.windows.tokenWindows() {
 			continue
 		}
 		for {
 			c := s.counter(l.prefix)
 			c.mu.Lock()
 			if !c.dead {
-				add(&c.tok, bucket, ch.tokens)
+				for k, capacity := range l.windows {
+					if wk := windowKind(k); capacity > 0 && wk.kind() != requests && ch.settles(wk, now) {
+						b := ch.bucketIn(wk.span())
+						if b == 0 {
+							b = now.in(wk.span()).bucket
+						}
+						add(&c.slots[k], b, ch.tokens.of(wk.kind()))
+					}
+				}
 				c.mu.Unlock()
 				break
 			}
@@ -356,11 +369,12 @@ func (s *memoryStore) sweepLoop(every time.Duration) {
 }
 
 // sweep drops the counters that no admission reads any more: those whose
-// newest bucket is older than the previous one at the latest clock reading,
-// and whose token bucket is full again (a missing one is full).
+// buckets are all older than the previous one of their span at the latest
+// clock reading, and whose token bucket is full again (a missing one is
+// full).
 func (s *memoryStore) sweep() {
 	latest := s.latest.Load()
-	oldest := momentAt(latest).bucket - 1
+	now := momentAt(latest)
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
@@ -369,7 +383,7 @@ func (s *memoryStore) sweep() {
 			link := &t[j]
 			for c := link.Load(); c != nil; c = link.Load() {
 				c.mu.Lock()
-				if c.newest() < oldest && c.bkt.fullAt <= latest {
+				if !c.readAt(now) && c.bkt.fullAt <= latest {
 					c.dead = true
 					link.Store(c.next.Load()) // a walk that is on c goes on from c.next
 					sh.n--

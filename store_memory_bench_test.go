@@ -11,7 +11,7 @@ import (
 
 // benchmarkCaps admit everything a benchmark sends: the org's counter of a
 // shared chain sees tens of millions of requests a minute.
-var benchmarkCaps = limitCaps{rpm: 1 << 40, tpm: 1 << 40}
+var benchmarkCaps = limitCaps{windows: windowCaps{rpm: 1 << 40, tpm: 1 << 40}}
 
 // benchmarkChains are n chains of four limits, key, project, team and org,
 // as a gateway builds them: keys are digested and distinct, ten keys share a
@@ -33,7 +33,7 @@ func benchmarkChains(n int) [][]limit {
 // admitAll admits one request of each chain, on the store's own clock.
 func admitAll(b *testing.B, s *memoryStore, chains [][]limit) {
 	for _, chain := range chains {
-		if d, _ := s.admit(context.Background(), chain, 0); !d.admitted {
+		if d, _ := s.admit(context.Background(), chain, tokenCounts{}); !d.admitted {
 			b.Fatal("refused under caps that admit everything")
 		}
 	}
@@ -58,7 +58,7 @@ func BenchmarkMemoryStoreAdmissions(b *testing.B) {
 	b.ReportAllocs()
 	i := 0
 	for b.Loop() {
-		if d, _ := s.admit(ctx, chains[i], 0); !d.admitted {
+		if d, _ := s.admit(ctx, chains[i], tokenCounts{}); !d.admitted {
 			b.Fatal("refused under caps that admit everything")
 		}
 		if i++; i == len(chains) {
@@ -80,7 +80,7 @@ func BenchmarkMemoryStoreAdmissionsParallel(b *testing.B) {
 		ctx := context.Background()
 		i := int(workers.Add(1)*7919) % len(chains) // apart from the other workers
 		for pb.Next() {
-			if d, _ := s.admit(ctx, chains[i], 0); !d.admitted {
+			if d, _ := s.admit(ctx, chains[i], tokenCounts{}); !d.admitted {
 				b.Error("refused under caps that admit everything")
 				return
 			}

@@ -26,7 +26,7 @@ func TestMemoryStoreDropsCountersThatNoEstimateReads(t *testing.T) {
 	if n := s.size(); n != 1 {
 		t.Fatalf("%d counters after a sweep two minutes on, want only the live one", n)
 	}
-	if n := memoryCount(t, s, live.prefix, requests, base/bucketMillis+2); n != 1 {
+	if n := memoryCount(t, s, live.prefix, rpm, base/bucketMillis+2); n != 1 {
 		t.Fatalf("the live counter lost its count: %d", n)
 	}
 }
@@ -88,7 +88,7 @@ func TestMemoryStoreChainLongerThanTheStackArraysAdmitsAndCharges(t *testing.T) 
 		t.Fatal("admitted a third request against rpm 2")
 	}
 	for _, l := range chain {
-		if n := memoryCount(t, s, l.prefix, requests, at/bucketMillis); n != 2 {
+		if n := memoryCount(t, s, l.prefix, rpm, at/bucketMillis); n != 2 {
 			t.Fatalf("%s charged %d requests, want 2", l.prefix, n)
 		}
 	}
@@ -107,7 +107,7 @@ func TestMemoryStoreChainsThatShareCountersInAnyOrderNeverDeadlock(t *testing.T)
 		go func() {
 			defer wg.Done()
 			for i := 0; i < 2000; i++ {
-				if d, _ := pinned(s, at).admit(context.Background(), chain, 0); !d.admitted {
+				if d, _ := pinned(s, at).admit(context.Background(), chain, tokenCounts{}); !d.admitted {
 					t.Error("refused under caps that admit everything")
 					return
 				}
@@ -161,7 +161,7 @@ func TestMemoryStoreCountsExactlyWhileItsShardsGrowAndAreSwept(t *testing.T) {
 		go func() {
 			defer admitters.Done()
 			for range each {
-				s.admit(ctx, live, 0)
+				s.admit(ctx, live, tokenCounts{})
 			}
 		}()
 	}
@@ -169,7 +169,7 @@ func TestMemoryStoreCountsExactlyWhileItsShardsGrowAndAreSwept(t *testing.T) {
 	close(stop)
 	churn.Wait()
 	for _, l := range live {
-		if n := memoryCount(t, s, l.prefix, requests, now/bucketMillis); n != 1+workers*each {
+		if n := memoryCount(t, s, l.prefix, rpm, now/bucketMillis); n != 1+workers*each {
 			t.Fatalf("%s counted %d requests, want %d: an admission missed its counter and made another", l.prefix, n, 1+workers*each)
 		}
 	}

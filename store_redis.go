@@ -100,7 +100,7 @@ func (s *redisStore) release() { s.lifetime.release(s.closeClient) }
 // admit it again, and asks Redis the rest. A pinned clock (tests) does not
 // run with this process's, so the cache, which bounds Redis's clock by ours,
 // is not used then.
-func (s *redisStore) admit(ctx context.Context, chain []limit, reserve int64) (admission, error) {
+func (s *redisStore) admit(ctx context.Context, chain []limit, reserve tokenCounts) (admission, error) {
 	cached := s.pinned.Load() == 0
 	sent := time.Now() // the cache bounds Redis's clock from a moment before the call
 	if cached {
@@ -127,7 +127,7 @@ func (s *redisStore) admit(ctx context.Context, chain []limit, reserve int64) (a
 }
 
 // decide asks Redis for one admission, in a coalesced call where calls are.
-func (s *redisStore) decide(ctx context.Context, chain []limit, reserve int64) (decision, error) {
+func (s *redisStore) decide(ctx context.Context, chain []limit, reserve tokenCounts) (decision, error) {
 	if s.calls != nil {
 		return s.admitCoalesced(ctx, chain, reserve)
 	}
@@ -135,12 +135,12 @@ func (s *redisStore) decide(ctx context.Context, chain []limit, reserve int64) (
 }
 
 func (s *redisStore) peek(ctx context.Context, chain []limit) (decision, error) {
-	return s.run(ctx, chain, 0, true)
+	return s.run(ctx, chain, tokenCounts{}, true)
 }
 
 // run decides one admission with admit.lua, which only reads when peek is
 // set.
-func (s *redisStore) run(ctx context.Context, chain []limit, reserve int64, peek bool) (decision, error) {
+func (s *redisStore) run(ctx context.Context, chain []limit, reserve tokenCounts, peek bool) (decision, error) {
 	var c scriptCall
 	c.add(chain, reserve)
 	ds, _, err := s.call(ctx, &c, peek)
@@ -166,7 +166,7 @@ func (s *redisStore) call(ctx context.Context, c *scriptCall, peek bool) (ds []d
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	charging := len(c.charges.keys) > 0
+	charging := c.charges.count() > 0
 	atMillis := s.pinned.Load()
 	bucket := s.bucketFor(atMillis)
 	reply, err := s.runScript(ctx, admitScript, c.keys(bucket), c.args(atMillis, bucket, peek), !charging)
@@ -191,13 +191,21 @@ func (s *redisStore) call(ctx context.Context, c *scriptCall, peek bool) (ds []d
 	return ds, charged, err
 }
 
-// bucketFor is the bucket that names a call's keys: the pinned clock's, or
-// the gateway's. The script checks it against its own clock.
+// bucketFor is the minute bucket that names a call's keys: the pinned
+// clock's, or the gateway's. The script checks it against its own clock.
 func (s *redisStore) bucketFor(atMillis int64) int64 {
 	if atMillis == 0 {
 		atMillis = time.Now().UnixMilli()
 	}
 	return momentAt(atMillis).bucket
+}
+
+// gatewayMoment is the pinned clock, or the gateway's.
+func (s *redisStore) gatewayMoment() moment {
+	if atMillis := s.pinned.Load(); atMillis != 0 {
+		return momentAt(atMillis)
+	}
+	return momentAt(time.Now().UnixMilli())
 }
 
 // otherBucket reads the scripts' answer {-1, now}: the keys named another
@@ -267,16 +275,14 @@ func isDeadConnection(err error) bool {
 		errors.Is(err, syscall.ECONNABORTED) || errors.Is(err, net.ErrClosed)
 }
 
-func (s *redisStore) recordTokens(ctx context.Context, chain []limit, tokens int64) error {
-	if tokens <= 0 {
-		return nil
-	}
+func (s *redisStore) recordTokens(ctx context.Context, chain []limit, tokens tokenCounts) error {
 	return s.chargeNow(ctx, chain, charge{tokens: tokens})
 }
 
 // chargeNow charges c to chain and waits for the outcome.
 func (s *redisStore) chargeNow(ctx context.Context, chain []limit, c charge) error {
-	if !s.changes(chain, c) {
+	now := s.gatewayMoment()
+	if !c.changes(chain, now) {
 		return nil
 	}
 	if s.calls != nil {
@@ -290,7 +296,7 @@ func (s *redisStore) chargeNow(ctx context.Context, chain []limit, c charge) err
 		}
 	}
 	var call scriptCall
-	call.charges.add(chain, c)
+	call.charges.add(chain, c, now)
 	_, charged, _ := s.call(ctx, &call, false)
 	return charged
 }
@@ -298,7 +304,7 @@ func (s *redisStore) chargeNow(ctx context.Context, chain []limit, c charge) err
 // chargeLater rides in the coalescer's calls; on Redis Cluster, where calls
 // are not coalesced, it charges in a goroutine of its own.
 func (s *redisStore) chargeLater(chain []limit, c charge, done func(error)) {
-	if !s.changes(chain, c) {
+	if !c.changes(chain, s.gatewayMoment()) {
 		done(nil)
 		return
 	}
@@ -313,17 +319,6 @@ func (s *redisStore) chargeLater(chain []limit, c charge, done func(error)) {
 	}()
 }
 
-// changes reports whether c changes a counter of chain: it has tokens, the
-// chain a tpm, and its bucket is still in the window by this process's
-// clock. (When Redis's clock is already a minute further, the script writes
-// a bucket that no admission reads any more, and which expires.)
-func (s *redisStore) changes(chain []limit, c charge) bool {
-	if c.tokens == 0 || !chainHasTPM(chain) {
-		return false
-	}
-	return c.bucket == 0 || c.bucket >= s.bucketFor(s.pinned.Load())-1
-}
-
 // Interface guards
 var (
 	_ store            = (*redisStore)(nil)
@@ -335,7 +330,7 @@ var (
 // timeout bounds) more when it is handed one. An admission that gives up
 // waiting may still be decided, and charged, by its call: that errs towards
 // stricter, as a lost reply does.
-func (s *redisStore) admitCoalesced(ctx context.Context, chain []limit, reserve int64) (decision, error) {
+func (s *redisStore) admitCoalesced(ctx context.Context, chain []limit, reserve tokenCounts) (decision, error) {
 	item := &scriptItem{chain: chain, reserve: reserve, answer: make(chan scriptAnswer, 1)}
 	a, err := coalesce.Await(ctx, s.calls, item, item.answer, s.timeout)
 	if err != nil {

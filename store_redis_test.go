@@ -44,7 +44,7 @@ func TestFirstAdmissionAfterClientKillIsStillEnforced(t *testing.T) {
 	if err := redisClient(t, url).ClientKillByFilter(context.Background(), "TYPE", "normal").Err(); err != nil {
 		t.Fatal(err)
 	}
-	d, err := s.admit(context.Background(), chain, 0)
+	d, err := s.admit(context.Background(), chain, tokenCounts{})
 	if err != nil {
 		t.Fatalf("first admission after CLIENT KILL failed (would fail open): %v", err)
 	}
@@ -78,7 +78,7 @@ func TestAdmissionOnAConnectionThatDiesAtItsNextCommandIsReplayedOnce(t *testing
 	at := pinnedBase() + 1000
 	chain := []limit{newLimit("key", uniqueID(t), 2, 0)}
 	s := storeOnADyingConnection(t, url, chain, at)
-	d, err := pinned(s, at).admit(context.Background(), chain, 0)
+	d, err := pinned(s, at).admit(context.Background(), chain, tokenCounts{})
 	if err != nil {
 		t.Fatalf("admission on a dying connection was not replayed: %v", err)
 	}
@@ -88,7 +88,7 @@ func TestAdmissionOnAConnectionThatDiesAtItsNextCommandIsReplayedOnce(t *testing
 	if admitOrFail(t, s, chain, at).admitted {
 		t.Fatal("third request admitted over rpm 2")
 	}
-	if n := redisCount(t, url, chain[0].prefix, requests, at/bucketMillis); n != 2 {
+	if n := redisCount(t, url, chain[0].prefix, rpm, at/bucketMillis); n != 2 {
 		t.Fatalf("counted %d requests, want exactly 2 (the dead attempt never reached Redis)", n)
 	}
 }
@@ -102,8 +102,8 @@ func TestCallOnADyingConnectionReplaysItsAdmissionsButNotItsCharges(t *testing.T
 	chain := []limit{newLimit("key", uniqueID(t), 2, 1000)}
 	s := storeOnADyingConnection(t, url, chain, at)
 	var c scriptCall
-	c.charges.add(chain, charge{tokens: 300})
-	c.add(chain, 0)
+	c.charges.add(chain, charge{tokens: totalTokens(300)}, momentAt(at))
+	c.add(chain, tokenCounts{})
 	ds, charged, err := pinned(s, at).call(context.Background(), &c, false)
 	if err != nil {
 		t.Fatalf("admission on a dying connection was not replayed: %v", err)
@@ -111,13 +111,13 @@ func TestCallOnADyingConnectionReplaysItsAdmissionsButNotItsCharges(t *testing.T
 	if !isDeadConnection(charged) {
 		t.Fatalf("charge on a dying connection: %v, want the dead connection's error", charged)
 	}
-	if !ds[0].admitted || ds[0].counts[0].tok.cur != 0 {
-		t.Fatalf("replayed admission: admitted %v, read %d tokens; want admitted, 0", ds[0].admitted, ds[0].counts[0].tok.cur)
+	if !ds[0].admitted || ds[0].counts[0].w[tpm].cur != 0 {
+		t.Fatalf("replayed admission: admitted %v, read %d tokens; want admitted, 0", ds[0].admitted, ds[0].counts[0].w[tpm].cur)
 	}
-	if n := redisCount(t, url, chain[0].prefix, tokens, at/bucketMillis); n != 0 {
+	if n := redisCount(t, url, chain[0].prefix, tpm, at/bucketMillis); n != 0 {
 		t.Fatalf("%d tokens charged by a call whose connection died, want 0", n)
 	}
-	if n := redisCount(t, url, chain[0].prefix, requests, at/bucketMillis); n != 2 {
+	if n := redisCount(t, url, chain[0].prefix, rpm, at/bucketMillis); n != 2 {
 		t.Fatalf("counted %d requests, want 2", n)
 	}
 }
@@ -130,14 +130,14 @@ func TestAdmissionsOfACallReadTheTokensItCharges(t *testing.T) {
 	org := newLimit("org", uniqueID(t), 0, 500)
 	key := newLimit("key", uniqueID(t), 10, 0)
 	var c scriptCall
-	c.charges.add([]limit{key, org}, charge{tokens: 500}) // the key has no tpm: only the org is charged
-	c.add([]limit{key, org}, 0)
+	c.charges.add([]limit{key, org}, charge{tokens: totalTokens(500)}, momentAt(at)) // the key has no tpm: only the org is charged
+	c.add([]limit{key, org}, tokenCounts{})
 	ds, charged, err := pinned(s, at).call(context.Background(), &c, false)
 	if err != nil || charged != nil {
 		t.Fatal(err, charged)
 	}
-	if ds[0].admitted || ds[0].counts[1].tok.cur != 500 {
-		t.Fatalf("admitted %v having read %d tokens; want refused on the 500 charged first", ds[0].admitted, ds[0].counts[1].tok.cur)
+	if ds[0].admitted || ds[0].counts[1].w[tpm].cur != 500 {
+		t.Fatalf("admitted %v having read %d tokens; want refused on the 500 charged first", ds[0].admitted, ds[0].counts[1].w[tpm].cur)
 	}
 	if len(c.keys(at/bucketMillis)) != 5 { // key req cur/prev, org tok cur/prev, the org's charge
 		t.Fatalf("keys %v", c.keys(at/bucketMillis))
@@ -152,7 +152,7 @@ func TestAdmissionFailsWithAnErrorWhileRedisIsDownAndResumesAfterRestart(t *test
 		t.Fatal("first request refused")
 	}
 	srv.Stop(t)
-	if _, err := s.admit(context.Background(), chain, 0); err == nil {
+	if _, err := s.admit(context.Background(), chain, tokenCounts{}); err == nil {
 		t.Fatal("admission succeeded with Redis stopped")
 	}
 	srv.Start(t) // empty dataset and empty script cache
@@ -165,7 +165,7 @@ func TestAdmissionFailsWithAnErrorWhileRedisIsDownAndResumesAfterRestart(t *test
 	var d admission
 	var err error
 	for {
-		if d, err = s.admit(context.Background(), chain, 0); err == nil || time.Now().After(deadline) {
+		if d, err = s.admit(context.Background(), chain, tokenCounts{}); err == nil || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -193,7 +193,7 @@ func TestUnloadedRedisStoreStaysOpenUntilItsLastHolderReleasesIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	chain := []limit{newLimit("org", uniqueID(t), 0, 100)}
-	if err := s.recordTokens(context.Background(), chain, 7); err != nil {
+	if err := s.recordTokens(context.Background(), chain, totalTokens(7)); err != nil {
 		t.Fatalf("charging after the unload: %v", err)
 	}
 	s.release()
@@ -211,7 +211,7 @@ func TestScriptTouchesNothingWhenItsKeysNameAnotherMinute(t *testing.T) {
 	chain := []limit{newLimit("org", uniqueID(t), 5, 100)}
 	stale := momentAt(at).bucket - 1
 	var c scriptCall
-	c.add(chain, 0)
+	c.add(chain, tokenCounts{})
 	reply, err := s.runScript(context.Background(), admitScript, c.keys(stale), c.args(at, stale, false), true)
 	if err != nil {
 		t.Fatal(err)
@@ -224,7 +224,7 @@ func TestScriptTouchesNothingWhenItsKeysNameAnotherMinute(t *testing.T) {
 		t.Fatalf("keys %v written by a call whose keys named another minute (%v)", keys, err)
 	}
 	var chargeOnly scriptCall
-	chargeOnly.charges.add(chain, charge{tokens: 9})
+	chargeOnly.charges.add(chain, charge{tokens: totalTokens(9)}, momentAt(at))
 	reply, err = s.runScript(context.Background(), admitScript, chargeOnly.keys(stale), chargeOnly.args(at, stale, false), false)
 	if _, ok := otherBucket(reply); !ok || err != nil {
 		t.Fatalf("token charge with keys of another minute: %v %v", reply, err)
@@ -236,7 +236,7 @@ func TestScriptTouchesNothingWhenItsKeysNameAnotherMinute(t *testing.T) {
 
 func TestReplyOfTheWrongShapeIsAnError(t *testing.T) {
 	var c scriptCall
-	c.add([]limit{newLimit("key", "k", 1, 0)}, 0)
+	c.add([]limit{newLimit("key", "k", 1, 0)}, tokenCounts{})
 	for _, reply := range [][]int64{nil, {1, 0}, {1, 0, 0, 0, 0, 0, 0, 2}, {1, 0, 0, 0, 0, 0, 1}, {0, 0, 0, 0, 0, 0, 0, 1}} {
 		if _, err := c.decode(reply, true); !errors.Is(err, errBadReply) {
 			t.Fatalf("reply %v: err %v, want errBadReply", reply, err)
@@ -283,7 +283,7 @@ func BenchmarkAdmissionRedisServerTimeByActiveKeys(b *testing.B) {
 			pipe := admin.Pipeline()
 			for k := range active {
 				prefix := chainOf(k)[0].prefix
-				for _, window := range []kind{requests, tokens} {
+				for _, window := range []windowKind{rpm, tpm} {
 					for _, at := range []int64{bucket, bucket - 1} {
 						pipe.Set(ctx, bucketKey(prefix, window, at), 1, 2*time.Minute)
 					}
@@ -317,7 +317,7 @@ func benchmarkRedisTime(b *testing.B, url string, concurrent bool, reserve int64
 	s := newTestRedisStore(b, url)
 	admin := redisClient(b, url)
 	ctx := context.Background()
-	if _, err := s.admit(ctx, chainOf(0), 0); err != nil { // load the script
+	if _, err := s.admit(ctx, chainOf(0), tokenCounts{}); err != nil { // load the script
 		b.Fatal(err)
 	}
 	if err := admin.ConfigResetStat(ctx).Err(); err != nil {
@@ -329,7 +329,7 @@ func benchmarkRedisTime(b *testing.B, url string, concurrent bool, reserve int64
 		b.SetParallelism(16) // 32 goroutines on 2 cores
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				if _, err := s.admit(ctx, chainOf(int(next.Add(1))), reserve); err != nil {
+				if _, err := s.admit(ctx, chainOf(int(next.Add(1))), totalTokens(reserve)); err != nil {
 					b.Error(err)
 					return
 				}
@@ -337,7 +337,7 @@ func benchmarkRedisTime(b *testing.B, url string, concurrent bool, reserve int64
 		})
 	} else {
 		for i := 0; i < b.N; i++ {
-			if _, err := s.admit(ctx, chainOf(i), reserve); err != nil {
+			if _, err := s.admit(ctx, chainOf(i), totalTokens(reserve)); err != nil {
 				b.Fatal(err)
 			}
 		}

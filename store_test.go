@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,7 +21,7 @@ type storeKit struct {
 	// do: separate Redis clients (and connections), or the one process store.
 	replicas func(t *testing.T, n int) []store
 	// count reads one bucket of s directly, bypassing the store's logic.
-	count func(t *testing.T, s store, prefix string, k kind, bucket int64) int64
+	count func(t *testing.T, s store, prefix string, k windowKind, bucket int64) int64
 	// state is everything s holds for the chain's limits at the pinned
 	// time, as stored: window buckets and token buckets.
 	state func(t *testing.T, s store, chain []limit, at int64) string
@@ -45,7 +44,7 @@ func memoryKit() storeKit {
 			for _, l := range chain {
 				c := s.(*memoryStore).counter(l.prefix)
 				c.mu.Lock()
-				fmt.Fprintf(&out, "%s %v %v %v\n", l.prefix, c.req, c.tok, c.bkt)
+				fmt.Fprintf(&out, "%s %v %v\n", l.prefix, c.slots, c.bkt)
 				c.mu.Unlock()
 			}
 			return out.String()
@@ -53,15 +52,11 @@ func memoryKit() storeKit {
 	}
 }
 
-func memoryCount(_ *testing.T, s store, prefix string, k kind, bucket int64) int64 {
+func memoryCount(_ *testing.T, s store, prefix string, k windowKind, bucket int64) int64 {
 	c := s.(*memoryStore).counter(prefix)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	slots := &c.req
-	if k == tokens {
-		slots = &c.tok
-	}
-	return slots[bucket&1].count(bucket)
+	return c.slots[k][bucket&1].count(bucket)
 }
 
 func redisKit(url string) storeKit {
@@ -78,12 +73,12 @@ func redisKit(url string) storeKit {
 			}
 			return out
 		},
-		count: func(t *testing.T, _ store, prefix string, k kind, bucket int64) int64 {
+		count: func(t *testing.T, _ store, prefix string, k windowKind, bucket int64) int64 {
 			return redisCount(t, url, prefix, k, bucket)
 		},
 		state: func(t *testing.T, _ store, chain []limit, at int64) string {
 			var c scriptCall
-			c.add(chain, 0)
+			c.add(chain, tokenCounts{})
 			keys := c.keys(momentAt(at).bucket)
 			vals, err := redisClient(t, url).MGet(context.Background(), keys...).Result()
 			if err != nil {
@@ -94,7 +89,7 @@ func redisKit(url string) storeKit {
 	}
 }
 
-func redisCount(t *testing.T, url, prefix string, k kind, bucket int64) int64 {
+func redisCount(t *testing.T, url, prefix string, k windowKind, bucket int64) int64 {
 	opts, err := redis.ParseURL(url)
 	if err != nil {
 		t.Fatal(err)
@@ -112,8 +107,8 @@ func redisCount(t *testing.T, url, prefix string, k kind, bucket int64) int64 {
 }
 
 // newLimit is a per-minute limit without a hash tag.
-func newLimit(scope, id string, rpm, tpm int64) limit {
-	return newTaggedLimit("", scope, id, limitCaps{rpm: rpm, tpm: tpm})
+func newLimit(scope, id string, perMinute, tokensPerMinute int64) limit {
+	return newTaggedLimit("", scope, id, limitCaps{windows: windowCaps{rpm: perMinute, tpm: tokensPerMinute}})
 }
 
 // newBucketLimit is a token-bucket limit without a hash tag; rate is in
@@ -154,8 +149,8 @@ func TestStoreConformanceRedis(t *testing.T) {
 }
 
 func runConformance(t *testing.T, kit storeKit) {
-	counter := func(t *testing.T, s store) func(prefix string, k kind, bucket int64) int64 {
-		return func(prefix string, k kind, bucket int64) int64 { return kit.count(t, s, prefix, k, bucket) }
+	counter := func(t *testing.T, s store) func(prefix string, k windowKind, bucket int64) int64 {
+		return func(prefix string, k windowKind, bucket int64) int64 { return kit.count(t, s, prefix, k, bucket) }
 	}
 	t.Run("ConcurrentRequestsAgainstRPM1AdmitExactlyOne", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
@@ -171,7 +166,7 @@ func runConformance(t *testing.T, kit storeKit) {
 		if got := raceAdmissions(t, stores, chain, 96, at); got != 5 {
 			t.Fatalf("admitted %d, want exactly 5", got)
 		}
-		if n := counter(t, stores[0])(chain[0].prefix, requests, at/bucketMillis); n != 5 {
+		if n := counter(t, stores[0])(chain[0].prefix, rpm, at/bucketMillis); n != 5 {
 			t.Fatalf("counted %d requests in the store, want exactly 5", n)
 		}
 	})
@@ -184,7 +179,7 @@ func runConformance(t *testing.T, kit storeKit) {
 			t.Fatalf("admitted %d under key rpm 3 and org rpm 100, want 3", got)
 		}
 		count := counter(t, stores[0])
-		if n := count(org.prefix, requests, at/bucketMillis); n != 3 {
+		if n := count(org.prefix, rpm, at/bucketMillis); n != 3 {
 			t.Fatalf("org charged %d requests, want only the key's 3 admissions", n)
 		}
 		// A second key of the same org still gets in: the org was not overcharged.
@@ -204,7 +199,7 @@ func runConformance(t *testing.T, kit storeKit) {
 		}
 		if d := admitOrFail(t, s, chain, base); d.admitted {
 			t.Fatal("admitted on the boundary, where the previous bucket counts in full (10 of 10)")
-		} else if got := d.counts[0].req; got != (window{cur: 0, prev: 10}) {
+		} else if got := d.counts[0].w[rpm]; got != (window{cur: 0, prev: 10}) {
 			t.Fatalf("read %+v, want prev 10", got)
 		}
 		// At mid-minute the previous 10 count as 5: five more fit, not six.
@@ -241,10 +236,10 @@ func runConformance(t *testing.T, kit storeKit) {
 		if !admitOrFail(t, s, chain, at).admitted {
 			t.Fatal("first request refused")
 		}
-		if err := pinned(s, at+1).recordTokens(context.Background(), chain, 1000); err != nil {
+		if err := pinned(s, at+1).recordTokens(context.Background(), chain, totalTokens(1000)); err != nil {
 			t.Fatal(err)
 		}
-		if tok := counter(t, s)(chain[0].prefix, tokens, at/bucketMillis); tok != 1000 {
+		if tok := counter(t, s)(chain[0].prefix, tpm, at/bucketMillis); tok != 1000 {
 			t.Fatalf("tok bucket holds %d, want 1000", tok)
 		}
 		d := admitOrFail(t, s, chain, at+2)
@@ -254,7 +249,7 @@ func runConformance(t *testing.T, kit storeKit) {
 		if ref := refusalOf(chain, d); ref.kind != tokens {
 			t.Fatalf("refused on %v, want tokens", ref.kind)
 		}
-		if n := counter(t, s)(chain[0].prefix, requests, at/bucketMillis); n != 1 {
+		if n := counter(t, s)(chain[0].prefix, rpm, at/bucketMillis); n != 1 {
 			t.Fatalf("request bucket holds %d after the refusal, want 1", n)
 		}
 	})
@@ -269,7 +264,7 @@ func runConformance(t *testing.T, kit storeKit) {
 				t.Fatal("admitted over the key's rpm 1")
 			}
 		}
-		if n := counter(t, s)(org.prefix, requests, at/bucketMillis); n != 1 {
+		if n := counter(t, s)(org.prefix, rpm, at/bucketMillis); n != 1 {
 			t.Fatalf("org charged %d, want 1", n)
 		}
 	})
@@ -283,7 +278,7 @@ func runConformance(t *testing.T, kit storeKit) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !d.admitted || d.counts[0].req.cur != 1 {
+			if !d.admitted || d.counts[0].w[rpm].cur != 1 {
 				t.Fatalf("peek %d: %+v, want admitted with 1 counted", i, d)
 			}
 		}
@@ -291,7 +286,7 @@ func runConformance(t *testing.T, kit storeKit) {
 		if d, _ := pinned(s, at).peek(context.Background(), chain); d.admitted {
 			t.Fatal("peek admits over the cap")
 		}
-		if n := counter(t, s)(chain[0].prefix, requests, at/bucketMillis); n != 2 {
+		if n := counter(t, s)(chain[0].prefix, rpm, at/bucketMillis); n != 2 {
 			t.Fatalf("counted %d, want the 2 admissions only", n)
 		}
 	})
@@ -300,14 +295,14 @@ func runConformance(t *testing.T, kit storeKit) {
 		at := pinnedBase() + 5000
 		withTPM := newLimit("org", uniqueID(t), 0, 500)
 		without := newLimit("key", uniqueID(t), 5, 0)
-		if err := pinned(s, at).recordTokens(context.Background(), []limit{without, withTPM}, 42); err != nil {
+		if err := pinned(s, at).recordTokens(context.Background(), []limit{without, withTPM}, totalTokens(42)); err != nil {
 			t.Fatal(err)
 		}
 		count := counter(t, s)
-		if n := count(withTPM.prefix, tokens, at/bucketMillis); n != 42 {
+		if n := count(withTPM.prefix, tpm, at/bucketMillis); n != 42 {
 			t.Fatalf("org tok bucket %d, want 42", n)
 		}
-		if n := count(without.prefix, tokens, at/bucketMillis); n != 0 {
+		if n := count(without.prefix, tpm, at/bucketMillis); n != 0 {
 			t.Fatalf("key without tpm charged %d tokens", n)
 		}
 	})
@@ -319,7 +314,7 @@ func runConformance(t *testing.T, kit storeKit) {
 		for i := range 50 {
 			wg.Add(1) // a second report of one charge would take the count below 0
 			key := newLimit("key", fmt.Sprintf("%s-%d", org.id, i), 5, 0)
-			go s.chargeLater([]limit{key, org}, charge{tokens: int64(i + 1)}, func(err error) {
+			go s.chargeLater([]limit{key, org}, charge{tokens: totalTokens(int64(i + 1))}, func(err error) {
 				if err != nil {
 					failed.Add(1)
 				}
@@ -333,7 +328,7 @@ func runConformance(t *testing.T, kit storeKit) {
 		// On the store's clock: a minute may have turned meanwhile.
 		now := time.Now().UnixMilli() / bucketMillis
 		count := counter(t, s)
-		if n := count(org.prefix, tokens, now) + count(org.prefix, tokens, now-1); n != 50*51/2 {
+		if n := count(org.prefix, tpm, now) + count(org.prefix, tpm, now-1); n != 50*51/2 {
 			t.Fatalf("org holds %d tokens, want %d", n, 50*51/2)
 		}
 	})
@@ -364,10 +359,10 @@ func runConformance(t *testing.T, kit storeKit) {
 		s := kit.replicas(t, 1)[0]
 		base := pinnedBase()
 		chain := []limit{newLimit("key", uniqueID(t), 0, 1000)}
-		if err := pinned(s, base-bucketMillis).recordTokens(context.Background(), chain, 1200); err != nil {
+		if err := pinned(s, base-bucketMillis).recordTokens(context.Background(), chain, totalTokens(1200)); err != nil {
 			t.Fatal(err)
 		}
-		if err := pinned(s, base).recordTokens(context.Background(), chain, 400); err != nil {
+		if err := pinned(s, base).recordTokens(context.Background(), chain, totalTokens(400)); err != nil {
 			t.Fatal(err)
 		}
 		assertReleaseAt(t, s, chain, base+1000, base+30_001)
@@ -426,11 +421,11 @@ func runConformance(t *testing.T, kit storeKit) {
 		at := pinnedBase() + 5000
 		chain := []limit{
 			newBucketLimit(t, "key", uniqueID(t), "1", 2, 0),
-			newTaggedLimit("", "team", uniqueID(t), limitCaps{rpm: 10, tpm: 1000}),
+			newTaggedLimit("", "team", uniqueID(t), limitCaps{windows: windowCaps{rpm: 10, tpm: 1000}}),
 			newBucketLimit(t, "org", uniqueID(t), "100", 100, 3),
 		}
 		fill(t, s, chain, at, 2)
-		if err := pinned(s, at).recordTokens(context.Background(), chain, 40); err != nil {
+		if err := pinned(s, at).recordTokens(context.Background(), chain, totalTokens(40)); err != nil {
 			t.Fatal(err)
 		}
 		before := kit.state(t, s, chain, at)
@@ -461,7 +456,7 @@ func runConformance(t *testing.T, kit storeKit) {
 		if ref := refusalOf([]limit{first, org}, d); d.admitted || ref.first != 0 || ref.kind != burst || ref.waitMillis != 1000 {
 			t.Fatalf("admitted %v, refusal %+v: want the key's bucket, released in 1000 ms", d.admitted, ref)
 		}
-		if n := kit.count(t, s, org.prefix, requests, at/bucketMillis); n != 3 {
+		if n := kit.count(t, s, org.prefix, rpm, at/bucketMillis); n != 3 {
 			t.Fatalf("org charged %d requests, want the 3 admitted", n)
 		}
 		second := newBucketLimit(t, "key", keyID(false, "sk-"+uniqueID(t)), "1", 3, 0)
@@ -476,7 +471,7 @@ func runConformance(t *testing.T, kit storeKit) {
 		// Both refusing: the wait is the later release, the org's window.
 		d = admitOrFail(t, s, []limit{first, org}, at)
 		ref := refusalOf([]limit{first, org}, d)
-		if ref.first != 0 || ref.kind != burst || ref.waitMillis != releaseIn(d.counts[1].req, org.rpm, 1, d.now.into) {
+		if ref.first != 0 || ref.kind != burst || ref.waitMillis != releaseIn(d.counts[1].w[rpm], org.windows[rpm], 1, d.now.in(minute)) {
 			t.Fatalf("refusal %+v: want the key first and the org's release", ref)
 		}
 	})
@@ -488,7 +483,7 @@ func runConformance(t *testing.T, kit storeKit) {
 			t.Fatalf("admitted %d of 40 reservations of 1000 against tpm 10500, want exactly 10", got)
 		}
 		for _, l := range chain {
-			if n := kit.count(t, stores[0], l.prefix, tokens, at/bucketMillis); n != 10_000 {
+			if n := kit.count(t, stores[0], l.prefix, tpm, at/bucketMillis); n != 10_000 {
 				t.Fatalf("%s holds %d reserved tokens, want the 10 admissions' 10000", l.scope, n)
 			}
 		}
@@ -498,20 +493,20 @@ func runConformance(t *testing.T, kit storeKit) {
 		at := pinnedBase() + 15_000
 		chain := []limit{newLimit("org", uniqueID(t), 10, 10_500)}
 		fillReserving(t, s, chain, at, 9_000)
-		a, err := pinned(s, at).admit(context.Background(), chain, 2_000)
+		a, err := pinned(s, at).admit(context.Background(), chain, totalTokens(2_000))
 		if err != nil {
 			t.Fatal(err)
 		}
 		if a.admitted || a.refusal.kind != tokens {
 			t.Fatalf("admitted %v, refusal %+v: want 2000 over the 1500 left refused on tokens", a.admitted, a.refusal)
 		}
-		if want := releaseIn(a.counts[0].tok, 10_500, 2_000, a.now.into); a.refusal.waitMillis != want {
+		if want := releaseIn(a.counts[0].w[tpm], 10_500, 2_000, a.now.in(minute)); a.refusal.waitMillis != want {
 			t.Fatalf("wait %d ms, want %d, when 2000 tokens fit", a.refusal.waitMillis, want)
 		}
-		if n := kit.count(t, s, chain[0].prefix, tokens, at/bucketMillis); n != 9_000 {
+		if n := kit.count(t, s, chain[0].prefix, tpm, at/bucketMillis); n != 9_000 {
 			t.Fatalf("the refusal changed the tok bucket to %d", n)
 		}
-		if n := kit.count(t, s, chain[0].prefix, requests, at/bucketMillis); n != 9 {
+		if n := kit.count(t, s, chain[0].prefix, rpm, at/bucketMillis); n != 9 {
 			t.Fatalf("the refusal changed the req bucket to %d", n)
 		}
 		release := at + a.refusal.waitMillis
@@ -526,18 +521,18 @@ func runConformance(t *testing.T, kit storeKit) {
 		s := kit.replicas(t, 1)[0]
 		base := pinnedBase()
 		chain := []limit{newLimit("key", uniqueID(t), 0, 100_000)}
-		d := admitReserving(t, s, chain, base+58_000, 1_000)                                                    // at 0:58
-		settle(t, pinned(s, base+bucketMillis+1_000), chain, charge{tokens: 700 - 1_000, bucket: d.now.bucket}) // at 1:01
-		if first, second := kit.count(t, s, chain[0].prefix, tokens, base/bucketMillis), kit.count(t, s, chain[0].prefix, tokens, base/bucketMillis+1); first != 700 || second != 0 {
+		d := admitReserving(t, s, chain, base+58_000, 1_000)                                                                 // at 0:58
+		settle(t, pinned(s, base+bucketMillis+1_000), chain, charge{tokens: totalTokens(700 - 1_000), bucket: d.now.bucket}) // at 1:01
+		if first, second := kit.count(t, s, chain[0].prefix, tpm, base/bucketMillis), kit.count(t, s, chain[0].prefix, tpm, base/bucketMillis+1); first != 700 || second != 0 {
 			t.Fatalf("tok buckets %d and %d, want the usage 700 in the reservation's minute", first, second)
 		}
-		settle(t, pinned(s, base+bucketMillis+2_000), chain, charge{tokens: -5_000, bucket: d.now.bucket})
-		if n := kit.count(t, s, chain[0].prefix, tokens, base/bucketMillis); n != 0 {
+		settle(t, pinned(s, base+bucketMillis+2_000), chain, charge{tokens: totalTokens(-5_000), bucket: d.now.bucket})
+		if n := kit.count(t, s, chain[0].prefix, tpm, base/bucketMillis); n != 0 {
 			t.Fatalf("a settlement took the bucket to %d, want never below 0", n)
 		}
 		d = admitReserving(t, s, chain, base+2*bucketMillis+5_000, 1_000)
-		settle(t, pinned(s, base+4*bucketMillis), chain, charge{tokens: 2_000, bucket: d.now.bucket})
-		if n := kit.count(t, s, chain[0].prefix, tokens, d.now.bucket); n != 1_000 {
+		settle(t, pinned(s, base+4*bucketMillis), chain, charge{tokens: totalTokens(2_000), bucket: d.now.bucket})
+		if n := kit.count(t, s, chain[0].prefix, tpm, d.now.bucket); n != 1_000 {
 			t.Fatalf("a settlement out of the window changed its bucket to %d, want it left at 1000", n)
 		}
 	})
@@ -547,7 +542,7 @@ func runConformance(t *testing.T, kit storeKit) {
 		chain := []limit{newLimit("org", uniqueID(t), 0, 10_500)}
 		for range 10 {
 			d := admitReserving(t, s, chain, at, 1_000)
-			settle(t, s, chain, charge{tokens: 600 - 1_000, bucket: d.now.bucket})
+			settle(t, s, chain, charge{tokens: totalTokens(600 - 1_000), bucket: d.now.bucket})
 		}
 		admitted := 0
 		for range 6 {
@@ -612,7 +607,7 @@ func assertReleaseAt(t *testing.T, s store, chain []limit, at, release int64) {
 
 func admitOrFail(t *testing.T, s store, chain []limit, at int64) decision {
 	t.Helper()
-	a, err := pinned(s, at).admit(context.Background(), chain, 0)
+	a, err := pinned(s, at).admit(context.Background(), chain, tokenCounts{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -622,7 +617,7 @@ func admitOrFail(t *testing.T, s store, chain []limit, at int64) decision {
 // admitReserving admits chain on s at the pinned time with a reservation.
 func admitReserving(t *testing.T, s store, chain []limit, at, reserve int64) decision {
 	t.Helper()
-	a, err := pinned(s, at).admit(context.Background(), chain, reserve)
+	a, err := pinned(s, at).admit(context.Background(), chain, totalTokens(reserve))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -669,7 +664,7 @@ func raceReservations(t *testing.T, stores []store, chain []limit, n int, reserv
 		go func(s store) {
 			defer wg.Done()
 			start.Wait()
-			d, err := pinned(s, at).admit(context.Background(), chain, reserve)
+			d, err := pinned(s, at).admit(context.Background(), chain, totalTokens(reserve))
 			if err != nil {
 				errs <- err
 				return
@@ -690,7 +685,7 @@ func raceReservations(t *testing.T, stores []store, chain []limit, n int, reserv
 
 func TestBucketKeyLayoutIsTheSpecs(t *testing.T) {
 	l := newLimit("org", "acme", 1, 0)
-	if got, want := bucketKey(l.prefix, requests, 29_000_000), "rolter:rl:org:acme:req:29000000"; got != want {
+	if got, want := bucketKey(l.prefix, rpm, 29_000_000), "rolter:rl:org:acme:req:29000000"; got != want {
 		t.Fatalf("%s, want %s", got, want)
 	}
 }
@@ -713,11 +708,6 @@ func TestEveryIDIsDigestedUnlessItsScopeIsReadable(t *testing.T) {
 	}
 }
 
-// bucketKey is the full key of one bucket, as the scripts build it: prefix + "req:" or "tok:" + bucket.
-func bucketKey(prefix string, k kind, bucket int64) string {
-	name := "req:"
-	if k == tokens {
-		name = "tok:"
-	}
-	return prefix + name + strconv.FormatInt(bucket, 10)
-}
+// totalTokens is a reservation or charge of n tokens on chains that cap only
+// tpm or tpd.
+func totalTokens(n int64) tokenCounts { return tokenCounts{total: n} }

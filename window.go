@@ -1,21 +1,20 @@
 package ratelimit
 
-const (
-	// bucketMillis is the length of one bucket.
-	bucketMillis = 60_000
-	// bucketTTLSeconds is how long a bucket key lives after its creation:
-	// it is read until the end of the following minute, at most 120 s.
-	bucketTTLSeconds = 120
+import (
+	"strconv"
+	"strings"
 )
 
-// kind is what a limit counts: requests or tokens per minute, or a token
-// bucket's tokens (bucket.go); and, for refusals, a request whose token
-// reservation alone is over a tpm.
+// kind is what a limit counts: requests, tokens (all of them), input or
+// output tokens, in a window; or a token bucket's tokens (bucket.go); and,
+// for refusals, a request whose token reservation alone is over a cap.
 type kind uint8
 
 const (
 	requests kind = iota
 	tokens
+	inputTokens
+	outputTokens
 	burst
 	tooLarge
 )
@@ -25,6 +24,10 @@ func (k kind) String() string {
 	switch k {
 	case tokens:
 		return "tokens"
+	case inputTokens:
+		return "input_tokens"
+	case outputTokens:
+		return "output_tokens"
 	case burst:
 		return "burst"
 	case tooLarge:
@@ -36,11 +39,136 @@ func (k kind) String() string {
 // errorType is the kind in an OpenAI-style error body, whose types are
 // "requests" and "tokens": a bucket meters requests.
 func (k kind) errorType() string {
-	if k == tokens || k == tooLarge {
-		return "tokens"
+	if k == requests || k == burst {
+		return "requests"
 	}
-	return "requests"
+	return "tokens"
 }
+
+// span is how long a window is: a minute or a day.
+type span uint8
+
+const (
+	minute span = iota
+	day
+)
+
+// Each span's arithmetic counts in a unit: milliseconds for a minute,
+// seconds for a day, so that a day's estimate stays exact in Lua's doubles
+// (maxCap × 86400 is below 2^53). A bucket is length units long; its key
+// lives ttlSeconds after its creation, as it is read until the end of the
+// following bucket.
+type spanUnits struct {
+	unitMillis, length, ttlSeconds int64
+	name                           string // in placeholders, metrics and the live view
+	per                            string // in messages: "tokens per min"
+	suffix                         string // of the caps' names: "tpm"
+}
+
+var spans = [...]spanUnits{
+	minute: {unitMillis: 1, length: 60_000, ttlSeconds: 120, name: "minute", per: "min", suffix: "m"},
+	day:    {unitMillis: 1000, length: 86_400, ttlSeconds: 2 * 86_400, name: "day", per: "day", suffix: "d"},
+}
+
+// bucketMillis is a minute bucket's length; a day is daysMinutes of them.
+const (
+	bucketMillis = 60_000
+	dayMinutes   = 1440
+)
+
+// maxCap bounds every window cap, so that cap × length stays exact in Lua's
+// doubles for a day too: 10^11 requests or tokens.
+const maxCap = 100_000_000_000
+
+// windowKind is one window a limit may cap: a kind of count (requests,
+// tokens, input, output) over a span. Its value indexes windowCaps and
+// counts.w, minute windows first; admit.lua numbers them alike.
+type windowKind uint8
+
+const (
+	rpm windowKind = iota
+	tpm
+	itpm
+	otpm
+	rpd
+	tpd
+	itpd
+	otpd
+	numWindows
+)
+
+func (k windowKind) kind() kind { return kind(k % 4) }
+func (k windowKind) span() span { return span(k / 4) }
+
+// String is the cap's name in the config: rpm, tpm, itpm, otpm, rpd, …
+func (k windowKind) String() string {
+	return [...]string{"r", "t", "it", "ot"}[k%4] + "p" + spans[k.span()].suffix
+}
+
+// noun is what the window counts, in messages.
+func (k windowKind) noun() string {
+	return [...]string{"requests", "tokens", "input tokens", "output tokens"}[k%4]
+}
+
+// unit is the cap's name in messages: RPM, ITPD.
+func (k windowKind) unit() string { return strings.ToUpper(k.String()) }
+
+// keyName is what the store appends to a limit's prefix, before ":" and
+// the bucket: the minute windows keep the names they had before there were
+// others.
+func (k windowKind) keyName() string {
+	return [...]string{"req", "tok", "in", "out", "reqd", "tokd", "ind", "outd"}[k]
+}
+
+// windowCaps are a limit's window caps, by windowKind; 0 is no cap.
+type windowCaps [numWindows]int64
+
+// capped is how many windows are capped.
+func (w windowCaps) capped() int {
+	n := 0
+	for _, c := range w {
+		if c > 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// tokenWindows is whether any token window is capped: the request's usage
+// is then metered.
+func (w windowCaps) tokenWindows() bool {
+	for k, c := range w {
+		if c > 0 && windowKind(k).kind() != requests {
+			return true
+		}
+	}
+	return false
+}
+
+// tokenCounts are tokens of a request: all of them, and the parts input and
+// output caps count. A reservation's total is its input and output; a
+// response's usage may report a total above its parts (Anthropic's cache
+// reads count only in the total).
+type tokenCounts struct{ total, input, output int64 }
+
+// of is the tokens a window of kind k counts; a request is 1 request.
+func (t tokenCounts) of(k kind) int64 {
+	switch k {
+	case tokens:
+		return t.total
+	case inputTokens:
+		return t.input
+	case outputTokens:
+		return t.output
+	}
+	return 1
+}
+
+func (t tokenCounts) minus(u tokenCounts) tokenCounts {
+	return tokenCounts{t.total - u.total, t.input - u.input, t.output - u.output}
+}
+
+func (t tokenCounts) isZero() bool { return t == tokenCounts{} }
 
 // window holds the two buckets of one counter that an estimate reads: the
 // sliding window of the package doc, in exact integer arithmetic, with the
@@ -49,93 +177,130 @@ type window struct {
 	cur, prev int64
 }
 
-// moment is a store's clock reading split into bucket and offset.
+// moment is a store's clock reading.
 type moment struct {
 	unixMillis int64
-	bucket     int64 // unix_seconds / 60
-	into       int64 // milliseconds into the bucket, [0, bucketMillis)
+	bucket     int64 // minute: unix_seconds / 60
+	into       int64 // milliseconds into the minute bucket, [0, bucketMillis)
 }
 
 func momentAt(unixMillis int64) moment {
-	b := unixMillis / bucketMillis
-	if unixMillis < 0 && unixMillis%bucketMillis != 0 {
-		b-- // floor, for pinned test clocks before the epoch
-	}
+	b := floorDiv(unixMillis, bucketMillis)
 	return moment{unixMillis: unixMillis, bucket: b, into: unixMillis - b*bucketMillis}
 }
 
-// weighted is the estimate × bucketMillis at offset into.
-func (w window) weighted(into int64) int64 {
-	return w.cur*bucketMillis + w.prev*(bucketMillis-into)
+// floorDiv rounds down, for pinned test clocks before the epoch.
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && a < 0 {
+		q--
+	}
+	return q
 }
 
-// estimate is the trailing-minute estimate at offset into.
-func (w window) estimate(into int64) float64 {
-	return float64(w.weighted(into)) / bucketMillis
+// dayOf is the day bucket (unix_seconds / 86400) of a minute bucket.
+func dayOf(minuteBucket int64) int64 { return floorDiv(minuteBucket, dayMinutes) }
+
+// position is a moment within one span's buckets.
+type position struct {
+	span       span
+	bucket     int64 // unix_seconds / 60, or / 86400
+	into       int64 // units into the bucket
+	intoMillis int64 // milliseconds into the bucket
+}
+
+func (m moment) in(s span) position {
+	if s == minute {
+		return position{span: minute, bucket: m.bucket, into: m.into, intoMillis: m.into}
+	}
+	b := floorDiv(m.unixMillis, 86_400_000)
+	intoMillis := m.unixMillis - b*86_400_000
+	return position{span: day, bucket: b, into: intoMillis / 1000, intoMillis: intoMillis}
+}
+
+// weighted is the estimate × length at offset into.
+func (w window) weighted(into, length int64) int64 {
+	return w.cur*length + w.prev*(length-into)
+}
+
+// estimate is the trailing window's estimate at p.
+func (w window) estimate(p position) float64 {
+	length := spans[p.span].length
+	return float64(w.weighted(p.into, length)) / float64(length)
 }
 
 // fits reports whether an admission that adds size to the counter fits at
-// offset into: while estimate + size ≤ capacity. A request has size 1; a
-// token reservation its tokens. Size 0 is tokens not reserved, which exist
-// only once a response reports them: they fit while estimate < capacity.
-func fits(w window, capacity, size, into int64) bool {
+// p: while estimate + size ≤ capacity. A request has size 1; a token
+// reservation its tokens. Size 0 is tokens not reserved, which exist only
+// once a response reports them: they fit while estimate < capacity.
+func fits(w window, capacity, size int64, p position) bool {
+	length := spans[p.span].length
 	if size == 0 {
-		return w.weighted(into) < capacity*bucketMillis
+		return w.weighted(p.into, length) < capacity*length
 	}
-	return w.weighted(into)+size*bucketMillis <= capacity*bucketMillis
+	return w.weighted(p.into, length)+size*length <= capacity*length
 }
 
-// releaseIn is how many milliseconds after offset into a counter that refuses
-// an admission of size would admit it, absent further traffic: the earliest
-// whole millisecond at which fits holds. While the current bucket alone
-// fits, what refuses is the previous bucket's weight, which falls during this
-// bucket; otherwise the current bucket must first become the previous one.
-// size is at most capacity.
-func releaseIn(w window, capacity, size, into int64) int64 {
+// releaseIn is how many milliseconds after p a counter that refuses an
+// admission of size would admit it, absent further traffic: the earliest
+// whole unit (millisecond or second) at which fits holds. While the current
+// bucket alone fits, what refuses is the previous bucket's weight, which
+// falls during this bucket; otherwise the current bucket must first become
+// the previous one. size is at most capacity.
+func releaseIn(w window, capacity, size int64, p position) int64 {
+	u := spans[p.span]
 	// room is how much the weighted estimate may reach, strict or not.
-	room, strict := (capacity-size)*bucketMillis, size == 0
-	if w.cur*bucketMillis < room || !strict && w.cur*bucketMillis == room {
-		// Admits at the earliest t in this bucket with prev × (60000 − t) within room − cur.
-		at := bucketMillis - maxWeight(room-w.cur*bucketMillis, w.prev, strict)
-		return max(at-into, 0)
+	room, strict := (capacity-size)*u.length, size == 0
+	var at int64 // units after the start of the current bucket
+	if w.cur*u.length < room || !strict && w.cur*u.length == room {
+		// Admits at the earliest t in this bucket with prev × (length − t) within room − cur.
+		at = max(u.length-maxWeight(room-w.cur*u.length, w.prev, u.length, strict), p.into)
+	} else {
+		// In the next bucket cur is the previous one and the new current is empty.
+		at = 2*u.length - maxWeight(room, w.cur, u.length, strict)
 	}
-	// In the next bucket cur is the previous one and the new current is empty.
-	at := bucketMillis + bucketMillis - maxWeight(room, w.cur, strict)
-	return at - into
+	return max(at*u.unitMillis-p.intoMillis, 0)
 }
 
-// maxWeight is the largest integer m ≤ bucketMillis with count × m ≤ room
-// (or < room when strict).
-func maxWeight(room, count int64, strict bool) int64 {
+// maxWeight is the largest integer m ≤ length with count × m ≤ room (or
+// < room when strict).
+func maxWeight(room, count, length int64, strict bool) int64 {
 	if count <= 0 {
-		return bucketMillis
+		return length
 	}
 	q := room / count // room ≥ 0 and count > 0 here
 	if strict && q*count == room {
 		q--
 	}
-	return min(q, bucketMillis)
+	return min(q, length)
 }
 
-// remaining is what is left of capacity after the estimate at offset into,
-// rounded down and never negative. For requests the caller counts the
-// request itself in w.
-func remaining(w window, capacity, into int64) int64 {
-	left := capacity*bucketMillis - w.weighted(into)
+// remaining is what is left of capacity after the estimate at p, rounded
+// down and never negative. For requests the caller counts the request
+// itself in w.
+func remaining(w window, capacity int64, p position) int64 {
+	length := spans[p.span].length
+	left := capacity*length - w.weighted(p.into, length)
 	if left <= 0 {
 		return 0
 	}
-	return left / bucketMillis
+	return left / length
 }
 
-// resetIn is how many milliseconds after offset into the estimate is back to
-// zero absent further traffic.
-func resetIn(w window, into int64) int64 {
+// resetIn is how many milliseconds after p the estimate is back to zero
+// absent further traffic.
+func resetIn(w window, p position) int64 {
+	u := spans[p.span]
 	switch {
 	case w.cur > 0:
-		return 2*bucketMillis - into
+		return 2*u.length*u.unitMillis - p.intoMillis
 	case w.prev > 0:
-		return bucketMillis - into
+		return u.length*u.unitMillis - p.intoMillis
 	}
 	return 0
+}
+
+// bucketKey is the key of a limit's window k in bucket b of its span.
+func bucketKey(prefix string, k windowKind, b int64) string {
+	return prefix + k.keyName() + ":" + strconv.FormatInt(b, 10)
 }

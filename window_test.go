@@ -16,13 +16,13 @@ func TestReleaseInIsTheEarliestMillisecondAtWhichTheCounterFits(t *testing.T) {
 		size := rng.Int64N(capacity + 1) // a request is 1, a reservation up to the cap, unreserved tokens 0
 		w := window{cur: rng.Int64N(3 * capacity), prev: rng.Int64N(3 * capacity)}
 		into := rng.Int64N(bucketMillis)
-		if fits(w, capacity, size, into) {
+		if fits(w, capacity, size, minuteAt(into)) {
 			continue
 		}
-		got := releaseIn(w, capacity, size, into)
+		got := releaseIn(w, capacity, size, minuteAt(into))
 		want := int64(-1)
 		for t := into; t < 3*bucketMillis; t++ {
-			if fits(windowAt(w, t), capacity, size, t%bucketMillis) {
+			if fits(windowAt(w, t), capacity, size, minuteAt(t%bucketMillis)) {
 				want = t - into
 				break
 			}
@@ -48,19 +48,22 @@ func windowAt(w window, t int64) window {
 func TestRemainingAndResetFollowTheEstimate(t *testing.T) {
 	// 3 this minute and 12 last minute, 30 s in: estimate 3 + 6 = 9.
 	w := window{cur: 3, prev: 12}
-	if got := remaining(w, 10, 30_000); got != 1 {
+	if got := remaining(w, 10, minuteAt(30_000)); got != 1 {
 		t.Fatalf("remaining %d, want 1", got)
 	}
-	if got := remaining(w, 5, 30_000); got != 0 {
+	if got := remaining(w, 5, minuteAt(30_000)); got != 0 {
 		t.Fatalf("remaining %d over the cap, want 0", got)
 	}
-	if got := resetIn(w, 30_000); got != 90_000 {
+	if got := resetIn(w, minuteAt(30_000)); got != 90_000 {
 		t.Fatalf("reset in %d ms, want the end of the next minute (90000)", got)
 	}
-	if got := resetIn(window{prev: 4}, 30_000); got != 30_000 {
+	if got := resetIn(window{prev: 4}, minuteAt(30_000)); got != 30_000 {
 		t.Fatalf("reset in %d ms, want the end of this minute (30000)", got)
 	}
-	if got := resetIn(window{}, 30_000); got != 0 {
+	if got := resetIn(window{}, minuteAt(30_000)); got != 0 {
 		t.Fatalf("reset in %d ms for an empty window", got)
 	}
 }
+
+// minuteAt is the position into milliseconds into a minute bucket.
+func minuteAt(into int64) position { return momentAt(into).in(minute) }
