@@ -392,3 +392,33 @@ func TestIdleBucketExpiresTwiceTheTimeAnEmptyOneTakesToFill(t *testing.T) {
 		t.Fatalf("bucket key expires in %v, want 12 s", ttl)
 	}
 }
+
+// A day bucket is read until the end of the following day: its keys, those
+// an admission creates and those a charge creates, expire two days after
+// their creation; minute keys after two minutes.
+func TestDayKeysExpireAfterTwoDaysAndMinuteKeysAfterTwoMinutes(t *testing.T) {
+	url := redisURLFromEnv(t)
+	s := newTestRedisStore(t, url)
+	chain := []limit{newWindowLimit("key", uniqueID(t), windowCaps{rpm: 10, rpd: 100, tpd: 1000, otpd: 1000})}
+	if !admitOrFail(t, s, chain, 0).admitted {
+		t.Fatal("refused")
+	}
+	if err := s.recordTokens(context.Background(), chain, tokenCounts{total: 10, output: 4}); err != nil {
+		t.Fatal(err)
+	}
+	now := momentAt(time.Now().UnixMilli())
+	c := redisClient(t, url)
+	for _, k := range []struct {
+		window windowKind
+		want   time.Duration
+	}{{rpm, 2 * time.Minute}, {rpd, 48 * time.Hour}, {tpd, 48 * time.Hour}, {otpd, 48 * time.Hour}} {
+		key := bucketKey(chain[0].prefix, k.window, now.in(k.window.span()).bucket)
+		ttl, err := c.TTL(context.Background(), key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ttl <= k.want-10*time.Second || ttl > k.want {
+			t.Errorf("%s expires in %v, want %v", key, ttl, k.want)
+		}
+	}
+}

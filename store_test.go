@@ -570,6 +570,7 @@ func runConformance(t *testing.T, kit storeKit) {
 			t.Fatalf("refusal headers %v: want Remaining 1, the whole tokens of 1.2", hs.values)
 		}
 	})
+	runWindowConformance(t, kit)
 }
 
 // fill admits n requests of chain at the pinned time, all of which must fit.

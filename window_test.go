@@ -33,10 +33,41 @@ func TestReleaseInIsTheEarliestMillisecondAtWhichTheCounterFits(t *testing.T) {
 	}
 }
 
+// A day window counts in seconds: releaseIn is the wait until the earliest
+// whole second at which it fits, from a moment within a second.
+func TestReleaseInOfADayWindowIsTheEarliestSecondAtWhichTheCounterFits(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for i := 0; i < 60; i++ {
+		capacity := 1 + rng.Int64N(20)
+		size := rng.Int64N(capacity + 1)
+		w := window{cur: rng.Int64N(3 * capacity), prev: rng.Int64N(3 * capacity)}
+		at := rng.Int64N(86_400_000) // milliseconds into the day
+		p := momentAt(at).in(day)
+		if fits(w, capacity, size, p) {
+			continue
+		}
+		got := releaseIn(w, capacity, size, p)
+		want := int64(-1)
+		for s := at / 1000; s < 3*86_400; s++ {
+			if fits(windowAtSpan(w, s, 86_400), capacity, size, momentAt(s%86_400*1000).in(day)) {
+				want = s*1000 - at
+				break
+			}
+		}
+		if got != want {
+			t.Fatalf("size %d cap %d %+v at %d ms: releaseIn %d, brute force %d", size, capacity, w, at, got, want)
+		}
+	}
+}
+
 // windowAt is w as read t milliseconds after the start of its current
-// bucket, with no traffic since.
-func windowAt(w window, t int64) window {
-	switch t / bucketMillis {
+// minute bucket, with no traffic since.
+func windowAt(w window, t int64) window { return windowAtSpan(w, t, bucketMillis) }
+
+// windowAtSpan is w as read t units after the start of its current bucket
+// of length units.
+func windowAtSpan(w window, t, length int64) window {
+	switch t / length {
 	case 0:
 		return w
 	case 1:
