@@ -177,6 +177,21 @@ var caddyfileGoodCases = []caddyfileGoodCase{
 		},
 	},
 	{
+		name: "every window cap, per minute and per day, in any order",
+		input: `rolter_ratelimit {
+			scope model {http.rolter_ratelimit.model} readable
+			limit model claude-sonnet-4* otpm 80000 rpm 4000 itpm 2000000
+			limit model gpt-4o* tpd 900000000 rpd 10000 itpd 800000000 otpd 100000000 tpm 2000000
+		}`,
+		want: &Handler{
+			Scopes: []Scope{{Name: "model", Value: "{http.rolter_ratelimit.model}", Readable: true}},
+			Limits: []LimitConfig{
+				{Scope: "model", ID: "claude-sonnet-4*", RPM: 4000, ITPM: 2000000, OTPM: 80000},
+				{Scope: "model", ID: "gpt-4o*", TPM: 2000000, RPD: 10000, TPD: 900000000, ITPD: 800000000, OTPD: 100000000},
+			},
+		},
+	},
+	{
 		name: "headers off",
 		input: `rolter_ratelimit {
 			headers off
@@ -304,6 +319,10 @@ var caddyfileBadCases = []caddyfileBadCase{
 	{"tpm without value after rpm", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 tpm\n}", "wrong argument count or unexpected line ending after 'tpm'", 3},
 	{"rpm twice", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 tpm 10 rpm 6\n}", "rpm is given twice", 3},
 	{"tpm twice", "rolter_ratelimit {\n\tscope key x\n\tlimit key * tpm 5 tpm 5\n}", "tpm is given twice", 3},
+	{"rpd zero", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpd 0\n}", `rpd must be a positive integer, not "0"`, 3},
+	{"itpd twice", "rolter_ratelimit {\n\tscope key x\n\tlimit key * itpd 5 otpd 5 itpd 6\n}", "itpd is given twice", 3},
+	{"otpm without value", "rolter_ratelimit {\n\tscope key x\n\tlimit key * otpm\n}", "wrong argument count or unexpected line ending after 'otpm'", 3},
+	{"tpd above the largest cap", "rolter_ratelimit {\n\tscope key x\n\tlimit key * tpd 100000000001\n}", `limit for scope "key" id "*": tpd must be a positive integer of at most 100000000000, not 100000000001`, 3},
 	{"unknown limit option", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rps 5\n}", "unrecognized limit option 'rps': expecting rpm, tpm, itpm, otpm, rpd, tpd, itpd, otpd, rate, burst or cost", 3},
 	{"rate without burst", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rate 5\n}", `limit for scope "key" id "*": a token bucket needs a burst (its capacity) with its rate`, 3},
 	{"burst without rate", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 burst 10\n}", `limit for scope "key" id "*": a token bucket needs a rate (tokens per second) with its burst`, 3},
@@ -419,6 +438,8 @@ func TestCaddyfileErrorsSayWhatJSONValidationSays(t *testing.T) {
 			`{"scopes":[{"name":"key","value":"x"}],"limits":[{"scope":"key","id":"a","rpm":1},{"scope":"key","id":"a","tpm":1}]}`},
 		{"neither rpm nor tpm", "rolter_ratelimit {\n\tscope key x\n\tlimit key a\n}", 3,
 			`{"scopes":[{"name":"key","value":"x"}],"limits":[{"scope":"key","id":"a"}]}`},
+		{"a day cap above the largest", "rolter_ratelimit {\n\tscope key x\n\tlimit key a tpd 100000000001\n}", 3,
+			`{"scopes":[{"name":"key","value":"x"}],"limits":[{"scope":"key","id":"a","tpd":100000000001}]}`},
 		{"cost above the burst", "rolter_ratelimit {\n\tscope key x\n\tlimit key a rate 1 burst 2 cost 3\n}", 3,
 			`{"scopes":[{"name":"key","value":"x"}],"limits":[{"scope":"key","id":"a","rate":1,"burst":2,"cost":3}]}`},
 		{"rate without burst", "rolter_ratelimit {\n\tscope key x\n\tlimit key a rate 0.5\n}", 3,

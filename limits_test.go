@@ -1,0 +1,99 @@
+package ratelimit
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A day cap refuses in its own window: the refusal names it (message,
+// placeholders, metric), waits until the day's requests weigh less than
+// the cap in the trailing 24 hours, and its headers describe a window of
+// 86400 s.
+func TestADailyCapRefusesNamingItsWindowAndWaitsForItsRelease(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		up := newUpstream(t)
+		key := uniqueID(t)
+		gw := startGateway(t, up.URL, limited(store, `
+			scope key {http.request.header.X-Api-Key}
+			limit key * rpm 100 rpd 2
+			headers openai ietf
+			on_refusal error`, `
+		handle_errors {
+			respond "{http.rolter_ratelimit.refused_kind} per {http.rolter_ratelimit.refused_window}, cap {http.rolter_ratelimit.refused_limit}: {err.message}" {err.status_code}
+		}`))
+		metric := `caddy_rolter_ratelimit_refusals_total{kind="requests",scope="key",window="day"}`
+		before := scrape(t)[metric]
+		dayBefore := time.Now().Unix() / 86_400
+		first, _ := gw.do(t, "X-Api-Key: "+key)
+		if first.StatusCode != 200 {
+			t.Fatalf("first request: %d", first.StatusCode)
+		}
+		if got := first.Header.Get("RateLimit-Policy"); got != `"requests";q=100;w=60, "requests_per_day";q=2;w=86400` {
+			t.Errorf("RateLimit-Policy %q: want the minute and the day window", got)
+		}
+		if got := first.Header.Get("RateLimit"); !strings.Contains(got, `"requests_per_day";r=1;t=`) {
+			t.Errorf("RateLimit %q: want 1 request left today", got)
+		}
+		if l, r := first.Header.Get("X-Ratelimit-Limit-Requests"), first.Header.Get("X-Ratelimit-Remaining-Requests"); l != "2" || r != "1" {
+			t.Errorf("x-ratelimit-*-requests %s/%s: want the tightest window, the day's 2 with 1 left", l, r)
+		}
+		gw.do(t, "X-Api-Key: "+key)
+		refused, body := gw.do(t, "X-Api-Key: "+key)
+		secondsIntoDay := time.Now().Unix() % 86_400
+		if refused.StatusCode != 429 || !strings.HasPrefix(body, "requests per day, cap 2: Rate limit reached for key: limit 2 RPD (requests per day).") {
+			t.Fatalf("third request: %d %q", refused.StatusCode, body)
+		}
+		retry, err := strconv.ParseInt(refused.Header.Get("Retry-After"), 10, 64)
+		if err != nil {
+			t.Fatalf("Retry-After %q", refused.Header.Get("Retry-After"))
+		}
+		// Both requests of today weigh 1 once half of tomorrow has passed.
+		if time.Now().Unix()/86_400 == dayBefore {
+			want := 86_400 - secondsIntoDay + 43_200
+			if retry < want-1 || retry > want+1 {
+				t.Errorf("Retry-After %d s, want %d: until 12:00 tomorrow", retry, want)
+			}
+		} else if retry > 86_400 {
+			t.Errorf("Retry-After %d s across midnight, want at most a day", retry)
+		}
+		if got := scrape(t)[metric]; got != before+1 {
+			t.Errorf("%s = %v, want %v", metric, got, before+1)
+		}
+	})
+}
+
+// The live view shows every window a limit caps, the day windows with
+// their own reset.
+func TestLiveViewShowsTheDayAndTokenKindWindows(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		up := newUpstream(t)
+		org := uniqueID(t)
+		gw := startGateway(t, up.URL, limited(store, `
+			scope org {http.request.header.X-Org} readable
+			limit org * rpm 10 rpd 1000 tpd 50000 itpm 4000 otpm 2000
+			reserve_tokens off`))
+		if res, _ := gw.do(t, "X-Org: "+org); res.StatusCode != 200 {
+			t.Fatalf("status %d", res.StatusCode)
+		}
+		v, body := getLiveView(t, "scope=org&id="+org)
+		if len(v.Limits) != 1 {
+			t.Fatalf("live view %s", body)
+		}
+		l := v.Limits[0]
+		if l.RPM == nil || l.RPD == nil || l.TPD == nil || l.ITPM == nil || l.OTPM == nil || l.TPM != nil || l.ITPD != nil || l.OTPD != nil {
+			t.Fatalf("live view %s: want exactly rpm, rpd, tpd, itpm and otpm", body)
+		}
+		if l.RPD.Limit != 1000 || l.RPD.Estimate != 1 || l.RPD.Remaining != 999 {
+			t.Errorf("rpd %+v: want 1 of 1000 used", *l.RPD)
+		}
+		// The request counts until the end of tomorrow.
+		if reset := time.Duration(l.RPD.ResetMillis) * time.Millisecond; reset <= 24*time.Hour || reset > 48*time.Hour {
+			t.Errorf("rpd resets in %v, want the end of tomorrow", reset)
+		}
+		if l.ITPM.Limit != 4000 || l.OTPM.Limit != 2000 || l.TPD.Limit != 50000 {
+			t.Errorf("token windows %s", body)
+		}
+	})
+}
