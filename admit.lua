@@ -98,7 +98,8 @@ for c = 1, nc + nd do
 end
 local vals = nk > 0 and redis.call('MGET', unpack(KEYS, 1, nk)) or {}
 
--- caps[x] = {windows: a list of {windowKind, cap}, rate, burst, cost}
+-- caps[x] = {windows, rate, burst, cost}: windows lists, flat, the
+-- windowKind and the cap of each window it caps.
 local arg = 8 + nc + nd
 local caps = {}
 for x = 1, ncaps do
@@ -107,7 +108,7 @@ for x = 1, ncaps do
   local ws = {}
   for k = 0, 7 do
     if mask % 2 == 1 then
-      ws[#ws + 1] = {k, tonumber(ARGV[arg], 16)}
+      ws[#ws + 1], ws[#ws + 2] = k, tonumber(ARGV[arg], 16)
       arg = arg + 1
     end
     mask = floor(mask / 2)
@@ -125,28 +126,35 @@ local capsof = {byte(ARGV[arg], 1, -1)}
 arg = arg + 1
 
 -- Per limit: left, the whole requests that still fit (a request takes 1);
--- added, the requests the call admitted; rkeys, the keys of its request
--- windows' current buckets; bkt, its token bucket's {key, ttl, since,
--- deficit, cost}; false where it has none. A limit's room is the least of
--- its request windows' (how many requests fit below the cap), 0 if one of
--- its token windows is full (without reservations, tokens are charged after
--- the fact, never by an admission, so that holds for the whole call), and
--- the requests its token bucket holds. With reservations, each token window
--- has a room of its own in tws: {room in the span's units × length (a
--- reservation of r fits while room >= r * length, and at least 1), length,
--- kind (2 tokens, 3 input, 4 output: the admission's size), key, reserved
--- tokens the call added}. (Strings from MGET become numbers by arithmetic,
--- which is cheaper than tonumber.) The reply gets the counts as read.
+-- added, the requests the call admitted; first, the index of its first
+-- key; bkt, its token bucket's {key, ttl, since, deficit, cost}, false
+-- where it has none. A limit's room is the least of its request windows'
+-- (how many requests fit below the cap), 0 if one of its token windows is
+-- full (without reservations, tokens are charged after the fact, never by
+-- an admission, so that holds for the whole call), and the requests its
+-- token bucket holds. With reservations, each token window t has a room of
+-- its own, in flat arrays (no table per window): troom[t] in the span's
+-- units times length (a reservation of r fits while troom >= r * tlen, and
+-- at least 1), tlen, tkind (2 tokens, 3 input, 4 output: the index of the
+-- admission's size), tkey, tttl, and treserved, the tokens the call added;
+-- limit i owns the windows tfrom[i] .. tto[i]. (Strings from MGET become
+-- numbers by arithmetic, which is cheaper than tonumber.) The reply gets
+-- the counts as read.
 local inf = 1 / 0
-local left, added, rkeys, bkt, tws = {}, {}, {}, {}, {}
+local left, added, first, bkt = {}, {}, {}, {}
+local troom, tlen, tkind, tkey, tttl, treserved, tfrom, tto = {}, {}, {}, {}, {}, {}, {}, {}
+local nt = 0
 local reply = {1, now}
+local nr = 2
 local j = 1
 for i = 1, n do
   local cap = caps[capsof[i]]
-  local room, rk, tw = inf, {}, {}
-  for _, w in ipairs(cap[1]) do
-    local k, c = w[1], w[2]
-    local s = floor(k / 4) + 1
+  local ws = cap[1]
+  local room = inf
+  first[i], tfrom[i] = j, nt + 1
+  for w = 1, #ws, 2 do
+    local k, c = ws[w], ws[w + 1]
+    local s = k >= 4 and 2 or 1
     local len = length[s]
     local cur, prev = 0, 0
     local v, u = vals[j], vals[j + 1]
@@ -158,16 +166,17 @@ for i = 1, n do
       local f = floor(slack / len)
       if f * len > slack then f = f - 1 end -- a quotient rounded up
       if f < room then room = f end
-      rk[#rk + 1] = {j, ttl[s]}
     elseif reserving then
-      tw[#tw + 1] = {slack, len, m + 1, j, 0, ttl[s]}
+      nt = nt + 1
+      troom[nt], tlen[nt], tkind[nt], tkey[nt], tttl[nt], treserved[nt] = slack, len, m + 1, j, ttl[s], 0
     elseif slack <= 0 then
       room = 0
     end
-    reply[#reply + 1] = cur
-    reply[#reply + 1] = prev
+    reply[nr + 1], reply[nr + 2] = cur, prev
+    nr = nr + 2
     j = j + 2
   end
+  tto[i] = nt
   local d = 0
   bkt[i] = false
   local q = cap[2]
@@ -190,15 +199,16 @@ for i = 1, n do
     bkt[i] = {j, 2 * math.ceil(cap[3] * 1000000 / q), since, d, cost}
     j = j + 1
   end
-  reply[#reply + 1] = d
-  left[i], added[i], rkeys[i], tws[i] = room, 0, rk, tw
+  nr = nr + 1
+  reply[nr] = d
+  left[i], added[i] = room, 0
 end
 
 local step = reserving and 4 or 1
+-- size[kind]: what an admission adds to a window of that kind
+local size = {1, 0, 0, 0}
 for m = arg, #ARGV, step do
   local chain = {byte(ARGV[m + step - 1], 1, -1)}
-  -- size[kind]: what the admission adds to a window of that kind
-  local size = {1, 0, 0, 0}
   if reserving then
     size[2], size[3], size[4] = tonumber(ARGV[m], 16), tonumber(ARGV[m + 1], 16), tonumber(ARGV[m + 2], 16)
   end
@@ -209,9 +219,9 @@ for m = arg, #ARGV, step do
       fits = 0
       break
     end
-    for _, t in ipairs(tws[i]) do
-      local r = size[t[3]]
-      if t[1] < (r > 0 and r * t[2] or 1) then
+    for t = tfrom[i], tto[i] do
+      local r = size[tkind[t]]
+      if troom[t] < (r > 0 and r * tlen[t] or 1) then
         fits = 0
         break
       end
@@ -222,13 +232,14 @@ for m = arg, #ARGV, step do
     for x = 1, #chain do
       local i = chain[x]
       left[i], added[i] = left[i] - 1, added[i] + 1
-      for _, t in ipairs(tws[i]) do
-        local r = size[t[3]]
-        t[1], t[5] = t[1] - r * t[2], t[5] + r
+      for t = tfrom[i], tto[i] do
+        local r = size[tkind[t]]
+        troom[t], treserved[t] = troom[t] - r * tlen[t], treserved[t] + r
       end
     end
   end
-  reply[#reply + 1] = fits
+  nr = nr + 1
+  reply[nr] = fits
 end
 
 if charging then
@@ -237,22 +248,28 @@ if charging then
     if a > 0 then
       -- The expiry is set only when the increment creates the key. (INCR
       -- spares the conversion of a number argument to a string.)
-      for _, r in ipairs(rkeys[i]) do
-        local key = KEYS[r[1]]
-        if a == 1 and redis.call('INCR', key) == 1 or a > 1 and redis.call('INCRBY', key, a) == a then
-          redis.call('EXPIRE', key, r[2])
+      local ws, jk = caps[capsof[i]][1], first[i]
+      for w = 1, #ws, 2 do
+        local k = ws[w]
+        if k % 4 == 0 then
+          local key = KEYS[jk]
+          if a == 1 and redis.call('INCR', key) == 1 or a > 1 and redis.call('INCRBY', key, a) == a then
+            redis.call('EXPIRE', key, ttl[k >= 4 and 2 or 1])
+          end
         end
+        jk = jk + 2
       end
       local b = bkt[i]
       if b then
         redis.call('SET', KEYS[b[1]], string.format('%d:%d', b[4] + a * b[5], b[3]), 'PX', b[2])
       end
     end
-    for _, t in ipairs(tws[i]) do
-      local r = t[5]
-      if r > 0 then
-        if redis.call('INCRBY', KEYS[t[4]], string.format('%d', r)) == r then redis.call('EXPIRE', KEYS[t[4]], t[6]) end
-      end
+  end
+  for t = 1, nt do
+    local r = treserved[t]
+    if r > 0 then
+      local key = KEYS[tkey[t]]
+      if redis.call('INCRBY', key, string.format('%d', r)) == r then redis.call('EXPIRE', key, tttl[t]) end
     end
   end
 end
