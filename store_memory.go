@@ -49,15 +49,19 @@ type memoryShard struct {
 type counterTable []atomic.Pointer[memoryCounter]
 
 // memoryCounter holds every window of one limit: the current and previous
-// bucket of each, at slot bucket%2, and the token bucket.
+// bucket of each, at slot bucket%2, and the token bucket. The windows most
+// limits cap, rpm and tpm, are in the counter; the others are allocated
+// when a limit first caps one, which keeps a counter of those two at the
+// size it had before there were others.
 type memoryCounter struct {
 	prefix string // the limit's: what the counter is looked up by
 	hash   uint64 // of prefix: its low bits pick the shard, the next ones the list
 	next   atomic.Pointer[memoryCounter]
 	mu     sync.Mutex
-	order  uint64 // lock order
-	dead   bool   // swept: look it up again
-	slots  [numWindows][2]slot
+	order  uint64                   // lock order
+	dead   bool                     // swept: look it up again
+	minute [2][2]slot               // rpm, tpm
+	others *[numWindows - 2][2]slot // itpm, otpm, then the day windows
 	bkt    bucketState
 }
 
@@ -93,12 +97,26 @@ func add(slots *[2]slot, b, n int64) {
 	s.n = max(s.n, 0) // a settlement gives back at most what is there
 }
 
+// slots are the buckets of window k, under c.mu.
+func (c *memoryCounter) slots(k windowKind) *[2]slot {
+	if k < itpm {
+		return &c.minute[k]
+	}
+	if c.others == nil {
+		c.others = new([numWindows - 2][2]slot)
+	}
+	return &c.others[k-itpm]
+}
+
 // readAt reports whether an admission at now may still read a bucket of
-// the counter's windows.
+// the counter's windows, under c.mu.
 func (c *memoryCounter) readAt(now moment) bool {
-	for k := range c.slots {
-		oldest := now.in(windowKind(k).span()).bucket - 1
-		if c.slots[k][0].bucket >= oldest || c.slots[k][1].bucket >= oldest {
+	for k := range numWindows {
+		if k >= itpm && c.others == nil {
+			break
+		}
+		oldest := now.in(k.span()).bucket - 1
+		if s := c.slots(k); s[0].bucket >= oldest || s[1].bucket >= oldest {
 			return true
 		}
 	}
@@ -287,7 +305,7 @@ func (s *memoryStore) decide(chain []limit, reserve tokenCounts, charge bool) de
 				continue
 			}
 			p := at[windowKind(k).span()]
-			c.w[k] = readWindow(&cs[i].slots[k], p.bucket)
+			c.w[k] = readWindow(cs[i].slots(windowKind(k)), p.bucket)
 			if !fits(c.w[k], capacity, d.size(windowKind(k).kind()), p) {
 				d.admitted = false
 			}
@@ -303,7 +321,7 @@ func (s *memoryStore) decide(chain []limit, reserve tokenCounts, charge bool) de
 		for i, l := range chain {
 			for k, capacity := range l.windows {
 				if n := d.size(windowKind(k).kind()); capacity > 0 && n > 0 {
-					add(&cs[i].slots[k], at[windowKind(k).span()].bucket, n)
+					add(cs[i].slots(windowKind(k)), at[windowKind(k).span()].bucket, n)
 				}
 			}
 			if l.bucket.rate > 0 {
@@ -343,7 +361,7 @@ func (s *memoryStore) charge(chain []limit, ch charge) {
 						if b == 0 {
 							b = now.in(wk.span()).bucket
 						}
-						add(&c.slots[k], b, ch.tokens.of(wk.kind()))
+						add(c.slots(wk), b, ch.tokens.of(wk.kind()))
 					}
 				}
 				c.mu.Unlock()

@@ -44,7 +44,10 @@ func memoryKit() storeKit {
 			for _, l := range chain {
 				c := s.(*memoryStore).counter(l.prefix)
 				c.mu.Lock()
-				fmt.Fprintf(&out, "%s %v %v\n", l.prefix, c.slots, c.bkt)
+				fmt.Fprintf(&out, "%s %v %v\n", l.prefix, c.minute, c.bkt)
+				if c.others != nil {
+					fmt.Fprintf(&out, "%v\n", *c.others)
+				}
 				c.mu.Unlock()
 			}
 			return out.String()
@@ -56,7 +59,7 @@ func memoryCount(_ *testing.T, s store, prefix string, k windowKind, bucket int6
 	c := s.(*memoryStore).counter(prefix)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.slots[k][bucket&1].count(bucket)
+	return c.slots(k)[bucket&1].count(bucket)
 }
 
 func redisKit(url string) storeKit {
