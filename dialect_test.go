@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rolter/caddy-ratelimit/internal/tokenest"
 )
 
 // Each API's clients get the handler's refusal in that API's own shape:
@@ -62,6 +64,45 @@ func TestRefusalsSpeakTheDialectOfTheAPIThePathNames(t *testing.T) {
 		var e openAIError
 		if res.StatusCode != 429 || json.Unmarshal(body, &e) != nil || e.Error.Code != "rate_limit_exceeded" || e.Error.Type != "requests" {
 			t.Fatalf("OpenAI refusal: %d %s", res.StatusCode, body)
+		}
+	})
+}
+
+// Anthropic's input and output token limits have headers of their own: an
+// admitted Messages request sees its reservation's input estimate in
+// anthropic-ratelimit-input-tokens-* and its max_tokens in
+// -output-tokens-*, and tpm's in -tokens-*.
+func TestAnthropicRequestsSeeTheirInputAndOutputTokenLimitsInAnthropicsHeaders(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		up := newUpstream(t)
+		gw := startGateway(t, up.URL, limited(store, `
+			scope key {http.request.header.X-Api-Key}
+			limit key * itpm 10000 otpm 2000 tpm 50000`))
+		body := `{"model":"claude-sonnet-4-5","max_tokens":500,"messages":[{"role":"user","content":"` + strings.Repeat("word ", 400) + `"}]}`
+		est := tokenest.Of("/v1/messages", []byte(body))
+		res, _ := gw.send(t, "POST", "/v1/messages", body, "Content-Type: application/json", "X-Api-Key: sk-"+uniqueID(t))
+		if res.StatusCode != 200 {
+			t.Fatalf("status %d", res.StatusCode)
+		}
+		for name, want := range map[string]int64{
+			"Anthropic-Ratelimit-Input-Tokens-Limit":      10000,
+			"Anthropic-Ratelimit-Input-Tokens-Remaining":  10000 - est.Input,
+			"Anthropic-Ratelimit-Output-Tokens-Limit":     2000,
+			"Anthropic-Ratelimit-Output-Tokens-Remaining": 1500,
+			"Anthropic-Ratelimit-Tokens-Limit":            50000,
+			"Anthropic-Ratelimit-Tokens-Remaining":        50000 - est.Input - 500,
+		} {
+			if got := headerInt(t, res, name); got != want {
+				t.Errorf("%s: %d, want %d", name, got, want)
+			}
+		}
+		for _, name := range []string{"Anthropic-Ratelimit-Input-Tokens-Reset", "Anthropic-Ratelimit-Output-Tokens-Reset"} {
+			if _, err := time.Parse(time.RFC3339, res.Header.Get(name)); err != nil {
+				t.Errorf("%s %q: want an RFC 3339 time", name, res.Header.Get(name))
+			}
+		}
+		if res.Header.Get("Anthropic-Ratelimit-Requests-Limit") != "" {
+			t.Error("requests headers without a request cap")
 		}
 	})
 }
