@@ -18,8 +18,8 @@ func BenchmarkMeterGoldens(b *testing.B) {
 			for b.Loop() {
 				m := NewMeter(h)
 				m.Write(body)
-				if tokens, metered := m.Finish(); tokens != g.Tokens || metered != g.Metered {
-					b.Fatalf("got (%d, %v), want (%d, %v)", tokens, metered, g.Tokens, g.Metered)
+				if u, metered := m.Finish(); u != goldenUsage(g) || metered != g.Metered {
+					b.Fatalf("got (%+v, %v), want (%+v, %v)", u, metered, goldenUsage(g), g.Metered)
 				}
 			}
 		})
@@ -39,8 +39,8 @@ func BenchmarkRealtimeTap(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		tap.Write(stream)
-		if got := tap.Take(); got != 42 {
-			b.Fatalf("took %d, want 42", got)
+		if got := tap.Take(); got != (Usage{42, 1, 2}) {
+			b.Fatalf("took %+v, want {42 1 2}", got)
 		}
 	}
 }
