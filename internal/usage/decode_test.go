@@ -53,13 +53,13 @@ func TestUsageTruncatedCompressedStreamChargesWhatWasDecodedBeforeTheCut(t *test
 		h := usagetest.Header("text/event-stream", usagetest.EncodingHeader(coding))
 		for _, cut := range []int{firstFlush, firstFlush + 3, len(body) - 3} {
 			for _, c := range usagetest.Chunkings()[:3] {
-				tokens, metered := meterUsage(h, c.Split(body[:cut]))
-				want := int64(472 + 1024 + 2)
+				u, metered := meterUsage(h, c.Split(body[:cut]))
+				want := Usage{472 + 1024 + 2, 472, 2}
 				if cut == len(body)-3 {
-					want = 472 + 1024 + 89
+					want = Usage{472 + 1024 + 89, 472, 89}
 				}
-				if tokens != want || !metered {
-					t.Errorf("%s cut at %d of %d (%s): got (%d, %v), want (%d, true)", coding, cut, len(body), c.Name, tokens, metered, want)
+				if u != want || !metered {
+					t.Errorf("%s cut at %d of %d (%s): got (%+v, %v), want (%+v, true)", coding, cut, len(body), c.Name, u, metered, want)
 				}
 			}
 		}
@@ -77,18 +77,18 @@ func TestUsageCorruptCompressedBodiesAreUnmeteredWithoutPanic(t *testing.T) {
 		for i := range garbage {
 			garbage[i] = byte(r.Uint32())
 		}
-		if tokens, metered := meterUsage(h, [][]byte{garbage}); metered {
-			t.Errorf("%s: garbage was metered (%d)", coding, tokens)
+		if u, metered := meterUsage(h, [][]byte{garbage}); metered {
+			t.Errorf("%s: garbage was metered (%+v)", coding, u)
 		}
 		// A valid body with its trailer or check bytes damaged.
 		damaged := slices.Clone(body)
 		damaged[len(damaged)-2] ^= 0xff
-		tokens, metered := meterUsage(h, [][]byte{damaged})
+		u, metered := meterUsage(h, [][]byte{damaged})
 		if coding != "deflate-raw" && coding != "br" && coding != "zstd" && metered {
 			// gzip (CRC-32) and zlib (Adler-32) check their data; raw
 			// deflate has no check, brotli none, and a zstd frame's checksum
 			// is optional (off here).
-			t.Errorf("%s: a body with a damaged trailer was metered (%d)", coding, tokens)
+			t.Errorf("%s: a body with a damaged trailer was metered (%+v)", coding, u)
 		}
 		// Every single damaged byte: never a panic.
 		for i := range body {
@@ -163,11 +163,11 @@ func TestUsageDecompressionBombIsCutOffAtTheDecodedCap(t *testing.T) {
 		slowest = max(slowest, time.Since(start))
 		b = b[n:]
 	}
-	tokens, metered := m.Finish()
+	u, metered := m.Finish()
 	t.Logf("%d compressed bytes; slowest Write %v", out.Len(), slowest)
 	// What came before the cap was read.
-	if tokens != 3 || !metered {
-		t.Fatalf("got (%d, %v), want (3, true): the usage past the cap must not be read", tokens, metered)
+	if u != (Usage{3, 3, 0}) || !metered {
+		t.Fatalf("got (%+v, %v), want ({3 3 0}, true): the usage past the cap must not be read", u, metered)
 	}
 	if m.decoded > maxDecodedBody+decodeBuffer {
 		t.Fatalf("decoded %d bytes, cap %d", m.decoded, maxDecodedBody)

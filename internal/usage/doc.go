@@ -38,8 +38,9 @@
 //   - An "iterations" array lists every sampling iteration of a compacted
 //     Anthropic response, whose top-level fields cover only the last one;
 //     billing and rate limits count them all, so the sum over the latest
-//     such array (input + output + cache creation + cache read of each) is
-//     the Anthropic charge. A later usage object without the array leaves it.
+//     such array (input + output + cache creation + cache read of each, and
+//     its input and output parts likewise) is the Anthropic charge. A later
+//     usage object without the array leaves it.
 //
 // Reports are applied as they are read, not held until their object closes:
 // a value counts as soon as its number ends, so a stream cut anywhere is
@@ -49,12 +50,18 @@
 // closes (until then the larger of the two is charged: a cut array lists
 // only the first iterations).
 //
-// The charge is what the provider says the request cost, cached input
-// included: the reported total where there is one (OpenAI total_tokens,
-// Gemini totalTokenCount, the iterations sum), and the sum of the parts where
-// there is not (Anthropic). A total smaller than the sum of its own parts is
-// not believed: the sum is charged then. A usage object that mixes families
-// is charged its largest family, once. See tally.tokens.
+// The charge is a Usage. Its Total, what a tpm counts, is what the provider
+// says the request cost, cached input included: the reported total where
+// there is one (OpenAI total_tokens, Gemini totalTokenCount, the iterations
+// sum), and the sum of the parts where there is not (Anthropic). A total
+// smaller than the sum of its own parts is not believed: the sum is charged
+// then. Its Input and Output are the parts of it that input and output caps
+// count: the prompt (Gemini's tool-use prompt too, and the cached input
+// inside prompt counts), and the completion with its reasoning. Anthropic's
+// cache writes are input, its cache reads are not (its input limits do not
+// count them): they are in Total only. Where only a total is reported, Input
+// and Output are 0. A usage object that mixes families is charged its
+// largest family, once, count by count. See tally.usage.
 //
 // Memory per response is bounded whatever the body: the JSON scanner is a
 // byte-at-a-time state machine that holds no part of the body (a few dozen

@@ -42,9 +42,9 @@ func TestUsageIsReadOnlyWhereProvidersPutIt(t *testing.T) {
 	}
 	for _, c := range cases {
 		for _, ch := range usagetest.Chunkings() {
-			tokens, metered := meterUsage(usagetest.Header("application/json", ""), ch.Split([]byte(c.body)))
-			if tokens != c.tokens || metered != c.metered {
-				t.Errorf("%s (%s): got (%d, %v), want (%d, %v)", c.name, ch.Name, tokens, metered, c.tokens, c.metered)
+			u, metered := meterUsage(usagetest.Header("application/json", ""), ch.Split([]byte(c.body)))
+			if u.Total != c.tokens || metered != c.metered {
+				t.Errorf("%s (%s): got (%+v, %v), want (%d, %v)", c.name, ch.Name, u, metered, c.tokens, c.metered)
 			}
 		}
 	}
@@ -70,7 +70,7 @@ func TestUsageTenMegabyteJSONBodyIsMeteredInBoundedMemory(t *testing.T) {
 		for _, coding := range codings {
 			body := usagetest.Encode(t, coding, raw)
 			h := usagetest.Header("application/json", usagetest.EncodingHeader(coding))
-			var tokens int64
+			var u Usage
 			var metered bool
 			allocated := heapDuring(func() {
 				m := NewMeter(h)
@@ -79,10 +79,10 @@ func TestUsageTenMegabyteJSONBodyIsMeteredInBoundedMemory(t *testing.T) {
 					m.Write(b[:n])
 					b = b[n:]
 				}
-				tokens, metered = m.Finish()
+				u, metered = m.Finish()
 			})
-			if tokens != 42 || !metered {
-				t.Errorf("%s %s: got (%d, %v), want (42, true)", shape, coding, tokens, metered)
+			if u != (Usage{42, 42, 0}) || !metered {
+				t.Errorf("%s %s: got (%+v, %v), want ({42 42 0}, true)", shape, coding, u, metered)
 			}
 			// Decoders have their own state (brotli's window is up to 16
 			// MiB); the meter itself must not hold the body.

@@ -113,17 +113,17 @@ func (m *Meter) Write(p []byte) (int, error) {
 }
 
 // Finish ends the body (also called when the client went away mid-stream)
-// and returns the tokens to charge, and whether any usage was found. After a
+// and returns the usage to charge, and whether any usage was found. After a
 // partial stream it returns what was reported by then.
-func (m *Meter) Finish() (tokens int64, metered bool) {
+func (m *Meter) Finish() (Usage, bool) {
 	if !m.finished {
 		m.finished = true
 		m.finish()
 	}
 	if m.failed {
-		return 0, false
+		return Usage{}, false
 	}
-	return m.tally.tokens()
+	return m.tally.usage()
 }
 
 func (m *Meter) finish() {

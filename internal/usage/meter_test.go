@@ -14,7 +14,7 @@ import (
 // meterUsage writes the chunks to a meter, each from a buffer that is
 // overwritten right after the Write (the meter must not keep p), and finishes.
 // A panic that the meter recovered from is a bug: it is raised again here.
-func meterUsage(h http.Header, chunks [][]byte) (int64, bool) {
+func meterUsage(h http.Header, chunks [][]byte) (Usage, bool) {
 	m := NewMeter(h)
 	var buf []byte
 	for _, c := range chunks {
@@ -27,11 +27,21 @@ func meterUsage(h http.Header, chunks [][]byte) (int64, bool) {
 			buf[i] = 'X'
 		}
 	}
-	tokens, metered := m.Finish()
+	u, metered := m.Finish()
 	if m.panicked != nil {
 		panic(fmt.Sprintf("the meter recovered from a panic: %v", m.panicked))
 	}
-	return tokens, metered
+	return u, metered
+}
+
+// meterJSON meters a JSON body written in one piece.
+func meterJSON(body string) (Usage, bool) {
+	return meterUsage(usagetest.Header("application/json", ""), [][]byte{[]byte(body)})
+}
+
+// goldenUsage is what a golden sample must charge.
+func goldenUsage(g usagetest.Golden) Usage {
+	return Usage{Total: g.Tokens, Input: g.Input, Output: g.Output}
 }
 
 func TestUsageGoldenSamplesChargeWhatTheProviderReportsWhateverTheEncodingAndChunking(t *testing.T) {
@@ -41,11 +51,111 @@ func TestUsageGoldenSamplesChargeWhatTheProviderReportsWhateverTheEncodingAndChu
 			body := usagetest.Encode(t, coding, raw)
 			h := usagetest.Header(usagetest.ContentType(g.File), usagetest.EncodingHeader(coding))
 			for _, c := range usagetest.Chunkings() {
-				tokens, metered := meterUsage(h, c.Split(body))
-				if tokens != g.Tokens || metered != g.Metered {
-					t.Errorf("%s %s %s: got (%d, %v), want (%d, %v)", g.File, coding, c.Name, tokens, metered, g.Tokens, g.Metered)
+				u, metered := meterUsage(h, c.Split(body))
+				if u != goldenUsage(g) || metered != g.Metered {
+					t.Errorf("%s %s %s: got (%+v, %v), want (%+v, %v)", g.File, coding, c.Name, u, metered, goldenUsage(g), g.Metered)
 				}
 			}
+		}
+	}
+}
+
+func TestEveryGoldenSampleHasItsCharge(t *testing.T) {
+	golden := map[string]bool{}
+	for _, g := range usagetest.Goldens {
+		golden[g.File] = true
+	}
+	for _, file := range usagetest.Files() {
+		if !golden[file] {
+			t.Errorf("%s has no entry in usagetest.Goldens", file)
+		}
+	}
+}
+
+func TestAnthropicInputCountsCacheWritesNotCacheReads(t *testing.T) {
+	cases := []struct {
+		name, usage string
+		want        Usage
+	}{
+		{"cache writes", `{"input_tokens":20,"cache_creation_input_tokens":3000,"output_tokens":7}`, Usage{3027, 3020, 7}},
+		{"cache reads", `{"input_tokens":20,"cache_read_input_tokens":3000,"output_tokens":7}`, Usage{3027, 20, 7}},
+		{"both, and the 5m/1h breakdown of the writes", `{"input_tokens":20,"cache_creation_input_tokens":100,"cache_read_input_tokens":3000,` +
+			`"cache_creation":{"ephemeral_5m_input_tokens":60,"ephemeral_1h_input_tokens":40},"output_tokens":7}`, Usage{3127, 120, 7}},
+		// Per iteration of a compacted response, summed.
+		{"iterations", `{"input_tokens":5,"cache_creation_input_tokens":50,"cache_read_input_tokens":900,"output_tokens":2,"iterations":[` +
+			`{"input_tokens":30,"cache_read_input_tokens":8000,"output_tokens":400},` +
+			`{"input_tokens":5,"cache_creation_input_tokens":50,"cache_read_input_tokens":900,"output_tokens":2}]}`,
+			Usage{30 + 8000 + 400 + 5 + 50 + 900 + 2, 30 + 5 + 50, 400 + 2}},
+	}
+	for _, c := range cases {
+		for _, wrap := range []string{`{"usage":%s}`, `{"type":"message_start","message":{"usage":%s}}`} {
+			body := fmt.Sprintf(wrap, c.usage)
+			if u, metered := meterJSON(body); u != c.want || !metered {
+				t.Errorf("%s: %s: got (%+v, %v), want (%+v, true)", c.name, body, u, metered, c.want)
+			}
+		}
+	}
+}
+
+func TestOpenAIOutputIsTheCompletionTokensWhichIncludeReasoning(t *testing.T) {
+	for _, c := range []struct {
+		usage string
+		want  Usage
+	}{
+		{`{"prompt_tokens":75,"completion_tokens":1186,"total_tokens":1261,"completion_tokens_details":{"reasoning_tokens":1024,"audio_tokens":0}}`, Usage{1261, 75, 1186}},
+		{`{"prompt_tokens":75,"completion_tokens":1186,"completion_tokens_details":{"reasoning_tokens":1024}}`, Usage{1261, 75, 1186}},
+		// The Responses API: output_tokens likewise.
+		{`{"input_tokens":40,"input_tokens_details":{"cached_tokens":32},"output_tokens":900,"output_tokens_details":{"reasoning_tokens":768},"total_tokens":940}`, Usage{940, 40, 900}},
+	} {
+		if u, _ := meterJSON(`{"usage":` + c.usage + `}`); u != c.want {
+			t.Errorf("usage %s: got %+v, want %+v", c.usage, u, c.want)
+		}
+	}
+}
+
+func TestGeminiInputCountsToolUsePromptsAndOutputCountsThoughts(t *testing.T) {
+	for _, c := range []struct {
+		usage string
+		want  Usage
+	}{
+		{`{"promptTokenCount":320,"toolUsePromptTokenCount":1450,"candidatesTokenCount":210,"thoughtsTokenCount":388,"totalTokenCount":2368}`, Usage{2368, 1770, 598}},
+		{`{"promptTokenCount":320,"toolUsePromptTokenCount":1450,"candidatesTokenCount":210,"thoughtsTokenCount":388}`, Usage{2368, 1770, 598}},
+		// The cached content is part of the prompt: it is not added again.
+		{`{"promptTokenCount":1208,"cachedContentTokenCount":1024,"candidatesTokenCount":9,"totalTokenCount":1217}`, Usage{1217, 1208, 9}},
+	} {
+		if u, _ := meterJSON(`{"usageMetadata":` + c.usage + `}`); u != c.want {
+			t.Errorf("usageMetadata %s: got %+v, want %+v", c.usage, u, c.want)
+		}
+	}
+}
+
+func TestUsageReportingOnlyATotalHasNoInputOrOutput(t *testing.T) {
+	for _, body := range []string{
+		`{"usage":{"total_tokens":30}}`,
+		`{"usageMetadata":{"totalTokenCount":30}}`,
+		`{"response":{"usage":{"total_tokens":30,"input_tokens_details":{"cached_tokens":10}}}}`,
+	} {
+		if u, metered := meterJSON(body); u != (Usage{Total: 30}) || !metered {
+			t.Errorf("%s: got (%+v, %v), want ({30 0 0}, true)", body, u, metered)
+		}
+	}
+}
+
+// Compatible backends echo more than one family's names: the usage is
+// charged once, each count its largest family's.
+func TestMixedFamilyUsageTakesEachCountFromItsLargestFamily(t *testing.T) {
+	for _, c := range []struct {
+		usage string
+		want  Usage
+	}{
+		// Charged once, not twice.
+		{`{"prompt_tokens":10,"completion_tokens":5,"total_tokens":15,"input_tokens":10,"output_tokens":5}`, Usage{15, 10, 5}},
+		// Disagreeing counts: each from the family that reports more of it.
+		{`{"prompt_tokens":10,"completion_tokens":5,"input_tokens":12,"output_tokens":3,"cache_read_input_tokens":100}`, Usage{115, 12, 5}},
+		{`{"prompt_tokens":10,"completion_tokens":5,"promptTokenCount":8,"candidatesTokenCount":2,"thoughtsTokenCount":6}`, Usage{16, 10, 8}},
+	} {
+		if u, _ := meterJSON(`{"usage":` + c.usage + `}`); u != c.want {
+			t.Errorf("usage %s: got %+v, want %+v", c.usage, u, c.want)
 		}
 	}
 }
@@ -61,16 +171,16 @@ func TestAnthropicStreamIsChargedTheLatestValueOfEachField(t *testing.T) {
 		"event: message_delta\n" +
 		`data: {"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":70,"cache_creation_input_tokens":5}}` + "\n\n"
 	for _, c := range usagetest.Chunkings() {
-		tokens, metered := meterUsage(usagetest.Header("text/event-stream", ""), c.Split([]byte(body)))
-		if want := int64(90 + 50 + 70 + 5); tokens != want || !metered {
-			t.Fatalf("%s: got (%d, %v), want (%d, true)", c.Name, tokens, metered, want)
+		u, metered := meterUsage(usagetest.Header("text/event-stream", ""), c.Split([]byte(body)))
+		if want := (Usage{90 + 50 + 70 + 5, 90 + 5, 70}); u != want || !metered {
+			t.Fatalf("%s: got (%+v, %v), want (%+v, true)", c.Name, u, metered, want)
 		}
 	}
 	// A compatible backend that reports input only on message_delta.
 	late := "data: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":0,\"output_tokens\":0}}}\n\n" +
 		"data: {\"type\":\"message_delta\",\"usage\":{\"input_tokens\":30,\"output_tokens\":4}}\n\n"
-	if tokens, metered := meterUsage(usagetest.Header("text/event-stream", ""), [][]byte{[]byte(late)}); tokens != 34 || !metered {
-		t.Fatalf("input reported late: got (%d, %v), want (34, true)", tokens, metered)
+	if u, metered := meterUsage(usagetest.Header("text/event-stream", ""), [][]byte{[]byte(late)}); u != (Usage{34, 30, 4}) || !metered {
+		t.Fatalf("input reported late: got (%+v, %v), want ({34 30 4}, true)", u, metered)
 	}
 }
 
@@ -78,35 +188,35 @@ func TestGeminiStreamIsChargedItsLastUsageReport(t *testing.T) {
 	cases := []struct {
 		name   string
 		chunks []string // usageMetadata values, one per chunk
-		want   int64
+		want   Usage
 	}{
 		{"running total", []string{
 			`{"promptTokenCount":10,"totalTokenCount":10}`,
 			`{"promptTokenCount":10,"candidatesTokenCount":5,"totalTokenCount":15}`,
 			`{"promptTokenCount":10,"candidatesTokenCount":9,"thoughtsTokenCount":20,"totalTokenCount":39}`,
-		}, 39},
+		}, Usage{39, 10, 29}},
 		// The prompt count goes down on the last chunk: its total is the
 		// count, not the largest prompt plus the candidates.
 		{"counts going down", []string{
 			`{"promptTokenCount":15,"totalTokenCount":15}`,
 			`{"promptTokenCount":15,"totalTokenCount":15}`,
 			`{"promptTokenCount":13,"candidatesTokenCount":8,"totalTokenCount":21}`,
-		}, 21},
+		}, Usage{21, 13, 8}},
 		// A field the last snapshot leaves out is gone, not kept from earlier.
 		{"field absent from the last snapshot", []string{
 			`{"promptTokenCount":10,"toolUsePromptTokenCount":50,"candidatesTokenCount":2}`,
 			`{"promptTokenCount":10,"candidatesTokenCount":6}`,
-		}, 16},
+		}, Usage{16, 10, 6}},
 		{"total absent from the last snapshot", []string{
 			`{"promptTokenCount":10,"totalTokenCount":90}`,
 			`{"promptTokenCount":10,"candidatesTokenCount":6}`,
-		}, 16},
+		}, Usage{16, 10, 6}},
 		// A usageMetadata without Gemini counts is no snapshot of them.
 		{"empty usageMetadata last", []string{
 			`{"promptTokenCount":10,"candidatesTokenCount":6,"totalTokenCount":16}`,
 			`{}`,
 			`{"trafficType":"ON_DEMAND"}`,
-		}, 16},
+		}, Usage{16, 10, 6}},
 	}
 	for _, c := range cases {
 		var sse, array strings.Builder
@@ -125,9 +235,9 @@ func TestGeminiStreamIsChargedItsLastUsageReport(t *testing.T) {
 			{"application/json", array.String()},
 		} {
 			for _, ch := range usagetest.Chunkings() {
-				tokens, metered := meterUsage(usagetest.Header(body.contentType, ""), ch.Split([]byte(body.text)))
-				if tokens != c.want || !metered {
-					t.Errorf("%s (%s, %s): got (%d, %v), want (%d, true)", c.name, body.contentType, ch.Name, tokens, metered, c.want)
+				u, metered := meterUsage(usagetest.Header(body.contentType, ""), ch.Split([]byte(body.text)))
+				if u != c.want || !metered {
+					t.Errorf("%s (%s, %s): got (%+v, %v), want (%+v, true)", c.name, body.contentType, ch.Name, u, metered, c.want)
 				}
 			}
 		}
@@ -140,7 +250,7 @@ func TestCompactedAnthropicResponseIsChargedTheUsageOfEveryIteration(t *testing.
 			`"cache_creation":{"ephemeral_5m_input_tokens":%d,"ephemeral_1h_input_tokens":0}}`, typ, in, out, cacheCreate, cacheRead, cacheCreate)
 	}
 	compaction, message := iteration("compaction", 100, 83, 0, 55096), iteration("message", 181, 8, 40, 0)
-	const sum = 100 + 83 + 55096 + 181 + 8 + 40
+	sum := Usage{100 + 83 + 55096 + 181 + 8 + 40, 100 + 181 + 40, 83 + 8}
 	start := `data: {"type":"message_start","message":{"usage":{"input_tokens":100,"cache_read_input_tokens":55096,"output_tokens":7}}}` + "\n\n"
 	delta := func(usage string) string {
 		return `data: {"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":` + usage + `,"context_management":{"applied_edits":[]}}` + "\n\n"
@@ -148,7 +258,7 @@ func TestCompactedAnthropicResponseIsChargedTheUsageOfEveryIteration(t *testing.
 	last := `{"input_tokens":181,"cache_creation_input_tokens":40,"cache_read_input_tokens":0,"output_tokens":8,"iterations":[` + compaction + `,` + message + `]}`
 	cases := []struct {
 		name, contentType, body string
-		want                    int64
+		want                    Usage
 	}{
 		{"stream", "text/event-stream", start + delta(last), sum},
 		{"JSON body", "application/json", `{"type":"message","usage":` + last + `}`, sum},
@@ -160,30 +270,39 @@ func TestCompactedAnthropicResponseIsChargedTheUsageOfEveryIteration(t *testing.
 		{"later usage without iterations", "text/event-stream", start + delta(last) + delta(`{"output_tokens":9}`), sum},
 		{"later iterations", "text/event-stream",
 			start + delta(last) + delta(`{"input_tokens":181,"output_tokens":8,"iterations":[`+iteration("compaction", 100, 83, 0, 50000)+`,`+message+`]}`),
-			100 + 83 + 50000 + 181 + 8 + 40},
+			Usage{100 + 83 + 50000 + 181 + 8 + 40, 100 + 181 + 40, 83 + 8}},
 		// Within an iteration, as in a usage object, a repeated key's latest value wins.
 		{"repeated key in an iteration", "application/json",
-			`{"usage":{"input_tokens":5,"iterations":[{"input_tokens":1000,"input_tokens":3,"output_tokens":2},{"input_tokens":5}]}}`, 3 + 2 + 5},
+			`{"usage":{"input_tokens":5,"iterations":[{"input_tokens":1000,"input_tokens":3,"output_tokens":2},{"input_tokens":5}]}}`, Usage{3 + 2 + 5, 3 + 5, 2}},
 		// The sum is a total: if it is smaller than the top-level fields beside
-		// it, those are charged.
+		// it, those are charged; and so for each part.
 		{"iterations smaller than the top level", "application/json",
-			`{"usage":{"input_tokens":500,"output_tokens":20,"iterations":[{"input_tokens":1,"output_tokens":1}]}}`, 520},
-		{"empty iterations", "application/json", `{"usage":{"input_tokens":500,"output_tokens":20,"iterations":[]}}`, 520},
-		{"only empty iterations is metered", "application/json", `{"usage":{"iterations":[]}}`, 0},
+			`{"usage":{"input_tokens":500,"output_tokens":20,"iterations":[{"input_tokens":1,"output_tokens":1}]}}`, Usage{520, 500, 20}},
+		{"iterations smaller in one part", "application/json",
+			`{"usage":{"input_tokens":5,"output_tokens":50,"iterations":[{"input_tokens":30,"output_tokens":1}]}}`, Usage{55, 30, 50}},
+		{"empty iterations", "application/json", `{"usage":{"input_tokens":500,"output_tokens":20,"iterations":[]}}`, Usage{520, 500, 20}},
+		{"only empty iterations is metered", "application/json", `{"usage":{"iterations":[]}}`, Usage{}},
 		// Elements that are not iterations, and iterations that are not a list.
 		{"odd elements", "application/json",
-			`{"usage":{"iterations":[1,"two",null,[{"input_tokens":900}],{"input_tokens":7,"nested":{"input_tokens":900}},{}]}}`, 7},
-		{"iterations not a list", "application/json", `{"usage":{"input_tokens":4,"iterations":{"input_tokens":900}}}`, 4},
-		{"iterations outside usage", "application/json", `{"iterations":[{"input_tokens":900}],"usage":{"input_tokens":4}}`, 4},
+			`{"usage":{"iterations":[1,"two",null,[{"input_tokens":900}],{"input_tokens":7,"nested":{"input_tokens":900}},{}]}}`, Usage{7, 7, 0}},
+		{"huge counts are capped", "application/json",
+			`{"usage":{"iterations":[{"input_tokens":1e30,"output_tokens":1e30,"cache_read_input_tokens":1e30}]}}`, Usage{maxValue, maxValue, maxValue}},
+		{"iterations not a list", "application/json", `{"usage":{"input_tokens":4,"iterations":{"input_tokens":900}}}`, Usage{4, 4, 0}},
+		{"iterations outside usage", "application/json", `{"iterations":[{"input_tokens":900}],"usage":{"input_tokens":4}}`, Usage{4, 4, 0}},
 	}
 	for _, c := range cases {
 		for _, ch := range usagetest.Chunkings() {
-			tokens, metered := meterUsage(usagetest.Header(c.contentType, ""), ch.Split([]byte(c.body)))
-			if tokens != c.want || !metered {
-				t.Errorf("%s (%s): got (%d, %v), want (%d, true)", c.name, ch.Name, tokens, metered, c.want)
+			u, metered := meterUsage(usagetest.Header(c.contentType, ""), ch.Split([]byte(c.body)))
+			if u != c.want || !metered {
+				t.Errorf("%s (%s): got (%+v, %v), want (%+v, true)", c.name, ch.Name, u, metered, c.want)
 			}
 		}
 	}
+}
+
+// shrank reports whether any count of u is below prev's.
+func shrank(u, prev Usage) bool {
+	return u.Total < prev.Total || u.Input < prev.Input || u.Output < prev.Output
 }
 
 func TestUsageReportCutShortIsChargedWhatItAndTheReportBeforeItSaid(t *testing.T) {
@@ -193,66 +312,81 @@ func TestUsageReportCutShortIsChargedWhatItAndTheReportBeforeItSaid(t *testing.T
 	lastEvent := bytes.LastIndex(raw, []byte("data: "))
 	lastUsage := lastEvent + bytes.Index(raw[lastEvent:], []byte(`"usageMetadata"`))
 	for cut := lastEvent; cut <= len(raw); cut++ {
-		tokens, metered := meterUsage(usagetest.Header("text/event-stream", ""), [][]byte{raw[:cut]})
+		u, metered := meterUsage(usagetest.Header("text/event-stream", ""), [][]byte{raw[:cut]})
 		switch {
-		case !metered || tokens < 42 || tokens > 79:
-			t.Fatalf("cut at %d: got (%d, %v), want between the last two reports' 42 and 79", cut, tokens, metered)
-		case cut <= lastUsage && tokens != 42:
-			t.Fatalf("cut at %d (before the last report): got %d, want 42", cut, tokens)
+		case !metered || u.Total < 42 || u.Total > 79 || u.Input < 38 || u.Input > 42 || u.Output > 17+24:
+			t.Fatalf("cut at %d: got (%+v, %v), want between the last two reports' {42 42 0} and {79 38 41}", cut, u, metered)
+		case cut <= lastUsage && u != (Usage{42, 42, 0}):
+			t.Fatalf("cut at %d (before the last report): got %+v, want {42 42 0}", cut, u)
 		}
 	}
 	// A cut inside an iterations list: the top-level fields beside it, until
-	// its iterations sum to more; the sum grows with each count read.
+	// its iterations sum to more, count by count; the sum grows with each
+	// count read.
 	raw = usagetest.Read(t, "anthropic_compaction_stream.sse")
 	list := bytes.Index(raw, []byte(`"iterations":[`)) + len(`"iterations":[`)
 	second := list + bytes.Index(raw[list:], []byte(`},{`)) + 1
-	var prev int64
+	var prev Usage
 	for cut := list; cut <= len(raw); cut++ {
-		tokens, metered := meterUsage(usagetest.Header("text/event-stream", ""), [][]byte{raw[:cut]})
-		var want int64
+		u, metered := meterUsage(usagetest.Header("text/event-stream", ""), [][]byte{raw[:cut]})
+		var want Usage
 		switch cut {
 		case list:
-			want = 315 + 12 + 1200 + 0
-		case second:
-			want = 240 + 410 + 0 + 31200
+			want = Usage{315 + 12 + 1200 + 0, 315 + 1200, 12}
+		case second: // the first iteration, but the top level's larger input
+			want = Usage{240 + 410 + 0 + 31200, 315 + 1200, 410}
 		case len(raw):
-			want = (240 + 410 + 0 + 31200) + (315 + 12 + 1200 + 0)
+			want = Usage{(240 + 410 + 0 + 31200) + (315 + 12 + 1200 + 0), (240 + 0) + (315 + 1200), 410 + 12}
 		}
-		if !metered || tokens < prev || (want != 0 && tokens != want) {
-			t.Fatalf("cut at %d: got (%d, %v), want %d (0: any, not below the shorter cut's %d)", cut, tokens, metered, want, prev)
+		if !metered || shrank(u, prev) || (want != Usage{} && u != want) {
+			t.Fatalf("cut at %d: got (%+v, %v), want %+v (zero: any, not below the shorter cut's %+v)", cut, u, metered, want, prev)
 		}
-		prev = tokens
+		prev = u
+	}
+	// A cut inside a later iterations array: until it closes, the array it
+	// replaces is charged where that is larger, count by count.
+	first := `data: {"type":"message_delta","usage":{"iterations":[{"input_tokens":100,"output_tokens":10},{"input_tokens":5,"output_tokens":300}]}}` + "\n\n"
+	later := `data: {"type":"message_delta","usage":{"iterations":[{"input_tokens":100,"output_tokens":10},{"input_tokens":5,"output_tokens":290}]}}` + "\n\n"
+	body := first + later
+	closed := strings.LastIndex(body, "]") + 1
+	for cut := len(first); cut <= len(body); cut++ {
+		u, _ := meterUsage(usagetest.Header("text/event-stream", ""), [][]byte{[]byte(body[:cut])})
+		want := Usage{100 + 10 + 5 + 300, 100 + 5, 10 + 300}
+		if cut >= closed {
+			want = Usage{100 + 10 + 5 + 290, 100 + 5, 10 + 290}
+		}
+		if u != want {
+			t.Fatalf("cut at %d of the later array: got %+v, want %+v", cut-len(first), u, want)
+		}
 	}
 }
 
 func TestUsageChargeIsTheReportedTotalOrElseTheSumOfTheParts(t *testing.T) {
 	cases := []struct {
 		usage string
-		want  int64
+		want  Usage
 	}{
-		{`{"prompt_tokens":10,"completion_tokens":5,"total_tokens":15}`, 15},
-		{`{"prompt_tokens":10,"completion_tokens":5}`, 15},                   // no total
-		{`{"prompt_tokens":10,"completion_tokens":5,"total_tokens":0}`, 15},  // a total that leaves parts out
-		{`{"prompt_tokens":10,"completion_tokens":5,"total_tokens":20}`, 20}, // a total with more in it
-		{`{"prompt_tokens":8,"total_tokens":8}`, 8},                          // embeddings
-		{`{"input_tokens":3,"output_tokens":4,"total_tokens":7,"input_tokens_details":{"cached_tokens":2}}`, 7},
-		{`{"input_tokens":3,"output_tokens":4,"cache_creation_input_tokens":5,"cache_read_input_tokens":6,"cache_creation":{"ephemeral_5m_input_tokens":5}}`, 18},
-		{`{"promptTokenCount":100,"cachedContentTokenCount":80,"candidatesTokenCount":7,"totalTokenCount":107}`, 107},
-		{`{"promptTokenCount":100,"candidatesTokenCount":7,"thoughtsTokenCount":3,"toolUsePromptTokenCount":4}`, 114},
-		// A backend that echoes both families is charged once, not twice.
-		{`{"prompt_tokens":10,"completion_tokens":5,"total_tokens":15,"input_tokens":10,"output_tokens":5}`, 15},
+		{`{"prompt_tokens":10,"completion_tokens":5,"total_tokens":15}`, Usage{15, 10, 5}},
+		{`{"prompt_tokens":10,"completion_tokens":5}`, Usage{15, 10, 5}},                   // no total
+		{`{"prompt_tokens":10,"completion_tokens":5,"total_tokens":0}`, Usage{15, 10, 5}},  // a total that leaves parts out
+		{`{"prompt_tokens":10,"completion_tokens":5,"total_tokens":20}`, Usage{20, 10, 5}}, // a total with more in it
+		{`{"prompt_tokens":8,"total_tokens":8}`, Usage{8, 8, 0}},                           // embeddings
+		{`{"input_tokens":3,"output_tokens":4,"total_tokens":7,"input_tokens_details":{"cached_tokens":2}}`, Usage{7, 3, 4}},
+		{`{"input_tokens":3,"output_tokens":4,"total_tokens":20}`, Usage{20, 3, 4}},
+		{`{"input_tokens":3,"output_tokens":4,"cache_creation_input_tokens":5,"cache_read_input_tokens":6,"cache_creation":{"ephemeral_5m_input_tokens":5}}`, Usage{18, 8, 4}},
+		{`{"promptTokenCount":100,"cachedContentTokenCount":80,"candidatesTokenCount":7,"totalTokenCount":107}`, Usage{107, 100, 7}},
+		{`{"promptTokenCount":100,"candidatesTokenCount":7,"thoughtsTokenCount":3,"toolUsePromptTokenCount":4}`, Usage{114, 104, 10}},
 		// Counts as JSON may write them.
-		{`{"total_tokens":1.5e3}`, 1500},
-		{`{"total_tokens":12.0}`, 12},
-		{`{"total_tokens":-5,"prompt_tokens":2}`, 2},
-		{`{"total_tokens":99999999999999999999999}`, maxValue},
-		{`{"total_tokens":"15","prompt_tokens":true,"completion_tokens":null}`, 0},
+		{`{"total_tokens":1.5e3}`, Usage{1500, 0, 0}},
+		{`{"total_tokens":12.0}`, Usage{12, 0, 0}},
+		{`{"total_tokens":-5,"prompt_tokens":2}`, Usage{2, 2, 0}},
+		{`{"total_tokens":99999999999999999999999}`, Usage{maxValue, 0, 0}},
+		{`{"prompt_tokens":99999999999999999999999,"completion_tokens":1e30}`, Usage{2 * maxValue, maxValue, maxValue}},
+		{`{"total_tokens":"15","prompt_tokens":true,"completion_tokens":null}`, Usage{}},
 	}
 	for _, c := range cases {
-		body := `{"id":"x","usage":` + c.usage + `}`
-		tokens, _ := meterUsage(usagetest.Header("application/json", ""), [][]byte{[]byte(body)})
-		if tokens != c.want {
-			t.Errorf("usage %s: got %d, want %d", c.usage, tokens, c.want)
+		if u, _ := meterJSON(`{"id":"x","usage":` + c.usage + `}`); u != c.want {
+			t.Errorf("usage %s: got %+v, want %+v", c.usage, u, c.want)
 		}
 	}
 }
@@ -281,16 +415,16 @@ func TestUsageOnlyJSONAndEventStreamBodiesInKnownEncodingsAreMetered(t *testing.
 		{"application/json", "snappy", jsonBody, false},
 	}
 	for _, c := range cases {
-		tokens, metered := meterUsage(usagetest.Header(c.contentType, c.encoding), [][]byte{c.body})
-		if metered != c.metered || (metered && tokens != 5) {
-			t.Errorf("Content-Type %q, Content-Encoding %q: got (%d, %v), want metered=%v", c.contentType, c.encoding, tokens, metered, c.metered)
+		u, metered := meterUsage(usagetest.Header(c.contentType, c.encoding), [][]byte{c.body})
+		if metered != c.metered || (metered && u != Usage{Total: 5}) {
+			t.Errorf("Content-Type %q, Content-Encoding %q: got (%+v, %v), want metered=%v", c.contentType, c.encoding, u, metered, c.metered)
 		}
 	}
 	// The SSE reading of a JSON body, and the other way round, finds nothing.
 	if _, metered := meterUsage(usagetest.Header("text/event-stream", ""), [][]byte{jsonBody}); metered {
 		t.Error("a JSON body read as an event stream was metered")
 	}
-	if tokens, metered := meterUsage(nil, [][]byte{jsonBody}); metered || tokens != 0 {
+	if u, metered := meterUsage(nil, [][]byte{jsonBody}); metered || u != (Usage{}) {
 		t.Error("a response without a header was metered")
 	}
 }
@@ -300,24 +434,25 @@ func TestUsageTruncatedStreamChargesWhatWasReportedBeforeTheCut(t *testing.T) {
 	afterStart := bytes.Index(raw, []byte("event: content_block_start"))
 	beforeDelta := bytes.Index(raw, []byte("event: message_delta"))
 	deltaEnd := beforeDelta + bytes.Index(raw[beforeDelta:], []byte("\n\n")) + 1 // after its data line
-	var prev int64
+	afterStartUsage, final := Usage{472 + 1024 + 2, 472, 2}, Usage{472 + 1024 + 89, 472, 89}
+	var prev Usage
 	for cut := 0; cut <= len(raw); cut++ {
-		tokens, metered := meterUsage(usagetest.Header("text/event-stream", ""), [][]byte{raw[:cut]})
+		u, metered := meterUsage(usagetest.Header("text/event-stream", ""), [][]byte{raw[:cut]})
 		switch {
-		case tokens < prev:
-			t.Fatalf("cut at %d: %d tokens, fewer than a shorter cut's %d", cut, tokens, prev)
-		case cut >= afterStart && cut < beforeDelta && (tokens != 472+1024+2 || !metered):
-			t.Fatalf("cut at %d (after message_start): got (%d, %v), want (1498, true)", cut, tokens, metered)
-		case cut >= deltaEnd && tokens != 472+1024+89:
-			t.Fatalf("cut at %d (after message_delta): got %d, want 1585", cut, tokens)
+		case shrank(u, prev):
+			t.Fatalf("cut at %d: %+v, less than a shorter cut's %+v", cut, u, prev)
+		case cut >= afterStart && cut < beforeDelta && (u != afterStartUsage || !metered):
+			t.Fatalf("cut at %d (after message_start): got (%+v, %v), want (%+v, true)", cut, u, metered, afterStartUsage)
+		case cut >= deltaEnd && u != final:
+			t.Fatalf("cut at %d (after message_delta): got %+v, want %+v", cut, u, final)
 		}
-		prev = tokens
+		prev = u
 	}
 	// An OpenAI stream cut before its usage chunk reported nothing.
 	raw = usagetest.Read(t, "openai_chat_stream.sse")
 	cut := bytes.Index(raw, []byte(`"choices":[],`))
-	if tokens, metered := meterUsage(usagetest.Header("text/event-stream", ""), [][]byte{raw[:cut]}); metered {
-		t.Fatalf("OpenAI stream cut before its usage: got (%d, true), want unmetered", tokens)
+	if u, metered := meterUsage(usagetest.Header("text/event-stream", ""), [][]byte{raw[:cut]}); metered {
+		t.Fatalf("OpenAI stream cut before its usage: got (%+v, true), want unmetered", u)
 	}
 }
 
@@ -328,11 +463,11 @@ func TestOversizeEventIsSkippedAndLeavesTheResponseUnmeteredIfItAloneCarriedUsag
 		if c.Name == "1-byte" {
 			continue // a megabyte one byte at a time is slow under -race, and 7 max covers it
 		}
-		if tokens, metered := meterUsage(usagetest.Header("text/event-stream", ""), c.Split([]byte(big))); metered {
-			t.Errorf("%s: an oversize event was metered (%d)", c.Name, tokens)
+		if u, metered := meterUsage(usagetest.Header("text/event-stream", ""), c.Split([]byte(big))); metered {
+			t.Errorf("%s: an oversize event was metered (%+v)", c.Name, u)
 		}
-		if tokens, metered := meterUsage(usagetest.Header("text/event-stream", ""), c.Split([]byte(big+small))); tokens != 7 || !metered {
-			t.Errorf("%s: the event after an oversize one: got (%d, %v), want (7, true)", c.Name, tokens, metered)
+		if u, metered := meterUsage(usagetest.Header("text/event-stream", ""), c.Split([]byte(big+small))); u != (Usage{Total: 7}) || !metered {
+			t.Errorf("%s: the event after an oversize one: got (%+v, %v), want ({7 0 0}, true)", c.Name, u, metered)
 		}
 	}
 	// The meter holds no more than the maximum for it.
@@ -354,8 +489,8 @@ func TestUsageFinishIsIdempotentAndWritesAfterItAreIgnored(t *testing.T) {
 			t.Fatalf("Write after Finish = %d, %v", n, err)
 		}
 		b, bm := m.Finish()
-		if a != 5 || !am || a != b || am != bm {
-			t.Fatalf("%s: Finish = (%d, %v) then (%d, %v), want (5, true) twice", coding, a, am, b, bm)
+		if a != (Usage{Total: 5}) || !am || a != b || am != bm {
+			t.Fatalf("%s: Finish = (%+v, %v) then (%+v, %v), want ({5 0 0}, true) twice", coding, a, am, b, bm)
 		}
 	}
 }
@@ -382,8 +517,8 @@ func TestEventsWithoutUsageCostNoAllocation(t *testing.T) {
 	}); a != 0 {
 		t.Errorf("events cut across Writes: %v allocations, want 0", a)
 	}
-	if tokens, metered := m.Finish(); tokens != 31 || !metered {
-		t.Errorf("got (%d, %v), want (31, true)", tokens, metered)
+	if u, metered := m.Finish(); u != (Usage{31, 19, 12}) || !metered {
+		t.Errorf("got (%+v, %v), want ({31 19 12}, true)", u, metered)
 	}
 	j := NewMeter(usagetest.Header("application/json", ""))
 	body := usagetest.Read(t, "openai_chat.json")
@@ -428,7 +563,8 @@ func TestOnlyEventsThatMayCarryUsageAreScanned(t *testing.T) {
 
 // FuzzUsageMeter feeds arbitrary bodies, as JSON or SSE, in any of the
 // codings, split at arbitrary points: the meter must not panic, must charge
-// the same whatever the split, and must stay within its memory bounds.
+// the same whatever the split, must charge no part above the total, and must
+// stay within its memory bounds.
 func FuzzUsageMeter(f *testing.F) {
 	for i, file := range usagetest.Files() {
 		raw := usagetest.Read(f, file)
@@ -467,10 +603,12 @@ func FuzzUsageMeter(f *testing.F) {
 			t.Fatalf("the meter recovered from a panic: %v", m.panicked)
 		}
 		if whole != split || wholeMetered != splitMetered {
-			t.Fatalf("whole body: (%d, %v); split in %d: (%d, %v)", whole, wholeMetered, len(chunks), split, splitMetered)
+			t.Fatalf("whole body: (%+v, %v); split in %d: (%+v, %v)", whole, wholeMetered, len(chunks), split, splitMetered)
 		}
-		if whole < 0 || (!wholeMetered && whole != 0) {
-			t.Fatalf("got (%d, %v)", whole, wholeMetered)
+		// Input and Output are parts of Total.
+		if whole.Input < 0 || whole.Output < 0 || whole.Input > whole.Total || whole.Output > whole.Total ||
+			(!wholeMetered && whole != Usage{}) {
+			t.Fatalf("got (%+v, %v)", whole, wholeMetered)
 		}
 		if IsUsageOnlyChunk(body) && !bytes.Contains(body, []byte(`"usage"`)) {
 			t.Fatal("a usage-only chunk without usage")

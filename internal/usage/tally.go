@@ -11,8 +11,8 @@ const (
 	fieldPromptTokens
 	fieldCompletionTokens
 	fieldTotalTokens // also the Responses API
-	// OpenAI Responses, Anthropic (these four in this order: an iteration's
-	// counts are kept by them, see tally.recordIteration)
+	// OpenAI Responses, Anthropic (these four in this order: Anthropic's
+	// counts are kept by them, see anthropicCounts)
 	fieldInputTokens
 	fieldOutputTokens
 	// Anthropic
@@ -67,6 +67,26 @@ const fieldsGemini = 1<<fieldPromptTokenCount | 1<<fieldCandidatesTokenCount |
 	1<<fieldTotalTokenCount | 1<<fieldThoughtsTokenCount |
 	1<<fieldToolUsePromptTokenCount | 1<<fieldCachedContentTokenCount
 
+// Usage is what a response reports: the tokens a tpm counts (Total), and
+// the parts of them that input and output caps count (see tally.usage).
+type Usage struct{ Total, Input, Output int64 }
+
+// max is the larger of u and v, count by count.
+func (u Usage) max(v Usage) Usage {
+	return Usage{max(u.Total, v.Total), max(u.Input, v.Input), max(u.Output, v.Output)}
+}
+
+// plus is u and v added, count by count.
+func (u Usage) plus(v Usage) Usage {
+	return Usage{u.Total + v.Total, u.Input + v.Input, u.Output + v.Output}
+}
+
+// capped is u with each count at most maxValue, so that sums of it cannot
+// overflow.
+func (u Usage) capped() Usage {
+	return Usage{min(u.Total, maxValue), min(u.Input, maxValue), min(u.Output, maxValue)}
+}
+
 // tally is what a response has reported so far, by the rules in the
 // package comment (doc.go). The JSON scanner tells it where usage
 // objects and iterations open and close, and each count it reads.
@@ -80,11 +100,22 @@ type tally struct {
 
 // iterations sums Anthropic's usage.iterations arrays.
 type iterations struct {
-	seen bool     // an iterations array was opened
-	open bool     // the latest array has not closed (yet, or ever: a cut body)
-	sum  int64    // the latest closed array's sum; while one is open, the sum it replaces
-	run  int64    // the open array: the sum of its closed iterations
-	cur  [4]int64 // the open iteration: input, output, cache creation, cache read
+	seen bool            // an iterations array was opened
+	open bool            // the latest array has not closed (yet, or ever: a cut body)
+	sum  Usage           // the latest closed array's sum; while one is open, the sum it replaces
+	run  Usage           // the open array: the sum of its closed iterations
+	cur  anthropicCounts // the open iteration
+}
+
+// anthropicCounts are Anthropic's four counts, in field order: input, output,
+// cache creation, cache read.
+type anthropicCounts [4]int64
+
+// usage is what the counts charge. Cache reads are part of the total only:
+// Anthropic's input tokens per minute do not count them (for current
+// models), and its cache writes are input like any other.
+func (c anthropicCounts) usage() Usage {
+	return Usage{Total: c[0] + c[1] + c[2] + c[3], Input: c[0] + c[2], Output: c[1]}
 }
 
 // openUsage starts a usage object.
@@ -122,7 +153,7 @@ func (t *tally) openIterations() {
 	it := &t.iter
 	it.sum = it.charge()
 	it.seen, it.open = true, true
-	it.run, it.cur = 0, [4]int64{}
+	it.run, it.cur = Usage{}, anthropicCounts{}
 }
 
 func (t *tally) closeIterations() {
@@ -130,12 +161,12 @@ func (t *tally) closeIterations() {
 	it.sum, it.open = it.run, false
 }
 
-func (t *tally) openIteration() { t.iter.cur = [4]int64{} }
+func (t *tally) openIteration() { t.iter.cur = anthropicCounts{} }
 
 func (t *tally) closeIteration() {
 	it := &t.iter
-	it.run = min(it.summed(), maxValue)
-	it.cur = [4]int64{}
+	it.run = it.summed().capped()
+	it.cur = anthropicCounts{}
 }
 
 // recordIteration takes an iteration's count: the latest value of a field in
@@ -151,46 +182,73 @@ func (t *tally) recordIteration(f field, n int64) {
 }
 
 // charge is the iterations sum to charge: the latest array's, or while it
-// is open, the larger of what it has summed so far and the sum it replaces.
-func (it *iterations) charge() int64 {
+// is open, the larger of what it has summed so far and the sum it replaces,
+// count by count.
+func (it *iterations) charge() Usage {
 	if it.open {
-		return max(it.sum, it.summed())
+		return it.sum.max(it.summed())
 	}
 	return it.sum
 }
 
 // summed is what the open array has summed so far.
-func (it *iterations) summed() int64 {
-	return it.run + it.cur[0] + it.cur[1] + it.cur[2] + it.cur[3]
-}
+func (it *iterations) summed() Usage { return it.run.plus(it.cur.usage()) }
 
-// tokens is the charge: the largest of what each provider family's fields
-// add up to, so that a usage object that mixes families (some compatible
-// backends echo OpenAI and Anthropic names) is not charged twice.
+// usage is the charge: for each provider family a total and its input and
+// output parts, and of each of the three the largest over the families, so
+// that a usage object that mixes families (some compatible backends echo
+// OpenAI and Anthropic names) is not charged twice.
 //
-//	OpenAI     total_tokens, or prompt_tokens + completion_tokens
-//	Responses  total_tokens, or input_tokens + output_tokens
-//	Anthropic  the iterations sum, or input_tokens + output_tokens +
-//	           cache_creation_input_tokens + cache_read_input_tokens
-//	Gemini     totalTokenCount, or promptTokenCount + candidatesTokenCount +
-//	           thoughtsTokenCount + toolUsePromptTokenCount (the prompt count
-//	           includes cachedContentTokenCount already)
+//	OpenAI     Total   total_tokens, or prompt_tokens + completion_tokens
+//	           Input   prompt_tokens
+//	           Output  completion_tokens
+//	Responses  Total   total_tokens, or input_tokens + output_tokens
+//	           Input   input_tokens
+//	           Output  output_tokens
+//	Anthropic  Total   the iterations sum, or input_tokens + output_tokens +
+//	                   cache_creation_input_tokens + cache_read_input_tokens
+//	           Input   input_tokens + cache_creation_input_tokens
+//	           Output  output_tokens
+//	Gemini     Total   totalTokenCount, or Input + Output
+//	           Input   promptTokenCount + toolUsePromptTokenCount
+//	           Output  candidatesTokenCount + thoughtsTokenCount
 //
 // Where a total is reported it is what the provider charges; a total smaller
 // than the parts reported beside it is taken to have left some out, and the
 // parts are charged instead. The iterations sum is such a total: the
-// top-level fields of a compacted response are its last iteration.
-func (t *tally) tokens() (int64, bool) {
+// top-level fields of a compacted response are its last iteration, and each
+// part is the larger of the iterations' and the top level's likewise.
+//
+// Input and Output are what input and output caps count, each a sum of the
+// reported counts that make it up, never more: reasoning is inside
+// completion_tokens and output_tokens already (completion_tokens_details is a
+// breakdown of them, never added), cachedContentTokenCount inside
+// promptTokenCount, and Anthropic's cache reads are left out of Input (see
+// anthropicCounts.usage). Each is at most Total; both are 0 when only a total
+// is reported. Total may be more than Input + Output (cache reads, a total
+// that counts what the parts do not); in a usage object that mixes families
+// whose counts disagree, Input and Output may come from different families
+// and add up to more.
+func (t *tally) usage() (Usage, bool) {
 	if t.seen == 0 && !t.iter.seen {
-		return 0, false
+		return Usage{}, false
 	}
 	v := &t.v
-	openai := max(v[fieldTotalTokens], v[fieldPromptTokens]+v[fieldCompletionTokens])
-	anthropic := max(v[fieldTotalTokens], t.iter.charge(), v[fieldInputTokens]+v[fieldOutputTokens]+
-		v[fieldCacheCreationInputTokens]+v[fieldCacheReadInputTokens])
-	gemini := max(v[fieldTotalTokenCount], v[fieldPromptTokenCount]+v[fieldCandidatesTokenCount]+
-		v[fieldThoughtsTokenCount]+v[fieldToolUsePromptTokenCount])
-	return max(openai, anthropic, gemini), true
+	// The Responses API's fields are others': its total_tokens is OpenAI's,
+	// its input_tokens and output_tokens are Anthropic counts without cache
+	// fields.
+	openai := withTotal(v[fieldTotalTokens], v[fieldPromptTokens], v[fieldCompletionTokens])
+	anthropic := anthropicCounts(v[fieldInputTokens : fieldCacheReadInputTokens+1]).usage().max(t.iter.charge())
+	gemini := withTotal(v[fieldTotalTokenCount],
+		v[fieldPromptTokenCount]+v[fieldToolUsePromptTokenCount],
+		v[fieldCandidatesTokenCount]+v[fieldThoughtsTokenCount])
+	return openai.max(anthropic).max(gemini), true
+}
+
+// withTotal is a family's usage from its reported total (0 if none) and its
+// input and output parts: the total, unless the parts add up to more.
+func withTotal(total, input, output int64) Usage {
+	return Usage{Total: max(total, input+output), Input: input, Output: output}
 }
 
 // parseCount reads a JSON number as a token count: a non-negative

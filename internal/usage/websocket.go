@@ -13,22 +13,27 @@ import (
 // they were written to the client, and adds up the usage of every finished
 // response. The OpenAI Realtime API reports it in the server event
 //
-//	{"type":"response.done","response":{...,"usage":{"total_tokens":N,...}}}
+//	{"type":"response.done","response":{...,"usage":{"total_tokens":N,"input_tokens":I,"output_tokens":O,...}}}
 //
 // a JSON text message. Nothing is ever held back from the client or changed.
 
 // RealtimeTap parses the WebSocket frames a server sends a client (unmasked,
 // RFC 6455) from a copy of the bytes, and adds each finished response's
-// response.usage.total_tokens (from "response.done" events, JSON text
-// messages of the OpenAI Realtime API) to a running total.
+// response.usage (from "response.done" events, JSON text messages of the
+// OpenAI Realtime API) to a running Usage: total_tokens to Total,
+// input_tokens to Input, output_tokens (reasoning included) to Output. Each
+// is read as the Meter reads a count (see parseCount), and one a response
+// does not report, or reports as something else, adds nothing.
 //
 // Memory is bounded: a text message is gathered up to maxMessage bytes (a
 // larger one is skipped unread and counted as unmetered), and the message
 // buffer is reused across messages and dropped after one larger than
 // realtimeRetainedBuffer.
 type RealtimeTap struct {
-	tokens atomic.Int64 // counted since the last Take
-	skips  atomic.Int64 // unmetered messages
+	// Counted since the last Take.
+	total, input, output atomic.Int64
+
+	skips atomic.Int64 // unmetered messages
 
 	mu         sync.Mutex // serializes Write
 	maxMessage int
@@ -65,9 +70,22 @@ type realtimeUsageEvent struct {
 	Type     string `json:"type"`
 	Response struct {
 		Usage struct {
-			TotalTokens json.RawMessage `json:"total_tokens"`
+			TotalTokens  realtimeCount `json:"total_tokens"`
+			InputTokens  realtimeCount `json:"input_tokens"`
+			OutputTokens realtimeCount `json:"output_tokens"`
 		} `json:"usage"`
 	} `json:"response"`
+}
+
+// realtimeCount is a count of a response.done event, read by parseCount from
+// the JSON text itself (a json.RawMessage would be a copy of it to allocate):
+// a value that is not a count is 0.
+type realtimeCount int64
+
+func (c *realtimeCount) UnmarshalJSON(b []byte) error {
+	n, _ := parseCount(b)
+	*c = realtimeCount(n)
+	return nil
 }
 
 // NewRealtimeTap returns a tap that reads text messages of up to maxMessage
@@ -121,9 +139,13 @@ func (t *RealtimeTap) Write(p []byte) (int, error) {
 	return n, nil
 }
 
-// Take returns the tokens counted since the last Take, and resets that count.
-// Safe for concurrent use with Write.
-func (t *RealtimeTap) Take() int64 { return t.tokens.Swap(0) }
+// Take returns the usage counted since the last Take, and resets it. Safe
+// for concurrent use with Write; each count is taken on its own, so a Take
+// while a response.done is being added may see part of it, and the next Take
+// the rest: the sums over every Take are exact.
+func (t *RealtimeTap) Take() Usage {
+	return Usage{Total: t.total.Swap(0), Input: t.input.Swap(0), Output: t.output.Swap(0)}
+}
 
 // Unmetered is the number of messages that could not be read for usage: text
 // messages over maxMessage, compressed (RSV1) messages, and, once, the rest
@@ -268,7 +290,8 @@ func (t *RealtimeTap) meter(msg []byte) {
 	if json.Unmarshal(msg, &ev) != nil || ev.Type != "response.done" {
 		return
 	}
-	if n, ok := parseCount(ev.Response.Usage.TotalTokens); ok {
-		t.tokens.Add(n)
-	}
+	u := &ev.Response.Usage
+	t.total.Add(int64(u.TotalTokens))
+	t.input.Add(int64(u.InputTokens))
+	t.output.Add(int64(u.OutputTokens))
 }

@@ -6,7 +6,6 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 
 	"github.com/rolter/caddy-ratelimit/internal/usage/usagetest"
@@ -19,41 +18,73 @@ func feedTap(maxMessage int, chunks ...[]byte) *RealtimeTap {
 	return t
 }
 
+// doneUsage is what usagetest.Done events of these totals add up to.
+func doneUsage(totals ...int64) Usage {
+	var u Usage
+	for _, n := range totals {
+		u = u.plus(Usage{Total: n, Input: 1, Output: 2})
+	}
+	return u
+}
+
 func TestRealtimeTapSumsEveryResponseDoneAndTakeResets(t *testing.T) {
 	tap := NewRealtimeTap(MaxEvent)
-	var want int64
+	var want Usage
 	for i := 1; i <= 50; i++ {
 		tap.Write(usagetest.Text(usagetest.AudioDelta))
 		tap.Write(usagetest.Text(usagetest.Done(i, 0)))
-		want += int64(i)
+		want = want.plus(doneUsage(int64(i)))
 	}
 	usagetest.CheckTap(t, tap, want, 0)
-	if got := tap.Take(); got != 0 {
-		t.Fatalf("second take = %d, want 0", got)
+	if got := tap.Take(); got != (Usage{}) {
+		t.Fatalf("second take = %+v, want zero", got)
 	}
 	tap.Write(usagetest.Text(usagetest.Done(7, 0)))
-	usagetest.CheckTap(t, tap, 7, 0)
+	usagetest.CheckTap(t, tap, doneUsage(7), 0)
 }
 
-func TestRealtimeTapCountsOnlyResponseDoneUsageTotal(t *testing.T) {
+func TestRealtimeTapTakesTheTotalInputAndOutputTokensOfResponseDone(t *testing.T) {
+	done := func(usage string) []byte {
+		return usagetest.Text(`{"type":"response.done","event_id":"event_9","response":{"object":"realtime.response","id":"resp_9","status":"completed",` +
+			`"output":[],"usage":` + usage + `}}`)
+	}
+	tap := NewRealtimeTap(MaxEvent)
+	tap.Write(done(`{"total_tokens":1290,"input_tokens":1024,"output_tokens":266,` +
+		`"input_token_details":{"text_tokens":224,"audio_tokens":800,"image_tokens":0,"cached_tokens":768,` +
+		`"cached_tokens_details":{"text_tokens":128,"audio_tokens":640,"image_tokens":0}},` +
+		`"output_token_details":{"text_tokens":66,"audio_tokens":200}}`))
+	usagetest.CheckTap(t, tap, Usage{1290, 1024, 266}, 0)
+	// Responses add up, each count on its own.
+	tap.Write(usagetest.Stream(
+		done(`{"total_tokens":300,"input_tokens":200,"output_tokens":100}`),
+		usagetest.Text(usagetest.AudioDelta),
+		done(`{"total_tokens":45,"input_tokens":40,"output_tokens":5}`),
+	))
+	usagetest.CheckTap(t, tap, Usage{345, 240, 105}, 0)
+}
+
+func TestRealtimeTapCountsOnlyResponseDoneUsage(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		msg  string
-		want int64
+		want Usage
 	}{
-		{"response.done", usagetest.Done(42, 0), 42},
-		{"type not first, whitespace", `{ "response" : { "usage" : { "total_tokens" : 9 } } , "type" : "response.done" }`, 9},
-		{"other event with usage", `{"type":"response.created","response":{"usage":{"total_tokens":5}}}`, 0},
-		{"transcript quoting the type", `{"type":"response.output_text.delta","delta":"\"response.done\" {\"usage\":{\"total_tokens\":5}}"}`, 0},
-		{"type only in a nested object", `{"type":"conversation.item.created","item":{"type":"response.done","response":{"usage":{"total_tokens":5}}}}`, 0},
-		{"usage null", `{"type":"response.done","response":{"usage":null}}`, 0},
-		{"no usage (cancelled)", `{"type":"response.done","response":{"status":"cancelled"}}`, 0},
-		{"total_tokens not a number", `{"type":"response.done","response":{"usage":{"total_tokens":"5"}}}`, 0},
-		{"negative total", `{"type":"response.done","response":{"usage":{"total_tokens":-5}}}`, 0},
-		{"huge total is capped", `{"type":"response.done","response":{"usage":{"total_tokens":99999999999999999999999}}}`, maxValue},
-		{"invalid JSON", `{"type":"response.done","response":{"usage":{"total_tokens":5}}`, 0},
-		{"not JSON", `"response.done"`, 0},
-		{"empty", ``, 0},
+		{"response.done", usagetest.Done(42, 0), doneUsage(42)},
+		{"type not first, whitespace", `{ "response" : { "usage" : { "output_tokens" : 5 , "total_tokens" : 9 , "input_tokens" : 4 } } , "type" : "response.done" }`, Usage{9, 4, 5}},
+		{"other event with usage", `{"type":"response.created","response":{"usage":{"total_tokens":5,"input_tokens":5}}}`, Usage{}},
+		{"transcript quoting the type", `{"type":"response.output_text.delta","delta":"\"response.done\" {\"usage\":{\"total_tokens\":5}}"}`, Usage{}},
+		{"type only in a nested object", `{"type":"conversation.item.created","item":{"type":"response.done","response":{"usage":{"total_tokens":5}}}}`, Usage{}},
+		{"usage null", `{"type":"response.done","response":{"usage":null}}`, Usage{}},
+		{"no usage (cancelled)", `{"type":"response.done","response":{"status":"cancelled"}}`, Usage{}},
+		// Each count is read on its own: one that is not a count adds nothing.
+		{"no total", `{"type":"response.done","response":{"usage":{"input_tokens":7,"output_tokens":3}}}`, Usage{0, 7, 3}},
+		{"total_tokens not a number", `{"type":"response.done","response":{"usage":{"total_tokens":"5","input_tokens":2,"output_tokens":3}}}`, Usage{0, 2, 3}},
+		{"counts not numbers", `{"type":"response.done","response":{"usage":{"total_tokens":5,"input_tokens":null,"output_tokens":{"text_tokens":3}}}}`, Usage{5, 0, 0}},
+		{"negative counts", `{"type":"response.done","response":{"usage":{"total_tokens":-5,"input_tokens":-1,"output_tokens":3}}}`, Usage{0, 0, 3}},
+		{"huge counts are capped", `{"type":"response.done","response":{"usage":{"total_tokens":99999999999999999999999,"input_tokens":1e30,"output_tokens":12.0}}}`, Usage{maxValue, maxValue, 12}},
+		{"invalid JSON", `{"type":"response.done","response":{"usage":{"total_tokens":5}}`, Usage{}},
+		{"not JSON", `"response.done"`, Usage{}},
+		{"empty", ``, Usage{}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			usagetest.CheckTap(t, feedTap(MaxEvent, usagetest.Text(c.msg)), c.want, 0)
@@ -66,7 +97,7 @@ func TestRealtimeTapCountsOnlyResponseDoneUsageTotal(t *testing.T) {
 // bytes apart (so every header is also cut twice), and one byte per Write.
 func TestRealtimeTapParsesFrameHeadersSplitAtEveryByte(t *testing.T) {
 	key := []byte{0xa1, 0x5b, 0x00, 0xff}
-	done := []byte(`{"type":"response.done","response":{"usage":{"total_tokens":3}}}`)
+	done := []byte(`{"type":"response.done","response":{"usage":{"total_tokens":3,"input_tokens":1,"output_tokens":2}}}`)
 	half := len(done) / 2
 	stream := usagetest.Stream(
 		usagetest.Frame{Op: usagetest.OpText, Fin: true, Payload: done}.Bytes(),                         // 7-bit length
@@ -80,14 +111,14 @@ func TestRealtimeTapParsesFrameHeadersSplitAtEveryByte(t *testing.T) {
 		usagetest.Frame{Op: usagetest.OpCont, Fin: true, LenForm: 16, Mask: key, Payload: done[half:]}.Bytes(),
 		usagetest.Frame{Op: usagetest.OpText, Fin: true}.Bytes(), // empty text message
 	)
-	const want = 6 * 3
+	want := Usage{6 * 3, 6 * 1, 6 * 2}
 	usagetest.CheckTap(t, feedTap(MaxEvent, stream), want, 0)
 	usagetest.CheckTap(t, feedTap(MaxEvent, usagetest.Bytewise(stream)...), want, 0)
 	for i := 0; i <= len(stream); i++ {
 		for j := i; j <= min(i+16, len(stream)); j++ { // two cuts within one header (14 bytes at most) too
 			tap := feedTap(MaxEvent, stream[:i], stream[i:j], stream[j:])
 			if got, un := tap.Take(), tap.Unmetered(); got != want || un != 0 || tap.fault {
-				t.Fatalf("cut at %d and %d: tokens %d, unmetered %d, fault %v; want %d, 0, false", i, j, got, un, tap.fault, want)
+				t.Fatalf("cut at %d and %d: usage %+v, unmetered %d, fault %v; want %+v, 0, false", i, j, got, un, tap.fault, want)
 			}
 		}
 	}
@@ -104,14 +135,15 @@ func TestRealtimeTapReadsEveryPayloadLengthForm(t *testing.T) {
 				}
 				frame := f.Bytes()
 				stream := usagetest.Stream(frame, usagetest.Text(usagetest.Done(1, 0)))
-				usagetest.CheckTap(t, feedTap(MaxEvent, stream), int64(size)+1, 0)
-				usagetest.CheckTap(t, feedTap(MaxEvent, usagetest.Bytewise(stream)...), int64(size)+1, 0)
+				want := doneUsage(int64(size), 1)
+				usagetest.CheckTap(t, feedTap(MaxEvent, stream), want, 0)
+				usagetest.CheckTap(t, feedTap(MaxEvent, usagetest.Bytewise(stream)...), want, 0)
 				var chunks [][]byte
 				for rest := stream; len(rest) > 0; {
 					n := min(len(rest), 1+rng.IntN(3000))
 					chunks, rest = append(chunks, rest[:n]), rest[n:]
 				}
-				usagetest.CheckTap(t, feedTap(MaxEvent, chunks...), int64(size)+1, 0)
+				usagetest.CheckTap(t, feedTap(MaxEvent, chunks...), want, 0)
 			})
 		}
 	}
@@ -142,9 +174,9 @@ func TestRealtimeTapCountsResponseDoneAcrossFragmentsAndInterleavedPings(t *test
 		usagetest.Frame{Op: usagetest.OpCont, Fin: false, Payload: []byte(usagetest.Done(4, 0))}.Bytes(),
 		usagetest.Frame{Op: usagetest.OpCont, Fin: true}.Bytes())
 	stream := usagetest.Stream(frames...)
-	usagetest.CheckTap(t, feedTap(MaxEvent, stream), 15, 0)
-	usagetest.CheckTap(t, feedTap(MaxEvent, usagetest.Bytewise(stream)...), 15, 0)
-	usagetest.CheckTap(t, feedTap(MaxEvent, frames...), 15, 0)
+	usagetest.CheckTap(t, feedTap(MaxEvent, stream), doneUsage(11, 4), 0)
+	usagetest.CheckTap(t, feedTap(MaxEvent, usagetest.Bytewise(stream)...), doneUsage(11, 4), 0)
+	usagetest.CheckTap(t, feedTap(MaxEvent, frames...), doneUsage(11, 4), 0)
 }
 
 func TestRealtimeTapIgnoresBinaryMessages(t *testing.T) {
@@ -158,7 +190,7 @@ func TestRealtimeTapIgnoresBinaryMessages(t *testing.T) {
 		usagetest.Frame{Op: usagetest.OpBinary, Fin: true, RSV: 0x40, Payload: done}.Bytes(),          // compressed binary: not counted
 		usagetest.Text(usagetest.Done(6, 0)),
 	)
-	usagetest.CheckTap(t, feedTap(MaxEvent, stream), 6, 0)
+	usagetest.CheckTap(t, feedTap(MaxEvent, stream), doneUsage(6), 0)
 }
 
 func TestRealtimeTapUnmasksMaskedFrames(t *testing.T) {
@@ -170,7 +202,7 @@ func TestRealtimeTapUnmasksMaskedFrames(t *testing.T) {
 			usagetest.Frame{Op: usagetest.OpPing, Fin: true, Mask: key, Payload: []byte("abc")}.Bytes(),
 			usagetest.Frame{Op: usagetest.OpCont, Fin: true, Mask: []byte{9, 8, 7, 6}, Payload: done[7:]}.Bytes(),
 		)
-		usagetest.CheckTap(t, feedTap(MaxEvent, usagetest.Bytewise(stream)...), 16, 0)
+		usagetest.CheckTap(t, feedTap(MaxEvent, usagetest.Bytewise(stream)...), doneUsage(8, 8), 0)
 	}
 }
 
@@ -196,7 +228,7 @@ func TestRealtimeTapSkipsAMessageOverTheCapAsUnmeteredAndMetersTheNext(t *testin
 		if cap(tap.buf) > limit {
 			t.Errorf("message buffer grew to %d bytes, over the cap of %d", cap(tap.buf), limit)
 		}
-		usagetest.CheckTap(t, tap, 1+2+4, 2)
+		usagetest.CheckTap(t, tap, doneUsage(1, 2, 4), 2)
 	}
 }
 
@@ -208,7 +240,7 @@ func TestRealtimeTapCountsCompressedMessagesUnmetered(t *testing.T) {
 		usagetest.Frame{Op: usagetest.OpCont, Fin: true, Payload: done[5:]}.Bytes(),
 		usagetest.Text(usagetest.Done(3, 0)),
 	)
-	usagetest.CheckTap(t, feedTap(MaxEvent, stream), 3, 2)
+	usagetest.CheckTap(t, feedTap(MaxEvent, stream), doneUsage(3), 2)
 }
 
 // Framing that RFC 6455 tells a client to fail the connection for stops the
@@ -236,14 +268,14 @@ func TestRealtimeTapStopsAtCorruptFramingAndCountsItOnce(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			stream := usagetest.Stream(usagetest.Text(usagetest.Done(5, 0)), c.corrupt, usagetest.Text(usagetest.Done(100, 0)), usagetest.Text(usagetest.Done(100, 0)))
-			usagetest.CheckTap(t, feedTap(MaxEvent, stream), 5, 1)
+			usagetest.CheckTap(t, feedTap(MaxEvent, stream), doneUsage(5), 1)
 			tap := feedTap(MaxEvent, usagetest.Bytewise(stream)...)
-			usagetest.CheckTap(t, tap, 5, 1)
+			usagetest.CheckTap(t, tap, doneUsage(5), 1)
 			if tap.buf != nil {
 				t.Errorf("a dead tap keeps a %d-byte buffer", cap(tap.buf))
 			}
 			tap.Write(usagetest.Text(usagetest.Done(100, 0)))
-			usagetest.CheckTap(t, tap, 0, 1)
+			usagetest.CheckTap(t, tap, Usage{}, 1)
 		})
 	}
 }
@@ -259,7 +291,7 @@ func TestRealtimeTapDoesNotRetainWrittenBytes(t *testing.T) {
 			chunk[j] = 0xff // a caller reusing its buffer
 		}
 	}
-	usagetest.CheckTap(t, tap, 21, 0)
+	usagetest.CheckTap(t, tap, doneUsage(21), 0)
 }
 
 func TestRealtimeTapMessagesWithoutUsageCostNoAllocation(t *testing.T) {
@@ -281,7 +313,7 @@ func TestRealtimeTapMessagesWithoutUsageCostNoAllocation(t *testing.T) {
 	if allocs != 0 {
 		t.Fatalf("%v allocations per stream without usage, want 0", allocs)
 	}
-	usagetest.CheckTap(t, tap, 0, 0)
+	usagetest.CheckTap(t, tap, Usage{}, 0)
 }
 
 func TestRealtimeTapKeepsItsMessageBufferBounded(t *testing.T) {
@@ -300,7 +332,20 @@ func TestRealtimeTapKeepsItsMessageBufferBounded(t *testing.T) {
 		t.Errorf("buffer %d bytes, over the cap of %d", cap(tap.buf), MaxEvent)
 	}
 	tap.Write(big[len(big)-1:])
-	usagetest.CheckTap(t, tap, 3, 0)
+	usagetest.CheckTap(t, tap, doneUsage(1, 1, 1), 0)
+}
+
+// takes sums the usage of Takes racing with a tap's writers.
+type takes struct {
+	mu  sync.Mutex
+	sum Usage
+}
+
+func (s *takes) take(tap *RealtimeTap) {
+	u := tap.Take()
+	s.mu.Lock()
+	s.sum = s.sum.plus(u)
+	s.mu.Unlock()
 }
 
 // Two writers calling Write at once, each call carrying whole frames, as
@@ -310,7 +355,7 @@ func TestRealtimeTapKeepsItsMessageBufferBounded(t *testing.T) {
 func TestRealtimeTapSerializesConcurrentWritersOfWholeFrames(t *testing.T) {
 	t.Run("whole messages from both", func(t *testing.T) {
 		tap := NewRealtimeTap(MaxEvent)
-		var total atomic.Int64
+		var total takes
 		var wg sync.WaitGroup
 		for w := range 2 {
 			wg.Go(func() {
@@ -321,23 +366,22 @@ func TestRealtimeTapSerializesConcurrentWritersOfWholeFrames(t *testing.T) {
 						tap.Write(usagetest.Text(usagetest.Done(w+1, 0)))
 					}
 					if i%50 == 0 {
-						total.Add(tap.Take()) // a flush, racing with the writers
+						total.take(tap) // a flush, racing with the writers
 					}
 				}
 			})
 		}
 		wg.Wait()
-		total.Add(tap.Take())
+		total.take(tap)
 		// Each writer: 167 Writes of two events and 333 of one.
-		if total.Load() != 667*1+667*2 || tap.Unmetered() != 0 || tap.fault {
-			t.Fatalf("tokens %d, unmetered %d, fault %v; want %d, 0, false", total.Load(), tap.Unmetered(), tap.fault, 667*3)
+		want := Usage{667*1 + 667*2, 2 * 667, 2 * 2 * 667}
+		if total.sum != want || tap.Unmetered() != 0 || tap.fault {
+			t.Fatalf("usage %+v, unmetered %d, fault %v; want %+v, 0, false", total.sum, tap.Unmetered(), tap.fault, want)
 		}
 	})
 	t.Run("fragments and control frames", func(t *testing.T) {
 		tap := NewRealtimeTap(MaxEvent)
-		var total int64
-		var mu sync.Mutex
-		take := func() { mu.Lock(); total += tap.Take(); mu.Unlock() }
+		var total takes
 		done := []byte(usagetest.Done(2, 500))
 		var wg sync.WaitGroup
 		wg.Go(func() { // the copier, one frame per Write
@@ -359,14 +403,14 @@ func TestRealtimeTapSerializesConcurrentWritersOfWholeFrames(t *testing.T) {
 					tap.Write(usagetest.Frame{Op: usagetest.OpPing, Fin: true, Payload: []byte("keepalive")}.Bytes())
 				}
 				if i%30 == 0 {
-					take()
+					total.take(tap)
 				}
 			}
 		})
 		wg.Wait()
-		take()
-		if total != 600 || tap.Unmetered() != 0 || tap.fault {
-			t.Fatalf("tokens %d, unmetered %d, fault %v; want 600, 0, false", total, tap.Unmetered(), tap.fault)
+		total.take(tap)
+		if want := (Usage{300 * 2, 300 * 1, 300 * 2}); total.sum != want || tap.Unmetered() != 0 || tap.fault {
+			t.Fatalf("usage %+v, unmetered %d, fault %v; want %+v, 0, false", total.sum, tap.Unmetered(), tap.fault, want)
 		}
 	})
 }
@@ -405,7 +449,7 @@ func FuzzRealtimeTap(f *testing.F) {
 			}
 		}
 		if a, b := whole.Take(), cut.Take(); a != b {
-			t.Fatalf("tokens %d whole, %d when cut", a, b)
+			t.Fatalf("usage %+v whole, %+v when cut", a, b)
 		}
 		if a, b := whole.Unmetered(), cut.Unmetered(); a != b {
 			t.Fatalf("unmetered %d whole, %d when cut", a, b)

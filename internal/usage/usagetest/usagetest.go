@@ -15,48 +15,56 @@ import (
 	"testing"
 )
 
-// Golden is a sample body under testdata and what it must charge.
+// Golden is a sample body under testdata and what it must charge: the
+// usage.Usage{Total: Tokens, Input: Input, Output: Output}, if Metered.
 type Golden struct {
-	File    string
-	Tokens  int64
-	Metered bool
+	File          string
+	Tokens        int64 // the total, what a tpm counts
+	Input, Output int64 // the parts of it that input and output caps count
+	Metered       bool
 }
 
 // Goldens are written from the providers' public API references (shapes
 // and field names; the values are made up). The .sse files are the bytes on
 // the wire; the gemini_stream*.sse files use CRLF line ends, as Gemini does.
 var Goldens = []Golden{
-	// OpenAI: total_tokens; the content's "usage" text is not usage.
-	{"openai_chat.json", 1163, true},
-	{"openai_chat_stream.sse", 31, true}, // stream_options.include_usage
-	{"openai_completions.json", 12, true},
-	{"openai_embeddings.json", 8, true},
-	{"openai_responses.json", 123, true},
-	{"openai_responses_stream.sse", 48, true}, // response.completed's response.usage
+	// OpenAI: total_tokens, prompt_tokens, completion_tokens (input_tokens,
+	// output_tokens for the Responses API); the content's "usage" text is
+	// not usage.
+	{"openai_chat.json", 1163, 1117, 46, true},
+	{"openai_chat_stream.sse", 31, 19, 12, true},         // stream_options.include_usage
+	{"openai_chat_reasoning.json", 1261, 75, 1186, true}, // the 1024 reasoning tokens are in completion_tokens
+	{"openai_completions.json", 12, 5, 7, true},
+	{"openai_embeddings.json", 8, 8, 0, true},
+	{"openai_responses.json", 123, 36, 87, true},
+	{"openai_responses_stream.sse", 48, 37, 11, true}, // response.completed's response.usage
 	// Anthropic: input + output + cache creation + cache read, the latest
-	// value of each field; with usage.iterations, the sum over them.
-	{"anthropic_messages.json", 2095 + 503 + 2051 + 1800, true},
-	{"anthropic_messages_stream.sse", 472 + 89 + 0 + 1024, true},    // message_start + message_delta
-	{"anthropic_compat_stream.sse", 118 + 30 + 10, true},            // input 120, then 118: the latest wins
-	{"anthropic_stream_lower_delta.sse", 2097 + 64 + 0 + 512, true}, // input 2100, then 2097
-	{"anthropic_stream_error.sse", 310 + 1, true},                   // error after message_start
+	// value of each field; with usage.iterations, the sum over them. Input
+	// is input + cache creation (not cache read), Output is output.
+	{"anthropic_messages.json", 2095 + 503 + 2051 + 1800, 2095 + 2051, 503, true},
+	{"anthropic_messages_stream.sse", 472 + 89 + 0 + 1024, 472 + 0, 89, true},     // message_start + message_delta
+	{"anthropic_compat_stream.sse", 118 + 30 + 10, 118, 30, true},                 // input 120, then 118: the latest wins
+	{"anthropic_stream_lower_delta.sse", 2097 + 64 + 0 + 512, 2097 + 0, 64, true}, // input 2100, then 2097
+	{"anthropic_stream_error.sse", 310 + 1, 310, 1, true},                         // error after message_start
 	// Compacted: the iterations (compaction, then message), not the top-level
 	// fields (the last iteration only), nor cache_creation's breakdown.
-	{"anthropic_compaction_stream.sse", (240 + 410 + 0 + 31200) + (315 + 12 + 1200 + 0), true},
-	{"anthropic_compaction.json", (18750 + 640 + 0 + 2048) + (96 + 21 + 300 + 0), true},
-	// Gemini: totalTokenCount (prompt, which includes cached, + candidates +
-	// thoughts) of the last usageMetadata.
-	{"gemini_generate.json", 1263, true},
-	{"gemini_stream.sse", 75, true},             // the last running total
-	{"gemini_stream_array.json", 10, true},      // streamGenerateContent without alt=sse
-	{"gemini_stream_down.sse", 79, true},        // prompt 42, then 38 + 17 + 24 thoughts
-	{"gemini_stream_array_down.json", 12, true}, // prompt 9, then 7 + 5
+	{"anthropic_compaction_stream.sse", (240 + 410 + 0 + 31200) + (315 + 12 + 1200 + 0), (240 + 0) + (315 + 1200), 410 + 12, true},
+	{"anthropic_compaction.json", (18750 + 640 + 0 + 2048) + (96 + 21 + 300 + 0), (18750 + 0) + (96 + 300), 640 + 21, true},
+	// Gemini: totalTokenCount (prompt, which includes cached, + tool use
+	// prompt + candidates + thoughts) of the last usageMetadata; Input is
+	// prompt + tool use prompt, Output candidates + thoughts.
+	{"gemini_generate.json", 1263, 1208, 9 + 46, true},
+	{"gemini_tool_use.json", 2368, 320 + 1450, 210 + 388, true},
+	{"gemini_stream.sse", 75, 11, 22 + 42, true},      // the last running total
+	{"gemini_stream_array.json", 10, 6, 4, true},      // streamGenerateContent without alt=sse
+	{"gemini_stream_down.sse", 79, 38, 17 + 24, true}, // prompt 42, then 38 + 17 + 24 thoughts
+	{"gemini_stream_array_down.json", 12, 7, 5, true}, // prompt 9, then 7 + 5
 	// No usage: nothing is charged.
-	{"openai_error.json", 0, false},
-	{"anthropic_error.json", 0, false},
-	{"gemini_error.json", 0, false},
-	{"openai_stream_without_usage.sse", 0, false},
-	{"unknown_shape.json", 0, false}, // "usage" only below the top level
+	{"openai_error.json", 0, 0, 0, false},
+	{"anthropic_error.json", 0, 0, 0, false},
+	{"gemini_error.json", 0, 0, 0, false},
+	{"openai_stream_without_usage.sse", 0, 0, 0, false},
+	{"unknown_shape.json", 0, 0, 0, false}, // "usage" only below the top level
 }
 
 //go:embed testdata

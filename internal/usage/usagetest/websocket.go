@@ -72,8 +72,8 @@ func Text(s string) []byte { return Frame{Op: OpText, Fin: true, Payload: []byte
 // Stream is frames one after another.
 func Stream(frames ...[]byte) []byte { return bytes.Join(frames, nil) }
 
-// Done is a response.done event reporting total tokens; with size > 0 it
-// is padded to exactly size bytes.
+// Done is a response.done event reporting total tokens, of them 1 input
+// and 2 output tokens; with size > 0 it is padded to exactly size bytes.
 func Done(total int, size int) string {
 	head := `{"type":"response.done","event_id":"event_1","response":{"object":"realtime.response","id":"resp_1","status":"completed","output":[],` +
 		fmt.Sprintf(`"usage":{"total_tokens":%d,"input_tokens":1,"output_tokens":2,"input_token_details":{"cached_tokens":0}}},"pad":"`, total)
@@ -81,7 +81,7 @@ func Done(total int, size int) string {
 		return head + `"}`
 	}
 	if size < len(head)+2 {
-		head = fmt.Sprintf(`{"type":"response.done","response":{"usage":{"total_tokens":%d}},"pad":"`, total)
+		head = fmt.Sprintf(`{"type":"response.done","response":{"usage":{"total_tokens":%d,"input_tokens":1,"output_tokens":2}},"pad":"`, total)
 	}
 	pad := size - len(head) - 2
 	if pad < 0 {
@@ -103,23 +103,24 @@ func Feed(w io.Writer, chunks ...[]byte) {
 	}
 }
 
-// Tap is what CheckTap reads of a usage.RealtimeTap.
-type Tap interface {
-	Take() int64
+// Tap is what CheckTap reads of a usage.RealtimeTap: U is usage.Usage,
+// which this package cannot name (the tests of package usage import it).
+type Tap[U comparable] interface {
+	Take() U
 	Unmetered() int64
 	Faulted() bool
 }
 
 // CheckTap fails the test if the tap recovered from a panic, or if the
-// tokens it has counted since the last Take, or the messages it could not
-// meter, are not the ones wanted. It takes the tokens.
-func CheckTap(t testing.TB, tap Tap, wantTokens, wantUnmetered int64) {
+// usage it has counted since the last Take, or the messages it could not
+// meter, are not the ones wanted. It takes the usage.
+func CheckTap[U comparable](t testing.TB, tap Tap[U], want U, wantUnmetered int64) {
 	t.Helper()
 	if tap.Faulted() {
 		t.Fatal("the tap recovered from a panic")
 	}
-	if got := tap.Take(); got != wantTokens {
-		t.Errorf("tokens = %d, want %d", got, wantTokens)
+	if got := tap.Take(); got != want {
+		t.Errorf("usage = %+v, want %+v", got, want)
 	}
 	if got := tap.Unmetered(); got != wantUnmetered {
 		t.Errorf("unmetered = %d, want %d", got, wantUnmetered)
