@@ -93,7 +93,11 @@ func (w *responseWriter) finish() (used tokenCounts, metered bool) {
 		return tokenCounts{}, false
 	}
 	u, metered := w.meter.Finish()
-	return tokenCounts{total: u}, metered // TEMP until usage split merges
+	return tokensOf(u), metered
+}
+
+func tokensOf(u usage.Usage) tokenCounts {
+	return tokenCounts{total: u.Total, input: u.Input, output: u.Output}
 }
 
 // chargeTimeout bounds one token charge of a session, which runs on a

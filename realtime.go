@@ -166,5 +166,5 @@ func (h *Handler) meterSession(ctx context.Context, tap *usage.RealtimeTap, chai
 }
 
 func (h *Handler) chargeTaken(ctx context.Context, tap *usage.RealtimeTap, chain []limit) {
-	h.charge(ctx, chain, tokenCounts{total: tap.Take()}) // TEMP
+	h.charge(ctx, chain, tokensOf(tap.Take()))
 }

@@ -43,7 +43,7 @@ func rtapTCPPair(t *testing.T) (server, client *net.TCPConn) {
 }
 
 // rtapSession is a stream of server frames with the tokens it reports.
-func rtapSession() ([]byte, int64) {
+func rtapSession() ([]byte, usage.Usage) {
 	done := []byte(usagetest.Done(13, 2000))
 	return usagetest.Stream(
 		usagetest.Text(usagetest.AudioDelta),
@@ -52,7 +52,13 @@ func rtapSession() ([]byte, int64) {
 		[]byte{0x89, 0x00},
 		usagetest.Frame{Op: usagetest.OpCont, Fin: true, Payload: done[1000:]}.Bytes(),
 		usagetest.Frame{Op: usagetest.OpBinary, Fin: true, Payload: []byte{0, 1, 2}}.Bytes(),
-	), 30 + 13
+	), doneUsage(30+13, 2)
+}
+
+// doneUsage is what n usagetest.Done events of total tokens in all report:
+// each has 1 input token and 2 output tokens.
+func doneUsage(total, n int64) usage.Usage {
+	return usage.Usage{Total: total, Input: n, Output: 2 * n}
 }
 
 // onlyReader hides a reader's WriterTo, as reverse_proxy's upstream body does
@@ -291,7 +297,7 @@ func TestWrapHijackedTapsOnlyTheBytesWritten(t *testing.T) {
 	if !bytes.Equal(sc.out.Bytes(), stream) {
 		t.Fatal("bytes differ")
 	}
-	usagetest.CheckTap(t, tap, 11, 0)
+	usagetest.CheckTap(t, tap, doneUsage(11, 2), 0)
 }
 
 // Writers sharing the wrapped conn, each Write carrying whole frames: the
@@ -322,11 +328,11 @@ func TestWrapHijackedConcurrentWritersAreTappedInWireOrder(t *testing.T) {
 	wg.Wait()
 	conn.(interface{ CloseWrite() error }).CloseWrite()
 	got := <-received
-	usagetest.CheckTap(t, tap, 400, 0)
+	usagetest.CheckTap(t, tap, doneUsage(400, 400), 0)
 	// The client's bytes, parsed alone, say the same.
 	parsed := usage.NewRealtimeTap(usage.MaxEvent)
 	usagetest.Feed(parsed, got)
-	usagetest.CheckTap(t, parsed, 400, 0)
+	usagetest.CheckTap(t, parsed, doneUsage(400, 400), 0)
 }
 
 // Through net/http's own Hijack, as reverse_proxy does it: the 101 goes out
@@ -443,5 +449,5 @@ func TestWrapHijackedTapsEachWriteBeforeAnotherWriterCanWrite(t *testing.T) {
 	if !bytes.Equal(sc.wire.Bytes(), usagetest.Stream(done, []byte{0x88, 0x02, 0x03, 0xe9})) {
 		t.Fatalf("wire order: % x", sc.wire.Bytes())
 	}
-	usagetest.CheckTap(t, tap, 9, 0)
+	usagetest.CheckTap(t, tap, doneUsage(9, 1), 0)
 }

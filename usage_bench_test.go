@@ -44,8 +44,8 @@ func benchmarkUsageMeter(b *testing.B, h http.Header, raw, body []byte) {
 			m.Write(p[:n])
 			p = p[n:]
 		}
-		if tokens, metered := m.Finish(); tokens != 42 || !metered {
-			b.Fatalf("got (%d, %v), want (42, true)", tokens, metered)
+		if u, metered := m.Finish(); u.Total != 42 || !metered {
+			b.Fatalf("got (%+v, %v), want a total of 42", u, metered)
 		}
 	}
 }
