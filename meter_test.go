@@ -92,24 +92,33 @@ func storeCount(t *testing.T, store, prefix string, k windowKind, bucket int64) 
 
 // tokensCharged is what the tok buckets of l hold in this minute and the
 // last (a charge may land just before a minute boundary).
-func tokensCharged(t *testing.T, store string, l limit) int64 {
-	b := time.Now().UnixMilli() / bucketMillis
-	return storeCount(t, store, l.prefix, tpm, b) + storeCount(t, store, l.prefix, tpm, b-1)
+func tokensCharged(t *testing.T, store string, l limit) int64 { return windowHolds(t, store, l, tpm) }
+
+// windowHolds is what l's window k holds in its current bucket and the last.
+func windowHolds(t *testing.T, store string, l limit, k windowKind) int64 {
+	b := momentAt(time.Now().UnixMilli()).in(k.span()).bucket
+	return storeCount(t, store, l.prefix, k, b) + storeCount(t, store, l.prefix, k, b-1)
 }
 
 // waitCharged waits until every limit's tok buckets hold want tokens in
 // store. The charge runs after the response, in the background: poll for it.
 func waitCharged(t *testing.T, store string, chain []limit, want int64) {
 	t.Helper()
+	waitWindow(t, store, chain, tpm, want)
+}
+
+// waitWindow waits until window k of every limit of chain holds want.
+func waitWindow(t *testing.T, store string, chain []limit, k windowKind, want int64) {
+	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for _, l := range chain {
 		for {
-			got := tokensCharged(t, store, l)
+			got := windowHolds(t, store, l, k)
 			if got == want {
 				break
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("scope %s charged %d tokens, want %d", l.scope, got, want)
+				t.Fatalf("scope %s: %s holds %d, want %d", l.scope, k, got, want)
 			}
 			time.Sleep(10 * time.Millisecond)
 		}

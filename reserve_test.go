@@ -277,9 +277,12 @@ func waitMetric(t *testing.T, name string, want float64) {
 	}
 }
 
-// Every response shape settles its reservation: the tok buckets then hold
-// exactly what the response reported, in JSON, SSE or compressed form; a
-// successful answer that reports nothing keeps its reservation.
+// Every response shape settles its reservation: each window then holds
+// exactly what the response reported of its kind, in JSON, SSE or
+// compressed form (tpm and tpd the total, itpm the input, which for
+// Anthropic counts cache writes and not cache reads, otpm the output with
+// its reasoning or thoughts); a successful answer that reports nothing keeps
+// its reservation.
 func TestEveryResponseShapeSettlesItsReservationToTheReportedUsage(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		up := sampleUpstream(t)
@@ -289,7 +292,7 @@ func TestEveryResponseShapeSettlesItsReservationToTheReportedUsage(t *testing.T)
 			scope org {http.request.header.X-Org}
 			limit key * rpm 1000 tpm 100000000
 			limit team * tpm 100000000
-			limit org * rpm 1000 tpm 100000000`))
+			limit org * rpm 1000 tpm 100000000 itpm 100000000 otpm 100000000 tpd 1000000000`))
 		for _, g := range usagetest.Goldens {
 			for _, coding := range []string{"identity", "gzip"} {
 				t.Run(g.File+"/"+coding, func(t *testing.T) {
@@ -297,11 +300,16 @@ func TestEveryResponseShapeSettlesItsReservationToTheReportedUsage(t *testing.T)
 					if res, _ := gw.get(t, "/samples/"+g.File+"?coding="+coding, id.headers()...); res.StatusCode != 200 {
 						t.Fatalf("status %d", res.StatusCode)
 					}
-					want := int64(defaultReserveOutput) // a GET names no output cap, and has no body
+					// A GET names no output cap, and has no body.
+					want := tokenCounts{total: defaultReserveOutput, output: defaultReserveOutput}
 					if g.Metered {
-						want = g.Tokens
+						want = tokenCounts{total: g.Tokens, input: g.Input, output: g.Output}
 					}
-					waitCharged(t, store, id.limits(), want)
+					waitCharged(t, store, id.limits(), want.total)
+					org := id.limits()[2:]
+					waitWindow(t, store, org, itpm, want.input)
+					waitWindow(t, store, org, otpm, want.output)
+					waitWindow(t, store, org, tpd, want.total)
 				})
 			}
 		}
