@@ -58,6 +58,33 @@ func TestClusterReservationsHoldTheTPMAndSettleInTheirSlot(t *testing.T) {
 	}
 }
 
+// Day windows keep their guarantees on a cluster: their keys carry the
+// chain's hash tag, so 40 reservations of 1000 across three limiters admit
+// exactly 10 against a tpd of 10500, counted in the day buckets of the
+// chain's slot, and a settlement minutes later still lands in its day.
+func TestClusterDayWindowsAreExactAndSettleInTheirSlot(t *testing.T) {
+	c := startRedisCluster(t, 3)
+	stores := clusterStores(t, c, 3)
+	at := pinnedBase() + 1000
+	org := "org-" + uniqueID(t)
+	tag := chainTag("org", org)
+	chain := []limit{
+		newTaggedLimit(tag, "key", "k", limitCaps{windows: windowCaps{rpd: 1000}}),
+		newTaggedLimit(tag, "org", org, limitCaps{windows: windowCaps{tpd: 10_500, rpd: 1000}}),
+	}
+	if got := raceReservations(t, stores, chain, 40, 1000, at); got != 10 {
+		t.Fatalf("admitted %d of 40 reservations of 1000 against tpd 10500, want exactly 10", got)
+	}
+	day := dayOf(at / bucketMillis)
+	if n := c.Count(t, bucketKey(chain[1].prefix, rpd, day)); n != 10 {
+		t.Fatalf("the org's day request bucket holds %d, want 10", n)
+	}
+	settle(t, pinned(stores[2], at+3*bucketMillis), chain, charge{tokens: totalTokens(-4_000), bucket: at / bucketMillis})
+	if n := c.Count(t, bucketKey(chain[1].prefix, tpd, day)); n != 6_000 {
+		t.Fatalf("the org's day token bucket holds %d after 4000 were given back, want 6000", n)
+	}
+}
+
 func TestClusterAdmissionIsExactForOrgsOnDifferentShardsAcrossThreeLimiters(t *testing.T) {
 	c := startRedisCluster(t, 3)
 	stores := clusterStores(t, c, 3)
