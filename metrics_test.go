@@ -80,6 +80,8 @@ func TestMetricsCountOutcomesRefusalsAndTokensAndKeepCountingAcrossAReload(t *te
 		`caddy_rolter_ratelimit_admissions_total{outcome="failed_open"}`:                     1,
 		`caddy_rolter_ratelimit_refusals_total{kind="requests",scope="key",window="minute"}`: 1,
 		`caddy_rolter_ratelimit_tokens_charged_total{kind="total"}`:                          2 * 1163,
+		`caddy_rolter_ratelimit_tokens_charged_total{kind="input"}`:                          2 * 1117,
+		`caddy_rolter_ratelimit_tokens_charged_total{kind="output"}`:                         2 * 46,
 		`caddy_rolter_ratelimit_unmetered_total{what="response"}`:                            1,
 		`caddy_rolter_ratelimit_redis_errors_total{op="admit"}`:                              1,
 		`caddy_rolter_ratelimit_redis_call_duration_seconds_count{op="admit"}`:               5,
