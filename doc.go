@@ -1,8 +1,8 @@
 // Package ratelimit is the Caddy HTTP handler rolter_ratelimit
 // (http.handlers.rolter_ratelimit) and its live view on the admin API
 // (admin.api.rolter_ratelimit). It caps every scope of a request (API key,
-// project, team, org, …) to requests and tokens per minute and to token
-// buckets, with counters in Redis that every gateway replica shares, or in
+// project, team, org, model, …) to requests and tokens (all of them, input
+// or output) per minute and per day, and to token buckets, with counters in Redis that every gateway replica shares, or in
 // this process when no Redis is configured. The Caddyfile syntax is in
 // [Handler.UnmarshalCaddyfile]; the JSON config is [Handler].
 //
@@ -17,18 +17,21 @@
 //
 // # The sliding window
 //
-// Each per-minute counter has one bucket per minute of the store's clock
-// (unix seconds / 60). The estimate of the trailing minute weights the
+// A limit caps up to eight windows (windowKind): requests, tokens, input
+// and output tokens, per minute and per day. Each window's counter has one
+// bucket per minute (unix seconds / 60) or day (unix seconds / 86400) of the
+// store's clock. The estimate of the trailing minute or day weights the
 // previous bucket by the part of it still inside the window:
 //
-//	estimate = current + previous × (60 − seconds into the current bucket) / 60
+//	estimate = current + previous × (length − time into the current bucket) / length
 //
-// Time is in milliseconds, and every comparison is made on estimate × 60000,
-// an integer: one more request fits while estimate + 1 ≤ rpm, tokens fit
-// while estimate < tpm. admit.lua makes the same comparisons with Lua's
-// doubles, exact below 2^53, so both stores decide identically, and a
-// refusal's Retry-After is the exact millisecond at which the store would
-// admit absent further traffic. The estimate can be off at bucket edges; the
+// A minute counts in milliseconds and a day in seconds, and every
+// comparison is made on estimate × length, an integer: one more request fits
+// while estimate + 1 ≤ its cap, tokens fit while estimate < theirs.
+// admit.lua makes the same comparisons with Lua's doubles, exact below 2^53
+// (which bounds every cap to 10^11), so both stores decide identically, and
+// a refusal's Retry-After is the exact millisecond (a day's: second) at
+// which the store would admit absent further traffic. The estimate can be off at bucket edges; the
 // guarantees below do not depend on it.
 //
 // Token buckets (Spring Cloud Gateway's contract) hold a deficit in
@@ -39,7 +42,7 @@
 // # One atomic admission
 //
 // A request is admitted only if every limit of its chain fits, and then
-// charged one request on every rpm and its cost on every bucket; a refused
+// charged one request on every request window and its cost on every bucket; a refused
 // request is charged nothing. On Redis the whole decision is one run of
 // admit.lua, which reads every counter, decides and increments before Redis
 // serves any other command: admission is exact under any concurrency and
@@ -63,20 +66,24 @@
 //
 // # Tokens are reserved, then settled
 //
-// A request whose chain has a tpm reserves, in the same atomic step as the
+// A request whose chain caps tokens reserves, in the same atomic step as the
 // rest of its admission, what it may cost: an estimate of its input and the
 // output cap it names, read from its body (internal/tokenest), or a default.
-// A tpm fits while its estimate plus the reservation is within it, so
-// concurrent requests hold it however many are in flight. The response body
-// is teed, unchanged, into the usage extractor (internal/usage), and the
-// usage reported replaces the reservation in the minute it was made in.
+// A token window fits while its estimate plus its part of the reservation
+// (all of it for tpm and tpd, the input for itpm and itpd, the output for
+// otpm and otpd) is within it, so concurrent requests hold it however many
+// are in flight. The response body is teed, unchanged, into the usage
+// extractor (internal/usage), and the usage reported replaces the
+// reservation, each kind in its windows, in the minute and day it was made
+// in.
 // With reserve_tokens off, and for realtime sessions, tokens are reactive:
 // charged once reported, so that requests admitted together before a window
 // fills can overshoot it by their own usage.
 //
 // # Refusals cost Redis nothing
 //
-// A limit Redis refused on requests or a token bucket is refused by the
+// A limit Redis refused on requests (per minute or per day) or a token
+// bucket is refused by the
 // store's refusal cache, without a call, until the moment Redis would admit
 // it again (refusalCache). It is exact: traffic only makes those counters
 // grow, and the gateway bounds Redis's clock from its own monotonic clock,

@@ -17,7 +17,7 @@ import (
 
 // RealtimeConfig configures WebSocket sessions. Realtime sessions (a
 // WebSocket upgrade, such as OpenAI's /v1/realtime) go through the same admission as any request: one request against rpm,
-// refused while tpm is full. Before that, a process-wide cap on open
+// refused while a token window is full. Before that, a process-wide cap on open
 // sessions is checked, so that a session the gateway would refuse anyway
 // never takes an rpm slot. While a session lives, the frames the upstream
 // sends are read for each finished response's usage (a usage.RealtimeTap, fed

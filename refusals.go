@@ -19,7 +19,7 @@ import (
 // limit, and with it every chain that holds it, at every moment before its
 // release. Token counters are another matter: a settlement gives back what
 // a reservation did not use, from any replica, so a tokens refusal may be
-// lifted before its release; the cache leaves tpm caps to Redis and caches
+// lifted before its release; the cache leaves token windows to Redis and caches
 // only what refuses on requests or a bucket. Refusals are therefore cached per limit, not
 // per chain (one org refusal answers for every key of the org), keyed by the
 // limit's counters and caps (a limit whose caps a reload changed misses at

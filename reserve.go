@@ -13,16 +13,16 @@ import (
 	"github.com/rolter/caddy-ratelimit/internal/tokenest"
 )
 
-// Token reservation: a request whose chain has a tpm reserves, when it is
+// Token reservation: a request whose chain caps tokens reserves, when it is
 // admitted, what it may cost (its input estimate and its output cap, read
 // from its body by tokenest), in the same atomic step as the rest of its
 // admission; the response's reported usage then replaces the reservation
-// in the bucket it was made in (meterResponse). Concurrent requests thus
-// hold a tpm however many are in flight, as the providers count tokens up
+// in the buckets it was made in (meterResponse). Concurrent requests thus
+// hold a token cap however many are in flight, as the providers count tokens up
 // front.
 
 // defaultReserveOutput is the output reserved for a request that names no
-// output cap: enough for a typical answer, and capped for a small tpm.
+// output cap: enough for a typical answer, and at most each cap of the chain.
 const defaultReserveOutput = 1024
 
 // reserving reports whether the handler reserves tokens (reserve_tokens).
