@@ -432,29 +432,15 @@ func parseLimit(d *caddyfile.Dispenser) (LimitConfig, error) {
 		name := d.Val()
 		var n *int64
 		switch name {
-		case "rpm":
-			n = &l.RPM
-		case "tpm":
-			n = &l.TPM
-		case "itpm":
-			n = &l.ITPM
-		case "otpm":
-			n = &l.OTPM
-		case "rpd":
-			n = &l.RPD
-		case "tpd":
-			n = &l.TPD
-		case "itpd":
-			n = &l.ITPD
-		case "otpd":
-			n = &l.OTPD
 		case "burst":
 			n = &l.Burst
 		case "cost":
 			n = &l.Cost
 		case "rate":
 		default:
-			return l, d.Errf("unrecognized limit option '%s': expecting rpm, tpm, itpm, otpm, rpd, tpd, itpd, otpd, rate, burst or cost", name)
+			if n = l.windowCap(name); n == nil {
+				return l, d.Errf("unrecognized limit option '%s': expecting rpm, tpm, itpm, otpm, rpd, tpd, itpd, otpd, rate, burst or cost", name)
+			}
 		}
 		if seen[name] {
 			return l, d.Errf("%s is given twice", name)

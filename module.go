@@ -426,9 +426,27 @@ func (l LimitConfig) validate() error {
 	return err
 }
 
+// windowCapFields are the limit's window caps, by windowKind.
+func (l *LimitConfig) windowCapFields() [numWindows]*int64 {
+	return [numWindows]*int64{rpm: &l.RPM, tpm: &l.TPM, itpm: &l.ITPM, otpm: &l.OTPM, rpd: &l.RPD, tpd: &l.TPD, itpd: &l.ITPD, otpd: &l.OTPD}
+}
+
+// windowCap is the field of the window cap called name (windowKind.String).
+func (l *LimitConfig) windowCap(name string) *int64 {
+	for k, f := range l.windowCapFields() {
+		if windowKind(k).String() == name {
+			return f
+		}
+	}
+	return nil
+}
+
 // windowCaps are the limit's window caps, by windowKind.
-func (l LimitConfig) windowCaps() windowCaps {
-	return windowCaps{rpm: l.RPM, tpm: l.TPM, itpm: l.ITPM, otpm: l.OTPM, rpd: l.RPD, tpd: l.TPD, itpd: l.ITPD, otpd: l.OTPD}
+func (l LimitConfig) windowCaps() (w windowCaps) {
+	for k, f := range l.windowCapFields() {
+		w[k] = *f
+	}
+	return w
 }
 
 // caps reads the limit's caps; its error is a configuration mistake.
