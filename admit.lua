@@ -36,8 +36,8 @@
 --           the same), which are then passed and read once.
 -- then      per charge, the tokens to add to its key, a decimal (negative
 --           for a settlement that gives tokens back).
--- then      per distinct caps: the windows it caps, a bit per windowKind;
---           the cap of each of them; the rate of a token bucket in
+-- then      per distinct caps: the windows it caps, one argument of a byte
+--           per window, its windowKind; the cap of each of them; the rate of a token bucket in
 --           milli-tokens per second (0 is none), and if rate > 0 its burst
 --           and cost.
 -- then      one argument of L bytes: each limit's caps (1-based).
@@ -79,12 +79,11 @@ local bucket = floor(now / 60000)
 if bucket ~= tonumber(ARGV[2], 16) then
   return {-1, now}
 end
--- Per span (1 minute, 2 day): a bucket's length and the weight of the
--- previous bucket now, in the span's unit, and its keys' lifetime.
+-- The weight of the previous bucket now: a minute's in milliseconds, a
+-- day's in seconds (a bucket is 60000 and 86400 of them long; its keys live
+-- 120 s and two days).
 local secs = floor(now / 1000)
-local length = {60000, 86400}
-local weight = {60000 - (now - bucket * 60000), 86400 - (secs - floor(secs / 86400) * 86400)}
-local ttl = {120, 172800}
+local mweight, dweight = 60000 - (now - bucket * 60000), 86400 - (secs - floor(secs / 86400) * 86400)
 local reserving = ARGV[3] == 'r'
 local charging = reserving or ARGV[3] == 'a'
 local n, nc, nd, ncaps = tonumber(ARGV[4], 16), tonumber(ARGV[5], 16), tonumber(ARGV[6], 16), tonumber(ARGV[7], 16)
@@ -103,15 +102,12 @@ local vals = nk > 0 and redis.call('MGET', unpack(KEYS, 1, nk)) or {}
 local arg = 8 + nc + nd
 local caps = {}
 for x = 1, ncaps do
-  local mask = tonumber(ARGV[arg], 16)
+  local kinds = {byte(ARGV[arg], 1, -1)}
   arg = arg + 1
   local ws = {}
-  for k = 0, 7 do
-    if mask % 2 == 1 then
-      ws[#ws + 1], ws[#ws + 2] = k, tonumber(ARGV[arg], 16)
-      arg = arg + 1
-    end
-    mask = floor(mask / 2)
+  for w = 1, #kinds do
+    ws[2 * w - 1], ws[2 * w] = kinds[w], tonumber(ARGV[arg], 16)
+    arg = arg + 1
   end
   local q = tonumber(ARGV[arg], 16)
   if q > 0 then
@@ -154,13 +150,13 @@ for i = 1, n do
   first[i], tfrom[i] = j, nt + 1
   for w = 1, #ws, 2 do
     local k, c = ws[w], ws[w + 1]
-    local s = k >= 4 and 2 or 1
-    local len = length[s]
+    local len, wt, ttl = 60000, mweight, 120
+    if k >= 4 then len, wt, ttl = 86400, dweight, 172800 end
     local cur, prev = 0, 0
     local v, u = vals[j], vals[j + 1]
     if v then cur = v + 0 end
     if u then prev = u + 0 end
-    local slack = (c - cur) * len - prev * weight[s]
+    local slack = (c - cur) * len - prev * wt
     local m = k % 4
     if m == 0 then
       local f = floor(slack / len)
@@ -168,7 +164,7 @@ for i = 1, n do
       if f < room then room = f end
     elseif reserving then
       nt = nt + 1
-      troom[nt], tlen[nt], tkind[nt], tkey[nt], tttl[nt], treserved[nt] = slack, len, m + 1, j, ttl[s], 0
+      troom[nt], tlen[nt], tkind[nt], tkey[nt], tttl[nt], treserved[nt] = slack, len, m + 1, j, ttl, 0
     elseif slack <= 0 then
       room = 0
     end
@@ -254,7 +250,7 @@ if charging then
         if k % 4 == 0 then
           local key = KEYS[jk]
           if a == 1 and redis.call('INCR', key) == 1 or a > 1 and redis.call('INCRBY', key, a) == a then
-            redis.call('EXPIRE', key, ttl[k >= 4 and 2 or 1])
+            redis.call('EXPIRE', key, k >= 4 and 172800 or 120)
           end
         end
         jk = jk + 2

@@ -117,13 +117,13 @@ func (c *scriptCall) args(atMillis, bucket int64, peek bool) []any {
 		}
 	}
 	for _, l := range caps {
-		var mask int64
+		kinds := make([]byte, 0, numWindows)
 		for k, capacity := range l.windows {
 			if capacity > 0 {
-				mask |= 1 << k
+				kinds = append(kinds, byte(k))
 			}
 		}
-		args = append(args, hexArg(mask))
+		args = append(args, string(kinds))
 		for _, capacity := range l.windows {
 			if capacity > 0 {
 				args = append(args, hexArg(capacity))
