@@ -97,3 +97,25 @@ func TestLiveViewShowsTheDayAndTokenKindWindows(t *testing.T) {
 		}
 	})
 }
+
+// A reservation is too large when a part of it exceeds the window of its
+// kind: the refusal names that window, and an uncapped request's default
+// output is trimmed to fit instead.
+func TestAnOutputCapOverTheOTPMIsTooLargeWhileAnUncappedRequestFits(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		up := newUpstream(t)
+		gw := startGateway(t, up.URL, limited(store, `
+			scope org {http.request.header.X-Org}
+			limit org * itpm 100000 otpm 800`))
+		org := "X-Org: " + uniqueID(t)
+		res, body := gw.postChat(t, `{"model":"gpt-4o","max_tokens":900,"messages":[{"role":"user","content":"hi"}]}`, org)
+		if res.StatusCode != 429 || res.Header.Get("X-Should-Retry") != "false" ||
+			!strings.Contains(string(body), "Request too large for org on output tokens per min (OTPM): Limit 800, Requested 900.") {
+			t.Fatalf("%d %s, want a request too large for the otpm", res.StatusCode, body)
+		}
+		// No max_tokens: the default 1024 of output is reserved as the 800 that fit.
+		if res, body := gw.postChat(t, `{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}`, org); res.StatusCode != 200 {
+			t.Fatalf("uncapped request: %d %s", res.StatusCode, body)
+		}
+	})
+}
