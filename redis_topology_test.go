@@ -326,10 +326,10 @@ func BenchmarkAdmissionsSingleNodeVersusCluster(b *testing.B) {
 					tag = chainTag("org", org)
 				}
 				chains[i] = []limit{
-					newTaggedLimit(tag, "key", fmt.Sprintf("k%d", i), limitCaps{windows: windowCaps{rpm: 1 << 40, tpm: 1 << 40}}),
-					newTaggedLimit(tag, "project", "p", limitCaps{windows: windowCaps{rpm: 1 << 40, tpm: 1 << 40}}),
-					newTaggedLimit(tag, "team", "t", limitCaps{windows: windowCaps{rpm: 1 << 40, tpm: 1 << 40}}),
-					newTaggedLimit(tag, "org", org, limitCaps{windows: windowCaps{rpm: 1 << 40, tpm: 1 << 40}}),
+					newTaggedLimit(tag, "key", fmt.Sprintf("k%d", i), limitCaps{windows: windowCaps{rpm: maxCap, tpm: maxCap}}),
+					newTaggedLimit(tag, "project", "p", limitCaps{windows: windowCaps{rpm: maxCap, tpm: maxCap}}),
+					newTaggedLimit(tag, "team", "t", limitCaps{windows: windowCaps{rpm: maxCap, tpm: maxCap}}),
+					newTaggedLimit(tag, "org", org, limitCaps{windows: windowCaps{rpm: maxCap, tpm: maxCap}}),
 				}
 			}
 			var next atomic.Int64

@@ -117,7 +117,7 @@ func TestCoalescedTokenChargesAddUpExactly(t *testing.T) {
 	url := redisURLFromEnv(t)
 	s := newTestRedisStore(t, url)
 	at := pinnedBase() + 1000
-	org := newLimit("org", uniqueID(t), 0, 1<<40)
+	org := newLimit("org", uniqueID(t), 0, maxCap)
 	keys := make([]limit, 50)
 	var wg sync.WaitGroup
 	for i := range keys {
