@@ -450,10 +450,8 @@ func (g *usageGroup) read(r *http.Request, scope string) (UsageLimit, error) {
 	}
 	windows := [numWindows]**UsageCounter{rpm: &entry.RPM, tpm: &entry.TPM, itpm: &entry.ITPM, otpm: &entry.OTPM,
 		rpd: &entry.RPD, tpd: &entry.TPD, itpd: &entry.ITPD, otpd: &entry.OTPD}
-	for k, capacity := range l.windows {
-		if capacity > 0 {
-			*windows[k] = usageCounter(d.counts[0].w[k], capacity, d.now.in(windowKind(k).span()))
-		}
+	for k, capacity := range l.each {
+		*windows[k] = usageCounter(d.counts[0].w[k], capacity, d.now.in(k.span()))
 	}
 	if b := l.bucket; b.rate > 0 {
 		deficit := d.counts[0].deficit

@@ -26,8 +26,9 @@
 --           same minute). If Redis's clock is in another minute, the script
 --           touches nothing and answers {-1, now}: the caller names the keys
 --           again.
--- ARGV[3]   "a" to admit, "r" to admit with reservations (see below), or "p"
---           to decide and charge nothing (the admin API's live view).
+-- ARGV[3]   "a" to admit, "r" or "s" to admit with reservations (see
+--           below), or "p" to decide and charge nothing (the admin API's
+--           live view).
 -- ARGV[4]   L, the number of distinct limits.
 -- ARGV[5]   C, the number of minute token charges, and ARGV[6] D, of day
 --           token charges (0 with "p").
@@ -42,8 +43,9 @@
 --           and cost.
 -- then      one argument of L bytes: each limit's caps (1-based).
 -- then      per admission, in arrival order: with "r", the tokens it
---           reserves: in all, of input and of output; then the positions
---           (1-based) of the limits of its chain, one byte each.
+--           reserves, or with "s" (when the call caps input or output
+--           tokens) the tokens in all, of input and of output; then the
+--           positions (1-based) of the limits of its chain, one byte each.
 --
 -- A window counts requests, tokens, input tokens or output tokens, over a
 -- minute (in milliseconds) or a day (in seconds, so that every number stays
@@ -84,7 +86,8 @@ end
 -- 120 s and two days).
 local secs = floor(now / 1000)
 local mweight, dweight = 60000 - (now - bucket * 60000), 86400 - (secs - floor(secs / 86400) * 86400)
-local reserving = ARGV[3] == 'r'
+local split = ARGV[3] == 's'
+local reserving = split or ARGV[3] == 'r'
 local charging = reserving or ARGV[3] == 'a'
 local n, nc, nd, ncaps = tonumber(ARGV[4], 16), tonumber(ARGV[5], 16), tonumber(ARGV[6], 16), tonumber(ARGV[7], 16)
 -- Only the increment that creates a key sets its expiry.
@@ -200,13 +203,16 @@ for i = 1, n do
   left[i], added[i] = room, 0
 end
 
-local step = reserving and 4 or 1
+local step = split and 4 or reserving and 2 or 1
 -- size[kind]: what an admission adds to a window of that kind
 local size = {1, 0, 0, 0}
 for m = arg, #ARGV, step do
   local chain = {byte(ARGV[m + step - 1], 1, -1)}
   if reserving then
-    size[2], size[3], size[4] = tonumber(ARGV[m], 16), tonumber(ARGV[m + 1], 16), tonumber(ARGV[m + 2], 16)
+    size[2] = tonumber(ARGV[m], 16)
+  end
+  if split then
+    size[3], size[4] = tonumber(ARGV[m + 1], 16), tonumber(ARGV[m + 2], 16)
   end
   local fits = 1
   for x = 1, #chain do

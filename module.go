@@ -452,6 +452,7 @@ func (l LimitConfig) windowCaps() (w windowCaps) {
 // caps reads the limit's caps; its error is a configuration mistake.
 func (l LimitConfig) caps() (limitCaps, error) {
 	caps := limitCaps{windows: l.windowCaps()}
+	caps.capped = caps.windows.mask()
 	switch {
 	case l.Rate == "" && l.Burst == 0 && l.Cost == 0:
 		return caps, nil
@@ -567,7 +568,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 // the response's usage is then metered.
 func chainMetersTokens(chain []limit) bool {
 	for _, l := range chain {
-		if l.windows.tokenWindows() {
+		if l.capsTokens() {
 			return true
 		}
 	}

@@ -160,11 +160,12 @@ func (c *refusalCache) refusedLocally(chain []limit, now time.Time) (a admission
 
 // withoutTokens is l as the cache decides it: without its token windows.
 func withoutTokens(l limit) limit {
-	for k := range l.windows {
-		if windowKind(k).kind() != requests {
+	for k := range l.each {
+		if k.kind() != requests {
 			l.windows[k] = 0
 		}
 	}
+	l.capped = l.windows.mask()
 	return l
 }
 

@@ -51,11 +51,8 @@ func (h *Handler) reservation(path string, body []byte, chain []limit) (tokenCou
 		// One pass suffices: in only decreases, which keeps every earlier
 		// bound on out.
 		for _, l := range chain {
-			for k, c := range l.windows {
-				if c == 0 {
-					continue
-				}
-				switch windowKind(k).kind() {
+			for k, c := range l.each {
+				switch k.kind() {
 				case tokens:
 					in = min(in, c)
 					out = min(out, c-in)
@@ -70,9 +67,9 @@ func (h *Handler) reservation(path string, body []byte, chain []limit) (tokenCou
 	}
 	r := tokenCounts{total: in + out, input: in, output: out}
 	for i, l := range chain {
-		for k, c := range l.windows {
-			if kd := windowKind(k).kind(); kd != requests && c > 0 && r.of(kd) > c {
-				return r, tooLargeFor{i, windowKind(k)}
+		for k, c := range l.each {
+			if kd := k.kind(); kd != requests && r.of(kd) > c {
+				return r, tooLargeFor{i, k}
 			}
 		}
 	}

@@ -146,17 +146,14 @@ func (f headerFamilies) headersFor(chain []limit, d decision, counted bool) head
 	var bkt tightest
 	for i, l := range chain {
 		c := d.counts[i]
-		for k, capacity := range l.windows {
-			if capacity == 0 {
-				continue
-			}
-			wk, w := windowKind(k), c.w[k]
+		for k, capacity := range l.each {
+			w := c.w[k]
 			if counted {
-				w.cur += d.size(wk.kind())
+				w.cur += d.size(k.kind())
 			}
-			p := at[wk.span()]
+			p := at[k.span()]
 			t := tightest{capacity: capacity, left: remaining(w, capacity, p), resetMillis: resetIn(w, p)}
-			byKind[wk.kind()].consider(t)
+			byKind[k.kind()].consider(t)
 			byWindow[k].consider(t)
 		}
 		if l.bucket.rate > 0 {
@@ -292,14 +289,13 @@ func refusalOf(chain []limit, d decision) refusal {
 	ref := refusal{first: -1}
 	at := [...]position{d.now.in(minute), d.now.in(day)}
 	for i, l := range chain {
-		for k, capacity := range l.windows {
-			wk := windowKind(k)
-			size, p, w := d.size(wk.kind()), at[wk.span()], d.counts[i].w[k]
-			if capacity == 0 || fits(w, capacity, size, p) {
+		for k, capacity := range l.each {
+			size, p, w := d.size(k.kind()), at[k.span()], d.counts[i].w[k]
+			if fits(w, capacity, size, p) {
 				continue
 			}
 			if ref.first < 0 {
-				ref.first, ref.kind, ref.window, ref.capacity = i, wk.kind(), wk, capacity
+				ref.first, ref.kind, ref.window, ref.capacity = i, k.kind(), k, capacity
 			}
 			ref.waitMillis = max(ref.waitMillis, releaseIn(w, capacity, size, p))
 		}

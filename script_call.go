@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"context"
 	"fmt"
+	"math/bits"
 	"slices"
 	"strconv"
 )
@@ -70,13 +71,15 @@ func (c *scriptCall) add(chain []limit, reserve tokenCounts) bool {
 // settlement's own.
 func (c *scriptCall) keys(bucket int64) []string {
 	keys := make([]string, 0, 4*len(c.limits)+c.charges.count())
-	buckets := [...]int64{minute: bucket, day: dayOf(bucket)}
+	// Each span's current and previous bucket, formatted once per call.
+	var names [2][2]string
+	for s, b := range [...]int64{minute: bucket, day: dayOf(bucket)} {
+		names[s] = [2]string{strconv.FormatInt(b, 10), strconv.FormatInt(b-1, 10)}
+	}
 	for _, l := range c.limits {
-		for k, capacity := range l.windows {
-			if capacity > 0 {
-				b := buckets[windowKind(k).span()]
-				keys = append(keys, bucketKey(l.prefix, windowKind(k), b), bucketKey(l.prefix, windowKind(k), b-1))
-			}
+		for k := range l.each {
+			n := &names[k.span()]
+			keys = append(keys, l.prefix+k.keyName()+":"+n[0], l.prefix+k.keyName()+":"+n[1])
 		}
 		if l.bucket.rate > 0 {
 			keys = append(keys, l.prefix+"bkt")
@@ -84,11 +87,11 @@ func (c *scriptCall) keys(bucket int64) []string {
 	}
 	for _, spanKeys := range c.charges.keys {
 		for _, k := range spanKeys {
-			b := k.bucket
-			if b == 0 {
-				b = buckets[k.window.span()]
+			if k.bucket == 0 {
+				keys = append(keys, k.prefix+k.window.keyName()+":"+names[k.window.span()][0])
+			} else {
+				keys = append(keys, bucketKey(k.prefix, k.window, k.bucket))
 			}
-			keys = append(keys, bucketKey(k.prefix, k.window, b))
 		}
 	}
 	return keys
@@ -100,12 +103,20 @@ func (c *scriptCall) reserving() bool {
 }
 
 func (c *scriptCall) args(atMillis, bucket int64, peek bool) []any {
-	mode, reserving := "a", !peek && c.reserving()
+	mode, reserving, split := "a", !peek && c.reserving(), false
 	switch {
 	case peek:
 		mode = "p"
 	case reserving:
-		mode = "r"
+		// Input and output sizes only when a window of the call counts them.
+		var capped uint8
+		for _, l := range c.limits {
+			capped |= l.capped
+		}
+		mode, split = "r", capped&(1<<itpm|1<<otpm|1<<itpd|1<<otpd) != 0
+		if split {
+			mode = "s"
+		}
 	}
 	caps, capsOf := c.distinctCaps()
 	args := make([]any, 0, 8+c.charges.count()+4*len(caps)+4*len(c.chains))
@@ -117,17 +128,9 @@ func (c *scriptCall) args(atMillis, bucket int64, peek bool) []any {
 		}
 	}
 	for _, l := range caps {
-		kinds := make([]byte, 0, numWindows)
-		for k, capacity := range l.windows {
-			if capacity > 0 {
-				kinds = append(kinds, byte(k))
-			}
-		}
-		args = append(args, string(kinds))
-		for _, capacity := range l.windows {
-			if capacity > 0 {
-				args = append(args, hexArg(capacity))
-			}
+		args = append(args, windowKindsArg[l.capped])
+		for _, capacity := range l.each {
+			args = append(args, hexArg(capacity))
 		}
 		args = append(args, hexArg(l.bucket.rate))
 		if l.bucket.rate > 0 {
@@ -136,9 +139,11 @@ func (c *scriptCall) args(atMillis, bucket int64, peek bool) []any {
 	}
 	args = append(args, capsOf)
 	for m, chain := range c.chains {
-		if reserving {
-			r := c.reserves[m]
+		switch r := c.reserves[m]; {
+		case split:
 			args = append(args, hexArg(r.total), hexArg(r.input), hexArg(r.output))
+		case reserving:
+			args = append(args, hexArg(r.total))
 		}
 		args = append(args, chain)
 	}
@@ -171,7 +176,7 @@ func (c *scriptCall) decode(reply []int64, charged bool) ([]decision, error) {
 	k, n := len(c.chains), len(c.limits)
 	want := 2 + k + n
 	for _, l := range c.limits {
-		want += 2 * l.windows.capped()
+		want += 2 * bits.OnesCount8(l.capped)
 	}
 	if len(reply) != want || reply[0] != 1 {
 		return nil, fmt.Errorf("%w: admission reply of %d values for %d admissions of %d limits", errBadReply, len(reply), k, n)
@@ -180,11 +185,9 @@ func (c *scriptCall) decode(reply []int64, charged bool) ([]decision, error) {
 	state := make([]counts, n)
 	r := reply[2:]
 	for i, l := range c.limits {
-		for w, capacity := range l.windows {
-			if capacity > 0 {
-				state[i].w[w] = window{cur: r[0], prev: r[1]}
-				r = r[2:]
-			}
+		for k := range l.each {
+			state[i].w[k] = window{cur: r[0], prev: r[1]}
+			r = r[2:]
 		}
 		state[i].deficit, r = r[0], r[1:]
 	}
@@ -201,10 +204,8 @@ func (c *scriptCall) decode(reply []int64, charged bool) ([]decision, error) {
 		if d.admitted && charged {
 			for x := range len(chain) {
 				i := chain[x] - 1
-				for w, capacity := range c.limits[i].windows {
-					if capacity > 0 {
-						state[i].w[w].cur += d.size(windowKind(w).kind())
-					}
+				for k := range c.limits[i].each {
+					state[i].w[k].cur += d.size(k.kind())
 				}
 				state[i].deficit += c.limits[i].bucket.cost * microTokens
 			}
@@ -247,9 +248,8 @@ type chargeKey struct {
 // no admission reads any more, and which expires).
 func (c *chargeCall) add(chain []limit, ch charge, now moment) {
 	for _, l := range chain {
-		for w, capacity := range l.windows {
-			k := windowKind(w)
-			if capacity == 0 || k.kind() == requests || !ch.settles(k, now) {
+		for k := range l.each {
+			if k.kind() == requests || !ch.settles(k, now) {
 				continue
 			}
 			key, s := chargeKey{l.prefix, k, ch.bucketIn(k.span())}, k.span()

@@ -165,12 +165,24 @@ func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 			if rng.IntN(2) == 0 {
 				lc.TPM = 20 + rng.Int64N(180)
 			}
+			if rng.IntN(4) == 0 {
+				lc.ITPM = 20 + rng.Int64N(120)
+			}
+			if rng.IntN(4) == 0 {
+				lc.OTPM = 10 + rng.Int64N(80)
+			}
+			if rng.IntN(5) == 0 {
+				lc.RPD = 2 + rng.Int64N(10)
+			}
+			if rng.IntN(5) == 0 {
+				lc.TPD = 50 + rng.Int64N(300)
+			}
 			if rng.IntN(10) < 4 {
 				lc.Rate = json.Number([]string{"0.5", "1", "2.5"}[rng.IntN(3)])
 				lc.Burst = 1 + rng.Int64N(4)
 				lc.Cost = 1 + rng.Int64N(lc.Burst)
 			}
-			if lc.RPM == 0 && lc.TPM == 0 && lc.Rate == "" {
+			if lc.windowCaps() == (windowCaps{}) && lc.Rate == "" {
 				lc.RPM = 3
 			}
 			caps, err := lc.caps()
@@ -206,26 +218,29 @@ func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 			}
 			for range rng.IntN(4) {
 				a, b := chain()
-				tokens := 10 + rng.Int64N(140)
+				in, out := rng.Int64N(100), rng.Int64N(60)
+				tokens := tokenCounts{total: in + out + rng.Int64N(20), input: in, output: out}
 				for _, c := range [][]limit{a, b} {
-					if err := pinned(s, when).recordTokens(ctx, c, totalTokens(tokens)); err != nil {
+					if err := pinned(s, when).recordTokens(ctx, c, tokens); err != nil {
 						t.Fatal(err)
 					}
 				}
 			}
 		}
-		// Every other trial reserves: some admissions reserve tokens on
-		// their tpm limits (up to past the caps), some none.
+		// Every other trial reserves: some admissions reserve input and
+		// output tokens on their token windows (up to past the caps), some
+		// none.
 		var batch scriptCall
 		var alone [][]limit
-		var reserves []int64
+		var reserves []tokenCounts
 		for range 1 + rng.IntN(12) {
 			a, b := chain()
-			var reserve int64
+			var reserve tokenCounts
 			if trial%2 == 1 && rng.IntN(3) > 0 {
-				reserve = 1 + rng.Int64N(90)
+				in, out := rng.Int64N(60), 1+rng.Int64N(40)
+				reserve = tokenCounts{total: in + out, input: in, output: out}
 			}
-			if !batch.add(a, totalTokens(reserve)) {
+			if !batch.add(a, reserve) {
 				t.Fatal("a chain was refused by the call")
 			}
 			alone, reserves = append(alone, b), append(reserves, reserve)
@@ -235,7 +250,7 @@ func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 			t.Fatal(err)
 		}
 		for m, c := range alone {
-			d, err := pinned(s, at).run(ctx, c, totalTokens(reserves[m]), false)
+			d, err := pinned(s, at).run(ctx, c, reserves[m], false)
 			if err != nil {
 				t.Fatal(err)
 			}

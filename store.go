@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 )
@@ -65,8 +66,8 @@ func (c charge) settles(k windowKind, now moment) bool {
 // changes reports whether c changes a counter of chain at now.
 func (c charge) changes(chain []limit, now moment) bool {
 	for _, l := range chain {
-		for k, capacity := range l.windows {
-			if capacity > 0 && windowKind(k).kind() != requests && c.settles(windowKind(k), now) {
+		for k := range l.each {
+			if k.kind() != requests && c.settles(k, now) {
 				return true
 			}
 		}
@@ -148,7 +149,24 @@ type limit struct {
 // limitCaps are what one limit caps.
 type limitCaps struct {
 	windows windowCaps
+	capped  uint8 // bit k: windows[k] is capped (newTaggedLimit sets it)
 	bucket  tokenBucket
+}
+
+// capsTokens reports whether a token window is capped: the request's usage
+// is then metered.
+func (c *limitCaps) capsTokens() bool { return c.capped&^(1<<rpm|1<<rpd) != 0 }
+
+// each yields the windows the limit caps, in windowKind order, with their
+// caps: most limits cap two of the eight, and a request walks them a few
+// times.
+func (c *limitCaps) each(yield func(windowKind, int64) bool) {
+	for m := c.capped; m != 0; m &= m - 1 {
+		k := windowKind(bits.TrailingZeros8(m))
+		if !yield(k, c.windows[k]) {
+			return
+		}
+	}
 }
 
 // describe is the caps after name, for the log.
@@ -169,6 +187,7 @@ func (c limitCaps) describe(name string) string {
 // "{<root-scope>:<root-id>}:", so that every key of a chain is in one slot;
 // tag is "" elsewhere.
 func newTaggedLimit(tag, scope, id string, caps limitCaps) limit {
+	caps.capped = caps.windows.mask()
 	return limit{scope: scope, id: id, prefix: "rolter:rl:" + tag + scope + ":" + id + ":", limitCaps: caps}
 }
 

@@ -300,13 +300,10 @@ func (s *memoryStore) decide(chain []limit, reserve tokenCounts, charge bool) de
 	d := decision{admitted: true, now: now, counts: make([]counts, len(chain)), reserve: reserve}
 	for i, l := range chain {
 		c := &d.counts[i]
-		for k, capacity := range l.windows {
-			if capacity == 0 {
-				continue
-			}
-			p := at[windowKind(k).span()]
-			c.w[k] = readWindow(cs[i].slots(windowKind(k)), p.bucket)
-			if !fits(c.w[k], capacity, d.size(windowKind(k).kind()), p) {
+		for k, capacity := range l.each {
+			p := at[k.span()]
+			c.w[k] = readWindow(cs[i].slots(k), p.bucket)
+			if !fits(c.w[k], capacity, d.size(k.kind()), p) {
 				d.admitted = false
 			}
 		}
@@ -319,9 +316,9 @@ func (s *memoryStore) decide(chain []limit, reserve tokenCounts, charge bool) de
 	}
 	if d.admitted && charge {
 		for i, l := range chain {
-			for k, capacity := range l.windows {
-				if n := d.size(windowKind(k).kind()); capacity > 0 && n > 0 {
-					add(cs[i].slots(windowKind(k)), at[windowKind(k).span()].bucket, n)
+			for k := range l.each {
+				if n := d.size(k.kind()); n > 0 {
+					add(cs[i].slots(k), at[k.span()].bucket, n)
 				}
 			}
 			if l.bucket.rate > 0 {
@@ -348,20 +345,20 @@ func (s *memoryStore) recordTokens(_ context.Context, chain []limit, tokens toke
 func (s *memoryStore) charge(chain []limit, ch charge) {
 	now := s.clock()
 	for _, l := range chain {
-		if !l.windows.tokenWindows() {
+		if !l.capsTokens() {
 			continue
 		}
 		for {
 			c := s.counter(l.prefix)
 			c.mu.Lock()
 			if !c.dead {
-				for k, capacity := range l.windows {
-					if wk := windowKind(k); capacity > 0 && wk.kind() != requests && ch.settles(wk, now) {
-						b := ch.bucketIn(wk.span())
+				for k := range l.each {
+					if k.kind() != requests && ch.settles(k, now) {
+						b := ch.bucketIn(k.span())
 						if b == 0 {
-							b = now.in(wk.span()).bucket
+							b = now.in(k.span()).bucket
 						}
-						add(c.slots(wk), b, ch.tokens.of(wk.kind()))
+						add(c.slots(k), b, ch.tokens.of(k.kind()))
 					}
 				}
 				c.mu.Unlock()

@@ -123,26 +123,15 @@ func (k windowKind) keyName() string {
 // windowCaps are a limit's window caps, by windowKind; 0 is no cap.
 type windowCaps [numWindows]int64
 
-// capped is how many windows are capped.
-func (w windowCaps) capped() int {
-	n := 0
-	for _, c := range w {
-		if c > 0 {
-			n++
-		}
-	}
-	return n
-}
-
-// tokenWindows is whether any token window is capped: the request's usage
-// is then metered.
-func (w windowCaps) tokenWindows() bool {
+// mask has bit k set where windows k is capped.
+func (w windowCaps) mask() uint8 {
+	var m uint8
 	for k, c := range w {
-		if c > 0 && windowKind(k).kind() != requests {
-			return true
+		if c > 0 {
+			m |= 1 << k
 		}
 	}
-	return false
+	return m
 }
 
 // tokenCounts are tokens of a request: all of them, and the parts input and
@@ -299,6 +288,21 @@ func resetIn(w window, p position) int64 {
 	}
 	return 0
 }
+
+// windowKindsArg is, for each mask of capped windows, the bytes admit.lua
+// reads them from: each window's windowKind, in order.
+var windowKindsArg = func() (args [1 << numWindows]string) {
+	for m := range args {
+		var kinds []byte
+		for k := range numWindows {
+			if m&(1<<k) != 0 {
+				kinds = append(kinds, byte(k))
+			}
+		}
+		args[m] = string(kinds)
+	}
+	return args
+}()
 
 // bucketKey is the key of a limit's window k in bucket b of its span.
 func bucketKey(prefix string, k windowKind, b int64) string {
