@@ -90,11 +90,8 @@ func storeCount(t *testing.T, store, prefix string, k windowKind, bucket int64) 
 	return redisCount(t, strings.TrimPrefix(store, "redis "), prefix, k, bucket)
 }
 
-// tokensCharged is what the tok buckets of l hold in this minute and the
-// last (a charge may land just before a minute boundary).
-func tokensCharged(t *testing.T, store string, l limit) int64 { return windowHolds(t, store, l, tpm) }
-
-// windowHolds is what l's window k holds in its current bucket and the last.
+// windowHolds is what l's window k holds in its current bucket and the last
+// (a charge may land just before a bucket boundary).
 func windowHolds(t *testing.T, store string, l limit, k windowKind) int64 {
 	b := momentAt(time.Now().UnixMilli()).in(k.span()).bucket
 	return storeCount(t, store, l.prefix, k, b) + storeCount(t, store, l.prefix, k, b-1)
