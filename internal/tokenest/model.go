@@ -3,6 +3,7 @@ package tokenest
 import (
 	"encoding/json"
 	"strings"
+	"unicode/utf8"
 )
 
 // Model is the model a request asks for: the path's for Gemini
@@ -23,14 +24,36 @@ func Model(path string, body []byte) string {
 			return deployment
 		}
 	}
-	if len(body) == 0 {
+	return bodyModel(body)
+}
+
+// bodyModel is the top-level "model" string of a JSON object (the last, if
+// the key repeats), read with the estimator's own parser, which skips the
+// rest of a body of any size without allocating: encoding/json would take
+// milliseconds over a long conversation. Only a model string with escapes
+// or invalid UTF-8 is decoded by encoding/json, as it would be.
+func bodyModel(body []byte) string {
+	p := parser{b: body}
+	if p.peek() != '{' {
 		return ""
 	}
-	var req struct {
-		Model json.RawMessage `json:"model"`
-	}
 	var model string
-	if json.Unmarshal(body, &req) != nil || json.Unmarshal(req.Model, &model) != nil {
+	p.members(func(key word) {
+		if string(key.bytes()) != "model" || p.peek() != '"' {
+			if string(key.bytes()) == "model" {
+				model = "" // not a string: no model, as a later key wins
+			}
+			p.skip()
+			return
+		}
+		start := p.i
+		_, raw, esc := p.str(false)
+		model = string(raw)
+		if (esc || !utf8.Valid(raw)) && json.Unmarshal(p.b[start:p.i], &model) != nil {
+			model = ""
+		}
+	})
+	if p.bad || p.ws() {
 		return ""
 	}
 	return model

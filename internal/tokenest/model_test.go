@@ -1,6 +1,10 @@
 package tokenest
 
-import "testing"
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+)
 
 func TestModelIsReadFromThePathOrTheBodyAsEachAPINamesIt(t *testing.T) {
 	for _, c := range []struct{ path, body, want string }{
@@ -15,6 +19,12 @@ func TestModelIsReadFromThePathOrTheBodyAsEachAPINamesIt(t *testing.T) {
 		{"/v1/chat/completions", `not json`, ""},
 		{"/v1/chat/completions", `{"model":"a\u002fb"}`, "a/b"},
 		{"/v1/embeddings", ``, ""},
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"{\"model\":\"inner\"}"}],"model":"outer"}`, "outer"},
+		{"/v1/chat/completions", `{"model":"first","model":"second"}`, "second"},
+		{"/v1/chat/completions", `{"model":"first","model":null}`, ""},
+		{"/v1/chat/completions", `{"metadata":{"model":"nested"}}`, ""},
+		{"/v1/chat/completions", `{"model":"gpt-4o"} trailing`, ""},
+		{"/v1/chat/completions", `{"model":"gpt-4o",}`, ""},
 	} {
 		if got := Model(c.path, []byte(c.body)); got != c.want {
 			t.Errorf("Model(%q, %s) = %q, want %q", c.path, c.body, got, c.want)
@@ -22,9 +32,35 @@ func TestModelIsReadFromThePathOrTheBodyAsEachAPINamesIt(t *testing.T) {
 	}
 }
 
-func FuzzModel(f *testing.F) {
+// The body's model is what encoding/json finds as the top-level "model"
+// string of a valid JSON object (keys matched exactly; the last one wins),
+// and nothing for anything else.
+func FuzzModelReadsTheBodyAsEncodingJSONDoes(f *testing.F) {
 	f.Add("/v1beta/models/x:generateContent", []byte(`{"model":"m"}`))
+	f.Add("/v1/chat/completions", []byte(`{"model":"a\u00e9\"b","messages":[{"content":"x"}]}`))
+	f.Add("/v1/chat/completions", []byte(`{"model":"a","model":1}`))
 	f.Fuzz(func(t *testing.T, path string, body []byte) {
+		got := Model("/v1/chat/completions", body)
+		want := ""
+		var members map[string]json.RawMessage
+		if json.Unmarshal(body, &members) == nil {
+			if json.Unmarshal(members["model"], &want) != nil {
+				want = ""
+			}
+		}
+		if got != want {
+			t.Fatalf("Model of %q = %q, encoding/json finds %q", body, got, want)
+		}
 		Model(path, body) // never panics
 	})
+}
+
+func BenchmarkModelOfALongConversation(b *testing.B) {
+	body := []byte(`{"messages":[{"role":"user","content":"` + strings.Repeat("a long conversation ", 50_000) + `"}],"model":"gpt-4o"}`)
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		if Model("/v1/chat/completions", body) != "gpt-4o" {
+			b.Fatal("no model")
+		}
+	}
 }
