@@ -55,22 +55,22 @@ const (
 
 // Each span's arithmetic counts in a unit: milliseconds for a minute,
 // seconds for a day, so that a day's estimate stays exact in Lua's doubles
-// (maxCap × 86400 is below 2^53). A bucket is length units long; its key
-// lives ttlSeconds after its creation, as it is read until the end of the
-// following bucket.
+// (maxCap × 86400 is below 2^53). A bucket is length units long. (Its keys
+// live two of its lengths, as admit.lua sets them: a bucket is read until
+// the end of the following one.)
 type spanUnits struct {
-	unitMillis, length, ttlSeconds int64
-	name                           string // in placeholders, metrics and the live view
-	per                            string // in messages: "tokens per min"
-	suffix                         string // of the caps' names: "tpm"
+	unitMillis, length int64
+	name               string // in placeholders, metrics and the live view
+	per                string // in messages: "tokens per min"
+	suffix             string // of the caps' names: "tpm"
 }
 
 var spans = [...]spanUnits{
-	minute: {unitMillis: 1, length: 60_000, ttlSeconds: 120, name: "minute", per: "min", suffix: "m"},
-	day:    {unitMillis: 1000, length: 86_400, ttlSeconds: 2 * 86_400, name: "day", per: "day", suffix: "d"},
+	minute: {unitMillis: 1, length: 60_000, name: "minute", per: "min", suffix: "m"},
+	day:    {unitMillis: 1000, length: 86_400, name: "day", per: "day", suffix: "d"},
 }
 
-// bucketMillis is a minute bucket's length; a day is daysMinutes of them.
+// bucketMillis is a minute bucket's length; a day is dayMinutes of them.
 const (
 	bucketMillis = 60_000
 	dayMinutes   = 1440
