@@ -133,15 +133,14 @@ arg = arg + 1
 -- an admission, so that holds for the whole call), and the requests its
 -- token bucket holds. With reservations, each token window t has a room of
 -- its own, in flat arrays (no table per window): troom[t] in the span's
--- units times length (a reservation of r fits while troom >= r * tlen, and
--- at least 1), tlen, tkind (2 tokens, 3 input, 4 output: the index of the
--- admission's size), tkey, tttl, and treserved, the tokens the call added;
--- limit i owns the windows tfrom[i] .. tto[i]. (Strings from MGET become
+-- units times its length (a reservation of r fits while troom >= r *
+-- length, and at least 1), twin, its windowKind, tkey, and treserved, the
+-- tokens the call added; limit i owns the windows tfrom[i] .. tto[i]. (Strings from MGET become
 -- numbers by arithmetic, which is cheaper than tonumber.) The reply gets
 -- the counts as read.
 local inf = 1 / 0
 local left, added, first, bkt = {}, {}, {}, {}
-local troom, tlen, tkind, tkey, tttl, treserved, tfrom, tto = {}, {}, {}, {}, {}, {}, {}, {}
+local troom, twin, tkey, treserved, tfrom, tto = {}, {}, {}, {}, {}, {}
 local nt = 0
 local reply = {1, now}
 local nr = 2
@@ -153,8 +152,8 @@ for i = 1, n do
   first[i], tfrom[i] = j, nt + 1
   for w = 1, #ws, 2 do
     local k, c = ws[w], ws[w + 1]
-    local len, wt, ttl = 60000, mweight, 120
-    if k >= 4 then len, wt, ttl = 86400, dweight, 172800 end
+    local len, wt = 60000, mweight
+    if k >= 4 then len, wt = 86400, dweight end
     local cur, prev = 0, 0
     local v, u = vals[j], vals[j + 1]
     if v then cur = v + 0 end
@@ -167,7 +166,7 @@ for i = 1, n do
       if f < room then room = f end
     elseif reserving then
       nt = nt + 1
-      troom[nt], tlen[nt], tkind[nt], tkey[nt], tttl[nt], treserved[nt] = slack, len, m + 1, j, ttl, 0
+      troom[nt], twin[nt], tkey[nt], treserved[nt] = slack, k, j, 0
     elseif slack <= 0 then
       room = 0
     end
@@ -222,8 +221,9 @@ for m = arg, #ARGV, step do
       break
     end
     for t = tfrom[i], tto[i] do
-      local r = size[tkind[t]]
-      if troom[t] < (r > 0 and r * tlen[t] or 1) then
+      local k = twin[t]
+      local r = size[k % 4 + 1]
+      if troom[t] < (r > 0 and r * (k >= 4 and 86400 or 60000) or 1) then
         fits = 0
         break
       end
@@ -235,8 +235,9 @@ for m = arg, #ARGV, step do
       local i = chain[x]
       left[i], added[i] = left[i] - 1, added[i] + 1
       for t = tfrom[i], tto[i] do
-        local r = size[tkind[t]]
-        troom[t], treserved[t] = troom[t] - r * tlen[t], treserved[t] + r
+        local k = twin[t]
+        local r = size[k % 4 + 1]
+        troom[t], treserved[t] = troom[t] - r * (k >= 4 and 86400 or 60000), treserved[t] + r
       end
     end
   end
@@ -271,7 +272,7 @@ if charging then
     local r = treserved[t]
     if r > 0 then
       local key = KEYS[tkey[t]]
-      if redis.call('INCRBY', key, string.format('%d', r)) == r then redis.call('EXPIRE', key, tttl[t]) end
+      if redis.call('INCRBY', key, string.format('%d', r)) == r then redis.call('EXPIRE', key, twin[t] >= 4 and 172800 or 120) end
     end
   end
 end
