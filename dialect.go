@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+
+	"github.com/rolter/caddy-ratelimit/internal/tokenest"
 )
 
 // dialect is the API shape a request speaks, which the handler's own
@@ -31,11 +33,8 @@ func dialectOf(configured, path string) dialect {
 	case "gemini":
 		return dialectGemini
 	}
-	if _, rest, ok := strings.Cut(path, "/models/"); ok {
-		switch _, method, _ := strings.Cut(rest, ":"); method {
-		case "generateContent", "streamGenerateContent", "countTokens":
-			return dialectGemini
-		}
+	if _, ok := tokenest.GeminiCall(path); ok {
+		return dialectGemini
 	}
 	if strings.HasSuffix(path, "/v1/messages") || strings.HasSuffix(path, "/v1/messages/count_tokens") {
 		return dialectAnthropic

@@ -122,7 +122,7 @@ func (h *Handler) charged(tokens tokenCounts, err error) {
 		h.chargeWarn.log(h.logger, "recording tokens failed; they are not charged", zap.Error(err), zap.Int64("tokens", tokens.total))
 		return
 	}
-	countTokens(tokensChargedTotal, tokens)
+	tokensCharged.add(tokens)
 }
 
 // meterResponse finishes the admitted response's metering and charges its
@@ -166,7 +166,7 @@ func (h *Handler) meterResponse(w *responseWriter, chain []limit, d decision) {
 // finally charged, and what a settlement gave back.
 func (h *Handler) settled(c charge, charged tokenCounts, err error) {
 	if err == nil {
-		countTokens(tokensReturnedTotal, tokenCounts{max(-c.tokens.total, 0), max(-c.tokens.input, 0), max(-c.tokens.output, 0)})
+		tokensReturned.add(tokenCounts{max(-c.tokens.total, 0), max(-c.tokens.input, 0), max(-c.tokens.output, 0)})
 	}
 	h.charged(charged, err)
 }

@@ -75,14 +75,21 @@ func registerMetrics(reg prometheus.Registerer) error {
 	return nil
 }
 
-// countTokens adds tokens to a counter of tokens by kind.
-func countTokens(c *prometheus.CounterVec, t tokenCounts) {
-	for _, n := range [...]struct {
-		kind   string
-		tokens int64
-	}{{"total", t.total}, {"input", t.input}, {"output", t.output}} {
-		if n.tokens > 0 {
-			c.WithLabelValues(n.kind).Add(float64(n.tokens))
+// tokenCounters are a token counter's series by kind (total, input,
+// output), looked up once: every admission and response adds to them.
+type tokenCounters [3]prometheus.Counter
+
+var tokensCharged, tokensReserved, tokensReturned = tokenCountersOf(tokensChargedTotal), tokenCountersOf(tokensReservedTotal), tokenCountersOf(tokensReturnedTotal)
+
+func tokenCountersOf(c *prometheus.CounterVec) tokenCounters {
+	return tokenCounters{c.WithLabelValues("total"), c.WithLabelValues("input"), c.WithLabelValues("output")}
+}
+
+// add adds the tokens of each kind that t has.
+func (c tokenCounters) add(t tokenCounts) {
+	for i, n := range [...]int64{t.total, t.input, t.output} {
+		if n > 0 {
+			c[i].Add(float64(n))
 		}
 	}
 }

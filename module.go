@@ -451,8 +451,7 @@ func (l LimitConfig) windowCaps() (w windowCaps) {
 
 // caps reads the limit's caps; its error is a configuration mistake.
 func (l LimitConfig) caps() (limitCaps, error) {
-	caps := limitCaps{windows: l.windowCaps()}
-	caps.capped = caps.windows.mask()
+	caps := windowLimitCaps(l.windowCaps())
 	switch {
 	case l.Rate == "" && l.Burst == 0 && l.Cost == 0:
 		return caps, nil
@@ -532,7 +531,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.refuse(w, repl, dia, a)
 	}
 	setOutcome(repl, outcomeAdmitted)
-	countTokens(tokensReservedTotal, reserve)
+	tokensReserved.add(reserve)
 	families := h.families(dia)
 	if !families.any() && !metering {
 		return next.ServeHTTP(w, r)

@@ -32,9 +32,9 @@ func clusterStores(t *testing.T, c *testCluster, n int) []store {
 func orgChain(org, key, team string, keyRPM, orgRPM int64) []limit {
 	tag := chainTag("org", org)
 	return []limit{
-		newTaggedLimit(tag, "key", keyID(false, key), limitCaps{windows: windowCaps{rpm: keyRPM}}),
-		newTaggedLimit(tag, "team", team, limitCaps{windows: windowCaps{tpm: 1000}}),
-		newTaggedLimit(tag, "org", org, limitCaps{windows: windowCaps{rpm: orgRPM, tpm: 1000}}),
+		newTaggedLimit(tag, "key", keyID(false, key), windowLimitCaps(windowCaps{rpm: keyRPM})),
+		newTaggedLimit(tag, "team", team, windowLimitCaps(windowCaps{tpm: 1000})),
+		newTaggedLimit(tag, "org", org, windowLimitCaps(windowCaps{rpm: orgRPM, tpm: 1000})),
 	}
 }
 
@@ -48,7 +48,7 @@ func TestClusterReservationsHoldTheTPMAndSettleInTheirSlot(t *testing.T) {
 	at := pinnedBase() + 1000
 	org := "org-" + uniqueID(t)
 	tag := chainTag("org", org)
-	chain := []limit{newTaggedLimit(tag, "key", "k", limitCaps{windows: windowCaps{tpm: 1 << 30}}), newTaggedLimit(tag, "org", org, limitCaps{windows: windowCaps{tpm: 10_500}})}
+	chain := []limit{newTaggedLimit(tag, "key", "k", windowLimitCaps(windowCaps{tpm: 1 << 30})), newTaggedLimit(tag, "org", org, windowLimitCaps(windowCaps{tpm: 10_500}))}
 	if got := raceReservations(t, stores, chain, 40, 1000, at); got != 10 {
 		t.Fatalf("admitted %d of 40 reservations of 1000 against tpm 10500, want exactly 10", got)
 	}
@@ -69,8 +69,8 @@ func TestClusterDayWindowsAreExactAndSettleInTheirSlot(t *testing.T) {
 	org := "org-" + uniqueID(t)
 	tag := chainTag("org", org)
 	chain := []limit{
-		newTaggedLimit(tag, "key", "k", limitCaps{windows: windowCaps{rpd: 1000}}),
-		newTaggedLimit(tag, "org", org, limitCaps{windows: windowCaps{tpd: 10_500, rpd: 1000}}),
+		newTaggedLimit(tag, "key", "k", windowLimitCaps(windowCaps{rpd: 1000})),
+		newTaggedLimit(tag, "org", org, windowLimitCaps(windowCaps{tpd: 10_500, rpd: 1000})),
 	}
 	if got := raceReservations(t, stores, chain, 40, 1000, at); got != 10 {
 		t.Fatalf("admitted %d of 40 reservations of 1000 against tpd 10500, want exactly 10", got)
@@ -326,10 +326,10 @@ func BenchmarkAdmissionsSingleNodeVersusCluster(b *testing.B) {
 					tag = chainTag("org", org)
 				}
 				chains[i] = []limit{
-					newTaggedLimit(tag, "key", fmt.Sprintf("k%d", i), limitCaps{windows: windowCaps{rpm: maxCap, tpm: maxCap}}),
-					newTaggedLimit(tag, "project", "p", limitCaps{windows: windowCaps{rpm: maxCap, tpm: maxCap}}),
-					newTaggedLimit(tag, "team", "t", limitCaps{windows: windowCaps{rpm: maxCap, tpm: maxCap}}),
-					newTaggedLimit(tag, "org", org, limitCaps{windows: windowCaps{rpm: maxCap, tpm: maxCap}}),
+					newTaggedLimit(tag, "key", fmt.Sprintf("k%d", i), windowLimitCaps(windowCaps{rpm: maxCap, tpm: maxCap})),
+					newTaggedLimit(tag, "project", "p", windowLimitCaps(windowCaps{rpm: maxCap, tpm: maxCap})),
+					newTaggedLimit(tag, "team", "t", windowLimitCaps(windowCaps{rpm: maxCap, tpm: maxCap})),
+					newTaggedLimit(tag, "org", org, windowLimitCaps(windowCaps{rpm: maxCap, tpm: maxCap})),
 				}
 			}
 			var next atomic.Int64

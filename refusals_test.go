@@ -282,7 +282,7 @@ func TestCachedOrgRefusalAnswersEveryKeyOfTheOrgAndNothingElse(t *testing.T) {
 		"the key alone":                 third[:1],
 		"the key in another org":        {third[0], newLimit("org", uniqueID(t), 2, 0)},
 		"the org under another rpm cap": {third[0], newLimit("org", org.id, 3, 0)},
-		"the org with a tpm cap added":  {newTaggedLimit("", "org", org.id, limitCaps{windows: windowCaps{rpm: 2, tpm: 100}})},
+		"the org with a tpm cap added":  {newTaggedLimit("", "org", org.id, windowLimitCaps(windowCaps{rpm: 2, tpm: 100}))},
 	} {
 		if refusesLocally(cache, chain, sent) {
 			t.Errorf("%s is refused from the cache", name)

@@ -149,9 +149,12 @@ type limit struct {
 // limitCaps are what one limit caps.
 type limitCaps struct {
 	windows windowCaps
-	capped  uint8 // bit k: windows[k] is capped (newTaggedLimit sets it)
+	capped  uint8 // bit k: windows[k] is capped
 	bucket  tokenBucket
 }
+
+// windowLimitCaps are the caps of windows w, without a bucket.
+func windowLimitCaps(w windowCaps) limitCaps { return limitCaps{windows: w, capped: w.mask()} }
 
 // capsTokens reports whether a token window is capped: the request's usage
 // is then metered.
@@ -187,7 +190,6 @@ func (c limitCaps) describe(name string) string {
 // "{<root-scope>:<root-id>}:", so that every key of a chain is in one slot;
 // tag is "" elsewhere.
 func newTaggedLimit(tag, scope, id string, caps limitCaps) limit {
-	caps.capped = caps.windows.mask()
 	return limit{scope: scope, id: id, prefix: "rolter:rl:" + tag + scope + ":" + id + ":", limitCaps: caps}
 }
 

@@ -11,7 +11,7 @@ import (
 
 // benchmarkCaps admit everything a benchmark sends: the org's counter of a
 // shared chain sees tens of millions of requests a minute.
-var benchmarkCaps = limitCaps{windows: windowCaps{rpm: maxCap, tpm: maxCap}}
+var benchmarkCaps = windowLimitCaps(windowCaps{rpm: maxCap, tpm: maxCap})
 
 // benchmarkChains are n chains of four limits, key, project, team and org,
 // as a gateway builds them: keys are digested and distinct, ten keys share a

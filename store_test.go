@@ -111,7 +111,7 @@ func redisCount(t *testing.T, url, prefix string, k windowKind, bucket int64) in
 
 // newLimit is a per-minute limit without a hash tag.
 func newLimit(scope, id string, perMinute, tokensPerMinute int64) limit {
-	return newTaggedLimit("", scope, id, limitCaps{windows: windowCaps{rpm: perMinute, tpm: tokensPerMinute}})
+	return newTaggedLimit("", scope, id, windowLimitCaps(windowCaps{rpm: perMinute, tpm: tokensPerMinute}))
 }
 
 // newBucketLimit is a token-bucket limit without a hash tag; rate is in
@@ -424,7 +424,7 @@ func runConformance(t *testing.T, kit storeKit) {
 		at := pinnedBase() + 5000
 		chain := []limit{
 			newBucketLimit(t, "key", uniqueID(t), "1", 2, 0),
-			newTaggedLimit("", "team", uniqueID(t), limitCaps{windows: windowCaps{rpm: 10, tpm: 1000}}),
+			newTaggedLimit("", "team", uniqueID(t), windowLimitCaps(windowCaps{rpm: 10, tpm: 1000})),
 			newBucketLimit(t, "org", uniqueID(t), "100", 100, 3),
 		}
 		fill(t, s, chain, at, 2)

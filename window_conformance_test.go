@@ -140,7 +140,7 @@ func runWindowConformance(t *testing.T, kit storeKit) {
 
 // newWindowLimit is a limit of the given window caps without a hash tag.
 func newWindowLimit(scope, id string, caps windowCaps) limit {
-	return newTaggedLimit("", scope, id, limitCaps{windows: caps})
+	return newTaggedLimit("", scope, id, windowLimitCaps(caps))
 }
 
 // nextDay is the next day boundary after now, in unix milliseconds, for

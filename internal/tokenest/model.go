@@ -13,11 +13,8 @@ import (
 // or the body is not a JSON object.
 func Model(path string, body []byte) string {
 	path, _, _ = strings.Cut(path, "?")
-	if _, rest, ok := strings.Cut(path, "/models/"); ok {
-		if model, method, ok := strings.Cut(rest, ":"); ok && model != "" && !strings.Contains(model, "/") &&
-			(method == "generateContent" || method == "streamGenerateContent" || method == "countTokens") {
-			return model
-		}
+	if model, ok := GeminiCall(path); ok && model != "" && !strings.Contains(model, "/") {
+		return model
 	}
 	if _, rest, ok := strings.Cut(path, "/openai/deployments/"); ok {
 		if deployment, _, _ := strings.Cut(rest, "/"); deployment != "" {
@@ -25,6 +22,22 @@ func Model(path string, body []byte) string {
 		}
 	}
 	return bodyModel(body)
+}
+
+// GeminiCall reports whether path is a call of Gemini's API that this
+// package reads, …/models/<model>:generateContent, :streamGenerateContent
+// or :countTokens, and the model segment it names.
+func GeminiCall(path string) (model string, ok bool) {
+	_, rest, found := strings.Cut(path, "/models/")
+	if !found {
+		return "", false
+	}
+	model, method, _ := strings.Cut(rest, ":")
+	switch method {
+	case "generateContent", "streamGenerateContent", "countTokens":
+		return model, true
+	}
+	return "", false
 }
 
 // bodyModel is the top-level "model" string of a JSON object (the last, if
