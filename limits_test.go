@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"encoding/json"
 	"strconv"
 	"strings"
 	"testing"
@@ -118,4 +119,17 @@ func TestAnOutputCapOverTheOTPMIsTooLargeWhileAnUncappedRequestFits(t *testing.T
 			t.Fatalf("uncapped request: %d %s", res.StatusCode, body)
 		}
 	})
+}
+
+// A JSON config can give what the Caddyfile cannot write, a negative cap:
+// Validate names the limit and the cap.
+func TestJSONValidationRejectsANegativeWindowCap(t *testing.T) {
+	var h Handler
+	if err := json.Unmarshal([]byte(`{"scopes":[{"name":"key","value":"x"}],"limits":[{"scope":"key","id":"*","rpm":5,"otpd":-1}]}`), &h); err != nil {
+		t.Fatal(err)
+	}
+	err := h.Validate()
+	if err == nil || err.Error() != `limit for scope "key" id "*": otpd must be a positive integer of at most 100000000000, not -1` {
+		t.Fatalf("Validate: %v", err)
+	}
 }
