@@ -3,12 +3,14 @@ package ratelimit
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"strconv"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/dustin/go-humanize"
 )
 
 // The directive runs right after encode in Caddy's default directive order,
@@ -44,7 +46,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			sentinel_password <password>
 //			tls                                    # TLS even for redis:// URLs
 //		}
-//		scope <name> <value> [readable] [required] # repeatable; <value> is usually a placeholder
+//		scope <name> <value> [readable] [required] [joined]  # repeatable; <value> is usually a placeholder
 //		limit <scope> <id>|<prefix>*|* [rpm|tpm|itpm|otpm|rpd|tpd|itpd|otpd <n>]... [rate <per-second> burst <n> [cost <n>]]
 //		                                           # repeatable; rpm requests, tpm tokens, itpm input tokens and otpm
 //		                                           # output tokens per minute; rpd, tpd, itpd, otpd per day;
@@ -59,6 +61,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		ensure_stream_usage on|off                 # default on: ask OpenAI streams for their usage
 //		reserve_tokens on|off                      # default on: reserve each request's tokens at admission
 //		reserve_output <n>                         # default 1024: the output reserved for a request that names no cap
+//		body_memory <size>                         # default 64MiB, at least 8MiB: request bodies being read at once, per process
 //		realtime {                                 # WebSocket sessions (any upgrade the matcher covers)
 //			max_connections <n>                    # open sessions per Caddy process; default no cap
 //			flush_interval <duration>              # how often a session's tokens are charged; default 5s
@@ -74,6 +77,9 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // secret, such as project, team or org names. A request whose value for a
 // required scope is empty is refused with 403 before any store call; without
 // required, an empty value leaves the scope out of the request's chain. A
+// request that sends the one header a scope's value names more than once is
+// refused with 400 before any store call, unless the scope is joined (the
+// header is a list: its values joined by commas are the id). A
 // limit needs a window cap, a token bucket, or any of them together, in any
 // order, and a scope line for its scope, which may come before or after it in
 // the block. Window caps are positive integers of at most 10^11; a day window
@@ -86,8 +92,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // and cost (what a request takes, default 1) at most the burst. <id> and <value> are kept verbatim:
 // placeholders such as {env.VIP_KEY} or {http.request.header.X-Api-Key} are
 // resolved when the config loads (ids) or per request (values); the
-// placeholder {http.rolter_ratelimit.model}, the model the request asks
-// for, can be a value or part of one (scope model {http.rolter_ratelimit.model}).
+// placeholders {http.rolter_ratelimit.model}, the model the request asks
+// for, and {http.rolter_ratelimit.api_key}, the credential its API reads (as
+// that provider reads it: a credential in another provider's header is not
+// read), can be a value or part of one (scope model {http.rolter_ratelimit.model}).
 //
 // The directive is ordered right after encode, so no order option is needed:
 // it runs after map, header, rewrite, forward_auth and request_header, and
@@ -242,6 +250,23 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			h.ReserveOutput = int64(n)
 
+		case "body_memory":
+			var v string
+			if !d.AllArgs(&v) {
+				return d.ArgErr()
+			}
+			size, err := humanize.ParseBytes(v)
+			if err != nil || size > math.MaxInt64 {
+				return d.Errf("body_memory must be a size such as 64MiB, not %q", v)
+			}
+			if err := (&Handler{BodyMemory: int64(size)}).Validate(); err != nil {
+				return d.WrapErr(err)
+			}
+			if err := noBlock(d, sub); err != nil {
+				return err
+			}
+			h.BodyMemory = int64(size)
+
 		default:
 			return d.Errf("unrecognized rolter_ratelimit subdirective '%s'", sub.Text)
 		}
@@ -372,8 +397,10 @@ func parseScope(d *caddyfile.Dispenser) (Scope, error) {
 			s.Readable = true
 		case "required":
 			s.Required = true
+		case "joined":
+			s.Joined = true
 		default:
-			return s, d.Errf("unrecognized scope option '%s': expecting readable or required", option)
+			return s, d.Errf("unrecognized scope option '%s': expecting readable, required or joined", option)
 		}
 	}
 	return s, nil

@@ -84,16 +84,50 @@ func (w *responseWriter) FlushError() error {
 }
 
 // finish ends the response: it writes what a stripper still holds and
-// returns the tokens the body reported.
-func (w *responseWriter) finish() (used tokenCounts, metered bool) {
+// returns the tokens the body reported, at most ceiling (clamped says it
+// was over).
+func (w *responseWriter) finish(ceiling usage.Usage) (used tokenCounts, metered, clamped bool) {
 	if w.strip != nil {
 		w.strip.flushTail(w.ResponseWriterWrapper)
 	}
 	if w.meter == nil {
-		return tokenCounts{}, false
+		return tokenCounts{}, false, false
 	}
 	u, metered := w.meter.Finish()
-	return tokensOf(u), metered
+	u, clamped = u.Within(ceiling)
+	return tokensOf(u), metered, clamped
+}
+
+// One response is charged at most a ceiling, so that one absurd report (an
+// upstream's bug: 1e20 tokens) cannot lock every limit of its chain for
+// days, shared pools included. The ceiling is far above what any real
+// response uses: its input at most the largest context window a provider
+// serves, and its output at most several times the largest output a model
+// generates in one response, or what the request reserved for its output
+// (its own cap, times its choices) if that is larger; the total at most
+// both together. A realtime session's responses are bounded alike, each.
+const (
+	maxResponseInput  = 10_000_000 // Llama 4 Scout's context window, the largest served
+	maxResponseOutput = 1_000_000  // the largest models write at most 128k tokens in one response
+)
+
+// usageCeiling is the most a response of a request that reserved reserve
+// is charged, count by count.
+func usageCeiling(reserve tokenCounts) usage.Usage {
+	in, out := max(maxResponseInput, reserve.input), max(maxResponseOutput, reserve.output)
+	return usage.Usage{Total: in + out, Input: in, Output: out}
+}
+
+// usageClamped counts n responses whose usage was over their ceiling, and
+// warns, naming the chain's scopes only: their ids may be secrets.
+func (h *Handler) usageClamped(chain []limit, what string, n int64) {
+	usageClampedTotal.WithLabelValues(what).Add(float64(n))
+	scopes := make([]string, len(chain))
+	for i, l := range chain {
+		scopes[i] = l.scope
+	}
+	h.usageWarn.log(h.logger, "an upstream reported more tokens than one response can use; charged at the ceiling",
+		zap.String("what", what), zap.Strings("scopes", scopes), zap.Int64("responses", n))
 }
 
 func tokensOf(u usage.Usage) tokenCounts {
@@ -126,7 +160,7 @@ func (h *Handler) charged(tokens tokenCounts, err error) {
 }
 
 // meterResponse finishes the admitted response's metering and charges its
-// tokens without waiting for the store, so that the client's last bytes are
+// tokens (at most its ceiling) without waiting for the store, so that the client's last bytes are
 // not held back by a round trip. A reservation made at admission (d) is
 // settled in its own bucket: the usage reported replaces it; without usage,
 // an upstream error gives it all back (the provider charged nothing) and
@@ -134,7 +168,10 @@ func (h *Handler) charged(tokens tokenCounts, err error) {
 // what it reported, or else its reservation).
 // It releases the store that ServeHTTP held for it.
 func (h *Handler) meterResponse(w *responseWriter, chain []limit, d decision) {
-	used, metered := w.finish()
+	used, metered, clamped := w.finish(usageCeiling(d.reserve))
+	if clamped {
+		h.usageClamped(chain, "response", 1)
+	}
 	if !metered {
 		unmeteredTotal.WithLabelValues("response").Inc()
 		if h.logger.Core().Enabled(zap.DebugLevel) {

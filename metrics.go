@@ -14,7 +14,7 @@ import (
 var (
 	admissionsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "admissions_total",
-		Help: "Requests and realtime sessions seen, by outcome: admitted, refused, refused_empty_scope, failed_open, failed_closed, refused_connections.",
+		Help: "Requests and realtime sessions seen, by outcome: admitted, refused, refused_empty_scope, refused_ambiguous_scope, refused_body_memory, failed_open, failed_closed, refused_connections.",
 	}, []string{"outcome"})
 	refusalsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "refusals_total",
@@ -40,6 +40,10 @@ var (
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "unmetered_total",
 		Help: "Metered responses with no usage found, and realtime messages that could not be read, by what: response, realtime_message.",
 	}, []string{"what"})
+	usageClampedTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "usage_clamped_total",
+		Help: "Responses whose reported usage was over what one response can use, charged at the ceiling instead, by what: response, realtime_response.",
+	}, []string{"what"})
 	redisDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "redis_call_duration_seconds",
 		Help:    "Redis calls of the limiter, by operation: admit, record_tokens, peek.",
@@ -53,13 +57,25 @@ var (
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "realtime_sessions_open",
 		Help: "WebSocket sessions open through the limiter in this process.",
 	}, func() float64 { return float64(openSessions.Load()) })
+	requestBodyBytes = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "request_body_bytes",
+		Help: "Memory held by the request bodies the limiter is reading in this process (body_memory caps it).",
+	}, func() float64 { return float64(bodiesHeld.bytesHeld()) })
+	memoryCounters = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "memory_counters",
+		Help: "Counters the in-process store holds (one per limited scope id); idle ones are reclaimed.",
+	}, countMemoryCounters)
 )
 
 // Outcomes of an admission, as metric labels and the outcome placeholder.
 const (
-	outcomeAdmitted           = "admitted"
-	outcomeRefused            = "refused"
-	outcomeRefusedEmptyScope  = "refused_empty_scope"
+	outcomeAdmitted          = "admitted"
+	outcomeRefused           = "refused"
+	outcomeRefusedEmptyScope = "refused_empty_scope"
+	// A scope's header sent twice, or two credentials: 400.
+	outcomeRefusedAmbiguousScope = "refused_ambiguous_scope"
+	// No room under body_memory: 503.
+	outcomeRefusedBodyMemory  = "refused_body_memory"
 	outcomeFailedOpen         = "failed_open"
 	outcomeFailedClosed       = "failed_closed"
 	outcomeRefusedConnections = "refused_connections"
@@ -67,7 +83,7 @@ const (
 
 // registerMetrics registers the process's collectors in a config's registry.
 func registerMetrics(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{admissionsTotal, refusalsTotal, refusalsCachedTotal, tokensChargedTotal, tokensReservedTotal, tokensReturnedTotal, unmeteredTotal, redisDuration, redisErrorsTotal, sessionsOpen} {
+	for _, c := range []prometheus.Collector{admissionsTotal, refusalsTotal, refusalsCachedTotal, tokensChargedTotal, tokensReservedTotal, tokensReturnedTotal, unmeteredTotal, usageClampedTotal, redisDuration, redisErrorsTotal, sessionsOpen, requestBodyBytes, memoryCounters} {
 		if err := reg.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return err
 		}

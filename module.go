@@ -16,7 +16,6 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/rolter/caddy-ratelimit/internal/tokenest"
-	"github.com/rolter/caddy-ratelimit/internal/usage"
 	"go.uber.org/zap"
 )
 
@@ -37,6 +36,10 @@ func init() {
 //	refused              by a limit: 429 (or Status), Retry-After; or, too large for a
 //	                     token cap to ever fit, 429 with x-should-retry false and no wait
 //	refused_empty_scope  a required scope is empty: 403, before any store call
+//	refused_ambiguous_scope
+//	                     a scope's one header sent more than once, or two different
+//	                     credentials for api_key: 400, before any store call
+//	refused_body_memory  the body found no room under body_memory in time: 503
 //	failed_open          the store failed; passed on unchecked (on_redis_error allow)
 //	failed_closed        the store failed; 503 (on_redis_error deny)
 //	refused_connections  a WebSocket session over realtime max_connections: 503
@@ -48,6 +51,10 @@ func init() {
 //	                                       segment), set before the chain is resolved when a
 //	                                       scope's value names it, so that scopes can be
 //	                                       per model: "" when there is none
+//	{http.rolter_ratelimit.api_key}        the credential the request's API reads, as its
+//	                                       provider reads it (see credentialSources): set
+//	                                       before the chain is resolved when a scope's value
+//	                                       names it; "" when there is none
 //	{http.rolter_ratelimit.outcome}        the outcome above
 //	{http.rolter_ratelimit.refused_scope}  on a refusal: the first refusing scope's name,
 //	                                       or the required scope that is empty
@@ -128,20 +135,32 @@ type Handler struct {
 	// each cap of its chain.
 	ReserveOutput int64 `json:"reserve_output,omitempty"`
 
+	// BodyMemory caps, in bytes, the memory held at once by the request
+	// bodies that the limiters of this Caddy process are reading (to
+	// estimate their tokens and find their model), so that clients cannot
+	// make the gateway buffer what they please: a body grows its buffer
+	// only as its bytes arrive, and one that would pass the cap waits up
+	// to a second for room, then is answered 503. Default 64 MiB; at least
+	// 8 MiB. The first 4 MiB of a body are read; the rest passes on
+	// unread.
+	BodyMemory int64 `json:"body_memory,omitempty"`
+
 	store   store
 	release func() error // gives the store back to its pool
 	limits  map[string]scopeLimits
 	// scopeHeaders is, per scope, the request header its value names when
 	// the value is that one placeholder (scopeHeader), else "".
 	scopeHeaders []string
-	// readsModel: a scope's value names the model placeholder, which is set
-	// from the request before the chain is resolved.
-	readsModel bool
-	headers    headerFamilies
-	logger     *zap.Logger
-	warn       *warnLimiter // store failures at admission
-	// chargeWarn: failed token charges
-	chargeWarn *warnLimiter
+	// readsModel and readsAPIKey: a scope's value names the model or the
+	// api_key placeholder, which is set from the request before the chain
+	// is resolved.
+	readsModel, readsAPIKey bool
+	headers                 headerFamilies
+	logger                  *zap.Logger
+	warn                    *warnLimiter // store failures at admission
+	chargeWarn              *warnLimiter // failed token charges
+	usageWarn               *warnLimiter // usage over its ceiling
+	bodyWarn                *warnLimiter // bodies over body_memory
 }
 
 // Scope is one link of the chain.
@@ -161,6 +180,13 @@ type Scope struct {
 	// value for this scope is empty. Otherwise an empty value leaves the
 	// scope out of the request's chain.
 	Required bool `json:"required,omitempty"`
+	// Joined declares that the request header Value names is a list, whose
+	// values, sent in several header lines, are the id joined by commas.
+	// Otherwise a request that sends the header more than once is refused
+	// with 400 before any store call: the upstream reads one of the
+	// values, and a limiter that read them joined would count a client's
+	// every variation of the others afresh.
+	Joined bool `json:"joined,omitempty"`
 }
 
 // LimitConfig caps one id of a scope, every id that starts with a prefix
@@ -257,7 +283,7 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // pool, so that counters (and Redis connections) survive config reloads.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
-	h.warn, h.chargeWarn = new(warnLimiter), new(warnLimiter)
+	h.warn, h.chargeWarn, h.usageWarn, h.bodyWarn = new(warnLimiter), new(warnLimiter), new(warnLimiter), new(warnLimiter)
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return err
 	}
@@ -268,6 +294,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.scopeHeaders[i] = scopeHeader(s.Value)
 		readable[s.Name] = s.Readable
 		h.readsModel = h.readsModel || strings.Contains(s.Value, "{"+placeholderModel+"}")
+		h.readsAPIKey = h.readsAPIKey || strings.Contains(s.Value, "{"+placeholderAPIKey+"}")
 	}
 	h.limits = make(map[string]scopeLimits)
 	effective := make([]string, 0, len(h.Limits)) // for the log, ids as stored
@@ -322,6 +349,12 @@ func (h *Handler) timeout() time.Duration {
 	}
 	return time.Duration(h.Redis.Timeout)
 }
+
+// minBodyMemory is the least body_memory: two bodies of the largest size
+// read.
+const minBodyMemory = 2 * maxReadBody
+
+func (h *Handler) bodyMemory() int64 { return cmp.Or(h.BodyMemory, defaultBodyMemory) }
 
 func (h *Handler) scopeNames() []string {
 	names := make([]string, len(h.Scopes))
@@ -385,6 +418,9 @@ func (h *Handler) Validate() error {
 	}
 	if h.ReserveOutput < 0 {
 		return fmt.Errorf("reserve_output must be a positive number of tokens, not %d", h.ReserveOutput)
+	}
+	if h.BodyMemory != 0 && h.BodyMemory < minBodyMemory {
+		return fmt.Errorf("body_memory must be at least %d bytes (8MiB: two bodies of the largest size read), not %d", minBodyMemory, h.BodyMemory)
 	}
 	if h.Realtime != nil {
 		if err := h.Realtime.validate(); err != nil {
@@ -483,10 +519,19 @@ func (h *Handler) Cleanup() error {
 	return err
 }
 
-// ServeHTTP admits or refuses the request, then passes it on.
+// ServeHTTP admits or refuses the request, then passes it on. Its steps:
+//
+//  1. A WebSocket handshake takes a session slot (realtime max_connections).
+//  2. What the request's scopes read must be what the upstream reads: a
+//     scope's header sent twice, or two credentials, is refused with 400.
+//  3. The body is read only when the chain needs it, and after what can be
+//     refused without it: first for a model scope, else once the chain is
+//     known and the store has not already refused it.
+//  4. chain → reservation (or too large) → admission → refuse, fail, or pass
+//     on, metering the response or the session.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	session := isWebSocketUpgrade(r)
+	session := isWebSocketHandshake(r)
 	if session {
 		// Checked before admission, so that a session refused here takes
 		// no rpm slot.
@@ -496,15 +541,33 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		defer closeSession() // ServeHTTP returns when the session is over
 	}
-	var body []byte // the request's, when the limiter reads it
-	bodyRead := false
-	if h.readsModel {
-		body, bodyRead = bufferBody(r), true
-		repl.Set(placeholderModel, tokenest.Model(r.URL.Path, body))
-	}
 	dia := dialectOf(h.Dialect, r.URL.Path)
+	if i := h.repeatedScopeHeader(r); i >= 0 {
+		closeUnread(w, r)
+		return h.refuseAmbiguous(w, repl, dia, h.Scopes[i].Name, "the header "+h.scopeHeaders[i]+" more than once")
+	}
+	if h.readsAPIKey {
+		key, ambiguous := credential(dia, r)
+		if ambiguous != "" {
+			closeUnread(w, r)
+			return h.refuseAmbiguous(w, repl, dia, placeholderAPIKey, ambiguous)
+		}
+		repl.Set(placeholderAPIKey, key)
+	}
+	var body requestBody
+	var held *heldBody // body's memory, given back at the latest when the request ends
+	defer func() { held.release() }()
+	var err error
+	if h.readsModel {
+		if body, err = readRequestBody(r, h.bodyMemory()); err != nil {
+			return h.bodyUnread(w, repl, dia, err)
+		}
+		held = body.held
+		repl.Set(placeholderModel, tokenest.Model(r.URL.Path, body.bytes))
+	}
 	chain, missing := h.chain(repl, r)
 	if missing >= 0 {
+		closeUnread(w, r)
 		return h.refuseMissingScope(w, repl, dia, h.Scopes[missing].Name)
 	}
 	if len(chain) == 0 {
@@ -513,8 +576,17 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	metering := chainMetersTokens(chain)
 	var reserve tokenCounts
 	if metering && !session {
-		if !bodyRead {
-			body = bufferBody(r)
+		if !h.readsModel {
+			// A refusal that no body can change is answered unread: its
+			// client never sends the body after Expect: 100-continue.
+			if a, refused := h.store.refusedUnread(chain); refused {
+				closeUnread(w, r)
+				return h.refuse(w, repl, dia, a)
+			}
+			if body, err = readRequestBody(r, h.bodyMemory()); err != nil {
+				return h.bodyUnread(w, repl, dia, err)
+			}
+			held = body.held
 		}
 		if h.reserving() {
 			var over tooLargeFor
@@ -548,19 +620,27 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// unloads it meanwhile; the charge releases it.
 	h.store.hold()
 	if session {
-		removeDeflateOffer(r.Header)
-		rw.tap = usage.NewRealtimeTap(usage.MaxEvent)
-		defer h.meterSession(r.Context(), rw.tap, chain)()
-		return next.ServeHTTP(rw, r)
+		return h.serveMeteredSession(rw, r, next, chain, a.decision)
 	}
 	if h.EnsureStreamUsage == nil || *h.EnsureStreamUsage {
-		rw.strip = requestStreamUsage(r, body)
+		rw.strip = requestStreamUsage(r, body.whole())
 	}
 	// Deferred: reverse_proxy ends a response cut short (the client or the
 	// upstream went away mid-stream) with panic(http.ErrAbortHandler), and
 	// what was reported by then is still charged.
 	defer h.meterResponse(rw, chain, a.decision)
 	return next.ServeHTTP(rw, r)
+}
+
+// closeUnread closes the connection after the answer to a request whose
+// body the handler refuses unread while its client waits for 100 Continue
+// to send it. Go's server would otherwise wait to discard a body that never
+// comes: Caddy's own wrapper of the body hides from it that the client
+// waits.
+func closeUnread(w http.ResponseWriter, r *http.Request) {
+	if r.ContentLength != 0 && strings.EqualFold(r.Header.Get("Expect"), "100-continue") {
+		w.Header().Set("Connection", "close")
+	}
 }
 
 // chainMetersTokens reports whether a limit of chain caps a token window:
@@ -674,6 +754,40 @@ func (h *Handler) refuseMissingScope(w http.ResponseWriter, repl *caddy.Replacer
 		return caddyhttp.Error(http.StatusForbidden, errors.New(msg))
 	}
 	return dia.write(w, errorAnswer{status: http.StatusForbidden, message: msg, typ: "invalid_request_error", code: "rate_limit_scope_missing"})
+}
+
+// refuseAmbiguous answers, with 400 and before any store call, a request
+// that sends what scope reads in a way the upstream may read otherwise
+// (what says how, naming headers, never their values).
+func (h *Handler) refuseAmbiguous(w http.ResponseWriter, repl *caddy.Replacer, dia dialect, scope, what string) error {
+	setOutcome(repl, outcomeRefusedAmbiguousScope)
+	repl.Set(placeholderRefusedScope, scope)
+	msg := fmt.Sprintf("This request sends %s; the rate limit scope %q must read one value, the one the API reads.", what, scope)
+	if h.OnRefusal == "error" {
+		return caddyhttp.Error(http.StatusBadRequest, errors.New(msg))
+	}
+	return dia.write(w, errorAnswer{status: http.StatusBadRequest, message: msg, typ: "invalid_request_error", code: "rate_limit_scope_ambiguous"})
+}
+
+// bodyUnread ends a request whose body could not be read: it is never
+// admitted unreserved. One whose client went away meanwhile ends as
+// reverse_proxy ends it (499); one that found no room under body_memory is
+// answered 503 with a wait of a second.
+func (h *Handler) bodyUnread(w http.ResponseWriter, repl *caddy.Replacer, dia dialect, err error) error {
+	if !errors.Is(err, errBodyMemory) {
+		return caddyhttp.Error(499, err)
+	}
+	setOutcome(repl, outcomeRefusedBodyMemory)
+	h.bodyWarn.log(h.logger, "request bodies being read hold all of body_memory; refusing requests with 503", zap.Error(err))
+	const msg = "The gateway is reading too many request bodies at once; please retry shortly."
+	// The rest of the body is not wanted: read to discard it, it would hold
+	// the connection as long as the client pleases.
+	w.Header().Set("Connection", "close")
+	if h.OnRefusal == "error" {
+		return caddyhttp.Error(http.StatusServiceUnavailable, errors.New(msg))
+	}
+	w.Header().Set("Retry-After", "1")
+	return dia.write(w, errorAnswer{status: http.StatusServiceUnavailable, message: msg, typ: "server_error", code: "request_body_memory_exhausted", retryMillis: 1000})
 }
 
 // refuse answers a refused request, or hands it to handle_errors.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/rolter/caddy-ratelimit/internal/usage"
 	"go.uber.org/zap"
 )
@@ -84,11 +85,13 @@ func refuseSession(w http.ResponseWriter) error {
 		message: "Too many realtime sessions are open on this gateway; please retry shortly.", typ: "connections", code: "connection_limit_exceeded"})
 }
 
-// isWebSocketUpgrade reports an HTTP/1.1 WebSocket upgrade. (An HTTP/2
-// WebSocket, an extended CONNECT, has no connection to hijack: it is admitted
-// as an ordinary request and not metered.)
-func isWebSocketUpgrade(r *http.Request) bool {
-	return r.ProtoMajor == 1 && strings.EqualFold(r.Header.Get("Upgrade"), "websocket") &&
+// isWebSocketHandshake reports an HTTP/1.1 WebSocket opening handshake: a
+// GET asking to upgrade to websocket (RFC 6455 4.1, as reverse_proxy reads
+// it). Any other request with upgrade headers is an ordinary request, reserved and metered
+// as one. (An HTTP/2 WebSocket, an extended CONNECT, has no connection to
+// hijack: it is admitted as an ordinary request and not metered.)
+func isWebSocketHandshake(r *http.Request) bool {
+	return r.Method == http.MethodGet && r.ProtoMajor == 1 && strings.EqualFold(r.Header.Get("Upgrade"), "websocket") &&
 		headerHasToken(r.Header, "Connection", "upgrade")
 }
 
@@ -139,6 +142,24 @@ func (w *responseWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	return conn, brw, nil
 }
 
+// serveMeteredSession passes an admitted handshake on and meters the
+// session's frames once the upstream switches protocols. An upstream that
+// answers otherwise (an error, or a plain response) had its answer metered
+// as any response's.
+func (h *Handler) serveMeteredSession(rw *responseWriter, r *http.Request, next caddyhttp.Handler, chain []limit, d decision) error {
+	removeDeflateOffer(r.Header)
+	rw.tap = usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{}))
+	stop := h.meterSession(r.Context(), rw.tap, chain)
+	defer func() {
+		stop()
+		if rw.wroteHeader { // a final status: no switch of protocols
+			h.store.hold()
+			h.meterResponse(rw, chain, d)
+		}
+	}()
+	return next.ServeHTTP(rw, r)
+}
+
 // meterSession charges a session's tokens every flush interval and once more
 // when the returned stop is called at the session's end, and then releases
 // the store that ServeHTTP held for it: a session outlives config reloads.
@@ -148,12 +169,13 @@ func (h *Handler) meterSession(ctx context.Context, tap *usage.RealtimeTap, chai
 		defer h.store.release()
 		t := time.NewTicker(h.flushInterval())
 		defer t.Stop()
+		var clamped int64
 		for {
 			select {
 			case <-t.C:
-				h.chargeTaken(ctx, tap, chain)
+				clamped = h.chargeTaken(ctx, tap, chain, clamped)
 			case <-done:
-				h.chargeTaken(ctx, tap, chain)
+				h.chargeTaken(ctx, tap, chain, clamped)
 				if n := tap.Unmetered(); n > 0 {
 					unmeteredTotal.WithLabelValues("realtime_message").Add(float64(n))
 					h.logger.Debug("realtime messages not metered", zap.Int64("messages", n), zap.String("scope", chain[0].scope), zap.String("id", chain[0].id))
@@ -165,6 +187,13 @@ func (h *Handler) meterSession(ctx context.Context, tap *usage.RealtimeTap, chai
 	return func() { close(done) }
 }
 
-func (h *Handler) chargeTaken(ctx context.Context, tap *usage.RealtimeTap, chain []limit) {
+// chargeTaken charges what the session's responses reported since the last
+// take, and counts the responses the tap clamped since clamped of them.
+func (h *Handler) chargeTaken(ctx context.Context, tap *usage.RealtimeTap, chain []limit, clamped int64) int64 {
 	h.charge(ctx, chain, tokensOf(tap.Take()))
+	n := tap.Clamped()
+	if n > clamped {
+		h.usageClamped(chain, "realtime_response", n-clamped)
+	}
+	return n
 }

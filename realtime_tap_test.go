@@ -68,7 +68,7 @@ type onlyReader struct{ io.Reader }
 func TestWrapHijackedTCPDeliversBytesIdenticallyTapsThemAndHalfCloses(t *testing.T) {
 	server, client := rtapTCPPair(t)
 	stream, want := rtapSession()
-	tap := usage.NewRealtimeTap(usage.MaxEvent)
+	tap := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{}))
 	conn, _ := wrapHijacked(server, bufio.NewReadWriter(bufio.NewReader(server), bufio.NewWriter(server)), tap)
 
 	if _, ok := conn.(io.ReaderFrom); ok {
@@ -131,7 +131,7 @@ func TestWrapHijackedBufferedWriterIsTappedAndReaderKeepsClientBytes(t *testing.
 		t.Fatal(err)
 	}
 	brw := bufio.NewReadWriter(br, bufio.NewWriter(server))
-	tap := usage.NewRealtimeTap(usage.MaxEvent)
+	tap := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{}))
 	conn, wbrw := wrapHijacked(server, brw, tap)
 	if wbrw.Reader != br || wbrw.Reader.Buffered() != len("early client bytes") {
 		t.Fatal("the client bytes buffered before the hijack are not in the returned Reader")
@@ -174,7 +174,7 @@ func TestWrapHijackedFlushesBytesBufferedBeforeTheHijackUntapped(t *testing.T) {
 	brw := bufio.NewReadWriter(bufio.NewReader(server), bufio.NewWriter(server))
 	header := "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
 	brw.WriteString(header)
-	tap := usage.NewRealtimeTap(usage.MaxEvent)
+	tap := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{}))
 	conn, wbrw := wrapHijacked(server, brw, tap)
 	stream, want := rtapSession()
 	received := make(chan []byte)
@@ -210,7 +210,7 @@ func TestWrapHijackedOffersOnlyTheHalfClosesTheConnHas(t *testing.T) {
 	p, peer := net.Pipe()
 	defer p.Close()
 	defer peer.Close()
-	tap := usage.NewRealtimeTap(usage.MaxEvent)
+	tap := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{}))
 	type cw = interface{ CloseWrite() error }
 	type cr = interface{ CloseRead() error }
 
@@ -285,7 +285,7 @@ func (c *rtapShortConn) Write(p []byte) (int, error) {
 func TestWrapHijackedTapsOnlyTheBytesWritten(t *testing.T) {
 	stream := usagetest.Stream(usagetest.Text(usagetest.Done(5, 0)), usagetest.Text(usagetest.Done(6, 0)))
 	sc := &rtapShortConn{shortOnce: 17}
-	tap := usage.NewRealtimeTap(usage.MaxEvent)
+	tap := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{}))
 	conn, _ := wrapHijacked(sc, nil, tap)
 	n, err := conn.Write(stream)
 	if n != 17 || err == nil {
@@ -304,7 +304,7 @@ func TestWrapHijackedTapsOnlyTheBytesWritten(t *testing.T) {
 // tap reads the bytes in the order the client receives them.
 func TestWrapHijackedConcurrentWritersAreTappedInWireOrder(t *testing.T) {
 	server, client := rtapTCPPair(t)
-	tap := usage.NewRealtimeTap(usage.MaxEvent)
+	tap := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{}))
 	conn, _ := wrapHijacked(server, nil, tap)
 	received := make(chan []byte)
 	go func() {
@@ -330,7 +330,7 @@ func TestWrapHijackedConcurrentWritersAreTappedInWireOrder(t *testing.T) {
 	got := <-received
 	usagetest.CheckTap(t, tap, doneUsage(400, 400), 0)
 	// The client's bytes, parsed alone, say the same.
-	parsed := usage.NewRealtimeTap(usage.MaxEvent)
+	parsed := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{}))
 	usagetest.Feed(parsed, got)
 	usagetest.CheckTap(t, parsed, doneUsage(400, 400), 0)
 }
@@ -339,7 +339,7 @@ func TestWrapHijackedConcurrentWritersAreTappedInWireOrder(t *testing.T) {
 // inside Hijack, before the wrap, so the tap reads frames from the first byte.
 func TestWrapHijackedOverNetHTTPHijackTapsOnlyTheFramesAfterThe101(t *testing.T) {
 	stream, want := rtapSession()
-	tap := usage.NewRealtimeTap(usage.MaxEvent)
+	tap := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{}))
 	fromClient := make(chan string, 1)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Upgrade", "websocket")
@@ -425,7 +425,7 @@ func (c *rtapStallConn) Write(p []byte) (int, error) {
 func TestWrapHijackedTapsEachWriteBeforeAnotherWriterCanWrite(t *testing.T) {
 	done := usagetest.Text(usagetest.Done(9, 0))
 	sc := &rtapStallConn{stallAt: 2, stalled: make(chan struct{}), released: make(chan struct{})}
-	tap := usage.NewRealtimeTap(usage.MaxEvent)
+	tap := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{}))
 	conn, _ := wrapHijacked(sc, nil, tap)
 	copier := make(chan struct{})
 	go func() {

@@ -265,3 +265,21 @@ func TestRealtimeSessionOutlivesAConfigReloadAndStillMeters(t *testing.T) {
 		waitCharged(t, store, realtimeLimits(id), 42)
 	})
 }
+
+// An upstream that answers a handshake with anything but 101 sends a
+// response, and it is metered as one: its usage is charged.
+func TestAHandshakeAnsweredWithoutSwitchingProtocolsIsMeteredAsAResponse(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		up := newUpstream(t) // answers every request with a chat completion of 7 tokens
+		gw := startGateway(t, up.URL, limited(store, `
+			scope key {http.request.header.X-Api-Key}
+			limit key * tpm 1000`))
+		key := uniqueID(t)
+		res, body := gw.send(t, "GET", "/v1/realtime?model=gpt-realtime", "", "X-Api-Key: "+key, "Upgrade: websocket", "Connection: Upgrade",
+			"Sec-WebSocket-Version: 13", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==")
+		if res.StatusCode != 200 {
+			t.Fatalf("handshake answered %d %s by the upstream, want its 200", res.StatusCode, body)
+		}
+		waitCharged(t, store, []limit{newLimit("key", keyID(false, key), 0, 1000)}, 7)
+	})
+}

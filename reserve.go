@@ -38,13 +38,16 @@ type tooLargeFor struct {
 }
 
 // reservation is what the request at path with body (nil when it was not
-// read) reserves on the token windows of chain (its input on input caps,
+// read; the estimate of what was read when it is longer than that) reserves on the token windows of chain (its input on input caps,
 // its output on output caps, both on tpm and tpd), and the first window
 // that this alone exceeds, if any. A request that names no output cap
 // reserves the default for it, and at most each cap of chain: it is never
 // too large because of the default.
-func (h *Handler) reservation(path string, body []byte, chain []limit) (tokenCounts, tooLargeFor) {
-	est := tokenest.Of(path, body)
+func (h *Handler) reservation(path string, body requestBody, chain []limit) (tokenCounts, tooLargeFor) {
+	est := tokenest.Of(path, body.bytes)
+	if !body.complete {
+		est = tokenest.OfPrefix(path, body.bytes)
+	}
 	in, out := est.Input, est.Output
 	if !est.Capped {
 		out = h.reserveOutput()

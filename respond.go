@@ -14,13 +14,14 @@ import (
 // The placeholders the Handler's doc lists, set on the requests a limit
 // applies to.
 const (
-	placeholderOutcome       = "http.rolter_ratelimit.outcome" // admitted, refused, refused_empty_scope, failed_open, failed_closed, refused_connections
+	placeholderOutcome       = "http.rolter_ratelimit.outcome" // the outcomes of metrics.go
 	placeholderRefusedScope  = "http.rolter_ratelimit.refused_scope"
 	placeholderRefusedKind   = "http.rolter_ratelimit.refused_kind"   // kind.String()
 	placeholderRefusedWindow = "http.rolter_ratelimit.refused_window" // minute or day; "" for a bucket
 	placeholderRefusedLimit  = "http.rolter_ratelimit.refused_limit"
 	placeholderRetryAfter    = "http.rolter_ratelimit.retry_after" // seconds
 	placeholderModel         = "http.rolter_ratelimit.model"
+	placeholderAPIKey        = "http.rolter_ratelimit.api_key"
 )
 
 // headerFamilies is which rate-limit headers a handler sends.

@@ -25,6 +25,11 @@ type store interface {
 	// from the store's own record of what it refused (the Redis store's
 	// refusal cache) without asking its backend.
 	admit(ctx context.Context, chain []limit, reserve tokenCounts) (admission, error)
+	// refusedUnread answers a refusal of chain that no request body can
+	// change (by a request window or a bucket) when the store knows it
+	// without its backend, so that the body of a request already refused
+	// is never read; it charges nothing.
+	refusedUnread(chain []limit) (admission, bool)
 	// peek reads the chain's counters as admit would, and charges nothing.
 	peek(ctx context.Context, chain []limit) (decision, error)
 	// recordTokens charges tokens to every token window of chain, in the

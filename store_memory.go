@@ -19,12 +19,13 @@ import (
 // by a sweep, so memory is bounded by the active limits.
 type memoryStore struct {
 	testClock
-	seed   maphash.Seed
-	shards [memoryShards]memoryShard
-	seq    atomic.Uint64 // lock order of new counters
-	latest atomic.Int64  // the latest clock reading, in unix milliseconds
-	stop   chan struct{}
-	done   chan struct{}
+	seed     maphash.Seed
+	shards   [memoryShards]memoryShard
+	seq      atomic.Uint64 // lock order of new counters
+	counters atomic.Int64  // held in the shards
+	latest   atomic.Int64  // the latest clock reading, in unix milliseconds
+	stop     chan struct{}
+	done     chan struct{}
 }
 
 const memoryShards = 64
@@ -184,6 +185,7 @@ func (s *memoryStore) counter(prefix string) *memoryCounter {
 	}
 	c := &memoryCounter{prefix: prefix, hash: h, order: s.seq.Add(1)}
 	sh.insert(c)
+	s.counters.Add(1)
 	return c
 }
 
@@ -280,6 +282,17 @@ func unlockAll(cs []*memoryCounter) {
 
 func (s *memoryStore) admit(_ context.Context, chain []limit, reserve tokenCounts) (admission, error) {
 	return admissionOf(chain, s.decide(chain, reserve, true))
+}
+
+// refusedUnread peeks: the in-process store knows every refusal without a
+// round trip.
+func (s *memoryStore) refusedUnread(chain []limit) (admission, bool) {
+	d := s.decide(chain, tokenCounts{}, false)
+	if d.admitted {
+		return admission{}, false
+	}
+	a, err := admissionOf(chain, d)
+	return a, err == nil && (a.refusal.kind == requests || a.refusal.kind == burst)
 }
 
 func (s *memoryStore) peek(_ context.Context, chain []limit) (decision, error) {
@@ -384,12 +397,12 @@ func (s *memoryStore) sweepLoop(every time.Duration) {
 }
 
 // sweep drops the counters that no admission reads any more: those whose
-// buckets are all older than the previous one of their span at the latest
-// clock reading, and whose token bucket is full again (a missing one is
-// full).
+// buckets are all older than the previous one of their span now, and whose
+// token bucket is full again (a missing one is full). It reads the clock
+// itself, so that idle counters go whether or not requests still come.
 func (s *memoryStore) sweep() {
-	latest := s.latest.Load()
-	now := momentAt(latest)
+	now := s.clock()
+	latest := now.unixMillis
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
@@ -402,6 +415,7 @@ func (s *memoryStore) sweep() {
 					c.dead = true
 					link.Store(c.next.Load()) // a walk that is on c goes on from c.next
 					sh.n--
+					s.counters.Add(-1)
 				} else {
 					link = &c.next
 				}
@@ -410,6 +424,17 @@ func (s *memoryStore) sweep() {
 		}
 		sh.mu.Unlock()
 	}
+}
+
+// countMemoryCounters is the counters of the process's in-process store,
+// for the gauge.
+func countMemoryCounters() float64 {
+	n := int64(0)
+	memoryStores.Range(func(_, v any) bool {
+		n += v.(*memoryStore).counters.Load()
+		return true
+	})
+	return float64(n)
 }
 
 // Interface guards

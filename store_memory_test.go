@@ -177,3 +177,54 @@ func TestMemoryStoreCountsExactlyWhileItsShardsGrowAndAreSwept(t *testing.T) {
 		t.Fatalf("%d counters left, want at least the %d live ones", n, len(live))
 	}
 }
+
+// waitCounters waits until s holds want counters, as its sweep timer runs.
+func waitCounters(t *testing.T, s *memoryStore, want int64) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); s.counters.Load() != want; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d counters, want %d", s.counters.Load(), want)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if n := s.size(); int64(n) != want {
+		t.Fatalf("the shards hold %d counters, the count says %d", n, want)
+	}
+}
+
+// Idle counters go once their windows are over, on the sweep's own timer:
+// no request has to come for the store to notice the time.
+func TestIdleInProcessCountersAreReclaimedWithoutTraffic(t *testing.T) {
+	s := newMemoryStore(5 * time.Millisecond)
+	defer s.Destruct()
+	base := pinnedBase()
+	for range 1000 {
+		admitOrFail(t, s, []limit{newLimit("key", uniqueID(t), 5, 0)}, base)
+	}
+	for range 200 {
+		admitOrFail(t, s, []limit{newTaggedLimit("", "team", uniqueID(t), windowLimitCaps(windowCaps{rpd: 5}))}, base)
+	}
+	waitCounters(t, s, 1200)
+	s.pin(base + 2*bucketMillis) // the minute windows are over; the day windows are not
+	waitCounters(t, s, 200)
+	s.pin(base + 2*dayMinutes*bucketMillis)
+	waitCounters(t, s, 0)
+}
+
+// The gauge counts the counters of the process's in-process store.
+func TestTheMemoryCountersGaugeCountsTheProcesssCounters(t *testing.T) {
+	st, release, err := acquireMemoryStore()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	before := countMemoryCounters()
+	for range 3 {
+		if _, err := st.admit(context.Background(), []limit{newLimit("key", uniqueID(t), 5, 0)}, tokenCounts{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := countMemoryCounters(); got != before+3 {
+		t.Fatalf("the gauge reads %v after 3 new ids, want %v", got, before+3)
+	}
+}

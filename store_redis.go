@@ -126,6 +126,19 @@ func (s *redisStore) admit(ctx context.Context, chain []limit, reserve tokenCoun
 	return a, err
 }
 
+// refusedUnread is what the refusal cache refuses: only requests windows and
+// buckets are cached, which no body changes.
+func (s *redisStore) refusedUnread(chain []limit) (admission, bool) {
+	if s.pinned.Load() != 0 {
+		return admission{}, false
+	}
+	a, ok := s.refusals.refusedLocally(chain, time.Now())
+	if ok {
+		refusalsCachedTotal.Inc()
+	}
+	return a, ok
+}
+
 // decide asks Redis for one admission, in a coalesced call where calls are.
 func (s *redisStore) decide(ctx context.Context, chain []limit, reserve tokenCounts) (decision, error) {
 	if s.calls != nil {

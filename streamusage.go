@@ -17,31 +17,6 @@ import (
 // chunk that it adds is removed from what the client receives, so that the
 // client sees the stream it asked for and the gateway still charges tokens.
 
-// maxRewrittenBody caps the request bodies that are read, to estimate the
-// tokens they reserve and to add the option; a larger one passes unmodified
-// (and reserves the default, and its stream may go unmetered).
-const maxRewrittenBody = 4 << 20
-
-// bufferBody reads the body of a request that the limiter reads (a JSON
-// POST, not content-encoded, of at most maxRewrittenBody bytes) and gives the
-// request a body that replays it; nil, with every byte still in the
-// request's body, for any other request.
-func bufferBody(r *http.Request) []byte {
-	if r.Method != http.MethodPost || r.Body == nil || r.Body == http.NoBody || r.Header.Get("Content-Encoding") != "" ||
-		!strings.EqualFold(usage.MediaType(r.Header.Get("Content-Type")), "application/json") {
-		return nil
-	}
-	original := r.Body
-	body, err := readBody(original, r.ContentLength, maxRewrittenBody+1)
-	if err != nil || len(body) > maxRewrittenBody {
-		// Pass what was read and the rest on as they were.
-		r.Body = readCloser{io.MultiReader(bytes.NewReader(body), original), original}
-		return nil
-	}
-	r.Body = readCloser{bytes.NewReader(body), original} // all of it
-	return body
-}
-
 // requestStreamUsage adds stream_options.include_usage to an OpenAI streaming
 // chat-completions request that lacks it, and returns the stripper that hides
 // the resulting usage chunk from the client; nil if the request is left as it
@@ -62,31 +37,6 @@ func requestStreamUsage(r *http.Request, body []byte) *usageStripper {
 	// re-encoding; Caddy's encode can still compress toward the client.
 	r.Header.Set("Accept-Encoding", "identity")
 	return newUsageStripper()
-}
-
-// readBody reads body to its end or to limit bytes, like io.ReadAll, into a
-// buffer sized by the request's Content-Length when it has one: a typical
-// request is a few hundred bytes, and io.ReadAll starts at 512 and doubles.
-func readBody(body io.Reader, length, limit int64) ([]byte, error) {
-	size := int64(512)
-	if length >= 0 && length < limit {
-		size = length + 1 // room to read the EOF without growing
-	}
-	buf := make([]byte, 0, size)
-	for int64(len(buf)) < limit {
-		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)]
-		}
-		n, err := body.Read(buf[len(buf):min(int64(cap(buf)), limit)])
-		buf = buf[:len(buf)+n]
-		if err == io.EOF {
-			return buf, nil
-		}
-		if err != nil {
-			return buf, err
-		}
-	}
-	return buf, nil
 }
 
 type readCloser struct {

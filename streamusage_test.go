@@ -78,7 +78,7 @@ func TestRewrittenRequestGetsItsNewContentLengthAndAnIdentityStream(t *testing.T
 	r.Header.Set("Accept-Encoding", "gzip, br")
 	r.ContentLength = -1
 	r.TransferEncoding = []string{"chunked"}
-	if requestStreamUsage(r, bufferBody(r)) == nil {
+	if requestStreamUsage(r, readWhole(t, r)) == nil {
 		t.Fatal("no stripper for a streaming chat completion")
 	}
 	got, _ := io.ReadAll(r.Body)
@@ -91,7 +91,7 @@ func TestRewrittenRequestGetsItsNewContentLengthAndAnIdentityStream(t *testing.T
 }
 
 func TestRequestBodiesOverTheCapOrNotChatCompletionsPassUnmodified(t *testing.T) {
-	big := `{"stream":true,"pad":"` + strings.Repeat("x", maxRewrittenBody) + `"}`
+	big := `{"stream":true,"pad":"` + strings.Repeat("x", maxReadBody) + `"}`
 	for _, c := range []struct {
 		name, method, path, contentType, body string
 	}{
@@ -105,7 +105,7 @@ func TestRequestBodiesOverTheCapOrNotChatCompletionsPassUnmodified(t *testing.T)
 			r := httptest.NewRequest(c.method, c.path, strings.NewReader(c.body))
 			r.Header.Set("Content-Type", c.contentType)
 			r.Header.Set("Accept-Encoding", "gzip")
-			if requestStreamUsage(r, bufferBody(r)) != nil {
+			if requestStreamUsage(r, readWhole(t, r)) != nil {
 				t.Fatal("the request was rewritten")
 			}
 			got, _ := io.ReadAll(r.Body)
@@ -168,20 +168,20 @@ func TestStripperAppliesOnlyToUncompressedEventStreams(t *testing.T) {
 // arrives, and stop at the cap with the rest still to be read.
 func TestForwardedBodyIsTheClientsWhateverItsLengthAndChunking(t *testing.T) {
 	small := `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say ok."}]}`
-	big := `{"model":"m","pad":"` + strings.Repeat("x", maxRewrittenBody) + `"}`
+	big := `{"model":"m","pad":"` + strings.Repeat("x", maxReadBody) + `"}`
 	for _, body := range []string{small, strings.Repeat(" ", 511) + small, big} {
 		for _, declared := range []int64{int64(len(body)), -1, int64(len(body)) / 2} {
 			for name, wrap := range map[string]func(io.Reader) io.Reader{
 				"whole": func(r io.Reader) io.Reader { return r }, "one byte at a time": iotest.OneByteReader,
 				"with EOF on the last read": iotest.DataErrReader,
 			} {
-				if name == "one byte at a time" && len(body) > maxRewrittenBody {
+				if name == "one byte at a time" && len(body) > maxReadBody {
 					continue // 4 MiB one byte at a time is slow, and the other two cover the cap
 				}
 				r := httptest.NewRequest("POST", "/v1/chat/completions", wrap(strings.NewReader(body)))
 				r.ContentLength = declared
 				r.Header.Set("Content-Type", "application/json")
-				if requestStreamUsage(r, bufferBody(r)) != nil {
+				if requestStreamUsage(r, readWhole(t, r)) != nil {
 					t.Fatal("a request that is no stream was rewritten")
 				}
 				if got, err := io.ReadAll(r.Body); err != nil || string(got) != body {
@@ -194,7 +194,7 @@ func TestForwardedBodyIsTheClientsWhateverItsLengthAndChunking(t *testing.T) {
 	failing := io.MultiReader(strings.NewReader(`{"model":`), iotest.ErrReader(io.ErrUnexpectedEOF))
 	r := httptest.NewRequest("POST", "/v1/chat/completions", failing)
 	r.Header.Set("Content-Type", "application/json")
-	requestStreamUsage(r, bufferBody(r))
+	requestStreamUsage(r, readWhole(t, r))
 	if got, err := io.ReadAll(r.Body); string(got) != `{"model":` || err != io.ErrUnexpectedEOF {
 		t.Fatalf("passed on %q then %v", got, err)
 	}

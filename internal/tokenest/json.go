@@ -194,8 +194,9 @@ func (p *parser) str(count bool) (n int64, raw []byte, esc bool) {
 			high = false
 		}
 		if j >= len(p.b) {
+			// Cut short: what was read still counts in a prefix (OfPrefix).
 			p.fail()
-			return 0, nil, false
+			return n, nil, false
 		}
 		switch p.b[j] {
 		case '"':
@@ -206,7 +207,7 @@ func (p *parser) str(count bool) (n int64, raw []byte, esc bool) {
 			r, size := escape(p.b[j:])
 			if size == 0 {
 				p.fail()
-				return 0, nil, false
+				return n, nil, false
 			}
 			if !high || r < 0xDC00 || r > 0xDFFF {
 				n++

@@ -37,14 +37,14 @@ const limit = 1 << 40
 // "/v1/chat/completions", "/v1/messages",
 // "/v1beta/models/gemini-2.5-flash:generateContent") with this JSON body.
 func Of(path string, body []byte) Estimate {
-	r, zeroCap, ok := read(path, body)
+	r, zeroCap, ok := read(path, body, false)
 	if !ok {
 		return Estimate{}
 	}
 	// Each count is of distinct bytes of the body, so the sum cannot
 	// overflow; only the product with MediaTokens and the caps can pass limit.
 	e := Estimate{Known: true}
-	e.Input = min((r.chars+3)/4+r.tokens+mul(r.media, MediaTokens), limit)
+	e.Input = inputOf(r.tally)
 	switch {
 	case zeroCap:
 		e.Capped = true
@@ -54,9 +54,27 @@ func Of(path string, body []byte) Estimate {
 	return e
 }
 
+// OfPrefix reads the first bytes of a longer body, cut short at a read
+// limit: its Input is the estimate of the text and media those bytes hold
+// (a string cut short counts up to the cut), so that a body longer than the
+// limit is estimated at least as what was read of it. Its output cap is not
+// known: a cap written after the cut would be missed, so Capped is false.
+func OfPrefix(path string, prefix []byte) Estimate {
+	r, _, ok := read(path, prefix, true)
+	if !ok {
+		return Estimate{}
+	}
+	return Estimate{Known: true, Input: inputOf(r.tally)}
+}
+
+func inputOf(t tally) int64 {
+	return min((t.chars+3)/4+t.tokens+mul(t.media, MediaTokens), limit)
+}
+
 // read reads the body of a request of the API at path, and reports whether
-// its output is capped at 0, and whether it is one this package reads.
-func read(path string, body []byte) (r reading, zeroCap, ok bool) {
+// its output is capped at 0, and whether it is one this package reads. A
+// prefix is read as far as it goes: it ends where a JSON text would go on.
+func read(path string, body []byte, prefix bool) (r reading, zeroCap, ok bool) {
 	a, zeroCap := route(path)
 	if a == unknown {
 		return r, false, false
@@ -79,7 +97,7 @@ func read(path string, body []byte) (r reading, zeroCap, ok bool) {
 	case apiGemini:
 		r = gemini(&p)
 	}
-	if p.bad || p.ws() {
+	if !prefix && (p.bad || p.ws()) {
 		return reading{}, false, false
 	}
 	return r, zeroCap, true

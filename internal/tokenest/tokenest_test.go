@@ -116,7 +116,7 @@ var inputCases = []inputCase{
 func TestEachAPIsInputIsReadFromItsOwnFields(t *testing.T) {
 	for _, c := range inputCases {
 		t.Run(c.name, func(t *testing.T) {
-			r, _, ok := read(c.path, []byte(c.body))
+			r, _, ok := read(c.path, []byte(c.body), false)
 			if !ok {
 				t.Fatalf("read(%q) is not known", c.path)
 			}
@@ -171,7 +171,7 @@ func TestCharactersAreRunesNotBytes(t *testing.T) {
 		{"\xff\xfeab", 4}, // each invalid byte is one U+FFFD
 	} {
 		body := `{"messages":[{"role":"user","content":"` + c.text + `"}]}`
-		r, _, ok := read(chatPath, []byte(body))
+		r, _, ok := read(chatPath, []byte(body), false)
 		if !ok || r.chars != c.chars {
 			t.Errorf("%q: %d characters (known %v), want %d", c.text, r.chars, ok, c.chars)
 		}
@@ -188,13 +188,13 @@ func TestToolDefinitionsCountAsCompactJSON(t *testing.T) {
 	// The tool's own JSON, as compact JSON (-1.5e3 as written): 145 characters.
 	const want = 145
 	for _, body := range []string{compact, pretty} {
-		if r, _, _ := read(chatPath, []byte(body)); r.chars != want {
+		if r, _, _ := read(chatPath, []byte(body), false); r.chars != want {
 			t.Errorf("%d characters, want %d:\n%s", r.chars, want, body)
 		}
 	}
 	// A string in a definition counts as decoded: \u00e9 is é.
 	escaped := `{"tools":[{"d":"caf\u00e9"}]}`
-	if r, _, _ := read(chatPath, []byte(escaped)); r.chars != int64(len(`{"d":"café"}`)-1) {
+	if r, _, _ := read(chatPath, []byte(escaped), false); r.chars != int64(len(`{"d":"café"}`)-1) {
 		t.Errorf("escaped: %d characters, want %d", r.chars, len(`{"d":"café"}`)-1)
 	}
 }
@@ -347,7 +347,7 @@ func TestPartsOfOtherTypesCountNothing(t *testing.T) {
 		{"members no API counts", chatPath,
 			`{"model":"gpt-4o","temperature":0.5,"response_format":{"type":"json_object"},"metadata":{"k":"long value"},"user":"u"}`},
 	} {
-		if r, _, ok := read(c.path, []byte(c.body)); !ok || r.tally != (tally{}) {
+		if r, _, ok := read(c.path, []byte(c.body), false); !ok || r.tally != (tally{}) {
 			t.Errorf("%s: %+v (known %v), want nothing counted", c.name, r.tally, ok)
 		}
 	}
@@ -367,7 +367,7 @@ func TestAMemberGivenTwiceCountsItsLastValue(t *testing.T) {
 		{messagesPath, `{"max_tokens":5,"system":"abcdefgh","system":"a"}`, 1, 5},
 		{geminiPath, `{"contents":[{"parts":[{"text":"abcdefgh","text":"abc"}]}],"generationConfig":{"maxOutputTokens":9,"maxOutputTokens":3}}`, 3, 3},
 	} {
-		r, _, ok := read(c.path, []byte(c.body))
+		r, _, ok := read(c.path, []byte(c.body), false)
 		if !ok || r.chars != c.chars || r.out != c.output {
 			t.Errorf("%s: %d characters, output %d (known %v); want %d, %d", c.body, r.chars, r.out, ok, c.chars, c.output)
 		}
@@ -378,7 +378,7 @@ func TestGeminiReadsBothSpellingsAndPrefersCamelCase(t *testing.T) {
 	body := `{"generation_config":{"maxOutputTokens":7},"generationConfig":{"max_output_tokens":5,"candidate_count":2,"candidateCount":3},` +
 		`"systemInstruction":{"parts":[{"text":"ab"}]},"system_instruction":{"parts":[{"text":"cd"}]}}`
 	e := Of(geminiPath, []byte(body))
-	if r, _, _ := read(geminiPath, []byte(body)); r.chars != 4 || e.Output != 15 {
+	if r, _, _ := read(geminiPath, []byte(body), false); r.chars != 4 || e.Output != 15 {
 		t.Errorf("%d characters, Output %d; want 4 (both instructions) and 15 (generationConfig's 5 × candidateCount 3)", r.chars, e.Output)
 	}
 }
@@ -533,5 +533,34 @@ func BenchmarkOf(b *testing.B) {
 				Of(chatPath, c.body)
 			}
 		})
+	}
+}
+
+// A body cut short at any byte is estimated at no more than the whole and at
+// no less than any shorter cut, so that a body longer than the read limit
+// reserves at least what a shorter body with the same beginning would.
+func TestAPrefixEstimatesNoLessThanAShorterPrefixAndTheWholeAsOf(t *testing.T) {
+	bodies := map[string]string{
+		"/v1/chat/completions": `{"model":"gpt-4o","messages":[{"role":"system","content":"be brief é"},{"role":"user","content":[{"type":"text","text":"what is \u00e9 in this"},{"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}}]}],"max_tokens":30}`,
+		"/v1/messages":         `{"model":"claude","max_tokens":64,"system":"s","messages":[{"role":"user","content":[{"type":"text","text":"hello there"},{"type":"image","source":{"type":"base64","data":"AAAA"}}]}]}`,
+		"/v1beta/models/gemini-2.5-flash:generateContent": `{"contents":[{"role":"user","parts":[{"text":"a long question"},{"inline_data":{"mime_type":"image/png","data":"AAAA"}}]}]}`,
+		"/v1/completions": `{"model":"m","prompt":[1,2,3,4,5,6]}`,
+	}
+	for path, body := range bodies {
+		whole := Of(path, []byte(body))
+		if !whole.Known {
+			t.Fatalf("%s: the whole body is not read: %s", path, body)
+		}
+		if got := OfPrefix(path, []byte(body)); got.Input != whole.Input || got.Capped {
+			t.Errorf("%s: the whole body as a prefix estimates %+v, want input %d and no cap", path, got, whole.Input)
+		}
+		last := int64(0)
+		for k := range len(body) + 1 {
+			e := OfPrefix(path, []byte(body[:k]))
+			if e.Input < last || e.Input > whole.Input {
+				t.Fatalf("%s cut at %d (%q): input %d, want between the shorter cut's %d and the whole's %d", path, k, body[:k], e.Input, last, whole.Input)
+			}
+			last = e.Input
+		}
 	}
 }

@@ -34,7 +34,7 @@ func BenchmarkRealtimeTap(b *testing.B) {
 		frames = append(frames, usagetest.Text(usagetest.AudioDelta))
 	}
 	stream := usagetest.Stream(append(frames, usagetest.Text(usagetest.Done(42, 0)))...)
-	tap := NewRealtimeTap(MaxEvent)
+	tap := NewRealtimeTap(MaxEvent, noCeiling)
 	b.SetBytes(int64(len(stream)))
 	b.ReportAllocs()
 	for b.Loop() {

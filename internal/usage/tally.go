@@ -81,6 +81,13 @@ func (u Usage) plus(v Usage) Usage {
 	return Usage{u.Total + v.Total, u.Input + v.Input, u.Output + v.Output}
 }
 
+// Within is u with each count at most ceiling's, and whether any was over
+// it.
+func (u Usage) Within(ceiling Usage) (Usage, bool) {
+	w := Usage{min(u.Total, ceiling.Total), min(u.Input, ceiling.Input), min(u.Output, ceiling.Output)}
+	return w, w != u
+}
+
 // capped is u with each count at most maxValue, so that sums of it cannot
 // overflow.
 func (u Usage) capped() Usage {

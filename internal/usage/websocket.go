@@ -33,7 +33,10 @@ type RealtimeTap struct {
 	// Counted since the last Take.
 	total, input, output atomic.Int64
 
-	skips atomic.Int64 // unmetered messages
+	skips   atomic.Int64 // unmetered messages
+	clamped atomic.Int64 // responses that reported more than perResponse
+
+	perResponse Usage // the most one response.done is counted for
 
 	mu         sync.Mutex // serializes Write
 	maxMessage int
@@ -89,9 +92,10 @@ func (c *realtimeCount) UnmarshalJSON(b []byte) error {
 }
 
 // NewRealtimeTap returns a tap that reads text messages of up to maxMessage
-// bytes.
-func NewRealtimeTap(maxMessage int) *RealtimeTap {
-	return &RealtimeTap{maxMessage: max(maxMessage, 0)}
+// bytes, and counts each response's usage at most perResponse, count by
+// count.
+func NewRealtimeTap(maxMessage int, perResponse Usage) *RealtimeTap {
+	return &RealtimeTap{maxMessage: max(maxMessage, 0), perResponse: perResponse}
 }
 
 // Write takes the next bytes the server sent, in order. Safe for concurrent
@@ -151,6 +155,10 @@ func (t *RealtimeTap) Take() Usage {
 // messages over maxMessage, compressed (RSV1) messages, and, once, the rest
 // of a stream whose framing is corrupt. Safe for concurrent use with Write.
 func (t *RealtimeTap) Unmetered() int64 { return t.skips.Load() }
+
+// Clamped is how many responses reported more than perResponse (of any
+// count) and were counted at it.
+func (t *RealtimeTap) Clamped() int64 { return t.clamped.Load() }
 
 // Faulted reports whether Write recovered from a panic, which only a bug
 // causes: tests check that it never does.
@@ -291,7 +299,11 @@ func (t *RealtimeTap) meter(msg []byte) {
 		return
 	}
 	u := &ev.Response.Usage
-	t.total.Add(int64(u.TotalTokens))
-	t.input.Add(int64(u.InputTokens))
-	t.output.Add(int64(u.OutputTokens))
+	counted, over := Usage{int64(u.TotalTokens), int64(u.InputTokens), int64(u.OutputTokens)}.Within(t.perResponse)
+	if over {
+		t.clamped.Add(1)
+	}
+	t.total.Add(counted.Total)
+	t.input.Add(counted.Input)
+	t.output.Add(counted.Output)
 }

@@ -3,6 +3,7 @@ package usage
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -11,9 +12,12 @@ import (
 	"github.com/rolter/caddy-ratelimit/internal/usage/usagetest"
 )
 
+// noCeiling counts every response as it reports.
+var noCeiling = Usage{math.MaxInt64, math.MaxInt64, math.MaxInt64}
+
 // feedTap writes chunks to a new tap and returns it.
 func feedTap(maxMessage int, chunks ...[]byte) *RealtimeTap {
-	t := NewRealtimeTap(maxMessage)
+	t := NewRealtimeTap(maxMessage, noCeiling)
 	usagetest.Feed(t, chunks...)
 	return t
 }
@@ -28,7 +32,7 @@ func doneUsage(totals ...int64) Usage {
 }
 
 func TestRealtimeTapSumsEveryResponseDoneAndTakeResets(t *testing.T) {
-	tap := NewRealtimeTap(MaxEvent)
+	tap := NewRealtimeTap(MaxEvent, noCeiling)
 	var want Usage
 	for i := 1; i <= 50; i++ {
 		tap.Write(usagetest.Text(usagetest.AudioDelta))
@@ -43,12 +47,28 @@ func TestRealtimeTapSumsEveryResponseDoneAndTakeResets(t *testing.T) {
 	usagetest.CheckTap(t, tap, doneUsage(7), 0)
 }
 
+// One absurd report counts at the ceiling, count by count, and is counted as
+// clamped; the responses around it count as they report.
+func TestRealtimeTapCountsEachResponseAtMostItsCeiling(t *testing.T) {
+	tap := NewRealtimeTap(MaxEvent, Usage{Total: 1000, Input: 600, Output: 500})
+	tap.Write(usagetest.Text(usagetest.Done(10, 0)))
+	tap.Write(usagetest.Text(`{"type":"response.done","response":{"usage":{"total_tokens":1e20,"input_tokens":5,"output_tokens":1e20}}}`))
+	tap.Write(usagetest.Text(usagetest.Done(20, 0)))
+	want := doneUsage(10, 20).plus(Usage{Total: 1000, Input: 5, Output: 500})
+	if got := tap.Take(); got != want {
+		t.Fatalf("took %+v, want %+v", got, want)
+	}
+	if tap.Clamped() != 1 {
+		t.Fatalf("clamped %d responses, want 1", tap.Clamped())
+	}
+}
+
 func TestRealtimeTapTakesTheTotalInputAndOutputTokensOfResponseDone(t *testing.T) {
 	done := func(usage string) []byte {
 		return usagetest.Text(`{"type":"response.done","event_id":"event_9","response":{"object":"realtime.response","id":"resp_9","status":"completed",` +
 			`"output":[],"usage":` + usage + `}}`)
 	}
-	tap := NewRealtimeTap(MaxEvent)
+	tap := NewRealtimeTap(MaxEvent, noCeiling)
 	tap.Write(done(`{"total_tokens":1290,"input_tokens":1024,"output_tokens":266,` +
 		`"input_token_details":{"text_tokens":224,"audio_tokens":800,"image_tokens":0,"cached_tokens":768,` +
 		`"cached_tokens_details":{"text_tokens":128,"audio_tokens":640,"image_tokens":0}},` +
@@ -283,7 +303,7 @@ func TestRealtimeTapStopsAtCorruptFramingAndCountsItOnce(t *testing.T) {
 func TestRealtimeTapDoesNotRetainWrittenBytes(t *testing.T) {
 	done := []byte(usagetest.Done(21, 0))
 	stream := usagetest.Stream(usagetest.Frame{Op: usagetest.OpText, Payload: done[:30]}.Bytes(), usagetest.Frame{Op: usagetest.OpCont, Fin: true, Payload: done[30:]}.Bytes())
-	tap := NewRealtimeTap(MaxEvent)
+	tap := NewRealtimeTap(MaxEvent, noCeiling)
 	for i := 0; i < len(stream); i += 13 {
 		chunk := bytes.Clone(stream[i:min(i+13, len(stream))])
 		tap.Write(chunk)
@@ -304,7 +324,7 @@ func TestRealtimeTapMessagesWithoutUsageCostNoAllocation(t *testing.T) {
 		usagetest.Text(`{"type":"response.created","response":{"id":"resp_1"}}`),
 		usagetest.Text(strings.Repeat(" ", 30000)),
 	)
-	tap := NewRealtimeTap(MaxEvent)
+	tap := NewRealtimeTap(MaxEvent, noCeiling)
 	tap.Write(stream) // the message buffer grows once
 	allocs := testing.AllocsPerRun(100, func() {
 		tap.Write(stream[:len(stream)/3])
@@ -317,7 +337,7 @@ func TestRealtimeTapMessagesWithoutUsageCostNoAllocation(t *testing.T) {
 }
 
 func TestRealtimeTapKeepsItsMessageBufferBounded(t *testing.T) {
-	tap := NewRealtimeTap(MaxEvent)
+	tap := NewRealtimeTap(MaxEvent, noCeiling)
 	tap.Write(usagetest.Text(usagetest.Done(1, 2000)))
 	if c := cap(tap.buf); c < 2000 || c > realtimeRetainedBuffer {
 		t.Errorf("after a 2000-byte message the buffer holds %d bytes; want it kept for the next", c)
@@ -354,7 +374,7 @@ func (s *takes) take(tap *RealtimeTap) {
 // another's cannot be parsed, by this tap or by the client.
 func TestRealtimeTapSerializesConcurrentWritersOfWholeFrames(t *testing.T) {
 	t.Run("whole messages from both", func(t *testing.T) {
-		tap := NewRealtimeTap(MaxEvent)
+		tap := NewRealtimeTap(MaxEvent, noCeiling)
 		var total takes
 		var wg sync.WaitGroup
 		for w := range 2 {
@@ -380,7 +400,7 @@ func TestRealtimeTapSerializesConcurrentWritersOfWholeFrames(t *testing.T) {
 		}
 	})
 	t.Run("fragments and control frames", func(t *testing.T) {
-		tap := NewRealtimeTap(MaxEvent)
+		tap := NewRealtimeTap(MaxEvent, noCeiling)
 		var total takes
 		done := []byte(usagetest.Done(2, 500))
 		var wg sync.WaitGroup

@@ -1,0 +1,114 @@
+package ratelimit
+
+import (
+	"net/http"
+	"strings"
+)
+
+// A scope id must be what the upstream reads, or a client could vary what
+// the upstream ignores and be counted afresh each time. Two ways in are
+// closed here: a header sent twice (a limiter that joins the values counts
+// "K,x" while the upstream reads K), and a credential sent in another
+// provider's header, which the upstream of this API never reads. The
+// credential placeholder is the key as the request's API reads it, and
+// nothing else.
+
+// credentialSource is one place an API reads its caller's credential from.
+type credentialSource struct {
+	header string // canonical
+	bearer bool   // an "Authorization: Bearer <credential>" header
+	query  string // a query parameter, when header is ""
+}
+
+var (
+	bearerSource    = credentialSource{header: "Authorization", bearer: true}
+	azureKeySource  = credentialSource{header: "Api-Key"}
+	anthropicSource = credentialSource{header: "X-Api-Key"}
+	googKeySource   = credentialSource{header: "X-Goog-Api-Key"}
+	googQuerySource = credentialSource{query: "key"}
+)
+
+// credentialSources are where the API of a request in dialect d to path
+// reads its credential: OpenAI's bearer token (Azure OpenAI's paths, under
+// /openai/, also its api-key header), Anthropic's x-api-key and the bearer
+// token its SDK sends for auth tokens, Gemini's x-goog-api-key, its ?key=
+// and the OAuth bearer token of Vertex AI.
+func credentialSources(d dialect, path string) []credentialSource {
+	switch d {
+	case dialectAnthropic:
+		return []credentialSource{anthropicSource, bearerSource}
+	case dialectGemini:
+		return []credentialSource{googKeySource, googQuerySource, bearerSource}
+	}
+	if strings.Contains(path, "/openai/") {
+		return []credentialSource{azureKeySource, bearerSource}
+	}
+	return []credentialSource{bearerSource}
+}
+
+// name is how an error names the source: never its value.
+func (s credentialSource) name() string {
+	if s.header == "" {
+		return "the query parameter " + s.query
+	}
+	return "the header " + s.header
+}
+
+// credential is the request's credential as its API reads it ("" when it
+// sends none). When the request sends it twice, in one place or in two
+// that differ, the upstream's choice is unknown: ambiguous then names
+// where, and the credential is "".
+func credential(d dialect, r *http.Request) (value, ambiguous string) {
+	var from credentialSource
+	for _, s := range credentialSources(d, r.URL.Path) {
+		var values []string
+		if s.header != "" {
+			values = r.Header[s.header]
+		} else if r.URL.RawQuery != "" {
+			values = r.URL.Query()[s.query]
+		}
+		switch {
+		case len(values) == 0:
+			continue
+		case len(values) > 1:
+			return "", s.name() + " more than once"
+		}
+		v := values[0]
+		if s.bearer {
+			token, ok := cutBearer(v)
+			if !ok {
+				continue
+			}
+			v = token
+		}
+		switch {
+		case v == "":
+		case value == "":
+			value, from = v, s
+		case v != value:
+			return "", "two credentials, in " + from.name() + " and " + s.name()
+		}
+	}
+	return value, ""
+}
+
+// cutBearer is the token of an Authorization header of the Bearer scheme.
+func cutBearer(authorization string) (string, bool) {
+	scheme, token, ok := strings.Cut(strings.TrimSpace(authorization), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	return strings.TrimSpace(token), true
+}
+
+// repeatedScopeHeader is the first scope whose value is one request header
+// that the request sends more than once (and whose scope does not declare
+// it a list), or -1.
+func (h *Handler) repeatedScopeHeader(r *http.Request) int {
+	for i, name := range h.scopeHeaders {
+		if name != "" && !h.Scopes[i].Joined && len(r.Header[name]) > 1 {
+			return i
+		}
+	}
+	return -1
+}
