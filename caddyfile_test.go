@@ -80,6 +80,7 @@ var caddyfileGoodCases = []caddyfileGoodCase{
 			limit org * tpm 10000
 			reserve_tokens off
 			reserve_output 256
+			body_memory 16MiB
 			dialect anthropic
 			headers anthropic ietf
 		}`,
@@ -88,6 +89,7 @@ var caddyfileGoodCases = []caddyfileGoodCase{
 			Limits:        []LimitConfig{{Scope: "org", ID: "*", TPM: 10000}},
 			ReserveTokens: new(bool),
 			ReserveOutput: 256,
+			BodyMemory:    16 << 20,
 			Dialect:       "anthropic",
 			Headers:       []string{"anthropic", "ietf"},
 		},
@@ -99,6 +101,7 @@ var caddyfileGoodCases = []caddyfileGoodCase{
 			scope team {http.request.header.X-Team} readable
 			scope org {http.request.header.X-Org} required readable
 			scope user {http.request.header.X-User} readable required
+			scope tags {http.request.header.X-Tags} joined readable
 			limit org * rpm 5
 		}`,
 		want: &Handler{
@@ -107,6 +110,7 @@ var caddyfileGoodCases = []caddyfileGoodCase{
 				{Name: "team", Value: "{http.request.header.X-Team}", Readable: true},
 				{Name: "org", Value: "{http.request.header.X-Org}", Readable: true, Required: true},
 				{Name: "user", Value: "{http.request.header.X-User}", Readable: true, Required: true},
+				{Name: "tags", Value: "{http.request.header.X-Tags}", Readable: true, Joined: true},
 			},
 			Limits: []LimitConfig{{Scope: "org", ID: "*", RPM: 5}},
 		},
@@ -291,6 +295,9 @@ var caddyfileBadCases = []caddyfileBadCase{
 	{"reserve_output zero", "rolter_ratelimit {\n\treserve_output 0\n}", `reserve_output must be a positive number of tokens, not "0"`, 2},
 	{"reserve_output negative", "rolter_ratelimit {\n\treserve_output -5\n}", `reserve_output must be a positive number of tokens, not "-5"`, 2},
 	{"reserve_output without a value", "rolter_ratelimit {\n\treserve_output\n}", "wrong argument count", 2},
+	{"body_memory not a size", "rolter_ratelimit {\n\tbody_memory lots\n}", `body_memory must be a size such as 64MiB, not "lots"`, 2},
+	{"body_memory below two bodies", "rolter_ratelimit {\n\tbody_memory 1MiB\n}", "body_memory must be at least 8388608 bytes (8MiB: two bodies of the largest size read), not 1048576", 2},
+	{"body_memory twice", "rolter_ratelimit {\n\tbody_memory 16MiB\n\tbody_memory 32MiB\n}", "body_memory is given twice", 3},
 	{"scope option twice", "rolter_ratelimit {\n\tscope org x readable required readable\n}", "readable is given twice", 2},
 	{"scope with a bad name", "rolter_ratelimit {\n\tscope \"api key\" x\n}", `scope name "api key"`, 2},
 	{"scope with an empty value", "rolter_ratelimit {\n\tscope key \" \"\n}", `scope "key" has an empty value`, 2},
