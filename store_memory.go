@@ -281,36 +281,38 @@ func unlockAll(cs []*memoryCounter) {
 }
 
 func (s *memoryStore) admit(_ context.Context, chain []limit, reserve tokenCounts) (admission, error) {
-	return admissionOf(chain, s.decide(chain, reserve, true))
+	return admissionOf(chain, s.decide(chain, reserve, true, nil))
 }
 
 // refusedUnread peeks: the in-process store knows every refusal without a
-// round trip.
+// round trip. The peek's counts stay on the stack unless it refuses.
 func (s *memoryStore) refusedUnread(chain []limit) (admission, bool) {
-	d := s.decide(chain, tokenCounts{}, false)
-	if d.admitted {
+	var buf [stackChain]counts
+	peeked := s.decide(chain, tokenCounts{}, false, buf[:0])
+	if peeked.admitted {
 		return admission{}, false
 	}
-	a, err := admissionOf(chain, d)
+	a, err := admissionOf(chain, decision{now: peeked.now, counts: slices.Clone(peeked.counts)})
 	return a, err == nil && (a.refusal.kind == requests || a.refusal.kind == burst)
 }
 
 func (s *memoryStore) peek(_ context.Context, chain []limit) (decision, error) {
-	return s.decide(chain, tokenCounts{}, false), nil
+	return s.decide(chain, tokenCounts{}, false, nil), nil
 }
 
 // The process store stays usable after it is unloaded: only its sweep stops.
 func (s *memoryStore) hold()    {}
 func (s *memoryStore) release() {}
 
-// decide is one admission, which charges only when charge is set.
-func (s *memoryStore) decide(chain []limit, reserve tokenCounts, charge bool) decision {
+// decide is one admission, which charges only when charge is set; its
+// counts are appended to buf, which may be a caller's stack array.
+func (s *memoryStore) decide(chain []limit, reserve tokenCounts, charge bool, buf []counts) decision {
 	now := s.clock()
 	at := [...]position{now.in(minute), now.in(day)}
 	var byLimitBuf, lockedBuf [stackChain]*memoryCounter
 	cs, locked := s.lock(chain, byLimitBuf[:0], lockedBuf[:0])
 	defer unlockAll(locked)
-	d := decision{admitted: true, now: now, counts: make([]counts, len(chain)), reserve: reserve}
+	d := decision{admitted: true, now: now, counts: append(buf[:0], make([]counts, len(chain))...), reserve: reserve}
 	for i, l := range chain {
 		c := &d.counts[i]
 		for k, capacity := range l.each {
