@@ -267,6 +267,34 @@ func TestStreamUsageIsRequestedUpstreamAndItsChunkHiddenFromAClientThatDidNotAsk
 	})
 }
 
+// The upstream gets the client's body byte for byte, key order, keys given
+// twice, whitespace, numbers and escapes as sent, plus only the option.
+func TestUpstreamReceivesTheClientsBytesPlusOnlyTheStreamUsageOption(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		up, received := chatStreamUpstream(t, usagetest.Read(t, "openai_chat_stream.sse"), false)
+		gw := meteredChain(t, store, up.URL)
+		// A conversation indented, with "stream" twice, the last one escaped.
+		conversation := `{
+  "stream": false,
+  "model": "gpt-4o",
+  "temperature": 1.0E+0,
+  "messages": [{"role": "user", "content": "caf\u00e9 <b>&</b> \/ café"}],
+  "stre\u0061m": true
+}
+`
+		for _, c := range []struct{ sent, want string }{
+			{conversation, strings.TrimSuffix(conversation, "}\n") + `,"stream_options":{"include_usage":true}}` + "\n"},
+			{`{"stream":true, "stream_options": {"include_usage": true, "include_usage" :false, "x":[]},"model":"gpt-4o","messages":[]}`,
+				`{"stream":true, "stream_options": {"include_usage": true, "include_usage" :true, "x":[]},"model":"gpt-4o","messages":[]}`},
+		} {
+			gw.postChat(t, c.sent, newIDs(t).headers()...)
+			if got := (<-received).body; string(got) != c.want {
+				t.Fatalf("the client sent\n%s\nthe upstream got\n%s\nwant\n%s", c.sent, got, c.want)
+			}
+		}
+	})
+}
+
 // A stream whose usage chunk the gateway removes is shorter than the
 // upstream's Content-Length says: the client must get it whole all the same.
 func TestStrippedStreamReachesTheClientWholeWhenTheUpstreamSentAContentLength(t *testing.T) {
