@@ -41,6 +41,12 @@ func (w *responseWriter) WriteHeader(status int) {
 		if w.strip != nil && !w.strip.applies(h) {
 			w.strip = nil
 		}
+		if w.strip != nil {
+			// The body may come out shorter than the upstream's length
+			// says: without one, it goes to the client chunked (or
+			// delimited by the connection's close).
+			h.Del("Content-Length")
+		}
 	} else {
 		w.strip = nil
 	}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -228,39 +229,25 @@ func TestClientLeavingMidStreamIsChargedWhatTheStreamReportedByThen(t *testing.T
 func TestStreamUsageIsRequestedUpstreamAndItsChunkHiddenFromAClientThatDidNotAsk(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		sample := usagetest.Read(t, "openai_chat_stream.sse")
-		type seen struct {
-			includeUsage   bool
-			acceptEncoding string
-			contentLength  int64
-			bodyLength     int
-		}
-		requests := make(chan seen, 2)
-		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			body, _ := io.ReadAll(r.Body)
+		up, received := chatStreamUpstream(t, sample, false)
+		gw := meteredChain(t, store, up.URL)
+		includesUsage := func(r upstreamRequest) bool {
 			var req struct {
 				StreamOptions struct {
 					IncludeUsage bool `json:"include_usage"`
 				} `json:"stream_options"`
 			}
-			json.Unmarshal(body, &req)
-			requests <- seen{req.StreamOptions.IncludeUsage, r.Header.Get("Accept-Encoding"), r.ContentLength, len(body)}
-			w.Header().Set("Content-Type", "text/event-stream")
-			writeInFlushedChunks(w, sample, 61)
-		}))
-		t.Cleanup(up.Close)
-		gw := meteredChain(t, store, up.URL)
-
-		post := func(id ids, body string) []byte {
-			_, got := gw.send(t, "POST", "/v1/chat/completions", body, append(id.headers(), "Content-Type: application/json")...)
-			return got
+			json.Unmarshal(r.body, &req)
+			return req.StreamOptions.IncludeUsage
 		}
 
 		// A client that did not ask: usage requested, the chunk removed.
 		id := newIDs(t)
-		got := post(id, `{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"<b>hi</b> & bye"}]}`)
-		up1 := <-requests
-		if !up1.includeUsage || up1.acceptEncoding != "identity" || up1.contentLength != int64(up1.bodyLength) {
-			t.Fatalf("upstream saw %+v: want include_usage, identity and a correct Content-Length", up1)
+		_, got := gw.postChat(t, `{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"<b>hi</b> & bye"}]}`, id.headers()...)
+		up1 := <-received
+		if !includesUsage(up1) || up1.header.Get("Accept-Encoding") != "identity" || up1.contentLength != int64(len(up1.body)) {
+			t.Fatalf("upstream saw %s (Accept-Encoding %q, Content-Length %d): want include_usage, identity and a correct Content-Length",
+				up1.body, up1.header.Get("Accept-Encoding"), up1.contentLength)
 		}
 		if want := withoutUsageChunk(t, sample); !bytes.Equal(got, want) {
 			t.Fatalf("client got:\n%s\nwant the stream without its usage chunk:\n%s", got, want)
@@ -269,8 +256,8 @@ func TestStreamUsageIsRequestedUpstreamAndItsChunkHiddenFromAClientThatDidNotAsk
 
 		// A client that asked gets the stream as it is.
 		id = newIDs(t)
-		got = post(id, `{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true},"messages":[]}`)
-		if up2 := <-requests; !up2.includeUsage {
+		_, got = gw.postChat(t, `{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true},"messages":[]}`, id.headers()...)
+		if !includesUsage(<-received) {
 			t.Fatal("the client's own include_usage did not reach the upstream")
 		}
 		if !bytes.Equal(got, sample) {
@@ -278,6 +265,79 @@ func TestStreamUsageIsRequestedUpstreamAndItsChunkHiddenFromAClientThatDidNotAsk
 		}
 		waitCharged(t, store, id.limits(), 31)
 	})
+}
+
+// The upstream gets the client's body byte for byte, key order, keys given
+// twice, whitespace, numbers and escapes as sent, plus only the option.
+func TestUpstreamReceivesTheClientsBytesPlusOnlyTheStreamUsageOption(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		up, received := chatStreamUpstream(t, usagetest.Read(t, "openai_chat_stream.sse"), false)
+		gw := meteredChain(t, store, up.URL)
+		// A conversation indented, with "stream" twice, the last one escaped.
+		conversation := `{
+  "stream": false,
+  "model": "gpt-4o",
+  "temperature": 1.0E+0,
+  "messages": [{"role": "user", "content": "caf\u00e9 <b>&</b> \/ café"}],
+  "stre\u0061m": true
+}
+`
+		for _, c := range []struct{ sent, want string }{
+			{conversation, strings.TrimSuffix(conversation, "}\n") + `,"stream_options":{"include_usage":true}}` + "\n"},
+			{`{"stream":true, "stream_options": {"include_usage": true, "include_usage" :false, "x":[]},"model":"gpt-4o","messages":[]}`,
+				`{"stream":true, "stream_options": {"include_usage": true, "include_usage" :true, "x":[]},"model":"gpt-4o","messages":[]}`},
+		} {
+			gw.postChat(t, c.sent, newIDs(t).headers()...)
+			if got := (<-received).body; string(got) != c.want {
+				t.Fatalf("the client sent\n%s\nthe upstream got\n%s\nwant\n%s", c.sent, got, c.want)
+			}
+		}
+	})
+}
+
+// A stream whose usage chunk the gateway removes is shorter than the
+// upstream's Content-Length says: the client must get it whole all the same.
+func TestStrippedStreamReachesTheClientWholeWhenTheUpstreamSentAContentLength(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		sample := usagetest.Read(t, "openai_chat_stream.sse")
+		up, _ := chatStreamUpstream(t, sample, true)
+		gw := meteredChain(t, store, up.URL)
+		id := newIDs(t)
+		res, got := gw.postChat(t, `{"model":"gpt-4o","stream":true,"messages":[]}`, id.headers()...) // fails on a body cut short
+		if want := withoutUsageChunk(t, sample); !bytes.Equal(got, want) {
+			t.Fatalf("client got:\n%s\nwant the stream without its usage chunk:\n%s", got, want)
+		}
+		if res.ContentLength != -1 {
+			t.Fatalf("the shortened stream declared a Content-Length of %d", res.ContentLength)
+		}
+		waitCharged(t, store, id.limits(), 31)
+	})
+}
+
+// upstreamRequest is a request as a test upstream received it.
+type upstreamRequest struct {
+	header        http.Header
+	contentLength int64
+	body          []byte
+}
+
+// chatStreamUpstream answers every request with stream, an OpenAI
+// chat-completions stream, in small flushed writes: chunked, or with
+// contentLength under a Content-Length, as some backends send it. It sends
+// each request it receives on the channel, which holds a test's few.
+func chatStreamUpstream(t *testing.T, stream []byte, contentLength bool) (*httptest.Server, <-chan upstreamRequest) {
+	received := make(chan upstreamRequest, 4)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		received <- upstreamRequest{r.Header, r.ContentLength, body}
+		w.Header().Set("Content-Type", "text/event-stream")
+		if contentLength {
+			w.Header().Set("Content-Length", strconv.Itoa(len(stream)))
+		}
+		writeInFlushedChunks(w, stream, 61)
+	}))
+	t.Cleanup(up.Close)
+	return up, received
 }
 
 // withoutUsageChunk is the stream minus the bytes of its usage-only event.

@@ -2,12 +2,12 @@ package ratelimit
 
 import (
 	"bytes"
-	"encoding/json"
 	"io"
 	"net/http"
 	"strconv"
 	"strings"
 
+	"github.com/rolter/caddy-ratelimit/internal/tokenest"
 	"github.com/rolter/caddy-ratelimit/internal/usage"
 )
 
@@ -25,10 +25,11 @@ func requestStreamUsage(r *http.Request, body []byte) *usageStripper {
 	if body == nil || !strings.HasSuffix(r.URL.Path, "/chat/completions") {
 		return nil
 	}
-	rewritten, ok := withStreamUsage(body)
+	edit, ok := streamUsageEdit(body)
 	if !ok {
 		return nil
 	}
+	rewritten := edit.apply(body)
 	r.Body = readCloser{bytes.NewReader(rewritten), r.Body} // closes the original
 	r.ContentLength = int64(len(rewritten))
 	r.TransferEncoding = nil
@@ -44,46 +45,71 @@ type readCloser struct {
 	io.Closer
 }
 
-// withStreamUsage returns body with stream_options.include_usage set, if body
-// is a streaming request that does not already ask for usage.
-func withStreamUsage(body []byte) ([]byte, bool) {
-	// Most requests are not streams: spare them the decoding, unless a
-	// key may be spelled with escapes.
+// streamUsageEdit is the edit of body that sets stream_options.include_usage,
+// if body is a streaming request that does not already ask for usage. It
+// edits the JSON text, not a decoding of it, so that the upstream gets the
+// client's bytes as they were sent (key order, keys given twice, whitespace,
+// numbers and string escapes) plus the option:
+//
+//   - A request is a stream when its top-level "stream" is true. Of a key
+//     given twice the last counts, as encoding/json and Python's json read
+//     it; keys are compared unescaped ("stre\u0061m" is "stream"), and the
+//     keys of nested objects do not count.
+//   - Without a top-level stream_options, "stream_options":{"include_usage":true}
+//     is added as the object's last member, just before its closing brace.
+//   - A stream_options of null becomes {"include_usage":true}.
+//   - Of a stream_options object, the (last) include_usage becomes true, or
+//     "include_usage":true is added as its last member when it has none. If
+//     it is true already, the client asked for usage and gets the chunk:
+//     there is no edit.
+//   - Anything else (a body that is not one JSON object, a stream_options
+//     that is neither an object nor null) has no edit.
+func streamUsageEdit(body []byte) (bodyEdit, bool) {
+	// Most requests are not streams: spare them the parsing, unless a key
+	// may be spelled with escapes.
 	if !bytes.Contains(body, []byte(`"stream"`)) && !bytes.Contains(body, []byte(`\u`)) {
-		return nil, false
+		return bodyEdit{}, false
 	}
-	var req map[string]json.RawMessage
-	if json.Unmarshal(body, &req) != nil || string(req["stream"]) != "true" {
-		return nil, false
+	req, ok := tokenest.ReadObject(body, "stream", "stream_options")
+	if !ok || string(req.Values[0].Of(body)) != "true" {
+		return bodyEdit{}, false
 	}
-	opts := map[string]json.RawMessage{}
-	if raw, ok := req["stream_options"]; ok && string(raw) != "null" {
-		if json.Unmarshal(raw, &opts) != nil {
-			return nil, false
+	optsStart := req.Values[1].Start
+	opts := req.Values[1].Of(body)
+	switch {
+	case !req.Values[1].Found(): // after "stream", so after a comma
+		return bodyEdit{req.Close, req.Close, `,"stream_options":{"include_usage":true}`}, true
+	case opts[0] == 'n': // null
+		return bodyEdit{optsStart, optsStart + len(opts), `{"include_usage":true}`}, true
+	case opts[0] != '{':
+		return bodyEdit{}, false
+	}
+	inner, _ := tokenest.ReadObject(opts, "include_usage") // valid: read with the body
+	include := inner.Values[0]
+	switch {
+	case !include.Found():
+		member := `"include_usage":true`
+		if !inner.Empty {
+			member = "," + member
 		}
+		return bodyEdit{optsStart + inner.Close, optsStart + inner.Close, member}, true
+	case string(include.Of(opts)) == "true":
+		return bodyEdit{}, false // the client asked for usage: it gets the chunk
 	}
-	if string(opts["include_usage"]) == "true" {
-		return nil, false // the client asked for usage: it gets the chunk
-	}
-	opts["include_usage"] = json.RawMessage("true")
-	var err error
-	if req["stream_options"], err = marshalRaw(opts); err != nil {
-		return nil, false
-	}
-	out, err := marshalRaw(req)
-	return out, err == nil
+	return bodyEdit{optsStart + include.Start, optsStart + include.End, "true"}, true
 }
 
-// marshalRaw marshals without escaping HTML, so that the values the client
-// sent keep their bytes.
-func marshalRaw(v map[string]json.RawMessage) ([]byte, error) {
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(v); err != nil {
-		return nil, err
-	}
-	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
+// bodyEdit replaces body[start:end] with text.
+type bodyEdit struct {
+	start, end int
+	text       string
+}
+
+func (e bodyEdit) apply(body []byte) []byte {
+	out := make([]byte, 0, len(body)-(e.end-e.start)+len(e.text))
+	out = append(out, body[:e.start]...)
+	out = append(out, e.text...)
+	return append(out, body[e.end:]...)
 }
 
 // usageStripper removes the usage-only chunk from an uncompressed SSE stream

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -14,61 +15,164 @@ import (
 	"github.com/rolter/caddy-ratelimit/internal/usage/usagetest"
 )
 
-func TestStreamUsageIsAddedOnlyToStreamsThatDoNotAskForIt(t *testing.T) {
-	for _, c := range []struct {
-		name, body string
-		added      bool
-	}{
-		{"stream without options", `{"model":"m","stream":true,"messages":[{"role":"user","content":"<b>&</b>"}]}`, true},
-		{"stream with other options", `{"stream":true,"stream_options":{"include_obfuscation":false}}`, true},
-		{"stream that declined usage", `{"stream":true,"stream_options":{"include_usage":false}}`, true},
-		{"stream with null options", `{"stream":true,"stream_options":null}`, true},
-		{"stream that asked for usage", `{"stream":true,"stream_options":{"include_usage":true}}`, false},
-		{"not a stream", `{"model":"m","messages":[]}`, false},
-		{"stream with an escaped key", `{"\u0073tream":true}`, true},
-		{"stream false", `{"stream":false}`, false},
-		{"not JSON", `stream=true`, false},
-		{"stream options of the wrong type", `{"stream":true,"stream_options":[1]}`, false},
-	} {
+// streamUsageCases are request bodies and what the upstream gets of each:
+// the body plus the option, or the body unchanged ("").
+var streamUsageCases = []struct{ name, body, want string }{
+	{"stream without options",
+		`{"model":"m","stream":true,"messages":[{"role":"user","content":"<b>&</b>"}]}`,
+		`{"model":"m","stream":true,"messages":[{"role":"user","content":"<b>&</b>"}],"stream_options":{"include_usage":true}}`},
+	{"keys in the client's order, numbers and escapes as written",
+		`{"z":1E+02,"stream":true,"a":-0.0,"s":"caf\u00e9 \/ \"q\" café"}`,
+		`{"z":1E+02,"stream":true,"a":-0.0,"s":"caf\u00e9 \/ \"q\" café","stream_options":{"include_usage":true}}`},
+	{"whitespace and newlines",
+		"{\n  \"stream\" : true ,\n  \"n\": 2\n}\n",
+		"{\n  \"stream\" : true ,\n  \"n\": 2\n,\"stream_options\":{\"include_usage\":true}}\n"},
+	{"null options",
+		`{"stream":true,"stream_options": null ,"n":1}`,
+		`{"stream":true,"stream_options": {"include_usage":true} ,"n":1}`},
+	{"stream that declined usage",
+		`{"stream":true,"stream_options":{ "include_usage" : false }}`,
+		`{"stream":true,"stream_options":{ "include_usage" : true }}`},
+	{"include_usage null",
+		`{"stream":true,"stream_options":{"include_usage":null,"x":1}}`,
+		`{"stream":true,"stream_options":{"include_usage":true,"x":1}}`},
+	{"include_usage of another type",
+		`{"stream":true,"stream_options":{"include_usage":"true"}}`,
+		`{"stream":true,"stream_options":{"include_usage":true}}`},
+	{"stream with other options",
+		`{"stream":true,"stream_options":{"include_obfuscation":false}}`,
+		`{"stream":true,"stream_options":{"include_obfuscation":false,"include_usage":true}}`},
+	{"empty options",
+		`{"stream":true,"stream_options":{ }}`,
+		`{"stream":true,"stream_options":{ "include_usage":true}}`},
+	{"stream that asked for usage", `{"stream":true,"stream_options":{"include_usage":true}}`, ""},
+	{"the last include_usage is true", `{"stream":true,"stream_options":{"include_usage":false,"include_usage":true}}`, ""},
+	{"the last include_usage is false",
+		`{"stream":true,"stream_options":{"include_usage":true,"include_usage":false}}`,
+		`{"stream":true,"stream_options":{"include_usage":true,"include_usage":true}}`},
+	{"the last stream is true",
+		`{"stream":false,"stream":true}`,
+		`{"stream":false,"stream":true,"stream_options":{"include_usage":true}}`},
+	{"the last stream is false", `{"stream":true,"stream":false}`, ""},
+	{"the last stream_options is null",
+		`{"stream":true,"stream_options":{"include_usage":true},"stream_options":null}`,
+		`{"stream":true,"stream_options":{"include_usage":true},"stream_options":{"include_usage":true}}`},
+	{"the last stream_options asks for usage", `{"stream":true,"stream_options":null,"stream_options":{"include_usage":true}}`, ""},
+	{"escaped keys",
+		`{"stre\u0061m":true,"stream\u005foptions":{"include\u005Fusage":false}}`,
+		`{"stre\u0061m":true,"stream\u005foptions":{"include\u005Fusage":true}}`},
+	{"escaped keys that ask for usage", `{"\u0073tream":true,"stream_options":{"\u0069nclude_usage":true}}`, ""},
+	{"a key that unescapes to another", `{"stream\u00e9":true}`, ""},
+	{"nested stream keys", `{"metadata":{"stream":true},"messages":[{"stream":true}]}`, ""},
+	{"nested stream_options",
+		`{"stream":true,"metadata":{"stream_options":null}}`,
+		`{"stream":true,"metadata":{"stream_options":null},"stream_options":{"include_usage":true}}`},
+	{"nested include_usage",
+		`{"stream":true,"stream_options":{"x":{"include_usage":true}}}`,
+		`{"stream":true,"stream_options":{"x":{"include_usage":true},"include_usage":true}}`},
+	{"not a stream", `{"model":"m","messages":[]}`, ""},
+	{"stream false", `{"stream":false}`, ""},
+	{"stream a string", `{"stream":"true"}`, ""},
+	{"not JSON", `stream=true`, ""},
+	{"cut short", `{"stream":true`, ""},
+	{"more after the object", `{"stream":true} {}`, ""},
+	{"an array", `[{"stream":true}]`, ""},
+	{"stream options of the wrong type", `{"stream":true,"stream_options":[1]}`, ""},
+	{"stream options a string", `{"stream":true,"stream_options":"include_usage"}`, ""},
+}
+
+func TestStreamUsageRewriteAddsTheOptionAndChangesNothingElse(t *testing.T) {
+	for _, c := range streamUsageCases {
 		t.Run(c.name, func(t *testing.T) {
-			out, added := withStreamUsage([]byte(c.body))
-			if added != c.added {
-				t.Fatalf("added %v, want %v", added, c.added)
+			edit, ok := streamUsageEdit([]byte(c.body))
+			if ok != (c.want != "") {
+				t.Fatalf("edited %v, want %q", ok, c.want)
 			}
-			if !added {
-				return
-			}
-			var got, sent map[string]any
-			if err := json.Unmarshal(out, &got); err != nil {
-				t.Fatalf("rewritten body %s: %v", out, err)
-			}
-			json.Unmarshal([]byte(c.body), &sent)
-			if got["stream_options"].(map[string]any)["include_usage"] != true {
-				t.Fatalf("include_usage not set in %s", out)
-			}
-			delete(got, "stream_options")
-			if opts, ok := sent["stream_options"].(map[string]any); ok {
-				delete(opts, "include_usage")
-				for k, v := range opts { // the client's other options are kept
-					if !strings.Contains(string(out), `"`+k+`":`+mustJSON(v)) {
-						t.Fatalf("option %s lost in %s", k, out)
-					}
-				}
-			}
-			delete(sent, "stream_options")
-			if mustJSON(got) != mustJSON(sent) {
-				t.Fatalf("rewritten body %s changed more than stream_options", out)
-			}
-			if strings.Contains(string(out), `\u003c`) {
-				t.Fatalf("the client's text was escaped: %s", out)
+			if got := edit.apply([]byte(c.body)); ok && string(got) != c.want {
+				t.Fatalf("got\n%s\nwant\n%s", got, c.want)
 			}
 		})
 	}
 }
 
-func mustJSON(v any) string {
-	b, _ := json.Marshal(v)
-	return string(b)
+// FuzzStreamUsageRewrite holds the rewrite, for any body, to: an edit
+// exactly when encoding/json reads the body as a stream that does not ask
+// for usage, with stream_options absent, null or an object; an edited body
+// that reads as the body plus include_usage true; and an edit that puts the
+// option's bytes in the place of nothing, of a null stream_options or of
+// the include_usage value, so that the rest of the body is its bytes.
+func FuzzStreamUsageRewrite(f *testing.F) {
+	for _, c := range streamUsageCases {
+		f.Add([]byte(c.body))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		edit, ok := streamUsageEdit(body)
+		sent, valid := decodeJSON(body)
+		if ok != (valid && wantsStreamUsage(sent)) {
+			t.Fatalf("edited %v the body %s", ok, body)
+		}
+		if !ok {
+			return
+		}
+		replaced := body[edit.start:edit.end]
+		switch edit.text {
+		case `,"stream_options":{"include_usage":true}`, `"include_usage":true`, `,"include_usage":true`:
+			if len(replaced) > 0 {
+				t.Fatalf("the edit of %s replaced %s with a member", body, replaced)
+			}
+		case `{"include_usage":true}`:
+			if string(replaced) != "null" {
+				t.Fatalf("the edit of %s replaced %s with the options", body, replaced)
+			}
+		case "true":
+			if !json.Valid(replaced) {
+				t.Fatalf("the edit of %s replaced %s, not a value, with true", body, replaced)
+			}
+		default:
+			t.Fatalf("the edit of %s added %s", body, edit.text)
+		}
+		out := edit.apply(body)
+		got, valid := decodeJSON(out)
+		if !valid {
+			t.Fatalf("the edit of %s made %s, not JSON", body, out)
+		}
+		want := sent.(map[string]any)
+		if opts, isObject := want["stream_options"].(map[string]any); isObject {
+			opts["include_usage"] = true
+		} else {
+			want["stream_options"] = map[string]any{"include_usage": true}
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("%s reads as %v, want %v", out, got, want)
+		}
+	})
+}
+
+// decodeJSON decodes b as encoding/json does, each number as written.
+func decodeJSON(b []byte) (any, bool) {
+	if !json.Valid(b) {
+		return nil, false
+	}
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.UseNumber()
+	var v any
+	return v, d.Decode(&v) == nil
+}
+
+// wantsStreamUsage reports whether a decoded request is a stream whose
+// stream_options can take include_usage and does not have it true.
+func wantsStreamUsage(req any) bool {
+	m, ok := req.(map[string]any)
+	if !ok || m["stream"] != true {
+		return false
+	}
+	switch opts := m["stream_options"].(type) {
+	case nil:
+		return true
+	case map[string]any:
+		return opts["include_usage"] != true
+	}
+	return false
 }
 
 func TestRewrittenRequestGetsItsNewContentLengthAndAnIdentityStream(t *testing.T) {
