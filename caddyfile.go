@@ -38,7 +38,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		redis cluster <url> [<url>...]             # or: seed nodes of a Redis Cluster
 //		redis sentinel <master-name> <url> [<url>...]  # or: the sentinels that watch a primary
 //		redis ... {                                # optional, after any of the three forms
-//			timeout <duration>                     # one admission call's bound (and dials); default 100ms
+//			timeout <duration>                     # one admission's bound, dial and replay included; default 100ms
 //			pool_size <n>                          # connections per node
 //			username <user>                        # for the data nodes; placeholders such as {env.REDIS_USER}
 //			password <password>

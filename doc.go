@@ -57,12 +57,16 @@
 //
 // # Failures, and the one replay
 //
-// go-redis never retries behind the module's back. An admission whose
-// connection was found dead is replayed once, on a fresh connection, within
-// the same timeout: usually the first attempt never reached Redis, and if it
-// did, the replay errs by one request towards stricter. Token charges are
-// never replayed: a double charge would outlive the failure. Any other
-// failure applies on_redis_error (fail open by default, or 503).
+// go-redis never retries behind the module's back. An admission ends within
+// the timeout of its start, whatever it waits for: a coalesced call in
+// flight, its own call, a connection. Its caller then gives up even on a
+// call in flight, which may still decide and charge it: that errs towards
+// stricter, as a lost reply does. An admission whose connection was found
+// dead is replayed once, on a fresh connection, within the same timeout:
+// usually the first attempt never reached Redis, and if it did, the replay
+// errs by one request towards stricter. Token charges are never replayed: a
+// double charge would outlive the failure. Any other failure applies
+// on_redis_error (fail open by default, or 503).
 //
 // # Tokens are reserved, then settled
 //

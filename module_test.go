@@ -359,6 +359,81 @@ func TestRedisOutageFailsOpenByDefaultAndClosedWithDenyThenEnforcementResumes(t 
 	}
 }
 
+// While Redis hangs, every request gets on_redis_error's answer within the
+// Redis timeout: the upstream's (allow, the default) or 503 (deny).
+func TestRequestsWhileRedisHangsGetOnRedisErrorsAnswerWithinTheTimeout(t *testing.T) {
+	srv := startRedis(t)
+	up := newUpstream(t)
+	gw := startGateway(t, up.URL, fmt.Sprintf(`
+	rolter_ratelimit /open* {
+		redis %[1]s {
+			timeout %[2]s
+		}
+		scope org {http.request.header.X-Org}
+		limit org * rpm 1000
+	}
+	rolter_ratelimit /closed* {
+		redis %[1]s {
+			timeout %[2]s
+		}
+		scope org {http.request.header.X-Org}
+		limit org * rpm 1000
+		on_redis_error deny
+	}
+	reverse_proxy {upstream}`, srv.URL(), hungTimeout))
+	org := uniqueID(t)
+	status := func(path string) (int, error) {
+		req, err := http.NewRequest("GET", gw.url+path, nil)
+		if err != nil {
+			return 0, err
+		}
+		req.Header.Set("X-Org", org)
+		res, err := gw.tester.Client.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		defer res.Body.Close()
+		_, err = io.Copy(io.Discard, res.Body)
+		return res.StatusCode, err
+	}
+	// requestConcurrently sends rounds requests back to back from each of 16
+	// clients, alternately to /open and /closed, each of which must answer
+	// its want, and returns how long each took.
+	requestConcurrently := func(want map[string]int) []time.Duration {
+		const clients, rounds = 16, 8
+		took := make([]time.Duration, clients*rounds)
+		var wg sync.WaitGroup
+		for c := range clients {
+			wg.Go(func() {
+				for r := range rounds {
+					path := "/open"
+					if (c+r)%2 == 1 {
+						path = "/closed"
+					}
+					start := time.Now()
+					code, err := status(path)
+					took[c*rounds+r] = time.Since(start)
+					if code != want[path] {
+						t.Errorf("%s: %d %v, want %d", path, code, err, want[path])
+					}
+				}
+			})
+		}
+		wg.Wait()
+		return took
+	}
+	// The same traffic with Redis up loads the script, and opens the
+	// connections a first burst would pay for on a loaded machine.
+	requestConcurrently(map[string]int{"/open": 200, "/closed": 200})
+	if t.Failed() {
+		t.FailNow()
+	}
+	resume := srv.Hang(t)
+	defer resume()
+	took := requestConcurrently(map[string]int{"/open": 200, "/closed": 503})
+	checkWithinTimeout(t, "requests", took)
+}
+
 // eachStore runs test on the in-process store (store "") and, when the
 // tests have a Redis, on Redis (store its redis line), as the store
 // conformance suite does: the HTTP contract holds on both.

@@ -26,9 +26,10 @@ type RedisConfig struct {
 	// Sentinel finds the primary through Redis Sentinel.
 	Sentinel *SentinelConfig `json:"sentinel,omitempty"`
 
-	// Timeout bounds one admission call, so that a stalled Redis costs a
-	// request at most this long before on_redis_error applies. It also bounds
-	// dialling, and Sentinel queries. Default 100ms.
+	// Timeout bounds one admission, dial and replay included, so that a
+	// stalled Redis costs a request at most this long before on_redis_error
+	// applies. It also bounds a token charge's call, and Sentinel queries.
+	// Default 100ms.
 	Timeout caddy.Duration `json:"timeout,omitempty"`
 	// PoolSize is the most connections per node. Default: go-redis's, 10 per CPU.
 	PoolSize int `json:"pool_size,omitempty"`

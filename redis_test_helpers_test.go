@@ -6,7 +6,9 @@ package ratelimit
 //   - redisURLFromEnv: the switch that turns the Redis tests on (./test.sh
 //     sets it); without it they skip, or fail in CI.
 //   - startRedis: a throwaway redis-server per test, which a test can stop and
-//     start again on the same port (Redis outages).
+//     start again on the same port (Redis outages), or hang (Hang: the
+//     process is stopped, and connections to it are accepted but answered
+//     by nothing).
 //   - newResetProxy: a TCP proxy that kills the connections open at a given
 //     moment at their next command.
 //   - startRedisCluster, startRedisSentinel: a Redis Cluster of N primaries,

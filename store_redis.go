@@ -338,11 +338,10 @@ var (
 	_ caddy.Destructor = (*redisStore)(nil)
 )
 
-// admitCoalesced waits for the admission's decision: at most the store's
-// timeout in all while others make the calls, and one call (which the
-// timeout bounds) more when it is handed one. An admission that gives up
-// waiting may still be decided, and charged, by its call: that errs towards
-// stricter, as a lost reply does.
+// admitCoalesced waits for the admission's decision, at most the store's
+// timeout in all, whether others make the calls or its own is in flight
+// (which may then still decide and charge it: doc.go). An admission that
+// makes its call at once is bounded by the call's own timeout.
 func (s *redisStore) admitCoalesced(ctx context.Context, chain []limit, reserve tokenCounts) (decision, error) {
 	item := &scriptItem{chain: chain, reserve: reserve, answer: make(chan scriptAnswer, 1)}
 	a, err := coalesce.Await(ctx, s.calls, item, item.answer, s.timeout)

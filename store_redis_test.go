@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,7 +17,14 @@ import (
 
 func newTestRedisStore(t testing.TB, url string) *redisStore {
 	t.Helper()
-	s, err := newRedisStore(&RedisConfig{URL: url}, time.Second)
+	return newTestRedisStoreOf(t, &RedisConfig{URL: url}, time.Second)
+}
+
+// newTestRedisStoreOf is a store of config with the given timeout, destroyed
+// in t.Cleanup.
+func newTestRedisStoreOf(t testing.TB, config *RedisConfig, timeout time.Duration) *redisStore {
+	t.Helper()
+	s, err := newRedisStore(config, timeout)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,6 +188,108 @@ func TestAdmissionFailsWithAnErrorWhileRedisIsDownAndResumesAfterRestart(t *test
 	if admitOrFail(t, s, chain, 0).admitted {
 		t.Fatal("second request admitted over rpm 1 after the restart")
 	}
+}
+
+// The hang tests' Redis timeout, and what an admission may take beyond it:
+// the bound those tests prove. On a loaded 2-core machine under -race, the
+// runtime's timers fire up to some 90 ms late; an admission that waited for
+// a call in flight and then made its own, which this bound is to exclude,
+// took twice the timeout.
+const (
+	hungTimeout = 200 * time.Millisecond
+	hungMargin  = 100 * time.Millisecond
+)
+
+// admitConcurrently runs rounds admissions back to back in each of n
+// goroutines through s, each of a chain of its own, and returns how long
+// each took and how many failed (on_redis_error would apply to those).
+func admitConcurrently(t *testing.T, s *redisStore, n, rounds int) (took []time.Duration, failed int) {
+	t.Helper()
+	id := uniqueID(t)
+	took = make([]time.Duration, n*rounds)
+	var failures atomic.Int64
+	var wg sync.WaitGroup
+	for g := range n {
+		wg.Go(func() {
+			for r := range rounds {
+				chain := []limit{newLimit("key", fmt.Sprintf("%s-%d-%d", id, g, r), 1, 0)}
+				start := time.Now()
+				if _, err := s.admit(context.Background(), chain, tokenCounts{}); err != nil {
+					failures.Add(1)
+				}
+				took[g*rounds+r] = time.Since(start)
+			}
+		})
+	}
+	wg.Wait()
+	return took, int(failures.Load())
+}
+
+// checkWithinTimeout fails the test if one of what took longer than the
+// timeout and the margin, and logs the p99 and the longest.
+func checkWithinTimeout(t *testing.T, what string, took []time.Duration) {
+	t.Helper()
+	slices.Sort(took)
+	p99, longest := took[(len(took)*99+99)/100-1], took[len(took)-1]
+	t.Logf("%d %s while Redis hangs, timeout %v: p99 %v, max %v", len(took), what, hungTimeout, p99, longest)
+	if longest > hungTimeout+hungMargin {
+		t.Errorf("one of the %s took %v, want at most the timeout, %v (+%v)", what, longest, hungTimeout, hungMargin)
+	}
+}
+
+// An admission ends within the timeout of its start whatever it waits for:
+// a coalesced call in flight and then its own, or a pooled connection.
+func TestEveryAdmissionEndsWithinTheTimeoutWhileRedisHangs(t *testing.T) {
+	srv := startRedis(t)
+	for _, tc := range []struct {
+		name      string
+		poolSize  int
+		coalesced bool
+	}{
+		{"coalesced", 0, true},
+		{"uncoalesced as on a cluster, one pooled connection", 1, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newTestRedisStoreOf(t, &RedisConfig{URL: srv.URL(), PoolSize: tc.poolSize}, hungTimeout)
+			if !tc.coalesced {
+				s.calls = nil
+			}
+			const n, rounds = 16, 8
+			// The same traffic with Redis up loads the script and warms what
+			// a first burst would pay for on a loaded machine.
+			if _, failed := admitConcurrently(t, s, n, rounds); failed > 0 {
+				t.Fatalf("%d admissions failed with Redis up", failed)
+			}
+			resume := srv.Hang(t)
+			defer resume()
+			took, failed := admitConcurrently(t, s, n, rounds)
+			if failed != len(took) {
+				t.Errorf("%d of %d admissions succeeded while Redis hangs", len(took)-failed, len(took))
+			}
+			checkWithinTimeout(t, "admissions", took)
+		})
+	}
+}
+
+// An admission whose connection dies under it is replayed on a fresh one:
+// when Redis hangs, that dial and the replay end within the admission's
+// timeout too.
+func TestAnAdmissionReplayedOnAFreshConnectionToAHungRedisEndsWithinTheTimeout(t *testing.T) {
+	srv := startRedis(t)
+	proxy := newResetProxy(t, srv.Addr())
+	s := newTestRedisStoreOf(t, &RedisConfig{URL: "redis://" + proxy.Addr() + "/0"}, hungTimeout)
+	chain := []limit{newLimit("key", uniqueID(t), 1, 0)}
+	admitOrFail(t, s, chain, 0)
+	resume := srv.Hang(t)
+	defer resume()
+	proxy.ResetAtNextCommand()
+	start := time.Now()
+	_, err := s.admit(context.Background(), chain, tokenCounts{})
+	took := time.Since(start)
+	if err == nil || isDeadConnection(err) {
+		t.Fatalf("admission on a dying connection to a hung Redis: %v, want the replay's timeout", err)
+	}
+	checkWithinTimeout(t, "replayed admissions", []time.Duration{took})
 }
 
 func TestUnloadedRedisStoreStaysOpenUntilItsLastHolderReleasesIt(t *testing.T) {

@@ -12,11 +12,13 @@ import (
 // Coalescer sends the concurrent calls of this process together. Whoever
 // finds fewer than maxCalls calls in flight makes a call at once, in its own
 // goroutine, of its item and of what waits; whoever finds them all busy
-// waits, and is either answered by a later call or handed the lead of the
-// next one by the caller before it. A lone item thus costs no goroutine
-// hand-off, and under load the items waiting on a round trip go in one
-// call, in arrival order. An item nobody waits for rides in the next call,
-// and takes a call of its own only when none comes within the linger.
+// waits to be answered by a later call. Those later calls are made, one
+// after another while items wait, by a goroutine that the caller before them
+// starts, so that no caller waits on more than its own item's call. A lone
+// item thus costs no goroutine hand-off, and under load the items waiting on
+// a round trip go in one call, in arrival order. An item nobody waits for
+// rides in the next call, and takes a call of its own only when none comes
+// within the linger.
 //
 // A call is one Batch: what it does with its items, and what it answers
 // each, is the Batch's.
@@ -49,7 +51,6 @@ type Batch[T any] interface {
 type ticket[T any] struct {
 	item  T
 	state ticketState
-	lead  chan struct{} // buffered: the holder makes the next call
 }
 
 type ticketState uint8
@@ -57,8 +58,7 @@ type ticketState uint8
 const (
 	waiting   ticketState = iota
 	batched               // in a call, which answers it
-	leading               // handed the next call
-	abandoned             // its caller gave up before either
+	abandoned             // its caller gave up before a call took it
 )
 
 // New is a Coalescer that keeps maxCalls calls in flight at once, lets an
@@ -69,21 +69,23 @@ func New[T any](maxCalls int, linger time.Duration, start func(first T) Batch[T]
 }
 
 // Await makes or joins a call for item and returns the item's answer, which
-// the call sends on answer, or an error if ctx is done, or timeout passes,
-// before the item is in a call. Only a caller that waits starts a timer: one
-// that makes the call at once is bounded by the call's own timeout. A caller
-// handed the lead just as it gave up still makes the call, in the background:
-// the items behind it wait for it.
+// the call sends on answer, or an error once ctx is done or timeout has
+// passed, whether the item is still waiting or in a call in flight (which
+// may then still decide it, for no one). Only a caller that waits starts a
+// timer: one that makes the call at once is bounded by the call's own
+// timeout, and leaves the calls of the items behind it to a goroutine.
 func Await[T, R any](ctx context.Context, q *Coalescer[T], item T, answer <-chan R, timeout time.Duration) (R, error) {
 	var none R
 	q.mu.Lock()
 	if q.calls < q.maxCalls {
 		q.calls++
 		q.mu.Unlock()
-		q.lead(item)
+		if next, ok := q.call(item); ok {
+			go q.lead(next)
+		}
 		return <-answer, nil
 	}
-	t := &ticket[T]{item: item, lead: make(chan struct{}, 1)}
+	t := &ticket[T]{item: item}
 	q.waiting = append(q.waiting, t)
 	q.mu.Unlock()
 	timer := time.NewTimer(timeout)
@@ -92,28 +94,34 @@ func Await[T, R any](ctx context.Context, q *Coalescer[T], item T, answer <-chan
 	select {
 	case r := <-answer:
 		return r, nil
-	case <-t.lead:
-		q.lead(item)
-		return <-answer, nil
 	case <-ctx.Done():
 		err = ctx.Err()
 	case <-timer.C:
 	}
 	q.mu.Lock()
-	state := t.state
-	if state == waiting {
+	if t.state == waiting {
 		t.state = abandoned
 	}
 	q.mu.Unlock()
-	if state == leading {
-		go q.lead(item)
-	}
 	return none, err
 }
 
-// lead makes one call of first and of what waits and can join it, then hands
-// the next call to the first item still waiting, if any.
+// lead makes calls while items wait: the first of first and what waits with
+// it, then each of the first item still waiting and what waits with that.
 func (q *Coalescer[T]) lead(first T) {
+	for {
+		next, ok := q.call(first)
+		if !ok {
+			return
+		}
+		first = next
+	}
+}
+
+// call makes one call of first and of what waits and can join it. Then it
+// takes the first item still waiting, for the next call, and returns it;
+// with none waiting, the call slot is free again.
+func (q *Coalescer[T]) call(first T) (next T, ok bool) {
 	b := q.start(first)
 	q.mu.Lock()
 	n := 1
@@ -129,7 +137,7 @@ func (q *Coalescer[T]) lead(first T) {
 	q.riders = kept
 	q.armFlush()
 	// The call takes what waits in arrival order, up to the first item that
-	// cannot join it: that one leads the next.
+	// cannot join it: that one is first in the next.
 	i := 0
 	for ; i < len(q.waiting) && n < maxBatch; i++ {
 		t := q.waiting[i]
@@ -148,18 +156,17 @@ func (q *Coalescer[T]) lead(first T) {
 	q.mu.Unlock()
 	b.Send()
 	q.mu.Lock()
+	defer q.mu.Unlock()
 	for len(q.waiting) > 0 {
-		next := q.waiting[0]
+		t := q.waiting[0]
 		q.waiting = q.waiting[1:]
-		if next.state == waiting {
-			next.state = leading
-			q.mu.Unlock()
-			next.lead <- struct{}{}
-			return
+		if t.state == waiting {
+			t.state = batched
+			return t.item, true
 		}
 	}
 	q.calls--
-	q.mu.Unlock()
+	return next, false
 }
 
 // Ride puts item in the next call, whoever makes it: an item nobody waits

@@ -20,9 +20,11 @@ type recordingBatch struct {
 type callRecorder struct {
 	mu      sync.Mutex
 	calls   [][]int
-	release chan struct{} // nil: send returns at once
+	release chan struct{} // nil: send returns at once; else a call whose first item is 0 waits until it is closed
 	full    int           // add refuses an item once a call holds this many; 0: never
 	answers map[int]chan int
+
+	releaseOthers chan struct{} // release for the calls whose first item is another
 }
 
 // answerFor is where the calls answer item.
@@ -50,9 +52,12 @@ func (b *recordingBatch) Send() {
 	b.r.mu.Lock()
 	b.r.calls = append(b.r.calls, b.items)
 	release := b.r.release
+	if b.items[0] != 0 {
+		release = b.r.releaseOthers
+	}
 	b.r.mu.Unlock()
-	if release != nil && b.items[0] == 0 {
-		<-release // the first call stays in flight until the test releases it
+	if release != nil {
+		<-release // the call stays in flight until the test releases it
 	}
 	b.r.mu.Lock()
 	for _, item := range b.items {
@@ -241,5 +246,48 @@ func TestAWaiterGivesUpAfterItsTimeout(t *testing.T) {
 	waitIdle(q)
 	if calls := r.recorded(); !slices.EqualFunc(calls, [][]int{{0}}, slices.Equal) {
 		t.Fatalf("calls %v, want only the first", calls)
+	}
+}
+
+// A waiter gives up when its context ends even once its item is in a call in
+// flight, whether it is the call's first item or not; the call still decides
+// the item.
+func TestAWaiterGivesUpWhenItsContextEndsWhileItsCallIsInFlight(t *testing.T) {
+	r := &callRecorder{release: make(chan struct{}), releaseOthers: make(chan struct{})}
+	q := New(1, time.Hour, r.start)
+	first := submitAll(t, q, r, []int{0}, 0) // in flight until released
+	ctx, cancel := context.WithCancel(context.Background())
+	gaveUp := make(chan bool, 2)
+	for i, item := range []int{1, 2} {
+		submit(q, r, item, ctx, i, func(answered bool) { gaveUp <- !answered })
+	}
+	close(r.release) // the next call, of 1 and 2, stays in flight
+	first.Wait()
+	for len(r.recorded()) < 2 {
+		runtime.Gosched()
+	}
+	cancel()
+	for range 2 {
+		select {
+		case gave := <-gaveUp:
+			if !gave {
+				t.Fatal("a waiter was answered by a call still in flight")
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("a waiter still waits on its call in flight after its context ended")
+		}
+	}
+	close(r.releaseOthers)
+	waitIdle(q)
+	if calls := r.recorded(); !slices.EqualFunc(calls, [][]int{{0}, {1, 2}}, slices.Equal) {
+		t.Fatalf("calls %v, want the first, then one of both waiters' items", calls)
+	}
+	for _, item := range []int{1, 2} {
+		r.mu.Lock()
+		answer := r.answers[item]
+		r.mu.Unlock()
+		if got := <-answer; got != item {
+			t.Fatalf("the call answered item %d with %d", item, got)
+		}
 	}
 }

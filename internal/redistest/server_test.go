@@ -70,6 +70,23 @@ func TestStoppedServerStartsAgainOnItsPortWithAnEmptyDataset(t *testing.T) {
 	}
 }
 
+func TestHungServerAcceptsConnectionsButAnswersNothingUntilItResumes(t *testing.T) {
+	s := NewServer(t)
+	resume := s.Hang(t)
+	if !answers(s.Addr()) {
+		t.Fatalf("hung server on %s refuses connections, want the kernel to accept them", s.Addr())
+	}
+	c := Client(s.Addr(), 100*time.Millisecond)
+	defer c.Close()
+	if err := c.Ping(context.Background()).Err(); err == nil {
+		t.Fatal("hung server answered PING")
+	}
+	resume()
+	if _, err := do(s.Addr(), "PING"); err != nil {
+		t.Fatalf("PING after resume: %v", err)
+	}
+}
+
 func TestLaunchOnAPortAnotherServerHoldsFailsAndSeesThePortTaken(t *testing.T) {
 	other := NewServer(t)
 	s := &Server{bin: other.bin, dir: t.TempDir(), port: other.port}
