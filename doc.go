@@ -94,6 +94,18 @@
 // so the cache never refuses what Redis would admit. Tokens refusals are
 // left to Redis: a settlement can give tokens back.
 //
+// # What the client and the upstream choose
+//
+// A scope id must be what the upstream reads: a scope's header sent twice,
+// or two credentials for the api_key placeholder, is refused before any
+// store call (credential.go). A request's body, whose size the client
+// chooses, is read only when the admission needs it, after every refusal
+// that needs no body, in memory that grows with the bytes that arrive and
+// is capped per process (body.go). A response's reported usage, which the
+// upstream chooses, is charged at most a ceiling far above any real
+// response (usageCeiling), so that one absurd report cannot lock a shared
+// pool.
+//
 // # Secrets
 //
 // An id is written (in Redis keys, logs, metrics, the admin API's answers

@@ -312,7 +312,12 @@ func (s *memoryStore) decide(chain []limit, reserve tokenCounts, charge bool, bu
 	var byLimitBuf, lockedBuf [stackChain]*memoryCounter
 	cs, locked := s.lock(chain, byLimitBuf[:0], lockedBuf[:0])
 	defer unlockAll(locked)
-	d := decision{admitted: true, now: now, counts: append(buf[:0], make([]counts, len(chain))...), reserve: reserve}
+	if cap(buf) < len(chain) {
+		buf = make([]counts, len(chain))
+	}
+	buf = buf[:len(chain)]
+	clear(buf)
+	d := decision{admitted: true, now: now, counts: buf, reserve: reserve}
 	for i, l := range chain {
 		c := &d.counts[i]
 		for k, capacity := range l.each {
