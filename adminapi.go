@@ -292,7 +292,7 @@ func usageQuery(q url.Values) (scope string, id askedID, err error) {
 	}
 	scope = q.Get("scope")
 	if scope == "" {
-		return "", id, errors.New("missing scope parameter: ask for ?scope=<scope name>&id=<id as in requests> (or &digest=<#digest>)")
+		return "", id, errors.New("missing scope parameter: ask for ?scope=<scope name>&id=<id as in requests> (or &digest=%23<32 hex digits>)")
 	}
 	raw, hasID := q["id"]
 	digest, hasDigest := q["digest"]
@@ -301,7 +301,7 @@ func usageQuery(q url.Values) (scope string, id askedID, err error) {
 		return "", id, errors.New("give either the id parameter or the digest parameter, not both")
 	case hasDigest:
 		if !digestRE.MatchString(digest[0]) {
-			return "", id, errors.New(`the digest parameter must be "#" and 32 lowercase hex digits, as logs, metrics and Redis keys show digested ids`)
+			return "", id, errors.New(`the digest parameter must be "#" and 32 lowercase hex digits, as logs, metrics and Redis keys show digested ids; in a URL, write the "#" as %23 (a bare "#" starts the URL's fragment, which is never sent)`)
 		}
 		return scope, askedID{digest: digest[0]}, nil
 	case hasID && raw[0] != "":
@@ -309,7 +309,7 @@ func usageQuery(q url.Values) (scope string, id askedID, err error) {
 	case hasID:
 		return "", id, errors.New("empty id parameter: an empty scope value is never limited")
 	}
-	return "", id, errors.New("missing id parameter: give the id as it appears in requests (id=...) or its stored digest (digest=#...)")
+	return "", id, errors.New("missing id parameter: give the id as it appears in requests (id=...) or its stored digest (digest=%23..., the # written %23)")
 }
 
 func unknownScope(scope string, known map[string]bool) error {

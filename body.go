@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/rolter/caddy-ratelimit/internal/llmapi"
 	"github.com/rolter/caddy-ratelimit/internal/usage"
 )
 
@@ -119,11 +120,15 @@ func (b requestBody) whole() []byte {
 	return b.bytes
 }
 
-// readable reports whether the limiter reads r's body: a JSON POST that is
-// not content-encoded.
-func readable(r *http.Request) bool {
+// readable reports whether the limiter reads the request's body: a POST
+// that is not content-encoded, to an API the classifier knows whatever
+// type it declares (a client must not escape its model's limits or its
+// reservation by declaring another), or declared JSON. A body that does not
+// parse as the API's JSON reserves the default and names no model.
+func readable(req *request) bool {
+	r := req.Request
 	return r.Method == http.MethodPost && r.Body != nil && r.Body != http.NoBody && r.Header.Get("Content-Encoding") == "" &&
-		strings.EqualFold(usage.MediaType(r.Header.Get("Content-Type")), "application/json")
+		(req.call.API != llmapi.Unknown || strings.EqualFold(usage.MediaType(r.Header.Get("Content-Type")), "application/json"))
 }
 
 // readRequestBody reads the body of a request the limiter reads, within
@@ -133,10 +138,11 @@ func readable(r *http.Request) bool {
 // release. A read that fails passes on what was read and the rest as they
 // were; only a body that found no room under limit (or whose client went
 // away meanwhile) is an error, and then the request must not go on.
-func readRequestBody(r *http.Request, limit int64) (requestBody, error) {
-	if !readable(r) {
+func readRequestBody(req *request, limit int64) (requestBody, error) {
+	if !readable(req) {
 		return requestBody{}, nil
 	}
+	r := req.Request
 	first := int64(firstBodyBuffer)
 	if r.ContentLength >= 0 {
 		first = min(first, r.ContentLength+1) // room to read the EOF without growing

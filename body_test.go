@@ -6,14 +6,22 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/rolter/caddy-ratelimit/internal/llmapi"
 )
+
+// requestOf is r as ServeHTTP reads it, without a replacer.
+func requestOf(r *http.Request) *request {
+	call := llmapi.Of(r.URL.Path)
+	return &request{Request: r, call: call, dia: dialectOf("", call)}
+}
 
 // readWhole reads r's body as the handler does and returns it when it was
 // read whole, else nil; its memory is given back when the test ends, as
 // ServeHTTP gives it back when the request ends.
 func readWhole(t *testing.T, r *http.Request) []byte {
 	t.Helper()
-	body, err := readRequestBody(r, defaultBodyMemory)
+	body, err := readRequestBody(requestOf(r), defaultBodyMemory)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,14 +39,14 @@ func TestABodyOverTheReadLimitReservesNoLessThanOneUnderIt(t *testing.T) {
 		body := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("a", content) + `"}]}`
 		r := httptest.NewRequest("POST", "/v1/chat/completions", strings.NewReader(body))
 		r.Header.Set("Content-Type", "application/json")
-		read, err := readRequestBody(r, defaultBodyMemory)
+		read, err := readRequestBody(requestOf(r), defaultBodyMemory)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if read.complete != (len(body) <= maxReadBody) {
 			t.Fatalf("a body of %d bytes read complete: %v", len(body), read.complete)
 		}
-		reserved, _ := h.reservation(r.URL.Path, read, chain)
+		reserved, _ := h.reservation(llmapi.Of(r.URL.Path), read, chain)
 		if forwarded, err := io.ReadAll(r.Body); err != nil || string(forwarded) != body {
 			t.Fatalf("a body of %d bytes forwarded as %d bytes (%v)", len(body), len(forwarded), err)
 		}
@@ -60,7 +68,7 @@ func TestABodysMemoryIsGivenBackOnceReadClosedOrReleased(t *testing.T) {
 	} {
 		r := httptest.NewRequest("POST", "/v1/chat/completions", strings.NewReader(`{"model":"`+strings.Repeat("m", 40000)+`"}`))
 		r.Header.Set("Content-Type", "application/json")
-		b, err := readRequestBody(r, defaultBodyMemory)
+		b, err := readRequestBody(requestOf(r), defaultBodyMemory)
 		if err != nil {
 			t.Fatal(err)
 		}

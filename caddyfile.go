@@ -454,6 +454,9 @@ func parseLimit(d *caddyfile.Dispenser) (LimitConfig, error) {
 	if !d.Args(&l.Scope, &l.ID) {
 		return l, d.ArgErr()
 	}
+	if _, err := l.resolvedID(caddy.NewReplacer()); err != nil {
+		return l, d.WrapErr(err)
+	}
 	seen := make(map[string]bool)
 	for d.NextArg() {
 		name := d.Val()

@@ -233,6 +233,7 @@ var caddyfileGoodCases = []caddyfileGoodCase{
 }
 
 func TestCaddyfileParsesEveryDocumentedForm(t *testing.T) {
+	t.Setenv("VIP_KEY", "sk-vip") // an id placeholder must resolve when the config loads
 	for _, tc := range caddyfileGoodCases {
 		t.Run(tc.name, func(t *testing.T) {
 			got := new(Handler)
@@ -295,6 +296,7 @@ var caddyfileBadCases = []caddyfileBadCase{
 	{"reserve_output zero", "rolter_ratelimit {\n\treserve_output 0\n}", `reserve_output must be a positive number of tokens, not "0"`, 2},
 	{"reserve_output negative", "rolter_ratelimit {\n\treserve_output -5\n}", `reserve_output must be a positive number of tokens, not "-5"`, 2},
 	{"reserve_output without a value", "rolter_ratelimit {\n\treserve_output\n}", "wrong argument count", 2},
+	{"an id that resolves to nothing", "rolter_ratelimit {\n\tscope key {http.request.header.X-Api-Key}\n\tlimit key {env.ROLTER_TEST_UNSET_ID} rpm 5\n}", `limit for scope "key" id "{env.ROLTER_TEST_UNSET_ID}": the id resolves to nothing when the config loads, so it would limit no request`, 3},
 	{"body_memory not a size", "rolter_ratelimit {\n\tbody_memory lots\n}", `body_memory must be a size such as 64MiB, not "lots"`, 2},
 	{"body_memory below two bodies", "rolter_ratelimit {\n\tbody_memory 1MiB\n}", "body_memory must be at least 8388608 bytes (8MiB: two bodies of the largest size read), not 1048576", 2},
 	{"body_memory twice", "rolter_ratelimit {\n\tbody_memory 16MiB\n\tbody_memory 32MiB\n}", "body_memory is given twice", 3},

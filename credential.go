@@ -28,19 +28,20 @@ var (
 	googQuerySource = credentialSource{query: "key"}
 )
 
-// credentialSources are where the API of a request in dialect d to path
-// reads its credential: OpenAI's bearer token (Azure OpenAI's paths, under
-// /openai/, also its api-key header), Anthropic's x-api-key and the bearer
-// token its SDK sends for auth tokens, Gemini's x-goog-api-key, its ?key=
-// and the OAuth bearer token of Vertex AI.
-func credentialSources(d dialect, path string) []credentialSource {
-	switch d {
+// credentialSources are where the API of a request reads its credential,
+// by the request's dialect (its API's provider, or the dialect option):
+// OpenAI's bearer token (Azure OpenAI's paths, under /openai/, also its
+// api-key header), Anthropic's x-api-key and the bearer token its SDK sends
+// for auth tokens, Gemini's x-goog-api-key, its ?key= and the OAuth bearer
+// token of Vertex AI.
+func credentialSources(req *request) []credentialSource {
+	switch req.dia {
 	case dialectAnthropic:
 		return []credentialSource{anthropicSource, bearerSource}
 	case dialectGemini:
 		return []credentialSource{googKeySource, googQuerySource, bearerSource}
 	}
-	if strings.Contains(path, "/openai/") {
+	if req.call.Azure {
 		return []credentialSource{azureKeySource, bearerSource}
 	}
 	return []credentialSource{bearerSource}
@@ -58,9 +59,10 @@ func (s credentialSource) name() string {
 // sends none). When the request sends it twice, in one place or in two
 // that differ, the upstream's choice is unknown: ambiguous then names
 // where, and the credential is "".
-func credential(d dialect, r *http.Request) (value, ambiguous string) {
+func credential(req *request) (value, ambiguous string) {
 	var from credentialSource
-	for _, s := range credentialSources(d, r.URL.Path) {
+	r := req.Request
+	for _, s := range credentialSources(req) {
 		var values []string
 		if s.header != "" {
 			values = r.Header[s.header]

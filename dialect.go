@@ -5,9 +5,8 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
-	"strings"
 
-	"github.com/rolter/caddy-ratelimit/internal/tokenest"
+	"github.com/rolter/caddy-ratelimit/internal/llmapi"
 )
 
 // dialect is the API shape a request speaks, which the handler's own
@@ -20,11 +19,10 @@ const (
 	dialectGemini
 )
 
-// dialectOf is the dialect of a request to path: the configured one (the
-// dialect option), or the API the path names: Anthropic Messages
-// (…/v1/messages, …/v1/messages/count_tokens), Gemini (…/models/<model>:
-// generateContent and its siblings), else OpenAI.
-func dialectOf(configured, path string) dialect {
+// dialectOf is the dialect of a request of the call: the configured one (the
+// dialect option), or its API's provider's (llmapi: Anthropic Messages, on
+// any mount and on Vertex AI; Gemini; else OpenAI).
+func dialectOf(configured string, call llmapi.Call) dialect {
 	switch configured {
 	case "openai":
 		return dialectOpenAI
@@ -33,11 +31,11 @@ func dialectOf(configured, path string) dialect {
 	case "gemini":
 		return dialectGemini
 	}
-	if _, ok := tokenest.GeminiCall(path); ok {
-		return dialectGemini
-	}
-	if strings.HasSuffix(path, "/v1/messages") || strings.HasSuffix(path, "/v1/messages/count_tokens") {
+	switch call.Provider() {
+	case llmapi.Anthropic:
 		return dialectAnthropic
+	case llmapi.Google:
+		return dialectGemini
 	}
 	return dialectOpenAI
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rolter/caddy-ratelimit/internal/llmapi"
 	"github.com/rolter/caddy-ratelimit/internal/tokenest"
 )
 
@@ -79,7 +80,7 @@ func TestAnthropicRequestsSeeTheirInputAndOutputTokenLimitsInAnthropicsHeaders(t
 			scope key {http.request.header.X-Api-Key}
 			limit key * itpm 10000 otpm 2000 tpm 50000`))
 		body := `{"model":"claude-sonnet-4-5","max_tokens":500,"messages":[{"role":"user","content":"` + strings.Repeat("word ", 400) + `"}]}`
-		est := tokenest.Of("/v1/messages", []byte(body))
+		est := tokenest.Of(llmapi.Of("/v1/messages"), []byte(body))
 		res, _ := gw.send(t, "POST", "/v1/messages", body, "Content-Type: application/json", "X-Api-Key: sk-"+uniqueID(t))
 		if res.StatusCode != 200 {
 			t.Fatalf("status %d", res.StatusCode)
@@ -132,9 +133,87 @@ func TestDialectOfAPathIsTheAPIItNames(t *testing.T) {
 		"/v1/threads/t1/messages":                               dialectOpenAI,
 		"/openai/deployments/gpt/chat/completions":              dialectOpenAI,
 		"/v1/models/gpt-4o":                                     dialectOpenAI,
+		"/anthropic/messages":                                   dialectAnthropic,
+		"/v1/projects/p/locations/l/publishers/anthropic/models/claude-sonnet-4@20250514:rawPredict":       dialectAnthropic,
+		"/v1/projects/p/locations/l/publishers/anthropic/models/claude-sonnet-4@20250514:streamRawPredict": dialectAnthropic,
+		"/v1/projects/p/locations/l/publishers/google/models/gemini-2.5-pro:generateContent":               dialectGemini,
 	} {
-		if got := dialectOf("", path); got != want {
+		if got := dialectOf("", llmapi.Of(path)); got != want {
 			t.Errorf("%s: dialect %d, want %d", path, got, want)
 		}
 	}
+}
+
+// dialectOfAnswer is the provider whose error shape body has: Anthropic's
+// {"type":"error","error":{"type":…}}, Google's {"error":{"status":…}}, or
+// OpenAI's {"error":{"type":…,"code":…}}.
+func dialectOfAnswer(body []byte) string {
+	var v struct {
+		Type  string `json:"type"`
+		Error struct {
+			Type   string `json:"type"`
+			Status string `json:"status"`
+			Code   any    `json:"code"`
+		} `json:"error"`
+	}
+	switch {
+	case json.Unmarshal(body, &v) != nil:
+		return "not JSON"
+	case v.Type == "error" && v.Error.Type != "":
+		return "anthropic"
+	case v.Error.Status != "":
+		return "gemini"
+	case v.Error.Type != "" && v.Error.Code != nil:
+		return "openai"
+	}
+	return "unknown"
+}
+
+// Every path form the estimator reads answers in its provider's shape: the
+// one classifier (llmapi) decides the dialect, the estimate and the model.
+func TestEveryPathFormTheEstimatorReadsIsRefusedInItsProvidersShape(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		up := newUpstream(t)
+		gw := startGateway(t, up.URL, limited(store, `
+			scope key {http.request.header.X-Api-Key}
+			limit key * rpm 1`))
+		for _, c := range []struct{ path, body, want string }{
+			{"/v1/projects/p/locations/us-east5/publishers/anthropic/models/claude-sonnet-4@20250514:rawPredict", `{"anthropic_version":"vertex-2023-10-16","max_tokens":5,"messages":[]}`, "anthropic"},
+			{"/v1/projects/p/locations/us-east5/publishers/anthropic/models/claude-sonnet-4@20250514:streamRawPredict", `{"anthropic_version":"vertex-2023-10-16","max_tokens":5,"messages":[]}`, "anthropic"},
+			{"/anthropic/messages", `{"model":"claude-sonnet-4-5","max_tokens":5,"messages":[]}`, "anthropic"},
+			{"/v1beta/models/gemini-2.5-flash:generateContent", `{"contents":[]}`, "gemini"},
+			{"/v1/projects/p/locations/us-central1/publishers/google/models/gemini-2.5-pro:streamGenerateContent", `{"contents":[]}`, "gemini"},
+			{"/openai/deployments/gpt-4o/chat/completions?api-version=2024-10-21", `{"messages":[]}`, "openai"},
+			{"/v1/chat/completions", `{"model":"gpt-4o","messages":[]}`, "openai"},
+		} {
+			key := "X-Api-Key: " + uniqueID(t)
+			for range 2 {
+				res, body := gw.send(t, "POST", c.path, c.body, "Content-Type: application/json", key)
+				if res.StatusCode == 200 {
+					continue
+				}
+				if got := dialectOfAnswer(body); res.StatusCode != 429 || got != c.want {
+					t.Errorf("%s: refused %d in %s's shape, want 429 in %s's: %s", c.path, res.StatusCode, got, c.want, body)
+				}
+			}
+		}
+	})
+}
+
+// A too-large refusal, like every refusal, carries the chain's rate-limit
+// headers as they stand.
+func TestATooLargeRefusalCarriesTheRateLimitHeaders(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		up := newUpstream(t)
+		gw := startGateway(t, up.URL, limited(store, `
+			scope key {http.request.header.X-Api-Key}
+			limit key * rpm 5 tpm 1000`))
+		res, body := gw.postChat(t, `{"model":"m","max_tokens":5000,"messages":[]}`, "X-Api-Key: "+uniqueID(t))
+		if res.StatusCode != 429 || !strings.Contains(string(body), "Request too large") {
+			t.Fatalf("%d %s, want 429 too large", res.StatusCode, body)
+		}
+		if res.Header.Get("X-Ratelimit-Limit-Tokens") != "1000" || res.Header.Get("X-Ratelimit-Remaining-Requests") != "5" || res.Header.Get("X-Should-Retry") != "false" {
+			t.Fatalf("too-large headers %v, want x-ratelimit-* of the chain and x-should-retry false", res.Header)
+		}
+	})
 }

@@ -7,8 +7,9 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"github.com/rolter/caddy-ratelimit/internal/usage"
 	"go.uber.org/zap"
+
+	"github.com/rolter/caddy-ratelimit/internal/usage"
 )
 
 // responseWriter wraps the response of an admitted request. It sets the
@@ -138,6 +139,32 @@ func (h *Handler) usageClamped(chain []limit, what string, n int64) {
 
 func tokensOf(u usage.Usage) tokenCounts {
 	return tokenCounts{total: u.Total, input: u.Input, output: u.Output}
+}
+
+// admitted records an admission and wraps the response of the request it
+// admits: the rate-limit headers of its families, set now and again when
+// the header is written, and, when its chain caps tokens (metering), the
+// metering of its body (the caller then meters the response or the
+// session), holding the store for the charge. It returns nil when the
+// response needs no wrapping.
+func (h *Handler) admitted(w http.ResponseWriter, req *request, chain []limit, d decision, metering bool) *responseWriter {
+	setOutcome(req.repl, outcomeAdmitted)
+	tokensReserved.add(d.reserve)
+	families := h.families(req.dia)
+	if !families.any() && !metering {
+		return nil
+	}
+	rw := &responseWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, metering: metering}
+	if families.any() {
+		rw.headers = families.headersFor(chain, d, true)
+		rw.headers.apply(w.Header())
+	}
+	if metering {
+		// The store stays usable for this request's charge even if a
+		// reload unloads it meanwhile; the charge releases it.
+		h.store.hold()
+	}
+	return rw
 }
 
 // chargeTimeout bounds one token charge of a session, which runs on a

@@ -96,18 +96,49 @@ func TestPrefixPoolsAreNamedByTheirPrefix(t *testing.T) {
 	}
 }
 
-// A prefix that resolves to nothing would silently cover every id: the
-// config load says so instead.
-func TestAPrefixResolvingToNothingFailsTheConfigLoad(t *testing.T) {
-	h := &Handler{
-		Scopes: []Scope{{Name: "model", Value: "{http.rolter_ratelimit.model}"}},
-		Limits: []LimitConfig{{Scope: "model", ID: "{env.ROLTER_TEST_UNSET_PREFIX}*", RPM: 1}},
+// A prefix that resolves to nothing would silently cover every id, and an
+// id that resolves to nothing would limit no request: the config load says
+// so instead.
+func TestAnIDOrPrefixResolvingToNothingFailsTheConfigLoad(t *testing.T) {
+	for id, want := range map[string]string{
+		"{env.ROLTER_TEST_UNSET_PREFIX}*": "prefix resolves to nothing",
+		"{env.ROLTER_TEST_UNSET_ID}":      "the id resolves to nothing when the config loads",
+	} {
+		h := &Handler{
+			Scopes: []Scope{{Name: "model", Value: "{http.rolter_ratelimit.model}"}},
+			Limits: []LimitConfig{{Scope: "model", ID: id, RPM: 1}},
+		}
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+		err := h.Provision(ctx)
+		h.Cleanup()
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("Provision of id %s: %v, want %q", id, err, want)
+		}
 	}
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	defer cancel()
-	err := h.Provision(ctx)
-	defer h.Cleanup()
-	if err == nil || !strings.Contains(err.Error(), "prefix resolves to nothing") {
-		t.Fatalf("Provision: %v, want the empty prefix refused", err)
-	}
+}
+
+// A client does not escape its model's limits or its reservation by
+// declaring another type: a JSON body sent as text/plain or form-encoded
+// (curl -d) to an API path is read for its model and its reservation.
+func TestAJSONBodySentAsAnotherTypeGetsItsModelAndItsReservation(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		up := newUpstream(t)
+		gw := startGateway(t, up.URL, limited(store, `
+			scope model {http.rolter_ratelimit.model} readable
+			limit model * rpm 1 tpm 100000`))
+		model := uniqueID(t)
+		for _, c := range []struct {
+			contentType, body string
+			status            int
+		}{
+			{"application/x-www-form-urlencoded", `{"model":"` + model + `","max_tokens":50000000}`, 429}, // too large: its reservation was read
+			{"text/plain", `{"model":"` + model + `","max_tokens":10}`, 200},
+			{"application/x-www-form-urlencoded", `{"model":"` + model + `","max_tokens":10}`, 429}, // the model's rpm 1
+		} {
+			if res, body := gw.send(t, "POST", "/v1/chat/completions", c.body, "Content-Type: "+c.contentType); res.StatusCode != c.status {
+				t.Fatalf("%s %s: %d %s, want %d", c.contentType, c.body, res.StatusCode, body, c.status)
+			}
+		}
+	})
 }

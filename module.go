@@ -3,10 +3,7 @@ package ratelimit
 import (
 	"cmp"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"net/http"
-	"net/textproto"
 	"regexp"
 	"slices"
 	"strings"
@@ -15,7 +12,6 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"github.com/rolter/caddy-ratelimit/internal/tokenest"
 	"go.uber.org/zap"
 )
 
@@ -305,12 +301,13 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return err
 		}
 		id := "*"
-		raw := repl.ReplaceKnown(lc.ID, "")
+		raw, err := lc.resolvedID(repl)
+		if err != nil {
+			return err
+		}
 		switch prefix, isPrefix := strings.CutSuffix(raw, "*"); {
 		case lc.ID == "*":
 			sl.byDefault, sl.hasDefault = caps, true
-		case isPrefix && prefix == "":
-			return fmt.Errorf("limit for scope %q id %q: its prefix resolves to nothing, so it would cover every id: write * for the scope's default", lc.Scope, lc.ID)
 		case isPrefix:
 			id = prefixKeyID(readable[lc.Scope], prefix)
 			sl.byPrefix = append(sl.byPrefix, prefixLimit{prefix: prefix, id: id, caps: caps})
@@ -462,6 +459,22 @@ func (l LimitConfig) validate() error {
 	return err
 }
 
+// resolvedID is the limit's id with the placeholders repl knows (such as
+// {env.VIP_KEY}) resolved, as the config loads. An id, or the prefix of a
+// prefix id, that resolves to nothing is a mistake: it would limit no
+// request, or cover every id.
+func (l LimitConfig) resolvedID(repl *caddy.Replacer) (string, error) {
+	raw := repl.ReplaceKnown(l.ID, "")
+	switch {
+	case l.ID == "*", l.ID == "": // the default; an empty id, which Validate refuses
+	case raw == "":
+		return "", fmt.Errorf("limit for scope %q id %q: the id resolves to nothing when the config loads, so it would limit no request", l.Scope, l.ID)
+	case raw == "*":
+		return "", fmt.Errorf("limit for scope %q id %q: its prefix resolves to nothing, so it would cover every id: write * for the scope's default", l.Scope, l.ID)
+	}
+	return raw, nil
+}
+
 // windowCapFields are the limit's window caps, by windowKind.
 func (l *LimitConfig) windowCapFields() [numWindows]*int64 {
 	return [numWindows]*int64{rpm: &l.RPM, tpm: &l.TPM, itpm: &l.ITPM, otpm: &l.OTPM, rpd: &l.RPD, tpd: &l.TPD, itpd: &l.ITPD, otpd: &l.OTPD}
@@ -517,303 +530,6 @@ func (h *Handler) Cleanup() error {
 	err := h.release()
 	h.release = nil
 	return err
-}
-
-// ServeHTTP admits or refuses the request, then passes it on. Its steps:
-//
-//  1. A WebSocket handshake takes a session slot (realtime max_connections).
-//  2. What the request's scopes read must be what the upstream reads: a
-//     scope's header sent twice, or two credentials, is refused with 400.
-//  3. The body is read only when the chain needs it, and after what can be
-//     refused without it: first for a model scope, else once the chain is
-//     known and the store has not already refused it.
-//  4. chain → reservation (or too large) → admission → refuse, fail, or pass
-//     on, metering the response or the session.
-func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	session := isWebSocketHandshake(r)
-	if session {
-		// Checked before admission, so that a session refused here takes
-		// no rpm slot.
-		if !openSession(h.maxConnections()) {
-			setOutcome(repl, outcomeRefusedConnections)
-			return refuseSession(w)
-		}
-		defer closeSession() // ServeHTTP returns when the session is over
-	}
-	dia := dialectOf(h.Dialect, r.URL.Path)
-	if i := h.repeatedScopeHeader(r); i >= 0 {
-		closeUnread(w, r)
-		return h.refuseAmbiguous(w, repl, dia, h.Scopes[i].Name, "the header "+h.scopeHeaders[i]+" more than once")
-	}
-	if h.readsAPIKey {
-		key, ambiguous := credential(dia, r)
-		if ambiguous != "" {
-			closeUnread(w, r)
-			return h.refuseAmbiguous(w, repl, dia, placeholderAPIKey, ambiguous)
-		}
-		repl.Set(placeholderAPIKey, key)
-	}
-	var body requestBody
-	var held *heldBody // body's memory, given back at the latest when the request ends
-	defer func() { held.release() }()
-	var err error
-	if h.readsModel {
-		if body, err = readRequestBody(r, h.bodyMemory()); err != nil {
-			return h.bodyUnread(w, repl, dia, err)
-		}
-		held = body.held
-		repl.Set(placeholderModel, tokenest.Model(r.URL.Path, body.bytes))
-	}
-	chain, missing := h.chain(repl, r)
-	if missing >= 0 {
-		closeUnread(w, r)
-		return h.refuseMissingScope(w, repl, dia, h.Scopes[missing].Name)
-	}
-	if len(chain) == 0 {
-		return next.ServeHTTP(w, r)
-	}
-	metering := chainMetersTokens(chain)
-	var reserve tokenCounts
-	if metering && !session {
-		if !h.readsModel {
-			// A refusal that no body can change is answered unread: its
-			// client never sends the body after Expect: 100-continue.
-			if a, refused := h.store.refusedUnread(chain); refused {
-				closeUnread(w, r)
-				return h.refuse(w, repl, dia, a)
-			}
-			if body, err = readRequestBody(r, h.bodyMemory()); err != nil {
-				return h.bodyUnread(w, repl, dia, err)
-			}
-			held = body.held
-		}
-		if h.reserving() {
-			var over tooLargeFor
-			if reserve, over = h.reservation(r.URL.Path, body, chain); over.limit >= 0 {
-				return h.refuseTooLarge(w, repl, dia, chain[over.limit], over.window, reserve)
-			}
-		}
-	}
-	a, err := h.store.admit(r.Context(), chain, reserve)
-	if err != nil {
-		return h.storeFailed(w, repl, dia, chain, err, next, r)
-	}
-	if !a.admitted {
-		return h.refuse(w, repl, dia, a)
-	}
-	setOutcome(repl, outcomeAdmitted)
-	tokensReserved.add(reserve)
-	families := h.families(dia)
-	if !families.any() && !metering {
-		return next.ServeHTTP(w, r)
-	}
-	rw := &responseWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, metering: metering}
-	if families.any() {
-		rw.headers = families.headersFor(chain, a.decision, true)
-		rw.headers.apply(w.Header())
-	}
-	if !metering {
-		return next.ServeHTTP(rw, r)
-	}
-	// The store stays usable for this request's charge even if a reload
-	// unloads it meanwhile; the charge releases it.
-	h.store.hold()
-	if session {
-		return h.serveMeteredSession(rw, r, next, chain, a.decision)
-	}
-	if h.EnsureStreamUsage == nil || *h.EnsureStreamUsage {
-		rw.strip = requestStreamUsage(r, body.whole())
-	}
-	// Deferred: reverse_proxy ends a response cut short (the client or the
-	// upstream went away mid-stream) with panic(http.ErrAbortHandler), and
-	// what was reported by then is still charged.
-	defer h.meterResponse(rw, chain, a.decision)
-	return next.ServeHTTP(rw, r)
-}
-
-// closeUnread closes the connection after the answer to a request whose
-// body the handler refuses unread while its client waits for 100 Continue
-// to send it. Go's server would otherwise wait to discard a body that never
-// comes: Caddy's own wrapper of the body hides from it that the client
-// waits.
-func closeUnread(w http.ResponseWriter, r *http.Request) {
-	if r.ContentLength != 0 && strings.EqualFold(r.Header.Get("Expect"), "100-continue") {
-		w.Header().Set("Connection", "close")
-	}
-}
-
-// chainMetersTokens reports whether a limit of chain caps a token window:
-// the response's usage is then metered.
-func chainMetersTokens(chain []limit) bool {
-	for _, l := range chain {
-		if l.capsTokens() {
-			return true
-		}
-	}
-	return false
-}
-
-// setOutcome records an admission's outcome in the placeholder and the metrics.
-func setOutcome(repl *caddy.Replacer, outcome string) {
-	repl.Set(placeholderOutcome, outcome)
-	admissionsTotal.WithLabelValues(outcome).Inc()
-}
-
-// chain resolves the request's limits, in chain order, or finds the first
-// required scope whose value is empty: missing is its index, else -1. On
-// Redis Cluster every key carries the hash tag of the chain's root: its
-// outermost scope whose value is not empty, so that the whole chain is one
-// slot.
-func (h *Handler) chain(repl *caddy.Replacer, r *http.Request) (chain []limit, missing int) {
-	tag := ""
-	if h.Redis != nil && h.Redis.topology() == cluster {
-		for i := len(h.Scopes) - 1; i >= 0; i-- {
-			if v := h.scopeValue(i, repl, r); v != "" {
-				tag = chainTag(h.Scopes[i].Name, keyID(h.Scopes[i].Readable, v))
-				break
-			}
-		}
-	}
-	chain = make([]limit, 0, len(h.Scopes))
-	for i, s := range h.Scopes {
-		sl, limited := h.limits[s.Name]
-		if !limited && !s.Required {
-			continue
-		}
-		value := h.scopeValue(i, repl, r)
-		if value == "" {
-			if s.Required {
-				return nil, i
-			}
-			continue
-		}
-		if !limited {
-			continue
-		}
-		id, caps, _, ok := sl.resolve(value, keyID(s.Readable, value))
-		if !ok {
-			continue
-		}
-		chain = append(chain, newTaggedLimit(tag, s.Name, id, caps))
-	}
-	return chain, -1
-}
-
-// scopeValue is the i-th scope's id for the request. A value that is one
-// request header placeholder, as most are, is read from the header as Caddy's
-// replacer reads it (the values joined by commas), without the replacer's
-// allocations and lookups, which would be most of the handler's own work.
-func (h *Handler) scopeValue(i int, repl *caddy.Replacer, r *http.Request) string {
-	if name := h.scopeHeaders[i]; name != "" {
-		return strings.Join(r.Header[name], ",")
-	}
-	return repl.ReplaceAll(h.Scopes[i].Value, "")
-}
-
-// scopeHeader is the canonical name of the request header that value is
-// exactly the placeholder of, or "".
-func scopeHeader(value string) string {
-	name, ok := strings.CutPrefix(value, "{http.request.header.")
-	if !ok {
-		return ""
-	}
-	name, ok = strings.CutSuffix(name, "}")
-	if !ok || name == "" || strings.ContainsAny(name, "{}\\") {
-		return ""
-	}
-	return textproto.CanonicalMIMEHeaderKey(name)
-}
-
-// storeFailed applies on_redis_error. A request let through carries, with
-// headers scg, Spring Cloud Gateway's answer to a failed store:
-// X-RateLimit-Remaining -1 beside the bucket's configuration.
-func (h *Handler) storeFailed(w http.ResponseWriter, repl *caddy.Replacer, dia dialect, chain []limit, err error, next caddyhttp.Handler, r *http.Request) error {
-	if h.OnRedisError != "deny" {
-		h.warn.log(h.logger, "rate limit store unavailable; admitting requests unchecked (on_redis_error allow)", zap.Error(err))
-		setOutcome(repl, outcomeFailedOpen)
-		if hs := h.headers.failedOpenHeaders(chain); len(hs.values) > 0 {
-			hs.apply(w.Header())
-			w = &responseWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, headers: hs}
-		}
-		return next.ServeHTTP(w, r)
-	}
-	h.warn.log(h.logger, "rate limit store unavailable; refusing requests with 503 (on_redis_error deny)", zap.Error(err))
-	setOutcome(repl, outcomeFailedClosed)
-	return dia.write(w, errorAnswer{status: http.StatusServiceUnavailable, message: "The rate limiter is unavailable; please retry shortly.",
-		typ: "server_error", code: "rate_limiter_unavailable"})
-}
-
-// refuseMissingScope answers a request whose value for a required scope is
-// empty, as Spring Cloud Gateway's denyEmptyKey does: 403, naming the scope.
-func (h *Handler) refuseMissingScope(w http.ResponseWriter, repl *caddy.Replacer, dia dialect, scope string) error {
-	setOutcome(repl, outcomeRefusedEmptyScope)
-	repl.Set(placeholderRefusedScope, scope)
-	msg := fmt.Sprintf("This request has no value for the rate limit scope %q, which this gateway requires.", scope)
-	if h.OnRefusal == "error" {
-		return caddyhttp.Error(http.StatusForbidden, errors.New(msg))
-	}
-	return dia.write(w, errorAnswer{status: http.StatusForbidden, message: msg, typ: "invalid_request_error", code: "rate_limit_scope_missing"})
-}
-
-// refuseAmbiguous answers, with 400 and before any store call, a request
-// that sends what scope reads in a way the upstream may read otherwise
-// (what says how, naming headers, never their values).
-func (h *Handler) refuseAmbiguous(w http.ResponseWriter, repl *caddy.Replacer, dia dialect, scope, what string) error {
-	setOutcome(repl, outcomeRefusedAmbiguousScope)
-	repl.Set(placeholderRefusedScope, scope)
-	msg := fmt.Sprintf("This request sends %s; the rate limit scope %q must read one value, the one the API reads.", what, scope)
-	if h.OnRefusal == "error" {
-		return caddyhttp.Error(http.StatusBadRequest, errors.New(msg))
-	}
-	return dia.write(w, errorAnswer{status: http.StatusBadRequest, message: msg, typ: "invalid_request_error", code: "rate_limit_scope_ambiguous"})
-}
-
-// bodyUnread ends a request whose body could not be read: it is never
-// admitted unreserved. One whose client went away meanwhile ends as
-// reverse_proxy ends it (499); one that found no room under body_memory is
-// answered 503 with a wait of a second.
-func (h *Handler) bodyUnread(w http.ResponseWriter, repl *caddy.Replacer, dia dialect, err error) error {
-	if !errors.Is(err, errBodyMemory) {
-		return caddyhttp.Error(499, err)
-	}
-	setOutcome(repl, outcomeRefusedBodyMemory)
-	h.bodyWarn.log(h.logger, "request bodies being read hold all of body_memory; refusing requests with 503", zap.Error(err))
-	const msg = "The gateway is reading too many request bodies at once; please retry shortly."
-	// The rest of the body is not wanted: read to discard it, it would hold
-	// the connection as long as the client pleases.
-	w.Header().Set("Connection", "close")
-	if h.OnRefusal == "error" {
-		return caddyhttp.Error(http.StatusServiceUnavailable, errors.New(msg))
-	}
-	w.Header().Set("Retry-After", "1")
-	return dia.write(w, errorAnswer{status: http.StatusServiceUnavailable, message: msg, typ: "server_error", code: "request_body_memory_exhausted", retryMillis: 1000})
-}
-
-// refuse answers a refused request, or hands it to handle_errors.
-func (h *Handler) refuse(w http.ResponseWriter, repl *caddy.Replacer, dia dialect, a admission) error {
-	chain, ref := a.limits, a.refusal
-	setOutcome(repl, outcomeRefused)
-	refusalsTotal.WithLabelValues(chain[ref.first].scope, ref.kind.String(), ref.windowName()).Inc()
-	repl.Set(placeholderRefusedScope, chain[ref.first].scope)
-	repl.Set(placeholderRefusedKind, ref.kind.String())
-	repl.Set(placeholderRefusedWindow, ref.windowName())
-	repl.Set(placeholderRefusedLimit, ref.capacity)
-	repl.Set(placeholderRetryAfter, ref.retryAfterSeconds())
-	hdr := w.Header()
-	if families := h.families(dia); families.any() {
-		families.headersFor(chain, a.decision, false).apply(hdr)
-	}
-	ref.setRetryHeaders(hdr)
-	if h.logger.Core().Enabled(zap.DebugLevel) {
-		h.logger.Debug("refused", zap.String("scope", chain[ref.first].scope), zap.String("id", chain[ref.first].id), zap.String("kind", ref.kind.String()), zap.String("window", ref.windowName()), zap.Int64("retry_after_ms", ref.waitMillis))
-	}
-	msg := ref.message(chain)
-	status := cmp.Or(h.Status, http.StatusTooManyRequests)
-	if h.OnRefusal == "error" {
-		return caddyhttp.Error(status, errors.New(msg))
-	}
-	return dia.write(w, errorAnswer{status: status, message: msg, typ: ref.kind.errorType(), code: "rate_limit_exceeded", retryMillis: max(ref.waitMillis, 1)})
 }
 
 // liveHandlers are the provisioned handlers of every loaded config, which the

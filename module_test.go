@@ -755,7 +755,7 @@ func TestScopeValuesResolveAsCaddysReplacerDoes(t *testing.T) {
 	r.Header.Add("X-Multi", "b")
 	repl := caddyhttp.NewTestReplacer(r)
 	for i, v := range values {
-		if got, want := h.scopeValue(i, repl, r), repl.ReplaceAll(v, ""); got != want {
+		if got, want := h.scopeValue(i, &request{Request: r, repl: repl}), repl.ReplaceAll(v, ""); got != want {
 			t.Errorf("%s: %q, Caddy's replacer gives %q", v, got, want)
 		}
 	}

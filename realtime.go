@@ -12,8 +12,9 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"github.com/rolter/caddy-ratelimit/internal/usage"
 	"go.uber.org/zap"
+
+	"github.com/rolter/caddy-ratelimit/internal/usage"
 )
 
 // RealtimeConfig configures WebSocket sessions. Realtime sessions (a
@@ -79,12 +80,6 @@ func (h *Handler) flushInterval() time.Duration {
 	return time.Duration(h.Realtime.FlushInterval)
 }
 
-// refuseSession answers a session over the process cap; it costs no rpm.
-func refuseSession(w http.ResponseWriter) error {
-	return dialectOpenAI.write(w, errorAnswer{status: http.StatusServiceUnavailable,
-		message: "Too many realtime sessions are open on this gateway; please retry shortly.", typ: "connections", code: "connection_limit_exceeded"})
-}
-
 // isWebSocketHandshake reports an HTTP/1.1 WebSocket opening handshake: a
 // GET asking to upgrade to websocket (RFC 6455 4.1, as reverse_proxy reads
 // it). Any other request with upgrade headers is an ordinary request, reserved and metered
@@ -142,22 +137,50 @@ func (w *responseWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	return conn, brw, nil
 }
 
-// serveMeteredSession passes an admitted handshake on and meters the
-// session's frames once the upstream switches protocols. An upstream that
-// answers otherwise (an error, or a plain response) had its answer metered
+// serveSession admits a WebSocket session as a request without a body,
+// once it has a slot under max_connections (checked first, so that a
+// session refused here takes no rpm slot), and meters the frames of an
+// admitted one once the upstream switches protocols. An upstream that
+// answers otherwise (an error, or a plain response) has its answer metered
 // as any response's.
-func (h *Handler) serveMeteredSession(rw *responseWriter, r *http.Request, next caddyhttp.Handler, chain []limit, d decision) error {
-	removeDeflateOffer(r.Header)
+func (h *Handler) serveSession(w http.ResponseWriter, req *request, next caddyhttp.Handler) error {
+	if !openSession(h.maxConnections()) {
+		return h.answer(w, req, connectionsRefused)
+	}
+	defer closeSession() // ServeHTTP returns when the session is over
+	chain, _, refused := h.resolve(req)
+	if refused != nil {
+		return h.answer(w, req, *refused)
+	}
+	if len(chain) == 0 {
+		return next.ServeHTTP(w, req.Request)
+	}
+	a, err := h.store.admit(req.Context(), chain, tokenCounts{})
+	if err != nil {
+		return h.storeFailed(w, req, chain, err, next)
+	}
+	if !a.admitted {
+		return h.answer(w, req, h.limitRefusal(req, a))
+	}
+	metering := chainMetersTokens(chain)
+	rw := h.admitted(w, req, chain, a.decision, metering)
+	if rw == nil {
+		return next.ServeHTTP(w, req.Request)
+	}
+	if !metering {
+		return next.ServeHTTP(rw, req.Request)
+	}
+	removeDeflateOffer(req.Header)
 	rw.tap = usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{}))
-	stop := h.meterSession(r.Context(), rw.tap, chain)
+	stop := h.meterSession(req.Context(), rw.tap, chain)
 	defer func() {
 		stop()
 		if rw.wroteHeader { // a final status: no switch of protocols
 			h.store.hold()
-			h.meterResponse(rw, chain, d)
+			h.meterResponse(rw, chain, a.decision)
 		}
 	}()
-	return next.ServeHTTP(rw, r)
+	return next.ServeHTTP(rw, req.Request)
 }
 
 // meterSession charges a session's tokens every flush interval and once more

@@ -283,3 +283,29 @@ func TestAHandshakeAnsweredWithoutSwitchingProtocolsIsMeteredAsAResponse(t *test
 		waitCharged(t, store, []limit{newLimit("key", keyID(false, key), 0, 1000)}, 7)
 	})
 }
+
+// A session refused by max_connections is answered like every refusal: in
+// the request's dialect, and through handle_errors with on_refusal error.
+func TestASessionOverMaxConnectionsIsAnsweredInItsDialectAndHonoursOnRefusal(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		waitOpenSessions(t, 0)
+		up := newRealtimeUpstream(t)
+		gw := startGateway(t, up.URL, realtimeSite(store, up, "limit key * rpm 10\n\t\tdialect anthropic", "max_connections 1"))
+		id := realtimeIDs(t)
+		first := mustDial(t, gw, id)
+		if _, status, body := dial(t, gw, id, false); status != 503 || dialectOfAnswer([]byte(body)) != "anthropic" || !strings.Contains(body, `"overloaded_error"`) {
+			t.Fatalf("session over max_connections 1 with dialect anthropic: %d %s, want Anthropic's 503", status, body)
+		}
+		closeAndWait(t, first)
+
+		gw = startGateway(t, up.URL, realtimeSite(store, up, "limit key * rpm 10\n\t\ton_refusal error", "max_connections 1")+`
+	handle_errors {
+		respond "{http.rolter_ratelimit.outcome} {err.status_code}" {err.status_code}
+	}`)
+		first = mustDial(t, gw, id)
+		if _, status, body := dial(t, gw, id, false); status != 503 || body != "refused_connections 503" {
+			t.Fatalf("session over max_connections 1 with on_refusal error: %d %q, want handle_errors' answer", status, body)
+		}
+		closeAndWait(t, first)
+	})
+}

@@ -190,7 +190,7 @@ func TestClusterChainIsTaggedWithItsOutermostPresentScope(t *testing.T) {
 			}
 			return nil, false
 		})
-		chain, _ := h.chain(repl, r)
+		chain, _ := h.chain(&request{Request: r, repl: repl})
 		for _, l := range chain {
 			if want := "rolter:rl:" + tc.tag + l.scope + ":"; l.prefix[:len(want)] != want {
 				t.Errorf("%v: prefix %s, want it under %s", tc.headers, l.prefix, tc.tag)

@@ -2,14 +2,8 @@ package ratelimit
 
 import (
 	"cmp"
-	"errors"
-	"fmt"
-	"net/http"
 
-	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"go.uber.org/zap"
-
+	"github.com/rolter/caddy-ratelimit/internal/llmapi"
 	"github.com/rolter/caddy-ratelimit/internal/tokenest"
 )
 
@@ -37,16 +31,16 @@ type tooLargeFor struct {
 	window windowKind
 }
 
-// reservation is what the request at path with body (nil when it was not
+// reservation is what the request of the call with body (nil when it was not
 // read; the estimate of what was read when it is longer than that) reserves on the token windows of chain (its input on input caps,
 // its output on output caps, both on tpm and tpd), and the first window
 // that this alone exceeds, if any. A request that names no output cap
 // reserves the default for it, and at most each cap of chain: it is never
 // too large because of the default.
-func (h *Handler) reservation(path string, body requestBody, chain []limit) (tokenCounts, tooLargeFor) {
-	est := tokenest.Of(path, body.bytes)
+func (h *Handler) reservation(call llmapi.Call, body requestBody, chain []limit) (tokenCounts, tooLargeFor) {
+	est := tokenest.Of(call, body.bytes)
 	if !body.complete {
-		est = tokenest.OfPrefix(path, body.bytes)
+		est = tokenest.OfPrefix(call, body.bytes)
 	}
 	in, out := est.Input, est.Output
 	if !est.Capped {
@@ -77,30 +71,4 @@ func (h *Handler) reservation(path string, body requestBody, chain []limit) (tok
 		}
 	}
 	return r, tooLargeFor{limit: -1}
-}
-
-// refuseTooLarge answers a request whose reservation alone exceeds l's
-// window k: no wait would admit it, so it says so as OpenAI does ("Request
-// too large"), with x-should-retry false, which the OpenAI SDKs obey, and no
-// Retry-After. Nothing is charged.
-func (h *Handler) refuseTooLarge(w http.ResponseWriter, repl *caddy.Replacer, dia dialect, l limit, k windowKind, reserve tokenCounts) error {
-	capacity, requested := l.windows[k], reserve.of(k.kind())
-	setOutcome(repl, outcomeRefused)
-	refusalsTotal.WithLabelValues(l.scope, tooLarge.String(), spans[k.span()].name).Inc()
-	repl.Set(placeholderRefusedScope, l.scope)
-	repl.Set(placeholderRefusedKind, tooLarge.String())
-	repl.Set(placeholderRefusedWindow, spans[k.span()].name)
-	repl.Set(placeholderRefusedLimit, capacity)
-	if h.logger.Core().Enabled(zap.DebugLevel) {
-		h.logger.Debug("refused", zap.String("scope", l.scope), zap.String("id", l.id), zap.String("kind", tooLarge.String()),
-			zap.String("window", k.String()), zap.Int64("requested", requested))
-	}
-	w.Header().Set("X-Should-Retry", "false")
-	msg := fmt.Sprintf("Request too large for %s on %s per %s (%s): Limit %d, Requested %d. The input or output tokens must be reduced in order to run successfully.",
-		l.scope, k.noun(), spans[k.span()].per, k.unit(), capacity, requested)
-	status := cmp.Or(h.Status, http.StatusTooManyRequests)
-	if h.OnRefusal == "error" {
-		return caddyhttp.Error(status, errors.New(msg))
-	}
-	return dia.write(w, errorAnswer{status: status, message: msg, typ: tooLarge.errorType(), code: "rate_limit_exceeded"})
 }

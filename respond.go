@@ -11,19 +11,6 @@ import (
 	"go.uber.org/zap"
 )
 
-// The placeholders the Handler's doc lists, set on the requests a limit
-// applies to.
-const (
-	placeholderOutcome       = "http.rolter_ratelimit.outcome" // the outcomes of metrics.go
-	placeholderRefusedScope  = "http.rolter_ratelimit.refused_scope"
-	placeholderRefusedKind   = "http.rolter_ratelimit.refused_kind"   // kind.String()
-	placeholderRefusedWindow = "http.rolter_ratelimit.refused_window" // minute or day; "" for a bucket
-	placeholderRefusedLimit  = "http.rolter_ratelimit.refused_limit"
-	placeholderRetryAfter    = "http.rolter_ratelimit.retry_after" // seconds
-	placeholderModel         = "http.rolter_ratelimit.model"
-	placeholderAPIKey        = "http.rolter_ratelimit.api_key"
-)
-
 // headerFamilies is which rate-limit headers a handler sends.
 type headerFamilies struct{ openai, ietf, scg, anthropic bool }
 
@@ -315,11 +302,6 @@ func (r refusal) retryAfterSeconds() int64 { return ceilSeconds(r.waitMillis, 1)
 
 func ceilSeconds(millis, atLeast int64) int64 {
 	return max((millis+999)/1000, atLeast)
-}
-
-func (r refusal) setRetryHeaders(h http.Header) {
-	h.Set("Retry-After", strconv.FormatInt(r.retryAfterSeconds(), 10))
-	h.Set("Retry-After-Ms", strconv.FormatInt(max(r.waitMillis, 1), 10))
 }
 
 // message names the scope and the cap, never the id.

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/rolter/caddy-ratelimit/internal/llmapi"
 	"github.com/rolter/caddy-ratelimit/internal/tokenest"
 	"github.com/rolter/caddy-ratelimit/internal/usage"
 )
@@ -21,10 +22,11 @@ import (
 // chat-completions request that lacks it, and returns the stripper that hides
 // the resulting usage chunk from the client; nil if the request is left as it
 // is. body is the request's, buffered (nil when it was not read).
-func requestStreamUsage(r *http.Request, body []byte) *usageStripper {
-	if body == nil || !strings.HasSuffix(r.URL.Path, "/chat/completions") {
+func requestStreamUsage(req *request, body []byte) *usageStripper {
+	if body == nil || req.call.API != llmapi.Chat {
 		return nil
 	}
+	r := req.Request
 	edit, ok := streamUsageEdit(body)
 	if !ok {
 		return nil

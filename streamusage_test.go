@@ -182,7 +182,7 @@ func TestRewrittenRequestGetsItsNewContentLengthAndAnIdentityStream(t *testing.T
 	r.Header.Set("Accept-Encoding", "gzip, br")
 	r.ContentLength = -1
 	r.TransferEncoding = []string{"chunked"}
-	if requestStreamUsage(r, readWhole(t, r)) == nil {
+	if requestStreamUsage(requestOf(r), readWhole(t, r)) == nil {
 		t.Fatal("no stripper for a streaming chat completion")
 	}
 	got, _ := io.ReadAll(r.Body)
@@ -201,7 +201,7 @@ func TestRequestBodiesOverTheCapOrNotChatCompletionsPassUnmodified(t *testing.T)
 	}{
 		{"over the cap", "POST", "/v1/chat/completions", "application/json", big},
 		{"another endpoint", "POST", "/v1/responses", "application/json", `{"stream":true}`},
-		{"not JSON", "POST", "/v1/chat/completions", "text/plain", `{"stream":true}`},
+		{"not JSON", "POST", "/v1/chat/completions", "application/x-www-form-urlencoded", `stream=true&model=m`},
 		{"a GET", "GET", "/v1/chat/completions", "application/json", `{"stream":true}`},
 		{"asked already", "POST", "/v1/chat/completions", "application/json", `{"stream":true,"stream_options":{"include_usage":true}}`},
 	} {
@@ -209,7 +209,7 @@ func TestRequestBodiesOverTheCapOrNotChatCompletionsPassUnmodified(t *testing.T)
 			r := httptest.NewRequest(c.method, c.path, strings.NewReader(c.body))
 			r.Header.Set("Content-Type", c.contentType)
 			r.Header.Set("Accept-Encoding", "gzip")
-			if requestStreamUsage(r, readWhole(t, r)) != nil {
+			if requestStreamUsage(requestOf(r), readWhole(t, r)) != nil {
 				t.Fatal("the request was rewritten")
 			}
 			got, _ := io.ReadAll(r.Body)
@@ -285,7 +285,7 @@ func TestForwardedBodyIsTheClientsWhateverItsLengthAndChunking(t *testing.T) {
 				r := httptest.NewRequest("POST", "/v1/chat/completions", wrap(strings.NewReader(body)))
 				r.ContentLength = declared
 				r.Header.Set("Content-Type", "application/json")
-				if requestStreamUsage(r, readWhole(t, r)) != nil {
+				if requestStreamUsage(requestOf(r), readWhole(t, r)) != nil {
 					t.Fatal("a request that is no stream was rewritten")
 				}
 				if got, err := io.ReadAll(r.Body); err != nil || string(got) != body {
@@ -298,7 +298,7 @@ func TestForwardedBodyIsTheClientsWhateverItsLengthAndChunking(t *testing.T) {
 	failing := io.MultiReader(strings.NewReader(`{"model":`), iotest.ErrReader(io.ErrUnexpectedEOF))
 	r := httptest.NewRequest("POST", "/v1/chat/completions", failing)
 	r.Header.Set("Content-Type", "application/json")
-	requestStreamUsage(r, readWhole(t, r))
+	requestStreamUsage(requestOf(r), readWhole(t, r))
 	if got, err := io.ReadAll(r.Body); string(got) != `{"model":` || err != io.ErrUnexpectedEOF {
 		t.Fatalf("passed on %q then %v", got, err)
 	}

@@ -4,7 +4,9 @@
 #   ./test.sh [extra go test args, e.g. -run TestX -v]
 #
 # 1. installs redis-server, redis-tools, gcc and node (apt) when they are
-#    missing, and the providers' SDKs of testdata/sdk (npm ci),
+#    missing (as root; otherwise it says what to install), and the
+#    providers' SDKs of testdata/sdk (npm ci, unless node_modules matches
+#    the lock file),
 # 2. go vet ./...,
 # 3. go test -race -count=1 ./... under internal/redistest/cmd/withredis, which
 #    starts a throwaway redis-server on a free loopback port and exports
@@ -31,19 +33,13 @@ trap 'rm -rf "$tmp"' EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-as_root() {
-	if [[ $(id -u) -eq 0 ]]; then
-		"$@"
-	elif command -v sudo >/dev/null; then
-		sudo "$@"
-	else
-		die "need root (or sudo) to run: $*"
-	fi
-}
-
+# Packages are installed only as root; anyone else is told what to install.
 apt_install() {
-	as_root apt-get update
-	as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$@"
+	if [[ $(id -u) -ne 0 ]]; then
+		die "missing packages: install them (apt-get install $*), or run this as root"
+	fi
+	apt-get update
+	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$@"
 }
 
 section "Prerequisites"
@@ -65,7 +61,16 @@ if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
 	apt_install nodejs npm
 fi
 node --version
-npm ci --prefix testdata/sdk --no-audit --no-fund --ignore-scripts --loglevel=error
+# npm ci (about 100 MB) only when node_modules is not what the lock file
+# names: the lock file's digest is kept beside what it installed.
+lock_sum=$(sha256sum testdata/sdk/package-lock.json | cut -d' ' -f1)
+stamp=testdata/sdk/node_modules/.installed-lock-sha256
+if [[ $(cat "$stamp" 2>/dev/null) != "$lock_sum" ]]; then
+	npm ci --prefix testdata/sdk --no-audit --no-fund --ignore-scripts --loglevel=error
+	echo "$lock_sum" >"$stamp"
+else
+	echo "testdata/sdk/node_modules matches package-lock.json"
+fi
 
 section "go vet ./..."
 go vet ./...

@@ -144,7 +144,7 @@ func TestCredentialIsReadFromTheSourcesOfTheRequestsAPI(t *testing.T) {
 	} {
 		r := httptest.NewRequest("POST", c.path, nil)
 		r.Header = c.headers
-		got, refused := credential(dialectOf("", r.URL.Path), r)
+		got, refused := credential(requestOf(r))
 		if got != c.want || refused != c.refused {
 			t.Errorf("%s %v: credential %q, ambiguous %q; want %q, %q", c.path, c.headers, got, refused, c.want, c.refused)
 		}

@@ -4,28 +4,11 @@
 // against a tokens-per-minute cap, and settles against the usage the
 // provider reports afterwards. It is an estimate by rule, not a tokenizer.
 //
-// # Paths
+// # APIs
 //
-// The API is told by the end of the URL path, whatever comes before it (a
-// gateway's mount, Azure's /openai/deployments/<d>); one trailing slash and
-// anything from a '?' are ignored, and segments are compared exactly:
-//
-//	…/chat/completions                      OpenAI chat completions
-//	…/completions (not chat/)               OpenAI legacy completions
-//	…/embeddings                            OpenAI embeddings           capped at 0
-//	…/responses                             OpenAI Responses
-//	…/responses/input_tokens                its token count             capped at 0
-//	…/messages (not …/threads/<id>/messages, the Assistants API)
-//	                                        Anthropic Messages
-//	…/messages/count_tokens                 its token count             capped at 0
-//	…/<model>:generateContent, …/<model>:streamGenerateContent
-//	                                        Gemini (and Vertex AI)
-//	…/<model>:countTokens                   its token count             capped at 0
-//	…/publishers/anthropic/…/<model>:rawPredict, :streamRawPredict
-//	                                        Anthropic Messages on Vertex AI
-//	                                        (model count-tokens: capped at 0)
-//
-// Another path, a body that is not JSON as json.Valid has it (so not nested
+// A body is read as the API of its call (internal/llmapi tells it from the
+// URL path); a token-counting call or embeddings are capped at 0. An
+// unknown API, a body that is not JSON as json.Valid has it (so not nested
 // more than 10000 deep), or JSON that is not an object gives Known false.
 //
 // # Input

@@ -34,7 +34,7 @@ func FuzzOf(f *testing.F) {
 		f.Add(apiPaths[i%len(apiPaths)], bytes.Clone(g.out.Bytes()))
 	}
 	f.Fuzz(func(t *testing.T, path string, body []byte) {
-		checkEstimate(t, path, Of(path, body))
+		checkEstimate(t, path, ofPath(path, body))
 		first := bytes.TrimLeft(body, " \t\r\n")
 		object := json.Valid(body) && first[0] == '{'
 		twice := object && hasDuplicateKeys(body)
@@ -45,7 +45,7 @@ func FuzzOf(f *testing.F) {
 			}
 		}
 		for _, p := range apiPaths {
-			e := Of(p, body)
+			e := ofPath(p, body)
 			checkEstimate(t, p, e)
 			if e.Known != object {
 				t.Fatalf("%s: Known %v, but the body is a JSON object: %v", p, e.Known, object)
@@ -56,11 +56,11 @@ func FuzzOf(f *testing.F) {
 				}
 			}
 			if object {
-				if e2 := Of(p, indented.Bytes()); e2 != e {
+				if e2 := ofPath(p, indented.Bytes()); e2 != e {
 					t.Fatalf("%s: %+v indented, %+v not", p, e2, e)
 				}
 			}
-			if e2 := Of("/gateway/openai"+p, body); e2 != e {
+			if e2 := ofPath("/gateway/openai"+p, body); e2 != e {
 				t.Fatalf("%s: %+v under a prefix, %+v not", p, e2, e)
 			}
 		}

@@ -26,7 +26,7 @@ func TestOfAgreesWithReferenceOnGeneratedBodies(t *testing.T) {
 		body := g.out.Bytes()
 		m := refDecode(body)
 		for _, p := range apiPaths {
-			e, want := Of(p, body), refEstimate(p, m)
+			e, want := ofPath(p, body), refEstimate(p, m)
 			if e != want {
 				t.Fatalf("%s: %+v, reference %+v, body:\n%s", p, e, want, body)
 			}

@@ -2,42 +2,20 @@ package tokenest
 
 import (
 	"encoding/json"
-	"strings"
 	"unicode/utf8"
+
+	"github.com/rolter/caddy-ratelimit/internal/llmapi"
 )
 
-// Model is the model a request asks for: the path's for Gemini
-// (…/models/<model>:generateContent, :streamGenerateContent, :countTokens)
-// and Azure OpenAI (…/openai/deployments/<deployment>/…), else the JSON
-// body's top-level "model" string (OpenAI, Anthropic); "" when there is none
-// or the body is not a JSON object.
-func Model(path string, body []byte) string {
-	path, _, _ = strings.Cut(path, "?")
-	if model, ok := GeminiCall(path); ok && model != "" && !strings.Contains(model, "/") {
-		return model
-	}
-	if _, rest, ok := strings.Cut(path, "/openai/deployments/"); ok {
-		if deployment, _, _ := strings.Cut(rest, "/"); deployment != "" {
-			return deployment
-		}
+// Model is the model a request of the call asks for: the one its path
+// names (Gemini, Vertex AI, Azure OpenAI), else the JSON body's top-level
+// "model" string (OpenAI, Anthropic); "" when there is none or the body is
+// not a JSON object.
+func Model(call llmapi.Call, body []byte) string {
+	if call.Model != "" {
+		return call.Model
 	}
 	return bodyModel(body)
-}
-
-// GeminiCall reports whether path is a call of Gemini's API that this
-// package reads, …/models/<model>:generateContent, :streamGenerateContent
-// or :countTokens, and the model segment it names.
-func GeminiCall(path string) (model string, ok bool) {
-	_, rest, found := strings.Cut(path, "/models/")
-	if !found {
-		return "", false
-	}
-	model, method, _ := strings.Cut(rest, ":")
-	switch method {
-	case "generateContent", "streamGenerateContent", "countTokens":
-		return model, true
-	}
-	return "", false
 }
 
 // bodyModel is the top-level "model" string of a JSON object (the last, if

@@ -2,6 +2,7 @@ package tokenest
 
 import (
 	"encoding/json"
+	"github.com/rolter/caddy-ratelimit/internal/llmapi"
 	"strings"
 	"testing"
 )
@@ -26,8 +27,8 @@ func TestModelIsReadFromThePathOrTheBodyAsEachAPINamesIt(t *testing.T) {
 		{"/v1/chat/completions", `{"model":"gpt-4o"} trailing`, ""},
 		{"/v1/chat/completions", `{"model":"gpt-4o",}`, ""},
 	} {
-		if got := Model(c.path, []byte(c.body)); got != c.want {
-			t.Errorf("Model(%q, %s) = %q, want %q", c.path, c.body, got, c.want)
+		if got := Model(llmapi.Of(c.path), []byte(c.body)); got != c.want {
+			t.Errorf("Model(llmapi.Of(%q), %s) = %q, want %q", c.path, c.body, got, c.want)
 		}
 	}
 }
@@ -40,7 +41,7 @@ func FuzzModelReadsTheBodyAsEncodingJSONDoes(f *testing.F) {
 	f.Add("/v1/chat/completions", []byte(`{"model":"a\u00e9\"b","messages":[{"content":"x"}]}`))
 	f.Add("/v1/chat/completions", []byte(`{"model":"a","model":1}`))
 	f.Fuzz(func(t *testing.T, path string, body []byte) {
-		got := Model("/v1/chat/completions", body)
+		got := Model(llmapi.Of("/v1/chat/completions"), body)
 		want := ""
 		var members map[string]json.RawMessage
 		if json.Unmarshal(body, &members) == nil {
@@ -51,7 +52,7 @@ func FuzzModelReadsTheBodyAsEncodingJSONDoes(f *testing.F) {
 		if got != want {
 			t.Fatalf("Model of %q = %q, encoding/json finds %q", body, got, want)
 		}
-		Model(path, body) // never panics
+		Model(llmapi.Of(path), body) // never panics
 	})
 }
 
@@ -59,7 +60,7 @@ func BenchmarkModelOfALongConversation(b *testing.B) {
 	body := []byte(`{"messages":[{"role":"user","content":"` + strings.Repeat("a long conversation ", 50_000) + `"}],"model":"gpt-4o"}`)
 	b.SetBytes(int64(len(body)))
 	for b.Loop() {
-		if Model("/v1/chat/completions", body) != "gpt-4o" {
+		if Model(llmapi.Of("/v1/chat/completions"), body) != "gpt-4o" {
 			b.Fatal("no model")
 		}
 	}

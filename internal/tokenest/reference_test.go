@@ -3,6 +3,7 @@ package tokenest
 import (
 	"bytes"
 	"encoding/json"
+	"github.com/rolter/caddy-ratelimit/internal/llmapi"
 	"io"
 	"regexp"
 	"strconv"
@@ -34,29 +35,29 @@ func refDecode(body []byte) map[string]any {
 
 // refEstimate is reference's estimate of the decoded body m.
 func refEstimate(path string, m map[string]any) Estimate {
-	a, zeroCap := route(path)
-	if a == unknown || m == nil {
+	call := llmapi.Of(path)
+	if call.API == llmapi.Unknown || m == nil {
 		return Estimate{}
 	}
 	var r refReading
-	switch a {
-	case apiChat:
+	switch call.API {
+	case llmapi.Chat:
 		r = refChat(m)
-	case apiCompletions:
+	case llmapi.Completions:
 		r = refCompletions(m)
-	case apiEmbeddings:
+	case llmapi.Embeddings:
 		r.t = refPrompt(m["input"])
-	case apiResponses:
+	case llmapi.Responses:
 		r = refResponses(m)
-	case apiMessages:
+	case llmapi.Messages:
 		r = refMessages(m)
-	case apiGemini:
+	case llmapi.Gemini:
 		r = refGemini(m)
 	}
 	in := (r.t.chars+3)/4 + r.t.tokens + r.t.media*MediaTokens
 	e := Estimate{Input: min(in, limit), Known: true}
 	switch {
-	case zeroCap:
+	case call.NoOutput:
 		e.Capped = true
 	case r.capped:
 		e.Capped = true

@@ -1,6 +1,6 @@
 package tokenest
 
-import "strings"
+import "github.com/rolter/caddy-ratelimit/internal/llmapi"
 
 // Estimate is what a request body asks of the model, in tokens.
 type Estimate struct {
@@ -33,11 +33,9 @@ const MediaTokens = 1600
 // limit is where every count saturates.
 const limit = 1 << 40
 
-// Of reads a request of the API at path (the URL path, e.g.
-// "/v1/chat/completions", "/v1/messages",
-// "/v1beta/models/gemini-2.5-flash:generateContent") with this JSON body.
-func Of(path string, body []byte) Estimate {
-	r, zeroCap, ok := read(path, body, false)
+// Of reads the JSON body of a request of the call.
+func Of(call llmapi.Call, body []byte) Estimate {
+	r, ok := read(call, body, false)
 	if !ok {
 		return Estimate{}
 	}
@@ -46,7 +44,7 @@ func Of(path string, body []byte) Estimate {
 	e := Estimate{Known: true}
 	e.Input = inputOf(r.tally)
 	switch {
-	case zeroCap:
+	case call.NoOutput:
 		e.Capped = true
 	case r.capped:
 		e.Capped, e.Output = true, r.out
@@ -59,8 +57,8 @@ func Of(path string, body []byte) Estimate {
 // (a string cut short counts up to the cut), so that a body longer than the
 // limit is estimated at least as what was read of it. Its output cap is not
 // known: a cap written after the cut would be missed, so Capped is false.
-func OfPrefix(path string, prefix []byte) Estimate {
-	r, _, ok := read(path, prefix, true)
+func OfPrefix(call llmapi.Call, prefix []byte) Estimate {
+	r, ok := read(call, prefix, true)
 	if !ok {
 		return Estimate{}
 	}
@@ -71,98 +69,32 @@ func inputOf(t tally) int64 {
 	return min((t.chars+3)/4+t.tokens+mul(t.media, MediaTokens), limit)
 }
 
-// read reads the body of a request of the API at path, and reports whether
-// its output is capped at 0, and whether it is one this package reads. A
-// prefix is read as far as it goes: it ends where a JSON text would go on.
-func read(path string, body []byte, prefix bool) (r reading, zeroCap, ok bool) {
-	a, zeroCap := route(path)
-	if a == unknown {
-		return r, false, false
-	}
+// read reads the body of a request of the call's API, and reports whether
+// it is one this package reads. A prefix is read as far as it goes: it ends
+// where a JSON text would go on.
+func read(call llmapi.Call, body []byte, prefix bool) (r reading, ok bool) {
 	p := parser{b: body}
-	if p.peek() != '{' {
-		return r, false, false
+	if call.API == llmapi.Unknown || p.peek() != '{' {
+		return r, false
 	}
-	switch a {
-	case apiChat:
+	switch call.API {
+	case llmapi.Chat:
 		r = chat(&p)
-	case apiCompletions:
+	case llmapi.Completions:
 		r = completions(&p)
-	case apiEmbeddings:
+	case llmapi.Embeddings:
 		r = embeddings(&p)
-	case apiResponses:
+	case llmapi.Responses:
 		r = responses(&p)
-	case apiMessages:
+	case llmapi.Messages:
 		r = messages(&p)
-	case apiGemini:
+	case llmapi.Gemini:
 		r = gemini(&p)
 	}
 	if !prefix && (p.bad || p.ws()) {
-		return reading{}, false, false
+		return reading{}, false
 	}
-	return r, zeroCap, true
-}
-
-// api is an API this package reads.
-type api uint8
-
-const (
-	unknown api = iota
-	apiChat
-	apiCompletions
-	apiEmbeddings
-	apiResponses
-	apiMessages
-	apiGemini
-)
-
-// route is the API at path and whether its output is capped at 0. See the
-// package documentation for the paths.
-func route(path string) (a api, zeroCap bool) {
-	if i := strings.IndexByte(path, '?'); i >= 0 {
-		path = path[:i]
-	}
-	path = strings.TrimSuffix(path, "/")
-	rest, last := cutLast(path)
-	rest, prev := cutLast(rest)
-	_, prev2 := cutLast(rest)
-	switch {
-	case last == "completions" && prev == "chat":
-		return apiChat, false
-	case last == "completions":
-		return apiCompletions, false
-	case last == "embeddings":
-		return apiEmbeddings, true
-	case last == "responses":
-		return apiResponses, false
-	case last == "input_tokens" && prev == "responses":
-		return apiResponses, true
-	case last == "messages" && prev2 != "threads":
-		return apiMessages, false
-	case last == "count_tokens" && prev == "messages":
-		return apiMessages, true
-	}
-	i := strings.LastIndexByte(last, ':')
-	if i < 0 {
-		return unknown, false
-	}
-	switch model, method := last[:i], last[i+1:]; method {
-	case "generateContent", "streamGenerateContent":
-		return apiGemini, false
-	case "countTokens":
-		return apiGemini, true
-	case "rawPredict", "streamRawPredict":
-		if strings.Contains(path, "/publishers/anthropic/") {
-			return apiMessages, model == "count-tokens"
-		}
-	}
-	return unknown, false
-}
-
-// cutLast splits path at its last slash.
-func cutLast(path string) (rest, last string) {
-	i := strings.LastIndexByte(path, '/')
-	return path[:max(i, 0)], path[i+1:]
+	return r, true
 }
 
 // tally is what part of a request sends the model.

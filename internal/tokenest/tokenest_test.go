@@ -2,9 +2,13 @@ package tokenest
 
 import (
 	"encoding/json"
+	"github.com/rolter/caddy-ratelimit/internal/llmapi"
 	"strings"
 	"testing"
 )
+
+// ofPath is the estimate of a body sent to path.
+func ofPath(path string, body []byte) Estimate { return Of(llmapi.Of(path), body) }
 
 const (
 	chatPath        = "/v1/chat/completions"
@@ -116,7 +120,7 @@ var inputCases = []inputCase{
 func TestEachAPIsInputIsReadFromItsOwnFields(t *testing.T) {
 	for _, c := range inputCases {
 		t.Run(c.name, func(t *testing.T) {
-			r, _, ok := read(c.path, []byte(c.body), false)
+			r, ok := read(llmapi.Of(c.path), []byte(c.body), false)
 			if !ok {
 				t.Fatalf("read(%q) is not known", c.path)
 			}
@@ -125,7 +129,7 @@ func TestEachAPIsInputIsReadFromItsOwnFields(t *testing.T) {
 				t.Errorf("read = %+v, want %+v", r.tally, want)
 			}
 			in := (c.chars+3)/4 + c.tokens + c.media*MediaTokens
-			if e := Of(c.path, []byte(c.body)); e.Input != in || !e.Known {
+			if e := ofPath(c.path, []byte(c.body)); e.Input != in || !e.Known {
 				t.Errorf("Of = %+v, want Input %d", e, in)
 			}
 		})
@@ -145,11 +149,11 @@ func TestInputIsCharactersOverFourRoundedUpPlusTokenIDsPlusMedia(t *testing.T) {
 		{`{"messages":[{"role":"user","content":"ab"},{"role":"user","content":"cd"}]}`, 1},
 		{`{"messages":[{"role":"user","content":[{"type":"text","text":"abcde"},{"type":"image_url","image_url":{"url":"https://example.com/a.png"}}]}]}`, 2 + MediaTokens},
 	} {
-		if e := Of(chatPath, []byte(c.body)); e.Input != c.want {
+		if e := ofPath(chatPath, []byte(c.body)); e.Input != c.want {
 			t.Errorf("%s: Input %d, want %d", c.body, e.Input, c.want)
 		}
 	}
-	if e := Of(completionsPath, []byte(`{"prompt":[1,2,3,4,5]}`)); e.Input != 5 {
+	if e := ofPath(completionsPath, []byte(`{"prompt":[1,2,3,4,5]}`)); e.Input != 5 {
 		t.Errorf("five token ids: Input %d, want 5", e.Input)
 	}
 }
@@ -171,7 +175,7 @@ func TestCharactersAreRunesNotBytes(t *testing.T) {
 		{"\xff\xfeab", 4}, // each invalid byte is one U+FFFD
 	} {
 		body := `{"messages":[{"role":"user","content":"` + c.text + `"}]}`
-		r, _, ok := read(chatPath, []byte(body), false)
+		r, ok := read(llmapi.Of(chatPath), []byte(body), false)
 		if !ok || r.chars != c.chars {
 			t.Errorf("%q: %d characters (known %v), want %d", c.text, r.chars, ok, c.chars)
 		}
@@ -188,13 +192,13 @@ func TestToolDefinitionsCountAsCompactJSON(t *testing.T) {
 	// The tool's own JSON, as compact JSON (-1.5e3 as written): 145 characters.
 	const want = 145
 	for _, body := range []string{compact, pretty} {
-		if r, _, _ := read(chatPath, []byte(body), false); r.chars != want {
+		if r, _ := read(llmapi.Of(chatPath), []byte(body), false); r.chars != want {
 			t.Errorf("%d characters, want %d:\n%s", r.chars, want, body)
 		}
 	}
 	// A string in a definition counts as decoded: \u00e9 is é.
 	escaped := `{"tools":[{"d":"caf\u00e9"}]}`
-	if r, _, _ := read(chatPath, []byte(escaped), false); r.chars != int64(len(`{"d":"café"}`)-1) {
+	if r, _ := read(llmapi.Of(chatPath), []byte(escaped), false); r.chars != int64(len(`{"d":"café"}`)-1) {
 		t.Errorf("escaped: %d characters, want %d", r.chars, len(`{"d":"café"}`)-1)
 	}
 }
@@ -239,7 +243,7 @@ var outputCases = []outputCase{
 func TestEachAPIsOutputCapIsReadFromItsOwnField(t *testing.T) {
 	for _, c := range outputCases {
 		t.Run(c.name, func(t *testing.T) {
-			e := Of(c.path, []byte(c.body))
+			e := ofPath(c.path, []byte(c.body))
 			if !e.Known || e.Capped != c.capped || e.Output != c.output {
 				t.Errorf("Of = %+v, want Output %d Capped %v", e, c.output, c.capped)
 			}
@@ -257,7 +261,7 @@ func TestACapThatIsNotAPositiveIntegerIsNoCap(t *testing.T) {
 			{messagesPath, `{"max_tokens":` + v + `}`},
 			{geminiPath, `{"generationConfig":{"maxOutputTokens":` + v + `}}`},
 		} {
-			if e := Of(c.path, []byte(c.body)); !e.Known || e.Capped || e.Output != 0 {
+			if e := ofPath(c.path, []byte(c.body)); !e.Known || e.Capped || e.Output != 0 {
 				t.Errorf("%s %s: %+v, want known and not capped", c.path, c.body, e)
 			}
 		}
@@ -267,13 +271,13 @@ func TestACapThatIsNotAPositiveIntegerIsNoCap(t *testing.T) {
 			{completionsPath, `{"max_tokens":10,"n":` + v + `,"best_of":` + v + `}`},
 			{geminiPath, `{"generationConfig":{"maxOutputTokens":10,"candidateCount":` + v + `}}`},
 		} {
-			if e := Of(c.path, []byte(c.body)); !e.Capped || e.Output != 10 {
+			if e := ofPath(c.path, []byte(c.body)); !e.Capped || e.Output != 10 {
 				t.Errorf("%s %s: %+v, want Output 10", c.path, c.body, e)
 			}
 		}
 	}
 	// A whole number written with a fraction of zeros is a count.
-	if e := Of(chatPath, []byte(`{"max_tokens":256.0,"n":2.00}`)); !e.Capped || e.Output != 512 {
+	if e := ofPath(chatPath, []byte(`{"max_tokens":256.0,"n":2.00}`)); !e.Capped || e.Output != 512 {
 		t.Errorf("256.0 × 2.00: %+v, want Output 512", e)
 	}
 }
@@ -287,11 +291,11 @@ func TestCountsSaturateAt2To40(t *testing.T) {
 		{completionsPath, `{"max_tokens":99999999999999999999,"best_of":99999999999999999999}`},
 		{geminiPath, `{"generationConfig":{"maxOutputTokens":4294967296,"candidateCount":4294967296}}`},
 	} {
-		if e := Of(c.path, []byte(c.body)); e.Output != 1<<40 {
+		if e := ofPath(c.path, []byte(c.body)); e.Output != 1<<40 {
 			t.Errorf("%s: Output %d, want 1<<40", c.body, e.Output)
 		}
 	}
-	if e := Of(chatPath, []byte(`{"max_tokens":1048576,"n":1048576}`)); e.Output != 1<<40 {
+	if e := ofPath(chatPath, []byte(`{"max_tokens":1048576,"n":1048576}`)); e.Output != 1<<40 {
 		t.Errorf("2^20 × 2^20: Output %d, want exactly 1<<40", e.Output)
 	}
 	if mul(limit, MediaTokens) != limit || mul(limit/MediaTokens, MediaTokens) > limit || mul(0, limit) != 0 {
@@ -328,7 +332,7 @@ func TestMediaCountsAFixedEstimateNotItsBytes(t *testing.T) {
 		{"gemini inline_data", geminiPath,
 			`{"contents":[{"parts":[{"inline_data":{"mime_type":"audio/wav","data":"` + data + `"}}]}]}`},
 	} {
-		if e := Of(c.path, []byte(c.body)); !e.Known || e.Input != MediaTokens {
+		if e := ofPath(c.path, []byte(c.body)); !e.Known || e.Input != MediaTokens {
 			t.Errorf("%s: %+v, want Input %d", c.name, e, MediaTokens)
 		}
 	}
@@ -347,7 +351,7 @@ func TestPartsOfOtherTypesCountNothing(t *testing.T) {
 		{"members no API counts", chatPath,
 			`{"model":"gpt-4o","temperature":0.5,"response_format":{"type":"json_object"},"metadata":{"k":"long value"},"user":"u"}`},
 	} {
-		if r, _, ok := read(c.path, []byte(c.body), false); !ok || r.tally != (tally{}) {
+		if r, ok := read(llmapi.Of(c.path), []byte(c.body), false); !ok || r.tally != (tally{}) {
 			t.Errorf("%s: %+v (known %v), want nothing counted", c.name, r.tally, ok)
 		}
 	}
@@ -367,7 +371,7 @@ func TestAMemberGivenTwiceCountsItsLastValue(t *testing.T) {
 		{messagesPath, `{"max_tokens":5,"system":"abcdefgh","system":"a"}`, 1, 5},
 		{geminiPath, `{"contents":[{"parts":[{"text":"abcdefgh","text":"abc"}]}],"generationConfig":{"maxOutputTokens":9,"maxOutputTokens":3}}`, 3, 3},
 	} {
-		r, _, ok := read(c.path, []byte(c.body), false)
+		r, ok := read(llmapi.Of(c.path), []byte(c.body), false)
 		if !ok || r.chars != c.chars || r.out != c.output {
 			t.Errorf("%s: %d characters, output %d (known %v); want %d, %d", c.body, r.chars, r.out, ok, c.chars, c.output)
 		}
@@ -377,20 +381,20 @@ func TestAMemberGivenTwiceCountsItsLastValue(t *testing.T) {
 func TestGeminiReadsBothSpellingsAndPrefersCamelCase(t *testing.T) {
 	body := `{"generation_config":{"maxOutputTokens":7},"generationConfig":{"max_output_tokens":5,"candidate_count":2,"candidateCount":3},` +
 		`"systemInstruction":{"parts":[{"text":"ab"}]},"system_instruction":{"parts":[{"text":"cd"}]}}`
-	e := Of(geminiPath, []byte(body))
-	if r, _, _ := read(geminiPath, []byte(body), false); r.chars != 4 || e.Output != 15 {
+	e := ofPath(geminiPath, []byte(body))
+	if r, _ := read(llmapi.Of(geminiPath), []byte(body), false); r.chars != 4 || e.Output != 15 {
 		t.Errorf("%d characters, Output %d; want 4 (both instructions) and 15 (generationConfig's 5 × candidateCount 3)", r.chars, e.Output)
 	}
 }
 
 func TestEscapedKeysAreReadAsTheProviderDecodesThem(t *testing.T) {
 	body := `{"m\u0065ssages":[{"role":"user","\u0063ontent":"abcdefgh"}],"max_\u0074okens":64}`
-	if e := Of(chatPath, []byte(body)); e.Input != 2 || e.Output != 64 {
+	if e := ofPath(chatPath, []byte(body)); e.Input != 2 || e.Output != 64 {
 		t.Errorf("%+v, want Input 2 and Output 64", e)
 	}
 	// Keys are compared exactly: no API spells these so.
 	body = `{"Messages":[{"role":"user","content":"abcdefgh"}],"MAX_TOKENS":64,"max_tokens ":64}`
-	if e := Of(chatPath, []byte(body)); !e.Known || e.Input != 0 || e.Capped {
+	if e := ofPath(chatPath, []byte(body)); !e.Known || e.Input != 0 || e.Capped {
 		t.Errorf("%+v, want nothing read", e)
 	}
 }
@@ -407,7 +411,7 @@ func TestBadJSONIsUnknownNotAnError(t *testing.T) {
 		`{"messages":` + strings.Repeat(`[`, 10000) + strings.Repeat(`]`, 10000) + `}`,
 	} {
 		for _, path := range apiPaths {
-			if e := Of(path, []byte(body)); e != (Estimate{}) {
+			if e := ofPath(path, []byte(body)); e != (Estimate{}) {
 				t.Errorf("%s %.40q: %+v, want the zero Estimate", path, body, e)
 			}
 		}
@@ -424,45 +428,8 @@ func TestValidityIsEncodingJSONs(t *testing.T) {
 		strings.Repeat(`[`, 10001) + strings.Repeat(`]`, 10001),
 	} {
 		body := `{"tools":[` + v + `]}`
-		if e := Of(chatPath, []byte(body)); e.Known != json.Valid([]byte(body)) {
+		if e := ofPath(chatPath, []byte(body)); e.Known != json.Valid([]byte(body)) {
 			t.Errorf("%.60q: Known %v, json.Valid %v", body, e.Known, json.Valid([]byte(body)))
-		}
-	}
-}
-
-func TestPathsMatchByTheirEndUnderAnyPrefix(t *testing.T) {
-	for _, c := range []struct {
-		path    string
-		a       api
-		zeroCap bool
-	}{
-		{"/v1/chat/completions", apiChat, false},
-		{"/openai/v1/chat/completions", apiChat, false},
-		{"/openai/deployments/gpt-4o/chat/completions", apiChat, false},
-		{"/openai/deployments/gpt-4o/chat/completions?api-version=2024-10-21", apiChat, false},
-		{"/v1/chat/completions/", apiChat, false},
-		{"/v1beta/openai/chat/completions", apiChat, false},
-		{"/v1/completions", apiCompletions, false},
-		{"/openai/deployments/instruct/completions", apiCompletions, false},
-		{"/v1/embeddings", apiEmbeddings, true},
-		{"/openai/deployments/ada/embeddings", apiEmbeddings, true},
-		{"/v1/responses", apiResponses, false},
-		{"/openai/v1/responses", apiResponses, false},
-		{"/v1/responses/input_tokens", apiResponses, true},
-		{"/v1/messages", apiMessages, false},
-		{"/anthropic/v1/messages", apiMessages, false},
-		{"/v1/messages/count_tokens", apiMessages, true},
-		{"/v1beta/models/gemini-2.5-flash:generateContent", apiGemini, false},
-		{"/v1beta/models/gemini-2.5-flash:streamGenerateContent", apiGemini, false},
-		{"/v1beta/models/gemini-2.5-flash:countTokens", apiGemini, true},
-		{"/v1beta/tunedModels/my-model:generateContent", apiGemini, false},
-		{"/v1/projects/p/locations/us-central1/publishers/google/models/gemini-2.5-pro:generateContent", apiGemini, false},
-		{vertexClaude, apiMessages, false},
-		{"/v1/projects/p/locations/l/publishers/anthropic/models/claude-sonnet-4@20250514:streamRawPredict", apiMessages, false},
-		{"/v1/projects/p/locations/l/publishers/anthropic/models/count-tokens:rawPredict", apiMessages, true},
-	} {
-		if a, zeroCap := route(c.path); a != c.a || zeroCap != c.zeroCap {
-			t.Errorf("route(%q) = %v, %v; want %v, %v", c.path, a, zeroCap, c.a, c.zeroCap)
 		}
 	}
 }
@@ -475,15 +442,15 @@ func TestOtherPathsAreUnknown(t *testing.T) {
 		"/v1beta/models/gemini-2.5-flash:embedContent", "/v1beta/models/gemini-2.5-flash", "/v1/projects/p/locations/l/publishers/google/models/m:rawPredict",
 		"/v1/CHAT/COMPLETIONS", "/v1/messages.json",
 	} {
-		if e := Of(path, body); e != (Estimate{}) {
-			t.Errorf("Of(%q) = %+v, want the zero Estimate", path, e)
+		if e := ofPath(path, body); e != (Estimate{}) {
+			t.Errorf("ofPath(%q) = %+v, want the zero Estimate", path, e)
 		}
 	}
 }
 
 func TestOfAllocatesNothing(t *testing.T) {
 	for name, body := range map[string][]byte{"chat": []byte(typicalChat), "image": imageChat(1 << 20)} {
-		if n := testing.AllocsPerRun(20, func() { Of(chatPath, body) }); n != 0 {
+		if n := testing.AllocsPerRun(20, func() { ofPath(chatPath, body) }); n != 0 {
 			t.Errorf("%s: %v allocations a call", name, n)
 		}
 	}
@@ -530,7 +497,7 @@ func BenchmarkOf(b *testing.B) {
 			b.ReportAllocs()
 			b.SetBytes(int64(len(c.body)))
 			for b.Loop() {
-				Of(chatPath, c.body)
+				ofPath(chatPath, c.body)
 			}
 		})
 	}
@@ -547,16 +514,16 @@ func TestAPrefixEstimatesNoLessThanAShorterPrefixAndTheWholeAsOf(t *testing.T) {
 		"/v1/completions": `{"model":"m","prompt":[1,2,3,4,5,6]}`,
 	}
 	for path, body := range bodies {
-		whole := Of(path, []byte(body))
+		whole := ofPath(path, []byte(body))
 		if !whole.Known {
 			t.Fatalf("%s: the whole body is not read: %s", path, body)
 		}
-		if got := OfPrefix(path, []byte(body)); got.Input != whole.Input || got.Capped {
+		if got := OfPrefix(llmapi.Of(path), []byte(body)); got.Input != whole.Input || got.Capped {
 			t.Errorf("%s: the whole body as a prefix estimates %+v, want input %d and no cap", path, got, whole.Input)
 		}
 		last := int64(0)
 		for k := range len(body) + 1 {
-			e := OfPrefix(path, []byte(body[:k]))
+			e := OfPrefix(llmapi.Of(path), []byte(body[:k]))
 			if e.Input < last || e.Input > whole.Input {
 				t.Fatalf("%s cut at %d (%q): input %d, want between the shorter cut's %d and the whole's %d", path, k, body[:k], e.Input, last, whole.Input)
 			}

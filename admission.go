@@ -1,0 +1,222 @@
+package ratelimit
+
+import (
+	"net/http"
+	"net/textproto"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/rolter/caddy-ratelimit/internal/llmapi"
+	"github.com/rolter/caddy-ratelimit/internal/tokenest"
+)
+
+// request is what the handler reads of a request before its body: where to
+// set placeholders, the API its path calls (llmapi, the one classifier)
+// and the dialect the handler answers it in.
+type request struct {
+	*http.Request
+	repl *caddy.Replacer
+	call llmapi.Call
+	dia  dialect
+}
+
+func (h *Handler) newRequest(r *http.Request) *request {
+	call := llmapi.Of(r.URL.Path)
+	return &request{Request: r, repl: r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer), call: call, dia: dialectOf(h.Dialect, call)}
+}
+
+// ServeHTTP admits or refuses the request, then passes it on. Its steps:
+//
+//  1. A WebSocket handshake is a session (serveSession).
+//  2. The chain (resolve): what the scopes read must be what the upstream
+//     reads, the body is read first only when a scope names the model, and
+//     a required scope must have a value.
+//  3. The body, once the chain needs it (its token caps) and the store has
+//     not already refused it for a reason no body changes.
+//  4. The reservation (or too large), the admission: refuse, fail, or pass
+//     on, the response metered by the writer that wraps it (admitted).
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	req := h.newRequest(r)
+	if isWebSocketHandshake(r) {
+		return h.serveSession(w, req, next)
+	}
+	var held *heldBody // the body's memory, given back at the latest when the request ends
+	defer func() { held.release() }()
+	chain, body, refused := h.resolve(req)
+	held = body.held
+	if refused != nil {
+		return h.answer(w, req, *refused)
+	}
+	if len(chain) == 0 {
+		return next.ServeHTTP(w, r)
+	}
+	metering := chainMetersTokens(chain)
+	var reserve tokenCounts
+	if metering {
+		if !h.readsModel {
+			if a, refused := h.store.refusedUnread(chain); refused {
+				return h.answer(w, req, h.limitRefusal(req, a).unread(req))
+			}
+			var err error
+			if body, err = readRequestBody(req, h.bodyMemory()); err != nil {
+				return h.answer(w, req, h.bodyRefusal(err))
+			}
+			held = body.held
+		}
+		if h.reserving() {
+			var over tooLargeFor
+			if reserve, over = h.reservation(req.call, body, chain); over.limit >= 0 {
+				return h.answer(w, req, h.tooLarge(req, chain, over, reserve))
+			}
+		}
+	}
+	a, err := h.store.admit(r.Context(), chain, reserve)
+	if err != nil {
+		return h.storeFailed(w, req, chain, err, next)
+	}
+	if !a.admitted {
+		return h.answer(w, req, h.limitRefusal(req, a))
+	}
+	rw := h.admitted(w, req, chain, a.decision, metering)
+	if rw == nil {
+		return next.ServeHTTP(w, r)
+	}
+	if !metering {
+		return next.ServeHTTP(rw, r)
+	}
+	if h.EnsureStreamUsage == nil || *h.EnsureStreamUsage {
+		rw.strip = requestStreamUsage(req, body.whole())
+	}
+	// Deferred: reverse_proxy ends a response cut short (the client or the
+	// upstream went away mid-stream) with panic(http.ErrAbortHandler), and
+	// what was reported by then is still charged.
+	defer h.meterResponse(rw, chain, a.decision)
+	return next.ServeHTTP(rw, r)
+}
+
+// resolve finds the request's chain. What its scopes read must be what the
+// upstream reads (a scope's header sent twice, or two credentials, is
+// refused with 400), and a required scope must have a value (403). When a
+// scope names the model, the body is read first (body); a body that finds
+// no room under body_memory is refused.
+func (h *Handler) resolve(req *request) (chain []limit, body requestBody, refused *answer) {
+	if i := h.repeatedScopeHeader(req.Request); i >= 0 {
+		return nil, body, new(ambiguousScope(h.Scopes[i].Name, "the header "+h.scopeHeaders[i]+" more than once").unread(req))
+	}
+	if h.readsAPIKey {
+		key, ambiguous := credential(req)
+		if ambiguous != "" {
+			return nil, body, new(ambiguousScope(placeholderAPIKey, ambiguous).unread(req))
+		}
+		req.repl.Set(placeholderAPIKey, key)
+	}
+	if h.readsModel {
+		var err error
+		if body, err = readRequestBody(req, h.bodyMemory()); err != nil {
+			return nil, body, new(h.bodyRefusal(err))
+		}
+		req.repl.Set(placeholderModel, tokenest.Model(req.call, body.bytes))
+	}
+	chain, missing := h.chain(req)
+	if missing >= 0 {
+		return nil, body, new(missingScope(h.Scopes[missing].Name).unread(req))
+	}
+	return chain, body, nil
+}
+
+// chainMetersTokens reports whether a limit of chain caps a token window:
+// the response's usage is then metered.
+func chainMetersTokens(chain []limit) bool {
+	for _, l := range chain {
+		if l.capsTokens() {
+			return true
+		}
+	}
+	return false
+}
+
+// chain resolves the request's limits, in chain order, or finds the first
+// required scope whose value is empty: missing is its index, else -1. On
+// Redis Cluster every key carries the hash tag of the chain's root: its
+// outermost scope whose value is not empty, so that the whole chain is one
+// slot.
+func (h *Handler) chain(req *request) (chain []limit, missing int) {
+	tag := ""
+	if h.Redis != nil && h.Redis.topology() == cluster {
+		for i := len(h.Scopes) - 1; i >= 0; i-- {
+			if v := h.scopeValue(i, req); v != "" {
+				tag = chainTag(h.Scopes[i].Name, keyID(h.Scopes[i].Readable, v))
+				break
+			}
+		}
+	}
+	chain = make([]limit, 0, len(h.Scopes))
+	for i, s := range h.Scopes {
+		sl, limited := h.limits[s.Name]
+		if !limited && !s.Required {
+			continue
+		}
+		value := h.scopeValue(i, req)
+		if value == "" {
+			if s.Required {
+				return nil, i
+			}
+			continue
+		}
+		if !limited {
+			continue
+		}
+		id, caps, _, ok := sl.resolve(value, keyID(s.Readable, value))
+		if !ok {
+			continue
+		}
+		chain = append(chain, newTaggedLimit(tag, s.Name, id, caps))
+	}
+	return chain, -1
+}
+
+// scopeValue is the i-th scope's id for the request. A value that is one
+// request header placeholder, as most are, is read from the header as Caddy's
+// replacer reads it (the values joined by commas), without the replacer's
+// allocations and lookups, which would be most of the handler's own work.
+func (h *Handler) scopeValue(i int, req *request) string {
+	if name := h.scopeHeaders[i]; name != "" {
+		return strings.Join(req.Header[name], ",")
+	}
+	return req.repl.ReplaceAll(h.Scopes[i].Value, "")
+}
+
+// scopeHeader is the canonical name of the request header that value is
+// exactly the placeholder of, or "".
+func scopeHeader(value string) string {
+	name, ok := strings.CutPrefix(value, "{http.request.header.")
+	if !ok {
+		return ""
+	}
+	name, ok = strings.CutSuffix(name, "}")
+	if !ok || name == "" || strings.ContainsAny(name, "{}\\") {
+		return ""
+	}
+	return textproto.CanonicalMIMEHeaderKey(name)
+}
+
+// storeFailed applies on_redis_error: deny answers 503; allow passes the
+// request on unchecked, carrying, with headers scg, Spring Cloud Gateway's
+// answer to a failed store: X-RateLimit-Remaining -1 beside the bucket's
+// configuration.
+func (h *Handler) storeFailed(w http.ResponseWriter, req *request, chain []limit, err error, next caddyhttp.Handler) error {
+	if h.OnRedisError == "deny" {
+		h.warn.log(h.logger, "rate limit store unavailable; refusing requests with 503 (on_redis_error deny)", zap.Error(err))
+		return h.answer(w, req, storeUnavailable)
+	}
+	h.warn.log(h.logger, "rate limit store unavailable; admitting requests unchecked (on_redis_error allow)", zap.Error(err))
+	setOutcome(req.repl, outcomeFailedOpen)
+	if hs := h.headers.failedOpenHeaders(chain); len(hs.values) > 0 {
+		hs.apply(w.Header())
+		w = &responseWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, headers: hs}
+	}
+	return next.ServeHTTP(w, req.Request)
+}

@@ -1,0 +1,192 @@
+package ratelimit
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+)
+
+// answer is one of the handler's own answers, to a request it does not pass
+// on: a refusal, by a limit or of a request it cannot count, or a failure
+// of the store. Every answer goes through Handler.answer, which applies the
+// outcome, the placeholders, the metrics, the headers, on_refusal and the
+// dialect once, so that a new kind of refusal is one new value.
+type answer struct {
+	outcome   string
+	status    int
+	message   string
+	typ, code string // OpenAI's error type and code; the other dialects derive theirs from status
+	// scope is the refusing scope's name, for the placeholder; "" for none.
+	scope string
+	// byLimit describes a refusal by a limit: its kind (requests, …,
+	// too_large), window and cap, for the placeholders, the metric and the
+	// debug log; kind is "" for any other answer.
+	kind, window string
+	capacity     int64
+	id           string // the refusing limit's id as stored, for the debug log
+	requested    int64  // a too-large request's reservation, for the debug log
+	// retryMillis is the wait the answer announces (Retry-After,
+	// retry-after-ms, Google's RetryInfo); 0: none.
+	retryMillis int64
+	headers     headerSet
+	noRetry     bool // x-should-retry: false, which OpenAI's SDKs obey
+	closeConn   bool // the request's body is not wanted (unread)
+	// failure is not a refusal: on_refusal does not apply to it.
+	failure bool
+	// clientGone: the client went away; nothing is answered, and the
+	// request ends as reverse_proxy ends it (499).
+	clientGone bool
+}
+
+// The placeholders the Handler's doc lists, set on the requests a limit
+// applies to.
+const (
+	placeholderOutcome       = "http.rolter_ratelimit.outcome" // the outcomes of metrics.go
+	placeholderRefusedScope  = "http.rolter_ratelimit.refused_scope"
+	placeholderRefusedKind   = "http.rolter_ratelimit.refused_kind"   // kind.String()
+	placeholderRefusedWindow = "http.rolter_ratelimit.refused_window" // minute or day; "" for a bucket
+	placeholderRefusedLimit  = "http.rolter_ratelimit.refused_limit"
+	placeholderRetryAfter    = "http.rolter_ratelimit.retry_after" // seconds
+	placeholderModel         = "http.rolter_ratelimit.model"
+	placeholderAPIKey        = "http.rolter_ratelimit.api_key"
+)
+
+// answer writes a, or hands it to handle_errors (on_refusal error).
+func (h *Handler) answer(w http.ResponseWriter, req *request, a answer) error {
+	if a.clientGone {
+		return caddyhttp.Error(499, errors.New(a.message))
+	}
+	setOutcome(req.repl, a.outcome)
+	if a.scope != "" {
+		req.repl.Set(placeholderRefusedScope, a.scope)
+	}
+	hdr := w.Header()
+	if a.kind != "" {
+		refusalsTotal.WithLabelValues(a.scope, a.kind, a.window).Inc()
+		req.repl.Set(placeholderRefusedKind, a.kind)
+		req.repl.Set(placeholderRefusedWindow, a.window)
+		req.repl.Set(placeholderRefusedLimit, a.capacity)
+		if h.logger.Core().Enabled(zap.DebugLevel) {
+			h.logger.Debug("refused", zap.String("scope", a.scope), zap.String("id", a.id), zap.String("kind", a.kind), zap.String("window", a.window),
+				zap.Int64("retry_after_ms", a.retryMillis), zap.Int64("requested", a.requested))
+		}
+	}
+	a.headers.apply(hdr)
+	if a.retryMillis > 0 {
+		seconds := ceilSeconds(a.retryMillis, 1)
+		req.repl.Set(placeholderRetryAfter, seconds)
+		hdr.Set("Retry-After", strconv.FormatInt(seconds, 10))
+		hdr.Set("Retry-After-Ms", strconv.FormatInt(a.retryMillis, 10))
+	}
+	if a.noRetry {
+		hdr.Set("X-Should-Retry", "false")
+	}
+	if a.closeConn {
+		hdr.Set("Connection", "close")
+	}
+	if h.OnRefusal == "error" && !a.failure {
+		return caddyhttp.Error(a.status, errors.New(a.message))
+	}
+	return req.dia.write(w, errorAnswer{status: a.status, message: a.message, typ: a.typ, code: a.code, retryMillis: a.retryMillis})
+}
+
+// setOutcome records an admission's outcome in the placeholder and the metrics.
+func setOutcome(repl *caddy.Replacer, outcome string) {
+	repl.Set(placeholderOutcome, outcome)
+	admissionsTotal.WithLabelValues(outcome).Inc()
+}
+
+// unread marks an answer given before the request's body was read: when the
+// client waits for 100 Continue to send it, the connection closes after the
+// answer. Go's server would otherwise wait to discard a body that never
+// comes: Caddy's own wrapper of the body hides from it that the client
+// waits.
+func (a answer) unread(req *request) answer {
+	a.closeConn = req.ContentLength != 0 && strings.EqualFold(req.Header.Get("Expect"), "100-continue")
+	return a
+}
+
+// limitRefusal is the answer to a request a limit refused: 429 (or status),
+// naming the first refusing scope and its cap, never its id, with the wait
+// until every refusing limit would admit it.
+func (h *Handler) limitRefusal(req *request, a admission) answer {
+	ref, l := a.refusal, a.limits[a.refusal.first]
+	return answer{
+		outcome: outcomeRefused, status: cmp.Or(h.Status, http.StatusTooManyRequests), message: ref.message(a.limits),
+		typ: ref.kind.errorType(), code: "rate_limit_exceeded",
+		scope: l.scope, kind: ref.kind.String(), window: ref.windowName(), capacity: ref.capacity, id: l.id,
+		retryMillis: max(ref.waitMillis, 1), headers: h.families(req.dia).headersFor(a.limits, a.decision, false),
+	}
+}
+
+// tooLarge is the answer to a request whose reservation alone exceeds a
+// window of its chain: no wait would admit it, so it says so as OpenAI does
+// ("Request too large"), with x-should-retry false and no Retry-After.
+// Nothing is charged; its headers are the chain's as they stand, when the
+// store can read them.
+func (h *Handler) tooLarge(req *request, chain []limit, over tooLargeFor, reserve tokenCounts) answer {
+	l, k := chain[over.limit], over.window
+	capacity, requested := l.windows[k], reserve.of(k.kind())
+	a := answer{
+		outcome: outcomeRefused, status: cmp.Or(h.Status, http.StatusTooManyRequests),
+		message: fmt.Sprintf("Request too large for %s on %s per %s (%s): Limit %d, Requested %d. The input or output tokens must be reduced in order to run successfully.",
+			l.scope, k.noun(), spans[k.span()].per, k.unit(), capacity, requested),
+		typ: tooLarge.errorType(), code: "rate_limit_exceeded",
+		scope: l.scope, kind: tooLarge.String(), window: spans[k.span()].name, capacity: capacity, id: l.id, requested: requested,
+		noRetry: true,
+	}
+	if families := h.families(req.dia); families.any() {
+		if d, err := h.store.peek(req.Context(), chain); err == nil {
+			a.headers = families.headersFor(chain, d, false)
+		}
+	}
+	return a
+}
+
+// missingScope is the answer to a request whose value for a required scope
+// is empty, as Spring Cloud Gateway's denyEmptyKey: 403, naming the scope.
+func missingScope(scope string) answer {
+	return answer{outcome: outcomeRefusedEmptyScope, status: http.StatusForbidden, scope: scope,
+		message: fmt.Sprintf("This request has no value for the rate limit scope %q, which this gateway requires.", scope),
+		typ:     "invalid_request_error", code: "rate_limit_scope_missing"}
+}
+
+// ambiguousScope is the answer to a request that sends what scope reads in
+// a way the upstream may read otherwise (what says how, naming headers,
+// never their values): 400.
+func ambiguousScope(scope, what string) answer {
+	return answer{outcome: outcomeRefusedAmbiguousScope, status: http.StatusBadRequest, scope: scope,
+		message: fmt.Sprintf("This request sends %s; the rate limit scope %q must read one value, the one the API reads.", what, scope),
+		typ:     "invalid_request_error", code: "rate_limit_scope_ambiguous"}
+}
+
+// bodyRefusal is the answer to a request whose body could not be read:
+// one that found no room under body_memory gets 503 with a wait of a
+// second, and the rest of its body is not wanted; one whose client went
+// away meanwhile ends as reverse_proxy ends it (499). Neither is admitted
+// unreserved.
+func (h *Handler) bodyRefusal(err error) answer {
+	if !errors.Is(err, errBodyMemory) {
+		return answer{message: err.Error(), clientGone: true}
+	}
+	h.bodyWarn.log(h.logger, "request bodies being read hold all of body_memory; refusing requests with 503", zap.Error(err))
+	return answer{outcome: outcomeRefusedBodyMemory, status: http.StatusServiceUnavailable,
+		message: "The gateway is reading too many request bodies at once; please retry shortly.",
+		typ:     "server_error", code: "request_body_memory_exhausted", retryMillis: 1000, closeConn: true}
+}
+
+// connectionsRefused is the answer to a WebSocket session over realtime
+// max_connections: 503, without an rpm slot taken.
+var connectionsRefused = answer{outcome: outcomeRefusedConnections, status: http.StatusServiceUnavailable,
+	message: "Too many realtime sessions are open on this gateway; please retry shortly.", typ: "connections", code: "connection_limit_exceeded"}
+
+// storeUnavailable is the answer of on_redis_error deny.
+var storeUnavailable = answer{outcome: outcomeFailedClosed, status: http.StatusServiceUnavailable,
+	message: "The rate limiter is unavailable; please retry shortly.", typ: "server_error", code: "rate_limiter_unavailable", failure: true}

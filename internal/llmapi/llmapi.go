@@ -1,0 +1,147 @@
+// Package llmapi tells which LLM API a request calls, from its URL path
+// alone: the one classifier that the gateway's answers (whose SDK reads
+// them), its token estimate and its model read.
+//
+// The API is told by the end of the path, whatever comes before it (a
+// gateway's mount, Azure's /openai/deployments/<d>); one trailing slash and
+// anything from a '?' are ignored, and segments are compared exactly:
+//
+//	…/chat/completions                      OpenAI chat completions
+//	…/completions (not chat/)               OpenAI legacy completions
+//	…/embeddings                            OpenAI embeddings           no output
+//	…/responses                             OpenAI Responses
+//	…/responses/input_tokens                its token count             no output
+//	…/messages (not …/threads/<id>/messages, the Assistants API)
+//	                                        Anthropic Messages
+//	…/messages/count_tokens                 its token count             no output
+//	…/<model>:generateContent, …/<model>:streamGenerateContent
+//	                                        Gemini (and Vertex AI)
+//	…/<model>:countTokens                   its token count             no output
+//	…/publishers/anthropic/…/<model>:rawPredict, :streamRawPredict
+//	                                        Anthropic Messages on Vertex AI
+//	                                        (model count-tokens: no output)
+//
+// Any other path is Unknown, and is answered as OpenAI's.
+package llmapi
+
+import "strings"
+
+// API is an API a request calls.
+type API uint8
+
+const (
+	Unknown API = iota
+	Chat
+	Completions
+	Embeddings
+	Responses
+	Messages
+	Gemini
+)
+
+// Provider is whose API it is: whose SDK reads the gateway's answers, and
+// where it sends its caller's credential.
+type Provider uint8
+
+const (
+	OpenAI Provider = iota // and every API this package does not know
+	Anthropic
+	Google
+)
+
+// Call is what a path says of the request.
+type Call struct {
+	API API
+	// NoOutput: the call produces no output tokens (embeddings and the
+	// token-counting calls).
+	NoOutput bool
+	// Model is the model the path names: Gemini's and Vertex AI's
+	// …/models/<model>:<method>, Azure OpenAI's deployment; "" when only
+	// the body names it.
+	Model string
+	// Azure: the path is Azure OpenAI's (under /openai/), whose callers may
+	// send an api-key header in place of a bearer token.
+	Azure bool
+}
+
+// Provider is the provider of the call's API.
+func (c Call) Provider() Provider {
+	switch c.API {
+	case Messages:
+		return Anthropic
+	case Gemini:
+		return Google
+	}
+	return OpenAI
+}
+
+// Of is the call that path makes.
+func Of(path string) Call {
+	path, _, _ = strings.Cut(path, "?")
+	path = strings.TrimSuffix(path, "/")
+	c := Call{Azure: strings.Contains(path, "/openai/")}
+	if _, rest, ok := strings.Cut(path, "/openai/deployments/"); ok {
+		c.Model, _, _ = strings.Cut(rest, "/")
+	}
+	rest, last := cutLast(path)
+	rest, prev := cutLast(rest)
+	_, prev2 := cutLast(rest)
+	switch {
+	case last == "completions" && prev == "chat":
+		c.API = Chat
+	case last == "completions":
+		c.API = Completions
+	case last == "embeddings":
+		c.API, c.NoOutput = Embeddings, true
+	case last == "responses":
+		c.API = Responses
+	case last == "input_tokens" && prev == "responses":
+		c.API, c.NoOutput = Responses, true
+	case last == "messages" && prev2 != "threads":
+		c.API = Messages
+	case last == "count_tokens" && prev == "messages":
+		c.API, c.NoOutput = Messages, true
+	default:
+		return c.method(path, last)
+	}
+	return c
+}
+
+// method reads a Google-style …/<model>:<method> call, whose last segment
+// is last.
+func (c Call) method(path, last string) Call {
+	model, method, ok := strings.Cut(last, ":")
+	if !ok {
+		return c
+	}
+	named := prev(path) == "models" // …/models/<model>, not …/tunedModels/<model>
+	switch method {
+	case "generateContent", "streamGenerateContent", "countTokens":
+		c.API, c.NoOutput = Gemini, method == "countTokens"
+	case "rawPredict", "streamRawPredict":
+		if !strings.Contains(path, "/publishers/anthropic/") {
+			return c
+		}
+		c.API, c.NoOutput = Messages, model == "count-tokens"
+		named = named && !c.NoOutput
+	default:
+		return c
+	}
+	if named {
+		c.Model = model
+	}
+	return c
+}
+
+// prev is the segment before path's last.
+func prev(path string) string {
+	rest, _ := cutLast(path)
+	_, p := cutLast(rest)
+	return p
+}
+
+// cutLast splits path at its last slash.
+func cutLast(path string) (rest, last string) {
+	i := strings.LastIndexByte(path, '/')
+	return path[:max(i, 0)], path[i+1:]
+}

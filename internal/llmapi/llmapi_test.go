@@ -1,0 +1,53 @@
+package llmapi
+
+import "testing"
+
+func TestPathsAreToldByTheirEndUnderAnyPrefix(t *testing.T) {
+	const vertexClaude = "/v1/projects/p/locations/l/publishers/anthropic/models/claude-sonnet-4@20250514:rawPredict"
+	for _, c := range []struct {
+		path string
+		want Call
+	}{
+		{"/v1/chat/completions", Call{API: Chat}},
+		{"/openai/v1/chat/completions", Call{API: Chat, Azure: true}},
+		{"/openai/deployments/gpt-4o/chat/completions", Call{API: Chat, Model: "gpt-4o", Azure: true}},
+		{"/openai/deployments/gpt-4o/chat/completions?api-version=2024-10-21", Call{API: Chat, Model: "gpt-4o", Azure: true}},
+		{"/v1/chat/completions/", Call{API: Chat}},
+		{"/v1beta/openai/chat/completions", Call{API: Chat, Azure: true}},
+		{"/v1/completions", Call{API: Completions}},
+		{"/openai/deployments/instruct/completions", Call{API: Completions, Model: "instruct", Azure: true}},
+		{"/v1/embeddings", Call{API: Embeddings, NoOutput: true}},
+		{"/openai/deployments/ada/embeddings", Call{API: Embeddings, NoOutput: true, Model: "ada", Azure: true}},
+		{"/v1/responses", Call{API: Responses}},
+		{"/v1/responses/input_tokens", Call{API: Responses, NoOutput: true}},
+		{"/v1/messages", Call{API: Messages}},
+		{"/anthropic/messages", Call{API: Messages}},
+		{"/v1/messages/count_tokens", Call{API: Messages, NoOutput: true}},
+		{"/v1beta/models/gemini-2.5-flash:generateContent", Call{API: Gemini, Model: "gemini-2.5-flash"}},
+		{"/v1beta/models/gemini-2.5-pro:streamGenerateContent?alt=sse", Call{API: Gemini, Model: "gemini-2.5-pro"}},
+		{"/v1beta/models/gemini-2.5-flash:countTokens", Call{API: Gemini, NoOutput: true, Model: "gemini-2.5-flash"}},
+		{"/v1beta/tunedModels/my-model:generateContent", Call{API: Gemini}},
+		{"/v1/projects/p/locations/us-central1/publishers/google/models/gemini-2.5-pro:generateContent", Call{API: Gemini, Model: "gemini-2.5-pro"}},
+		{vertexClaude, Call{API: Messages, Model: "claude-sonnet-4@20250514"}},
+		{"/v1/projects/p/locations/l/publishers/anthropic/models/claude-sonnet-4@20250514:streamRawPredict", Call{API: Messages, Model: "claude-sonnet-4@20250514"}},
+		{"/v1/projects/p/locations/l/publishers/anthropic/models/count-tokens:rawPredict", Call{API: Messages, NoOutput: true}},
+		{"/v1/models/gpt-4o", Call{}},
+		{"/v1/threads/thread_1/messages", Call{}},
+		{"/v1/messages/batches", Call{}},
+		{"/v1beta/models/gemini-2.5-flash:embedContent", Call{}},
+		{"/v1/projects/p/locations/l/publishers/google/models/m:rawPredict", Call{}},
+		{"/v1/CHAT/COMPLETIONS", Call{}},
+	} {
+		if got := Of(c.path); got != c.want {
+			t.Errorf("Of(%q) = %+v, want %+v", c.path, got, c.want)
+		}
+	}
+}
+
+func TestEachAPIIsItsProvidersAndAnUnknownOneOpenAIs(t *testing.T) {
+	for api, want := range map[API]Provider{Unknown: OpenAI, Chat: OpenAI, Completions: OpenAI, Embeddings: OpenAI, Responses: OpenAI, Messages: Anthropic, Gemini: Google} {
+		if got := (Call{API: api}).Provider(); got != want {
+			t.Errorf("API %d: provider %d, want %d", api, got, want)
+		}
+	}
+}
