@@ -44,21 +44,31 @@ func scrape(t *testing.T) map[string]float64 {
 }
 
 func TestMetricsCountOutcomesRefusalsAndTokensAndKeepCountingAcrossAReload(t *testing.T) {
-	srv := startRedis(t)
+	t.Run("memory", func(t *testing.T) { checkMetrics(t, nil) })
+	t.Run("redis", func(t *testing.T) { checkMetrics(t, startRedis(t)) })
+}
+
+// checkMetrics runs the metrics test on a Redis of its own, srv, which it
+// stops to see a request fail open, or on the in-process store (srv nil).
+func checkMetrics(t *testing.T, srv *testRedis) {
 	up := sampleUpstream(t)
 	port := freePort()
+	store := ""
+	if srv != nil {
+		store = "redis " + srv.URL()
+	}
 	site := func(comment string) string {
 		return fmt.Sprintf(`
 	# %s
 	rolter_ratelimit {
-		redis %s
+		%s
 		scope key {http.request.header.Authorization}
 		scope org {http.request.header.X-Org} readable
 		limit key * rpm 2
 		limit org * tpm 100000
 		reserve_tokens off
 	}
-	reverse_proxy {upstream}`, comment, srv.URL())
+	reverse_proxy {upstream}`, comment, store)
 	}
 	gw := startGatewayWith(t, up.URL, "", site("first"), port)
 	before := scrape(t)
@@ -68,30 +78,35 @@ func TestMetricsCountOutcomesRefusalsAndTokensAndKeepCountingAcrossAReload(t *te
 		gw.get(t, "/samples/openai_chat.json?coding=identity", key, org)
 	}
 	gw.get(t, "/samples/openai_error.json?coding=identity", "Authorization: Bearer sk-"+uniqueID(t), org) // admitted, not metered
-	waitCharged(t, "redis "+srv.URL(), []limit{newLimit("org", strings.TrimPrefix(org, "X-Org: "), 0, 1)}, 2*1163)
-	srv.Stop(t)
-	gw.get(t, "/samples/openai_chat.json?coding=identity", "Authorization: Bearer sk-"+uniqueID(t), org) // failed open
-	after := scrape(t)
-
-	delta := func(name string) float64 { return after[name] - before[name] }
-	for name, want := range map[string]float64{
+	waitCharged(t, store, []limit{newLimit("org", strings.TrimPrefix(org, "X-Org: "), 0, 1)}, 2*1163)
+	want := map[string]float64{
 		`caddy_rolter_ratelimit_admissions_total{outcome="admitted"}`:                        3,
 		`caddy_rolter_ratelimit_admissions_total{outcome="refused"}`:                         1,
-		`caddy_rolter_ratelimit_admissions_total{outcome="failed_open"}`:                     1,
 		`caddy_rolter_ratelimit_refusals_total{kind="requests",scope="key",window="minute"}`: 1,
 		`caddy_rolter_ratelimit_tokens_charged_total{kind="total"}`:                          2 * 1163,
 		`caddy_rolter_ratelimit_tokens_charged_total{kind="input"}`:                          2 * 1117,
 		`caddy_rolter_ratelimit_tokens_charged_total{kind="output"}`:                         2 * 46,
 		`caddy_rolter_ratelimit_unmetered_total{what="response"}`:                            1,
-		`caddy_rolter_ratelimit_redis_errors_total{op="admit"}`:                              1,
-		`caddy_rolter_ratelimit_redis_call_duration_seconds_count{op="admit"}`:               5,
-	} {
+	}
+	if srv != nil {
+		srv.Stop(t)
+		gw.get(t, "/samples/openai_chat.json?coding=identity", "Authorization: Bearer sk-"+uniqueID(t), org) // failed open
+		want[`caddy_rolter_ratelimit_admissions_total{outcome="failed_open"}`] = 1
+		want[`caddy_rolter_ratelimit_redis_errors_total{op="admit"}`] = 1
+		want[`caddy_rolter_ratelimit_redis_call_duration_seconds_count{op="admit"}`] = 5
+	}
+	after := scrape(t)
+
+	delta := func(name string) float64 { return after[name] - before[name] }
+	for name, want := range want {
 		if got := delta(name); got != want {
 			t.Errorf("%s went up by %v, want %v", name, got, want)
 		}
 	}
-	if _, ok := after[`caddy_rolter_ratelimit_realtime_sessions_open`]; !ok {
-		t.Error("realtime_sessions_open is missing")
+	for _, gauge := range []string{"realtime_sessions_open", "request_body_bytes", "memory_counters"} {
+		if _, ok := after["caddy_rolter_ratelimit_"+gauge]; !ok {
+			t.Errorf("%s is missing", gauge)
+		}
 	}
 	for name := range after {
 		if strings.Contains(name, "sk-") || strings.Contains(name, strings.TrimPrefix(org, "X-Org: ")) {
@@ -101,7 +116,9 @@ func TestMetricsCountOutcomesRefusalsAndTokensAndKeepCountingAcrossAReload(t *te
 
 	// A reload gives Caddy a fresh registry: the same counters are there
 	// again and go on from where they were.
-	srv.Start(t)
+	if srv != nil {
+		srv.Start(t)
+	}
 	startGatewayWith(t, up.URL, "", site("second"), port)
 	reloaded := scrape(t)
 	name := `caddy_rolter_ratelimit_admissions_total{outcome="admitted"}`
