@@ -15,8 +15,8 @@ const (
 	maxBurst     = 1_000_000_000
 )
 
-// tokenBucket is one limit's bucket; rate 0 is none. Beside the per-minute
-// windows (window.go), a bucket holds up to burst tokens, refills at rate
+// tokenBucket is one limit's bucket; rate 0 is none. Beside the minute and
+// day windows (window.go), a bucket holds up to burst tokens, refills at rate
 // tokens per second from elapsed time (no background job), and an admitted
 // request takes cost tokens. This is the contract of Spring Cloud Gateway's
 // RedisRateLimiter, in exact integer arithmetic.

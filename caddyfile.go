@@ -13,11 +13,7 @@ import (
 	"github.com/dustin/go-humanize"
 )
 
-// The directive runs right after encode in Caddy's default directive order,
-// so a Caddyfile needs no order option: it then runs after map, vars, header,
-// rewrite, basic_auth, forward_auth and request_header (so it sees the
-// identity they establish), and before push, templates, handle, route,
-// respond and reverse_proxy (so a refused request never reaches an upstream).
+// The directive's place in Caddy's order is in UnmarshalCaddyfile's doc.
 func init() {
 	httpcaddyfile.RegisterHandlerDirective("rolter_ratelimit", parseCaddyfile)
 	httpcaddyfile.RegisterDirectiveOrder("rolter_ratelimit", httpcaddyfile.After, "encode")
@@ -98,8 +94,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // read), can be a value or part of one (scope model {http.rolter_ratelimit.model}).
 //
 // The directive is ordered right after encode, so no order option is needed:
-// it runs after map, header, rewrite, forward_auth and request_header, and
-// before handle, route, respond and reverse_proxy.
+// it runs after map, vars, header, request_body, rewrite, basic_auth,
+// forward_auth and request_header (so it sees the identity they establish),
+// and before push, templates, handle, route, respond and reverse_proxy (so a
+// refused request never reaches an upstream).
 //
 // Every mistake is reported with the file and line of the offending line,
 // and the checks are those of the JSON config's validation.
@@ -219,11 +217,11 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.Headers = families
 
 		case "realtime":
-			rc, err := parseRealtime(d)
+			realtime, err := parseRealtime(d)
 			if err != nil {
 				return err
 			}
-			h.Realtime = rc
+			h.Realtime = realtime
 
 		case "ensure_stream_usage", "reserve_tokens":
 			on, err := onOff(d)
@@ -408,7 +406,7 @@ func parseScope(d *caddyfile.Dispenser) (Scope, error) {
 
 // parseRealtime parses the realtime block, whose name is the current token.
 func parseRealtime(d *caddyfile.Dispenser) (*RealtimeConfig, error) {
-	rc := new(RealtimeConfig)
+	realtime := new(RealtimeConfig)
 	if d.NextArg() {
 		return nil, d.ArgErr()
 	}
@@ -429,13 +427,13 @@ func parseRealtime(d *caddyfile.Dispenser) (*RealtimeConfig, error) {
 			if err != nil || n == 0 {
 				return nil, d.Errf("max_connections must be a positive integer, not %q", v)
 			}
-			rc.MaxConnections = int64(n)
+			realtime.MaxConnections = int64(n)
 		case "flush_interval":
 			dur, err := caddy.ParseDuration(v)
 			if err != nil || dur <= 0 {
 				return nil, d.Errf("flush_interval must be a positive duration, not %q", v)
 			}
-			rc.FlushInterval = caddy.Duration(dur)
+			realtime.FlushInterval = caddy.Duration(dur)
 		default:
 			return nil, d.Errf("unrecognized realtime subdirective '%s'", sub.Text)
 		}
@@ -443,7 +441,7 @@ func parseRealtime(d *caddyfile.Dispenser) (*RealtimeConfig, error) {
 			return nil, err
 		}
 	}
-	return rc, nil
+	return realtime, nil
 }
 
 // parseLimit parses the arguments of a limit line, whose name is the current

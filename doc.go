@@ -57,12 +57,17 @@
 //
 // # Failures, and the one replay
 //
-// go-redis never retries behind the module's back. An admission ends within
+// On a single node and Sentinel, go-redis never retries (MaxRetries -1): an
+// admission whose connection was found dead is replayed by the module, as
+// below. On Cluster the client itself follows one MOVED or ASK, or resends
+// once after a dead connection, a timeout, TRYAGAIN or CLUSTERDOWN
+// (MaxRedirects 1), which stands in for that replay. An admission ends within
 // the timeout of its start, whatever it waits for: a coalesced call in
 // flight, its own call, a connection. Its caller then gives up even on a
 // call in flight, which may still decide and charge it: that errs towards
-// stricter, as a lost reply does. An admission whose connection was found
-// dead is replayed once, on a fresh connection, within the same timeout:
+// stricter, as a lost reply does. On a single node, an admission whose
+// connection was found dead is replayed once, on a fresh connection, within
+// the same timeout:
 // usually the first attempt never reached Redis, and if it did, the replay
 // errs by one request towards stricter. Token charges are never replayed: a
 // double charge would outlive the failure. Any other failure applies

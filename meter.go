@@ -1,8 +1,10 @@
 package ratelimit
 
 import (
+	"bufio"
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"time"
 
@@ -77,6 +79,17 @@ func (w *responseWriter) ReadFrom(r io.Reader) (int64, error) {
 		return w.ResponseWriterWrapper.ReadFrom(r)
 	}
 	return io.Copy(writerOnly{w}, r)
+}
+
+// Hijack hands reverse_proxy the client connection of a session, wrapped so
+// that the frames it writes to the client are metered.
+func (w *responseWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	conn, brw, err := http.NewResponseController(w.ResponseWriterWrapper).Hijack()
+	if err != nil || w.tap == nil {
+		return conn, brw, err
+	}
+	conn, brw = wrapHijacked(conn, brw, w.tap)
+	return conn, brw, nil
 }
 
 // writerOnly hides ReadFrom, so that io.Copy does not call back into it.

@@ -59,7 +59,9 @@ func init() {
 //	{http.rolter_ratelimit.refused_window} on a refusal by a limit's window: minute or day
 //	                                       ("" for a bucket)
 //	{http.rolter_ratelimit.refused_limit}  on a refusal by a limit: its cap (a bucket's burst)
-//	{http.rolter_ratelimit.retry_after}    on a refusal by a limit: Retry-After, in seconds
+//	{http.rolter_ratelimit.retry_after}    on an answer that announces a wait (a refusal by a limit,
+//	                                       not too_large; a body over body_memory): Retry-After,
+//	                                       in seconds
 //
 // A request that no limit applies to passes through untouched, with no
 // placeholder set.

@@ -1,10 +1,8 @@
 package ratelimit
 
 import (
-	"bufio"
 	"context"
 	"errors"
-	"net"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -124,17 +122,6 @@ func removeDeflateOffer(h http.Header) {
 			h[key] = []string{strings.Join(kept, ", ")}
 		}
 	}
-}
-
-// Hijack hands reverse_proxy the client connection of a session, wrapped so
-// that the frames it writes to the client are metered.
-func (w *responseWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	conn, brw, err := http.NewResponseController(w.ResponseWriterWrapper).Hijack()
-	if err != nil || w.tap == nil {
-		return conn, brw, err
-	}
-	conn, brw = wrapHijacked(conn, brw, w.tap)
-	return conn, brw, nil
 }
 
 // serveSession admits a WebSocket session as a request without a body,

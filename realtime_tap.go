@@ -8,12 +8,21 @@ import (
 	"github.com/rolter/caddy-ratelimit/internal/usage"
 )
 
-// The frames the upstream of a realtime session sends the client are read
-// for usage by a usage.RealtimeTap, from a copy of every write to the client
-// connection that reverse_proxy hijacked.
+// wrapHijacked wraps the client connection that reverse_proxy hijacked, so
+// that every byte written to the client (through the conn or through the
+// returned ReadWriter's Writer) is also fed to tap, byte-identical and with no
+// added delay (tap after the write succeeds, only the bytes written). The
+// returned conn forwards CloseWrite (and CloseRead) to the underlying conn
+// when it has them, and otherwise behaves exactly like conn. The returned
+// ReadWriter keeps brw.Reader (buffered client bytes) and has a Writer that
+// writes through the wrapped conn.
 //
-// How reverse_proxy (caddy v2.11.9, reverseproxy/streaming.go) drives the
-// client connection, which is what wrapHijacked has to fit:
+// The returned conn has no ReadFrom: *net.TCPConn's would splice or sendfile
+// past the tap (io.Copy falls back to Write). Nor does it pass on WriteTo, an
+// optimization of the read side only.
+//
+// How reverse_proxy (reverseproxy/streaming.go) drives the client
+// connection, which is what the wrapper has to fit:
 //
 //   - It writes the 101 with rw.WriteHeader, then calls
 //     http.NewResponseController(rw).Hijack(). net/http flushes the response
@@ -38,19 +47,6 @@ import (
 //   - Caddy's own responseRecorder (used when the request is access-logged)
 //     wraps the hijacked conn in a type that embeds net.Conn and so has no
 //     CloseWrite; the wrapper forwards only what the conn it is given has.
-
-// wrapHijacked wraps the client connection that reverse_proxy hijacked, so
-// that every byte written to the client (through the conn or through the
-// returned ReadWriter's Writer) is also fed to tap, byte-identical and with no
-// added delay (tap after the write succeeds, only the bytes written). The
-// returned conn forwards CloseWrite (and CloseRead) to the underlying conn
-// when it has them, and otherwise behaves exactly like conn. The returned
-// ReadWriter keeps brw.Reader (buffered client bytes) and has a Writer that
-// writes through the wrapped conn.
-//
-// The returned conn has no ReadFrom: *net.TCPConn's would splice or sendfile
-// past the tap (io.Copy falls back to Write). Nor does it pass on WriteTo, an
-// optimization of the read side only.
 func wrapHijacked(conn net.Conn, brw *bufio.ReadWriter, tap *usage.RealtimeTap) (net.Conn, *bufio.ReadWriter) {
 	if conn == nil || tap == nil {
 		return conn, brw
