@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"net/http"
 	"net/textproto"
+	"slices"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
@@ -146,9 +147,9 @@ func chainMetersTokens(chain []limit) bool {
 func (h *Handler) chain(req *request) (chain []limit, missing int) {
 	tag := ""
 	if h.Redis != nil && h.Redis.topology() == cluster {
-		for i := len(h.Scopes) - 1; i >= 0; i-- {
+		for i, s := range slices.Backward(h.Scopes) {
 			if v := h.scopeValue(i, req); v != "" {
-				tag = chainTag(h.Scopes[i].Name, keyID(h.Scopes[i].Readable, v))
+				tag = chainTag(s.Name, keyID(s.Readable, v))
 				break
 			}
 		}

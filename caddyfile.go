@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 
 	"github.com/caddyserver/caddy/v2"
@@ -142,7 +143,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			// Handler.Validate says what is wrong with the scope itself,
 			// or that its name is taken by an earlier scope line.
-			chain := &Handler{Scopes: append(h.Scopes[:len(h.Scopes):len(h.Scopes)], s)}
+			chain := &Handler{Scopes: append(slices.Clip(h.Scopes), s)}
 			if err := chain.Validate(); err != nil {
 				return d.WrapErr(err)
 			}

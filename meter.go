@@ -108,7 +108,9 @@ func (w *responseWriter) FlushError() error {
 // was over).
 func (w *responseWriter) finish(ceiling usage.Usage) (used tokenCounts, metered, clamped bool) {
 	if w.strip != nil {
-		w.strip.flushTail(w.ResponseWriterWrapper)
+		// A client that went away is charged all the same: what the
+		// upstream reported is metered below.
+		_ = w.strip.flushTail(w.ResponseWriterWrapper)
 	}
 	if w.meter == nil {
 		return tokenCounts{}, false, false

@@ -90,7 +90,7 @@ func isWebSocketHandshake(r *http.Request) bool {
 
 func headerHasToken(h http.Header, name, token string) bool {
 	for _, v := range h.Values(name) {
-		for _, t := range strings.Split(v, ",") {
+		for t := range strings.SplitSeq(v, ",") {
 			if strings.EqualFold(strings.TrimSpace(t), token) {
 				return true
 			}
@@ -109,7 +109,7 @@ func removeDeflateOffer(h http.Header) {
 		}
 		var kept []string
 		for _, v := range values {
-			for _, ext := range strings.Split(v, ",") {
+			for ext := range strings.SplitSeq(v, ",") {
 				name, _, _ := strings.Cut(ext, ";")
 				if !strings.EqualFold(strings.TrimSpace(name), "permessage-deflate") {
 					kept = append(kept, strings.TrimSpace(ext))

@@ -173,9 +173,11 @@ func (s *usageStripper) write(w io.Writer, p []byte) (int, error) {
 }
 
 // flushTail writes what is still held when the stream ends.
-func (s *usageStripper) flushTail(w io.Writer) {
+func (s *usageStripper) flushTail(w io.Writer) error {
+	var err error
 	if !s.done && len(s.held) > 0 {
-		w.Write(s.held)
+		_, err = w.Write(s.held)
 	}
 	s.held, s.done = nil, true
+	return err
 }

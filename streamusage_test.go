@@ -238,7 +238,9 @@ func TestUsageChunkIsRemovedWhateverTheWriteBoundaries(t *testing.T) {
 						t.Fatalf("write returned %d, %v", n, err)
 					}
 				}
-				s.flushTail(&out)
+				if err := s.flushTail(&out); err != nil {
+					t.Fatal(err)
+				}
 				if !bytes.Equal(out.Bytes(), want) {
 					t.Fatalf("got\n%s\nwant\n%s", out.Bytes(), want)
 				}

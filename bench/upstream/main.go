@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"time"
 )
 
 // body is the answer; the package's BenchmarkHandler answers it too.
@@ -29,11 +30,17 @@ func main() {
 	}
 	fmt.Println(ln.Addr())
 	length := strconv.Itoa(len(body))
-	log.Fatal(http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		h := w.Header()
-		h["Content-Type"] = []string{"application/json"}
-		h["Content-Length"] = []string{length}
-		io.WriteString(w, body)
-	})))
+	srv := &http.Server{
+		ReadHeaderTimeout: 10 * time.Second,
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if _, err := io.Copy(io.Discard, r.Body); err != nil {
+				return // the gateway went away: nothing to answer
+			}
+			h := w.Header()
+			h["Content-Type"] = []string{"application/json"}
+			h["Content-Length"] = []string{length}
+			_, _ = io.WriteString(w, body) // a failed write is the gateway's to see
+		}),
+	}
+	log.Fatal(srv.Serve(ln))
 }

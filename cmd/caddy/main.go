@@ -12,7 +12,6 @@ import (
 	_ "time/tzdata"
 
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
-
 	// plug in Caddy modules here
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 

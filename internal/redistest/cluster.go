@@ -43,7 +43,7 @@ func NewCluster(t testing.TB, primaries int) *Cluster {
 		t.Fatalf("NewCluster: %d primaries", primaries)
 	}
 	c := &Cluster{}
-	for i := 0; i < primaries; i++ {
+	for range primaries {
 		dir := t.TempDir()
 		conf := filepath.Join(dir, "nodes.conf")
 		c.nodes = append(c.nodes, startWith(t, dir, nil, []string{
@@ -91,7 +91,7 @@ func NewCluster(t testing.TB, primaries int) *Cluster {
 			}
 			info, _ := v.(string)
 			lines := map[string]bool{}
-			for _, l := range strings.Split(info, "\n") {
+			for l := range strings.SplitSeq(info, "\n") {
 				lines[strings.TrimSpace(l)] = true
 			}
 			for _, line := range []string{"cluster_state:ok", "cluster_slots_assigned:16384", "cluster_known_nodes:" + want} {
@@ -174,16 +174,23 @@ func (c *Cluster) slotOwner(slot int) (string, error) {
 	for _, n := range c.nodes {
 		cl := Client(n.Addr(), cmdTimeout)
 		ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
-		ranges, err := cl.ClusterSlots(ctx).Result()
+		shards, err := cl.ClusterShards(ctx).Result()
 		cancel()
 		_ = cl.Close()
 		if err != nil {
-			errs = append(errs, fmt.Errorf("CLUSTER SLOTS on %s: %w", n.Addr(), err))
+			errs = append(errs, fmt.Errorf("CLUSTER SHARDS on %s: %w", n.Addr(), err))
 			continue
 		}
-		for _, r := range ranges {
-			if slot >= r.Start && slot <= r.End && len(r.Nodes) > 0 {
-				return r.Nodes[0].Addr, nil
+		for _, shard := range shards {
+			for _, r := range shard.Slots {
+				if int64(slot) < r.Start || int64(slot) > r.End {
+					continue
+				}
+				for _, node := range shard.Nodes {
+					if node.Role == "master" {
+						return net.JoinHostPort(node.IP, strconv.FormatInt(node.Port, 10)), nil
+					}
+				}
 			}
 		}
 		return "", fmt.Errorf("slot %d is not assigned per %s", slot, n.Addr())

@@ -120,12 +120,10 @@ func (p *ResetProxy) serve(client *net.TCPConn) {
 	p.mu.Unlock()
 
 	// upstream -> client
-	p.wg.Add(1)
-	go func() {
-		defer p.wg.Done()
+	p.wg.Go(func() {
 		_, _ = io.Copy(pc.client, pc.upstream)
 		p.closeConn(pc, false)
-	}()
+	})
 
 	// client -> upstream, checking the trigger before forwarding anything.
 	buf := make([]byte, 32<<10)

@@ -78,7 +78,7 @@ func infoField(addr, section, field string) (string, error) {
 		return "", err
 	}
 	s, _ := v.(string)
-	for _, line := range strings.Split(s, "\n") {
+	for line := range strings.SplitSeq(s, "\n") {
 		if val, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
 			return val, nil
 		}

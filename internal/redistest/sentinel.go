@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -44,7 +45,7 @@ func NewSentinel(t testing.TB) *Sentinel {
 	noDelay := []string{"--repl-diskless-sync-delay", "0"}
 	primary := startWith(t, t.TempDir(), nil, noDelay, nil)
 	replica := startWith(t, t.TempDir(), nil,
-		append(noDelay, "--replicaof", "127.0.0.1", strconv.Itoa(primary.port)), nil)
+		slices.Concat(noDelay, []string{"--replicaof", "127.0.0.1", strconv.Itoa(primary.port)}), nil)
 	s.data = []*Server{primary, replica}
 
 	err := poll(topologyReadyTimeout, func() error {
@@ -62,13 +63,13 @@ func NewSentinel(t testing.TB) *Sentinel {
 		"sentinel down-after-milliseconds %[1]s 1000\n"+
 		"sentinel failover-timeout %[1]s 5000\n"+
 		"sentinel parallel-syncs %[1]s 1\n", sentinelMaster, primary.port)
-	for i := 0; i < 3; i++ {
+	for range 3 {
 		dir := t.TempDir()
 		file := filepath.Join(dir, "sentinel.conf")
 		// Port and dir come from the harness's options; sentinel rewrites
 		// the file (myid, epochs, known peers), hence afresh per attempt.
 		s.sentinels = append(s.sentinels, startWith(t, dir, []string{file, "--sentinel"}, nil,
-			func() error { return os.WriteFile(file, []byte(conf), 0o644) }))
+			func() error { return os.WriteFile(file, []byte(conf), 0o600) }))
 	}
 
 	err = poll(topologyReadyTimeout, func() error {

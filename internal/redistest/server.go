@@ -70,7 +70,7 @@ func start(dir string, pre, post []string, prepare func() error) (*Server, error
 		return nil, fmt.Errorf("redis-server is not on PATH (./test.sh installs it): %w", err)
 	}
 	s := &Server{bin: bin, dir: dir, pre: pre, post: post}
-	for attempt := 0; attempt < 5; attempt++ {
+	for range 5 {
 		if s.port, err = freePort(); err != nil {
 			return nil, fmt.Errorf("finding a free port: %w", err)
 		}

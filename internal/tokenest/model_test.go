@@ -2,9 +2,10 @@ package tokenest
 
 import (
 	"encoding/json"
-	"github.com/rolter/caddy-ratelimit/internal/llmapi"
 	"strings"
 	"testing"
+
+	"github.com/rolter/caddy-ratelimit/internal/llmapi"
 )
 
 func TestModelIsReadFromThePathOrTheBodyAsEachAPINamesIt(t *testing.T) {

@@ -3,11 +3,12 @@ package tokenest
 import (
 	"bytes"
 	"encoding/json"
-	"github.com/rolter/caddy-ratelimit/internal/llmapi"
 	"io"
 	"regexp"
 	"strconv"
 	"unicode/utf8"
+
+	"github.com/rolter/caddy-ratelimit/internal/llmapi"
 )
 
 // reference is Of written the plain way, for FuzzOf to hold Of to: the body

@@ -414,10 +414,10 @@ func (p *parser) prompt() (t tally) {
 		return tally{chars: p.text()}
 	}
 	p.each(func() {
-		switch c := p.peek(); {
-		case c == '"':
+		switch p.peek() {
+		case '"':
 			t.chars += p.text()
-		case c == '[':
+		case '[':
 			p.each(func() { t.tokens += p.tokenID() })
 		default:
 			t.tokens += p.tokenID()

@@ -2,9 +2,10 @@ package tokenest
 
 import (
 	"encoding/json"
-	"github.com/rolter/caddy-ratelimit/internal/llmapi"
 	"strings"
 	"testing"
+
+	"github.com/rolter/caddy-ratelimit/internal/llmapi"
 )
 
 // ofPath is the estimate of a body sent to path.

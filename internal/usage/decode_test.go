@@ -14,6 +14,7 @@ import (
 	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zlib"
 	"github.com/klauspost/compress/zstd"
+
 	"github.com/rolter/caddy-ratelimit/internal/usage/usagetest"
 )
 

@@ -7,7 +7,7 @@ type field uint8
 
 const (
 	fieldNone field = iota
-	// OpenAI chat completions, completions, embeddings
+	// OpenAI chat completions, legacy completions and embeddings
 	fieldPromptTokens
 	fieldCompletionTokens
 	fieldTotalTokens // also the Responses API

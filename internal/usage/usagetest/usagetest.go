@@ -133,14 +133,16 @@ func Bytewise(b []byte) [][]byte {
 // splits with chunks of up to 7, 64, 700 and 4096 bytes (the same splits on
 // every run).
 func Chunkings() []Chunking {
-	cs := []Chunking{
-		{"whole", func(b []byte) [][]byte { return [][]byte{b} }},
-		{"1-byte", Bytewise},
-	}
-	for _, c := range []struct {
+	splits := []struct {
 		seed uint64
 		max  int
-	}{{1, 7}, {2, 64}, {3, 700}, {4, 4096}} {
+	}{{1, 7}, {2, 64}, {3, 700}, {4, 4096}}
+	cs := make([]Chunking, 0, 2+len(splits))
+	cs = append(cs,
+		Chunking{"whole", func(b []byte) [][]byte { return [][]byte{b} }},
+		Chunking{"1-byte", Bytewise},
+	)
+	for _, c := range splits {
 		cs = append(cs, Chunking{fmt.Sprintf("random-%d-max%d", c.seed, c.max), func(b []byte) [][]byte {
 			r := rand.New(rand.NewPCG(c.seed, uint64(len(b))))
 			var out [][]byte
