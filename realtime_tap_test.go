@@ -16,9 +16,9 @@ import (
 	"github.com/rolter/caddy-ratelimit/internal/usage/usagetest"
 )
 
-// rtapTCPPair is a connected loopback TCP pair: server is the side a server
+// tcpConnPair is a connected loopback TCP pair: server is the side a server
 // would hijack.
-func rtapTCPPair(t *testing.T) (server, client *net.TCPConn) {
+func tcpConnPair(t *testing.T) (server, client *net.TCPConn) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -42,8 +42,8 @@ func rtapTCPPair(t *testing.T) (server, client *net.TCPConn) {
 	return s.(*net.TCPConn), c.(*net.TCPConn)
 }
 
-// rtapSession is a stream of server frames with the tokens it reports.
-func rtapSession() ([]byte, usage.Usage) {
+// tapSession is a stream of server frames with the tokens it reports.
+func tapSession() ([]byte, usage.Usage) {
 	done := []byte(usagetest.Done(13, 2000))
 	return usagetest.Stream(
 		usagetest.Text(usagetest.AudioDelta),
@@ -66,8 +66,8 @@ func doneUsage(total, n int64) usage.Usage {
 type onlyReader struct{ io.Reader }
 
 func TestWrapHijackedTCPDeliversBytesIdenticallyTapsThemAndHalfCloses(t *testing.T) {
-	server, client := rtapTCPPair(t)
-	stream, want := rtapSession()
+	server, client := tcpConnPair(t)
+	stream, want := tapSession()
 	tap := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{}))
 	conn, _ := wrapHijacked(server, bufio.NewReadWriter(bufio.NewReader(server), bufio.NewWriter(server)), tap)
 
@@ -122,7 +122,7 @@ func TestWrapHijackedTCPDeliversBytesIdenticallyTapsThemAndHalfCloses(t *testing
 }
 
 func TestWrapHijackedBufferedWriterIsTappedAndReaderKeepsClientBytes(t *testing.T) {
-	server, client := rtapTCPPair(t)
+	server, client := tcpConnPair(t)
 	if _, err := client.Write([]byte("early client bytes")); err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +136,7 @@ func TestWrapHijackedBufferedWriterIsTappedAndReaderKeepsClientBytes(t *testing.
 	if wbrw.Reader != br || wbrw.Reader.Buffered() != len("early client bytes") {
 		t.Fatal("the client bytes buffered before the hijack are not in the returned Reader")
 	}
-	stream, want := rtapSession()
+	stream, want := tapSession()
 	received := make(chan []byte)
 	go func() {
 		b, _ := io.ReadAll(client)
@@ -170,13 +170,13 @@ func TestWrapHijackedBufferedWriterIsTappedAndReaderKeepsClientBytes(t *testing.
 // Bytes a bufio.Writer still held at the hijack (net/http never leaves any)
 // go out first and are not fed to the tap, which would read them as frames.
 func TestWrapHijackedFlushesBytesBufferedBeforeTheHijackUntapped(t *testing.T) {
-	server, client := rtapTCPPair(t)
+	server, client := tcpConnPair(t)
 	brw := bufio.NewReadWriter(bufio.NewReader(server), bufio.NewWriter(server))
 	header := "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
 	brw.WriteString(header)
 	tap := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{}))
 	conn, wbrw := wrapHijacked(server, brw, tap)
-	stream, want := rtapSession()
+	stream, want := tapSession()
 	received := make(chan []byte)
 	go func() {
 		b, _ := io.ReadAll(client)
@@ -191,20 +191,20 @@ func TestWrapHijackedFlushesBytesBufferedBeforeTheHijackUntapped(t *testing.T) {
 	usagetest.CheckTap(t, tap, want, 0)
 }
 
-// rtapCloseWriteConn and rtapCloseReadConn stand for conns with one half-close.
-type rtapCloseWriteConn struct {
+// closeWriteConn and closeReadConn stand for conns with one half-close.
+type closeWriteConn struct {
 	net.Conn
 	closedWrite bool
 }
 
-func (c *rtapCloseWriteConn) CloseWrite() error { c.closedWrite = true; return nil }
+func (c *closeWriteConn) CloseWrite() error { c.closedWrite = true; return nil }
 
-type rtapCloseReadConn struct {
+type closeReadConn struct {
 	net.Conn
 	closedRead bool
 }
 
-func (c *rtapCloseReadConn) CloseRead() error { c.closedRead = true; return nil }
+func (c *closeReadConn) CloseRead() error { c.closedRead = true; return nil }
 
 func TestWrapHijackedOffersOnlyTheHalfClosesTheConnHas(t *testing.T) {
 	p, peer := net.Pipe()
@@ -222,7 +222,7 @@ func TestWrapHijackedOffersOnlyTheHalfClosesTheConnHas(t *testing.T) {
 		t.Error("CloseRead offered over a conn without it")
 	}
 
-	w := &rtapCloseWriteConn{Conn: p} // like *tls.Conn
+	w := &closeWriteConn{Conn: p} // like *tls.Conn
 	wc, _ := wrapHijacked(w, nil, tap)
 	if _, ok := wc.(cr); ok {
 		t.Error("CloseRead offered over a conn without it")
@@ -233,7 +233,7 @@ func TestWrapHijackedOffersOnlyTheHalfClosesTheConnHas(t *testing.T) {
 		t.Error("CloseWrite did not reach the conn")
 	}
 
-	r := &rtapCloseReadConn{Conn: p}
+	r := &closeReadConn{Conn: p}
 	rc, _ := wrapHijacked(r, nil, tap)
 	if _, ok := rc.(cw); ok {
 		t.Error("CloseWrite offered over a conn without it")
@@ -245,7 +245,7 @@ func TestWrapHijackedOffersOnlyTheHalfClosesTheConnHas(t *testing.T) {
 	}
 
 	// Over net.Pipe the bytes and the tap are the same as over TCP.
-	stream, want := rtapSession()
+	stream, want := tapSession()
 	received := make(chan []byte)
 	go func() {
 		b, _ := io.ReadAll(peer)
@@ -265,14 +265,14 @@ func TestWrapHijackedOffersOnlyTheHalfClosesTheConnHas(t *testing.T) {
 	}
 }
 
-// rtapShortConn accepts only part of one Write, with an error.
-type rtapShortConn struct {
+// shortConn accepts only part of one Write, with an error.
+type shortConn struct {
 	net.Conn
 	out       bytes.Buffer
 	shortOnce int // accept only this many bytes of the next Write
 }
 
-func (c *rtapShortConn) Write(p []byte) (int, error) {
+func (c *shortConn) Write(p []byte) (int, error) {
 	if c.shortOnce > 0 {
 		n := c.shortOnce
 		c.shortOnce = 0
@@ -284,7 +284,7 @@ func (c *rtapShortConn) Write(p []byte) (int, error) {
 
 func TestWrapHijackedTapsOnlyTheBytesWritten(t *testing.T) {
 	stream := usagetest.Stream(usagetest.Text(usagetest.Done(5, 0)), usagetest.Text(usagetest.Done(6, 0)))
-	sc := &rtapShortConn{shortOnce: 17}
+	sc := &shortConn{shortOnce: 17}
 	tap := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{}))
 	conn, _ := wrapHijacked(sc, nil, tap)
 	n, err := conn.Write(stream)
@@ -303,7 +303,7 @@ func TestWrapHijackedTapsOnlyTheBytesWritten(t *testing.T) {
 // Writers sharing the wrapped conn, each Write carrying whole frames: the
 // tap reads the bytes in the order the client receives them.
 func TestWrapHijackedConcurrentWritersAreTappedInWireOrder(t *testing.T) {
-	server, client := rtapTCPPair(t)
+	server, client := tcpConnPair(t)
 	tap := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{}))
 	conn, _ := wrapHijacked(server, nil, tap)
 	received := make(chan []byte)
@@ -338,7 +338,7 @@ func TestWrapHijackedConcurrentWritersAreTappedInWireOrder(t *testing.T) {
 // Through net/http's own Hijack, as reverse_proxy does it: the 101 goes out
 // inside Hijack, before the wrap, so the tap reads frames from the first byte.
 func TestWrapHijackedOverNetHTTPHijackTapsOnlyTheFramesAfterThe101(t *testing.T) {
-	stream, want := rtapSession()
+	stream, want := tapSession()
 	tap := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{}))
 	fromClient := make(chan string, 1)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -392,10 +392,10 @@ func TestWrapHijackedOverNetHTTPHijackTapsOnlyTheFramesAfterThe101(t *testing.T)
 	usagetest.CheckTap(t, tap, want, 0)
 }
 
-// rtapStallConn records the bytes written in wire order and, at its stallAt-th
+// stallConn records the bytes written in wire order and, at its stallAt-th
 // Write, returns only when released: the writer is held between its write
 // and its tap, as a preempted goroutine would be.
-type rtapStallConn struct {
+type stallConn struct {
 	net.Conn
 	mu       sync.Mutex
 	wire     bytes.Buffer
@@ -405,7 +405,7 @@ type rtapStallConn struct {
 	released chan struct{}
 }
 
-func (c *rtapStallConn) Write(p []byte) (int, error) {
+func (c *stallConn) Write(p []byte) (int, error) {
 	c.mu.Lock()
 	c.wire.Write(p)
 	c.calls++
@@ -424,7 +424,7 @@ func (c *rtapStallConn) Write(p []byte) (int, error) {
 // copier's bytes that preceded it on the wire.
 func TestWrapHijackedTapsEachWriteBeforeAnotherWriterCanWrite(t *testing.T) {
 	done := usagetest.Text(usagetest.Done(9, 0))
-	sc := &rtapStallConn{stallAt: 2, stalled: make(chan struct{}), released: make(chan struct{})}
+	sc := &stallConn{stallAt: 2, stalled: make(chan struct{}), released: make(chan struct{})}
 	tap := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{}))
 	conn, _ := wrapHijacked(sc, nil, tap)
 	copier := make(chan struct{})
