@@ -112,13 +112,6 @@ func admissionOf(chain []limit, d decision) (admission, error) {
 	return a, nil
 }
 
-// testClock pins a store's clock, in unix milliseconds, for tests of what
-// happens at a given moment; at 0, as in production, the store reads its
-// own (Redis TIME, or this machine's).
-type testClock struct{ pinned atomic.Int64 }
-
-func (c *testClock) pin(unixMillis int64) { c.pinned.Store(unixMillis) }
-
 // lifetime closes a store once it is both unloaded and released by every
 // holder.
 type lifetime struct {

@@ -18,12 +18,11 @@ import (
 // without locking. Counters whose buckets can no longer be read are dropped
 // by a sweep, so memory is bounded by the active limits.
 type memoryStore struct {
-	testClock
+	now      func() int64 // the clock, in unix milliseconds: this machine's, or one a test pins
 	seed     maphash.Seed
 	shards   [memoryShards]memoryShard
 	seq      atomic.Uint64 // lock order of new counters
 	counters atomic.Int64  // held in the shards
-	latest   atomic.Int64  // the latest clock reading, in unix milliseconds
 	stop     chan struct{}
 	done     chan struct{}
 }
@@ -130,7 +129,7 @@ var memoryStores = caddy.NewUsagePool()
 func acquireMemoryStore() (store, func() error, error) {
 	const key = "memory"
 	v, _, err := memoryStores.LoadOrNew(key, func() (caddy.Destructor, error) {
-		return newMemoryStore(30 * time.Second), nil
+		return newMemoryStore(30*time.Second, systemUnixMillis), nil
 	})
 	if err != nil {
 		return nil, nil, err
@@ -141,8 +140,10 @@ func acquireMemoryStore() (store, func() error, error) {
 	}, nil
 }
 
-func newMemoryStore(sweepEvery time.Duration) *memoryStore {
-	s := &memoryStore{seed: maphash.MakeSeed(), stop: make(chan struct{}), done: make(chan struct{})}
+// newMemoryStore is a store that reads the time from now, and sweeps every
+// sweepEvery.
+func newMemoryStore(sweepEvery time.Duration, now func() int64) *memoryStore {
+	s := &memoryStore{now: now, seed: maphash.MakeSeed(), stop: make(chan struct{}), done: make(chan struct{})}
 	for i := range s.shards {
 		s.shards[i].table.Store(&counterTable{{}})
 	}
@@ -157,19 +158,10 @@ func (s *memoryStore) Destruct() error {
 	return nil
 }
 
-func (s *memoryStore) clock() moment {
-	atMillis := s.pinned.Load()
-	if atMillis == 0 {
-		atMillis = time.Now().UnixMilli()
-	}
-	for {
-		latest := s.latest.Load()
-		if atMillis <= latest || s.latest.CompareAndSwap(latest, atMillis) {
-			break
-		}
-	}
-	return momentAt(atMillis)
-}
+func (s *memoryStore) clock() moment { return momentAt(s.now()) }
+
+// systemUnixMillis is this machine's clock, the in-process store's.
+func systemUnixMillis() int64 { return time.Now().UnixMilli() }
 
 // counter is the counter of prefix, made on first use.
 func (s *memoryStore) counter(prefix string) *memoryCounter {
