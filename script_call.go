@@ -206,10 +206,7 @@ func (c *scriptCall) decode(reply []int64, charged bool) ([]decision, error) {
 		if d.admitted && charged {
 			for x := range len(chain) {
 				i := chain[x] - 1
-				for k := range c.limits[i].each {
-					state[i].w[k].cur += d.size(k.kind())
-				}
-				state[i].deficit += c.limits[i].bucket.cost * microTokens
+				state[i] = d.countsAfter(c.limits[i], state[i])
 			}
 		}
 		ds[m] = d

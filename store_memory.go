@@ -328,18 +328,26 @@ func (s *memoryStore) decide(chain []limit, reserve tokenCounts, charge bool, bu
 	}
 	if d.admitted && charge {
 		for i, l := range chain {
-			for k := range l.each {
-				if n := d.size(k.kind()); n > 0 {
-					add(cs[i].slots(k), at[k.span()].bucket, n)
-				}
-			}
-			if l.bucket.rate > 0 {
-				deficit, at := d.counts[i].deficit+l.bucket.cost*microTokens, max(cs[i].bkt.at, now.unixMillis)
-				cs[i].bkt = bucketState{deficit: deficit, at: at, fullAt: at + ceilDiv(deficit, l.bucket.rate)}
-			}
+			cs[i].write(l, at, d.counts[i], d.countsAfter(l, d.counts[i]), now.unixMillis)
 		}
 	}
 	return d
+}
+
+// write stores after, the counts of l that an admission at read as before
+// and charged, under c.mu: the windows' current buckets by what the charge
+// added (a window it left alone keeps no bucket alive for the sweep), and
+// the bucket's deficit as of now.
+func (c *memoryCounter) write(l limit, at [2]position, before, after counts, now int64) {
+	for k := range l.each {
+		if n := after.w[k].cur - before.w[k].cur; n != 0 {
+			add(c.slots(k), at[k.span()].bucket, n)
+		}
+	}
+	if l.bucket.rate > 0 {
+		since := max(c.bkt.at, now)
+		c.bkt = bucketState{deficit: after.deficit, at: since, fullAt: since + ceilDiv(after.deficit, l.bucket.rate)}
+	}
 }
 
 // chargeLater charges at once: the in-process store has no round trip to
