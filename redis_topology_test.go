@@ -17,12 +17,7 @@ import (
 func clusterStores(t *testing.T, c *testCluster, n int) []store {
 	stores := make([]store, n)
 	for i := range stores {
-		s, err := newRedisStore(&RedisConfig{Cluster: c.URLs()}, time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Destruct() })
-		stores[i] = s
+		stores[i] = newTestRedisStoreOf(t, &RedisConfig{Cluster: c.URLs()}, time.Second)
 	}
 	return stores
 }
@@ -205,11 +200,7 @@ func TestClusterChainIsTaggedWithItsOutermostPresentScope(t *testing.T) {
 // MOVED reply is followed and the count goes on, exact, on the new shard.
 func TestClusterSlotMigrationIsRetriedThenFollowedWithExactCounts(t *testing.T) {
 	c := startRedisCluster(t, 3)
-	s, err := newRedisStore(&RedisConfig{Cluster: c.URLs()}, 150*time.Millisecond)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Destruct() })
+	s := newTestRedisStoreOf(t, &RedisConfig{Cluster: c.URLs()}, 150*time.Millisecond)
 	at := pinnedBase() + 1000
 	org := "mover-" + uniqueID(t)
 	chain := orgChain(org, "sk-a", "team", 100, 4)
@@ -238,11 +229,7 @@ func TestClusterSlotMigrationIsRetriedThenFollowedWithExactCounts(t *testing.T) 
 
 func TestSentinelFailoverResumesExactAdmissionOnTheNewPrimary(t *testing.T) {
 	set := startRedisSentinel(t)
-	s, err := newRedisStore(&RedisConfig{Sentinel: &SentinelConfig{Master: set.MasterName(), URLs: sentinelURLs(set)}}, 200*time.Millisecond)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Destruct() })
+	s := newTestRedisStoreOf(t, &RedisConfig{Sentinel: &SentinelConfig{Master: set.MasterName(), URLs: sentinelURLs(set)}}, 200*time.Millisecond)
 	ctx := context.Background()
 
 	// Steady traffic through the failover.
@@ -313,7 +300,7 @@ func BenchmarkAdmissionsSingleNodeVersusCluster(b *testing.B) {
 		config *RedisConfig
 	}{{"single", &RedisConfig{URL: single.URL()}}, {"cluster3", &RedisConfig{Cluster: c.URLs()}}} {
 		b.Run(tc.name, func(b *testing.B) {
-			s, err := newRedisStore(tc.config, time.Second)
+			s, err := newRedisStore(tc.config, time.Second, systemRedisClock)
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -134,7 +134,9 @@ var refusalCases = []refusalCase{{
 // nothing) refuses it on requests or a bucket, never when Redis admits it,
 // and its answer must be Redis's own: the same counts, hence the same
 // Retry-After and headers. Tokens refusals, whatever the size of the
-// reservation refused, are left to Redis.
+// reservation refused, are left to Redis. The store's own cache, which
+// recorded the refusal on its pinned clocks, answers as in production
+// (refusedUnread) and must agree too.
 func TestCachedRefusalNeverRefusesWhatRedisWouldAdmit(t *testing.T) {
 	url := redisURLFromEnv(t)
 	for _, c := range refusalCases {
@@ -153,14 +155,20 @@ func TestCachedRefusalNeverRefusesWhatRedisWouldAdmit(t *testing.T) {
 			cache.record(chain, d, sent)
 			for _, x := range refusalProbes(c) {
 				redisAt := at + x
+				// At every moment whose elapsed time since sent rounds up
+				// to x ms, and the store's cache at redisAt.
+				end := sent.Add(time.Duration(x) * time.Millisecond)
+				caches := []func([]limit) (admission, bool){
+					func(chain []limit) (admission, bool) { return cache.refusedLocally(chain, end.Add(1-time.Millisecond)) },
+					func(chain []limit) (admission, bool) { return cache.refusedLocally(chain, end) },
+					pinned(s, redisAt).refusedUnread,
+				}
 				for i, l := range chain {
-					assertCacheAgreesWithRedis(t, s, cache, []limit{l}, sent, x, redisAt)
-					now := sent.Add(time.Duration(x) * time.Millisecond)
-					if refused := refusesLocally(cache, []limit{l}, now); refused != (redisAt < base+c.releases[i]) {
+					if refused := assertCacheAgreesWithRedis(t, s, caches, []limit{l}, redisAt); refused != (redisAt < base+c.releases[i]) {
 						t.Fatalf("limit %d at release%+d ms: cached refusal %v", i, redisAt-base-c.releases[i], refused)
 					}
 				}
-				assertCacheAgreesWithRedis(t, s, cache, chain, sent, x, redisAt)
+				assertCacheAgreesWithRedis(t, s, caches, chain, redisAt)
 			}
 		})
 	}
@@ -194,11 +202,10 @@ func refusesLocally(cache *refusalCache, chain []limit, now time.Time) bool {
 	return ok
 }
 
-// assertCacheAgreesWithRedis checks that the cache, at every moment whose
-// elapsed time since sent rounds up to x ms, refuses chain exactly when Redis
-// refuses it at redisAt, and then with the decision that Redis reads for the
-// refusing limits.
-func assertCacheAgreesWithRedis(t *testing.T, s store, cache *refusalCache, chain []limit, sent time.Time, x, redisAt int64) {
+// assertCacheAgreesWithRedis checks that each of the caches refuses chain
+// exactly when Redis refuses it at redisAt, and then with the decision that
+// Redis reads for the refusing limits; it reports whether they refuse.
+func assertCacheAgreesWithRedis(t *testing.T, s store, caches []func([]limit) (admission, bool), chain []limit, redisAt int64) bool {
 	t.Helper()
 	whole, err := pinned(s, redisAt).peek(context.Background(), chain)
 	if err != nil {
@@ -210,9 +217,8 @@ func assertCacheAgreesWithRedis(t *testing.T, s store, cache *refusalCache, chai
 	}
 	redisRefuses := refusalOf(cacheable, whole).first >= 0
 	var part decision
-	end := sent.Add(time.Duration(x) * time.Millisecond)
-	for _, now := range []time.Time{end.Add(1 - time.Millisecond), end} {
-		a, ok := cache.refusedLocally(chain, now)
+	for _, refusedLocally := range caches {
+		a, ok := refusedLocally(chain)
 		if ok && whole.admitted {
 			t.Fatalf("at %d ms into the minute: the cache refuses what Redis admits", redisAt%bucketMillis)
 		}
@@ -245,6 +251,7 @@ func assertCacheAgreesWithRedis(t *testing.T, s store, cache *refusalCache, chai
 			t.Fatalf("the cache's refusal %+v of %s, Redis's %+v of %s", ref, sub[ref.first].prefix, want, chain[want.first].prefix)
 		}
 	}
+	return redisRefuses
 }
 
 func TestCachedOrgRefusalAnswersEveryKeyOfTheOrgAndNothingElse(t *testing.T) {
@@ -252,28 +259,22 @@ func TestCachedOrgRefusalAnswersEveryKeyOfTheOrgAndNothingElse(t *testing.T) {
 	at := pinnedBase() + 5000
 	org := newLimit("org", uniqueID(t), 2, 0)
 	key := func() limit { return newLimit("key", keyID(false, "sk-"+uniqueID(t)), 100, 0) }
-	cache := s.refusals
-	sent := time.Now()
 
 	first := []limit{key(), org}
-	d := admitOrFail(t, s, first, at)
-	cache.record(first, d, sent)
-	fill(t, s, first, at, 1)
-	if size := cachedRefusals(cache); size != 0 {
+	fill(t, s, first, at, 2)
+	if size := cachedRefusals(s.refusals); size != 0 {
 		t.Fatalf("%d refusals cached after two admissions", size)
 	}
 	second := []limit{key(), org}
-	d = admitOrFail(t, s, second, at)
-	if d.admitted {
+	if admitOrFail(t, s, second, at).admitted {
 		t.Fatal("admitted over the org's rpm 2")
 	}
-	cache.record(second, d, sent)
-	if size := cachedRefusals(cache); size != 1 {
+	if size := cachedRefusals(s.refusals); size != 1 {
 		t.Fatalf("%d refusals cached, want the org's alone: its key fits", size)
 	}
 
 	third := []limit{key(), org}
-	a, _ := cache.refusedLocally(third, sent)
+	a, _ := pinned(s, at).refusedUnread(third)
 	sub, ref := a.limits, a.refusal
 	if ref.first != 0 || len(sub) != 1 || sub[0] != org || ref.kind != requests {
 		t.Fatalf("another key of the org: refusal %+v by %v, want the org's rpm", ref, sub)
@@ -284,7 +285,7 @@ func TestCachedOrgRefusalAnswersEveryKeyOfTheOrgAndNothingElse(t *testing.T) {
 		"the org under another rpm cap": {third[0], newLimit("org", org.id, 3, 0)},
 		"the org with a tpm cap added":  {newTaggedLimit("", "org", org.id, windowLimitCaps(windowCaps{rpm: 2, tpm: 100}))},
 	} {
-		if refusesLocally(cache, chain, sent) {
+		if _, refused := pinned(s, at).refusedUnread(chain); refused {
 			t.Errorf("%s is refused from the cache", name)
 		}
 	}

@@ -134,22 +134,18 @@ func (f headerFamilies) headersFor(chain []limit, d decision, counted bool) head
 	var bkt tightest
 	for i, l := range chain {
 		c := d.counts[i]
+		if counted {
+			c = d.countsAfter(l, c)
+		}
 		for k, capacity := range l.each {
 			w := c.w[k]
-			if counted {
-				w.cur += d.size(k.kind())
-			}
 			p := at[k.span()]
 			t := tightest{capacity: capacity, left: remaining(w, capacity, p), resetMillis: resetIn(w, p)}
 			byKind[k.kind()].consider(t)
 			byWindow[k].consider(t)
 		}
 		if l.bucket.rate > 0 {
-			deficit := c.deficit
-			if counted {
-				deficit += l.bucket.cost * microTokens
-			}
-			bkt.consider(tightest{capacity: l.bucket.burst, left: l.bucket.left(deficit), bucket: l.bucket})
+			bkt.consider(tightest{capacity: l.bucket.burst, left: l.bucket.left(c.deficit), bucket: l.bucket})
 		}
 	}
 	s := headerSet{families: f, values: make([][2]string, 0, 8)}

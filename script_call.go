@@ -102,7 +102,9 @@ func (c *scriptCall) reserving() bool {
 	return slices.ContainsFunc(c.reserves, func(r tokenCounts) bool { return !r.isZero() })
 }
 
-func (c *scriptCall) args(atMillis, bucket int64, peek bool) []any {
+// args are the call's arguments of admit.lua, whose clock argument is
+// clock, and whose keys name the minute bucket.
+func (c *scriptCall) args(clock string, bucket int64, peek bool) []any {
 	mode, reserving, split := "a", !peek && c.reserving(), false
 	switch {
 	case peek:
@@ -120,7 +122,7 @@ func (c *scriptCall) args(atMillis, bucket int64, peek bool) []any {
 	}
 	caps, capsOf := c.distinctCaps()
 	args := make([]any, 0, 8+c.charges.count()+4*len(caps)+4*len(c.chains))
-	args = append(args, clockArg(atMillis), hexArg(bucket), mode, hexArg(int64(len(c.limits))),
+	args = append(args, clock, hexArg(bucket), mode, hexArg(int64(len(c.limits))),
 		hexArg(int64(len(c.charges.keys[minute]))), hexArg(int64(len(c.charges.keys[day]))), hexArg(int64(len(caps))))
 	for _, spanTokens := range c.charges.tokens {
 		for _, n := range spanTokens {
@@ -204,10 +206,7 @@ func (c *scriptCall) decode(reply []int64, charged bool) ([]decision, error) {
 		if d.admitted && charged {
 			for x := range len(chain) {
 				i := chain[x] - 1
-				for k := range c.limits[i].each {
-					state[i].w[k].cur += d.size(k.kind())
-				}
-				state[i].deficit += c.limits[i].bucket.cost * microTokens
+				state[i] = d.countsAfter(c.limits[i], state[i])
 			}
 		}
 		ds[m] = d
@@ -217,14 +216,6 @@ func (c *scriptCall) decode(reply []int64, charged bool) ([]decision, error) {
 
 // hexArg is a number argument of admit.lua.
 func hexArg(n int64) string { return strconv.FormatInt(n, 16) }
-
-// clockArg is the scripts' clock argument: "" for Redis TIME.
-func clockArg(atMillis int64) string {
-	if atMillis == 0 {
-		return ""
-	}
-	return hexArg(atMillis)
-}
 
 // chargeCall is what one call charges: tokens per bucket of a token window,
 // summed over the charges of a batch. A sum of settlements that is negative

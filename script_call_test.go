@@ -2,7 +2,6 @@ package ratelimit
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -158,50 +157,14 @@ func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 		id := uniqueID(t)
 		var sideA, sideB []limit
 		for i := range 5 {
-			lc := LimitConfig{Scope: fmt.Sprint("s", i)}
-			if rng.IntN(10) < 7 {
-				lc.RPM = 1 + rng.Int64N(6)
-			}
-			if rng.IntN(2) == 0 {
-				lc.TPM = 20 + rng.Int64N(180)
-			}
-			if rng.IntN(4) == 0 {
-				lc.ITPM = 20 + rng.Int64N(120)
-			}
-			if rng.IntN(4) == 0 {
-				lc.OTPM = 10 + rng.Int64N(80)
-			}
-			if rng.IntN(5) == 0 {
-				lc.RPD = 2 + rng.Int64N(10)
-			}
-			if rng.IntN(5) == 0 {
-				lc.TPD = 50 + rng.Int64N(300)
-			}
-			if rng.IntN(10) < 4 {
-				lc.Rate = json.Number([]string{"0.5", "1", "2.5"}[rng.IntN(3)])
-				lc.Burst = 1 + rng.Int64N(4)
-				lc.Cost = 1 + rng.Int64N(lc.Burst)
-			}
-			if lc.windowCaps() == (windowCaps{}) && lc.Rate == "" {
-				lc.RPM = 3
-			}
-			caps, err := lc.caps()
-			if err != nil {
-				t.Fatal(err)
-			}
-			sideA = append(sideA, newTaggedLimit("", lc.Scope, id+"a", caps))
-			sideB = append(sideB, newTaggedLimit("", lc.Scope, id+"b", caps))
+			caps := randomCaps(t, rng)
+			sideA = append(sideA, newTaggedLimit("", fmt.Sprint("s", i), id+"a", caps))
+			sideB = append(sideB, newTaggedLimit("", fmt.Sprint("s", i), id+"b", caps))
 		}
-		// chain picks 1 to 3 of the limits, in order, on both sides.
+		// chain picks 1 to 3 of the limits, in any order, on both sides.
 		chain := func() (a, b []limit) {
-			for i := range sideA {
-				if rng.IntN(5) < 2 {
-					a, b = append(a, sideA[i]), append(b, sideB[i])
-				}
-			}
-			if len(a) == 0 {
-				i := rng.IntN(len(sideA))
-				a, b = []limit{sideA[i]}, []limit{sideB[i]}
+			for _, i := range randomChain(rng, len(sideA), 3) {
+				a, b = append(a, sideA[i]), append(b, sideB[i])
 			}
 			return a, b
 		}
@@ -218,8 +181,7 @@ func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 			}
 			for range rng.IntN(4) {
 				a, b := chain()
-				in, out := rng.Int64N(100), rng.Int64N(60)
-				tokens := tokenCounts{total: in + out + rng.Int64N(20), input: in, output: out}
+				tokens := randomUsage(rng)
 				for _, c := range [][]limit{a, b} {
 					if err := pinned(s, when).recordTokens(ctx, c, tokens); err != nil {
 						t.Fatal(err)
@@ -237,8 +199,7 @@ func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 			a, b := chain()
 			var reserve tokenCounts
 			if trial%2 == 1 && rng.IntN(3) > 0 {
-				in, out := rng.Int64N(60), 1+rng.Int64N(40)
-				reserve = tokenCounts{total: in + out, input: in, output: out}
+				reserve = randomReservation(rng)
 			}
 			if !batch.add(a, reserve) {
 				t.Fatal("a chain was refused by the call")

@@ -112,13 +112,6 @@ func admissionOf(chain []limit, d decision) (admission, error) {
 	return a, nil
 }
 
-// testClock pins a store's clock, in unix milliseconds, for tests of what
-// happens at a given moment; at 0, as in production, the store reads its
-// own (Redis TIME, or this machine's).
-type testClock struct{ pinned atomic.Int64 }
-
-func (c *testClock) pin(unixMillis int64) { c.pinned.Store(unixMillis) }
-
 // lifetime closes a store once it is both unloaded and released by every
 // holder.
 type lifetime struct {
@@ -222,6 +215,21 @@ type decision struct {
 
 // size is what an admission of d adds to a window of kind k.
 func (d decision) size(k kind) int64 { return d.reserve.of(k) }
+
+// countsAfter is c, the counts of limit l that d read, as d's admission
+// leaves them: its size added to the current bucket of each window l caps,
+// and l's cost to its bucket's deficit. The in-process store writes them,
+// a call of admit.lua replays them for the admissions after, and the headers
+// of an admitted request count it in them.
+func (d decision) countsAfter(l limit, c counts) counts {
+	for k := range l.each {
+		c.w[k].cur += d.size(k.kind())
+	}
+	if l.bucket.rate > 0 {
+		c.deficit += l.bucket.cost * microTokens
+	}
+	return c
+}
 
 // errBadReply marks a store answer of the wrong shape; it is handled like an
 // outage.

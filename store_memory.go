@@ -18,12 +18,11 @@ import (
 // without locking. Counters whose buckets can no longer be read are dropped
 // by a sweep, so memory is bounded by the active limits.
 type memoryStore struct {
-	testClock
+	now      func() int64 // the clock, in unix milliseconds: this machine's, or one a test pins
 	seed     maphash.Seed
 	shards   [memoryShards]memoryShard
 	seq      atomic.Uint64 // lock order of new counters
 	counters atomic.Int64  // held in the shards
-	latest   atomic.Int64  // the latest clock reading, in unix milliseconds
 	stop     chan struct{}
 	done     chan struct{}
 }
@@ -130,7 +129,7 @@ var memoryStores = caddy.NewUsagePool()
 func acquireMemoryStore() (store, func() error, error) {
 	const key = "memory"
 	v, _, err := memoryStores.LoadOrNew(key, func() (caddy.Destructor, error) {
-		return newMemoryStore(30 * time.Second), nil
+		return newMemoryStore(30*time.Second, systemUnixMillis), nil
 	})
 	if err != nil {
 		return nil, nil, err
@@ -141,8 +140,10 @@ func acquireMemoryStore() (store, func() error, error) {
 	}, nil
 }
 
-func newMemoryStore(sweepEvery time.Duration) *memoryStore {
-	s := &memoryStore{seed: maphash.MakeSeed(), stop: make(chan struct{}), done: make(chan struct{})}
+// newMemoryStore is a store that reads the time from now, and sweeps every
+// sweepEvery.
+func newMemoryStore(sweepEvery time.Duration, now func() int64) *memoryStore {
+	s := &memoryStore{now: now, seed: maphash.MakeSeed(), stop: make(chan struct{}), done: make(chan struct{})}
 	for i := range s.shards {
 		s.shards[i].table.Store(&counterTable{{}})
 	}
@@ -157,19 +158,10 @@ func (s *memoryStore) Destruct() error {
 	return nil
 }
 
-func (s *memoryStore) clock() moment {
-	atMillis := s.pinned.Load()
-	if atMillis == 0 {
-		atMillis = time.Now().UnixMilli()
-	}
-	for {
-		latest := s.latest.Load()
-		if atMillis <= latest || s.latest.CompareAndSwap(latest, atMillis) {
-			break
-		}
-	}
-	return momentAt(atMillis)
-}
+func (s *memoryStore) clock() moment { return momentAt(s.now()) }
+
+// systemUnixMillis is this machine's clock, the in-process store's.
+func systemUnixMillis() int64 { return time.Now().UnixMilli() }
 
 // counter is the counter of prefix, made on first use.
 func (s *memoryStore) counter(prefix string) *memoryCounter {
@@ -336,18 +328,26 @@ func (s *memoryStore) decide(chain []limit, reserve tokenCounts, charge bool, bu
 	}
 	if d.admitted && charge {
 		for i, l := range chain {
-			for k := range l.each {
-				if n := d.size(k.kind()); n > 0 {
-					add(cs[i].slots(k), at[k.span()].bucket, n)
-				}
-			}
-			if l.bucket.rate > 0 {
-				deficit, at := d.counts[i].deficit+l.bucket.cost*microTokens, max(cs[i].bkt.at, now.unixMillis)
-				cs[i].bkt = bucketState{deficit: deficit, at: at, fullAt: at + ceilDiv(deficit, l.bucket.rate)}
-			}
+			cs[i].write(l, at, d.counts[i], d.countsAfter(l, d.counts[i]), now.unixMillis)
 		}
 	}
 	return d
+}
+
+// write stores after, the counts of l that an admission at read as before
+// and charged, under c.mu: the windows' current buckets by what the charge
+// added (a window it left alone keeps no bucket alive for the sweep), and
+// the bucket's deficit as of now.
+func (c *memoryCounter) write(l limit, at [2]position, before, after counts, now int64) {
+	for k := range l.each {
+		if n := after.w[k].cur - before.w[k].cur; n != 0 {
+			add(c.slots(k), at[k.span()].bucket, n)
+		}
+	}
+	if l.bucket.rate > 0 {
+		since := max(c.bkt.at, now)
+		c.bkt = bucketState{deficit: after.deficit, at: since, fullAt: since + ceilDiv(after.deficit, l.bucket.rate)}
+	}
 }
 
 // chargeLater charges at once: the in-process store has no round trip to

@@ -44,7 +44,7 @@ func admitAll(b *testing.B, s *memoryStore, chains [][]limit) {
 // a chain's strings for each request, so their bytes are not those the store
 // keeps.
 func benchmarkStore(b *testing.B, n int) (*memoryStore, [][]limit) {
-	s := newMemoryStore(30 * time.Second)
+	s := newMemoryStore(30*time.Second, systemUnixMillis)
 	b.Cleanup(func() { s.Destruct() })
 	admitAll(b, s, benchmarkChains(n))
 	return s, benchmarkChains(n)
@@ -101,7 +101,7 @@ func BenchmarkMemoryStore100kActiveKeys(b *testing.B) {
 	var inUse int64
 	for b.Loop() {
 		before := heapAlloc()
-		s := newMemoryStore(time.Hour) // no sweep while measuring
+		s := newMemoryStore(time.Hour, systemUnixMillis) // no sweep while measuring
 		admitAll(b, s, benchmarkChains(keys))
 		inUse = heapAlloc() - before
 		runtime.KeepAlive(s)

@@ -9,8 +9,7 @@ import (
 )
 
 func TestMemoryStoreDropsCountersThatNoEstimateReads(t *testing.T) {
-	s := newMemoryStore(time.Hour) // swept by hand below
-	defer s.Destruct()
+	s := newTestMemoryStore(t, time.Hour) // swept by hand below
 	base := pinnedBase()
 	for i := 0; i < 1000; i++ {
 		admitOrFail(t, s, []limit{newLimit("key", uniqueID(t), 5, 0)}, base)
@@ -32,8 +31,7 @@ func TestMemoryStoreDropsCountersThatNoEstimateReads(t *testing.T) {
 }
 
 func TestMemoryStoreKeepsATokenBucketUntilItIsFullAgain(t *testing.T) {
-	s := newMemoryStore(time.Hour) // swept by hand below
-	defer s.Destruct()
+	s := newTestMemoryStore(t, time.Hour) // swept by hand below
 	base := pinnedBase()
 	chain := []limit{newBucketLimit(t, "key", uniqueID(t), "0.01", 2, 0)} // a token per 100 s
 	fill(t, s, chain, base, 2)
@@ -60,8 +58,7 @@ func (s *memoryStore) size() int {
 }
 
 func TestMemoryStoreAdmissionAllocatesOnlyTheDecisionsCounts(t *testing.T) {
-	s := newMemoryStore(time.Hour)
-	defer s.Destruct()
+	s := newTestMemoryStore(t, time.Hour)
 	at := pinnedBase()
 	id := uniqueID(t)
 	chain := []limit{
@@ -76,8 +73,7 @@ func TestMemoryStoreAdmissionAllocatesOnlyTheDecisionsCounts(t *testing.T) {
 }
 
 func TestMemoryStoreChainLongerThanTheStackArraysAdmitsAndCharges(t *testing.T) {
-	s := newMemoryStore(time.Hour)
-	defer s.Destruct()
+	s := newTestMemoryStore(t, time.Hour)
 	at := pinnedBase()
 	var chain []limit
 	for i := 0; i < 2*stackChain+1; i++ {
@@ -95,8 +91,7 @@ func TestMemoryStoreChainLongerThanTheStackArraysAdmitsAndCharges(t *testing.T) 
 }
 
 func TestMemoryStoreChainsThatShareCountersInAnyOrderNeverDeadlock(t *testing.T) {
-	s := newMemoryStore(time.Hour)
-	defer s.Destruct()
+	s := newTestMemoryStore(t, time.Hour)
 	at := pinnedBase()
 	a, b, c := newLimit("key", uniqueID(t), 1<<40, 0), newLimit("team", uniqueID(t), 1<<40, 0), newLimit("org", uniqueID(t), 1<<40, 0)
 	chains := [][]limit{{a, b, c}, {c, b, a}, {b, c, a}, {a, c}, {c, a, c}, {b, b}}
@@ -123,8 +118,7 @@ func TestMemoryStoreChainsThatShareCountersInAnyOrderNeverDeadlock(t *testing.T)
 }
 
 func TestMemoryStoreCountsExactlyWhileItsShardsGrowAndAreSwept(t *testing.T) {
-	s := newMemoryStore(time.Hour) // swept by hand below
-	defer s.Destruct()
+	s := newTestMemoryStore(t, time.Hour) // swept by hand below
 	ctx := context.Background()
 	now := pinnedBase()
 	live := []limit{newLimit("key", uniqueID(t), 1<<40, 0), newLimit("org", uniqueID(t), 1<<40, 0)}
@@ -195,8 +189,7 @@ func waitCounters(t *testing.T, s *memoryStore, want int64) {
 // Idle counters go once their windows are over, on the sweep's own timer:
 // no request has to come for the store to notice the time.
 func TestIdleInProcessCountersAreReclaimedWithoutTraffic(t *testing.T) {
-	s := newMemoryStore(5 * time.Millisecond)
-	defer s.Destruct()
+	s := newTestMemoryStore(t, 5*time.Millisecond)
 	base := pinnedBase()
 	for range 1000 {
 		admitOrFail(t, s, []limit{newLimit("key", uniqueID(t), 5, 0)}, base)
@@ -205,9 +198,9 @@ func TestIdleInProcessCountersAreReclaimedWithoutTraffic(t *testing.T) {
 		admitOrFail(t, s, []limit{newTaggedLimit("", "team", uniqueID(t), windowLimitCaps(windowCaps{rpd: 5}))}, base)
 	}
 	waitCounters(t, s, 1200)
-	s.pin(base + 2*bucketMillis) // the minute windows are over; the day windows are not
+	pinned(s, base+2*bucketMillis) // the minute windows are over; the day windows are not
 	waitCounters(t, s, 200)
-	s.pin(base + 2*dayMinutes*bucketMillis)
+	pinned(s, base+2*dayMinutes*bucketMillis)
 	waitCounters(t, s, 0)
 }
 

@@ -27,7 +27,7 @@ var (
 // Redis restart or a failover).
 type redisStore struct {
 	lifetime
-	testClock
+	clock   redisClock
 	client  redis.UniversalClient
 	config  *RedisConfig // resolved: for the replay's fresh connection
 	timeout time.Duration
@@ -50,6 +50,20 @@ const (
 	chargeLinger  = time.Millisecond
 )
 
+// redisClock is where a Redis store reads the time: the gateway's clock,
+// which names the keys of a call (the script checks them against its own)
+// and whose monotonic reading bounds Redis's in the refusal cache; and the
+// clock admit.lua reads, as the script's clock argument at a reading of the
+// gateway's.
+type redisClock struct {
+	gateway func() time.Time
+	script  func(gateway time.Time) string
+}
+
+// systemRedisClock is this machine's clock, and Redis TIME (the argument
+// ""), so that replicas whose clocks are skewed agree on Redis's.
+var systemRedisClock = redisClock{gateway: time.Now, script: func(time.Time) string { return "" }}
+
 // redisStores shares a client among the handlers of every loaded config with
 // the same settings, so that a reload neither reconnects nor leaks a pool.
 var redisStores = caddy.NewUsagePool()
@@ -58,7 +72,7 @@ var redisStores = caddy.NewUsagePool()
 func acquireRedisStore(config *RedisConfig, timeout time.Duration) (store, func() error, error) {
 	key := config.poolKey(timeout)
 	v, _, err := redisStores.LoadOrNew(key, func() (caddy.Destructor, error) {
-		return newRedisStore(config, timeout)
+		return newRedisStore(config, timeout, systemRedisClock)
 	})
 	if err != nil {
 		return nil, nil, err
@@ -69,12 +83,14 @@ func acquireRedisStore(config *RedisConfig, timeout time.Duration) (store, func(
 	}, nil
 }
 
-func newRedisStore(config *RedisConfig, timeout time.Duration) (*redisStore, error) {
+// newRedisStore is a store of the resolved config that reads the time from
+// clock.
+func newRedisStore(config *RedisConfig, timeout time.Duration, clock redisClock) (*redisStore, error) {
 	client, err := config.newClient(timeout)
 	if err != nil {
 		return nil, err
 	}
-	s := &redisStore{client: client, config: config, timeout: timeout, refusals: newRefusalCache()}
+	s := &redisStore{clock: clock, client: client, config: config, timeout: timeout, refusals: newRefusalCache()}
 	if config.topology() != cluster {
 		s.calls = coalesce.New(callsInFlight, chargeLinger, func(first *scriptItem) coalesce.Batch[*scriptItem] {
 			b := &scriptBatch{store: s}
@@ -97,17 +113,12 @@ func (s *redisStore) closeClient() { s.client.Close() }
 func (s *redisStore) release() { s.lifetime.release(s.closeClient) }
 
 // admit answers from the refusal cache what Redis refused until Redis would
-// admit it again, and asks Redis the rest. A pinned clock (tests) does not
-// run with this process's, so the cache, which bounds Redis's clock by ours,
-// is not used then.
+// admit it again, and asks Redis the rest.
 func (s *redisStore) admit(ctx context.Context, chain []limit, reserve tokenCounts) (admission, error) {
-	cached := s.pinned.Load() == 0
-	sent := time.Now() // the cache bounds Redis's clock from a moment before the call
-	if cached {
-		if a, ok := s.refusals.refusedLocally(chain, sent); ok {
-			refusalsCachedTotal.Inc()
-			return a, nil
-		}
+	sent := s.clock.gateway() // the cache bounds Redis's clock from a moment before the call
+	if a, ok := s.refusals.refusedLocally(chain, sent); ok {
+		refusalsCachedTotal.Inc()
+		return a, nil
 	}
 	d, err := s.decide(ctx, chain, reserve)
 	if err != nil {
@@ -120,7 +131,7 @@ func (s *redisStore) admit(ctx context.Context, chain []limit, reserve tokenCoun
 		return admission{}, err
 	}
 	a, err := admissionOf(chain, d)
-	if err == nil && !a.admitted && cached {
+	if err == nil && !a.admitted {
 		s.refusals.record(chain, d, sent)
 	}
 	return a, err
@@ -129,10 +140,7 @@ func (s *redisStore) admit(ctx context.Context, chain []limit, reserve tokenCoun
 // refusedUnread is what the refusal cache refuses: only requests windows and
 // buckets are cached, which no body changes.
 func (s *redisStore) refusedUnread(chain []limit) (admission, bool) {
-	if s.pinned.Load() != 0 {
-		return admission{}, false
-	}
-	a, ok := s.refusals.refusedLocally(chain, time.Now())
+	a, ok := s.refusals.refusedLocally(chain, s.clock.gateway())
 	if ok {
 		refusalsCachedTotal.Inc()
 	}
@@ -180,18 +188,18 @@ func (s *redisStore) call(ctx context.Context, c *scriptCall, peek bool) (ds []d
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	charging := c.charges.count() > 0
-	atMillis := s.pinned.Load()
-	bucket := s.bucketFor(atMillis)
-	reply, err := s.runScript(ctx, admitScript, c.keys(bucket), c.args(atMillis, bucket, peek), !charging)
+	now := s.clock.gateway()
+	scriptClock, bucket := s.clock.script(now), momentAt(now.UnixMilli()).bucket
+	reply, err := s.runScript(ctx, admitScript, c.keys(bucket), c.args(scriptClock, bucket, peek), !charging)
 	if b, ok := otherBucket(reply); ok && err == nil {
 		// Redis's clock is in another minute than ours: nothing ran; name
 		// the keys of its bucket.
 		bucket = b
-		reply, err = s.runScript(ctx, admitScript, c.keys(bucket), c.args(atMillis, bucket, peek), !charging)
+		reply, err = s.runScript(ctx, admitScript, c.keys(bucket), c.args(scriptClock, bucket, peek), !charging)
 	}
 	if charging && len(c.chains) > 0 && s.config.topology() != cluster && isDeadConnection(err) {
 		charged, c.charges = err, chargeCall{}
-		reply, err = s.replay(ctx, admitScript, c.keys(bucket), c.args(atMillis, bucket, peek))
+		reply, err = s.replay(ctx, admitScript, c.keys(bucket), c.args(scriptClock, bucket, peek))
 	}
 	observeRedis(op, start, err)
 	if err != nil {
@@ -204,22 +212,8 @@ func (s *redisStore) call(ctx context.Context, c *scriptCall, peek bool) (ds []d
 	return ds, charged, err
 }
 
-// bucketFor is the minute bucket that names a call's keys: the pinned
-// clock's, or the gateway's. The script checks it against its own clock.
-func (s *redisStore) bucketFor(atMillis int64) int64 {
-	if atMillis == 0 {
-		atMillis = time.Now().UnixMilli()
-	}
-	return momentAt(atMillis).bucket
-}
-
-// gatewayMoment is the pinned clock, or the gateway's.
-func (s *redisStore) gatewayMoment() moment {
-	if atMillis := s.pinned.Load(); atMillis != 0 {
-		return momentAt(atMillis)
-	}
-	return momentAt(time.Now().UnixMilli())
-}
+// gatewayMoment is the gateway's clock reading.
+func (s *redisStore) gatewayMoment() moment { return momentAt(s.clock.gateway().UnixMilli()) }
 
 // otherBucket reads the scripts' answer {-1, now}: the keys named another
 // bucket than Redis's clock, and nothing ran.

@@ -24,10 +24,12 @@ func newTestRedisStore(t testing.TB, url string) *redisStore {
 // in t.Cleanup.
 func newTestRedisStoreOf(t testing.TB, config *RedisConfig, timeout time.Duration) *redisStore {
 	t.Helper()
-	s, err := newRedisStore(config, timeout)
+	c := new(testClock)
+	s, err := newRedisStore(config, timeout, redisClock{gateway: c.gateway, script: c.script})
 	if err != nil {
 		t.Fatal(err)
 	}
+	registerTestClock(t, s, c)
 	t.Cleanup(func() { s.Destruct() })
 	return s
 }
@@ -323,7 +325,7 @@ func TestScriptTouchesNothingWhenItsKeysNameAnotherMinute(t *testing.T) {
 	stale := momentAt(at).bucket - 1
 	var c scriptCall
 	c.add(chain, tokenCounts{})
-	reply, err := s.runScript(context.Background(), admitScript, c.keys(stale), c.args(at, stale, false), true)
+	reply, err := s.runScript(context.Background(), admitScript, c.keys(stale), c.args(hexArg(at), stale, false), true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -336,7 +338,7 @@ func TestScriptTouchesNothingWhenItsKeysNameAnotherMinute(t *testing.T) {
 	}
 	var chargeOnly scriptCall
 	chargeOnly.charges.add(chain, charge{tokens: totalTokens(9)}, momentAt(at))
-	reply, err = s.runScript(context.Background(), admitScript, chargeOnly.keys(stale), chargeOnly.args(at, stale, false), false)
+	reply, err = s.runScript(context.Background(), admitScript, chargeOnly.keys(stale), chargeOnly.args(hexArg(at), stale, false), false)
 	if _, ok := otherBucket(reply); !ok || err != nil {
 		t.Fatalf("token charge with keys of another minute: %v %v", reply, err)
 	}

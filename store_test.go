@@ -30,8 +30,7 @@ type storeKit struct {
 func memoryKit() storeKit {
 	return storeKit{
 		replicas: func(t *testing.T, n int) []store {
-			s := newMemoryStore(time.Hour)
-			t.Cleanup(func() { s.Destruct() })
+			s := newTestMemoryStore(t, time.Hour)
 			out := make([]store, n)
 			for i := range out {
 				out[i] = s
@@ -67,12 +66,7 @@ func redisKit(url string) storeKit {
 		replicas: func(t *testing.T, n int) []store {
 			out := make([]store, n)
 			for i := range out {
-				s, err := newRedisStore(&RedisConfig{URL: url}, time.Second)
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { s.Destruct() })
-				out[i] = s
+				out[i] = newTestRedisStore(t, url)
 			}
 			return out
 		},
@@ -132,10 +126,62 @@ func uniqueID(t *testing.T) string {
 	return "t" + hex.EncodeToString(b[:])
 }
 
-// pinned pins the clock of s, a store, at unix milliseconds at (0: its own
-// clock) for the calls that follow, and returns it.
-func pinned[S any](s S, at int64) S {
-	any(s).(interface{ pin(int64) }).pin(at)
+// testClock is the clock of the stores that tests make, which a test pins
+// in unix milliseconds for what happens at a given moment; unpinned (0) it
+// is this machine's, as in production. Pinned, it is both of a Redis
+// store's clocks at once, the gateway's and Redis's, so that the refusal
+// cache's bound of Redis's clock is exact and the cache runs as in
+// production.
+type testClock struct{ pinned atomic.Int64 }
+
+func (c *testClock) pin(unixMillis int64) { c.pinned.Store(unixMillis) }
+
+func (c *testClock) unixMillis() int64 { return c.gateway().UnixMilli() }
+
+func (c *testClock) gateway() time.Time {
+	if at := c.pinned.Load(); at != 0 {
+		return time.UnixMilli(at)
+	}
+	return time.Now()
+}
+
+// script pins Redis's clock to the gateway's reading; unpinned, Redis reads
+// TIME.
+func (c *testClock) script(gateway time.Time) string {
+	if c.pinned.Load() == 0 {
+		return ""
+	}
+	return hexArg(gateway.UnixMilli())
+}
+
+// testClocks holds the clock of every store the tests make, for pinned.
+var testClocks sync.Map // store → *testClock
+
+// registerTestClock makes c the clock of s for pinned, until the test ends.
+func registerTestClock(t testing.TB, s store, c *testClock) {
+	testClocks.Store(s, c)
+	t.Cleanup(func() { testClocks.Delete(s) })
+}
+
+// newTestMemoryStore is an in-process store on a test clock, destroyed in
+// t.Cleanup.
+func newTestMemoryStore(t testing.TB, sweepEvery time.Duration) *memoryStore {
+	c := new(testClock)
+	s := newMemoryStore(sweepEvery, c.unixMillis)
+	registerTestClock(t, s, c)
+	t.Cleanup(func() { s.Destruct() })
+	return s
+}
+
+// pinned pins the clock of s, a store made by newTestMemoryStore or
+// newTestRedisStore, at unix milliseconds at (0: this machine's) for the
+// calls that follow, and returns it.
+func pinned[S store](s S, at int64) S {
+	c, ok := testClocks.Load(store(s))
+	if !ok {
+		panic("pinned: a store on another clock than a test's")
+	}
+	c.(*testClock).pin(at)
 	return s
 }
 

@@ -1,0 +1,416 @@
+package ratelimit
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// randomCaps are the caps of a random limit: each window now and then, small
+// enough for a few requests or tokens to fill it, and a token bucket in some;
+// at least one of them. Tokens come in tens (randomReservation,
+// randomUsage), and so do the token caps: counts often reach a cap exactly.
+// The buckets refill slowly, from 10 s for a token: Redis expires a bucket's
+// key on its own clock, not on a test's pinned one, twice the time the
+// bucket takes to fill after its last write.
+func randomCaps(t testing.TB, rng *rand.Rand) limitCaps {
+	t.Helper()
+	// How often a limit caps each window, in percent, and its cap's
+	// range, in requests or tens of tokens.
+	odds := [numWindows]struct{ percent, least, most int64 }{
+		rpm: {70, 1, 6}, tpm: {50, 2, 19}, itpm: {25, 2, 13}, otpm: {25, 1, 8},
+		rpd: {20, 2, 11}, tpd: {20, 5, 34}, itpd: {17, 4, 23}, otpd: {17, 2, 16},
+	}
+	var w windowCaps
+	for k, o := range odds {
+		if rng.Int64N(100) < o.percent {
+			w[k] = o.least + rng.Int64N(o.most-o.least+1)
+			if windowKind(k).kind() != requests {
+				w[k] *= 10
+			}
+		}
+	}
+	caps := windowLimitCaps(w)
+	if rng.IntN(10) < 4 {
+		burst := 1 + rng.Int64N(4)
+		b, err := LimitConfig{Rate: json.Number([]string{"0.01", "0.037", "0.1"}[rng.IntN(3)]), Burst: burst, Cost: 1 + rng.Int64N(burst)}.caps()
+		if err != nil {
+			t.Fatal(err)
+		}
+		caps.bucket = b.bucket
+	}
+	if caps == (limitCaps{}) {
+		caps = windowLimitCaps(windowCaps{rpm: 3})
+	}
+	return caps
+}
+
+// randomChain is the positions of 1 to most of n limits, in a random order.
+func randomChain(rng *rand.Rand, n, most int) []int {
+	return rng.Perm(n)[:1+rng.IntN(min(most, n))]
+}
+
+// randomReservation is a request's reservation of input and output tokens,
+// up to past the caps of randomCaps; either part may be none.
+func randomReservation(rng *rand.Rand) tokenCounts {
+	in, out := 10*rng.Int64N(6), 10*rng.Int64N(5)
+	if in+out == 0 {
+		out = 10
+	}
+	return tokenCounts{total: in + out, input: in, output: out}
+}
+
+// randomUsage is a response's usage: its total may be above its input and
+// output (Anthropic's cache reads).
+func randomUsage(rng *rand.Rand) tokenCounts {
+	in, out := 10*rng.Int64N(10), 10*rng.Int64N(6)
+	return tokenCounts{total: in + out + 10*rng.Int64N(2), input: in, output: out}
+}
+
+var (
+	alikeHistories = flag.Int("alike.histories", 200, "how many random histories TestBothStoresDecideEveryRandomHistoryAlike runs")
+	alikeSeed      = flag.Uint64("alike.seed", 0, "the seed of its first history, the next ones' are the following numbers (0: a random one)")
+)
+
+// alikeSteps is the steps of a history; alikePool, the limits its chains
+// are drawn from.
+const (
+	alikeSteps = 200
+	alikePool  = 6
+)
+
+// The in-process store and the Redis store restate the same arithmetic, in
+// Go and in Lua: the same random history, run through both on pinned
+// clocks, gets the same answers. A history is admissions of random chains
+// of 1 to 4 limits from a pool of six with random caps (every kind of
+// window, and token buckets), with and without reservations; settlements of
+// the reservations, which give tokens back or charge more in the
+// reservation's buckets; token charges of responses; peeks; and clock steps
+// of milliseconds to hours, some onto minute and day boundaries. Every
+// admission, refusal (its limit, kind, window and wait) and count is
+// compared. Redis answers some refusals from its refusal cache, which
+// holds only what refuses on requests windows and buckets: such an answer
+// must be the in-process store's refusal as the cache makes it.
+//
+// Without Redis the in-process store runs the histories alone, against its
+// own reads: an admission reads what a peek just before it read, and what
+// refusedUnread refuses is never admitted.
+//
+// -alike.histories runs more histories, -alike.seed replays one (with
+// -alike.histories=1).
+func TestBothStoresDecideEveryRandomHistoryAlike(t *testing.T) {
+	seed := *alikeSeed
+	if seed == 0 {
+		seed = rand.Uint64()
+	}
+	compared := false
+	t.Run("InProcessAgainstRedis", func(t *testing.T) {
+		url := redisURLFromEnv(t)
+		compared = true
+		runAlikeHistories(t, seed, url)
+	})
+	if !compared {
+		t.Run("InProcessAgainstItsOwnReads", func(t *testing.T) { runAlikeHistories(t, seed, "") })
+	}
+}
+
+// alikeWorkers run histories at once, each on stores of its own (a pinned
+// clock is a store's): a history spends most of its time waiting for Redis,
+// or for a token charge's linger.
+const alikeWorkers = 16
+
+// runAlikeHistories runs the histories of the seeds from seed on, each in a
+// subtest named by its seed, against Redis at redisURL ("": none), until
+// one fails.
+func runAlikeHistories(t *testing.T, seed uint64, redisURL string) {
+	start := time.Now()
+	var tally alikeTally
+	seeds := make(chan uint64)
+	var workers sync.WaitGroup
+	for range alikeWorkers {
+		memory := newTestMemoryStore(t, time.Hour)
+		var redis *redisStore
+		if redisURL != "" {
+			redis = newTestRedisStore(t, redisURL)
+		}
+		workers.Go(func() {
+			for seed := range seeds {
+				t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
+					(&alikeHistory{t: t, seed: seed, tally: &tally, memory: memory, redis: redis}).run()
+				})
+			}
+		})
+	}
+	n := 0
+	for ; n < *alikeHistories && !t.Failed(); n++ {
+		seeds <- seed + uint64(n)
+	}
+	close(seeds)
+	workers.Wait()
+	t.Logf("%d histories of %d steps from seed %d in %v: %d admissions, %d admitted, %d refused by Redis's cache; %d settlements",
+		n, alikeSteps, seed, time.Since(start), tally.admissions.Load(), tally.admitted.Load(), tally.cached.Load(), tally.settlements.Load())
+}
+
+// alikeTally is what the histories did, so that a run shows what it
+// compared.
+type alikeTally struct{ admissions, admitted, cached, settlements atomic.Int64 }
+
+// alikeHistory is one random history, run through the in-process store and
+// Redis's (nil: the in-process store alone).
+type alikeHistory struct {
+	t      *testing.T
+	seed   uint64
+	tally  *alikeTally
+	rng    *rand.Rand
+	memory *memoryStore
+	redis  *redisStore
+	pool   []limit
+	now    int64         // the pinned clocks, in unix milliseconds
+	open   []reservation // admitted reservations not yet settled
+	steps  []string      // what the history did, for a failure's message
+}
+
+type reservation struct {
+	chain    []limit
+	reserved tokenCounts
+	bucket   int64
+}
+
+func (h *alikeHistory) run() {
+	h.rng = rand.New(rand.NewPCG(h.seed, 0))
+	id := uniqueID(h.t)
+	for i := range alikePool {
+		h.pool = append(h.pool, newTaggedLimit("", fmt.Sprint("s", i), id, randomCaps(h.t, h.rng)))
+	}
+	h.now = nextDay() + h.rng.Int64N(dayMinutes*bucketMillis)
+	for range alikeSteps {
+		switch n := h.rng.IntN(20); {
+		case n < 9:
+			h.admit()
+		case n < 12:
+			h.settle()
+		case n < 14:
+			h.recordTokens()
+		case n < 15:
+			h.peek()
+		default:
+			h.tick()
+		}
+	}
+}
+
+func (h *alikeHistory) chain() []limit {
+	var chain []limit
+	for _, i := range randomChain(h.rng, alikePool, 4) {
+		chain = append(chain, h.pool[i])
+	}
+	return chain
+}
+
+func (h *alikeHistory) log(format string, args ...any) {
+	h.steps = append(h.steps, time.UnixMilli(h.now).UTC().Format("Jan 2 15:04:05.000 ")+fmt.Sprintf(format, args...))
+}
+
+// fail reports a divergence with the steps that led to it, and how to
+// replay the history.
+func (h *alikeHistory) fail(format string, args ...any) {
+	h.t.Helper()
+	h.t.Fatalf("history of seed %d, step %d:\n%s\n"+format+"\n(replay: go test -run 'TestBothStoresDecideEveryRandomHistoryAlike' -args -alike.seed=%d -alike.histories=1)",
+		append(append([]any{h.seed, len(h.steps) - 1, strings.Join(h.steps, "\n")}, args...), h.seed)...)
+}
+
+func (h *alikeHistory) must(err error) {
+	h.t.Helper()
+	if err != nil {
+		h.fail("%v", err)
+	}
+}
+
+// admit admits a chain as the handler does: refusedUnread first, which may
+// spare it the body, then admit.
+func (h *alikeHistory) admit() {
+	ctx := context.Background()
+	chain := h.chain()
+	var reserve tokenCounts
+	if h.rng.IntN(3) > 0 {
+		reserve = randomReservation(h.rng)
+	}
+	h.log("admit %s reserving %+v", scopesOf(chain), reserve)
+	m := pinned(h.memory, h.now)
+	before, err := m.peek(ctx, chain)
+	h.must(err)
+	_, refusedUnread := m.refusedUnread(chain)
+	a, err := m.admit(ctx, chain, reserve)
+	h.must(err)
+	if a.now != before.now || !slices.Equal(a.counts, before.counts) {
+		h.fail("the in-process store admits reading %+v, a peek just before read %+v", a.decision, before)
+	}
+	if refusedUnread && a.admitted {
+		h.fail("the in-process store admits what its refusedUnread refuses")
+	}
+	h.tally.admissions.Add(1)
+	if a.admitted {
+		h.tally.admitted.Add(1)
+		if !reserve.isZero() {
+			h.open = append(h.open, reservation{chain: chain, reserved: reserve, bucket: a.now.bucket})
+		}
+	}
+	if h.redis == nil {
+		return
+	}
+	r := pinned(h.redis, h.now)
+	unread, cached := r.refusedUnread(chain)
+	ra, err := r.admit(ctx, chain, reserve)
+	h.must(err)
+	if cached {
+		h.tally.cached.Add(1)
+	}
+	switch {
+	case !cached:
+		if !sameAdmission(ra, a) {
+			h.fail("Redis:      %s\nin-process: %s", describeAdmission(ra), describeAdmission(a))
+		}
+	case !sameAdmission(ra, unread):
+		h.fail("Redis's admit answers from its cache %s, its refusedUnread %s", describeAdmission(ra), describeAdmission(unread))
+	default:
+		if got, want := withoutTokenCounts(ra), h.asCached(chain, a, ra.limits); !sameAdmission(got, want) {
+			h.fail("Redis's cache: %s\nin-process:    %s", describeAdmission(got), describeAdmission(want))
+		}
+	}
+}
+
+// asCached is a, the in-process store's answer to chain, as the refusal
+// cache answers it from its refusals of sub: their counts, but those of
+// token windows (which the cache leaves to the store), and their refusal on
+// requests windows and buckets.
+func (h *alikeHistory) asCached(chain []limit, a admission, sub []limit) admission {
+	cached := admission{decision: decision{now: a.now}, limits: sub}
+	cacheable := make([]limit, len(sub))
+	for j, l := range sub {
+		i := slices.IndexFunc(chain, func(c limit) bool { return c.prefix == l.prefix })
+		counts := a.counts[i : i+1]
+		if cacheable[j] = withoutTokens(l); refusalOf(cacheable[j:j+1], decision{now: a.now, counts: counts}).first < 0 {
+			h.fail("Redis's cache refuses %s, which the in-process store admits on requests and buckets", l.scope)
+		}
+		cached.counts = append(cached.counts, counts[0])
+	}
+	cached.refusal = refusalOf(cacheable, cached.decision)
+	return withoutTokenCounts(cached)
+}
+
+// withoutTokenCounts is a with the counts of token windows left out.
+func withoutTokenCounts(a admission) admission {
+	a.counts = slices.Clone(a.counts)
+	for i := range a.counts {
+		for k := range numWindows {
+			if k.kind() != requests {
+				a.counts[i].w[k] = window{}
+			}
+		}
+	}
+	return a
+}
+
+// settle settles an open reservation: the usage reported replaces it in its
+// buckets, more or less than it, or nothing at all (an upstream error). Now
+// and then it settles one that the stores never admitted, in this minute or
+// one of the two before: what it gives back may be more than its buckets
+// hold, or out of its windows.
+func (h *alikeHistory) settle() {
+	var r reservation
+	if len(h.open) > 0 && h.rng.IntN(4) > 0 {
+		i := h.rng.IntN(len(h.open))
+		r = h.open[i]
+		h.open = slices.Delete(h.open, i, i+1)
+	} else {
+		r = reservation{chain: h.chain(), reserved: randomReservation(h.rng), bucket: floorDiv(h.now, bucketMillis) - h.rng.Int64N(3)}
+	}
+	var used tokenCounts
+	if h.rng.IntN(4) > 0 {
+		used = randomUsage(h.rng)
+	}
+	c := charge{tokens: used.minus(r.reserved), bucket: r.bucket}
+	h.tally.settlements.Add(1)
+	h.log("settle %s of minute %+d by %+v", scopesOf(r.chain), r.bucket-floorDiv(h.now, bucketMillis), c.tokens)
+	settle(h.t, pinned(h.memory, h.now), r.chain, c)
+	if h.redis != nil {
+		settle(h.t, pinned(h.redis, h.now), r.chain, c)
+	}
+}
+
+// recordTokens charges a response's usage to a chain, in the current
+// buckets.
+func (h *alikeHistory) recordTokens() {
+	chain, used := h.chain(), randomUsage(h.rng)
+	h.log("record %s %+v", scopesOf(chain), used)
+	h.must(pinned(h.memory, h.now).recordTokens(context.Background(), chain, used))
+	if h.redis != nil {
+		h.must(pinned(h.redis, h.now).recordTokens(context.Background(), chain, used))
+	}
+}
+
+func (h *alikeHistory) peek() {
+	if h.redis == nil {
+		return // an admission compares the in-process store's peeks
+	}
+	chain := h.chain()
+	h.log("peek %s", scopesOf(chain))
+	m, err := pinned(h.memory, h.now).peek(context.Background(), chain)
+	h.must(err)
+	r, err := pinned(h.redis, h.now).peek(context.Background(), chain)
+	h.must(err)
+	if got, want := (admission{decision: r}), (admission{decision: m}); !sameAdmission(got, want) {
+		h.fail("Redis peeks      %s\nin-process peeks %s", describeAdmission(got), describeAdmission(want))
+	}
+}
+
+// tick moves the clocks on by milliseconds, seconds, minutes or hours, or
+// onto the next minute or day boundary: its last millisecond before, the
+// boundary, or the millisecond after.
+func (h *alikeHistory) tick() {
+	const dayMillis = dayMinutes * bucketMillis
+	switch h.rng.IntN(6) {
+	case 0:
+		h.now += 1 + h.rng.Int64N(999)
+	case 1:
+		h.now += 1000 * (1 + h.rng.Int64N(59))
+	case 2:
+		h.now += bucketMillis * (1 + h.rng.Int64N(59))
+	case 3:
+		h.now += 60 * bucketMillis * (1 + h.rng.Int64N(23))
+	case 4:
+		h.now = (floorDiv(h.now, bucketMillis)+1)*bucketMillis - 1 + h.rng.Int64N(3)
+	case 5:
+		h.now = (floorDiv(h.now, dayMillis)+1)*dayMillis - 1 + h.rng.Int64N(3)
+	}
+	h.log("tick")
+}
+
+// sameAdmission reports whether a and b are the same answer: the same
+// decision, on the same limits, and the same refusal.
+func sameAdmission(a, b admission) bool {
+	return a.admitted == b.admitted && a.now == b.now && a.reserve == b.reserve && slices.Equal(a.counts, b.counts) &&
+		slices.EqualFunc(a.limits, b.limits, func(l, m limit) bool { return l.prefix == m.prefix }) && a.refusal == b.refusal
+}
+
+// describeAdmission is everything a store answers to an admission.
+func describeAdmission(a admission) string {
+	return fmt.Sprintf("%s now=%d limits=%v refusal=%+v", describeDecision(a.decision), a.now.unixMillis, scopesOf(a.limits), a.refusal)
+}
+
+// scopesOf names the limits of chain: within a history, their scopes.
+func scopesOf(chain []limit) []string {
+	scopes := make([]string, len(chain))
+	for i, l := range chain {
+		scopes[i] = l.scope
+	}
+	return scopes
+}
