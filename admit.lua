@@ -125,22 +125,26 @@ local capsof = {byte(ARGV[arg], 1, -1)}
 arg = arg + 1
 
 -- Per limit: left, the whole requests that still fit (a request takes 1);
--- added, the requests the call admitted; first, the index of its first
--- key; bkt, its token bucket's {key, ttl, since, deficit, cost}, false
--- where it has none. A limit's room is the least of its request windows'
--- (how many requests fit below the cap), 0 if one of its token windows is
--- full (without reservations, tokens are charged after the fact, never by
--- an admission, so that holds for the whole call), and the requests its
--- token bucket holds. With reservations, each token window t has a room of
--- its own, in flat arrays (no table per window): troom[t] in the span's
--- units times its length (a reservation of r fits while troom >= r *
--- length, and at least 1), twin, its windowKind, tkey, and treserved, the
--- tokens the call added; limit i owns the windows tfrom[i] .. tto[i]. (Strings from MGET become
--- numbers by arithmetic, which is cheaper than tonumber.) The reply gets
--- the counts as read.
+-- added, the requests the call admitted; bkt, its token bucket's {ttl,
+-- since, deficit, cost}, nil where it has none. A limit's room is the
+-- least of its request windows' (how many requests fit below the cap), 0
+-- if one of its token windows is full (without reservations, tokens are
+-- charged after the fact, never by an admission, so that holds for the
+-- whole call), and the requests its token bucket holds. With reservations,
+-- each token window t has a room of its own, in flat arrays (no table per
+-- window): troom[t] in the span's units times its length (a reservation of
+-- r fits while troom >= r * length, and at least 1), twin, its windowKind,
+-- tkey, and treserved, the tokens the call added; limit i owns the windows
+-- tfrom[i] .. tto[i]. Without reservations the call makes none of these
+-- tables: a table, and each rehash that grows it, costs Redis's Lua far
+-- more than a comparison. (Strings from MGET become numbers by arithmetic,
+-- which is cheaper than tonumber.) The reply gets the counts as read.
 local inf = 1 / 0
-local left, added, first, bkt = {}, {}, {}, {}
-local troom, twin, tkey, treserved, tfrom, tto = {}, {}, {}, {}, {}, {}
+local left, added, bkt = {}, {}, {}
+local troom, twin, tkey, treserved, tfrom, tto
+if reserving then
+  troom, twin, tkey, treserved, tfrom, tto = {}, {}, {}, {}, {}, {}
+end
 local nt = 0
 local reply = {1, now}
 local nr = 2
@@ -149,7 +153,7 @@ for i = 1, n do
   local cap = caps[capsof[i]]
   local ws = cap[1]
   local room = inf
-  first[i], tfrom[i] = j, nt + 1
+  if reserving then tfrom[i] = nt + 1 end
   for w = 1, #ws, 2 do
     local k, c = ws[w], ws[w + 1]
     local len, wt = 60000, mweight
@@ -174,9 +178,8 @@ for i = 1, n do
     nr = nr + 2
     j = j + 2
   end
-  tto[i] = nt
+  if reserving then tto[i] = nt end
   local d = 0
-  bkt[i] = false
   local q = cap[2]
   if q > 0 then
     local since, full, cost = now, (cap[3] - cap[4]) * 1000000, cap[4] * 1000000
@@ -194,7 +197,7 @@ for i = 1, n do
     local f = floor((full - d) / cost)
     if f * cost > full - d then f = f - 1 end -- a quotient rounded up
     if f + 1 < room then room = f + 1 end
-    bkt[i] = {j, 2 * math.ceil(cap[3] * 1000000 / q), since, d, cost}
+    bkt[i] = {2 * math.ceil(cap[3] * 1000000 / q), since, d, cost}
     j = j + 1
   end
   nr = nr + 1
@@ -204,7 +207,7 @@ end
 
 local step = split and 4 or reserving and 2 or 1
 -- size[kind]: what an admission adds to a window of that kind
-local size = {1, 0, 0, 0}
+local size = reserving and {1, 0, 0, 0}
 for m = arg, #ARGV, step do
   local chain = {byte(ARGV[m + step - 1], 1, -1)}
   if reserving then
@@ -220,24 +223,28 @@ for m = arg, #ARGV, step do
       fits = 0
       break
     end
-    for t = tfrom[i], tto[i] do
-      local k = twin[t]
-      local r = size[k % 4 + 1]
-      if troom[t] < (r > 0 and r * (k >= 4 and 86400 or 60000) or 1) then
-        fits = 0
-        break
+    if reserving then
+      for t = tfrom[i], tto[i] do
+        local k = twin[t]
+        local r = size[k % 4 + 1]
+        if troom[t] < (r > 0 and r * (k >= 4 and 86400 or 60000) or 1) then
+          fits = 0
+          break
+        end
       end
+      if fits == 0 then break end
     end
-    if fits == 0 then break end
   end
   if fits == 1 and charging then
     for x = 1, #chain do
       local i = chain[x]
       left[i], added[i] = left[i] - 1, added[i] + 1
-      for t = tfrom[i], tto[i] do
-        local k = twin[t]
-        local r = size[k % 4 + 1]
-        troom[t], treserved[t] = troom[t] - r * (k >= 4 and 86400 or 60000), treserved[t] + r
+      if reserving then
+        for t = tfrom[i], tto[i] do
+          local k = twin[t]
+          local r = size[k % 4 + 1]
+          troom[t], treserved[t] = troom[t] - r * (k >= 4 and 86400 or 60000), treserved[t] + r
+        end
       end
     end
   end
@@ -246,27 +253,28 @@ for m = arg, #ARGV, step do
 end
 
 if charging then
+  -- The keys in the order KEYS declares them: jk is limit i's first.
+  local jk = 1
   for i = 1, n do
-    local a = added[i]
+    local a, ws, b = added[i], caps[capsof[i]][1], bkt[i]
     if a > 0 then
       -- The expiry is set only when the increment creates the key. (INCR
       -- spares the conversion of a number argument to a string.)
-      local ws, jk = caps[capsof[i]][1], first[i]
       for w = 1, #ws, 2 do
         local k = ws[w]
         if k % 4 == 0 then
-          local key = KEYS[jk]
+          local key = KEYS[jk + w - 1]
           if a == 1 and redis.call('INCR', key) == 1 or a > 1 and redis.call('INCRBY', key, a) == a then
             redis.call('EXPIRE', key, k >= 4 and 172800 or 120)
           end
         end
-        jk = jk + 2
       end
-      local b = bkt[i]
       if b then
-        redis.call('SET', KEYS[b[1]], string.format('%d:%d', b[4] + a * b[5], b[3]), 'PX', b[2])
+        redis.call('SET', KEYS[jk + #ws], string.format('%d:%d', b[3] + a * b[4], b[2]), 'PX', b[1])
       end
     end
+    jk = jk + #ws
+    if b then jk = jk + 1 end
   end
   for t = 1, nt do
     local r = treserved[t]
