@@ -72,208 +72,261 @@
 
 local tonumber, byte, floor = tonumber, string.byte, math.floor
 
+-- A minute's arithmetic counts milliseconds and a day's seconds, so that a
+-- day's numbers stay exact; a bucket's key lives two buckets (in seconds)
+-- because the next bucket reads it as its previous one.
+local MINUTE, DAY = 60000, 86400
+local MINUTE_TTL, DAY_TTL = 120, 172800
+-- window.go's numbering: a windowKind counts kind % KINDS, and from KINDS
+-- on over a day.
+local KINDS, REQUESTS, TOKENS, INPUT, OUTPUT = 4, 0, 1, 2, 3
+-- A token bucket counts micro-tokens: its rate, in milli-tokens per
+-- second, then refills a whole number of them each millisecond.
+local MICRO = 1000000
+-- ARGV[1] to ARGV[7], before the token charges.
+local FIXED_ARGS = 7
+
+-- The functions take the call's state as arguments: Redis runs the
+-- script's body on each call, which makes its closures anew, and each local
+-- that a closure captures costs about 400 instructions (callgrind). Reading
+-- the limits and deciding the admissions stay inline: they use most of the
+-- state, and the decision as a function cost 3 to 5% more instructions per
+-- call (bench/README.md).
+
+-- Charges come before the reads, so that the call's admissions read them.
+-- Only the increment that creates a key sets its expiry.
+local function charge_tokens(first_key, first_arg, minute_charges, charges)
+  for charge = 1, charges do
+    local key, tokens = KEYS[first_key + charge], ARGV[first_arg + charge]
+    local total = redis.call('INCRBY', key, tokens)
+    if total == tokens + 0 then redis.call('EXPIRE', key, charge <= minute_charges and MINUTE_TTL or DAY_TTL) end
+    if total < 0 then redis.call('SET', key, 0, 'KEEPTTL') end
+  end
+end
+
+-- Returns the distinct caps read from ARGV[at] on: each is {windows, rate,
+-- burst, cost}, windows listing, flat, each window's windowKind and cap;
+-- then the caps of each limit, and the argument after them.
+local function read_caps(at, count)
+  local caps = {}
+  for position = 1, count do
+    local kinds = {byte(ARGV[at], 1, -1)}
+    at = at + 1
+    local windows = {}
+    for w = 1, #kinds do
+      windows[2 * w - 1], windows[2 * w] = kinds[w], tonumber(ARGV[at], 16)
+      at = at + 1
+    end
+    local rate = tonumber(ARGV[at], 16)
+    if rate > 0 then
+      caps[position] = {windows, rate, tonumber(ARGV[at + 1], 16), tonumber(ARGV[at + 2], 16)}
+      at = at + 3
+    else
+      caps[position] = {windows, 0}
+      at = at + 1
+    end
+  end
+  return caps, {byte(ARGV[at], 1, -1)}, at + 1
+end
+
+-- Adds each limit's admissions to its request windows and its bucket,
+-- walking the keys in the order KEYS declares them. Only the increment
+-- that creates a key sets its expiry. (INCR spares the conversion of a
+-- number argument to a string.)
+local function write_requests(limit_count, requests_added, caps, caps_of, buckets)
+  local key_index = 1
+  for limit = 1, limit_count do
+    local windows = caps[caps_of[limit]][1]
+    local admitted, bucket = requests_added[limit], buckets[limit]
+    if admitted > 0 then
+      for w = 1, #windows, 2 do
+        local kind = windows[w]
+        if kind % KINDS == REQUESTS then
+          local key = KEYS[key_index + w - 1]
+          if admitted == 1 and redis.call('INCR', key) == 1 or admitted > 1 and redis.call('INCRBY', key, admitted) == admitted then
+            redis.call('EXPIRE', key, kind >= KINDS and DAY_TTL or MINUTE_TTL)
+          end
+        end
+      end
+      if bucket then
+        local ttl, since, deficit, cost = bucket[1], bucket[2], bucket[3], bucket[4]
+        redis.call('SET', KEYS[key_index + #windows], string.format('%d:%d', deficit + admitted * cost, since), 'PX', ttl)
+      end
+    end
+    key_index = key_index + #windows
+    if bucket then key_index = key_index + 1 end
+  end
+end
+
+-- Adds the tokens reserved to each token window's current bucket. Only the
+-- increment that creates a key sets its expiry.
+local function write_reservations(token_windows, token_reserved, token_key, token_kind)
+  for window = 1, token_windows do
+    local reserved = token_reserved[window]
+    if reserved > 0 then
+      local key = KEYS[token_key[window]]
+      if redis.call('INCRBY', key, string.format('%d', reserved)) == reserved then
+        redis.call('EXPIRE', key, token_kind[window] >= KINDS and DAY_TTL or MINUTE_TTL)
+      end
+    end
+  end
+end
+
 local now = tonumber(ARGV[1], 16)
 if not now then
-  local t = redis.call('TIME')
-  now = t[1] * 1000 + floor(t[2] / 1000)
+  local time = redis.call('TIME')
+  now = time[1] * 1000 + floor(time[2] / 1000)
 end
-local bucket = floor(now / 60000)
-if bucket ~= tonumber(ARGV[2], 16) then
+local minute_bucket = floor(now / MINUTE)
+if minute_bucket ~= tonumber(ARGV[2], 16) then
   return {-1, now}
 end
--- The weight of the previous bucket now: a minute's in milliseconds, a
--- day's in seconds (a bucket is 60000 and 86400 of them long; its keys live
--- 120 s and two days).
-local secs = floor(now / 1000)
-local mweight, dweight = 60000 - (now - bucket * 60000), 86400 - (secs - floor(secs / 86400) * 86400)
+-- What the previous bucket weighs now: the part of a bucket still to come.
+local seconds = floor(now / 1000)
+local minute_weight = MINUTE - (now - minute_bucket * MINUTE)
+local day_weight = DAY - (seconds - floor(seconds / DAY) * DAY)
 local split = ARGV[3] == 's'
 local reserving = split or ARGV[3] == 'r'
 local charging = reserving or ARGV[3] == 'a'
-local n, nc, nd, ncaps = tonumber(ARGV[4], 16), tonumber(ARGV[5], 16), tonumber(ARGV[6], 16), tonumber(ARGV[7], 16)
--- Only the increment that creates a key sets its expiry.
-local nk = #KEYS - nc - nd
-for c = 1, nc + nd do
-  local key, tokens = KEYS[nk + c], ARGV[7 + c]
-  local v = redis.call('INCRBY', key, tokens)
-  if v == tokens + 0 then redis.call('EXPIRE', key, c <= nc and 120 or 172800) end
-  if v < 0 then redis.call('SET', key, 0, 'KEEPTTL') end
-end
-local vals = nk > 0 and redis.call('MGET', unpack(KEYS, 1, nk)) or {}
+local limit_count, minute_charges, day_charges, caps_count =
+  tonumber(ARGV[4], 16), tonumber(ARGV[5], 16), tonumber(ARGV[6], 16), tonumber(ARGV[7], 16)
+local charges = minute_charges + day_charges
+local limit_keys = #KEYS - charges
 
--- caps[x] = {windows, rate, burst, cost}: windows lists, flat, the
--- windowKind and the cap of each window it caps.
-local arg = 8 + nc + nd
-local caps = {}
-for x = 1, ncaps do
-  local kinds = {byte(ARGV[arg], 1, -1)}
-  arg = arg + 1
-  local ws = {}
-  for w = 1, #kinds do
-    ws[2 * w - 1], ws[2 * w] = kinds[w], tonumber(ARGV[arg], 16)
-    arg = arg + 1
-  end
-  local q = tonumber(ARGV[arg], 16)
-  if q > 0 then
-    caps[x] = {ws, q, tonumber(ARGV[arg + 1], 16), tonumber(ARGV[arg + 2], 16)}
-    arg = arg + 3
-  else
-    caps[x] = {ws, 0}
-    arg = arg + 1
-  end
-end
-local capsof = {byte(ARGV[arg], 1, -1)}
-arg = arg + 1
+if charges > 0 then charge_tokens(limit_keys, FIXED_ARGS, minute_charges, charges) end
+local counters = limit_keys > 0 and redis.call('MGET', unpack(KEYS, 1, limit_keys)) or {}
+local caps, caps_of, admissions_at = read_caps(FIXED_ARGS + charges + 1, caps_count)
 
--- Per limit: left, the whole requests that still fit (a request takes 1);
--- added, the requests the call admitted; first, the index of its first
--- key; bkt, its token bucket's {key, ttl, since, deficit, cost}, false
--- where it has none. A limit's room is the least of its request windows'
--- (how many requests fit below the cap), 0 if one of its token windows is
--- full (without reservations, tokens are charged after the fact, never by
--- an admission, so that holds for the whole call), and the requests its
--- token bucket holds. With reservations, each token window t has a room of
--- its own, in flat arrays (no table per window): troom[t] in the span's
--- units times its length (a reservation of r fits while troom >= r *
--- length, and at least 1), twin, its windowKind, tkey, and treserved, the
--- tokens the call added; limit i owns the windows tfrom[i] .. tto[i]. (Strings from MGET become
--- numbers by arithmetic, which is cheaper than tonumber.) The reply gets
--- the counts as read.
-local inf = 1 / 0
-local left, added, first, bkt = {}, {}, {}, {}
-local troom, twin, tkey, treserved, tfrom, tto = {}, {}, {}, {}, {}, {}
-local nt = 0
-local reply = {1, now}
-local nr = 2
-local j = 1
-for i = 1, n do
-  local cap = caps[capsof[i]]
-  local ws = cap[1]
-  local room = inf
-  first[i], tfrom[i] = j, nt + 1
-  for w = 1, #ws, 2 do
-    local k, c = ws[w], ws[w + 1]
-    local len, wt = 60000, mweight
-    if k >= 4 then len, wt = 86400, dweight end
-    local cur, prev = 0, 0
-    local v, u = vals[j], vals[j + 1]
-    if v then cur = v + 0 end
-    if u then prev = u + 0 end
-    local slack = (c - cur) * len - prev * wt
-    local m = k % 4
-    if m == 0 then
-      local f = floor(slack / len)
-      if f * len > slack then f = f - 1 end -- a quotient rounded up
-      if f < room then room = f end
+-- Per limit: requests_left, the whole requests that still fit (a request
+-- takes 1), so that deciding an admission is one comparison per limit: the
+-- least of its request windows' room, 0 if one of its token windows is full
+-- (without reservations, tokens are charged after the fact, never by an
+-- admission, so that holds for the whole call), and the requests its token
+-- bucket holds; requests_added, the requests the call admitted; buckets,
+-- its token bucket's {ttl, since, deficit, cost}, nil where it has none.
+local requests_left, requests_added, buckets = {}, {}, {}
+-- With reservations, each token window has a room of its own too, in flat
+-- arrays rather than a table per window: token_room, in its span's units
+-- times its length (a reservation of r fits while token_room >= r * length,
+-- and at least 1), token_kind, token_key and token_reserved; limit i's
+-- token windows are first_token_window[i] to last_token_window[i]. Without
+-- reservations a call makes none of these tables.
+local token_room, token_kind, token_key, token_reserved, first_token_window, last_token_window
+if reserving then
+  token_room, token_kind, token_key, token_reserved, first_token_window, last_token_window = {}, {}, {}, {}, {}, {}
+end
+local token_windows = 0
+-- The reply gets the counts as read.
+local reply, reply_len = {1, now}, 2
+local infinity = 1 / 0
+local key_index = 1
+for limit = 1, limit_count do
+  local limit_caps = caps[caps_of[limit]]
+  local windows, rate = limit_caps[1], limit_caps[2]
+  local room = infinity
+  if reserving then first_token_window[limit] = token_windows + 1 end
+  for w = 1, #windows, 2 do
+    local kind, cap = windows[w], windows[w + 1]
+    local length, weight = MINUTE, minute_weight
+    if kind >= KINDS then length, weight = DAY, day_weight end
+    -- Arithmetic makes MGET's strings numbers, more cheaply than tonumber.
+    local current, previous = (counters[key_index] or 0) + 0, (counters[key_index + 1] or 0) + 0
+    -- Multiplied by length, so that every number is an integer.
+    local slack = (cap - current) * length - previous * weight
+    if kind % KINDS == REQUESTS then
+      local requests_fit = floor(slack / length)
+      if requests_fit * length > slack then requests_fit = requests_fit - 1 end -- a quotient rounded up
+      if requests_fit < room then room = requests_fit end
     elseif reserving then
-      nt = nt + 1
-      troom[nt], twin[nt], tkey[nt], treserved[nt] = slack, k, j, 0
+      token_windows = token_windows + 1
+      token_room[token_windows], token_kind[token_windows], token_key[token_windows], token_reserved[token_windows] = slack, kind, key_index, 0
     elseif slack <= 0 then
       room = 0
     end
-    reply[nr + 1], reply[nr + 2] = cur, prev
-    nr = nr + 2
-    j = j + 2
+    reply[reply_len + 1], reply[reply_len + 2] = current, previous
+    reply_len = reply_len + 2
+    key_index = key_index + 2
   end
-  tto[i] = nt
-  local d = 0
-  bkt[i] = false
-  local q = cap[2]
-  if q > 0 then
-    local since, full, cost = now, (cap[3] - cap[4]) * 1000000, cap[4] * 1000000
-    local sd, st = string.match(vals[j] or '', '^(%d+):(%d+)$')
-    if sd then
-      d, st = sd + 0, st + 0
-      if now > st then
-        d = d - (now - st) * q
-        if d < 0 then d = 0 end
+  if reserving then last_token_window[limit] = token_windows end
+  local deficit = 0
+  if rate > 0 then
+    local burst, cost = limit_caps[3], limit_caps[4]
+    local since, max_deficit, cost_micro = now, (burst - cost) * MICRO, cost * MICRO
+    local stored_deficit, stored_at = string.match(counters[key_index] or '', '^(%d+):(%d+)$')
+    if stored_deficit then
+      deficit, stored_at = stored_deficit + 0, stored_at + 0
+      if now > stored_at then
+        deficit = deficit - (now - stored_at) * rate
+        if deficit < 0 then deficit = 0 end
       else
-        since = st -- a clock gone back refills nothing
+        since = stored_at -- a clock gone back refills nothing
       end
     end
-    -- A request fits while deficit <= full, and adds cost to it.
-    local f = floor((full - d) / cost)
-    if f * cost > full - d then f = f - 1 end -- a quotient rounded up
-    if f + 1 < room then room = f + 1 end
-    bkt[i] = {j, 2 * math.ceil(cap[3] * 1000000 / q), since, d, cost}
-    j = j + 1
+    local requests_fit = floor((max_deficit - deficit) / cost_micro)
+    if requests_fit * cost_micro > max_deficit - deficit then requests_fit = requests_fit - 1 end -- a quotient rounded up
+    if requests_fit + 1 < room then room = requests_fit + 1 end
+    -- Twice the time an empty bucket takes to fill, as Spring does: it is full by then.
+    buckets[limit] = {2 * math.ceil(burst * MICRO / rate), since, deficit, cost_micro}
+    key_index = key_index + 1
   end
-  nr = nr + 1
-  reply[nr] = d
-  left[i], added[i] = room, 0
+  reply_len = reply_len + 1
+  reply[reply_len] = deficit
+  requests_left[limit], requests_added[limit] = room, 0
 end
 
-local step = split and 4 or reserving and 2 or 1
--- size[kind]: what an admission adds to a window of that kind
-local size = {1, 0, 0, 0}
-for m = arg, #ARGV, step do
-  local chain = {byte(ARGV[m + step - 1], 1, -1)}
+local admission_args = split and 4 or reserving and 2 or 1
+-- reservation[kind]: the tokens of that kind the admission being decided
+-- adds to a token window that counts them.
+local reservation = reserving and {0, 0, 0}
+for at = admissions_at, #ARGV, admission_args do
+  local chain = {byte(ARGV[at + admission_args - 1], 1, -1)}
   if reserving then
-    size[2] = tonumber(ARGV[m], 16)
+    reservation[TOKENS] = tonumber(ARGV[at], 16)
   end
   if split then
-    size[3], size[4] = tonumber(ARGV[m + 1], 16), tonumber(ARGV[m + 2], 16)
+    reservation[INPUT], reservation[OUTPUT] = tonumber(ARGV[at + 1], 16), tonumber(ARGV[at + 2], 16)
   end
   local fits = 1
-  for x = 1, #chain do
-    local i = chain[x]
-    if left[i] < 1 then
+  for position = 1, #chain do
+    local limit = chain[position]
+    if requests_left[limit] < 1 then
       fits = 0
       break
     end
-    for t = tfrom[i], tto[i] do
-      local k = twin[t]
-      local r = size[k % 4 + 1]
-      if troom[t] < (r > 0 and r * (k >= 4 and 86400 or 60000) or 1) then
-        fits = 0
-        break
+    if reserving then
+      for window = first_token_window[limit], last_token_window[limit] do
+        local kind = token_kind[window]
+        local tokens = reservation[kind % KINDS]
+        -- Without tokens of its kind to reserve, a window takes a request
+        -- while it is below its cap.
+        if token_room[window] < (tokens > 0 and tokens * (kind >= KINDS and DAY or MINUTE) or 1) then
+          fits = 0
+          break
+        end
       end
+      if fits == 0 then break end
     end
-    if fits == 0 then break end
   end
   if fits == 1 and charging then
-    for x = 1, #chain do
-      local i = chain[x]
-      left[i], added[i] = left[i] - 1, added[i] + 1
-      for t = tfrom[i], tto[i] do
-        local k = twin[t]
-        local r = size[k % 4 + 1]
-        troom[t], treserved[t] = troom[t] - r * (k >= 4 and 86400 or 60000), treserved[t] + r
+    for position = 1, #chain do
+      local limit = chain[position]
+      requests_left[limit], requests_added[limit] = requests_left[limit] - 1, requests_added[limit] + 1
+      if reserving then
+        for window = first_token_window[limit], last_token_window[limit] do
+          local kind = token_kind[window]
+          local tokens = reservation[kind % KINDS]
+          token_room[window] = token_room[window] - tokens * (kind >= KINDS and DAY or MINUTE)
+          token_reserved[window] = token_reserved[window] + tokens
+        end
       end
     end
   end
-  nr = nr + 1
-  reply[nr] = fits
+  reply_len = reply_len + 1
+  reply[reply_len] = fits
 end
 
 if charging then
-  for i = 1, n do
-    local a = added[i]
-    if a > 0 then
-      -- The expiry is set only when the increment creates the key. (INCR
-      -- spares the conversion of a number argument to a string.)
-      local ws, jk = caps[capsof[i]][1], first[i]
-      for w = 1, #ws, 2 do
-        local k = ws[w]
-        if k % 4 == 0 then
-          local key = KEYS[jk]
-          if a == 1 and redis.call('INCR', key) == 1 or a > 1 and redis.call('INCRBY', key, a) == a then
-            redis.call('EXPIRE', key, k >= 4 and 172800 or 120)
-          end
-        end
-        jk = jk + 2
-      end
-      local b = bkt[i]
-      if b then
-        redis.call('SET', KEYS[b[1]], string.format('%d:%d', b[4] + a * b[5], b[3]), 'PX', b[2])
-      end
-    end
-  end
-  for t = 1, nt do
-    local r = treserved[t]
-    if r > 0 then
-      local key = KEYS[tkey[t]]
-      if redis.call('INCRBY', key, string.format('%d', r)) == r then redis.call('EXPIRE', key, twin[t] >= 4 and 172800 or 120) end
-    end
-  end
+  write_requests(limit_count, requests_added, caps, caps_of, buckets)
+  if reserving then write_reservations(token_windows, token_reserved, token_key, token_kind) end
 end
 return reply
