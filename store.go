@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"strings"
 	"sync"
 	"sync/atomic"
 )
@@ -172,16 +173,17 @@ func (c *limitCaps) each(yield func(windowKind, int64) bool) {
 
 // describe is the caps after name, for the log.
 func (c limitCaps) describe(name string) string {
-	s := name
+	var s strings.Builder
+	s.WriteString(name)
 	for k, n := range c.windows {
 		if n > 0 {
-			s += fmt.Sprintf(" %s %d", windowKind(k), n)
+			fmt.Fprintf(&s, " %s %d", windowKind(k), n)
 		}
 	}
 	if c.bucket.rate > 0 {
-		s += fmt.Sprintf(" rate %s burst %d cost %d", c.bucket.rateText, c.bucket.burst, c.bucket.cost)
+		fmt.Fprintf(&s, " rate %s burst %d cost %d", c.bucket.rateText, c.bucket.burst, c.bucket.cost)
 	}
-	return s
+	return s.String()
 }
 
 // newTaggedLimit is a limit whose keys carry a Redis Cluster hash tag,
@@ -267,7 +269,8 @@ func isPlainID(id string) bool {
 	}
 	for i := 0; i < len(id); i++ {
 		c := id[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
+		plain := 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-'
+		if !plain {
 			return false
 		}
 	}

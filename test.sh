@@ -7,7 +7,8 @@
 #    missing (as root; otherwise it says what to install), and the
 #    providers' SDKs of testdata/sdk (npm ci, unless node_modules matches
 #    the lock file),
-# 2. go vet ./...,
+# 2. go vet ./... and golangci-lint (.golangci.yml; installed with go install
+#    at GOLANGCI_LINT_VERSION when missing),
 # 3. go test -race -count=1 ./... under internal/redistest/cmd/withredis, which
 #    starts a throwaway redis-server on a free loopback port and exports
 #    ROLTER_TEST_REDIS_URL: the Redis tests run (with CI=true, as .ci/run
@@ -22,6 +23,7 @@ CADDY_VERSION=v2.11.9
 # xcaddy is run at this version, not required by go.mod: a requirement of the
 # module would be one of every operator's build too.
 XCADDY_VERSION=v0.4.5
+GOLANGCI_LINT_VERSION=v2.15.0
 MODULE=github.com/rolter/caddy-ratelimit
 MODULE_ID=http.handlers.rolter_ratelimit
 
@@ -74,6 +76,14 @@ fi
 
 section "go vet ./..."
 go vet ./...
+
+section "golangci-lint $GOLANGCI_LINT_VERSION"
+lint="$(go env GOPATH)/bin/golangci-lint"
+if ! "$lint" version 2>/dev/null | grep -q "version ${GOLANGCI_LINT_VERSION#v} "; then
+	echo "installing golangci-lint $GOLANGCI_LINT_VERSION (a few minutes on a new machine)"
+	go install "github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$GOLANGCI_LINT_VERSION"
+fi
+"$lint" run ./...
 
 section "go test -race -count=1 ./... $*"
 go build -o "$tmp/withredis" ./internal/redistest/cmd/withredis
