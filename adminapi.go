@@ -260,7 +260,7 @@ func (a AdminAPI) serveUsage(w http.ResponseWriter, r *http.Request) error {
 	groups := groupLimits(handlers, scope, id, root)
 	view := UsageView{Scope: scope, ID: id.stored(readableEverywhere), Limits: make([]UsageLimit, 0, len(groups))}
 	for _, g := range groups {
-		if rs, ok := g.store.(*redisStore); ok && rs.config.topology() == cluster && g.tag == "" {
+		if g.store.describe().tagged && g.tag == "" {
 			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: errors.New(
 				"on Redis Cluster a counter lives under its chain's root: add root=<scope>:<id> (the outermost scope with a value in the requests, e.g. root=org:acme)")}
 		}
@@ -347,9 +347,10 @@ func groupLimits(handlers []*Handler, scope string, asked askedID, root rootRef)
 		if !ok {
 			continue
 		}
-		kind, where := describeStore(h.store)
+		described := h.store.describe()
+		kind, where := described.kind, described.where
 		tag := ""
-		if rs, ok := h.store.(*redisStore); ok && rs.config.topology() == cluster {
+		if described.tagged {
 			tag = root.tag(h)
 		}
 		key := groupKey{kind, where, id, tag, caps}
@@ -377,18 +378,6 @@ func groupLimits(handlers []*Handler, scope string, asked askedID, root rootRef)
 		slices.SortFunc(g.chains, slices.Compare)
 	}
 	return groups
-}
-
-// describeStore names a store and, for Redis, where its counters are:
-// stores that describe alike share their counters.
-func describeStore(s store) (kind, where string) {
-	switch s := s.(type) {
-	case *memoryStore:
-		return "memory", ""
-	case *redisStore:
-		return "redis", s.config.where()
-	}
-	return fmt.Sprintf("%T", s), fmt.Sprintf("%p", s)
 }
 
 // rootRef is the root parameter: the scope and id of the chains' root.

@@ -41,11 +41,23 @@ type store interface {
 	// making its caller wait: done gets the outcome, once, from another
 	// goroutine or before chargeLater returns. Never replayed either.
 	chargeLater(chain []limit, c charge, done func(error))
+	// describe says what the store is, for the admin API's live view.
+	describe() storeDescription
 	// hold keeps the store usable, even after the last config that uses it
 	// is unloaded, until the matching release: a response or session
 	// admitted under an old config still charges its tokens.
 	hold()
 	release()
+}
+
+// storeDescription is what a store is: stores that describe alike share
+// their counters.
+type storeDescription struct {
+	kind  string // "memory" or "redis"
+	where string // a Redis store's servers; "" in process
+	// tagged: every key of a chain carries its root's hash tag (Redis
+	// Cluster), so that counters are read under a root.
+	tagged bool
 }
 
 // charge is tokens added to the token windows after a response: a reactive

@@ -292,6 +292,8 @@ func (s *memoryStore) peek(_ context.Context, chain []limit) (decision, error) {
 	return s.decide(chain, tokenCounts{}, false, nil), nil
 }
 
+func (s *memoryStore) describe() storeDescription { return storeDescription{kind: "memory"} }
+
 // The process store stays usable after it is unloaded: only its sweep stops.
 func (s *memoryStore) hold()    {}
 func (s *memoryStore) release() {}

@@ -110,6 +110,10 @@ func (s *redisStore) Destruct() error {
 
 func (s *redisStore) closeClient() { s.client.Close() }
 
+func (s *redisStore) describe() storeDescription {
+	return storeDescription{kind: "redis", where: s.config.where(), tagged: s.config.topology() == cluster}
+}
+
 func (s *redisStore) release() { s.lifetime.release(s.closeClient) }
 
 // admit answers from the refusal cache what Redis refused until Redis would
