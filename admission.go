@@ -215,7 +215,7 @@ func (h *Handler) storeFailed(w http.ResponseWriter, req *request, chain []limit
 	}
 	h.warn.log(h.logger, "rate limit store unavailable; admitting requests unchecked (on_redis_error allow)", zap.Error(err))
 	setOutcome(req.repl, outcomeFailedOpen)
-	if hs := h.headers.failedOpenHeaders(chain); len(hs.values) > 0 {
+	if hs := h.configuredFamilies.failedOpenHeaders(chain); len(hs.values) > 0 {
 		hs.apply(w.Header())
 		w = &responseWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, headers: hs}
 	}

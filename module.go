@@ -153,7 +153,7 @@ type Handler struct {
 	// api_key placeholder, which is set from the request before the chain
 	// is resolved.
 	readsModel, readsAPIKey bool
-	headers                 headerFamilies
+	configuredFamilies      headerFamilies // Headers, parsed: see families
 	logger                  *zap.Logger
 	warn                    *warnLimiter // store failures at admission
 	chargeWarn              *warnLimiter // failed token charges
@@ -326,7 +326,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	for _, sl := range h.limits { // the longest prefix first: it wins
 		slices.SortStableFunc(sl.byPrefix, func(a, b prefixLimit) int { return len(b.prefix) - len(a.prefix) })
 	}
-	h.headers = parseHeaderFamilies(h.Headers)
+	h.configuredFamilies = parseHeaderFamilies(h.Headers)
 
 	var err error
 	if h.Redis != nil {

@@ -13,6 +13,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
 
 // benchUpstream stands in for reverse_proxy to bench/upstream: it reads the
@@ -114,7 +116,7 @@ func BenchmarkHandler(b *testing.B) {
 	memory, memoryReactive := benchmarkChainHandler(b, nil, true), benchmarkChainHandler(b, nil, false)
 	b.Run("memory", func(b *testing.B) { benchmarkHandler(b, memory) })
 	b.Run("memory/reactive", func(b *testing.B) { benchmarkHandler(b, memoryReactive) })
-	if url := os.Getenv(rhRedisURLEnv); url != "" {
+	if url := os.Getenv(redistest.URLEnv); url != "" {
 		redis, redisReactive := benchmarkChainHandler(b, &RedisConfig{URL: url}, true), benchmarkChainHandler(b, &RedisConfig{URL: url}, false)
 		b.Run("redis", func(b *testing.B) { benchmarkHandler(b, redis) })
 		b.Run("redis/reactive", func(b *testing.B) { benchmarkHandler(b, redisReactive) })

@@ -326,7 +326,7 @@ func TestRedisOutageFailsOpenByDefaultAndClosedWithDenyThenEnforcementResumes(t 
 		t.Fatalf("second request %d, want 429 while Redis is up", code)
 	}
 	srv.Stop(t)
-	// The refusal is cached until Redis would admit the org (refusals.go):
+	// The refusal is cached until Redis would admit the org (refusalcache.go):
 	// it holds until the gateway meets the outage, which makes it forget.
 	if code, _ := call("/open", org); code != 429 {
 		t.Fatalf("with Redis stopped, before any store error: %d, want the cached 429", code)

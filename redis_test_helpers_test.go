@@ -13,20 +13,12 @@ package ratelimit
 //     moment at their next command.
 //   - startRedisCluster, startRedisSentinel: a Redis Cluster of N primaries,
 //     and a primary, a replica and three sentinels.
-//
-// rhRedisURLEnv and rhClient keep the "rh" prefix that keeps them clear of
-// the names of the package's other test files.
 
 import (
 	"testing"
-	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
-
-const rhRedisURLEnv = redistest.URLEnv
 
 // redisURLFromEnv returns ROLTER_TEST_REDIS_URL; without it the test skips,
 // or fails in CI.
@@ -58,11 +50,6 @@ func (r *testRedis) Start(t testing.TB) {
 	if err := r.Server.Start(); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// rhClient is a one-shot client of one connection (redistest.Client).
-func rhClient(addr string, timeout time.Duration) *redis.Client {
-	return redistest.Client(addr, timeout)
 }
 
 type resetProxy = redistest.ResetProxy

@@ -29,24 +29,26 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
 
 const (
-	rlClients       = 8   // concurrent client goroutines, in the warm-up and the reload run
-	rlReloads       = 20  // reloads during the reload run
-	rlSmallRPM      = 50  // the capped org's rpm
-	rlSmallPerRound = 5   // capped-org requests sent around each reload: 100 in all, twice the cap
-	rlBigRPM        = 1e6 // the busy org's rpm: never reached
-	// rlWindowNeeded is how much of the current minute bucket must be left
+	reloadClients    = 8   // concurrent client goroutines, in the warm-up and the reload run
+	reloadCount      = 20  // reloads during the reload run
+	smallOrgRPM      = 50  // the capped org's rpm
+	smallOrgPerRound = 5   // capped-org requests sent around each reload: 100 in all, twice the cap
+	busyOrgRPM       = 1e6 // the busy org's rpm: never reached
+	// windowNeeded is how much of the current minute bucket must be left
 	// when the reload run starts: the capped org's 50 admissions must all
 	// land in one bucket (with an empty previous one) for "exactly 50" to be
 	// the right answer. The run takes 1–2 s under -race on two CPUs.
-	rlWindowNeeded = 10 * time.Second
-	// rlGoroutineSlack is how many goroutines more than after the warm-up
+	windowNeeded = 10 * time.Second
+	// goroutineSlack is how many goroutines more than after the warm-up
 	// may remain once everything has settled. None are expected: see the
 	// comment where it is used.
-	rlGoroutineSlack = 0
-	// rlUpstreamIdle is the idle timeout of reverse_proxy's connections to
+	goroutineSlack = 0
+	// upstreamIdle is the idle timeout of reverse_proxy's connections to
 	// the upstream (Caddy's default: 2m). A reload leaves behind, in the old
 	// config's transport, an idle connection for about every request that
 	// was in flight when it happened, whatever the handlers: HTTPTransport's
@@ -58,18 +60,18 @@ const (
 	// upstream's conn.serve). Without the module in the chain the same run
 	// leaves the same hundreds of goroutines. A short timeout lets them go
 	// within the test, so that the goroutine count can be compared exactly.
-	rlUpstreamIdle = "500ms"
-	// rlStill is how long the goroutine count must hold still to be read:
-	// longer than rlUpstreamIdle, and than the 500 ms at which net/http's
+	upstreamIdle = "500ms"
+	// stillFor is how long the goroutine count must hold still to be read:
+	// longer than upstreamIdle, and than the 500 ms at which net/http's
 	// Shutdown polls for its connections to finish (old HTTP servers and the
 	// admin server that every load replaces stop in goroutines of their own).
-	rlStill = 1200 * time.Millisecond
+	stillFor = 1200 * time.Millisecond
 )
 
 func TestTwentyReloadsUnderLoadLoseNoRequestAndKeepAdmissionExact(t *testing.T) {
 	started := time.Now()
 	srv := startRedis(t)
-	probe := rlNewProbe(t, srv)
+	probe := newConnProbe(t, srv)
 	up := newUpstream(t)
 	warmOrg, bigOrg, smallOrg := uniqueID(t), uniqueID(t), uniqueID(t)
 	admin, port := caddyAdmin(), freePort()
@@ -98,7 +100,7 @@ func TestTwentyReloadsUnderLoadLoseNoRequestAndKeepAdmissionExact(t *testing.T) 
 		transport http {
 			keepalive %s
 		}
-	}`, k, k-k%2, srv.URL(), smallOrg, rlSmallRPM, int64(rlBigRPM), rlUpstreamIdle)
+	}`, k, k-k%2, srv.URL(), smallOrg, smallOrgRPM, int64(busyOrgRPM), upstreamIdle)
 	}
 	// The whole Caddyfile, as startGatewayWith writes it (same globals, same
 	// admin address, same site address), for POST /load.
@@ -108,51 +110,51 @@ func TestTwentyReloadsUnderLoadLoseNoRequestAndKeepAdmissionExact(t *testing.T) 
 	// The timeout of 2s is there so that a CPU-starved admission under -race
 	// is not mistaken for a Redis failure; on_redis_error deny makes any
 	// store failure a visible 503 rather than an uncounted 200. The short
-	// upstream keepalive is explained at rlUpstreamIdle.
+	// upstream keepalive is explained at upstreamIdle.
 	gw := startGatewayWith(t, up.URL, globals, site(0), port)
 	reloads := 0 // loads through POST /load after the first
 	reload := func(k int) (int, string, error) {
 		reloads++
-		return rlPostLoad(admin, caddyfile(k))
+		return postLoad(admin, caddyfile(k))
 	}
 
 	// Our own client: one idle connection kept per client goroutine, and no
 	// dial logging (caddytest's transport logs every dial).
-	tr := &http.Transport{MaxIdleConns: 2 * rlClients, MaxIdleConnsPerHost: rlClients, IdleConnTimeout: time.Minute, DisableCompression: true}
+	tr := &http.Transport{MaxIdleConns: 2 * reloadClients, MaxIdleConnsPerHost: reloadClients, IdleConnTimeout: time.Minute, DisableCompression: true}
 	t.Cleanup(tr.CloseIdleConnections)
 	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
-	load := &rlLoad{client: client, url: gw.url + "/v1/chat/completions"}
+	load := &loadResult{client: client, url: gw.url + "/v1/chat/completions"}
 
 	// Warm-up: the same load without reloads, until the shared Redis pool
 	// has grown to one connection per client goroutine (it never shrinks:
 	// go-redis does not reap idle connections), so that the reload run has
 	// no reason to open one.
 	warmStart := time.Now()
-	warm := load.run(rlClients, func(int) string { return warmOrg }, func(stop func() bool) {
+	warm := load.run(reloadClients, func(int) string { return warmOrg }, func(stop func() bool) {
 		deadline := time.Now().Add(8 * time.Second)
-		for time.Since(warmStart) < time.Second || probe.others(t) < rlClients {
+		for time.Since(warmStart) < time.Second || probe.others(t) < reloadClients {
 			if time.Now().After(deadline) {
-				t.Logf("warm-up: the Redis pool reached %d connections, not %d", probe.others(t), rlClients)
+				t.Logf("warm-up: the Redis pool reached %d connections, not %d", probe.others(t), reloadClients)
 				break
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
 	})
 	warm.mustAllBe(t, "warm-up", "", 200)
-	baseG, baseStacks := rlSettle(t, tr)
+	baseG, baseStacks := settledGoroutines(t, tr)
 	baseRedis := probe.others(t)
 	baseConns := probe.connectionsReceived(t)
 	t.Logf("after the warm-up (%d requests, %d retried, in %v): %d goroutines, %d Redis connections besides the probe", warm.total(), warm.retried, time.Since(warmStart).Round(time.Millisecond), baseG, baseRedis)
 
 	// The capped org must get its 50 admissions in one minute bucket.
 	now := probe.now(t)
-	if left := time.Duration(bucketMillis-now.UnixMilli()%bucketMillis) * time.Millisecond; left < rlWindowNeeded {
+	if left := time.Duration(bucketMillis-now.UnixMilli()%bucketMillis) * time.Millisecond; left < windowNeeded {
 		t.Logf("%v left in this minute bucket: waiting for the next one", left.Round(time.Millisecond))
 		time.Sleep(left + 50*time.Millisecond)
 	}
 	bucket := probe.now(t).UnixMilli() / bucketMillis
 
-	// The reload run. Around each reload, rlSmallPerRound requests of the
+	// The reload run. Around each reload, smallOrgPerRound requests of the
 	// capped org are handed to the client goroutines: some before the POST,
 	// so that they meet the reload, the rest once it answered. After each
 	// reload, every client goroutine completes a request on the busy org
@@ -177,16 +179,16 @@ func TestTwentyReloadsUnderLoadLoseNoRequestAndKeepAdmissionExact(t *testing.T) 
 		}
 	}
 	runStart := time.Now()
-	run := load.run(rlClients, orgOf, func(stop func() bool) {
-		for i := 1; i <= rlReloads && !stop(); i++ {
+	run := load.run(reloadClients, orgOf, func(stop func() bool) {
+		for i := 1; i <= reloadCount && !stop(); i++ {
 			small.Add(3)
 			t0 := time.Now()
 			code, body, err := reload(i)
 			results = append(results, reloadResult{code, body, err, time.Since(t0)})
-			small.Add(rlSmallPerRound - 3)
+			small.Add(smallOrgPerRound - 3)
 			done := load.completed(bigOrg)
 			deadline := time.Now().Add(10 * time.Second)
-			for small.Load() > 0 || load.completed(bigOrg) < done+rlClients {
+			for small.Load() > 0 || load.completed(bigOrg) < done+reloadClients {
 				if time.Now().After(deadline) || stop() {
 					t.Errorf("reload %d: the load stalled (%d capped-org requests not sent)", i, small.Load())
 					return
@@ -206,8 +208,8 @@ func TestTwentyReloadsUnderLoadLoseNoRequestAndKeepAdmissionExact(t *testing.T) 
 			t.Errorf("reload %d: %d %q %v", i+1, r.code, r.body, r.err)
 		}
 	}
-	if len(results) != rlReloads {
-		t.Fatalf("%d reloads done, want %d", len(results), rlReloads)
+	if len(results) != reloadCount {
+		t.Fatalf("%d reloads done, want %d", len(results), reloadCount)
 	}
 	t.Logf("reload run: %v, %d requests (%d transparently retried by the client on a fresh connection), reloads took %s",
 		runTook.Round(time.Millisecond), run.total(), run.retried, strings.Join(took, " "))
@@ -216,11 +218,11 @@ func TestTwentyReloadsUnderLoadLoseNoRequestAndKeepAdmissionExact(t *testing.T) 
 	// 200s and 429s.
 	run.mustAllBe(t, "busy org", bigOrg, 200)
 	run.mustAllBe(t, "capped org", smallOrg, 200, 429)
-	if got := run.count(smallOrg, 0); got != rlReloads*rlSmallPerRound {
-		t.Errorf("%d capped-org requests sent, want %d", got, rlReloads*rlSmallPerRound)
+	if got := run.count(smallOrg, 0); got != reloadCount*smallOrgPerRound {
+		t.Errorf("%d capped-org requests sent, want %d", got, reloadCount*smallOrgPerRound)
 	}
 	// Every generation whose header differs served requests.
-	for k := 0; k <= rlReloads; k += 2 {
+	for k := 0; k <= reloadCount; k += 2 {
 		if !run.gens["g"+strconv.Itoa(k)] {
 			t.Errorf("no response came from generation %d (X-Rl-Gen g%d); seen: %v", k, k, run.generations())
 		}
@@ -230,12 +232,12 @@ func TestTwentyReloadsUnderLoadLoseNoRequestAndKeepAdmissionExact(t *testing.T) 
 	if bucket != endBucket {
 		t.Fatalf("the reload run crossed a minute boundary (bucket %d to %d): the capped org's count is not comparable", bucket, endBucket)
 	}
-	if got := run.count(smallOrg, 200); got != rlSmallRPM {
-		t.Errorf("capped org: %d of %d requests admitted across %d reloads, want exactly %d", got, run.count(smallOrg, 0), rlReloads, rlSmallRPM)
+	if got := run.count(smallOrg, 200); got != smallOrgRPM {
+		t.Errorf("capped org: %d of %d requests admitted across %d reloads, want exactly %d", got, run.count(smallOrg, 0), reloadCount, smallOrgRPM)
 	}
 	smallKey := bucketKey(newLimit("org", smallOrg, 0, 0).prefix, rpm, bucket)
-	if got := probe.get(t, smallKey); got != rlSmallRPM {
-		t.Errorf("Redis %s = %d, want %d", smallKey, got, rlSmallRPM)
+	if got := probe.get(t, smallKey); got != smallOrgRPM {
+		t.Errorf("Redis %s = %d, want %d", smallKey, got, smallOrgRPM)
 	}
 	if got, want := probe.sumReq(t, bigOrg), run.count(bigOrg, 200); got != int64(want) {
 		t.Errorf("busy org: Redis counted %d requests, the clients got %d 200s", got, want)
@@ -249,12 +251,12 @@ func TestTwentyReloadsUnderLoadLoseNoRequestAndKeepAdmissionExact(t *testing.T) 
 
 	// No request reached Caddy without its answer reaching the client: the
 	// transport's retries resent only requests that no server had read.
-	if got, want := rlCountLines(t, logFile, `"msg":"handled request"`), warm.total()+run.total(); got != want {
+	if got, want := countLines(t, logFile, `"msg":"handled request"`), warm.total()+run.total(); got != want {
 		t.Errorf("Caddy's access log has %d requests, the clients got %d answers", got, want)
 	}
 	// Every reload, including those whose JSON was identical, provisioned
 	// the handler anew: one "rate limits loaded" line per load.
-	if got, want := rlCountLines(t, logFile, `"msg":"rate limits loaded"`), 1+reloads; got != want {
+	if got, want := countLines(t, logFile, `"msg":"rate limits loaded"`), 1+reloads; got != want {
 		t.Errorf("%d provisions of the handler logged, want %d (the first load and %d reloads)", got, want, reloads)
 	}
 
@@ -267,27 +269,27 @@ func TestTwentyReloadsUnderLoadLoseNoRequestAndKeepAdmissionExact(t *testing.T) 
 	if got := probe.connectionsReceived(t) - baseConns; got != 0 {
 		t.Errorf("Redis accepted %d connections during the reload run, want 0: the pool was not shared across reloads", got)
 	}
-	// rlGoroutineSlack is 0: once the old servers have finished their
+	// goroutineSlack is 0: once the old servers have finished their
 	// shutdown and the idle connections are closed (ours by
-	// CloseIdleConnections, the upstream ones by rlUpstreamIdle), a reload
+	// CloseIdleConnections, the upstream ones by upstreamIdle), a reload
 	// leaves no goroutine behind. The count may come out lower than the
 	// warm-up's: when this test is the first of the process to load a
 	// config, that load's TLS storage cleaning holds a certmagic file lock
 	// whose keepLockfileFresh goroutine lingers up to 5 s after its release,
 	// and goroutines left by earlier tests (such as idle upstream
-	// connections, see rlUpstreamIdle) only ever go away.
-	g, stacks := rlSettleTo(t, tr, baseG+rlGoroutineSlack)
-	if g > baseG+rlGoroutineSlack {
-		t.Errorf("%d goroutines after the reloads, %d after the warm-up; new ones:\n%s", g, baseG, rlStackDiff(baseStacks, stacks))
+	// connections, see upstreamIdle) only ever go away.
+	g, stacks := settleGoroutinesTo(t, tr, baseG+goroutineSlack)
+	if g > baseG+goroutineSlack {
+		t.Errorf("%d goroutines after the reloads, %d after the warm-up; new ones:\n%s", g, baseG, stackDiff(baseStacks, stacks))
 	}
 	t.Logf("after the reloads: %d goroutines (warm-up %d), %d Redis connections (warm-up %d); test took %v",
 		g, baseG, probe.others(t), baseRedis, time.Since(started).Round(time.Millisecond))
 }
 
-// rlPostLoad loads a Caddyfile through the admin API, forcing a reload even
+// postLoad loads a Caddyfile through the admin API, forcing a reload even
 // if its JSON is unchanged. Each load replaces the admin server, so each
 // POST uses a connection of its own.
-func rlPostLoad(admin int, caddyfile string) (int, string, error) {
+func postLoad(admin int, caddyfile string) (int, string, error) {
 	req, err := http.NewRequest("POST", fmt.Sprintf("http://localhost:%d/load", admin), strings.NewReader(caddyfile))
 	if err != nil {
 		return 0, "", err
@@ -304,10 +306,10 @@ func rlPostLoad(admin int, caddyfile string) (int, string, error) {
 	return res.StatusCode, string(body), nil
 }
 
-// rlLoad sends chat completions in a loop from several goroutines and
+// loadResult sends chat completions in a loop from several goroutines and
 // tallies the outcomes per org and status (status 0: no answer, a transport
 // error; -1: a 200 without the upstream's body).
-type rlLoad struct {
+type loadResult struct {
 	client *http.Client
 	url    string
 
@@ -320,7 +322,7 @@ type rlLoad struct {
 	seq     atomic.Int64
 }
 
-type rlTally struct {
+type requestTally struct {
 	tally   map[[2]string]int
 	errs    []string
 	gens    map[string]bool
@@ -330,7 +332,7 @@ type rlTally struct {
 // run starts n client goroutines, each sending requests for orgOf(i) until
 // drive returns, waits for them and returns what they saw. drive gets a
 // function that reports whether the clients have stopped on their own.
-func (l *rlLoad) run(n int, orgOf func(i int) string, drive func(stop func() bool)) *rlTally {
+func (l *loadResult) run(n int, orgOf func(i int) string, drive func(stop func() bool)) *requestTally {
 	l.mu.Lock()
 	l.tally, l.errs, l.gens, l.done = map[[2]string]int{}, nil, map[string]bool{}, map[string]int{}
 	l.retried.Store(0)
@@ -351,10 +353,10 @@ func (l *rlLoad) run(n int, orgOf func(i int) string, drive func(stop func() boo
 	wg.Wait()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return &rlTally{tally: l.tally, errs: l.errs, gens: l.gens, retried: l.retried.Load()}
+	return &requestTally{tally: l.tally, errs: l.errs, gens: l.gens, retried: l.retried.Load()}
 }
 
-func (l *rlLoad) one(org string) {
+func (l *loadResult) one(org string) {
 	attempts := 0
 	trace := &httptrace.ClientTrace{GotConn: func(httptrace.GotConnInfo) { attempts++ }}
 	ctx := httptrace.WithClientTrace(context.Background(), trace)
@@ -424,7 +426,7 @@ func isConnectionLoss(err error) bool {
 }
 
 // completed is how many requests for org have completed so far.
-func (l *rlLoad) completed(org string) int {
+func (l *loadResult) completed(org string) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.done[org]
@@ -432,7 +434,7 @@ func (l *rlLoad) completed(org string) int {
 
 // count is the number of requests for org ("": any) that got status (0:
 // any status, including transport errors).
-func (r *rlTally) count(org string, status int) int {
+func (r *requestTally) count(org string, status int) int {
 	n := 0
 	for k, v := range r.tally {
 		if (org == "" || k[0] == org) && (status == 0 || k[1] == strconv.Itoa(status)) {
@@ -442,9 +444,9 @@ func (r *rlTally) count(org string, status int) int {
 	return n
 }
 
-func (r *rlTally) total() int { return r.count("", 0) }
+func (r *requestTally) total() int { return r.count("", 0) }
 
-func (r *rlTally) generations() []string {
+func (r *requestTally) generations() []string {
 	var out []string
 	for g := range r.gens {
 		out = append(out, g)
@@ -455,7 +457,7 @@ func (r *rlTally) generations() []string {
 
 // mustAllBe fails unless every request for org ("": any) got one of the
 // statuses.
-func (r *rlTally) mustAllBe(t *testing.T, what, org string, statuses ...int) {
+func (r *requestTally) mustAllBe(t *testing.T, what, org string, statuses ...int) {
 	t.Helper()
 	allowed := map[string]bool{}
 	for _, s := range statuses {
@@ -472,24 +474,24 @@ func (r *rlTally) mustAllBe(t *testing.T, what, org string, statuses ...int) {
 	}
 }
 
-// rlProbe is the test's own connection to its redis-server, used to read
+// connProbe is the test's own connection to its redis-server, used to read
 // the server's state; it is excluded from the connection counts.
-type rlProbe struct {
+type connProbe struct {
 	c  *redis.Client
 	id int64
 }
 
-func rlNewProbe(t *testing.T, srv *testRedis) *rlProbe {
-	c := rhClient(srv.Addr(), 5*time.Second) // one connection, kept
+func newConnProbe(t *testing.T, srv *testRedis) *connProbe {
+	c := redistest.Client(srv.Addr(), 5*time.Second) // one connection, kept
 	t.Cleanup(func() { c.Close() })
 	id, err := c.ClientID(context.Background()).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &rlProbe{c: c, id: id}
+	return &connProbe{c: c, id: id}
 }
 
-func (p *rlProbe) clientList(t *testing.T) string {
+func (p *connProbe) clientList(t *testing.T) string {
 	t.Helper()
 	list, err := p.c.ClientList(context.Background()).Result()
 	if err != nil {
@@ -500,7 +502,7 @@ func (p *rlProbe) clientList(t *testing.T) string {
 
 // others counts the server's client connections other than the probe's,
 // from CLIENT LIST, and checks INFO clients agrees.
-func (p *rlProbe) others(t *testing.T) int {
+func (p *connProbe) others(t *testing.T) int {
 	t.Helper()
 	n := 0
 	self := false
@@ -524,11 +526,11 @@ func (p *rlProbe) others(t *testing.T) int {
 	return n
 }
 
-func (p *rlProbe) connectionsReceived(t *testing.T) int64 {
+func (p *connProbe) connectionsReceived(t *testing.T) int64 {
 	return p.infoField(t, "stats", "total_connections_received")
 }
 
-func (p *rlProbe) infoField(t *testing.T, section, field string) int64 {
+func (p *connProbe) infoField(t *testing.T, section, field string) int64 {
 	t.Helper()
 	info, err := p.c.Info(context.Background(), section).Result()
 	if err != nil {
@@ -548,7 +550,7 @@ func (p *rlProbe) infoField(t *testing.T, section, field string) int64 {
 }
 
 // now is the Redis server's clock, which decides the buckets.
-func (p *rlProbe) now(t *testing.T) time.Time {
+func (p *connProbe) now(t *testing.T) time.Time {
 	t.Helper()
 	now, err := p.c.Time(context.Background()).Result()
 	if err != nil {
@@ -557,7 +559,7 @@ func (p *rlProbe) now(t *testing.T) time.Time {
 	return now
 }
 
-func (p *rlProbe) get(t *testing.T, key string) int64 {
+func (p *connProbe) get(t *testing.T, key string) int64 {
 	t.Helper()
 	n, err := p.c.Get(context.Background(), key).Int64()
 	if err == redis.Nil {
@@ -570,7 +572,7 @@ func (p *rlProbe) get(t *testing.T, key string) int64 {
 }
 
 // sumReq adds up every req bucket of the org, whatever minute it is in.
-func (p *rlProbe) sumReq(t *testing.T, org string) int64 {
+func (p *connProbe) sumReq(t *testing.T, org string) int64 {
 	t.Helper()
 	keys, err := p.c.Keys(context.Background(), newLimit("org", org, 0, 0).prefix+"req:*").Result()
 	if err != nil {
@@ -583,9 +585,9 @@ func (p *rlProbe) sumReq(t *testing.T, org string) int64 {
 	return sum
 }
 
-// rlSettle closes the client's idle connections and waits until the
-// goroutine count has held still for rlStill.
-func rlSettle(t *testing.T, tr *http.Transport) (int, map[string]int) {
+// settledGoroutines closes the client's idle connections and waits until the
+// goroutine count has held still for stillFor.
+func settledGoroutines(t *testing.T, tr *http.Transport) (int, map[string]int) {
 	t.Helper()
 	tr.CloseIdleConnections()
 	// caddytest loads and checks configs with http.DefaultTransport, whose
@@ -594,7 +596,7 @@ func rlSettle(t *testing.T, tr *http.Transport) (int, map[string]int) {
 	http.DefaultTransport.(*http.Transport).CloseIdleConnections()
 	deadline := time.Now().Add(10 * time.Second)
 	last, since := runtime.NumGoroutine(), time.Now()
-	for time.Since(since) < rlStill {
+	for time.Since(since) < stillFor {
 		if time.Now().After(deadline) {
 			t.Logf("goroutines still changing after 10 s: %d", last)
 			break
@@ -604,23 +606,23 @@ func rlSettle(t *testing.T, tr *http.Transport) (int, map[string]int) {
 			last, since = g, time.Now()
 		}
 	}
-	return last, rlStacks()
+	return last, goroutineStacks()
 }
 
-// rlSettleTo waits, for a bounded time, until at most want goroutines are
+// settleGoroutinesTo waits, for a bounded time, until at most want goroutines are
 // left, then until the count holds still.
-func rlSettleTo(t *testing.T, tr *http.Transport, want int) (int, map[string]int) {
+func settleGoroutinesTo(t *testing.T, tr *http.Transport, want int) (int, map[string]int) {
 	t.Helper()
 	tr.CloseIdleConnections()
 	deadline := time.Now().Add(10 * time.Second)
 	for runtime.NumGoroutine() > want && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
-	return rlSettle(t, tr)
+	return settledGoroutines(t, tr)
 }
 
-// rlStacks counts the goroutines by their stack (pprof's debug=1 groups).
-func rlStacks() map[string]int {
+// goroutineStacks counts the goroutines by their stack (pprof's debug=1 groups).
+func goroutineStacks() map[string]int {
 	var buf bytes.Buffer
 	pprof.Lookup("goroutine").WriteTo(&buf, 1)
 	out := map[string]int{}
@@ -631,7 +633,7 @@ func rlStacks() map[string]int {
 			continue
 		}
 		_, frames, _ := strings.Cut(rest, "\n")
-		if strings.Contains(frames, ".rlStacks+") {
+		if strings.Contains(frames, ".goroutineStacks+") {
 			continue // the goroutine asking
 		}
 		out[frames] += n
@@ -639,9 +641,9 @@ func rlStacks() map[string]int {
 	return out
 }
 
-// rlStackDiff lists the stacks that have more goroutines in after than in
+// stackDiff lists the stacks that have more goroutines in after than in
 // before.
-func rlStackDiff(before, after map[string]int) string {
+func stackDiff(before, after map[string]int) string {
 	var b strings.Builder
 	for stack, n := range after {
 		if d := n - before[stack]; d > 0 {
@@ -651,8 +653,8 @@ func rlStackDiff(before, after map[string]int) string {
 	return b.String()
 }
 
-// rlCountLines counts the lines of file that contain s.
-func rlCountLines(t *testing.T, file, s string) int {
+// countLines counts the lines of file that contain s.
+func countLines(t *testing.T, file, s string) int {
 	t.Helper()
 	data, err := os.ReadFile(file)
 	if err != nil {

@@ -35,7 +35,7 @@ type redisStore struct {
 	// on Redis Cluster, where a call is bound to one slot.
 	calls *coalesce.Coalescer[*scriptItem]
 	// refusals answers what Redis refused, until Redis would admit again
-	// (refusals.go); shared by every handler of the store, across reloads.
+	// (refusalcache.go); shared by every handler of the store, across reloads.
 	refusals *refusalCache
 }
 

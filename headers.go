@@ -5,10 +5,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
-
-	"go.uber.org/zap"
 )
 
 // headerFamilies is which rate-limit headers a handler sends.
@@ -35,7 +32,7 @@ func (h *Handler) families(d dialect) headerFamilies {
 	if len(h.Headers) == 0 && d == dialectAnthropic {
 		return headerFamilies{anthropic: true}
 	}
-	return h.headers
+	return h.configuredFamilies
 }
 
 func validateHeaderFamilies(names []string) error {
@@ -247,95 +244,4 @@ func (t tightest) appendAnthropic(values [][2]string, names []string, now int64)
 		[2]string{names[1], strconv.FormatInt(t.left, 10)},
 		[2]string{names[2], time.UnixMilli(now + t.resetMillis).UTC().Format(time.RFC3339)},
 	)
-}
-
-// refusal describes why a request was refused.
-type refusal struct {
-	first      int        // index in the chain of the first refusing limit
-	kind       kind       // what that limit refused on
-	window     windowKind // the window that refused, unless kind is burst
-	capacity   int64      // its cap
-	waitMillis int64      // until every refusing limit would admit, absent traffic
-}
-
-// windowName is the span of the refusing window, "" for a bucket.
-func (r refusal) windowName() string {
-	if r.kind == burst {
-		return ""
-	}
-	return spans[r.window.span()].name
-}
-
-// refusalOf finds the first refusing limit and the wait until the last of the
-// refusing limits releases, so that a client that waits Retry-After is not
-// refused by the next limit of the chain.
-func refusalOf(chain []limit, d decision) refusal {
-	ref := refusal{first: -1}
-	at := [...]position{d.now.in(minute), d.now.in(day)}
-	for i, l := range chain {
-		for k, capacity := range l.each {
-			size, p, w := d.size(k.kind()), at[k.span()], d.counts[i].w[k]
-			if fits(w, capacity, size, p) {
-				continue
-			}
-			if ref.first < 0 {
-				ref.first, ref.kind, ref.window, ref.capacity = i, k.kind(), k, capacity
-			}
-			ref.waitMillis = max(ref.waitMillis, releaseIn(w, capacity, size, p))
-		}
-		if b := l.bucket; b.rate > 0 && !b.fits(d.counts[i].deficit) {
-			if ref.first < 0 {
-				ref.first, ref.kind, ref.capacity = i, burst, b.burst
-			}
-			ref.waitMillis = max(ref.waitMillis, b.releaseIn(d.counts[i].deficit))
-		}
-	}
-	return ref
-}
-
-// retryAfterSeconds is the wait rounded up to whole seconds, at least 1.
-func (r refusal) retryAfterSeconds() int64 { return ceilSeconds(r.waitMillis, 1) }
-
-func ceilSeconds(millis, atLeast int64) int64 {
-	return max((millis+999)/1000, atLeast)
-}
-
-// message names the scope and the cap, never the id.
-func (r refusal) message(chain []limit) string {
-	if r.kind == burst {
-		b := chain[r.first].bucket
-		return fmt.Sprintf("Rate limit reached for %s: burst capacity %d, refilled at %s per second; a request takes %d. Please try again in %ds.",
-			chain[r.first].scope, b.burst, b.rateText, b.cost, r.retryAfterSeconds())
-	}
-	return fmt.Sprintf("Rate limit reached for %s: limit %d %s (%s per %s). Please try again in %ds.",
-		chain[r.first].scope, r.capacity, r.window.unit(), r.window.noun(), spans[r.window.span()].name, r.retryAfterSeconds())
-}
-
-// warnLimiter logs store failures at most once per interval, with the number
-// of failures it did not log, so that an outage is visible but never one log
-// line per request. A mutex rather than two atomics: the count a warning
-// carries must be exactly the failures suppressed before it, which two
-// separate atomic operations cannot guarantee against a failure counted
-// between them; and it is taken only on the failure path.
-type warnLimiter struct {
-	mu         sync.Mutex
-	next       time.Time // nothing is logged before it
-	suppressed int64
-}
-
-const warnInterval = 10 * time.Second
-
-func (l *warnLimiter) log(logger *zap.Logger, msg string, fields ...zap.Field) {
-	now := time.Now()
-	l.mu.Lock()
-	if now.Before(l.next) {
-		l.suppressed++
-		l.mu.Unlock()
-		return
-	}
-	l.next = now.Add(warnInterval)
-	suppressed := l.suppressed
-	l.suppressed = 0
-	l.mu.Unlock()
-	logger.Warn(msg, append(fields, zap.Int64("suppressed_since_last", suppressed))...)
 }
