@@ -2,11 +2,9 @@ package ratelimit
 
 import (
 	"bufio"
-	"context"
 	"io"
 	"net"
 	"net/http"
-	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
@@ -182,20 +180,16 @@ func (h *Handler) admitted(w http.ResponseWriter, req *request, chain []limit, d
 	return rw
 }
 
-// chargeTimeout bounds one token charge of a session, which runs on a
-// context of its own.
-const chargeTimeout = 2 * time.Second
-
-// charge records the tokens of a session against its chain, detached from
-// the request (whose context is done when the client went away). It is never
-// replayed.
-func (h *Handler) charge(ctx context.Context, chain []limit, tokens tokenCounts) {
+// chargeSession charges the tokens a session's responses reported to its
+// chain, in the current minute and day, and waits for the outcome, so that
+// a session's last charge lands before its store is released.
+func (h *Handler) chargeSession(chain []limit, tokens tokenCounts) {
 	if tokens.isZero() {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), chargeTimeout)
-	defer cancel()
-	h.charged(tokens, h.store.recordTokens(ctx, chain, tokens))
+	done := make(chan error, 1)
+	h.store.charge(chain, charge{tokens: tokens}, func(err error) { done <- err })
+	h.charged(tokens, <-done)
 }
 
 // charged logs a charge that failed, or counts the tokens charged.
@@ -241,7 +235,7 @@ func (h *Handler) meterResponse(w *responseWriter, chain []limit, d decision) {
 		h.store.release()
 		return
 	}
-	h.store.chargeLater(chain, c, func(err error) {
+	h.store.charge(chain, c, func(err error) {
 		h.settled(c, charged, err)
 		h.store.release()
 	})

@@ -1,7 +1,6 @@
 package ratelimit
 
 import (
-	"context"
 	"errors"
 	"net/http"
 	"strings"
@@ -159,7 +158,7 @@ func (h *Handler) serveSession(w http.ResponseWriter, req *request, next caddyht
 	}
 	removeDeflateOffer(req.Header)
 	rw.tap = usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{}))
-	stop := h.meterSession(req.Context(), rw.tap, chain)
+	stop := h.meterSession(rw.tap, chain)
 	defer func() {
 		stop()
 		if rw.wroteHeader { // a final status: no switch of protocols
@@ -173,7 +172,7 @@ func (h *Handler) serveSession(w http.ResponseWriter, req *request, next caddyht
 // meterSession charges a session's tokens every flush interval and once more
 // when the returned stop is called at the session's end, and then releases
 // the store that ServeHTTP held for it: a session outlives config reloads.
-func (h *Handler) meterSession(ctx context.Context, tap *usage.RealtimeTap, chain []limit) (stop func()) {
+func (h *Handler) meterSession(tap *usage.RealtimeTap, chain []limit) (stop func()) {
 	done := make(chan struct{})
 	go func() {
 		defer h.store.release()
@@ -183,9 +182,9 @@ func (h *Handler) meterSession(ctx context.Context, tap *usage.RealtimeTap, chai
 		for {
 			select {
 			case <-t.C:
-				clamped = h.chargeTaken(ctx, tap, chain, clamped)
+				clamped = h.chargeTaken(tap, chain, clamped)
 			case <-done:
-				h.chargeTaken(ctx, tap, chain, clamped)
+				h.chargeTaken(tap, chain, clamped)
 				if n := tap.Unmetered(); n > 0 {
 					unmeteredTotal.WithLabelValues("realtime_message").Add(float64(n))
 					h.logger.Debug("realtime messages not metered", zap.Int64("messages", n), zap.String("scope", chain[0].scope), zap.String("id", chain[0].id))
@@ -199,8 +198,8 @@ func (h *Handler) meterSession(ctx context.Context, tap *usage.RealtimeTap, chai
 
 // chargeTaken charges what the session's responses reported since the last
 // take, and counts the responses the tap clamped since clamped of them.
-func (h *Handler) chargeTaken(ctx context.Context, tap *usage.RealtimeTap, chain []limit, clamped int64) int64 {
-	h.charge(ctx, chain, tokensOf(tap.Take()))
+func (h *Handler) chargeTaken(tap *usage.RealtimeTap, chain []limit, clamped int64) int64 {
+	h.chargeSession(chain, tokensOf(tap.Take()))
 	n := tap.Clamped()
 	if n > clamped {
 		h.usageClamped(chain, "realtime_response", n-clamped)

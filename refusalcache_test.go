@@ -37,9 +37,7 @@ func fillUnder(t *testing.T, s store, l limit, at int64, n int) {
 
 func chargeTokens(t *testing.T, s store, l limit, at, tokens int64) {
 	t.Helper()
-	if err := pinned(s, at).recordTokens(context.Background(), []limit{l}, totalTokens(tokens)); err != nil {
-		t.Fatal(err)
-	}
+	settle(t, pinned(s, at), []limit{l}, charge{tokens: totalTokens(tokens)})
 }
 
 var refusalCases = []refusalCase{{

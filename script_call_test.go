@@ -124,9 +124,7 @@ func TestCoalescedTokenChargesAddUpExactly(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := pinned(s, at).recordTokens(context.Background(), []limit{keys[i], org}, totalTokens(int64(i+1))); err != nil {
-				t.Error(err)
-			}
+			settle(t, pinned(s, at), []limit{keys[i], org}, charge{tokens: totalTokens(int64(i + 1))})
 		}()
 	}
 	wg.Wait()
@@ -183,9 +181,7 @@ func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 				a, b := chain()
 				tokens := randomUsage(rng)
 				for _, c := range [][]limit{a, b} {
-					if err := pinned(s, when).recordTokens(ctx, c, tokens); err != nil {
-						t.Fatal(err)
-					}
+					settle(t, pinned(s, when), c, charge{tokens: tokens})
 				}
 			}
 		}

@@ -33,14 +33,11 @@ type store interface {
 	refusedUnread(chain []limit) (admission, bool)
 	// peek reads the chain's counters as admit would, and charges nothing.
 	peek(ctx context.Context, chain []limit) (decision, error)
-	// recordTokens charges tokens to every token window of chain, in the
-	// current buckets. It is never replayed: a double charge would outlive
-	// the failure.
-	recordTokens(ctx context.Context, chain []limit, tokens tokenCounts) error
-	// chargeLater charges c to every token window of chain, without
-	// making its caller wait: done gets the outcome, once, from another
-	// goroutine or before chargeLater returns. Never replayed either.
-	chargeLater(chain []limit, c charge, done func(error))
+	// charge charges c to every token window of chain, without making its
+	// caller wait: done gets the outcome, once, from another goroutine or
+	// before charge returns. It is never replayed: a double charge would
+	// outlive the failure.
+	charge(chain []limit, c charge, done func(error))
 	// describe says what the store is, for the admin API's live view.
 	describe() storeDescription
 	// hold keeps the store usable, even after the last config that uses it

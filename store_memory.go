@@ -352,19 +352,15 @@ func (c *memoryCounter) write(l limit, at [2]position, before, after counts, now
 	}
 }
 
-// chargeLater charges at once: the in-process store has no round trip to
+// charge charges at once: the in-process store has no round trip to
 // spare the caller.
-func (s *memoryStore) chargeLater(chain []limit, c charge, done func(error)) {
-	s.charge(chain, c)
+func (s *memoryStore) charge(chain []limit, c charge, done func(error)) {
+	s.add(chain, c)
 	done(nil)
 }
 
-func (s *memoryStore) recordTokens(_ context.Context, chain []limit, tokens tokenCounts) error {
-	s.charge(chain, charge{tokens: tokens})
-	return nil
-}
-
-func (s *memoryStore) charge(chain []limit, ch charge) {
+// add adds c to the token windows of chain.
+func (s *memoryStore) add(chain []limit, ch charge) {
 	now := s.clock()
 	for _, l := range chain {
 		if !l.capsTokens() {

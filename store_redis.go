@@ -286,10 +286,6 @@ func isDeadConnection(err error) bool {
 		errors.Is(err, syscall.ECONNABORTED) || errors.Is(err, net.ErrClosed)
 }
 
-func (s *redisStore) recordTokens(ctx context.Context, chain []limit, tokens tokenCounts) error {
-	return s.chargeNow(ctx, chain, charge{tokens: tokens})
-}
-
 // chargeNow charges c to chain and waits for the outcome.
 func (s *redisStore) chargeNow(ctx context.Context, chain []limit, c charge) error {
 	now := s.gatewayMoment()
@@ -312,9 +308,9 @@ func (s *redisStore) chargeNow(ctx context.Context, chain []limit, c charge) err
 	return charged
 }
 
-// chargeLater rides in the coalescer's calls; on Redis Cluster, where calls
+// charge rides in the coalescer's calls; on Redis Cluster, where calls
 // are not coalesced, it charges in a goroutine of its own.
-func (s *redisStore) chargeLater(chain []limit, c charge, done func(error)) {
+func (s *redisStore) charge(chain []limit, c charge, done func(error)) {
 	if !c.changes(chain, s.gatewayMoment()) {
 		done(nil)
 		return

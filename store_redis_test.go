@@ -306,9 +306,7 @@ func TestUnloadedRedisStoreStaysOpenUntilItsLastHolderReleasesIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	chain := []limit{newLimit("org", uniqueID(t), 0, 100)}
-	if err := s.recordTokens(context.Background(), chain, totalTokens(7)); err != nil {
-		t.Fatalf("charging after the unload: %v", err)
-	}
+	settle(t, s, chain, charge{tokens: totalTokens(7)}) // after the unload
 	s.release()
 	if err := s.client.Ping(context.Background()).Err(); !errors.Is(err, redis.ErrClosed) {
 		t.Fatalf("client after the last release: %v, want closed", err)
@@ -516,9 +514,7 @@ func TestDayKeysExpireAfterTwoDaysAndMinuteKeysAfterTwoMinutes(t *testing.T) {
 	if !admitOrFail(t, s, chain, 0).admitted {
 		t.Fatal("refused")
 	}
-	if err := s.recordTokens(context.Background(), chain, tokenCounts{total: 10, output: 4}); err != nil {
-		t.Fatal(err)
-	}
+	settle(t, s, chain, charge{tokens: tokenCounts{total: 10, output: 4}})
 	now := momentAt(time.Now().UnixMilli())
 	c := redisClient(t, url)
 	for _, k := range []struct {

@@ -198,7 +198,7 @@ func (h *alikeHistory) run() {
 		case n < 12:
 			h.settle()
 		case n < 14:
-			h.recordTokens()
+			h.chargeUsage()
 		case n < 15:
 			h.peek()
 		default:
@@ -346,14 +346,14 @@ func (h *alikeHistory) settle() {
 	}
 }
 
-// recordTokens charges a response's usage to a chain, in the current
-// buckets.
-func (h *alikeHistory) recordTokens() {
+// chargeUsage charges a response's usage to a chain, in the current
+// buckets, as a realtime session does.
+func (h *alikeHistory) chargeUsage() {
 	chain, used := h.chain(), randomUsage(h.rng)
 	h.log("record %s %+v", scopesOf(chain), used)
-	h.must(pinned(h.memory, h.now).recordTokens(context.Background(), chain, used))
+	settle(h.t, pinned(h.memory, h.now), chain, charge{tokens: used})
 	if h.redis != nil {
-		h.must(pinned(h.redis, h.now).recordTokens(context.Background(), chain, used))
+		settle(h.t, pinned(h.redis, h.now), chain, charge{tokens: used})
 	}
 }
 

@@ -125,9 +125,7 @@ func runWindowConformance(t *testing.T, kit storeKit) {
 		if !admitOrFail(t, s, chain, at).admitted {
 			t.Fatal("first request refused")
 		}
-		if err := pinned(s, at+1).recordTokens(context.Background(), chain, tokenCounts{total: 100, input: 60, output: 40}); err != nil {
-			t.Fatal(err)
-		}
+		settle(t, pinned(s, at+1), chain, charge{tokens: tokenCounts{total: 100, input: 60, output: 40}})
 		d := admitOrFail(t, s, chain, at+2)
 		if ref := refusalOf(chain, d); d.admitted || ref.kind != inputTokens || ref.windowName() != "minute" {
 			t.Fatalf("admitted %v, refusal %+v: want a refusal on input tokens with 60 of itpm 60 used", d.admitted, ref)
