@@ -24,9 +24,11 @@ type request struct {
 	dia  dialect
 }
 
-func (h *Handler) newRequest(r *http.Request) *request {
+// newRequest is a value, which the handler's calls take by pointer: it
+// stays on ServeHTTP's stack.
+func (h *Handler) newRequest(r *http.Request) request {
 	call := llmapi.Of(r.URL.Path)
-	return &request{Request: r, repl: r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer), call: call, dia: dialectOf(h.Dialect, call)}
+	return request{Request: r, repl: r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer), call: call, dia: dialectOf(h.Dialect, call)}
 }
 
 // ServeHTTP admits or refuses the request, then passes it on. Its steps:
@@ -40,7 +42,8 @@ func (h *Handler) newRequest(r *http.Request) *request {
 //  4. The reservation (or too large), the admission: refuse, fail, or pass
 //     on, the response metered by the writer that wraps it (admitted).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	req := h.newRequest(r)
+	request := h.newRequest(r)
+	req := &request
 	if isWebSocketHandshake(r) {
 		return h.serveSession(w, req, next)
 	}
