@@ -185,11 +185,11 @@ func (c *RedisConfig) where() string {
 // guarantees is set here explicitly for each of them:
 //   - no retries behind our back: a lost reply would run the (non-idempotent)
 //     script again. The single-node and Sentinel clients get MaxRetries -1
-//     and our one replay (redisStore.admit). The cluster client's MaxRetries
+//     and our one replay (redisStore.runScript). The cluster client's MaxRetries
 //     -1 also turns retries off, but it resends a command once by itself
 //     within its redirect budget (EOF, timeouts, TRYAGAIN, CLUSTERDOWN); with
 //     MaxRedirects 1 that is at most one resend, which then stands in for our
-//     replay (see redisStore.admit).
+//     replay (see redisStore.runScript).
 //   - one dial attempt, and dial, read, write and pool waits bounded by the
 //     admission timeout, so that fail-open is fast while Redis is down;
 //   - no identity or maintenance-notification handshake on new connections.
