@@ -128,7 +128,7 @@ type UsageLimit struct {
 	// OTPM counts output tokens per minute.
 	OTPM *UsageCounter `json:"otpm,omitempty"`
 	// RPD counts requests per day: over the trailing 24 hours, with day
-	// buckets (unix seconds / 86400) at one-second resolution.
+	// periods (unix seconds / 86400) at one-second resolution.
 	RPD *UsageCounter `json:"rpd,omitempty"`
 	// TPD counts tokens per day.
 	TPD *UsageCounter `json:"tpd,omitempty"`

@@ -84,7 +84,7 @@ func apiError(t *testing.T, body []byte) string {
 }
 
 // clearOfMinuteEnd waits, if needed, until a new minute has begun, so that
-// the next margin lies inside one bucket of the sliding window and the
+// the next margin lies inside one period of the sliding window and the
 // estimates are whole counts.
 func clearOfMinuteEnd(t *testing.T, margin time.Duration) {
 	now := time.Now()

@@ -4,15 +4,15 @@
 -- gateway in arrival order, each all-or-nothing as if it had been sent alone.
 -- A call also charges the tokens of responses that ended before it, first,
 -- so that its admissions read them; a charge that settles a reservation may
--- be negative, and gives back at most what its bucket holds.
+-- be negative, and gives back at most what its period holds.
 --
 -- KEYS      for each distinct limit of the call, in order: for each window
 --           it caps, in windowKind order (window.go: rpm, tpm, itpm, otpm,
---           rpd, tpd, itpd, otpd), the key of the current bucket, then of
+--           rpd, tpd, itpd, otpd), the key of the current period, then of
 --           the previous one; then, if it has a token bucket, the bucket's
 --           key. Then, for each token charge, the key it charges: the minute
 --           charges first, then the day charges; a settlement's are its
---           reservation's buckets. Every key the script touches is declared,
+--           reservation's periods. Every key the script touches is declared,
 --           so that Redis Cluster routes, redirects and migrates the call by
 --           the real keys.
 -- Numbers in ARGV are hexadecimal, which Lua reads with strtoul rather than
@@ -21,8 +21,8 @@
 --
 -- ARGV[1]   a pinned clock in unix milliseconds, or "" for Redis TIME, so that
 --           replicas with skewed clocks agree.
--- ARGV[2]   the minute bucket the keys name (unix_seconds / 60 by the
---           gateway's clock; the day buckets are unix_seconds / 86400 of the
+-- ARGV[2]   the minute period the keys name (unix_seconds / 60 by the
+--           gateway's clock; the day periods are unix_seconds / 86400 of the
 --           same minute). If Redis's clock is in another minute, the script
 --           touches nothing and answers {-1, now}: the caller names the keys
 --           again.
@@ -54,7 +54,7 @@
 -- length so that every number is an integer. A request fits a request
 -- window while estimate + 1 <= cap, and a token window while estimate <
 -- cap, or with a reservation of r tokens of the window's kind while
--- estimate + r <= cap (then r is added to its current bucket). window.go
+-- estimate + r <= cap (then r is added to its current period). window.go
 -- does the same arithmetic in Go.
 --
 -- A token bucket is stored as "<deficit>:<ms>": micro-tokens below full as
@@ -73,8 +73,8 @@
 local tonumber, byte, floor = tonumber, string.byte, math.floor
 
 -- A minute's arithmetic counts milliseconds and a day's seconds, so that a
--- day's numbers stay exact; a bucket's key lives two buckets (in seconds)
--- because the next bucket reads it as its previous one.
+-- day's numbers stay exact; a period's key lives two periods (in seconds)
+-- because the next period reads it as its previous one.
 local MINUTE, DAY = 60000, 86400
 local MINUTE_TTL, DAY_TTL = 120, 172800
 -- window.go's numbering: a windowKind counts kind % KINDS, and from KINDS
@@ -158,7 +158,7 @@ local function write_requests(limit_count, requests_added, caps, caps_of, bucket
   end
 end
 
--- Adds the tokens reserved to each token window's current bucket. Only the
+-- Adds the tokens reserved to each token window's current period. Only the
 -- increment that creates a key sets its expiry.
 local function write_reservations(token_windows, token_reserved, token_key, token_kind)
   for window = 1, token_windows do
@@ -177,13 +177,13 @@ if not now then
   local time = redis.call('TIME')
   now = time[1] * 1000 + floor(time[2] / 1000)
 end
-local minute_bucket = floor(now / MINUTE)
-if minute_bucket ~= tonumber(ARGV[2], 16) then
+local minute_period = floor(now / MINUTE)
+if minute_period ~= tonumber(ARGV[2], 16) then
   return {-1, now}
 end
--- What the previous bucket weighs now: the part of a bucket still to come.
+-- What the previous period weighs now: the part of a period still to come.
 local seconds = floor(now / 1000)
-local minute_weight = MINUTE - (now - minute_bucket * MINUTE)
+local minute_weight = MINUTE - (now - minute_period * MINUTE)
 local day_weight = DAY - (seconds - floor(seconds / DAY) * DAY)
 local split = ARGV[3] == 's'
 local reserving = split or ARGV[3] == 'r'

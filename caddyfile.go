@@ -80,8 +80,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // limit needs a window cap, a token bucket, or any of them together, in any
 // order, and a scope line for its scope, which may come before or after it in
 // the block. Window caps are positive integers of at most 10^11; a day window
-// is the trailing 24 hours, estimated from day buckets as a minute window is
-// from minute buckets. Token caps count the tokens the response's usage
+// is the trailing 24 hours, estimated from day periods as a minute window is
+// from minute periods. Token caps count the tokens the response's usage
 // reports: tpm and tpd all of them, itpm and itpd the input (prompt) tokens,
 // otpm and otpd the output (completion) tokens. burst and cost are positive
 // integers; a bucket is rate (tokens per second, a

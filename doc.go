@@ -18,12 +18,13 @@
 // # The sliding window
 //
 // A limit caps up to eight windows (windowKind): requests, tokens, input
-// and output tokens, per minute and per day. Each window's counter has one
-// bucket per minute (unix seconds / 60) or day (unix seconds / 86400) of the
-// store's clock. The estimate of the trailing minute or day weights the
-// previous bucket by the part of it still inside the window:
+// and output tokens, per minute and per day. Each window's counter counts
+// by periods of the store's clock: minutes (unix seconds / 60) or days (unix
+// seconds / 86400). ("Period" is this time division; "bucket" is only ever
+// a token bucket.) The estimate of the trailing minute or day weights the
+// previous period by the part of it still inside the window:
 //
-//	estimate = current + previous × (length − time into the current bucket) / length
+//	estimate = current + previous × (length − time into the current period) / length
 //
 // A minute counts in milliseconds and a day in seconds, and every
 // comparison is made on estimate × length, an integer: one more request fits
@@ -31,7 +32,7 @@
 // admit.lua makes the same comparisons with Lua's doubles, exact below 2^53
 // (which bounds every cap to 10^11), so both stores decide identically, and
 // a refusal's Retry-After is the exact millisecond (a day's: second) at
-// which the store would admit absent further traffic. The estimate can be off at bucket edges; the
+// which the store would admit absent further traffic. The estimate can be off at period edges; the
 // guarantees below do not depend on it.
 //
 // Token buckets (Spring Cloud Gateway's contract) hold a deficit in
@@ -42,7 +43,7 @@
 // # One atomic admission
 //
 // A request is admitted only if every limit of its chain fits, and then
-// charged one request on every request window and its cost on every bucket; a refused
+// charged one request on every request window and its cost on every token bucket; a refused
 // request is charged nothing. On Redis the whole decision is one run of
 // admit.lua, which reads every counter, decides and increments before Redis
 // serves any other command: admission is exact under any concurrency and

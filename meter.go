@@ -204,7 +204,7 @@ func (h *Handler) charged(tokens tokenCounts, err error) {
 // meterResponse finishes the admitted response's metering and charges its
 // tokens (at most its ceiling) without waiting for the store, so that the client's last bytes are
 // not held back by a round trip. A reservation made at admission (d) is
-// settled in its own bucket: the usage reported replaces it; without usage,
+// settled in its own period: the usage reported replaces it; without usage,
 // an upstream error gives it all back (the provider charged nothing) and
 // any other response keeps it as its charge (a response cut short keeps
 // what it reported, or else its reservation).
@@ -222,7 +222,7 @@ func (h *Handler) meterResponse(w *responseWriter, chain []limit, d decision) {
 	}
 	c, charged := charge{tokens: used}, used
 	if !d.reserve.isZero() {
-		c.bucket = d.now.bucket
+		c.minute = d.now.minute
 		switch {
 		case metered:
 			c.tokens = used.minus(d.reserve)

@@ -77,28 +77,28 @@ func (i ids) limits() []limit {
 	}
 }
 
-// storeCount reads one bucket directly from the store that gateways on
+// storeCount reads one period directly from the store that gateways on
 // store (a redis line, or "" for the in-process store) use.
-func storeCount(t *testing.T, store, prefix string, k windowKind, bucket int64) int64 {
+func storeCount(t *testing.T, store, prefix string, k windowKind, period int64) int64 {
 	if store == "" {
 		s, release, err := acquireMemoryStore()
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer release()
-		return memoryCount(t, s, prefix, k, bucket)
+		return memoryCount(t, s, prefix, k, period)
 	}
-	return redisCount(t, strings.TrimPrefix(store, "redis "), prefix, k, bucket)
+	return redisCount(t, strings.TrimPrefix(store, "redis "), prefix, k, period)
 }
 
-// windowHolds is what l's window k holds in its current bucket and the last
-// (a charge may land just before a bucket boundary).
+// windowHolds is what l's window k holds in its current period and the last
+// (a charge may land just before a period boundary).
 func windowHolds(t *testing.T, store string, l limit, k windowKind) int64 {
-	b := momentAt(time.Now().UnixMilli()).in(k.span()).bucket
+	b := momentAt(time.Now().UnixMilli()).in(k.span()).period
 	return storeCount(t, store, l.prefix, k, b) + storeCount(t, store, l.prefix, k, b-1)
 }
 
-// waitCharged waits until every limit's tok buckets hold want tokens in
+// waitCharged waits until every limit's token windows hold want tokens in
 // store. The charge runs after the response, in the background: poll for it.
 func waitCharged(t *testing.T, store string, chain []limit, want int64) {
 	t.Helper()

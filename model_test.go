@@ -41,7 +41,7 @@ func TestPerModelPoolsSharedByKeysWithTheLongestPrefixWinning(t *testing.T) {
 		if fmt.Sprint(got) != "[200 200 200 429 200 429 200 200]" {
 			t.Fatalf("statuses %v", got)
 		}
-		if n := storeCount(t, store, newLimit("model", family+"-gpt-4o*", 0, 0).prefix, rpm, nowBucket()); n != 3 {
+		if n := storeCount(t, store, newLimit("model", family+"-gpt-4o*", 0, 0).prefix, rpm, nowMinute()); n != 3 {
 			t.Fatalf("the gpt-4o pool's counter, named by its prefix, holds %d, want 3", n)
 		}
 		// The live view finds the pool an id belongs to.

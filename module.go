@@ -212,8 +212,8 @@ type LimitConfig struct {
 	// OTPM caps output tokens per minute.
 	OTPM int64 `json:"otpm,omitempty"`
 	// RPD caps requests per day: a sliding window over the trailing 24
-	// hours, estimated from day buckets (unix seconds / 86400) as the
-	// minute windows are from minute buckets, at one-second resolution.
+	// hours, estimated from day periods (unix seconds / 86400) as the
+	// minute windows are from minute periods, at one-second resolution.
 	RPD int64 `json:"rpd,omitempty"`
 	// TPD caps tokens per day.
 	TPD int64 `json:"tpd,omitempty"`

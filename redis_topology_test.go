@@ -36,7 +36,7 @@ func orgChain(org, key, team string, keyRPM, orgRPM int64) []limit {
 // Reservations and their settlement keep their guarantees on a cluster,
 // where calls are not coalesced: 40 concurrent reservations of 1000 across
 // three limiters admit exactly 10 against the org's tpm 10500, and a
-// settlement lands in its chain's slot and bucket.
+// settlement lands in its chain's slot and period.
 func TestClusterReservationsHoldTheTPMAndSettleInTheirSlot(t *testing.T) {
 	c := startRedisCluster(t, 3)
 	stores := clusterStores(t, c, 3)
@@ -47,15 +47,15 @@ func TestClusterReservationsHoldTheTPMAndSettleInTheirSlot(t *testing.T) {
 	if got := raceReservations(t, stores, chain, 40, 1000, at); got != 10 {
 		t.Fatalf("admitted %d of 40 reservations of 1000 against tpm 10500, want exactly 10", got)
 	}
-	settle(t, pinned(stores[1], at+5_000), chain, charge{tokens: totalTokens(-10_000), bucket: at / bucketMillis})
-	if n := c.Count(t, bucketKey(chain[1].prefix, tpm, at/bucketMillis)); n != 0 {
-		t.Fatalf("the org's tok bucket holds %d after every reservation was given back", n)
+	settle(t, pinned(stores[1], at+5_000), chain, charge{tokens: totalTokens(-10_000), minute: at / minuteMillis})
+	if n := c.Count(t, periodKey(chain[1].prefix, tpm, at/minuteMillis)); n != 0 {
+		t.Fatalf("the org's token window holds %d after every reservation was given back", n)
 	}
 }
 
 // Day windows keep their guarantees on a cluster: their keys carry the
 // chain's hash tag, so 40 reservations of 1000 across three limiters admit
-// exactly 10 against a tpd of 10500, counted in the day buckets of the
+// exactly 10 against a tpd of 10500, counted in the day periods of the
 // chain's slot, and a settlement minutes later still lands in its day.
 func TestClusterDayWindowsAreExactAndSettleInTheirSlot(t *testing.T) {
 	c := startRedisCluster(t, 3)
@@ -70,12 +70,12 @@ func TestClusterDayWindowsAreExactAndSettleInTheirSlot(t *testing.T) {
 	if got := raceReservations(t, stores, chain, 40, 1000, at); got != 10 {
 		t.Fatalf("admitted %d of 40 reservations of 1000 against tpd 10500, want exactly 10", got)
 	}
-	day := dayOf(at / bucketMillis)
-	if n := c.Count(t, bucketKey(chain[1].prefix, rpd, day)); n != 10 {
-		t.Fatalf("the org's day request bucket holds %d, want 10", n)
+	day := dayOf(at / minuteMillis)
+	if n := c.Count(t, periodKey(chain[1].prefix, rpd, day)); n != 10 {
+		t.Fatalf("the org's day request window holds %d, want 10", n)
 	}
-	settle(t, pinned(stores[2], at+3*bucketMillis), chain, charge{tokens: totalTokens(-4_000), bucket: at / bucketMillis})
-	if n := c.Count(t, bucketKey(chain[1].prefix, tpd, day)); n != 6_000 {
+	settle(t, pinned(stores[2], at+3*minuteMillis), chain, charge{tokens: totalTokens(-4_000), minute: at / minuteMillis})
+	if n := c.Count(t, periodKey(chain[1].prefix, tpd, day)); n != 6_000 {
 		t.Fatalf("the org's day token bucket holds %d after 4000 were given back, want 6000", n)
 	}
 }
@@ -106,7 +106,7 @@ func TestClusterAdmissionIsExactForOrgsOnDifferentShardsAcrossThreeLimiters(t *t
 			t.Errorf("%s: admitted %d of 48 against rpm 5, want exactly 5", org, admitted[i])
 		}
 		chain := orgChain(org, "sk-"+org, "team", 100, 5)
-		if n := c.Count(t, bucketKey(chain[2].prefix, rpm, at/bucketMillis)); n != 5 {
+		if n := c.Count(t, periodKey(chain[2].prefix, rpm, at/minuteMillis)); n != 5 {
 			t.Errorf("%s: counted %d on its shard, want exactly 5", org, n)
 		}
 	}
@@ -142,7 +142,7 @@ func TestClusterOrgCapIsSharedExactlyByItsKeysAndTeams(t *testing.T) {
 		t.Fatalf("admitted %d requests of 6 keys and 3 teams against the org's rpm 10, want exactly 10", admitted.Load())
 	}
 	orgLimit := orgChain(org, "", "", 0, 10)[2]
-	if n := c.Count(t, bucketKey(orgLimit.prefix, rpm, at/bucketMillis)); n != 10 {
+	if n := c.Count(t, periodKey(orgLimit.prefix, rpm, at/minuteMillis)); n != 10 {
 		t.Fatalf("org counted %d, want 10", n)
 	}
 }
@@ -213,7 +213,7 @@ func TestClusterSlotMigrationIsRetriedThenFollowedWithExactCounts(t *testing.T) 
 		}
 	}
 	m := c.BeginSlotMigration(t, c.KeySlot(tag), to)
-	m.MoveKeys(t, bucketKey(chain[0].prefix, rpm, at/bucketMillis)) // the key's counter moves, the org's stays
+	m.MoveKeys(t, periodKey(chain[0].prefix, rpm, at/minuteMillis)) // the key's counter moves, the org's stays
 	if _, err := pinned(s, at).admit(context.Background(), chain, tokenCounts{}); err == nil {
 		t.Fatal("admitted while the chain's keys were split between two shards")
 	}
@@ -222,7 +222,7 @@ func TestClusterSlotMigrationIsRetriedThenFollowedWithExactCounts(t *testing.T) 
 	if admitOrFail(t, s, chain, at).admitted {
 		t.Fatal("admitted over the org's rpm 4 after the move")
 	}
-	if n := c.Count(t, bucketKey(chain[2].prefix, rpm, at/bucketMillis)); n != 4 {
+	if n := c.Count(t, periodKey(chain[2].prefix, rpm, at/minuteMillis)); n != 4 {
 		t.Fatalf("org counted %d on its new shard, want exactly 4", n)
 	}
 }

@@ -217,14 +217,14 @@ func (r cachedRefusal) refusesAt(now time.Time) bool {
 }
 
 // countsAt is the limit's cached counters carried to the store's clock t,
-// absent traffic: its windows slide into later buckets and its bucket
+// absent traffic: its windows slide into later periods and its token bucket
 // refills.
 func (r cachedRefusal) countsAt(l limit, t moment) counts {
 	c := r.counts
 	at := momentAt(r.at)
 	for k := range c.w {
 		s := windowKind(k).span()
-		c.w[k] = slid(c.w[k], t.in(s).bucket-at.in(s).bucket)
+		c.w[k] = slid(c.w[k], t.in(s).period-at.in(s).period)
 	}
 	if l.bucket.rate > 0 {
 		c.deficit = l.bucket.refilled(c.deficit, r.at, t.unixMillis)
@@ -232,9 +232,9 @@ func (r cachedRefusal) countsAt(l limit, t moment) counts {
 	return c
 }
 
-// slid is w as read the given number of buckets later.
-func slid(w window, buckets int64) window {
-	switch buckets {
+// slid is w as read the given number of periods later.
+func slid(w window, periods int64) window {
+	switch periods {
 	case 0:
 		return w
 	case 1:

@@ -41,11 +41,11 @@ func chargeTokens(t *testing.T, s store, l limit, at, tokens int64) {
 }
 
 var refusalCases = []refusalCase{{
-	// rpm 10, previous bucket 12, current 3: fits once 3 + 12×(60−t)/60 ≤ 9.
-	name:  "RPMReleasedByThePreviousBucketsWeightWithinTheMinute",
+	// rpm 10, previous period 12, current 3: fits once 3 + 12×(60−t)/60 ≤ 9.
+	name:  "RPMReleasedByThePreviousPeriodsWeightWithinTheMinute",
 	chain: func(t *testing.T) []limit { return []limit{newLimit("key", uniqueID(t), 10, 0)} },
 	fill: func(t *testing.T, s store, chain []limit, base int64) {
-		fillUnder(t, s, chain[0], base-bucketMillis, 12)
+		fillUnder(t, s, chain[0], base-minuteMillis, 12)
 		fillUnder(t, s, chain[0], base, 3)
 	},
 	at: 10_000, releases: []int64{30_000},
@@ -63,7 +63,7 @@ var refusalCases = []refusalCase{{
 	name:  "TPMRefusalIsLeftToRedis",
 	chain: func(t *testing.T) []limit { return []limit{newLimit("key", uniqueID(t), 0, 1000)} },
 	fill: func(t *testing.T, s store, chain []limit, base int64) {
-		chargeTokens(t, s, chain[0], base-bucketMillis, 1200)
+		chargeTokens(t, s, chain[0], base-minuteMillis, 1200)
 		chargeTokens(t, s, chain[0], base, 400)
 	},
 	at: 1000, releases: []int64{1000},
@@ -92,7 +92,7 @@ var refusalCases = []refusalCase{{
 	name:  "OneLimitRefusingOnTwoKinds",
 	chain: func(t *testing.T) []limit { return []limit{newLimit("key", uniqueID(t), 4, 1000)} },
 	fill: func(t *testing.T, s store, chain []limit, base int64) {
-		chargeTokens(t, s, chain[0], base-bucketMillis, 1200)
+		chargeTokens(t, s, chain[0], base-minuteMillis, 1200)
 		chargeTokens(t, s, chain[0], base, 400)
 		fillUnder(t, s, chain[0], base, 6)
 	},
@@ -181,7 +181,7 @@ func refusalProbes(c refusalCase) []int64 {
 		xs = append(xs, x)
 	}
 	near := slices.Clone(c.releases)
-	for b := int64(bucketMillis); b < c.at+last; b += bucketMillis {
+	for b := int64(minuteMillis); b < c.at+last; b += minuteMillis {
 		near = append(near, b)
 	}
 	for _, n := range near {
@@ -218,10 +218,10 @@ func assertCacheAgreesWithRedis(t *testing.T, s store, caches []func([]limit) (a
 	for _, refusedLocally := range caches {
 		a, ok := refusedLocally(chain)
 		if ok && whole.admitted {
-			t.Fatalf("at %d ms into the minute: the cache refuses what Redis admits", redisAt%bucketMillis)
+			t.Fatalf("at %d ms into the minute: the cache refuses what Redis admits", redisAt%minuteMillis)
 		}
 		if ok != redisRefuses {
-			t.Fatalf("at %d ms into the minute: the cache refuses %v, Redis refuses on requests or a bucket %v", redisAt%bucketMillis, ok, redisRefuses)
+			t.Fatalf("at %d ms into the minute: the cache refuses %v, Redis refuses on requests or a bucket %v", redisAt%minuteMillis, ok, redisRefuses)
 		}
 		if !ok {
 			continue

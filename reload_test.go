@@ -39,9 +39,9 @@ const (
 	smallOrgRPM      = 50  // the capped org's rpm
 	smallOrgPerRound = 5   // capped-org requests sent around each reload: 100 in all, twice the cap
 	busyOrgRPM       = 1e6 // the busy org's rpm: never reached
-	// windowNeeded is how much of the current minute bucket must be left
+	// windowNeeded is how much of the current minute period must be left
 	// when the reload run starts: the capped org's 50 admissions must all
-	// land in one bucket (with an empty previous one) for "exactly 50" to be
+	// land in one period (with an empty previous one) for "exactly 50" to be
 	// the right answer. The run takes 1–2 s under -race on two CPUs.
 	windowNeeded = 10 * time.Second
 	// goroutineSlack is how many goroutines more than after the warm-up
@@ -146,13 +146,13 @@ func TestTwentyReloadsUnderLoadLoseNoRequestAndKeepAdmissionExact(t *testing.T) 
 	baseConns := probe.connectionsReceived(t)
 	t.Logf("after the warm-up (%d requests, %d retried, in %v): %d goroutines, %d Redis connections besides the probe", warm.total(), warm.retried, time.Since(warmStart).Round(time.Millisecond), baseG, baseRedis)
 
-	// The capped org must get its 50 admissions in one minute bucket.
+	// The capped org must get its 50 admissions in one minute period.
 	now := probe.now(t)
-	if left := time.Duration(bucketMillis-now.UnixMilli()%bucketMillis) * time.Millisecond; left < windowNeeded {
-		t.Logf("%v left in this minute bucket: waiting for the next one", left.Round(time.Millisecond))
+	if left := time.Duration(minuteMillis-now.UnixMilli()%minuteMillis) * time.Millisecond; left < windowNeeded {
+		t.Logf("%v left in this minute period: waiting for the next one", left.Round(time.Millisecond))
 		time.Sleep(left + 50*time.Millisecond)
 	}
-	bucket := probe.now(t).UnixMilli() / bucketMillis
+	atMinute := probe.now(t).UnixMilli() / minuteMillis
 
 	// The reload run. Around each reload, smallOrgPerRound requests of the
 	// capped org are handed to the client goroutines: some before the POST,
@@ -198,7 +198,7 @@ func TestTwentyReloadsUnderLoadLoseNoRequestAndKeepAdmissionExact(t *testing.T) 
 		}
 	})
 	runTook := time.Since(runStart)
-	endBucket := probe.now(t).UnixMilli() / bucketMillis
+	endMinute := probe.now(t).UnixMilli() / minuteMillis
 
 	// Every reload answered 200.
 	var took []string
@@ -229,13 +229,13 @@ func TestTwentyReloadsUnderLoadLoseNoRequestAndKeepAdmissionExact(t *testing.T) 
 	}
 
 	// Admission stayed exact: no reload reset or forked a counter.
-	if bucket != endBucket {
-		t.Fatalf("the reload run crossed a minute boundary (bucket %d to %d): the capped org's count is not comparable", bucket, endBucket)
+	if atMinute != endMinute {
+		t.Fatalf("the reload run crossed a minute boundary (minute %d to %d): the capped org's count is not comparable", atMinute, endMinute)
 	}
 	if got := run.count(smallOrg, 200); got != smallOrgRPM {
 		t.Errorf("capped org: %d of %d requests admitted across %d reloads, want exactly %d", got, run.count(smallOrg, 0), reloadCount, smallOrgRPM)
 	}
-	smallKey := bucketKey(newLimit("org", smallOrg, 0, 0).prefix, rpm, bucket)
+	smallKey := periodKey(newLimit("org", smallOrg, 0, 0).prefix, rpm, atMinute)
 	if got := probe.get(t, smallKey); got != smallOrgRPM {
 		t.Errorf("Redis %s = %d, want %d", smallKey, got, smallOrgRPM)
 	}
@@ -549,7 +549,7 @@ func (p *connProbe) infoField(t *testing.T, section, field string) int64 {
 	return 0
 }
 
-// now is the Redis server's clock, which decides the buckets.
+// now is the Redis server's clock, which decides the periods.
 func (p *connProbe) now(t *testing.T) time.Time {
 	t.Helper()
 	now, err := p.c.Time(context.Background()).Result()
@@ -571,7 +571,7 @@ func (p *connProbe) get(t *testing.T, key string) int64 {
 	return n
 }
 
-// sumReq adds up every req bucket of the org, whatever minute it is in.
+// sumReq adds up every req period of the org, whatever minute it is in.
 func (p *connProbe) sumReq(t *testing.T, org string) int64 {
 	t.Helper()
 	keys, err := p.c.Keys(context.Background(), newLimit("org", org, 0, 0).prefix+"req:*").Result()

@@ -11,7 +11,7 @@ import (
 // admitted, what it may cost (its input estimate and its output cap, read
 // from its body by tokenest), in the same atomic step as the rest of its
 // admission; the response's reported usage then replaces the reservation
-// in the buckets it was made in (meterResponse). Concurrent requests thus
+// in the periods it was made in (meterResponse). Concurrent requests thus
 // hold a token cap however many are in flight, as the providers count tokens up
 // front.
 

@@ -107,7 +107,7 @@ func sendAll(t *testing.T, gws []*gateway, up *heldUpstream, n int, body string,
 
 // Reservations hold a tpm under concurrency: 40 requests in flight at once,
 // each reserving 1000 tokens against tpm 10500, admit exactly 10; after the
-// responses the tok buckets hold exactly the usage they reported.
+// responses the token windows hold exactly the usage they reported.
 func TestConcurrentReservationsHoldTheTPMAndSettleToTheReportedUsage(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		up := newHeldUpstream(t, 200, 800)
@@ -221,7 +221,7 @@ func TestARequestTooLargeForItsTPMIsRefusedAtOnceAndNotToBeRetried(t *testing.T)
 		if up.arrived.Load() != 0 {
 			t.Fatal("the upstream saw the request")
 		}
-		if n := storeCount(t, store, newLimit("key", keyID(false, "Bearer sk-"+org), 0, 0).prefix, rpm, nowBucket()); n != 0 {
+		if n := storeCount(t, store, newLimit("key", keyID(false, "Bearer sk-"+org), 0, 0).prefix, rpm, nowMinute()); n != 0 {
 			t.Fatalf("the key was charged %d requests", n)
 		}
 		waitCharged(t, store, orgTokens(org), 0)
@@ -258,7 +258,7 @@ func TestAdmittedHeadersCountTheRequestsReservation(t *testing.T) {
 	})
 }
 
-func nowBucket() int64 { return time.Now().UnixMilli() / bucketMillis }
+func nowMinute() int64 { return time.Now().UnixMilli() / minuteMillis }
 
 // waitMetric waits until the process's metric reads want: charges, and
 // their metrics, land after the response.

@@ -66,14 +66,14 @@ func (c *scriptCall) add(chain []limit, reserve tokenCounts) bool {
 }
 
 // keys declares every key admit.lua touches: per limit and window it caps,
-// the current bucket and the previous one; then its token bucket; then the
-// key of each charge, minute ones first: the current bucket, or a
+// the current period and the previous one; then its token bucket; then the
+// key of each charge, minute ones first: the current period, or a
 // settlement's own.
-func (c *scriptCall) keys(bucket int64) []string {
+func (c *scriptCall) keys(atMinute int64) []string {
 	keys := make([]string, 0, 4*len(c.limits)+c.charges.count())
-	// Each span's current and previous bucket, formatted once per call.
+	// Each span's current and previous period, formatted once per call.
 	var names [2][2]string
-	for s, b := range [...]int64{minute: bucket, day: dayOf(bucket)} {
+	for s, b := range [...]int64{minute: atMinute, day: dayOf(atMinute)} {
 		names[s] = [2]string{strconv.FormatInt(b, 10), strconv.FormatInt(b-1, 10)}
 	}
 	for _, l := range c.limits {
@@ -87,10 +87,10 @@ func (c *scriptCall) keys(bucket int64) []string {
 	}
 	for _, spanKeys := range c.charges.keys {
 		for _, k := range spanKeys {
-			if k.bucket == 0 {
+			if k.period == 0 {
 				keys = append(keys, k.prefix+k.window.keyName()+":"+names[k.window.span()][0])
 			} else {
-				keys = append(keys, bucketKey(k.prefix, k.window, k.bucket))
+				keys = append(keys, periodKey(k.prefix, k.window, k.period))
 			}
 		}
 	}
@@ -103,8 +103,8 @@ func (c *scriptCall) reserving() bool {
 }
 
 // args are the call's arguments of admit.lua, whose clock argument is
-// clock, and whose keys name the minute bucket.
-func (c *scriptCall) args(clock string, bucket int64, peek bool) []any {
+// clock, and whose keys name the minute period.
+func (c *scriptCall) args(clock string, atMinute int64, peek bool) []any {
 	mode, reserving, split := "a", !peek && c.reserving(), false
 	switch {
 	case peek:
@@ -122,7 +122,7 @@ func (c *scriptCall) args(clock string, bucket int64, peek bool) []any {
 	}
 	caps, capsOf := c.distinctCaps()
 	args := make([]any, 0, 8+c.charges.count()+4*len(caps)+4*len(c.chains))
-	args = append(args, clock, hexArg(bucket), mode, hexArg(int64(len(c.limits))),
+	args = append(args, clock, hexArg(atMinute), mode, hexArg(int64(len(c.limits))),
 		hexArg(int64(len(c.charges.keys[minute]))), hexArg(int64(len(c.charges.keys[day]))), hexArg(int64(len(caps))))
 	for _, spanTokens := range c.charges.tokens {
 		for _, n := range spanTokens {
@@ -217,25 +217,25 @@ func (c *scriptCall) decode(reply []int64, charged bool) ([]decision, error) {
 // hexArg is a number argument of admit.lua.
 func hexArg(n int64) string { return strconv.FormatInt(n, 16) }
 
-// chargeCall is what one call charges: tokens per bucket of a token window,
+// chargeCall is what one call charges: tokens per period of a token window,
 // summed over the charges of a batch. A sum of settlements that is negative
-// gives back at most what the bucket holds.
+// gives back at most what the period holds.
 type chargeCall struct {
 	keys     [2][]chargeKey // by span: the script takes the minute ones first
 	tokens   [2][]int64
 	position map[chargeKey]int // index in keys[its span]
 }
 
-// chargeKey is the bucket of a limit's token window: bucket 0 is the call's
+// chargeKey is the period of a limit's token window: period 0 is the call's
 // current one.
 type chargeKey struct {
 	prefix string
 	window windowKind
-	bucket int64
+	period int64
 }
 
 // add adds what ch changes in chain's windows at now, by the gateway's clock
-// (when Redis's clock is already further, the script writes a bucket that
+// (when Redis's clock is already further, the script writes a period that
 // no admission reads any more, and which expires).
 func (c *chargeCall) add(chain []limit, ch charge, now moment) {
 	for _, l := range chain {
@@ -243,7 +243,7 @@ func (c *chargeCall) add(chain []limit, ch charge, now moment) {
 			if k.kind() == requests || !ch.settles(k, now) {
 				continue
 			}
-			key, s := chargeKey{l.prefix, k, ch.bucketIn(k.span())}, k.span()
+			key, s := chargeKey{l.prefix, k, ch.periodIn(k.span())}, k.span()
 			i, ok := c.position[key]
 			if !ok {
 				if c.position == nil {
@@ -258,7 +258,7 @@ func (c *chargeCall) add(chain []limit, ch charge, now moment) {
 	}
 }
 
-// count is how many buckets the call charges.
+// count is how many periods the call charges.
 func (c *chargeCall) count() int { return len(c.keys[minute]) + len(c.keys[day]) }
 
 // scriptItem is one request's part of a call of admit.lua: its admission

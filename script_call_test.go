@@ -48,10 +48,10 @@ func TestBatchedAdmissionsAreDecidedInArrivalOrderEachAllOrNothing(t *testing.T)
 		t.Fatalf("decisions\n%q\nwant\n%q", got, want)
 	}
 	count := redisKit(redisURLFromEnv(t)).count
-	if n := count(t, s, org.prefix, rpm, at/bucketMillis); n != 2 {
+	if n := count(t, s, org.prefix, rpm, at/minuteMillis); n != 2 {
 		t.Fatalf("org charged %d, want the 2 admitted", n)
 	}
-	if n := count(t, s, k3.prefix, rpm, at/bucketMillis); n != 0 {
+	if n := count(t, s, k3.prefix, rpm, at/minuteMillis); n != 0 {
 		t.Fatalf("the refused k3 was charged %d", n)
 	}
 }
@@ -129,11 +129,11 @@ func TestCoalescedTokenChargesAddUpExactly(t *testing.T) {
 	}
 	wg.Wait()
 	count := redisKit(url).count
-	if n := count(t, s, org.prefix, tpm, at/bucketMillis); n != 50*51/2 {
+	if n := count(t, s, org.prefix, tpm, at/minuteMillis); n != 50*51/2 {
 		t.Fatalf("org holds %d tokens, want %d", n, 50*51/2)
 	}
 	for i, k := range keys {
-		if n := count(t, s, k.prefix, tpm, at/bucketMillis); n != int64(i+1) {
+		if n := count(t, s, k.prefix, tpm, at/minuteMillis); n != int64(i+1) {
 			t.Fatalf("key %d holds %d tokens, want %d", i, n, i+1)
 		}
 	}

@@ -58,24 +58,24 @@ type storeDescription struct {
 }
 
 // charge is tokens added to the token windows after a response: a reactive
-// charge in the current buckets, or a settlement, which replaces a
-// reservation by the usage reported and goes in the buckets the reservation
+// charge in the current periods, or a settlement, which replaces a
+// reservation by the usage reported and goes in the periods the reservation
 // was made in: tokens are then the difference, and may be negative. A
 // settlement never takes a counter below zero, and changes nothing in a
-// window whose bucket it is out of (older than the previous minute, or
+// window whose period it is out of (older than the previous minute, or
 // the previous day).
 type charge struct {
 	tokens tokenCounts
-	bucket int64 // the reservation's minute bucket (unix_seconds / 60), and its day; 0: the current ones
+	minute int64 // the reservation's minute period (unix_seconds / 60), and its day; 0: the current ones
 }
 
 // settles reports whether c changes a counter of window k at now: it has
-// tokens of k's kind, and its bucket is still in k's window.
+// tokens of k's kind, and its period is still in k's window.
 func (c charge) settles(k windowKind, now moment) bool {
 	if c.tokens.of(k.kind()) == 0 {
 		return false
 	}
-	return c.bucket == 0 || c.bucketIn(k.span()) >= now.in(k.span()).bucket-1
+	return c.minute == 0 || c.periodIn(k.span()) >= now.in(k.span()).period-1
 }
 
 // changes reports whether c changes a counter of chain at now.
@@ -90,12 +90,12 @@ func (c charge) changes(chain []limit, now moment) bool {
 	return false
 }
 
-// bucketIn is c's bucket in span s; 0 is the current one.
-func (c charge) bucketIn(s span) int64 {
-	if s == day && c.bucket != 0 {
-		return dayOf(c.bucket)
+// periodIn is c's period in span s; 0 is the current one.
+func (c charge) periodIn(s span) int64 {
+	if s == day && c.minute != 0 {
+		return dayOf(c.minute)
 	}
-	return c.bucket
+	return c.minute
 }
 
 // admission is a store's answer to a request.
@@ -220,7 +220,7 @@ type decision struct {
 	now      moment   // the store's clock (Redis TIME for the Redis store)
 	counts   []counts // one per limit of the chain, in chain order
 	// reserve is the tokens the admission reserves on the token windows of
-	// its chain, in their current buckets (its size against them).
+	// its chain, in their current periods (its size against them).
 	reserve tokenCounts
 }
 
@@ -228,7 +228,7 @@ type decision struct {
 func (d decision) size(k kind) int64 { return d.reserve.of(k) }
 
 // countsAfter is c, the counts of limit l that d read, as d's admission
-// leaves them: its size added to the current bucket of each window l caps,
+// leaves them: its size added to the current period of each window l caps,
 // and l's cost to its bucket's deficit. The in-process store writes them,
 // a call of admit.lua replays them for the admissions after, and the headers
 // of an admitted request count it in them.

@@ -15,7 +15,7 @@ import (
 // semantics: an admission locks the counters of its chain (in one global
 // order, so that chains never deadlock), decides, charges and unlocks. There
 // is no global lock: the index of counters is sharded, and admissions read it
-// without locking. Counters whose buckets can no longer be read are dropped
+// without locking. Counters whose periods can no longer be read are dropped
 // by a sweep, so memory is bounded by the active limits.
 type memoryStore struct {
 	now      func() int64 // the clock, in unix milliseconds: this machine's, or one a test pins
@@ -69,35 +69,35 @@ type memoryCounter struct {
 // again at fullAt, absent traffic.
 type bucketState struct{ deficit, at, fullAt int64 }
 
-type slot struct{ bucket, n int64 }
+type slot struct{ period, n int64 }
 
-// window reads the two buckets that an estimate at bucket b needs.
+// window reads the two periods that an estimate in period b needs.
 func readWindow(slots *[2]slot, b int64) window {
 	return window{cur: slots[b&1].count(b), prev: slots[(b-1)&1].count(b - 1)}
 }
 
 func (s slot) count(b int64) int64 {
-	if s.bucket != b {
+	if s.period != b {
 		return 0
 	}
 	return s.n
 }
 
-// add charges n to bucket b. A bucket older than the one in its slot is no
+// add charges n to period b. A period older than the one in its slot is no
 // longer read by anything, so a charge to it (a pinned clock going back) is
 // dropped.
 func add(slots *[2]slot, b, n int64) {
 	s := &slots[b&1]
 	switch {
-	case s.bucket == b:
+	case s.period == b:
 		s.n += n
-	case s.bucket < b:
-		*s = slot{bucket: b, n: n}
+	case s.period < b:
+		*s = slot{period: b, n: n}
 	}
 	s.n = max(s.n, 0) // a settlement gives back at most what is there
 }
 
-// slots are the buckets of window k, under c.mu.
+// slots are the periods of window k, under c.mu.
 func (c *memoryCounter) slots(k windowKind) *[2]slot {
 	if k < itpm {
 		return &c.minute[k]
@@ -108,15 +108,15 @@ func (c *memoryCounter) slots(k windowKind) *[2]slot {
 	return &c.others[k-itpm]
 }
 
-// readAt reports whether an admission at now may still read a bucket of
+// readAt reports whether an admission at now may still read a period of
 // the counter's windows, under c.mu.
 func (c *memoryCounter) readAt(now moment) bool {
 	for k := range numWindows {
 		if k >= itpm && c.others == nil {
 			break
 		}
-		oldest := now.in(k.span()).bucket - 1
-		if s := c.slots(k); s[0].bucket >= oldest || s[1].bucket >= oldest {
+		oldest := now.in(k.span()).period - 1
+		if s := c.slots(k); s[0].period >= oldest || s[1].period >= oldest {
 			return true
 		}
 	}
@@ -316,7 +316,7 @@ func (s *memoryStore) decide(chain []limit, reserve tokenCounts, charge bool, bu
 		c := &d.counts[i]
 		for k, capacity := range l.each {
 			p := at[k.span()]
-			c.w[k] = readWindow(cs[i].slots(k), p.bucket)
+			c.w[k] = readWindow(cs[i].slots(k), p.period)
 			if !fits(c.w[k], capacity, d.size(k.kind()), p) {
 				d.admitted = false
 			}
@@ -337,13 +337,13 @@ func (s *memoryStore) decide(chain []limit, reserve tokenCounts, charge bool, bu
 }
 
 // write stores after, the counts of l that an admission at read as before
-// and charged, under c.mu: the windows' current buckets by what the charge
-// added (a window it left alone keeps no bucket alive for the sweep), and
+// and charged, under c.mu: the windows' current periods by what the charge
+// added (a window it left alone keeps no period alive for the sweep), and
 // the bucket's deficit as of now.
 func (c *memoryCounter) write(l limit, at [2]position, before, after counts, now int64) {
 	for k := range l.each {
 		if n := after.w[k].cur - before.w[k].cur; n != 0 {
-			add(c.slots(k), at[k.span()].bucket, n)
+			add(c.slots(k), at[k.span()].period, n)
 		}
 	}
 	if l.bucket.rate > 0 {
@@ -372,9 +372,9 @@ func (s *memoryStore) add(chain []limit, ch charge) {
 			if !c.dead {
 				for k := range l.each {
 					if k.kind() != requests && ch.settles(k, now) {
-						b := ch.bucketIn(k.span())
+						b := ch.periodIn(k.span())
 						if b == 0 {
-							b = now.in(k.span()).bucket
+							b = now.in(k.span()).period
 						}
 						add(c.slots(k), b, ch.tokens.of(k.kind()))
 					}
@@ -402,7 +402,7 @@ func (s *memoryStore) sweepLoop(every time.Duration) {
 }
 
 // sweep drops the counters that no admission reads any more: those whose
-// buckets are all older than the previous one of their span now, and whose
+// periods are all older than the previous one of their span now, and whose
 // token bucket is full again (a missing one is full). It reads the clock
 // itself, so that idle counters go whether or not requests still come.
 func (s *memoryStore) sweep() {

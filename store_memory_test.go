@@ -15,17 +15,17 @@ func TestMemoryStoreDropsCountersThatNoEstimateReads(t *testing.T) {
 		admitOrFail(t, s, []limit{newLimit("key", uniqueID(t), 5, 0)}, base)
 	}
 	live := newLimit("org", "acme", 100, 0)
-	admitOrFail(t, s, []limit{live}, base+bucketMillis)
+	admitOrFail(t, s, []limit{live}, base+minuteMillis)
 	s.sweep() // at base+60 s the buckets of base are still the previous ones
 	if n := s.size(); n != 1001 {
 		t.Fatalf("%d counters after a sweep one minute on, want all 1001", n)
 	}
-	admitOrFail(t, s, []limit{live}, base+2*bucketMillis)
+	admitOrFail(t, s, []limit{live}, base+2*minuteMillis)
 	s.sweep()
 	if n := s.size(); n != 1 {
 		t.Fatalf("%d counters after a sweep two minutes on, want only the live one", n)
 	}
-	if n := memoryCount(t, s, live.prefix, rpm, base/bucketMillis+2); n != 1 {
+	if n := memoryCount(t, s, live.prefix, rpm, base/minuteMillis+2); n != 1 {
 		t.Fatalf("the live counter lost its count: %d", n)
 	}
 }
@@ -84,7 +84,7 @@ func TestMemoryStoreChainLongerThanTheStackArraysAdmitsAndCharges(t *testing.T) 
 		t.Fatal("admitted a third request against rpm 2")
 	}
 	for _, l := range chain {
-		if n := memoryCount(t, s, l.prefix, rpm, at/bucketMillis); n != 2 {
+		if n := memoryCount(t, s, l.prefix, rpm, at/minuteMillis); n != 2 {
 			t.Fatalf("%s charged %d requests, want 2", l.prefix, n)
 		}
 	}
@@ -163,7 +163,7 @@ func TestMemoryStoreCountsExactlyWhileItsShardsGrowAndAreSwept(t *testing.T) {
 	close(stop)
 	churn.Wait()
 	for _, l := range live {
-		if n := memoryCount(t, s, l.prefix, rpm, now/bucketMillis); n != 1+workers*each {
+		if n := memoryCount(t, s, l.prefix, rpm, now/minuteMillis); n != 1+workers*each {
 			t.Fatalf("%s counted %d requests, want %d: an admission missed its counter and made another", l.prefix, n, 1+workers*each)
 		}
 	}
@@ -198,9 +198,9 @@ func TestIdleInProcessCountersAreReclaimedWithoutTraffic(t *testing.T) {
 		admitOrFail(t, s, []limit{newTaggedLimit("", "team", uniqueID(t), windowLimitCaps(windowCaps{rpd: 5}))}, base)
 	}
 	waitCounters(t, s, 1200)
-	pinned(s, base+2*bucketMillis) // the minute windows are over; the day windows are not
+	pinned(s, base+2*minuteMillis) // the minute windows are over; the day windows are not
 	waitCounters(t, s, 200)
-	pinned(s, base+2*dayMinutes*bucketMillis)
+	pinned(s, base+2*dayMinutes*minuteMillis)
 	waitCounters(t, s, 0)
 }
 

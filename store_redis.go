@@ -193,17 +193,17 @@ func (s *redisStore) call(ctx context.Context, c *scriptCall, peek bool) (ds []d
 	defer cancel()
 	charging := c.charges.count() > 0
 	now := s.clock.gateway()
-	scriptClock, bucket := s.clock.script(now), momentAt(now.UnixMilli()).bucket
-	reply, err := s.runScript(ctx, admitScript, c.keys(bucket), c.args(scriptClock, bucket, peek), !charging)
-	if b, ok := otherBucket(reply); ok && err == nil {
+	scriptClock, atMinute := s.clock.script(now), momentAt(now.UnixMilli()).minute
+	reply, err := s.runScript(ctx, admitScript, c.keys(atMinute), c.args(scriptClock, atMinute, peek), !charging)
+	if b, ok := otherMinute(reply); ok && err == nil {
 		// Redis's clock is in another minute than ours: nothing ran; name
-		// the keys of its bucket.
-		bucket = b
-		reply, err = s.runScript(ctx, admitScript, c.keys(bucket), c.args(scriptClock, bucket, peek), !charging)
+		// the keys of its minute.
+		atMinute = b
+		reply, err = s.runScript(ctx, admitScript, c.keys(atMinute), c.args(scriptClock, atMinute, peek), !charging)
 	}
 	if charging && len(c.chains) > 0 && s.config.topology() != cluster && isDeadConnection(err) {
 		charged, c.charges = err, chargeCall{}
-		reply, err = s.replay(ctx, admitScript, c.keys(bucket), c.args(scriptClock, bucket, peek))
+		reply, err = s.replay(ctx, admitScript, c.keys(atMinute), c.args(scriptClock, atMinute, peek))
 	}
 	observeRedis(op, start, err)
 	if err != nil {
@@ -219,13 +219,13 @@ func (s *redisStore) call(ctx context.Context, c *scriptCall, peek bool) (ds []d
 // gatewayMoment is the gateway's clock reading.
 func (s *redisStore) gatewayMoment() moment { return momentAt(s.clock.gateway().UnixMilli()) }
 
-// otherBucket reads the scripts' answer {-1, now}: the keys named another
-// bucket than Redis's clock, and nothing ran.
-func otherBucket(reply []int64) (int64, bool) {
+// otherMinute reads the scripts' answer {-1, now}: the keys named another
+// minute than Redis's clock, and nothing ran.
+func otherMinute(reply []int64) (int64, bool) {
 	if len(reply) != 2 || reply[0] != -1 {
 		return 0, false
 	}
-	return momentAt(reply[1]).bucket, true
+	return momentAt(reply[1]).minute, true
 }
 
 // runScript runs a script; only an admission may be replayed. An admission
@@ -235,7 +235,7 @@ func otherBucket(reply []int64) (int64, bool) {
 //     an attempt that meets a dead connection is replayed once, by us, on a
 //     fresh one: usually the first attempt never reached Redis. If it did and
 //     only the reply was lost, the replay errs by one request towards
-//     stricter, in a bucket that expires within two minutes.
+//     stricter, in a period that expires within two minutes.
 //   - cluster: the client follows one MOVED or ASK, or resends once after a
 //     dead connection, a timeout, TRYAGAIN or CLUSTERDOWN (MaxRedirects 1),
 //     which stands in for our replay; we add none. A multi-key script in a

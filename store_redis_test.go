@@ -99,7 +99,7 @@ func TestAdmissionOnAConnectionThatDiesAtItsNextCommandIsReplayedOnce(t *testing
 	if admitOrFail(t, s, chain, at).admitted {
 		t.Fatal("third request admitted over rpm 2")
 	}
-	if n := redisCount(t, url, chain[0].prefix, rpm, at/bucketMillis); n != 2 {
+	if n := redisCount(t, url, chain[0].prefix, rpm, at/minuteMillis); n != 2 {
 		t.Fatalf("counted %d requests, want exactly 2 (the dead attempt never reached Redis)", n)
 	}
 }
@@ -125,10 +125,10 @@ func TestCallOnADyingConnectionReplaysItsAdmissionsButNotItsCharges(t *testing.T
 	if !ds[0].admitted || ds[0].counts[0].w[tpm].cur != 0 {
 		t.Fatalf("replayed admission: admitted %v, read %d tokens; want admitted, 0", ds[0].admitted, ds[0].counts[0].w[tpm].cur)
 	}
-	if n := redisCount(t, url, chain[0].prefix, tpm, at/bucketMillis); n != 0 {
+	if n := redisCount(t, url, chain[0].prefix, tpm, at/minuteMillis); n != 0 {
 		t.Fatalf("%d tokens charged by a call whose connection died, want 0", n)
 	}
-	if n := redisCount(t, url, chain[0].prefix, rpm, at/bucketMillis); n != 2 {
+	if n := redisCount(t, url, chain[0].prefix, rpm, at/minuteMillis); n != 2 {
 		t.Fatalf("counted %d requests, want 2", n)
 	}
 }
@@ -150,8 +150,8 @@ func TestAdmissionsOfACallReadTheTokensItCharges(t *testing.T) {
 	if ds[0].admitted || ds[0].counts[1].w[tpm].cur != 500 {
 		t.Fatalf("admitted %v having read %d tokens; want refused on the 500 charged first", ds[0].admitted, ds[0].counts[1].w[tpm].cur)
 	}
-	if len(c.keys(at/bucketMillis)) != 5 { // key req cur/prev, org tok cur/prev, the org's charge
-		t.Fatalf("keys %v", c.keys(at/bucketMillis))
+	if len(c.keys(at/minuteMillis)) != 5 { // key req cur/prev, org tok cur/prev, the org's charge
+		t.Fatalf("keys %v", c.keys(at/minuteMillis))
 	}
 }
 
@@ -320,14 +320,14 @@ func TestScriptTouchesNothingWhenItsKeysNameAnotherMinute(t *testing.T) {
 	s := newTestRedisStore(t, url)
 	at := pinnedBase() + 7000
 	chain := []limit{newLimit("org", uniqueID(t), 5, 100)}
-	stale := momentAt(at).bucket - 1
+	stale := momentAt(at).minute - 1
 	var c scriptCall
 	c.add(chain, tokenCounts{})
 	reply, err := s.runScript(context.Background(), admitScript, c.keys(stale), c.args(hexArg(at), stale, false), true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b, ok := otherBucket(reply); !ok || b != momentAt(at).bucket {
+	if b, ok := otherMinute(reply); !ok || b != momentAt(at).minute {
 		t.Fatalf("reply %v, want {-1, now} naming the bucket of the script's clock", reply)
 	}
 	keys, err := redisClient(t, url).Keys(context.Background(), chain[0].prefix+"*").Result()
@@ -337,7 +337,7 @@ func TestScriptTouchesNothingWhenItsKeysNameAnotherMinute(t *testing.T) {
 	var chargeOnly scriptCall
 	chargeOnly.charges.add(chain, charge{tokens: totalTokens(9)}, momentAt(at))
 	reply, err = s.runScript(context.Background(), admitScript, chargeOnly.keys(stale), chargeOnly.args(hexArg(at), stale, false), false)
-	if _, ok := otherBucket(reply); !ok || err != nil {
+	if _, ok := otherMinute(reply); !ok || err != nil {
 		t.Fatalf("token charge with keys of another minute: %v %v", reply, err)
 	}
 	if keys, _ := redisClient(t, url).Keys(context.Background(), chain[0].prefix+"*").Result(); len(keys) != 0 {
@@ -390,13 +390,13 @@ func BenchmarkAdmissionRedisServerTimeByActiveKeys(b *testing.B) {
 			chainOf := func(key int) []limit { return benchChain(4, id+strconv.Itoa(key%active)) }
 			admin := redisClient(b, url)
 			ctx := context.Background()
-			bucket := time.Now().UnixMilli() / bucketMillis
+			atMinute := time.Now().UnixMilli() / minuteMillis
 			pipe := admin.Pipeline()
 			for k := range active {
 				prefix := chainOf(k)[0].prefix
 				for _, window := range []windowKind{rpm, tpm} {
-					for _, at := range []int64{bucket, bucket - 1} {
-						pipe.Set(ctx, bucketKey(prefix, window, at), 1, 2*time.Minute)
+					for _, at := range []int64{atMinute, atMinute - 1} {
+						pipe.Set(ctx, periodKey(prefix, window, at), 1, 2*time.Minute)
 					}
 				}
 				if pipe.Len() >= 4000 || k == active-1 {
@@ -504,7 +504,7 @@ func TestIdleBucketExpiresTwiceTheTimeAnEmptyOneTakesToFill(t *testing.T) {
 	}
 }
 
-// A day bucket is read until the end of the following day: its keys, those
+// A day period is read until the end of the following day: its keys, those
 // an admission creates and those a charge creates, expire two days after
 // their creation; minute keys after two minutes.
 func TestDayKeysExpireAfterTwoDaysAndMinuteKeysAfterTwoMinutes(t *testing.T) {
@@ -521,7 +521,7 @@ func TestDayKeysExpireAfterTwoDaysAndMinuteKeysAfterTwoMinutes(t *testing.T) {
 		window windowKind
 		want   time.Duration
 	}{{rpm, 2 * time.Minute}, {rpd, 48 * time.Hour}, {tpd, 48 * time.Hour}, {otpd, 48 * time.Hour}} {
-		key := bucketKey(chain[0].prefix, k.window, now.in(k.window.span()).bucket)
+		key := periodKey(chain[0].prefix, k.window, now.in(k.window.span()).period)
 		ttl, err := c.TTL(context.Background(), key).Result()
 		if err != nil {
 			t.Fatal(err)

@@ -20,8 +20,8 @@ type storeKit struct {
 	// replicas returns n stores that share counters the way gateway replicas
 	// do: separate Redis clients (and connections), or the one process store.
 	replicas func(t *testing.T, n int) []store
-	// count reads one bucket of s directly, bypassing the store's logic.
-	count func(t *testing.T, s store, prefix string, k windowKind, bucket int64) int64
+	// count reads one period of s directly, bypassing the store's logic.
+	count func(t *testing.T, s store, prefix string, k windowKind, period int64) int64
 	// state is everything s holds for the chain's limits at the pinned
 	// time, as stored: window buckets and token buckets.
 	state func(t *testing.T, s store, chain []limit, at int64) string
@@ -54,11 +54,11 @@ func memoryKit() storeKit {
 	}
 }
 
-func memoryCount(_ *testing.T, s store, prefix string, k windowKind, bucket int64) int64 {
+func memoryCount(_ *testing.T, s store, prefix string, k windowKind, period int64) int64 {
 	c := s.(*memoryStore).counter(prefix)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.slots(k)[bucket&1].count(bucket)
+	return c.slots(k)[period&1].count(period)
 }
 
 func redisKit(url string) storeKit {
@@ -70,13 +70,13 @@ func redisKit(url string) storeKit {
 			}
 			return out
 		},
-		count: func(t *testing.T, _ store, prefix string, k windowKind, bucket int64) int64 {
-			return redisCount(t, url, prefix, k, bucket)
+		count: func(t *testing.T, _ store, prefix string, k windowKind, period int64) int64 {
+			return redisCount(t, url, prefix, k, period)
 		},
 		state: func(t *testing.T, _ store, chain []limit, at int64) string {
 			var c scriptCall
 			c.add(chain, tokenCounts{})
-			keys := c.keys(momentAt(at).bucket)
+			keys := c.keys(momentAt(at).minute)
 			vals, err := redisClient(t, url).MGet(context.Background(), keys...).Result()
 			if err != nil {
 				t.Fatal(err)
@@ -86,14 +86,14 @@ func redisKit(url string) storeKit {
 	}
 }
 
-func redisCount(t *testing.T, url, prefix string, k windowKind, bucket int64) int64 {
+func redisCount(t *testing.T, url, prefix string, k windowKind, period int64) int64 {
 	opts, err := redis.ParseURL(url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := redis.NewClient(opts)
 	defer c.Close()
-	n, err := c.Get(context.Background(), bucketKey(prefix, k, bucket)).Int64()
+	n, err := c.Get(context.Background(), periodKey(prefix, k, period)).Int64()
 	if err == redis.Nil {
 		return 0
 	}
@@ -185,9 +185,9 @@ func pinned[S store](s S, at int64) S {
 	return s
 }
 
-// pinnedBase is a bucket boundary near now, for pinned clocks whose keys
+// pinnedBase is a period boundary near now, for pinned clocks whose keys
 // Redis expires like real ones.
-func pinnedBase() int64 { return (time.Now().UnixMilli()/bucketMillis + 1) * bucketMillis }
+func pinnedBase() int64 { return (time.Now().UnixMilli()/minuteMillis + 1) * minuteMillis }
 
 func TestStoreConformanceMemory(t *testing.T) {
 	runConformance(t, memoryKit())
@@ -198,8 +198,8 @@ func TestStoreConformanceRedis(t *testing.T) {
 }
 
 func runConformance(t *testing.T, kit storeKit) {
-	counter := func(t *testing.T, s store) func(prefix string, k windowKind, bucket int64) int64 {
-		return func(prefix string, k windowKind, bucket int64) int64 { return kit.count(t, s, prefix, k, bucket) }
+	counter := func(t *testing.T, s store) func(prefix string, k windowKind, period int64) int64 {
+		return func(prefix string, k windowKind, period int64) int64 { return kit.count(t, s, prefix, k, period) }
 	}
 	t.Run("ConcurrentRequestsAgainstRPM1AdmitExactlyOne", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
@@ -215,7 +215,7 @@ func runConformance(t *testing.T, kit storeKit) {
 		if got := raceAdmissions(t, stores, chain, 96, at); got != 5 {
 			t.Fatalf("admitted %d, want exactly 5", got)
 		}
-		if n := counter(t, stores[0])(chain[0].prefix, rpm, at/bucketMillis); n != 5 {
+		if n := counter(t, stores[0])(chain[0].prefix, rpm, at/minuteMillis); n != 5 {
 			t.Fatalf("counted %d requests in the store, want exactly 5", n)
 		}
 	})
@@ -228,7 +228,7 @@ func runConformance(t *testing.T, kit storeKit) {
 			t.Fatalf("admitted %d under key rpm 3 and org rpm 100, want 3", got)
 		}
 		count := counter(t, stores[0])
-		if n := count(org.prefix, rpm, at/bucketMillis); n != 3 {
+		if n := count(org.prefix, rpm, at/minuteMillis); n != 3 {
 			t.Fatalf("org charged %d requests, want only the key's 3 admissions", n)
 		}
 		// A second key of the same org still gets in: the org was not overcharged.
@@ -237,17 +237,17 @@ func runConformance(t *testing.T, kit storeKit) {
 			t.Fatal("a second key of the org was refused")
 		}
 	})
-	t.Run("PreviousBucketCountsInFullOnTheBoundaryAndHalfAtMidMinute", func(t *testing.T) {
+	t.Run("PreviousPeriodCountsInFullOnTheBoundaryAndHalfAtMidMinute", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
 		base := pinnedBase()
 		chain := []limit{newLimit("key", uniqueID(t), 10, 0)}
-		for i := 0; i < 10; i++ { // fill the previous bucket
-			if !admitOrFail(t, s, chain, base-bucketMillis+int64(i)).admitted {
+		for i := 0; i < 10; i++ { // fill the previous period
+			if !admitOrFail(t, s, chain, base-minuteMillis+int64(i)).admitted {
 				t.Fatalf("request %d of 10 refused in an empty window", i+1)
 			}
 		}
 		if d := admitOrFail(t, s, chain, base); d.admitted {
-			t.Fatal("admitted on the boundary, where the previous bucket counts in full (10 of 10)")
+			t.Fatal("admitted on the boundary, where the previous period counts in full (10 of 10)")
 		} else if got := d.counts[0].w[rpm]; got != (window{cur: 0, prev: 10}) {
 			t.Fatalf("read %+v, want prev 10", got)
 		}
@@ -271,10 +271,10 @@ func runConformance(t *testing.T, kit storeKit) {
 			}
 		}
 		// 1 + 1 * 1/60000 leaves less than one request of rpm 2.
-		if admitOrFail(t, s, chain, base+bucketMillis-1).admitted {
+		if admitOrFail(t, s, chain, base+minuteMillis-1).admitted {
 			t.Fatal("admitted at the minute's last millisecond, where the previous request still weighs 1/60000")
 		}
-		if !admitOrFail(t, s, chain, base+bucketMillis).admitted {
+		if !admitOrFail(t, s, chain, base+minuteMillis).admitted {
 			t.Fatal("refused on the next boundary, where only the one request of the minute before counts")
 		}
 	})
@@ -286,8 +286,8 @@ func runConformance(t *testing.T, kit storeKit) {
 			t.Fatal("first request refused")
 		}
 		settle(t, pinned(s, at+1), chain, charge{tokens: totalTokens(1000)})
-		if tok := counter(t, s)(chain[0].prefix, tpm, at/bucketMillis); tok != 1000 {
-			t.Fatalf("tok bucket holds %d, want 1000", tok)
+		if tok := counter(t, s)(chain[0].prefix, tpm, at/minuteMillis); tok != 1000 {
+			t.Fatalf("token window holds %d, want 1000", tok)
 		}
 		d := admitOrFail(t, s, chain, at+2)
 		if d.admitted {
@@ -296,8 +296,8 @@ func runConformance(t *testing.T, kit storeKit) {
 		if ref := refusalOf(chain, d); ref.kind != tokens {
 			t.Fatalf("refused on %v, want tokens", ref.kind)
 		}
-		if n := counter(t, s)(chain[0].prefix, rpm, at/bucketMillis); n != 1 {
-			t.Fatalf("request bucket holds %d after the refusal, want 1", n)
+		if n := counter(t, s)(chain[0].prefix, rpm, at/minuteMillis); n != 1 {
+			t.Fatalf("request window holds %d after the refusal, want 1", n)
 		}
 	})
 	t.Run("RefusedRequestIsChargedToNoLimitOfItsChain", func(t *testing.T) {
@@ -311,7 +311,7 @@ func runConformance(t *testing.T, kit storeKit) {
 				t.Fatal("admitted over the key's rpm 1")
 			}
 		}
-		if n := counter(t, s)(org.prefix, rpm, at/bucketMillis); n != 1 {
+		if n := counter(t, s)(org.prefix, rpm, at/minuteMillis); n != 1 {
 			t.Fatalf("org charged %d, want 1", n)
 		}
 	})
@@ -333,7 +333,7 @@ func runConformance(t *testing.T, kit storeKit) {
 		if d, _ := pinned(s, at).peek(context.Background(), chain); d.admitted {
 			t.Fatal("peek admits over the cap")
 		}
-		if n := counter(t, s)(chain[0].prefix, rpm, at/bucketMillis); n != 2 {
+		if n := counter(t, s)(chain[0].prefix, rpm, at/minuteMillis); n != 2 {
 			t.Fatalf("counted %d, want the 2 admissions only", n)
 		}
 	})
@@ -344,10 +344,10 @@ func runConformance(t *testing.T, kit storeKit) {
 		without := newLimit("key", uniqueID(t), 5, 0)
 		settle(t, pinned(s, at), []limit{without, withTPM}, charge{tokens: totalTokens(42)})
 		count := counter(t, s)
-		if n := count(withTPM.prefix, tpm, at/bucketMillis); n != 42 {
-			t.Fatalf("org tok bucket %d, want 42", n)
+		if n := count(withTPM.prefix, tpm, at/minuteMillis); n != 42 {
+			t.Fatalf("org token window %d, want 42", n)
 		}
-		if n := count(without.prefix, tpm, at/bucketMillis); n != 0 {
+		if n := count(without.prefix, tpm, at/minuteMillis); n != 0 {
 			t.Fatalf("key without tpm charged %d tokens", n)
 		}
 	})
@@ -371,27 +371,27 @@ func runConformance(t *testing.T, kit storeKit) {
 			t.Fatalf("%d charges failed", failed.Load())
 		}
 		// On the store's clock: a minute may have turned meanwhile.
-		now := time.Now().UnixMilli() / bucketMillis
+		now := time.Now().UnixMilli() / minuteMillis
 		count := counter(t, s)
 		if n := count(org.prefix, tpm, now) + count(org.prefix, tpm, now-1); n != 50*51/2 {
 			t.Fatalf("org holds %d tokens, want %d", n, 50*51/2)
 		}
 	})
-	t.Run("RetryAfterIsTheExactReleaseWhenThePreviousBucketRefuses", func(t *testing.T) {
-		// rpm 10, previous bucket 12, current 3: at 10 s into the bucket the
+	t.Run("RetryAfterIsTheExactReleaseWhenThePreviousPeriodRefuses", func(t *testing.T) {
+		// rpm 10, previous period 12, current 3: at 10 s into the period the
 		// estimate is 3 + 12×50/60 = 13. One more fits once 3 + 12×(60−t)/60 ≤ 9,
 		// at t = 30 s.
 		s := kit.replicas(t, 1)[0]
 		base := pinnedBase()
 		chain := []limit{newLimit("key", uniqueID(t), 10, 0)}
 		larger := []limit{newLimit("key", chain[0].id, 100, 0)} // the same counters under a larger cap
-		fill(t, s, larger, base-bucketMillis, 12)
+		fill(t, s, larger, base-minuteMillis, 12)
 		fill(t, s, larger, base, 3)
 		assertReleaseAt(t, s, chain, base+10_000, base+30_000)
 	})
-	t.Run("RetryAfterIsTheExactReleaseWhenTheCurrentBucketRefuses", func(t *testing.T) {
-		// rpm 4, current bucket 6 (filled under a larger cap): one more fits in
-		// the next bucket once 6×(60−t)/60 ≤ 3, at t = 30 s, i.e. 90 s after base.
+	t.Run("RetryAfterIsTheExactReleaseWhenTheCurrentPeriodRefuses", func(t *testing.T) {
+		// rpm 4, current period 6 (filled under a larger cap): one more fits in
+		// the next period once 6×(60−t)/60 ≤ 3, at t = 30 s, i.e. 90 s after base.
 		s := kit.replicas(t, 1)[0]
 		base := pinnedBase()
 		chain := []limit{newLimit("key", uniqueID(t), 4, 0)}
@@ -404,7 +404,7 @@ func runConformance(t *testing.T, kit storeKit) {
 		s := kit.replicas(t, 1)[0]
 		base := pinnedBase()
 		chain := []limit{newLimit("key", uniqueID(t), 0, 1000)}
-		settle(t, pinned(s, base-bucketMillis), chain, charge{tokens: totalTokens(1200)})
+		settle(t, pinned(s, base-minuteMillis), chain, charge{tokens: totalTokens(1200)})
 		settle(t, pinned(s, base), chain, charge{tokens: totalTokens(400)})
 		assertReleaseAt(t, s, chain, base+1000, base+30_001)
 	})
@@ -415,7 +415,7 @@ func runConformance(t *testing.T, kit storeKit) {
 		org := newLimit("org", uniqueID(t), 10, 0) // releases later
 		fill(t, s, []limit{newLimit("key", key.id, 100, 0), newLimit("org", org.id, 100, 0)}, base, 6)
 		fill(t, s, []limit{newLimit("org", org.id, 100, 0)}, base, 12)
-		// org: current 18 > 9, next bucket: 18×(60−t)/60 ≤ 9 at t = 30 s → base+90 s as well;
+		// org: current 18 > 9, next period: 18×(60−t)/60 ≤ 9 at t = 30 s → base+90 s as well;
 		// add more to push it: 30 in total → 30×(60−t)/60 ≤ 9 at t = 42 s.
 		fill(t, s, []limit{newLimit("org", org.id, 100, 0)}, base, 12)
 		chain := []limit{key, org}
@@ -495,7 +495,7 @@ func runConformance(t *testing.T, kit storeKit) {
 		if ref := refusalOf([]limit{first, org}, d); d.admitted || ref.first != 0 || ref.kind != burst || ref.waitMillis != 1000 {
 			t.Fatalf("admitted %v, refusal %+v: want the key's bucket, released in 1000 ms", d.admitted, ref)
 		}
-		if n := kit.count(t, s, org.prefix, rpm, at/bucketMillis); n != 3 {
+		if n := kit.count(t, s, org.prefix, rpm, at/minuteMillis); n != 3 {
 			t.Fatalf("org charged %d requests, want the 3 admitted", n)
 		}
 		second := newBucketLimit(t, "key", keyID(false, "sk-"+uniqueID(t)), "1", 3, 0)
@@ -522,7 +522,7 @@ func runConformance(t *testing.T, kit storeKit) {
 			t.Fatalf("admitted %d of 40 reservations of 1000 against tpm 10500, want exactly 10", got)
 		}
 		for _, l := range chain {
-			if n := kit.count(t, stores[0], l.prefix, tpm, at/bucketMillis); n != 10_000 {
+			if n := kit.count(t, stores[0], l.prefix, tpm, at/minuteMillis); n != 10_000 {
 				t.Fatalf("%s holds %d reserved tokens, want the 10 admissions' 10000", l.scope, n)
 			}
 		}
@@ -542,11 +542,11 @@ func runConformance(t *testing.T, kit storeKit) {
 		if want := releaseIn(a.counts[0].w[tpm], 10_500, 2_000, a.now.in(minute)); a.refusal.waitMillis != want {
 			t.Fatalf("wait %d ms, want %d, when 2000 tokens fit", a.refusal.waitMillis, want)
 		}
-		if n := kit.count(t, s, chain[0].prefix, tpm, at/bucketMillis); n != 9_000 {
-			t.Fatalf("the refusal changed the tok bucket to %d", n)
+		if n := kit.count(t, s, chain[0].prefix, tpm, at/minuteMillis); n != 9_000 {
+			t.Fatalf("the refusal changed the token window to %d", n)
 		}
-		if n := kit.count(t, s, chain[0].prefix, rpm, at/bucketMillis); n != 9 {
-			t.Fatalf("the refusal changed the req bucket to %d", n)
+		if n := kit.count(t, s, chain[0].prefix, rpm, at/minuteMillis); n != 9 {
+			t.Fatalf("the refusal changed the req window to %d", n)
 		}
 		release := at + a.refusal.waitMillis
 		if admitReserving(t, s, chain, release-1, 2_000).admitted {
@@ -561,17 +561,17 @@ func runConformance(t *testing.T, kit storeKit) {
 		base := pinnedBase()
 		chain := []limit{newLimit("key", uniqueID(t), 0, 100_000)}
 		d := admitReserving(t, s, chain, base+58_000, 1_000)                                                                 // at 0:58
-		settle(t, pinned(s, base+bucketMillis+1_000), chain, charge{tokens: totalTokens(700 - 1_000), bucket: d.now.bucket}) // at 1:01
-		if first, second := kit.count(t, s, chain[0].prefix, tpm, base/bucketMillis), kit.count(t, s, chain[0].prefix, tpm, base/bucketMillis+1); first != 700 || second != 0 {
-			t.Fatalf("tok buckets %d and %d, want the usage 700 in the reservation's minute", first, second)
+		settle(t, pinned(s, base+minuteMillis+1_000), chain, charge{tokens: totalTokens(700 - 1_000), minute: d.now.minute}) // at 1:01
+		if first, second := kit.count(t, s, chain[0].prefix, tpm, base/minuteMillis), kit.count(t, s, chain[0].prefix, tpm, base/minuteMillis+1); first != 700 || second != 0 {
+			t.Fatalf("token windows %d and %d, want the usage 700 in the reservation's minute", first, second)
 		}
-		settle(t, pinned(s, base+bucketMillis+2_000), chain, charge{tokens: totalTokens(-5_000), bucket: d.now.bucket})
-		if n := kit.count(t, s, chain[0].prefix, tpm, base/bucketMillis); n != 0 {
-			t.Fatalf("a settlement took the bucket to %d, want never below 0", n)
+		settle(t, pinned(s, base+minuteMillis+2_000), chain, charge{tokens: totalTokens(-5_000), minute: d.now.minute})
+		if n := kit.count(t, s, chain[0].prefix, tpm, base/minuteMillis); n != 0 {
+			t.Fatalf("a settlement took the window to %d, want never below 0", n)
 		}
-		d = admitReserving(t, s, chain, base+2*bucketMillis+5_000, 1_000)
-		settle(t, pinned(s, base+4*bucketMillis), chain, charge{tokens: totalTokens(2_000), bucket: d.now.bucket})
-		if n := kit.count(t, s, chain[0].prefix, tpm, d.now.bucket); n != 1_000 {
+		d = admitReserving(t, s, chain, base+2*minuteMillis+5_000, 1_000)
+		settle(t, pinned(s, base+4*minuteMillis), chain, charge{tokens: totalTokens(2_000), minute: d.now.minute})
+		if n := kit.count(t, s, chain[0].prefix, tpm, d.now.minute); n != 1_000 {
 			t.Fatalf("a settlement out of the window changed its bucket to %d, want it left at 1000", n)
 		}
 	})
@@ -581,7 +581,7 @@ func runConformance(t *testing.T, kit storeKit) {
 		chain := []limit{newLimit("org", uniqueID(t), 0, 10_500)}
 		for range 10 {
 			d := admitReserving(t, s, chain, at, 1_000)
-			settle(t, s, chain, charge{tokens: totalTokens(600 - 1_000), bucket: d.now.bucket})
+			settle(t, s, chain, charge{tokens: totalTokens(600 - 1_000), minute: d.now.minute})
 		}
 		admitted := 0
 		for range 6 {
@@ -632,7 +632,7 @@ func assertReleaseAt(t *testing.T, s store, chain []limit, at, release int64) {
 	}
 	ref := refusalOf(chain, d)
 	if got := at + ref.waitMillis; got != release {
-		t.Fatalf("wait %d ms ends at base+%d, want base+%d", ref.waitMillis, got%bucketMillis, release%bucketMillis)
+		t.Fatalf("wait %d ms ends at base+%d, want base+%d", ref.waitMillis, got%minuteMillis, release%minuteMillis)
 	}
 	if want := (release - at + 999) / 1000; ref.retryAfterSeconds() != want {
 		t.Fatalf("Retry-After %d s, want %d", ref.retryAfterSeconds(), want)
@@ -725,7 +725,7 @@ func raceReservations(t *testing.T, stores []store, chain []limit, n int, reserv
 
 func TestBucketKeyLayoutIsTheSpecs(t *testing.T) {
 	l := newLimit("org", "acme", 1, 0)
-	if got, want := bucketKey(l.prefix, rpm, 29_000_000), "rolter:rl:org:acme:req:29000000"; got != want {
+	if got, want := periodKey(l.prefix, rpm, 29_000_000), "rolter:rl:org:acme:req:29000000"; got != want {
 		t.Fatalf("%s, want %s", got, want)
 	}
 }

@@ -181,7 +181,7 @@ type alikeHistory struct {
 type reservation struct {
 	chain    []limit
 	reserved tokenCounts
-	bucket   int64
+	minute   int64
 }
 
 func (h *alikeHistory) run() {
@@ -190,7 +190,7 @@ func (h *alikeHistory) run() {
 	for i := range alikePool {
 		h.pool = append(h.pool, newTaggedLimit("", fmt.Sprint("s", i), id, randomCaps(h.t, h.rng)))
 	}
-	h.now = nextDay() + h.rng.Int64N(dayMinutes*bucketMillis)
+	h.now = nextDay() + h.rng.Int64N(dayMinutes*minuteMillis)
 	for range alikeSteps {
 		switch n := h.rng.IntN(20); {
 		case n < 9:
@@ -260,7 +260,7 @@ func (h *alikeHistory) admit() {
 	if a.admitted {
 		h.tally.admitted.Add(1)
 		if !reserve.isZero() {
-			h.open = append(h.open, reservation{chain: chain, reserved: reserve, bucket: a.now.bucket})
+			h.open = append(h.open, reservation{chain: chain, reserved: reserve, minute: a.now.minute})
 		}
 	}
 	if h.redis == nil {
@@ -331,15 +331,15 @@ func (h *alikeHistory) settle() {
 		r = h.open[i]
 		h.open = slices.Delete(h.open, i, i+1)
 	} else {
-		r = reservation{chain: h.chain(), reserved: randomReservation(h.rng), bucket: floorDiv(h.now, bucketMillis) - h.rng.Int64N(3)}
+		r = reservation{chain: h.chain(), reserved: randomReservation(h.rng), minute: floorDiv(h.now, minuteMillis) - h.rng.Int64N(3)}
 	}
 	var used tokenCounts
 	if h.rng.IntN(4) > 0 {
 		used = randomUsage(h.rng)
 	}
-	c := charge{tokens: used.minus(r.reserved), bucket: r.bucket}
+	c := charge{tokens: used.minus(r.reserved), minute: r.minute}
 	h.tally.settlements.Add(1)
-	h.log("settle %s of minute %+d by %+v", scopesOf(r.chain), r.bucket-floorDiv(h.now, bucketMillis), c.tokens)
+	h.log("settle %s of minute %+d by %+v", scopesOf(r.chain), r.minute-floorDiv(h.now, minuteMillis), c.tokens)
 	settle(h.t, pinned(h.memory, h.now), r.chain, c)
 	if h.redis != nil {
 		settle(h.t, pinned(h.redis, h.now), r.chain, c)
@@ -376,18 +376,18 @@ func (h *alikeHistory) peek() {
 // onto the next minute or day boundary: its last millisecond before, the
 // boundary, or the millisecond after.
 func (h *alikeHistory) tick() {
-	const dayMillis = dayMinutes * bucketMillis
+	const dayMillis = dayMinutes * minuteMillis
 	switch h.rng.IntN(6) {
 	case 0:
 		h.now += 1 + h.rng.Int64N(999)
 	case 1:
 		h.now += 1000 * (1 + h.rng.Int64N(59))
 	case 2:
-		h.now += bucketMillis * (1 + h.rng.Int64N(59))
+		h.now += minuteMillis * (1 + h.rng.Int64N(59))
 	case 3:
-		h.now += 60 * bucketMillis * (1 + h.rng.Int64N(23))
+		h.now += 60 * minuteMillis * (1 + h.rng.Int64N(23))
 	case 4:
-		h.now = (floorDiv(h.now, bucketMillis)+1)*bucketMillis - 1 + h.rng.Int64N(3)
+		h.now = (floorDiv(h.now, minuteMillis)+1)*minuteMillis - 1 + h.rng.Int64N(3)
 	case 5:
 		h.now = (floorDiv(h.now, dayMillis)+1)*dayMillis - 1 + h.rng.Int64N(3)
 	}

@@ -55,8 +55,8 @@ const (
 
 // Each span's arithmetic counts in a unit: milliseconds for a minute,
 // seconds for a day, so that a day's estimate stays exact in Lua's doubles
-// (maxCap × 86400 is below 2^53). A bucket is length units long. (Its keys
-// live two of its lengths, as admit.lua sets them: a bucket is read until
+// (maxCap × 86400 is below 2^53). A period is length units long. (Its keys
+// live two of its lengths, as admit.lua sets them: a period is read until
 // the end of the following one.)
 type spanUnits struct {
 	unitMillis, length int64
@@ -70,9 +70,9 @@ var spans = [...]spanUnits{
 	day:    {unitMillis: 1000, length: 86_400, name: "day", per: "day", suffix: "d"},
 }
 
-// bucketMillis is a minute bucket's length; a day is dayMinutes of them.
+// minuteMillis is a minute period's length; a day is dayMinutes of them.
 const (
-	bucketMillis = 60_000
+	minuteMillis = 60_000
 	dayMinutes   = 1440
 )
 
@@ -159,7 +159,7 @@ func (t tokenCounts) minus(u tokenCounts) tokenCounts {
 
 func (t tokenCounts) isZero() bool { return t == tokenCounts{} }
 
-// window holds the two buckets of one counter that an estimate reads: the
+// window holds the two periods of one counter that an estimate reads: the
 // sliding window of the package doc, in exact integer arithmetic, with the
 // comparisons admit.lua makes.
 type window struct {
@@ -169,13 +169,13 @@ type window struct {
 // moment is a store's clock reading.
 type moment struct {
 	unixMillis int64
-	bucket     int64 // minute: unix_seconds / 60
-	into       int64 // milliseconds into the minute bucket, [0, bucketMillis)
+	minute     int64 // minute: unix_seconds / 60
+	into       int64 // milliseconds into the minute period, [0, minuteMillis)
 }
 
 func momentAt(unixMillis int64) moment {
-	b := floorDiv(unixMillis, bucketMillis)
-	return moment{unixMillis: unixMillis, bucket: b, into: unixMillis - b*bucketMillis}
+	b := floorDiv(unixMillis, minuteMillis)
+	return moment{unixMillis: unixMillis, minute: b, into: unixMillis - b*minuteMillis}
 }
 
 // floorDiv rounds down, for pinned test clocks before the epoch.
@@ -187,24 +187,24 @@ func floorDiv(a, b int64) int64 {
 	return q
 }
 
-// dayOf is the day bucket (unix_seconds / 86400) of a minute bucket.
-func dayOf(minuteBucket int64) int64 { return floorDiv(minuteBucket, dayMinutes) }
+// dayOf is the day period (unix_seconds / 86400) of a minute period.
+func dayOf(minute int64) int64 { return floorDiv(minute, dayMinutes) }
 
-// position is a moment within one span's buckets.
+// position is a moment within one span's periods.
 type position struct {
 	span       span
-	bucket     int64 // unix_seconds / 60, or / 86400
-	into       int64 // units into the bucket
-	intoMillis int64 // milliseconds into the bucket
+	period     int64 // unix_seconds / 60, or / 86400
+	into       int64 // units into the period
+	intoMillis int64 // milliseconds into the period
 }
 
 func (m moment) in(s span) position {
 	if s == minute {
-		return position{span: minute, bucket: m.bucket, into: m.into, intoMillis: m.into}
+		return position{span: minute, period: m.minute, into: m.into, intoMillis: m.into}
 	}
 	b := floorDiv(m.unixMillis, 86_400_000)
 	intoMillis := m.unixMillis - b*86_400_000
-	return position{span: day, bucket: b, into: intoMillis / 1000, intoMillis: intoMillis}
+	return position{span: day, period: b, into: intoMillis / 1000, intoMillis: intoMillis}
 }
 
 // weighted is the estimate × length at offset into.
@@ -233,19 +233,19 @@ func fits(w window, capacity, size int64, p position) bool {
 // releaseIn is how many milliseconds after p a counter that refuses an
 // admission of size would admit it, absent further traffic: the earliest
 // whole unit (millisecond or second) at which fits holds. While the current
-// bucket alone fits, what refuses is the previous bucket's weight, which
-// falls during this bucket; otherwise the current bucket must first become
+// period alone fits, what refuses is the previous period's weight, which
+// falls during this period; otherwise the current period must first become
 // the previous one. size is at most capacity.
 func releaseIn(w window, capacity, size int64, p position) int64 {
 	u := spans[p.span]
 	// room is how much the weighted estimate may reach, strict or not.
 	room, strict := (capacity-size)*u.length, size == 0
-	var at int64 // units after the start of the current bucket
+	var at int64 // units after the start of the current period
 	if w.cur*u.length < room || !strict && w.cur*u.length == room {
-		// Admits at the earliest t in this bucket with prev × (length − t) within room − cur.
+		// Admits at the earliest t in this period with prev × (length − t) within room − cur.
 		at = max(u.length-maxWeight(room-w.cur*u.length, w.prev, u.length, strict), p.into)
 	} else {
-		// In the next bucket cur is the previous one and the new current is empty.
+		// In the next period cur is the previous one and the new current is empty.
 		at = 2*u.length - maxWeight(room, w.cur, u.length, strict)
 	}
 	return max(at*u.unitMillis-p.intoMillis, 0)
@@ -304,7 +304,7 @@ var windowKindsArg = func() (args [1 << numWindows]string) {
 	return args
 }()
 
-// bucketKey is the key of a limit's window k in bucket b of its span.
-func bucketKey(prefix string, k windowKind, b int64) string {
+// periodKey is the key of a limit's window k in period b of its span.
+func periodKey(prefix string, k windowKind, b int64) string {
 	return prefix + k.keyName() + ":" + strconv.FormatInt(b, 10)
 }

@@ -25,7 +25,7 @@ func runWindowConformance(t *testing.T, kit storeKit) {
 			t.Fatalf("refusal message %q does not name the day window", msg)
 		}
 		if n := kit.count(t, s, chain[0].prefix, rpd, dayStart/86_400_000-1); n != 10 {
-			t.Fatalf("the day bucket holds %d requests, want 10", n)
+			t.Fatalf("the day period holds %d requests, want 10", n)
 		}
 		// At midnight the previous day counts in full; it weighs 9 of 10
 		// once a tenth of the new day has passed: 02:24:00.
@@ -41,9 +41,9 @@ func runWindowConformance(t *testing.T, kit storeKit) {
 		if got := raceReservations(t, stores, chain, 40, 1000, at); got != 10 {
 			t.Fatalf("admitted %d of 40 reservations of 1000 against tpd 10500, want exactly 10", got)
 		}
-		day := dayOf(at / bucketMillis)
+		day := dayOf(at / minuteMillis)
 		if n := kit.count(t, stores[0], chain[0].prefix, tpd, day); n != 10_000 {
-			t.Fatalf("the day bucket holds %d tokens, want the 10 reservations' 10000", n)
+			t.Fatalf("the day period holds %d tokens, want the 10 reservations' 10000", n)
 		}
 		a, err := pinned(stores[0], at).admit(context.Background(), chain, totalTokens(1000))
 		if err != nil || a.admitted || a.refusal.kind != tokens || a.refusal.windowName() != "day" {
@@ -51,11 +51,11 @@ func runWindowConformance(t *testing.T, kit storeKit) {
 		}
 		// Five minutes later the reservation's minute is out of the minute
 		// windows, not out of the day: the settlement still lands.
-		settle(t, pinned(stores[0], at+5*bucketMillis), chain, charge{tokens: totalTokens(400 - 1000), bucket: at / bucketMillis})
+		settle(t, pinned(stores[0], at+5*minuteMillis), chain, charge{tokens: totalTokens(400 - 1000), minute: at / minuteMillis})
 		if n := kit.count(t, stores[0], chain[0].prefix, tpd, day); n != 9_400 {
-			t.Fatalf("the day bucket holds %d tokens after a settlement of 400, want 9400", n)
+			t.Fatalf("the day period holds %d tokens after a settlement of 400, want 9400", n)
 		}
-		if !admitReserving(t, stores[0], chain, at+5*bucketMillis, 1000).admitted {
+		if !admitReserving(t, stores[0], chain, at+5*minuteMillis, 1000).admitted {
 			t.Fatal("1000 more refused with 9400 of 10500 used")
 		}
 	})
@@ -85,7 +85,7 @@ func runWindowConformance(t *testing.T, kit storeKit) {
 		if a := reserve(1001, 0); a.admitted || a.refusal.kind != inputTokens || a.refusal.capacity != 10_000 {
 			t.Fatalf("admitted %v, refusal %+v: want 10001 in refused on input tokens", a.admitted, a.refusal)
 		}
-		b := at / bucketMillis
+		b := at / minuteMillis
 		for _, want := range []struct {
 			k windowKind
 			n int64
@@ -106,14 +106,14 @@ func runWindowConformance(t *testing.T, kit storeKit) {
 		}
 		// Anthropic-like usage: cache reads count in the total, not in the input.
 		used := tokenCounts{total: 2500, input: 1200, output: 300}
-		settle(t, pinned(s, at+2000), chain, charge{tokens: used.minus(reserved), bucket: a.now.bucket})
-		b := at / bucketMillis
+		settle(t, pinned(s, at+2000), chain, charge{tokens: used.minus(reserved), minute: a.now.minute})
+		b := at / minuteMillis
 		for _, want := range []struct {
 			k      windowKind
-			bucket int64
+			period int64
 			n      int64
 		}{{tpm, b, 2500}, {itpm, b, 1200}, {otpm, b, 300}, {itpd, dayOf(b), 1200}} {
-			if n := kit.count(t, s, chain[0].prefix, want.k, want.bucket); n != want.n {
+			if n := kit.count(t, s, chain[0].prefix, want.k, want.period); n != want.n {
 				t.Fatalf("%s holds %d after the settlement, want %d", want.k, n, want.n)
 			}
 		}
@@ -130,7 +130,7 @@ func runWindowConformance(t *testing.T, kit storeKit) {
 		if ref := refusalOf(chain, d); d.admitted || ref.kind != inputTokens || ref.windowName() != "minute" {
 			t.Fatalf("admitted %v, refusal %+v: want a refusal on input tokens with 60 of itpm 60 used", d.admitted, ref)
 		}
-		if n := kit.count(t, s, chain[0].prefix, otpm, at/bucketMillis); n != 40 {
+		if n := kit.count(t, s, chain[0].prefix, otpm, at/minuteMillis); n != 40 {
 			t.Fatalf("otpm holds %d, want the 40 output tokens", n)
 		}
 	})

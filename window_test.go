@@ -8,21 +8,21 @@ import (
 // releaseIn must be the earliest whole millisecond at which the counter fits
 // an admission of its size (a request, a reservation of any size up to the
 // cap, or unreserved tokens) again, absent traffic: checked against a brute-force walk of the clock over
-// the current and the next bucket.
+// the current and the next period.
 func TestReleaseInIsTheEarliestMillisecondAtWhichTheCounterFits(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	for i := 0; i < 400; i++ {
 		capacity := 1 + rng.Int64N(20)
 		size := rng.Int64N(capacity + 1) // a request is 1, a reservation up to the cap, unreserved tokens 0
 		w := window{cur: rng.Int64N(3 * capacity), prev: rng.Int64N(3 * capacity)}
-		into := rng.Int64N(bucketMillis)
+		into := rng.Int64N(minuteMillis)
 		if fits(w, capacity, size, minuteAt(into)) {
 			continue
 		}
 		got := releaseIn(w, capacity, size, minuteAt(into))
 		want := int64(-1)
-		for t := into; t < 3*bucketMillis; t++ {
-			if fits(windowAt(w, t), capacity, size, minuteAt(t%bucketMillis)) {
+		for t := into; t < 3*minuteMillis; t++ {
+			if fits(windowAt(w, t), capacity, size, minuteAt(t%minuteMillis)) {
 				want = t - into
 				break
 			}
@@ -61,10 +61,10 @@ func TestReleaseInOfADayWindowIsTheEarliestSecondAtWhichTheCounterFits(t *testin
 }
 
 // windowAt is w as read t milliseconds after the start of its current
-// minute bucket, with no traffic since.
-func windowAt(w window, t int64) window { return windowAtSpan(w, t, bucketMillis) }
+// minute period, with no traffic since.
+func windowAt(w window, t int64) window { return windowAtSpan(w, t, minuteMillis) }
 
-// windowAtSpan is w as read t units after the start of its current bucket
+// windowAtSpan is w as read t units after the start of its current period
 // of length units.
 func windowAtSpan(w window, t, length int64) window {
 	switch t / length {
@@ -96,5 +96,5 @@ func TestRemainingAndResetFollowTheEstimate(t *testing.T) {
 	}
 }
 
-// minuteAt is the position into milliseconds into a minute bucket.
+// minuteAt is the position into milliseconds into a minute period.
 func minuteAt(into int64) position { return momentAt(into).in(minute) }
