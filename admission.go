@@ -60,9 +60,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	metering := chainMetersTokens(chain)
 	var reserve tokenCounts
 	if metering {
-		if !h.readsModel {
+		if !h.readsModel && readable(req) {
+			// Asked only when there is a body to spare: the admission
+			// consults the same record of refusals.
 			if a, refused := h.store.refusedUnread(chain); refused {
-				return h.answer(w, req, h.limitRefusal(req, a).unread(req))
+				return h.answer(w, req, h.limitRefusal(req, a))
 			}
 			var err error
 			if body, err = readRequestBody(req, h.bodyMemory()); err != nil {
@@ -77,19 +79,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			}
 		}
 	}
-	a, err := h.store.admit(r.Context(), chain, reserve)
-	if err != nil {
-		return h.storeFailed(w, req, chain, err, next)
-	}
-	if !a.admitted {
-		return h.answer(w, req, h.limitRefusal(req, a))
-	}
-	rw := h.admitted(w, req, chain, a.decision, metering)
+	rw, d, err := h.admitOrAnswer(w, req, chain, reserve, metering, next)
 	if rw == nil {
-		return next.ServeHTTP(w, r)
-	}
-	if !metering {
-		return next.ServeHTTP(rw, r)
+		return err
 	}
 	if h.EnsureStreamUsage == nil || *h.EnsureStreamUsage {
 		rw.strip = requestStreamUsage(req, body.whole())
@@ -97,8 +89,30 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// Deferred: reverse_proxy ends a response cut short (the client or the
 	// upstream went away mid-stream) with panic(http.ErrAbortHandler), and
 	// what was reported by then is still charged.
-	defer h.meterResponse(rw, chain, a.decision)
+	defer h.meterResponse(rw, chain, d)
 	return next.ServeHTTP(rw, r)
+}
+
+// admitOrAnswer admits the request's chain with reserve. It answers a
+// refusal or a store failure, and passes on an admitted request whose
+// response it does not meter; for one it meters, it returns the writer that
+// wraps the response, and the admission's decision. rw is nil once the
+// request is answered or passed on, with err the outcome.
+func (h *Handler) admitOrAnswer(w http.ResponseWriter, req *request, chain []limit, reserve tokenCounts, metering bool, next caddyhttp.Handler) (rw *responseWriter, d decision, err error) {
+	a, err := h.store.admit(req.Context(), chain, reserve)
+	if err != nil {
+		return nil, d, h.storeFailed(w, req, chain, err, next)
+	}
+	if !a.admitted {
+		return nil, d, h.answer(w, req, h.limitRefusal(req, a))
+	}
+	switch rw = h.admitted(w, req, chain, a.decision, metering); {
+	case rw == nil:
+		return nil, d, next.ServeHTTP(w, req.Request)
+	case !metering:
+		return nil, d, next.ServeHTTP(rw, req.Request)
+	}
+	return rw, a.decision, nil
 }
 
 // resolve finds the request's chain. What its scopes read must be what the
@@ -108,12 +122,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 // no room under body_memory is refused.
 func (h *Handler) resolve(req *request) (chain []limit, body requestBody, refused *answer) {
 	if i := h.repeatedScopeHeader(req.Request); i >= 0 {
-		return nil, body, new(ambiguousScope(h.Scopes[i].Name, "the header "+h.scopeHeaders[i]+" more than once").unread(req))
+		return nil, body, new(ambiguousScope(h.Scopes[i].Name, "the header "+h.scopeHeaders[i]+" more than once"))
 	}
 	if h.readsAPIKey {
 		key, ambiguous := credential(req)
 		if ambiguous != "" {
-			return nil, body, new(ambiguousScope(placeholderAPIKey, ambiguous).unread(req))
+			return nil, body, new(ambiguousScope(placeholderAPIKey, ambiguous))
 		}
 		req.repl.Set(placeholderAPIKey, key)
 	}
@@ -126,7 +140,7 @@ func (h *Handler) resolve(req *request) (chain []limit, body requestBody, refuse
 	}
 	chain, missing := h.chain(req)
 	if missing >= 0 {
-		return nil, body, new(missingScope(h.Scopes[missing].Name).unread(req))
+		return nil, body, new(missingScope(h.Scopes[missing].Name))
 	}
 	return chain, body, nil
 }

@@ -37,7 +37,7 @@ type answer struct {
 	retryMillis int64
 	headers     headerSet
 	noRetry     bool // x-should-retry: false, which OpenAI's SDKs obey
-	closeConn   bool // the request's body is not wanted (unread)
+	closeConn   bool // the rest of the request's body is not wanted
 	// failure is not a refusal: on_refusal does not apply to it.
 	failure bool
 	// clientGone: the client went away; nothing is answered, and the
@@ -88,7 +88,7 @@ func (h *Handler) answer(w http.ResponseWriter, req *request, a answer) error {
 	if a.noRetry {
 		hdr.Set("X-Should-Retry", "false")
 	}
-	if a.closeConn {
+	if a.closeConn || req.awaitsContinue() {
 		hdr.Set("Connection", "close")
 	}
 	if h.OnRefusal == "error" && !a.failure {
@@ -103,14 +103,16 @@ func setOutcome(repl *caddy.Replacer, outcome string) {
 	admissionsTotal.WithLabelValues(outcome).Inc()
 }
 
-// unread marks an answer given before the request's body was read: when the
-// client waits for 100 Continue to send it, the connection closes after the
-// answer. Go's server would otherwise wait to discard a body that never
-// comes: Caddy's own wrapper of the body hides from it that the client
-// waits.
-func (a answer) unread(req *request) answer {
-	a.closeConn = req.ContentLength != 0 && strings.EqualFold(req.Header.Get("Expect"), "100-continue")
-	return a
+// awaitsContinue reports a request whose client still waits for 100
+// Continue to send its body: the handler answers it without having read the
+// body. The connection then closes after the answer: Go's server would
+// otherwise wait to discard a body that never comes, as Caddy's own wrapper
+// of the body hides from it that the client waits.
+func (req *request) awaitsContinue() bool {
+	if _, read := req.Body.(*heldBody); read {
+		return false
+	}
+	return req.ContentLength != 0 && strings.EqualFold(req.Header.Get("Expect"), "100-continue")
 }
 
 // limitRefusal is the answer to a request a limit refused: 429 (or status),

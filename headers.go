@@ -81,24 +81,14 @@ var (
 // The names are canonical, as every key of h is (http.Header's methods and
 // reverse_proxy canonicalize), so delete spares Del's canonicalization.
 func (s headerSet) apply(h http.Header) {
-	if s.families.openai {
-		for _, name := range openaiHeaders {
-			delete(h, name)
-		}
-	}
-	if s.families.ietf {
-		for _, name := range ietfHeaders {
-			delete(h, name)
-		}
-	}
-	if s.families.scg {
-		for _, name := range scgHeaders {
-			delete(h, name)
-		}
-	}
-	if s.families.anthropic {
-		for _, name := range anthropicHeaders {
-			delete(h, name)
+	for _, f := range [...]struct {
+		sent  bool
+		names []string
+	}{{s.families.openai, openaiHeaders}, {s.families.ietf, ietfHeaders}, {s.families.scg, scgHeaders}, {s.families.anthropic, anthropicHeaders}} {
+		if f.sent {
+			for _, name := range f.names {
+				delete(h, name)
+			}
 		}
 	}
 	// One array holds every value (a header's own slice is capped, so that

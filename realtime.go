@@ -141,20 +141,9 @@ func (h *Handler) serveSession(w http.ResponseWriter, req *request, next caddyht
 	if len(chain) == 0 {
 		return next.ServeHTTP(w, req.Request)
 	}
-	a, err := h.store.admit(req.Context(), chain, tokenCounts{})
-	if err != nil {
-		return h.storeFailed(w, req, chain, err, next)
-	}
-	if !a.admitted {
-		return h.answer(w, req, h.limitRefusal(req, a))
-	}
-	metering := chainMetersTokens(chain)
-	rw := h.admitted(w, req, chain, a.decision, metering)
+	rw, d, err := h.admitOrAnswer(w, req, chain, tokenCounts{}, chainMetersTokens(chain), next)
 	if rw == nil {
-		return next.ServeHTTP(w, req.Request)
-	}
-	if !metering {
-		return next.ServeHTTP(rw, req.Request)
+		return err
 	}
 	removeDeflateOffer(req.Header)
 	rw.tap = usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{}))
@@ -163,7 +152,7 @@ func (h *Handler) serveSession(w http.ResponseWriter, req *request, next caddyht
 		stop()
 		if rw.wroteHeader { // a final status: no switch of protocols
 			h.store.hold()
-			h.meterResponse(rw, chain, a.decision)
+			h.meterResponse(rw, chain, d)
 		}
 	}()
 	return next.ServeHTTP(rw, req.Request)
