@@ -120,14 +120,14 @@ func (b requestBody) whole() []byte {
 	return b.bytes
 }
 
-// readable reports whether the limiter reads the request's body: a POST
-// that is not content-encoded, to an API the classifier knows whatever
-// type it declares (a client must not escape its model's limits or its
-// reservation by declaring another), or declared JSON. A body that does not
+// readable reports whether the limiter reads the request's body: one that
+// is not content-encoded, to an API the classifier knows whatever method
+// and type it declares (a client must not escape its model's limits or its
+// reservation by declaring others), or declared JSON. A body that does not
 // parse as the API's JSON reserves the default and names no model.
 func readable(req *request) bool {
 	r := req.Request
-	return r.Method == http.MethodPost && r.Body != nil && r.Body != http.NoBody && r.Header.Get("Content-Encoding") == "" &&
+	return r.Body != nil && r.Body != http.NoBody && r.Header.Get("Content-Encoding") == "" &&
 		(req.call.API != llmapi.Unknown || strings.EqualFold(usage.MediaType(r.Header.Get("Content-Type")), "application/json"))
 }
 

@@ -142,3 +142,27 @@ func TestAJSONBodySentAsAnotherTypeGetsItsModelAndItsReservation(t *testing.T) {
 		}
 	})
 }
+
+// Nor by sending its body with another method: a GET with a chat body to an
+// API path is read for its model and its reservation too.
+func TestABodySentWithAnotherMethodGetsItsModelAndItsReservation(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		up := newUpstream(t)
+		gw := startGateway(t, up.URL, limited(store, `
+			scope model {http.rolter_ratelimit.model} readable
+			limit model * rpm 1 tpm 100000`))
+		model := uniqueID(t)
+		for _, c := range []struct {
+			method, body string
+			status       int
+		}{
+			{"GET", `{"model":"` + model + `","max_tokens":50000000}`, 429}, // too large: its reservation was read
+			{"PUT", `{"model":"` + model + `","max_tokens":10}`, 200},
+			{"GET", `{"model":"` + model + `","max_tokens":10}`, 429}, // the model's rpm 1
+		} {
+			if res, body := gw.send(t, c.method, "/v1/chat/completions", c.body, "Content-Type: application/json"); res.StatusCode != c.status {
+				t.Fatalf("%s %s: %d %s, want %d", c.method, c.body, res.StatusCode, body, c.status)
+			}
+		}
+	})
+}

@@ -23,7 +23,7 @@ import (
 // the resulting usage chunk from the client; nil if the request is left as it
 // is. body is the request's, buffered (nil when it was not read).
 func requestStreamUsage(req *request, body []byte) *usageStripper {
-	if body == nil || req.call.API != llmapi.Chat {
+	if body == nil || req.call.API != llmapi.Chat || req.Method != http.MethodPost {
 		return nil
 	}
 	r := req.Request
