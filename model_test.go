@@ -119,49 +119,33 @@ func TestAnIDOrPrefixResolvingToNothingFailsTheConfigLoad(t *testing.T) {
 }
 
 // A client does not escape its model's limits or its reservation by
-// declaring another type: a JSON body sent as text/plain or form-encoded
-// (curl -d) to an API path is read for its model and its reservation.
-func TestAJSONBodySentAsAnotherTypeGetsItsModelAndItsReservation(t *testing.T) {
+// declaring another type or method: a JSON body sent as text/plain or
+// form-encoded (curl -d), or with GET or PUT, to an API path is read for its
+// model and its reservation.
+func TestABodySentWithAnotherTypeOrMethodGetsItsModelAndItsReservation(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		up := newUpstream(t)
 		gw := startGateway(t, up.URL, limited(store, `
 			scope model {http.rolter_ratelimit.model} readable
 			limit model * rpm 1 tpm 100000`))
-		model := uniqueID(t)
-		for _, c := range []struct {
-			contentType, body string
-			status            int
-		}{
-			{"application/x-www-form-urlencoded", `{"model":"` + model + `","max_tokens":50000000}`, 429}, // too large: its reservation was read
-			{"text/plain", `{"model":"` + model + `","max_tokens":10}`, 200},
-			{"application/x-www-form-urlencoded", `{"model":"` + model + `","max_tokens":10}`, 429}, // the model's rpm 1
-		} {
-			if res, body := gw.send(t, "POST", "/v1/chat/completions", c.body, "Content-Type: "+c.contentType); res.StatusCode != c.status {
-				t.Fatalf("%s %s: %d %s, want %d", c.contentType, c.body, res.StatusCode, body, c.status)
-			}
-		}
-	})
-}
-
-// Nor by sending its body with another method: a GET with a chat body to an
-// API path is read for its model and its reservation too.
-func TestABodySentWithAnotherMethodGetsItsModelAndItsReservation(t *testing.T) {
-	eachStore(t, func(t *testing.T, store string) {
-		up := newUpstream(t)
-		gw := startGateway(t, up.URL, limited(store, `
-			scope model {http.rolter_ratelimit.model} readable
-			limit model * rpm 1 tpm 100000`))
-		model := uniqueID(t)
-		for _, c := range []struct {
-			method, body string
-			status       int
-		}{
-			{"GET", `{"model":"` + model + `","max_tokens":50000000}`, 429}, // too large: its reservation was read
-			{"PUT", `{"model":"` + model + `","max_tokens":10}`, 200},
-			{"GET", `{"model":"` + model + `","max_tokens":10}`, 429}, // the model's rpm 1
-		} {
-			if res, body := gw.send(t, c.method, "/v1/chat/completions", c.body, "Content-Type: application/json"); res.StatusCode != c.status {
-				t.Fatalf("%s %s: %d %s, want %d", c.method, c.body, res.StatusCode, body, c.status)
+		for _, cases := range [][]struct {
+			method, contentType, maxTokens string
+			status                         int
+		}{{
+			{"POST", "application/x-www-form-urlencoded", "50000000", 429}, // too large: its reservation was read
+			{"POST", "text/plain", "10", 200},
+			{"POST", "application/x-www-form-urlencoded", "10", 429}, // the model's rpm 1
+		}, {
+			{"GET", "application/json", "50000000", 429},
+			{"PUT", "application/json", "10", 200},
+			{"GET", "application/json", "10", 429},
+		}} {
+			model := uniqueID(t)
+			for _, c := range cases {
+				body := `{"model":"` + model + `","max_tokens":` + c.maxTokens + `}`
+				if res, got := gw.send(t, c.method, "/v1/chat/completions", body, "Content-Type: "+c.contentType); res.StatusCode != c.status {
+					t.Fatalf("%s %s %s: %d %s, want %d", c.method, c.contentType, body, res.StatusCode, got, c.status)
+				}
 			}
 		}
 	})
