@@ -40,7 +40,8 @@ func (h *Handler) newRequest(r *http.Request) request {
 //  3. The body, once the chain needs it (its token caps) and the store has
 //     not already refused it for a reason no body changes.
 //  4. The reservation (or too large), the admission: refuse, fail, or pass
-//     on, the response metered by the writer that wraps it (admitted).
+//     on, the response metered by the writer that wraps it (admitted), and
+//     the slots it takes freed when it ends.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	request := h.newRequest(r)
 	req := &request
@@ -79,40 +80,44 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			}
 		}
 	}
-	rw, d, err := h.admitOrAnswer(w, req, chain, reserve, metering, next)
-	if rw == nil {
-		return err
-	}
-	if h.EnsureStreamUsage == nil || *h.EnsureStreamUsage {
-		rw.strip = requestStreamUsage(req, body.whole())
-	}
-	// Deferred: reverse_proxy ends a response cut short (the client or the
-	// upstream went away mid-stream) with panic(http.ErrAbortHandler), and
-	// what was reported by then is still charged.
-	defer h.meterResponse(rw, chain, d)
-	return next.ServeHTTP(rw, r)
+	return h.admitOrAnswer(w, req, chain, reserve, metering, next, func(rw *responseWriter, d decision) error {
+		if h.EnsureStreamUsage == nil || *h.EnsureStreamUsage {
+			rw.strip = requestStreamUsage(req, body.whole())
+		}
+		// Deferred: reverse_proxy ends a response cut short (the client or
+		// the upstream went away mid-stream) with panic(http.ErrAbortHandler),
+		// and what was reported by then is still charged.
+		defer h.meterResponse(rw, chain, d)
+		return next.ServeHTTP(rw, r)
+	})
 }
 
 // admitOrAnswer admits the request's chain with reserve. It answers a
-// refusal or a store failure, and passes on an admitted request whose
-// response it does not meter; for one it meters, it returns the writer that
-// wraps the response, and the admission's decision. rw is nil once the
-// request is answered or passed on, with err the outcome.
-func (h *Handler) admitOrAnswer(w http.ResponseWriter, req *request, chain []limit, reserve tokenCounts, metering bool, next caddyhttp.Handler) (rw *responseWriter, d decision, err error) {
+// refusal or a store failure, and passes on an admitted request: one whose
+// response it does not meter to next, and one it meters to pass, with the
+// writer that wraps the response and the admission's decision. The slots
+// an admitted request takes are freed once it has been passed on, however
+// that ends (a deferred call: reverse_proxy ends a response cut short with
+// a panic).
+func (h *Handler) admitOrAnswer(w http.ResponseWriter, req *request, chain []limit, reserve tokenCounts, metering bool, next caddyhttp.Handler, pass func(*responseWriter, decision) error) error {
 	a, err := h.store.admit(req.Context(), chain, reserve)
 	if err != nil {
-		return nil, d, h.storeFailed(w, req, chain, err, next)
+		return h.storeFailed(w, req, chain, err, next)
 	}
 	if !a.admitted {
-		return nil, d, h.answer(w, req, h.limitRefusal(req, a))
+		return h.answer(w, req, h.limitRefusal(req, a))
 	}
-	switch rw = h.admitted(w, req, chain, a.decision, metering); {
+	if holdsSlots(chain) {
+		defer h.store.free(chain)
+	}
+	switch rw := h.admitted(w, req, chain, a.decision, metering); {
 	case rw == nil:
-		return nil, d, next.ServeHTTP(w, req.Request)
+		return next.ServeHTTP(w, req.Request)
 	case !metering:
-		return nil, d, next.ServeHTTP(rw, req.Request)
+		return next.ServeHTTP(rw, req.Request)
+	default:
+		return pass(rw, a.decision)
 	}
-	return rw, a.decision, nil
 }
 
 // resolve finds the request's chain. What its scopes read must be what the

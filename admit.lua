@@ -2,17 +2,20 @@
 -- step (Redis runs a script to completion before serving any other command).
 -- One call decides one request, or a batch of concurrent requests from one
 -- gateway in arrival order, each all-or-nothing as if it had been sent alone.
--- A call also charges the tokens of responses that ended before it, first,
--- so that its admissions read them; a charge that settles a reservation may
--- be negative, and gives back at most what its period holds.
+-- A call also charges the tokens of responses that ended before it, and
+-- frees the slots of requests that ended, first, so that its admissions read
+-- them; a charge that settles a reservation may be negative, and gives back
+-- at most what its period holds.
 --
 -- KEYS      for each distinct limit of the call, in order: for each window
 --           it caps, in windowKind order (window.go: rpm, tpm, itpm, otpm,
 --           rpd, tpd, itpd, otpd), the key of the current period, then of
 --           the previous one; then, if it has a token bucket, the bucket's
---           key. Then, for each token charge, the key it charges: the minute
---           charges first, then the day charges; a settlement's are its
---           reservation's periods. Every key the script touches is declared,
+--           key; then, if it caps requests in flight, its slots key. Then,
+--           for each token charge, the key it charges: the minute charges
+--           first, then the day charges; a settlement's are its
+--           reservation's periods. Then the slots key of each slot freed.
+--           Every key the script touches is declared,
 --           so that Redis Cluster routes, redirects and migrates the call by
 --           the real keys.
 -- Numbers in ARGV are hexadecimal, which Lua reads with strtoul rather than
@@ -35,12 +38,16 @@
 -- ARGV[7]   K, the number of distinct caps among the limits: most limits of
 --           a call share a handful (every key of one "limit key *" line has
 --           the same), which are then passed and read once.
+-- ARGV[8]   F, the number of slots freed (0 with "p").
+-- ARGV[9]   the holder: the gateway process whose slots the call takes and
+--           frees.
 -- then      per charge, the tokens to add to its key, a decimal (negative
 --           for a settlement that gives tokens back).
 -- then      per distinct caps: the windows it caps, one argument of a byte
 --           per window, its windowKind; the cap of each of them; the rate of a token bucket in
 --           milli-tokens per second (0 is none), and if rate > 0 its burst
---           and cost.
+--           and cost; the most requests in flight (0 is no cap), and if
+--           above 0 the lease of a slot in milliseconds.
 -- then      one argument of L bytes: each limit's caps (1-based).
 -- then      per admission, in arrival order: with "r", the tokens it
 --           reserves, or with "s" (when the call caps input or output
@@ -64,13 +71,22 @@
 -- takes to fill (as Spring does): it is full by then. bucket.go does the same
 -- arithmetic in Go.
 --
+-- A slots key is a hash: per holder, "<slots>:<lease end, unix ms>". A
+-- limit's requests in flight are the slots of the holders whose lease has
+-- not ended; a request fits while they are below the cap. An admission adds
+-- one to its holder's slots and starts a lease; a free takes one away, and
+-- renew.lua writes a holder's slots anew (slots.go). A holding whose lease
+-- has ended is removed when it is read; the key lives twice the lease past
+-- its last write. store_memory.go does the same with one holder.
+--
 -- Reply: {1, now_ms, then per limit, for each window it caps, the current
--- and previous count, then its bucket's deficit; then per admission 1
--- (admitted) or 0}, with the counts as read (the deficit refilled to now)
--- after the token charges and before the admissions: the caller replays the
--- admissions in order to know what each one read.
+-- and previous count, then its bucket's deficit, then if it caps requests
+-- in flight their number; then per admission 1 (admitted) or 0}, with the
+-- counts as read (the deficit refilled to now) after the token charges and
+-- the frees and before the admissions: the caller replays the admissions in
+-- order to know what each one read.
 
-local tonumber, byte, floor = tonumber, string.byte, math.floor
+local tonumber, byte, floor, match, format = tonumber, string.byte, math.floor, string.match, string.format
 
 -- A minute's arithmetic counts milliseconds and a day's seconds, so that a
 -- day's numbers stay exact; a period's key lives two periods (in seconds)
@@ -83,8 +99,8 @@ local KINDS, REQUESTS, TOKENS, INPUT, OUTPUT = 4, 0, 1, 2, 3
 -- A token bucket counts micro-tokens: its rate, in milli-tokens per
 -- second, then refills a whole number of them each millisecond.
 local MICRO = 1000000
--- ARGV[1] to ARGV[7], before the token charges.
-local FIXED_ARGS = 7
+-- ARGV[1] to ARGV[9], before the token charges.
+local FIXED_ARGS = 9
 
 -- The functions take the call's state as arguments: Redis runs the
 -- script's body on each call, which makes its closures anew, and each local
@@ -104,9 +120,46 @@ local function charge_tokens(first_key, first_arg, minute_charges, charges)
   end
 end
 
+-- Frees one of holder's slots per key, before the reads, so that the
+-- call's admissions can take them. A holding whose lease has ended holds
+-- nothing to free.
+local function free_slots(first_key, frees, holder, now)
+  for free = 1, frees do
+    local key = KEYS[first_key + free]
+    local holding = redis.call('HGET', key, holder)
+    if holding then
+      local slots, lease_end = match(holding, '^(%d+):(%d+)$')
+      if slots and slots + 0 > 1 and lease_end + 0 > now then
+        redis.call('HSET', key, holder, format('%d:%s', slots - 1, lease_end))
+      else
+        redis.call('HDEL', key, holder)
+      end
+    end
+  end
+end
+
+-- Returns the slots of every holder of key whose lease has not ended, and
+-- holder's own; the holdings whose lease has ended are removed, unless the
+-- call only reads (clean is false).
+local function read_slots(key, holder, now, clean)
+  local holdings = redis.call('HGETALL', key)
+  local in_flight, own = 0, 0
+  for h = 1, #holdings, 2 do
+    local slots, lease_end = match(holdings[h + 1], '^(%d+):(%d+)$')
+    if slots and lease_end + 0 > now then
+      in_flight = in_flight + slots
+      if holdings[h] == holder then own = slots + 0 end
+    elseif clean then
+      redis.call('HDEL', key, holdings[h])
+    end
+  end
+  return in_flight, own
+end
+
 -- Returns the distinct caps read from ARGV[at] on: each is {windows, rate,
--- burst, cost}, windows listing, flat, each window's windowKind and cap;
--- then the caps of each limit, and the argument after them.
+-- burst, cost, slots, lease}, windows listing, flat, each window's
+-- windowKind and cap; then the caps of each limit, and the argument after
+-- them.
 local function read_caps(at, count)
   local caps = {}
   for position = 1, count do
@@ -117,23 +170,27 @@ local function read_caps(at, count)
       windows[2 * w - 1], windows[2 * w] = kinds[w], tonumber(ARGV[at], 16)
       at = at + 1
     end
-    local rate = tonumber(ARGV[at], 16)
+    local rate, burst, cost = tonumber(ARGV[at], 16), 0, 0
     if rate > 0 then
-      caps[position] = {windows, rate, tonumber(ARGV[at + 1], 16), tonumber(ARGV[at + 2], 16)}
-      at = at + 3
-    else
-      caps[position] = {windows, 0}
+      burst, cost = tonumber(ARGV[at + 1], 16), tonumber(ARGV[at + 2], 16)
+      at = at + 2
+    end
+    local slots, lease = tonumber(ARGV[at + 1], 16), 0
+    if slots > 0 then
+      lease = tonumber(ARGV[at + 2], 16)
       at = at + 1
     end
+    caps[position] = {windows, rate, burst, cost, slots, lease}
+    at = at + 2
   end
   return caps, {byte(ARGV[at], 1, -1)}, at + 1
 end
 
--- Adds each limit's admissions to its request windows and its bucket,
--- walking the keys in the order KEYS declares them. Only the increment
--- that creates a key sets its expiry. (INCR spares the conversion of a
--- number argument to a string.)
-local function write_requests(limit_count, requests_added, caps, caps_of, buckets)
+-- Adds each limit's admissions to its request windows, its bucket and its
+-- holder's slots, walking the keys in the order KEYS declares them. Only
+-- the increment that creates a key sets its expiry. (INCR spares the
+-- conversion of a number argument to a string.)
+local function write_requests(limit_count, requests_added, caps, caps_of, buckets, own_slots, holder, now)
   local key_index = 1
   for limit = 1, limit_count do
     local windows = caps[caps_of[limit]][1]
@@ -150,11 +207,20 @@ local function write_requests(limit_count, requests_added, caps, caps_of, bucket
       end
       if bucket then
         local ttl, since, deficit, cost = bucket[1], bucket[2], bucket[3], bucket[4]
-        redis.call('SET', KEYS[key_index + #windows], string.format('%d:%d', deficit + admitted * cost, since), 'PX', ttl)
+        redis.call('SET', KEYS[key_index + #windows], format('%d:%d', deficit + admitted * cost, since), 'PX', ttl)
       end
     end
     key_index = key_index + #windows
     if bucket then key_index = key_index + 1 end
+    local own = own_slots[limit]
+    if own then
+      if admitted > 0 then
+        local lease = caps[caps_of[limit]][6]
+        redis.call('HSET', KEYS[key_index], holder, format('%d:%d', own + admitted, now + lease))
+        redis.call('PEXPIRE', KEYS[key_index], 2 * lease)
+      end
+      key_index = key_index + 1
+    end
   end
 end
 
@@ -165,7 +231,7 @@ local function write_reservations(token_windows, token_reserved, token_key, toke
     local reserved = token_reserved[window]
     if reserved > 0 then
       local key = KEYS[token_key[window]]
-      if redis.call('INCRBY', key, string.format('%d', reserved)) == reserved then
+      if redis.call('INCRBY', key, format('%d', reserved)) == reserved then
         redis.call('EXPIRE', key, token_kind[window] >= KINDS and DAY_TTL or MINUTE_TTL)
       end
     end
@@ -188,12 +254,13 @@ local day_weight = DAY - (seconds - floor(seconds / DAY) * DAY)
 local split = ARGV[3] == 's'
 local reserving = split or ARGV[3] == 'r'
 local charging = reserving or ARGV[3] == 'a'
-local limit_count, minute_charges, day_charges, caps_count =
-  tonumber(ARGV[4], 16), tonumber(ARGV[5], 16), tonumber(ARGV[6], 16), tonumber(ARGV[7], 16)
+local limit_count, minute_charges, day_charges, caps_count, frees, holder =
+  tonumber(ARGV[4], 16), tonumber(ARGV[5], 16), tonumber(ARGV[6], 16), tonumber(ARGV[7], 16), tonumber(ARGV[8], 16), ARGV[9]
 local charges = minute_charges + day_charges
-local limit_keys = #KEYS - charges
+local limit_keys = #KEYS - charges - frees
 
 if charges > 0 then charge_tokens(limit_keys, FIXED_ARGS, minute_charges, charges) end
+if frees > 0 then free_slots(limit_keys + charges, frees, holder, now) end
 local counters = limit_keys > 0 and redis.call('MGET', unpack(KEYS, 1, limit_keys)) or {}
 local caps, caps_of, admissions_at = read_caps(FIXED_ARGS + charges + 1, caps_count)
 
@@ -202,9 +269,11 @@ local caps, caps_of, admissions_at = read_caps(FIXED_ARGS + charges + 1, caps_co
 -- least of its request windows' room, 0 if one of its token windows is full
 -- (without reservations, tokens are charged after the fact, never by an
 -- admission, so that holds for the whole call), and the requests its token
--- bucket holds; requests_added, the requests the call admitted; buckets,
--- its token bucket's {ttl, since, deficit, cost}, nil where it has none.
-local requests_left, requests_added, buckets = {}, {}, {}
+-- bucket holds and the slots free of its cap on requests in flight;
+-- requests_added, the requests the call admitted; buckets, its token
+-- bucket's {ttl, since, deficit, cost}, nil where it has none; own_slots,
+-- the slots its holder holds, nil where it has no such cap.
+local requests_left, requests_added, buckets, own_slots = {}, {}, {}, {}
 -- With reservations, each token window has a room of its own too, in flat
 -- arrays rather than a table per window: token_room, in its span's units
 -- times its length (a reservation of r fits while token_room >= r * length,
@@ -271,6 +340,15 @@ for limit = 1, limit_count do
   end
   reply_len = reply_len + 1
   reply[reply_len] = deficit
+  local slots = limit_caps[5]
+  if slots > 0 then
+    local in_flight, own = read_slots(KEYS[key_index], holder, now, charging)
+    if slots - in_flight < room then room = slots - in_flight end
+    own_slots[limit] = own
+    reply_len = reply_len + 1
+    reply[reply_len] = in_flight
+    key_index = key_index + 1
+  end
   requests_left[limit], requests_added[limit] = room, 0
 end
 
@@ -326,7 +404,7 @@ for at = admissions_at, #ARGV, admission_args do
 end
 
 if charging then
-  write_requests(limit_count, requests_added, caps, caps_of, buckets)
+  write_requests(limit_count, requests_added, caps, caps_of, buckets, own_slots, holder, now)
   if reserving then write_reservations(token_windows, token_reserved, token_key, token_kind) end
 end
 return reply

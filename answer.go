@@ -117,14 +117,19 @@ func (req *request) awaitsContinue() bool {
 
 // limitRefusal is the answer to a request a limit refused: 429 (or status),
 // naming the first refusing scope and its cap, never its id, with the wait
-// until every refusing limit would admit it.
+// until every refusing limit would admit it; a concurrency cap knows no
+// wait, and then none is announced: the clients' SDKs back off on their own.
 func (h *Handler) limitRefusal(req *request, a admission) answer {
 	ref, l := a.refusal, a.limits[a.refusal.first]
+	retryMillis := max(ref.waitMillis, 1)
+	if ref.untilFreed {
+		retryMillis = 0
+	}
 	return answer{
 		outcome: outcomeRefused, status: cmp.Or(h.Status, http.StatusTooManyRequests), message: ref.message(a.limits),
 		typ: ref.kind.errorType(), code: "rate_limit_exceeded",
 		scope: l.scope, kind: ref.kind.String(), window: ref.windowName(), capacity: ref.capacity, id: l.id,
-		retryMillis: max(ref.waitMillis, 1), headers: h.families(req.dia).headersFor(a.limits, a.decision, false),
+		retryMillis: retryMillis, headers: h.families(req.dia).headersFor(a.limits, a.decision, false),
 	}
 }
 

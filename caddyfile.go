@@ -44,9 +44,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			tls                                    # TLS even for redis:// URLs
 //		}
 //		scope <name> <value> [readable] [required] [joined]  # repeatable; <value> is usually a placeholder
-//		limit <scope> <id>|<prefix>*|* [rpm|tpm|itpm|otpm|rpd|tpd|itpd|otpd <n>]... [rate <per-second> burst <n> [cost <n>]]
+//		limit <scope> <id>|<prefix>*|* [rpm|tpm|itpm|otpm|rpd|tpd|itpd|otpd <n>]... [rate <per-second> burst <n> [cost <n>]] [concurrent <n>]
 //		                                           # repeatable; rpm requests, tpm tokens, itpm input tokens and otpm
 //		                                           # output tokens per minute; rpd, tpd, itpd, otpd per day;
+//		                                           # concurrent: requests in flight at once;
 //		                                           # <prefix>* is one pool for every id starting with
 //		                                           # <prefix> (the longest wins; an exact id beats it); * is the
 //		                                           # default for every id of that scope
@@ -59,6 +60,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		reserve_tokens on|off                      # default on: reserve each request's tokens at admission
 //		reserve_output <n>                         # default 1024: the output reserved for a request that names no cap
 //		body_memory <size>                         # default 64MiB, at least 8MiB: request bodies being read at once, per process
+//		slot_lease <duration>                      # default 30s, at least 1s: how long a dead process's slots outlive it
 //		realtime {                                 # WebSocket sessions (any upgrade the matcher covers)
 //			max_connections <n>                    # open sessions per Caddy process; default no cap
 //			flush_interval <duration>              # how often a session's tokens are charged; default 5s
@@ -266,6 +268,23 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			h.BodyMemory = int64(size)
 
+		case "slot_lease":
+			var v string
+			if !d.AllArgs(&v) {
+				return d.ArgErr()
+			}
+			lease, err := caddy.ParseDuration(v)
+			if err != nil || lease <= 0 {
+				return d.Errf("slot_lease must be a positive duration such as 30s, not %q", v)
+			}
+			if err := (&Handler{SlotLease: caddy.Duration(lease)}).Validate(); err != nil {
+				return d.WrapErr(err)
+			}
+			if err := noBlock(d, sub); err != nil {
+				return err
+			}
+			h.SlotLease = caddy.Duration(lease)
+
 		default:
 			return d.Errf("unrecognized rolter_ratelimit subdirective '%s'", sub.Text)
 		}
@@ -465,10 +484,12 @@ func parseLimit(d *caddyfile.Dispenser) (LimitConfig, error) {
 			n = &l.Burst
 		case "cost":
 			n = &l.Cost
+		case "concurrent":
+			n = &l.Concurrent
 		case "rate":
 		default:
 			if n = l.windowCap(name); n == nil {
-				return l, d.Errf("unrecognized limit option '%s': expecting rpm, tpm, itpm, otpm, rpd, tpd, itpd, otpd, rate, burst or cost", name)
+				return l, d.Errf("unrecognized limit option '%s': expecting rpm, tpm, itpm, otpm, rpd, tpd, itpd, otpd, rate, burst, cost or concurrent", name)
 			}
 		}
 		if seen[name] {

@@ -116,6 +116,27 @@ var caddyfileGoodCases = []caddyfileGoodCase{
 		},
 	},
 	{
+		name: "caps on requests in flight, alone and beside the others",
+		input: `rolter_ratelimit {
+			scope key {http.request.header.X-Api-Key}
+			scope team {http.request.header.X-Team}
+			limit key * rpm 60 tpm 100000 concurrent 5
+			limit team * concurrent 50
+			slot_lease 10s
+		}`,
+		want: &Handler{
+			Scopes: []Scope{
+				{Name: "key", Value: "{http.request.header.X-Api-Key}"},
+				{Name: "team", Value: "{http.request.header.X-Team}"},
+			},
+			Limits: []LimitConfig{
+				{Scope: "key", ID: "*", RPM: 60, TPM: 100000, Concurrent: 5},
+				{Scope: "team", ID: "*", Concurrent: 50},
+			},
+			SlotLease: caddy.Duration(10 * time.Second),
+		},
+	},
+	{
 		name: "limit before its scope line",
 		input: `rolter_ratelimit {
 			limit org acme rpm 5
@@ -299,6 +320,9 @@ var caddyfileBadCases = []caddyfileBadCase{
 	{"an id that resolves to nothing", "rolter_ratelimit {\n\tscope key {http.request.header.X-Api-Key}\n\tlimit key {env.ROLTER_TEST_UNSET_ID} rpm 5\n}", `limit for scope "key" id "{env.ROLTER_TEST_UNSET_ID}": the id resolves to nothing when the config loads, so it would limit no request`, 3},
 	{"body_memory not a size", "rolter_ratelimit {\n\tbody_memory lots\n}", `body_memory must be a size such as 64MiB, not "lots"`, 2},
 	{"body_memory below two bodies", "rolter_ratelimit {\n\tbody_memory 1MiB\n}", "body_memory must be at least 8388608 bytes (8MiB: two bodies of the largest size read), not 1048576", 2},
+	{"slot_lease not a duration", "rolter_ratelimit {\n\tslot_lease long\n}", `slot_lease must be a positive duration such as 30s, not "long"`, 2},
+	{"slot_lease below a second", "rolter_ratelimit {\n\tslot_lease 500ms\n}", "slot_lease must be at least 1s, not 500ms", 2},
+	{"slot_lease twice", "rolter_ratelimit {\n\tslot_lease 10s\n\tslot_lease 20s\n}", "slot_lease is given twice", 3},
 	{"body_memory twice", "rolter_ratelimit {\n\tbody_memory 16MiB\n\tbody_memory 32MiB\n}", "body_memory is given twice", 3},
 	{"scope option twice", "rolter_ratelimit {\n\tscope org x readable required readable\n}", "readable is given twice", 2},
 	{"scope with a bad name", "rolter_ratelimit {\n\tscope \"api key\" x\n}", `scope name "api key"`, 2},
@@ -313,7 +337,7 @@ var caddyfileBadCases = []caddyfileBadCase{
 	{"default limit twice", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5\n\tlimit key * rpm 5\n}", `a second limit for scope "key" id "*"`, 4},
 	{"limit without id", "rolter_ratelimit {\n\tscope key x\n\tlimit key\n}", "wrong argument count", 3},
 	{"limit without anything", "rolter_ratelimit {\n\tlimit\n}", "wrong argument count", 2},
-	{"limit without rpm or tpm", "rolter_ratelimit {\n\tscope key x\n\tlimit key *\n}", `limit for scope "key" id "*" sets no cap: give rpm, tpm, itpm, otpm, rpd, tpd, itpd, otpd, or rate and burst`, 3},
+	{"limit without rpm or tpm", "rolter_ratelimit {\n\tscope key x\n\tlimit key *\n}", `limit for scope "key" id "*" sets no cap: give rpm, tpm, itpm, otpm, rpd, tpd, itpd, otpd, rate and burst, or concurrent`, 3},
 	{"limit with an empty id", "rolter_ratelimit {\n\tscope key x\n\tlimit key \"\" rpm 5\n}", `limit for scope "key" has an empty id`, 3},
 	{"rpm zero", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 0\n}", `rpm must be a positive integer, not "0"`, 3},
 	{"tpm zero", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 tpm 0\n}", `tpm must be a positive integer, not "0"`, 3},
@@ -332,7 +356,12 @@ var caddyfileBadCases = []caddyfileBadCase{
 	{"itpd twice", "rolter_ratelimit {\n\tscope key x\n\tlimit key * itpd 5 otpd 5 itpd 6\n}", "itpd is given twice", 3},
 	{"otpm without value", "rolter_ratelimit {\n\tscope key x\n\tlimit key * otpm\n}", "wrong argument count or unexpected line ending after 'otpm'", 3},
 	{"tpd above the largest cap", "rolter_ratelimit {\n\tscope key x\n\tlimit key * tpd 100000000001\n}", `limit for scope "key" id "*": tpd must be a positive integer of at most 100000000000, not 100000000001`, 3},
-	{"unknown limit option", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rps 5\n}", "unrecognized limit option 'rps': expecting rpm, tpm, itpm, otpm, rpd, tpd, itpd, otpd, rate, burst or cost", 3},
+	{"unknown limit option", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rps 5\n}", "unrecognized limit option 'rps': expecting rpm, tpm, itpm, otpm, rpd, tpd, itpd, otpd, rate, burst, cost or concurrent", 3},
+	{"concurrent zero", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 concurrent 0\n}", `concurrent must be a positive integer, not "0"`, 3},
+	{"concurrent negative", "rolter_ratelimit {\n\tscope key x\n\tlimit key * concurrent -5\n}", `concurrent must be a positive integer, not "-5"`, 3},
+	{"concurrent without value", "rolter_ratelimit {\n\tscope key x\n\tlimit key * concurrent\n}", "wrong argument count or unexpected line ending after 'concurrent'", 3},
+	{"concurrent twice", "rolter_ratelimit {\n\tscope key x\n\tlimit key * concurrent 5 rpm 1 concurrent 6\n}", "concurrent is given twice", 3},
+	{"concurrent above the largest cap", "rolter_ratelimit {\n\tscope key x\n\tlimit key * concurrent 100000000001\n}", `limit for scope "key" id "*": concurrent must be a positive integer of at most 100000000000, not 100000000001`, 3},
 	{"rate without burst", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rate 5\n}", `limit for scope "key" id "*": a token bucket needs a burst (its capacity) with its rate`, 3},
 	{"burst without rate", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 burst 10\n}", `limit for scope "key" id "*": a token bucket needs a rate (tokens per second) with its burst`, 3},
 	{"cost without a bucket", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 cost 2\n}", `a token bucket needs a rate (tokens per second) with its burst`, 3},

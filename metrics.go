@@ -18,7 +18,7 @@ var (
 	}, []string{"outcome"})
 	refusalsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "refusals_total",
-		Help: "Refused requests, by the scope name, kind (requests, tokens, input_tokens, output_tokens, burst, too_large) and window (minute, day; empty for a bucket) of the first refusing limit.",
+		Help: "Refused requests, by the scope name, kind (requests, tokens, input_tokens, output_tokens, burst, too_large, concurrency) and window (minute, day; empty for a bucket or a concurrency cap) of the first refusing limit.",
 	}, []string{"scope", "kind", "window"})
 	refusalsCachedTotal = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "refusals_cached_total",
@@ -46,7 +46,7 @@ var (
 	}, []string{"what"})
 	redisDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "redis_call_duration_seconds",
-		Help:    "Redis calls of the limiter, by operation: admit, record_tokens, peek.",
+		Help:    "Redis calls of the limiter, by operation: admit, record_tokens, free_slots, renew_slots, peek.",
 		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1},
 	}, []string{"op"})
 	redisErrorsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -61,6 +61,10 @@ var (
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "request_body_bytes",
 		Help: "Memory held by the request bodies the limiter is reading in this process (body_memory caps it).",
 	}, func() float64 { return float64(bodiesHeld.bytesHeld()) })
+	slotsHeld = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "slots_held",
+		Help: "Slots of caps on requests in flight that this process holds (its requests in flight under them), by the scope name of the cap.",
+	}, []string{"scope"})
 	memoryCounters = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "memory_counters",
 		Help: "Counters the in-process store holds (one per limited scope id); idle ones are reclaimed.",
@@ -83,7 +87,7 @@ const (
 
 // registerMetrics registers the process's collectors in a config's registry.
 func registerMetrics(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{admissionsTotal, refusalsTotal, refusalsCachedTotal, tokensChargedTotal, tokensReservedTotal, tokensReturnedTotal, unmeteredTotal, usageClampedTotal, redisDuration, redisErrorsTotal, sessionsOpen, requestBodyBytes, memoryCounters} {
+	for _, c := range []prometheus.Collector{admissionsTotal, refusalsTotal, refusalsCachedTotal, tokensChargedTotal, tokensReservedTotal, tokensReturnedTotal, unmeteredTotal, usageClampedTotal, redisDuration, redisErrorsTotal, sessionsOpen, requestBodyBytes, slotsHeld, memoryCounters} {
 		if err := reg.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return err
 		}

@@ -20,7 +20,8 @@ func init() {
 }
 
 // Handler enforces caps on requests and tokens (all of them, input or output)
-// per minute and per day, and token buckets, over a chain of scopes. A request is admitted only if every limit
+// per minute and per day, token buckets, and caps on requests in flight,
+// over a chain of scopes. A request is admitted only if every limit
 // of its chain fits, in one atomic step; a refused request gets a 429 that
 // LLM client SDKs understand and never reaches the next handler.
 //
@@ -30,7 +31,8 @@ func init() {
 //
 //	admitted             passed on, with the rate-limit headers
 //	refused              by a limit: 429 (or Status), Retry-After; or, too large for a
-//	                     token cap to ever fit, 429 with x-should-retry false and no wait
+//	                     token cap to ever fit, 429 with x-should-retry false and no wait;
+//	                     or by a cap on requests in flight, 429 without a wait
 //	refused_empty_scope  a required scope is empty: 403, before any store call
 //	refused_ambiguous_scope
 //	                     a scope's one header sent more than once, or two different
@@ -55,13 +57,13 @@ func init() {
 //	{http.rolter_ratelimit.refused_scope}  on a refusal: the first refusing scope's name,
 //	                                       or the required scope that is empty
 //	{http.rolter_ratelimit.refused_kind}   on a refusal by a limit: requests, tokens, input_tokens,
-//	                                       output_tokens, burst or too_large
+//	                                       output_tokens, burst, too_large or concurrency
 //	{http.rolter_ratelimit.refused_window} on a refusal by a limit's window: minute or day
-//	                                       ("" for a bucket)
+//	                                       ("" for a bucket or a concurrency cap)
 //	{http.rolter_ratelimit.refused_limit}  on a refusal by a limit: its cap (a bucket's burst)
 //	{http.rolter_ratelimit.retry_after}    on an answer that announces a wait (a refusal by a limit,
-//	                                       not too_large; a body over body_memory): Retry-After,
-//	                                       in seconds
+//	                                       not too_large nor by requests in flight; a body over
+//	                                       body_memory): Retry-After, in seconds
 //
 // A request that no limit applies to passes through untouched, with no
 // placeholder set.
@@ -143,6 +145,13 @@ type Handler struct {
 	// unread.
 	BodyMemory int64 `json:"body_memory,omitempty"`
 
+	// SlotLease is how long the slots of requests in flight (Concurrent)
+	// that a gateway process holds outlive its last renewal of them: a
+	// process that dies, or loses its store, frees its slots within one
+	// lease. A live request's slots are renewed every third of it, however
+	// long the request lasts. Default 30s; at least 1s.
+	SlotLease caddy.Duration `json:"slot_lease,omitempty"`
+
 	store   store
 	release func() error // gives the store back to its pool
 	limits  map[string]scopeLimits
@@ -189,7 +198,7 @@ type Scope struct {
 
 // LimitConfig caps one id of a scope, every id that starts with a prefix
 // ("gpt-4o*"), or every id of it ("*"): per minute, per day, with a token
-// bucket, or any of these; every cap must admit a request. Each window cap is
+// bucket, in flight, or any of these; every cap must admit a request. Each window cap is
 // a positive integer of at most 10^11. Tokens are those the response's usage
 // reports: TPM and TPD count all of them, ITPM and ITPD its input (prompt)
 // tokens, OTPM and OTPD its output (completion) tokens; the README's table
@@ -231,6 +240,10 @@ type LimitConfig struct {
 	// Cost is the tokens an admitted request takes from the bucket; default
 	// 1, at most Burst.
 	Cost int64 `json:"cost,omitempty"`
+	// Concurrent caps the requests of the id in flight at once, a WebSocket
+	// session counting for its whole life; 0 or absent: no cap. A request
+	// refused by it is answered without a wait (none is known).
+	Concurrent int64 `json:"concurrent,omitempty"`
 }
 
 // scopeLimits are the caps of one scope: per id (as stored), per id prefix
@@ -302,6 +315,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if err != nil {
 			return err
 		}
+		caps.concurrent.leaseMillis = h.slotLease().Milliseconds()
 		id := "*"
 		raw, err := lc.resolvedID(repl)
 		if err != nil {
@@ -340,6 +354,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	liveHandlers.add(h)
 	h.logger.Info("rate limits loaded", zap.Strings("chain", h.scopeNames()), zap.Strings("limits", effective), zap.Bool("redis", h.Redis != nil))
 	return nil
+}
+
+func (h *Handler) slotLease() time.Duration {
+	return cmp.Or(time.Duration(h.SlotLease), defaultSlotLease)
 }
 
 func (h *Handler) timeout() time.Duration {
@@ -418,6 +436,9 @@ func (h *Handler) Validate() error {
 	if h.ReserveOutput < 0 {
 		return fmt.Errorf("reserve_output must be a positive number of tokens, not %d", h.ReserveOutput)
 	}
+	if h.SlotLease != 0 && time.Duration(h.SlotLease) < minSlotLease {
+		return fmt.Errorf("slot_lease must be at least %s, not %s", minSlotLease, time.Duration(h.SlotLease))
+	}
 	if h.BodyMemory != 0 && h.BodyMemory < minBodyMemory {
 		return fmt.Errorf("body_memory must be at least %d bytes (8MiB: two bodies of the largest size read), not %d", minBodyMemory, h.BodyMemory)
 	}
@@ -449,13 +470,16 @@ func (l LimitConfig) validate() error {
 	if l.Burst < 0 || l.Cost < 0 {
 		return fmt.Errorf("limit for scope %q id %q: burst and cost must be positive integers", l.Scope, l.ID)
 	}
+	if l.Concurrent < 0 || l.Concurrent > maxCap {
+		return fmt.Errorf("limit for scope %q id %q: concurrent must be a positive integer of at most %d, not %d", l.Scope, l.ID, int64(maxCap), l.Concurrent)
+	}
 	for k, n := range l.windowCaps() {
 		if n < 0 || n > maxCap {
 			return fmt.Errorf("limit for scope %q id %q: %s must be a positive integer of at most %d, not %d", l.Scope, l.ID, windowKind(k), int64(maxCap), n)
 		}
 	}
-	if l.windowCaps() == (windowCaps{}) && l.Rate == "" && l.Burst == 0 && l.Cost == 0 {
-		return fmt.Errorf("limit for scope %q id %q sets no cap: give rpm, tpm, itpm, otpm, rpd, tpd, itpd, otpd, or rate and burst", l.Scope, l.ID)
+	if l.windowCaps() == (windowCaps{}) && l.Rate == "" && l.Burst == 0 && l.Cost == 0 && l.Concurrent == 0 {
+		return fmt.Errorf("limit for scope %q id %q sets no cap: give rpm, tpm, itpm, otpm, rpd, tpd, itpd, otpd, rate and burst, or concurrent", l.Scope, l.ID)
 	}
 	_, err := l.caps()
 	return err
@@ -500,9 +524,11 @@ func (l LimitConfig) windowCaps() (w windowCaps) {
 	return w
 }
 
-// caps reads the limit's caps; its error is a configuration mistake.
+// caps reads the limit's caps, their slots' lease aside; its error is a
+// configuration mistake.
 func (l LimitConfig) caps() (limitCaps, error) {
 	caps := windowLimitCaps(l.windowCaps())
+	caps.concurrent.max = l.Concurrent
 	switch {
 	case l.Rate == "" && l.Burst == 0 && l.Cost == 0:
 		return caps, nil

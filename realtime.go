@@ -141,21 +141,19 @@ func (h *Handler) serveSession(w http.ResponseWriter, req *request, next caddyht
 	if len(chain) == 0 {
 		return next.ServeHTTP(w, req.Request)
 	}
-	rw, d, err := h.admitOrAnswer(w, req, chain, tokenCounts{}, chainMetersTokens(chain), next)
-	if rw == nil {
-		return err
-	}
-	removeDeflateOffer(req.Header)
-	rw.tap = usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{}))
-	stop := h.meterSession(rw.tap, chain)
-	defer func() {
-		stop()
-		if rw.wroteHeader { // a final status: no switch of protocols
-			h.store.hold()
-			h.meterResponse(rw, chain, d)
-		}
-	}()
-	return next.ServeHTTP(rw, req.Request)
+	return h.admitOrAnswer(w, req, chain, tokenCounts{}, chainMetersTokens(chain), next, func(rw *responseWriter, d decision) error {
+		removeDeflateOffer(req.Header)
+		rw.tap = usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{}))
+		stop := h.meterSession(rw.tap, chain)
+		defer func() {
+			stop()
+			if rw.wroteHeader { // a final status: no switch of protocols
+				h.store.hold()
+				h.meterResponse(rw, chain, d)
+			}
+		}()
+		return next.ServeHTTP(rw, req.Request)
+	})
 }
 
 // meterSession charges a session's tokens every flush interval and once more

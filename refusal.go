@@ -9,11 +9,15 @@ type refusal struct {
 	window     windowKind // the window that refused, unless kind is burst
 	capacity   int64      // its cap
 	waitMillis int64      // until every refusing limit would admit, absent traffic
+	// untilFreed: a concurrency cap refuses, which admits again only once
+	// a request in flight ends: no wait is known.
+	untilFreed bool
 }
 
-// windowName is the span of the refusing window, "" for a bucket.
+// windowName is the span of the refusing window, "" for a bucket or a
+// concurrency cap.
 func (r refusal) windowName() string {
-	if r.kind == burst {
+	if r.kind == burst || r.kind == concurrency {
 		return ""
 	}
 	return spans[r.window.span()].name
@@ -42,6 +46,12 @@ func refusalOf(chain []limit, d decision) refusal {
 			}
 			ref.waitMillis = max(ref.waitMillis, b.releaseIn(d.counts[i].deficit))
 		}
+		if m := l.concurrent.max; m > 0 && d.counts[i].slots >= m {
+			if ref.first < 0 {
+				ref.first, ref.kind, ref.capacity = i, concurrency, m
+			}
+			ref.untilFreed = true
+		}
 	}
 	return ref
 }
@@ -53,13 +63,23 @@ func ceilSeconds(millis, atLeast int64) int64 {
 	return max((millis+999)/1000, atLeast)
 }
 
-// message names the scope and the cap, never the id.
+// message names the scope and the cap, never the id, and the wait when it
+// is known.
 func (r refusal) message(chain []limit) string {
-	if r.kind == burst {
+	scope, reached := chain[r.first].scope, ""
+	switch r.kind {
+	case concurrency:
+		reached = fmt.Sprintf("Concurrency limit reached for %s: %d requests in flight.", scope, r.capacity)
+	case burst:
 		b := chain[r.first].bucket
-		return fmt.Sprintf("Rate limit reached for %s: burst capacity %d, refilled at %s per second; a request takes %d. Please try again in %ds.",
-			chain[r.first].scope, b.burst, b.rateText, b.cost, r.retryAfterSeconds())
+		reached = fmt.Sprintf("Rate limit reached for %s: burst capacity %d, refilled at %s per second; a request takes %d.",
+			scope, b.burst, b.rateText, b.cost)
+	default:
+		reached = fmt.Sprintf("Rate limit reached for %s: limit %d %s (%s per %s).",
+			scope, r.capacity, r.window.unit(), r.window.noun(), spans[r.window.span()].name)
 	}
-	return fmt.Sprintf("Rate limit reached for %s: limit %d %s (%s per %s). Please try again in %ds.",
-		chain[r.first].scope, r.capacity, r.window.unit(), r.window.noun(), spans[r.window.span()].name, r.retryAfterSeconds())
+	if r.untilFreed {
+		return reached + " Please try again once a request in flight has ended."
+	}
+	return fmt.Sprintf("%s Please try again in %ds.", reached, r.retryAfterSeconds())
 }

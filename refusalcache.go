@@ -19,8 +19,9 @@ import (
 // limit, and with it every chain that holds it, at every moment before its
 // release. Token counters are another matter: a settlement gives back what
 // a reservation did not use, from any replica, so a tokens refusal may be
-// lifted before its release; the cache leaves token windows to Redis and caches
-// only what refuses on requests or a bucket. Refusals are therefore cached per limit, not
+// lifted before its release, and a request in flight may end at any moment
+// and free its slot; the cache leaves token windows and concurrency caps to
+// Redis and caches only what refuses on requests or a bucket. Refusals are therefore cached per limit, not
 // per chain (one org refusal answers for every key of the org), keyed by the
 // limit's counters and caps (a limit whose caps a reload changed misses at
 // once), and an admission is never cached.
@@ -87,7 +88,7 @@ func (c *refusalCache) shard(prefix string) *refusalShard {
 // of an admission sent at sent. Limits that fit are not cached.
 func (c *refusalCache) record(chain []limit, d decision, sent time.Time) {
 	for i, l := range chain {
-		ref := refusalOf([]limit{withoutTokens(l)}, decision{now: d.now, counts: d.counts[i : i+1]})
+		ref := refusalOf([]limit{cachedCaps(l)}, decision{now: d.now, counts: d.counts[i : i+1]})
 		if ref.first < 0 {
 			continue
 		}
@@ -153,13 +154,13 @@ func (c *refusalCache) refusedLocally(chain []limit, now time.Time) (a admission
 	}
 	cached := make([]limit, len(sub))
 	for i, l := range sub {
-		cached[i] = withoutTokens(l)
+		cached[i] = cachedCaps(l)
 	}
 	return admission{decision: d, limits: sub, refusal: refusalOf(cached, d)}, true
 }
 
 // withoutTokens is l as the cache decides it: without its token windows.
-func withoutTokens(l limit) limit {
+func cachedCaps(l limit) limit {
 	for k := range l.each {
 		if k.kind() != requests {
 			l.windows[k] = 0

@@ -211,7 +211,7 @@ func assertCacheAgreesWithRedis(t *testing.T, s store, caches []func([]limit) (a
 	}
 	cacheable := make([]limit, len(chain))
 	for i, l := range chain {
-		cacheable[i] = withoutTokens(l)
+		cacheable[i] = cachedCaps(l)
 	}
 	redisRefuses := refusalOf(cacheable, whole).first >= 0
 	var part decision

@@ -6,19 +6,44 @@ import (
 	"math/bits"
 	"slices"
 	"strconv"
+	"sync/atomic"
 )
 
 // scriptCall is what one call of admit.lua decides and charges: the distinct
 // limits of its admissions, and each admission's chain as positions among
 // them, so that a limit shared by the chains of a batch (their org, say) is
-// read, decided and charged once per call; and the token charges of finished
-// responses, summed per limit.
+// read, decided and charged once per call; the token charges of finished
+// responses, summed per limit; and the slots that ended requests free.
 type scriptCall struct {
 	limits   []limit
 	chains   []string       // per admission: the 1-based positions of its limits, a byte each
 	reserves []tokenCounts  // per admission: the tokens it reserves on its token windows
 	position map[string]int // limit prefix → index in limits, once there are two admissions
 	charges  chargeCall
+	frees    [][]limit // the chains whose slots the call frees, one slot of each concurrency cap
+}
+
+// slotsKey is the key of a limit's slots: a hash of each holder's count and
+// lease.
+func slotsKey(l limit) string { return l.prefix + "slots" }
+
+// freeCount is how many slots the call frees.
+func (c *scriptCall) freeCount() int {
+	n := 0
+	for _, chain := range c.frees {
+		for _, l := range chain {
+			if l.concurrent.max > 0 {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// touchesSlots reports whether the call takes or frees slots: it then
+// runs under the store's slot lock, which a renewal takes alone.
+func (c *scriptCall) touchesSlots() bool {
+	return len(c.frees) > 0 || slices.ContainsFunc(c.limits, func(l limit) bool { return l.concurrent.max > 0 })
 }
 
 // maxCallLimits is how many distinct limits a byte can point at.
@@ -66,11 +91,11 @@ func (c *scriptCall) add(chain []limit, reserve tokenCounts) bool {
 }
 
 // keys declares every key admit.lua touches: per limit and window it caps,
-// the current period and the previous one; then its token bucket; then the
-// key of each charge, minute ones first: the current period, or a
-// settlement's own.
+// the current period and the previous one; then its token bucket; then its
+// slots; then the key of each charge, minute ones first: the current
+// period, or a settlement's own; then the slots of each free.
 func (c *scriptCall) keys(atMinute int64) []string {
-	keys := make([]string, 0, 4*len(c.limits)+c.charges.count())
+	keys := make([]string, 0, 4*len(c.limits)+c.charges.count()+c.freeCount())
 	// Each span's current and previous period, formatted once per call.
 	var names [2][2]string
 	for s, b := range [...]int64{minute: atMinute, day: dayOf(atMinute)} {
@@ -84,6 +109,9 @@ func (c *scriptCall) keys(atMinute int64) []string {
 		if l.bucket.rate > 0 {
 			keys = append(keys, l.prefix+"bkt")
 		}
+		if l.concurrent.max > 0 {
+			keys = append(keys, slotsKey(l))
+		}
 	}
 	for _, spanKeys := range c.charges.keys {
 		for _, k := range spanKeys {
@@ -91,6 +119,13 @@ func (c *scriptCall) keys(atMinute int64) []string {
 				keys = append(keys, k.prefix+k.window.keyName()+":"+names[k.window.span()][0])
 			} else {
 				keys = append(keys, periodKey(k.prefix, k.window, k.period))
+			}
+		}
+	}
+	for _, chain := range c.frees {
+		for _, l := range chain {
+			if l.concurrent.max > 0 {
+				keys = append(keys, slotsKey(l))
 			}
 		}
 	}
@@ -103,8 +138,8 @@ func (c *scriptCall) reserving() bool {
 }
 
 // args are the call's arguments of admit.lua, whose clock argument is
-// clock, and whose keys name the minute period.
-func (c *scriptCall) args(clock string, atMinute int64, peek bool) []any {
+// clock, whose keys name the minute period, and whose slots are holder's.
+func (c *scriptCall) args(clock string, atMinute int64, peek bool, holder string) []any {
 	mode, reserving, split := "a", !peek && c.reserving(), false
 	switch {
 	case peek:
@@ -121,9 +156,10 @@ func (c *scriptCall) args(clock string, atMinute int64, peek bool) []any {
 		}
 	}
 	caps, capsOf := c.distinctCaps()
-	args := make([]any, 0, 8+c.charges.count()+4*len(caps)+4*len(c.chains))
+	args := make([]any, 0, 10+c.charges.count()+5*len(caps)+4*len(c.chains))
 	args = append(args, clock, hexArg(atMinute), mode, hexArg(int64(len(c.limits))),
-		hexArg(int64(len(c.charges.keys[minute]))), hexArg(int64(len(c.charges.keys[day]))), hexArg(int64(len(caps))))
+		hexArg(int64(len(c.charges.keys[minute]))), hexArg(int64(len(c.charges.keys[day]))), hexArg(int64(len(caps))),
+		hexArg(int64(c.freeCount())), holder)
 	for _, spanTokens := range c.charges.tokens {
 		for _, n := range spanTokens {
 			args = append(args, strconv.FormatInt(n, 10))
@@ -137,6 +173,10 @@ func (c *scriptCall) args(clock string, atMinute int64, peek bool) []any {
 		args = append(args, hexArg(l.bucket.rate))
 		if l.bucket.rate > 0 {
 			args = append(args, hexArg(l.bucket.burst), hexArg(l.bucket.cost))
+		}
+		args = append(args, hexArg(l.concurrent.max))
+		if l.concurrent.max > 0 {
+			args = append(args, hexArg(l.concurrent.leaseMillis))
 		}
 	}
 	args = append(args, capsOf)
@@ -179,6 +219,9 @@ func (c *scriptCall) decode(reply []int64, charged bool) ([]decision, error) {
 	want := 2 + k + n
 	for _, l := range c.limits {
 		want += 2 * bits.OnesCount8(l.capped)
+		if l.concurrent.max > 0 {
+			want++
+		}
 	}
 	if len(reply) != want || reply[0] != 1 {
 		return nil, fmt.Errorf("%w: admission reply of %d values for %d admissions of %d limits", errBadReply, len(reply), k, n)
@@ -192,6 +235,9 @@ func (c *scriptCall) decode(reply []int64, charged bool) ([]decision, error) {
 			r = r[2:]
 		}
 		state[i].deficit, r = r[0], r[1:]
+		if l.concurrent.max > 0 {
+			state[i].slots, r = r[0], r[1:]
+		}
 	}
 	ds := make([]decision, k)
 	for m, chain := range c.chains {
@@ -262,15 +308,26 @@ func (c *chargeCall) add(chain []limit, ch charge, now moment) {
 func (c *chargeCall) count() int { return len(c.keys[minute]) + len(c.keys[day]) }
 
 // scriptItem is one request's part of a call of admit.lua: its admission
-// (and its reservation), or the token charge of its finished response
-// (charged is set).
+// (and its reservation); or, once it has ended, the token charge of its
+// response or the free of its slots (done is set).
 type scriptItem struct {
 	chain   []limit
 	reserve tokenCounts
 	charge  charge
+	free    bool              // the item frees chain's slots rather than charging
 	answer  chan scriptAnswer // an admission's; buffered: a call never waits on it
-	charged func(error)       // a charge's
+	claim   atomic.Int32      // an admission's: whether its waiter still takes the answer (claims)
+	done    func(error)       // a charge's or a free's outcome
 }
+
+// An admission's claim: the call that decides it and the waiter that gives
+// up on it race to claim it, so that the slots of an admission nobody
+// waits for any more are freed, never held by no one.
+const (
+	unclaimed int32 = iota
+	answered
+	abandoned
+)
 
 // scriptAnswer is an admission's decision, or a charge's outcome.
 type scriptAnswer struct {
@@ -298,9 +355,12 @@ type scriptBatch struct {
 }
 
 func (b *scriptBatch) Add(item *scriptItem) bool {
-	if item.charged != nil {
+	switch {
+	case item.free:
+		b.call.frees = append(b.call.frees, item.chain)
+	case item.done != nil:
 		b.call.charges.add(item.chain, item.charge, b.store.gatewayMoment())
-	} else if !b.call.add(item.chain, item.reserve) {
+	case !b.call.add(item.chain, item.reserve):
 		return false
 	}
 	b.items = append(b.items, item)
@@ -312,13 +372,17 @@ func (b *scriptBatch) Send() {
 	k := 0
 	for _, item := range b.items {
 		switch {
-		case item.charged != nil:
-			item.charged(charged)
+		case item.done != nil:
+			item.done(charged)
 		case err != nil:
 			item.answer <- scriptAnswer{err: err}
 		default:
-			item.answer <- scriptAnswer{d: ds[k]}
+			d := ds[k]
 			k++
+			if !item.claim.CompareAndSwap(unclaimed, answered) && d.admitted && holdsSlots(item.chain) {
+				b.store.free(item.chain) // its waiter gave up: it fails open, holding nothing
+			}
+			item.answer <- scriptAnswer{d: d}
 		}
 	}
 }

@@ -18,18 +18,25 @@ type store interface {
 	// admit decides one request against every limit of chain in one atomic
 	// step: admitted only if every window of every limit fits (a token
 	// window fits while its estimate plus the part of reserve it counts is
-	// within it; without a reservation, while the estimate is below it), and
-	// every bucket; then charged one request on every request window, its
-	// cost on every bucket and reserve on every token window (its total on
-	// tpm and tpd, its input on itpm and itpd, its output on otpm and otpd);
-	// refused and charged nothing otherwise. A refusal says why, and may come
-	// from the store's own record of what it refused (the Redis store's
-	// refusal cache) without asking its backend.
+	// within it; without a reservation, while the estimate is below it),
+	// every bucket, and every concurrency cap has a slot free; then charged
+	// one request on every request window, its cost on every bucket,
+	// reserve on every token window (its total on tpm and tpd, its input on
+	// itpm and itpd, its output on otpm and otpd) and one slot of every
+	// concurrency cap, which free gives back; refused and charged nothing
+	// otherwise. A refusal says why, and may come from the store's own
+	// record of what it refused (the Redis store's refusal cache) without
+	// asking its backend.
 	admit(ctx context.Context, chain []limit, reserve tokenCounts) (admission, error)
+	// free gives back the slots an admitted request of chain took, once,
+	// when it ends, without making its caller wait. A free that fails is
+	// not retried: the store's next renewal of its slots mends it
+	// (slots.go).
+	free(chain []limit)
 	// refusedUnread answers a refusal of chain that no request body can
-	// change (by a request window or a bucket) when the store knows it
-	// without its backend, so that the body of a request already refused
-	// is never read; it charges nothing.
+	// change (by a request window, a bucket or a concurrency cap) when the
+	// store knows it without its backend, so that the body of a request
+	// already refused is never read; it charges nothing.
 	refusedUnread(chain []limit) (admission, bool)
 	// peek reads the chain's counters as admit would, and charges nothing.
 	peek(ctx context.Context, chain []limit) (decision, error)
@@ -156,9 +163,10 @@ type limit struct {
 
 // limitCaps are what one limit caps.
 type limitCaps struct {
-	windows windowCaps
-	capped  uint8 // bit k: windows[k] is capped
-	bucket  tokenBucket
+	windows    windowCaps
+	capped     uint8 // bit k: windows[k] is capped
+	bucket     tokenBucket
+	concurrent concurrencyCap
 }
 
 // windowLimitCaps are the caps of windows w, without a bucket.
@@ -192,6 +200,9 @@ func (c limitCaps) describe(name string) string {
 	if c.bucket.rate > 0 {
 		fmt.Fprintf(&s, " rate %s burst %d cost %d", c.bucket.rateText, c.bucket.burst, c.bucket.cost)
 	}
+	if c.concurrent.max > 0 {
+		fmt.Fprintf(&s, " concurrent %d", c.concurrent.max)
+	}
 	return s.String()
 }
 
@@ -212,6 +223,7 @@ func chainTag(rootScope, rootID string) string {
 type counts struct {
 	w       [numWindows]window // by windowKind; only the capped ones are read
 	deficit int64              // the bucket's, refilled to the store's clock
+	slots   int64              // the concurrency cap's slots held, by every holder
 }
 
 // decision is what a store answers to an admission.
@@ -229,7 +241,7 @@ func (d decision) size(k kind) int64 { return d.reserve.of(k) }
 
 // countsAfter is c, the counts of limit l that d read, as d's admission
 // leaves them: its size added to the current period of each window l caps,
-// and l's cost to its bucket's deficit. The in-process store writes them,
+// l's cost to its bucket's deficit, and a slot to its concurrency cap's. The in-process store writes them,
 // a call of admit.lua replays them for the admissions after, and the headers
 // of an admitted request count it in them.
 func (d decision) countsAfter(l limit, c counts) counts {
@@ -238,6 +250,9 @@ func (d decision) countsAfter(l limit, c counts) counts {
 	}
 	if l.bucket.rate > 0 {
 		c.deficit += l.bucket.cost * microTokens
+	}
+	if l.concurrent.max > 0 {
+		c.slots++
 	}
 	return c
 }

@@ -23,8 +23,9 @@ type memoryStore struct {
 	shards   [memoryShards]memoryShard
 	seq      atomic.Uint64 // lock order of new counters
 	counters atomic.Int64  // held in the shards
+	held     *heldSlots    // the slots its admissions hold, renewed while they do
 	stop     chan struct{}
-	done     chan struct{}
+	done     sync.WaitGroup // the sweep, and the renewal once started
 }
 
 const memoryShards = 64
@@ -48,8 +49,9 @@ type memoryShard struct {
 // counterTable holds the heads of the lists; their number is a power of two.
 type counterTable []atomic.Pointer[memoryCounter]
 
-// memoryCounter holds every window of one limit: the current and previous
-// bucket of each, at slot bucket%2, and the token bucket. The windows most
+// memoryCounter holds every window of one limit: the count of its current
+// and previous period of each, at index period%2; the token bucket; and the
+// slots of its requests in flight. The windows most
 // limits cap, rpm and tpm, are in the counter; the others are allocated
 // when a limit first caps one, which keeps a counter of those two at the
 // size it had before there were others.
@@ -58,52 +60,54 @@ type memoryCounter struct {
 	hash   uint64 // of prefix: its low bits pick the shard, the next ones the list
 	next   atomic.Pointer[memoryCounter]
 	mu     sync.Mutex
-	order  uint64                   // lock order
-	dead   bool                     // swept: look it up again
-	minute [2][2]slot               // rpm, tpm
-	others *[numWindows - 2][2]slot // itpm, otpm, then the day windows
+	order  uint64                          // lock order
+	dead   bool                            // swept: look it up again
+	minute [2][2]periodCount               // rpm, tpm
+	others *[numWindows - 2][2]periodCount // itpm, otpm, then the day windows
 	bkt    bucketState
+	slots  slotHolding // the requests in flight it holds (slots.go)
 }
 
 // bucketState is a token bucket's deficit as of the moment at; it is full
 // again at fullAt, absent traffic.
 type bucketState struct{ deficit, at, fullAt int64 }
 
-type slot struct{ period, n int64 }
+// periodCount is a window's count in one period.
+type periodCount struct{ period, n int64 }
 
 // window reads the two periods that an estimate in period b needs.
-func readWindow(slots *[2]slot, b int64) window {
-	return window{cur: slots[b&1].count(b), prev: slots[(b-1)&1].count(b - 1)}
+func readWindow(periods *[2]periodCount, b int64) window {
+	return window{cur: periods[b&1].count(b), prev: periods[(b-1)&1].count(b - 1)}
 }
 
-func (s slot) count(b int64) int64 {
+func (s periodCount) count(b int64) int64 {
 	if s.period != b {
 		return 0
 	}
 	return s.n
 }
 
-// add charges n to period b. A period older than the one in its slot is no
+// add charges n to period b. A period older than the one at its index is no
 // longer read by anything, so a charge to it (a pinned clock going back) is
 // dropped.
-func add(slots *[2]slot, b, n int64) {
-	s := &slots[b&1]
+func add(periods *[2]periodCount, b, n int64) {
+	s := &periods[b&1]
 	switch {
 	case s.period == b:
 		s.n += n
 	case s.period < b:
-		*s = slot{period: b, n: n}
+		*s = periodCount{period: b, n: n}
 	}
 	s.n = max(s.n, 0) // a settlement gives back at most what is there
 }
 
-// slots are the periods of window k, under c.mu.
-func (c *memoryCounter) slots(k windowKind) *[2]slot {
+// periods are the periods of window k, under c.mu.
+func (c *memoryCounter) periods(k windowKind) *[2]periodCount {
 	if k < itpm {
 		return &c.minute[k]
 	}
 	if c.others == nil {
-		c.others = new([numWindows - 2][2]slot)
+		c.others = new([numWindows - 2][2]periodCount)
 	}
 	return &c.others[k-itpm]
 }
@@ -116,7 +120,7 @@ func (c *memoryCounter) readAt(now moment) bool {
 			break
 		}
 		oldest := now.in(k.span()).period - 1
-		if s := c.slots(k); s[0].period >= oldest || s[1].period >= oldest {
+		if s := c.periods(k); s[0].period >= oldest || s[1].period >= oldest {
 			return true
 		}
 	}
@@ -129,7 +133,9 @@ var memoryStores = caddy.NewUsagePool()
 func acquireMemoryStore() (store, func() error, error) {
 	const key = "memory"
 	v, _, err := memoryStores.LoadOrNew(key, func() (caddy.Destructor, error) {
-		return newMemoryStore(30*time.Second, systemUnixMillis), nil
+		s := newMemoryStore(30*time.Second, systemUnixMillis)
+		s.startRenewal()
+		return s, nil
 	})
 	if err != nil {
 		return nil, nil, err
@@ -143,18 +149,25 @@ func acquireMemoryStore() (store, func() error, error) {
 // newMemoryStore is a store that reads the time from now, and sweeps every
 // sweepEvery.
 func newMemoryStore(sweepEvery time.Duration, now func() int64) *memoryStore {
-	s := &memoryStore{now: now, seed: maphash.MakeSeed(), stop: make(chan struct{}), done: make(chan struct{})}
+	s := &memoryStore{now: now, seed: maphash.MakeSeed(), held: newHeldSlots(), stop: make(chan struct{})}
 	for i := range s.shards {
 		s.shards[i].table.Store(&counterTable{{}})
 	}
-	go s.sweepLoop(sweepEvery)
+	s.done.Go(func() { s.sweepLoop(sweepEvery) })
 	return s
 }
 
-// Destruct stops the sweep once no loaded config uses the store.
+// startRenewal renews the slots the store holds while it holds any, until
+// Destruct.
+func (s *memoryStore) startRenewal() {
+	s.done.Go(func() { s.held.renewEvery(s.renew, s.stop) })
+}
+
+// Destruct stops the sweep and the renewal once no loaded config uses the
+// store.
 func (s *memoryStore) Destruct() error {
 	close(s.stop)
-	<-s.done
+	s.done.Wait()
 	return nil
 }
 
@@ -277,7 +290,7 @@ func (s *memoryStore) admit(_ context.Context, chain []limit, reserve tokenCount
 }
 
 // refusedUnread peeks: the in-process store knows every refusal without a
-// round trip. The peek's counts stay on the stack unless it refuses.
+// round trip (a concurrency cap's too, which no body changes either). The peek's counts stay on the stack unless it refuses.
 func (s *memoryStore) refusedUnread(chain []limit) (admission, bool) {
 	var buf [stackChain]counts
 	peeked := s.decide(chain, tokenCounts{}, false, buf[:0])
@@ -285,7 +298,7 @@ func (s *memoryStore) refusedUnread(chain []limit) (admission, bool) {
 		return admission{}, false
 	}
 	a, err := admissionOf(chain, decision{now: peeked.now, counts: slices.Clone(peeked.counts)})
-	return a, err == nil && (a.refusal.kind == requests || a.refusal.kind == burst)
+	return a, err == nil && (a.refusal.kind == requests || a.refusal.kind == burst || a.refusal.kind == concurrency)
 }
 
 func (s *memoryStore) peek(_ context.Context, chain []limit) (decision, error) {
@@ -316,7 +329,7 @@ func (s *memoryStore) decide(chain []limit, reserve tokenCounts, charge bool, bu
 		c := &d.counts[i]
 		for k, capacity := range l.each {
 			p := at[k.span()]
-			c.w[k] = readWindow(cs[i].slots(k), p.period)
+			c.w[k] = readWindow(cs[i].periods(k), p.period)
 			if !fits(c.w[k], capacity, d.size(k.kind()), p) {
 				d.admitted = false
 			}
@@ -327,11 +340,18 @@ func (s *memoryStore) decide(chain []limit, reserve tokenCounts, charge bool, bu
 				d.admitted = false
 			}
 		}
+		if l.concurrent.max > 0 {
+			c.slots = cs[i].slots.at(now.unixMillis)
+			if c.slots >= l.concurrent.max {
+				d.admitted = false
+			}
+		}
 	}
 	if d.admitted && charge {
 		for i, l := range chain {
 			cs[i].write(l, at, d.counts[i], d.countsAfter(l, d.counts[i]), now.unixMillis)
 		}
+		s.held.take(chain, 1) // under the counters' locks, which the renewal takes too
 	}
 	return d
 }
@@ -343,12 +363,55 @@ func (s *memoryStore) decide(chain []limit, reserve tokenCounts, charge bool, bu
 func (c *memoryCounter) write(l limit, at [2]position, before, after counts, now int64) {
 	for k := range l.each {
 		if n := after.w[k].cur - before.w[k].cur; n != 0 {
-			add(c.slots(k), at[k.span()].period, n)
+			add(c.periods(k), at[k.span()].period, n)
 		}
 	}
 	if l.bucket.rate > 0 {
 		since := max(c.bkt.at, now)
 		c.bkt = bucketState{deficit: after.deficit, at: since, fullAt: since + ceilDiv(after.deficit, l.bucket.rate)}
+	}
+	if after.slots > before.slots {
+		c.slots = slotHolding{n: after.slots, expiry: now + l.concurrent.leaseMillis}
+	}
+}
+
+// free gives back the slots an admission of chain took.
+func (s *memoryStore) free(chain []limit) {
+	now := s.now()
+	var byLimitBuf, lockedBuf [stackChain]*memoryCounter
+	cs, locked := s.lock(chain, byLimitBuf[:0], lockedBuf[:0])
+	defer unlockAll(locked)
+	for i, l := range chain {
+		if l.concurrent.max > 0 {
+			cs[i].slots = cs[i].slots.freed(now)
+		}
+	}
+	s.held.take(chain, -1)
+}
+
+// renew writes each limit's slots as the ledger holds them, with a lease
+// from now: a lease that lapsed (the renewal stalled) holds them again.
+func (s *memoryStore) renew() {
+	now := s.now()
+	for _, e := range s.held.renewal() {
+		c := s.lockedCounter(e.prefix)
+		// Read under the counter's lock, which every admission and free of
+		// it holds while it changes the ledger.
+		c.slots = slotHolding{n: s.held.count(e.prefix), expiry: now + e.concurrent.leaseMillis}
+		c.mu.Unlock()
+	}
+}
+
+// lockedCounter is the counter of prefix, locked; one swept meanwhile is
+// looked up again.
+func (s *memoryStore) lockedCounter(prefix string) *memoryCounter {
+	for {
+		c := s.counter(prefix)
+		c.mu.Lock()
+		if !c.dead {
+			return c
+		}
+		c.mu.Unlock()
 	}
 }
 
@@ -366,29 +429,21 @@ func (s *memoryStore) add(chain []limit, ch charge) {
 		if !l.capsTokens() {
 			continue
 		}
-		for {
-			c := s.counter(l.prefix)
-			c.mu.Lock()
-			if !c.dead {
-				for k := range l.each {
-					if k.kind() != requests && ch.settles(k, now) {
-						b := ch.periodIn(k.span())
-						if b == 0 {
-							b = now.in(k.span()).period
-						}
-						add(c.slots(k), b, ch.tokens.of(k.kind()))
-					}
+		c := s.lockedCounter(l.prefix)
+		for k := range l.each {
+			if k.kind() != requests && ch.settles(k, now) {
+				b := ch.periodIn(k.span())
+				if b == 0 {
+					b = now.in(k.span()).period
 				}
-				c.mu.Unlock()
-				break
+				add(c.periods(k), b, ch.tokens.of(k.kind()))
 			}
-			c.mu.Unlock()
 		}
+		c.mu.Unlock()
 	}
 }
 
 func (s *memoryStore) sweepLoop(every time.Duration) {
-	defer close(s.done)
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -416,7 +471,7 @@ func (s *memoryStore) sweep() {
 			link := &t[j]
 			for c := link.Load(); c != nil; c = link.Load() {
 				c.mu.Lock()
-				if !c.readAt(now) && c.bkt.fullAt <= latest {
+				if !c.readAt(now) && c.bkt.fullAt <= latest && c.slots.at(latest) == 0 {
 					c.dead = true
 					link.Store(c.next.Load()) // a walk that is on c goes on from c.next
 					sh.n--

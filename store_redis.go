@@ -2,15 +2,19 @@ package ratelimit
 
 import (
 	"context"
+	"crypto/rand"
 	_ "embed"
 	"errors"
 	"io"
 	"net"
+	"strings"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/rolter/caddy-ratelimit/internal/coalesce"
 )
@@ -37,7 +41,25 @@ type redisStore struct {
 	// refusals answers what Redis refused, until Redis would admit again
 	// (refusalcache.go); shared by every handler of the store, across reloads.
 	refusals *refusalCache
+	// holder names this store's slots in Redis: random, one per store, so
+	// that each process is its own holder (slots.go).
+	holder string
+	// held is the ledger of the slots this store holds, which the renewal
+	// writes. Every call that takes or frees slots holds a unit of
+	// slotCalls from before it is sent until the ledger counts it, and a
+	// renewal holds them all: the renewal's counts are then exactly what
+	// Redis holds once every call before it has run. (A semaphore rather
+	// than a lock, so that an admission waits for a renewal within its
+	// timeout.)
+	held      *heldSlots
+	slotCalls *semaphore.Weighted
+	stop      chan struct{}
+	renewing  sync.WaitGroup
 }
+
+// slotCallsMax is more calls than are ever in flight at once: a renewal
+// takes it whole.
+const slotCallsMax = 1 << 30
 
 // The coalescer's calls of admit.lua in flight at once, and how long a token
 // charge waits to ride in a call that admits before it makes its own: charges
@@ -72,7 +94,11 @@ var redisStores = caddy.NewUsagePool()
 func acquireRedisStore(config *RedisConfig, timeout time.Duration) (store, func() error, error) {
 	key := config.poolKey(timeout)
 	v, _, err := redisStores.LoadOrNew(key, func() (caddy.Destructor, error) {
-		return newRedisStore(config, timeout, systemRedisClock)
+		s, err := newRedisStore(config, timeout, systemRedisClock)
+		if err == nil {
+			s.startRenewal()
+		}
+		return s, err
 	})
 	if err != nil {
 		return nil, nil, err
@@ -90,7 +116,8 @@ func newRedisStore(config *RedisConfig, timeout time.Duration, clock redisClock)
 	if err != nil {
 		return nil, err
 	}
-	s := &redisStore{clock: clock, client: client, config: config, timeout: timeout, refusals: newRefusalCache()}
+	s := &redisStore{clock: clock, client: client, config: config, timeout: timeout, refusals: newRefusalCache(),
+		holder: rand.Text(), held: newHeldSlots(), slotCalls: semaphore.NewWeighted(slotCallsMax), stop: make(chan struct{})}
 	if config.topology() != cluster {
 		s.calls = coalesce.New(callsInFlight, chargeLinger, func(first *scriptItem) coalesce.Batch[*scriptItem] {
 			b := &scriptBatch{store: s}
@@ -108,7 +135,17 @@ func (s *redisStore) Destruct() error {
 	return nil
 }
 
-func (s *redisStore) closeClient() { s.client.Close() }
+func (s *redisStore) closeClient() {
+	close(s.stop)
+	s.renewing.Wait()
+	s.client.Close()
+}
+
+// startRenewal renews the slots the store holds while it holds any, until
+// its client closes.
+func (s *redisStore) startRenewal() {
+	s.renewing.Go(func() { s.held.renewEvery(s.renew, s.stop) })
+}
 
 func (s *redisStore) describe() storeDescription {
 	return storeDescription{kind: "redis", where: s.config.where(), tagged: s.config.topology() == cluster}
@@ -185,35 +222,164 @@ func (s *redisStore) call(ctx context.Context, c *scriptCall, peek bool) (ds []d
 	switch {
 	case peek:
 		op = "peek"
-	case len(c.chains) == 0:
+	case len(c.chains) > 0:
+	case c.charges.count() > 0:
 		op = "record_tokens"
+	default:
+		op = "free_slots"
 	}
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	charging := c.charges.count() > 0
+	if !peek && c.touchesSlots() {
+		err := s.slotCalls.Acquire(ctx, 1)
+		for _, chain := range c.frees {
+			s.held.take(chain, -1) // the requests have ended, whatever becomes of the call
+		}
+		if err != nil {
+			observeRedis(op, start, err)
+			return nil, err, err
+		}
+		defer s.slotCalls.Release(1)
+	}
+	// Charges and frees are never replayed: a second one would outlive the failure.
+	once := c.charges.count() > 0 || len(c.frees) > 0
 	now := s.clock.gateway()
 	scriptClock, atMinute := s.clock.script(now), momentAt(now.UnixMilli()).minute
-	reply, err := s.runScript(ctx, admitScript, c.keys(atMinute), c.args(scriptClock, atMinute, peek), !charging)
+	reply, err := s.runScript(ctx, admitScript, c.keys(atMinute), c.args(scriptClock, atMinute, peek, s.holder), !once)
 	if b, ok := otherMinute(reply); ok && err == nil {
 		// Redis's clock is in another minute than ours: nothing ran; name
 		// the keys of its minute.
 		atMinute = b
-		reply, err = s.runScript(ctx, admitScript, c.keys(atMinute), c.args(scriptClock, atMinute, peek), !charging)
+		reply, err = s.runScript(ctx, admitScript, c.keys(atMinute), c.args(scriptClock, atMinute, peek, s.holder), !once)
 	}
-	if charging && len(c.chains) > 0 && s.config.topology() != cluster && isDeadConnection(err) {
-		charged, c.charges = err, chargeCall{}
-		reply, err = s.replay(ctx, admitScript, c.keys(atMinute), c.args(scriptClock, atMinute, peek))
+	if once && len(c.chains) > 0 && s.config.topology() != cluster && isDeadConnection(err) {
+		charged, c.charges, c.frees = err, chargeCall{}, nil
+		reply, err = s.replay(ctx, admitScript, c.keys(atMinute), c.args(scriptClock, atMinute, peek, s.holder))
 	}
 	observeRedis(op, start, err)
 	if err != nil {
 		return nil, err, err
 	}
-	ds, err = c.decode(reply, !peek)
+	if ds, err = c.decode(reply, !peek); err == nil && !peek {
+		s.holdAdmitted(c, ds)
+	}
 	if charged == nil {
 		charged = err
 	}
 	return ds, charged, err
+}
+
+// holdAdmitted counts in the ledger the slots of the call's admitted
+// admissions, and holds the store open for their frees.
+func (s *redisStore) holdAdmitted(c *scriptCall, ds []decision) {
+	for m, d := range ds {
+		if !d.admitted {
+			continue
+		}
+		holds := false
+		for _, i := range []byte(c.chains[m]) {
+			if l := c.limits[i-1]; l.concurrent.max > 0 {
+				s.held.takeOne(l, 1)
+				holds = true
+			}
+		}
+		if holds {
+			s.hold()
+		}
+	}
+}
+
+// free rides in the coalescer's calls; on Redis Cluster, where calls are
+// not coalesced, it frees in a goroutine of its own. It releases the store
+// that the admission held for it.
+func (s *redisStore) free(chain []limit) {
+	done := func(error) { s.release() } // a failure is observed, and mended by the renewal
+	if s.calls != nil {
+		s.calls.Ride(&scriptItem{chain: chain, free: true, done: done})
+		return
+	}
+	go func() {
+		c := scriptCall{frees: [][]limit{chain}}
+		_, err, _ := s.call(context.Background(), &c, false)
+		done(err)
+	}()
+}
+
+//go:embed renew.lua
+var renewLua string
+
+var renewScript = redis.NewScript(renewLua)
+
+// renew writes the slots the store holds, each with a lease from Redis's
+// clock: one call of renew.lua, or on Redis Cluster one per chain root, in
+// one pipeline. It holds every unit of slotCalls, so that no call that
+// takes or frees slots is in flight meanwhile.
+func (s *redisStore) renew() {
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+	defer cancel()
+	if err := s.slotCalls.Acquire(ctx, slotCallsMax); err != nil {
+		observeRedis("renew_slots", start, err)
+		return // the next renewal comes within a third of a lease
+	}
+	defer s.slotCalls.Release(slotCallsMax)
+	held := s.held.renewal()
+	if len(held) == 0 {
+		return
+	}
+	byRoot := map[string][]heldLimit{"": held}
+	if s.config.topology() == cluster {
+		byRoot = make(map[string][]heldLimit)
+		for _, e := range held {
+			root := hashTag(e.prefix)
+			byRoot[root] = append(byRoot[root], e)
+		}
+	}
+	clock := s.clock.script(s.clock.gateway())
+	renewAll := func() error {
+		pipe := s.client.Pipeline()
+		for _, group := range byRoot {
+			keys, args := renewalOf(group, clock, s.holder)
+			renewScript.EvalSha(ctx, pipe, keys, args...)
+		}
+		_, err := pipe.Exec(ctx)
+		return err
+	}
+	err := renewAll()
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		// Redis restarted, or failed over, since the script was loaded
+		// (on Cluster, Load loads it on every primary).
+		if err = renewScript.Load(ctx, s.client).Err(); err == nil {
+			err = renewAll()
+		}
+	}
+	observeRedis("renew_slots", start, err)
+}
+
+// renewalOf is renew.lua's keys and arguments for the limits held.
+func renewalOf(held []heldLimit, clock, holder string) (keys []string, args []any) {
+	keys, args = make([]string, len(held)), make([]any, 0, 2+2*len(held))
+	args = append(args, clock, holder)
+	for i, e := range held {
+		keys[i] = slotsKey(e.limit)
+		args = append(args, hexArg(e.n), hexArg(e.concurrent.leaseMillis))
+	}
+	return keys, args
+}
+
+// hashTag is the Redis Cluster hash tag of a key (what its first braces
+// hold), "" if it has none.
+func hashTag(key string) string {
+	_, after, ok := strings.Cut(key, "{")
+	if !ok {
+		return ""
+	}
+	tag, _, ok := strings.Cut(after, "}")
+	if !ok {
+		return ""
+	}
+	return tag
 }
 
 // gatewayMoment is the gateway's clock reading.
@@ -294,7 +460,7 @@ func (s *redisStore) chargeNow(ctx context.Context, chain []limit, c charge) err
 	}
 	if s.calls != nil {
 		charged := make(chan error, 1)
-		s.calls.Ride(&scriptItem{chain: chain, charge: c, charged: func(err error) { charged <- err }})
+		s.calls.Ride(&scriptItem{chain: chain, charge: c, done: func(err error) { charged <- err }})
 		select {
 		case err := <-charged:
 			return err
@@ -316,7 +482,7 @@ func (s *redisStore) charge(chain []limit, c charge, done func(error)) {
 		return
 	}
 	if s.calls != nil {
-		s.calls.Ride(&scriptItem{chain: chain, charge: c, charged: done})
+		s.calls.Ride(&scriptItem{chain: chain, charge: c, done: done})
 		return
 	}
 	go func() {

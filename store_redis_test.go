@@ -323,7 +323,7 @@ func TestScriptTouchesNothingWhenItsKeysNameAnotherMinute(t *testing.T) {
 	stale := momentAt(at).minute - 1
 	var c scriptCall
 	c.add(chain, tokenCounts{})
-	reply, err := s.runScript(context.Background(), admitScript, c.keys(stale), c.args(hexArg(at), stale, false), true)
+	reply, err := s.runScript(context.Background(), admitScript, c.keys(stale), c.args(hexArg(at), stale, false, s.holder), true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -336,7 +336,7 @@ func TestScriptTouchesNothingWhenItsKeysNameAnotherMinute(t *testing.T) {
 	}
 	var chargeOnly scriptCall
 	chargeOnly.charges.add(chain, charge{tokens: totalTokens(9)}, momentAt(at))
-	reply, err = s.runScript(context.Background(), admitScript, chargeOnly.keys(stale), chargeOnly.args(hexArg(at), stale, false), false)
+	reply, err = s.runScript(context.Background(), admitScript, chargeOnly.keys(stale), chargeOnly.args(hexArg(at), stale, false, s.holder), false)
 	if _, ok := otherMinute(reply); !ok || err != nil {
 		t.Fatalf("token charge with keys of another minute: %v %v", reply, err)
 	}

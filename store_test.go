@@ -58,7 +58,7 @@ func memoryCount(_ *testing.T, s store, prefix string, k windowKind, period int6
 	c := s.(*memoryStore).counter(prefix)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.slots(k)[period&1].count(period)
+	return c.periods(k)[period&1].count(period)
 }
 
 func redisKit(url string) storeKit {
@@ -610,6 +610,7 @@ func runConformance(t *testing.T, kit storeKit) {
 		}
 	})
 	runWindowConformance(t, kit)
+	runSlotConformance(t, kit)
 }
 
 // fill admits n requests of chain at the pinned time, all of which must fit.

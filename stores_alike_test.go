@@ -297,7 +297,7 @@ func (h *alikeHistory) asCached(chain []limit, a admission, sub []limit) admissi
 	for j, l := range sub {
 		i := slices.IndexFunc(chain, func(c limit) bool { return c.prefix == l.prefix })
 		counts := a.counts[i : i+1]
-		if cacheable[j] = withoutTokens(l); refusalOf(cacheable[j:j+1], decision{now: a.now, counts: counts}).first < 0 {
+		if cacheable[j] = cachedCaps(l); refusalOf(cacheable[j:j+1], decision{now: a.now, counts: counts}).first < 0 {
 			h.fail("Redis's cache refuses %s, which the in-process store admits on requests and buckets", l.scope)
 		}
 		cached.counts = append(cached.counts, counts[0])

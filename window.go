@@ -6,8 +6,9 @@ import (
 )
 
 // kind is what a limit counts: requests, tokens (all of them), input or
-// output tokens, in a window; or a token bucket's tokens (bucket.go); and,
-// for refusals, a request whose token reservation alone is over a cap.
+// output tokens, in a window; a token bucket's tokens (bucket.go); requests
+// in flight (slots.go); and, for refusals, a request whose token
+// reservation alone is over a cap.
 type kind uint8
 
 const (
@@ -17,6 +18,7 @@ const (
 	outputTokens
 	burst
 	tooLarge
+	concurrency
 )
 
 // String is the kind's name in placeholders, metrics and logs.
@@ -32,14 +34,16 @@ func (k kind) String() string {
 		return "burst"
 	case tooLarge:
 		return "too_large"
+	case concurrency:
+		return "concurrency"
 	}
 	return "requests"
 }
 
 // errorType is the kind in an OpenAI-style error body, whose types are
-// "requests" and "tokens": a bucket meters requests.
+// "requests" and "tokens": a bucket and a concurrency cap meter requests.
 func (k kind) errorType() string {
-	if k == requests || k == burst {
+	if k == requests || k == burst || k == concurrency {
 		return "requests"
 	}
 	return "tokens"

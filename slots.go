@@ -1,0 +1,187 @@
+package ratelimit
+
+import (
+	"sync"
+	"time"
+)
+
+// Requests in flight. A limit may cap how many requests of its scope id are
+// in flight at once (concurrent). An admitted request takes one slot of
+// every such limit of its chain, in the same atomic step as its windows and
+// buckets, and frees them when it ends, however it ends (the handler frees
+// them in a deferred call: a complete response, an error, a client or an
+// upstream gone mid-stream, reverse_proxy's panic, handle_errors). A
+// WebSocket session holds its slots for its whole life.
+//
+// Slots are counted per holder: each store (a gateway process's Redis
+// client, or the in-process store) holds some of a limit's slots, written
+// with the moment its lease on them ends. A holder that stops renewing (a
+// process killed, a crash, a lost network) loses its slots once that lease
+// has passed: a limit counts only its holders' slots whose lease has not.
+// Each store renews everything it holds, every third of the shortest lease,
+// in one call (on Redis Cluster, one pipeline of a call per chain root),
+// writing the count it knows it holds: that count is the truth, so a free
+// that never reached the store, or a Redis that restarted empty, is mended
+// by the next renewal instead of leaking or being counted twice. Lease times
+// are the store's clock (Redis TIME), as every window's.
+
+// concurrencyCap is a limit's cap on requests in flight.
+type concurrencyCap struct {
+	max         int64 // slots; 0: no cap
+	leaseMillis int64 // how long a holder's slots outlive its last renewal
+}
+
+// The lease of slots, by default and at the least: a renewal every third of
+// it must reach the store in time.
+const (
+	defaultSlotLease = 30 * time.Second
+	minSlotLease     = time.Second
+)
+
+// slotHolding is one holder's slots of a limit: n of them, live until
+// expiry (unix milliseconds, by the store's clock).
+type slotHolding struct{ n, expiry int64 }
+
+// at is how many slots the holding holds at now.
+func (h slotHolding) at(now int64) int64 {
+	if h.expiry > now {
+		return h.n
+	}
+	return 0
+}
+
+// freed is the holding once one slot is freed at now: a lapsed lease
+// holds nothing to free.
+func (h slotHolding) freed(now int64) slotHolding {
+	if h.at(now) <= 1 {
+		return slotHolding{}
+	}
+	return slotHolding{h.n - 1, h.expiry}
+}
+
+// holdsSlots reports whether a limit of chain caps requests in flight: an
+// admission then takes slots, which must be freed.
+func holdsSlots(chain []limit) bool {
+	for _, l := range chain {
+		if l.concurrent.max > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// heldSlots is a store's ledger of the slots its admissions hold, per
+// limit: what it renews. An entry that falls to 0 is renewed once more (its
+// holding is removed) and then dropped.
+type heldSlots struct {
+	mu       sync.Mutex
+	byPrefix map[string]*heldLimit
+	taken    chan struct{} // wakes the renewal when the ledger was empty
+}
+
+// heldLimit is how many slots of a limit the store holds.
+type heldLimit struct {
+	limit
+	n int64
+}
+
+func newHeldSlots() *heldSlots {
+	return &heldSlots{byPrefix: make(map[string]*heldLimit), taken: make(chan struct{}, 1)}
+}
+
+// take adds n (negative: frees) to the slots held of every concurrency cap
+// of chain.
+func (h *heldSlots) take(chain []limit, n int64) {
+	for _, l := range chain {
+		if l.concurrent.max > 0 {
+			h.takeOne(l, n)
+		}
+	}
+}
+
+// takeOne adds n to the slots held of l.
+func (h *heldSlots) takeOne(l limit, n int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	e := h.byPrefix[l.prefix]
+	if e == nil {
+		if n < 0 {
+			return
+		}
+		e = &heldLimit{limit: l}
+		h.byPrefix[l.prefix] = e
+		if len(h.byPrefix) == 1 {
+			select {
+			case h.taken <- struct{}{}:
+			default:
+			}
+		}
+	}
+	after := max(e.n+n, 0)
+	slotsHeld.WithLabelValues(l.scope).Add(float64(after - e.n))
+	e.n = after
+}
+
+// renewal lists what the store holds, to be renewed, and drops the limits
+// it no longer holds any slot of from the ledger: this renewal removes
+// their holdings.
+func (h *heldSlots) renewal() []heldLimit {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make([]heldLimit, 0, len(h.byPrefix))
+	for prefix, e := range h.byPrefix {
+		out = append(out, *e)
+		if e.n == 0 {
+			delete(h.byPrefix, prefix)
+		}
+	}
+	return out
+}
+
+// count is how many slots of the limit with prefix the store holds.
+func (h *heldSlots) count(prefix string) int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if e := h.byPrefix[prefix]; e != nil {
+		return e.n
+	}
+	return 0
+}
+
+// period is a third of the shortest lease of the limits held; ok is false
+// when nothing is held.
+func (h *heldSlots) period() (every time.Duration, ok bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	shortest := int64(0)
+	for _, e := range h.byPrefix {
+		if shortest == 0 || e.concurrent.leaseMillis < shortest {
+			shortest = e.concurrent.leaseMillis
+		}
+	}
+	return time.Duration(shortest) * time.Millisecond / 3, shortest > 0
+}
+
+// renewEvery calls renew every third of the shortest lease held, while
+// anything is held, until stop is closed.
+func (h *heldSlots) renewEvery(renew func(), stop <-chan struct{}) {
+	for {
+		every, ok := h.period()
+		if !ok {
+			select {
+			case <-h.taken:
+				continue
+			case <-stop:
+				return
+			}
+		}
+		t := time.NewTimer(every)
+		select {
+		case <-t.C:
+			renew()
+		case <-stop:
+			t.Stop()
+			return
+		}
+	}
+}

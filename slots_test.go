@@ -1,0 +1,202 @@
+package ratelimit
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+)
+
+// newSlotLimit is a limit without a hash tag that caps requests in flight
+// at slots, each lease long, and requests per minute at perMinute (0: no
+// cap).
+func newSlotLimit(scope, id string, slots, perMinute int64, lease time.Duration) limit {
+	caps := windowLimitCaps(windowCaps{rpm: perMinute})
+	caps.concurrent = concurrencyCap{max: slots, leaseMillis: lease.Milliseconds()}
+	return newTaggedLimit("", scope, id, caps)
+}
+
+// inFlight is the slots of the chain's i-th limit held at the pinned time,
+// by every holder, as an admission reads them.
+func inFlight(t *testing.T, s store, chain []limit, i int, at int64) int64 {
+	t.Helper()
+	d, err := pinned(s, at).peek(context.Background(), chain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d.counts[i].slots
+}
+
+// renewSlots renews the slots s holds now, as its renewal does every third
+// of a lease.
+func renewSlots(s store, at int64) {
+	pinned(s, at).(interface{ renew() }).renew()
+}
+
+// freeAndWait frees an admission's slots on s and waits until the store has
+// counted the free (a Redis store's free rides in a later call).
+func freeAndWait(t *testing.T, s store, chain []limit) {
+	t.Helper()
+	s.free(chain)
+	if r, ok := s.(*redisStore); ok {
+		// A charge that rides after the free goes in the same call or a
+		// later one: once it is done, so is the free.
+		done := make(chan error, 1)
+		r.calls.Ride(&scriptItem{chain: chain, done: func(err error) { done <- err }})
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func runSlotConformance(t *testing.T, kit storeKit) {
+	const lease = 3 * time.Second
+	t.Run("ASlotIsTakenInTheAdmissionAndFreedOnce", func(t *testing.T) {
+		s := kit.replicas(t, 1)[0]
+		at := pinnedBase() + 1000
+		chain := []limit{newSlotLimit("key", uniqueID(t), 2, 0, lease)}
+		fill(t, s, chain, at, 2)
+		d := admitOrFail(t, s, chain, at)
+		if d.admitted {
+			t.Fatal("a third request admitted under concurrent 2")
+		}
+		ref := refusalOf(chain, d)
+		if ref.kind != concurrency || !ref.untilFreed || ref.capacity != 2 {
+			t.Fatalf("refusal %+v, want kind concurrency with no known wait", ref)
+		}
+		freeAndWait(t, pinned(s, at), chain)
+		if n := inFlight(t, s, chain, 0, at); n != 1 {
+			t.Fatalf("%d in flight after one of two was freed, want 1", n)
+		}
+		fill(t, s, chain, at, 1)
+		freeAndWait(t, pinned(s, at), chain)
+		freeAndWait(t, pinned(s, at), chain)
+		if n := inFlight(t, s, chain, 0, at); n != 0 {
+			t.Fatalf("%d in flight once every request ended, want 0", n)
+		}
+	})
+	t.Run("ThreeReplicasRacing60AgainstConcurrent5AdmitExactlyFiveAndFreeThemAll", func(t *testing.T) {
+		stores := kit.replicas(t, 3)
+		at := pinnedBase() + 1000
+		chain := []limit{newSlotLimit("key", uniqueID(t), 5, 0, lease)}
+		var mu sync.Mutex
+		var holders []store
+		var wg sync.WaitGroup
+		for i := range 60 {
+			s := stores[i%3]
+			wg.Go(func() {
+				a, err := pinned(s, at).admit(context.Background(), chain, tokenCounts{})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if a.admitted {
+					mu.Lock()
+					holders = append(holders, s)
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		if len(holders) != 5 {
+			t.Fatalf("admitted %d of 60 racing requests under concurrent 5, want exactly 5", len(holders))
+		}
+		if n := inFlight(t, stores[0], chain, 0, at); n != 5 {
+			t.Fatalf("%d in flight, want 5", n)
+		}
+		for _, s := range holders {
+			freeAndWait(t, s, chain)
+		}
+		if n := inFlight(t, stores[1], chain, 0, at); n != 0 {
+			t.Fatalf("%d in flight once all ended, want 0", n)
+		}
+	})
+	t.Run("ARequestRefusedByRPMTakesNoSlotAndOneRefusedBySlotsNoRPM", func(t *testing.T) {
+		s := kit.replicas(t, 1)[0]
+		at := pinnedBase() + 1000
+		byRPM := []limit{newSlotLimit("key", uniqueID(t), 5, 1, lease)}
+		fill(t, s, byRPM, at, 1)
+		if admitOrFail(t, s, byRPM, at).admitted {
+			t.Fatal("admitted over rpm 1")
+		}
+		if n := inFlight(t, s, byRPM, 0, at); n != 1 {
+			t.Fatalf("%d slots held after a refusal by rpm, want the admitted one's 1", n)
+		}
+		bySlots := []limit{newSlotLimit("key", uniqueID(t), 1, 10, lease)}
+		fill(t, s, bySlots, at, 1)
+		if admitOrFail(t, s, bySlots, at).admitted {
+			t.Fatal("admitted over concurrent 1")
+		}
+		if n := kit.count(t, s, bySlots[0].prefix, rpm, at/minuteMillis); n != 1 {
+			t.Fatalf("rpm counted %d after a refusal by the slots, want the admitted one's 1", n)
+		}
+		freeAndWait(t, pinned(s, at), byRPM)
+		freeAndWait(t, pinned(s, at), bySlots)
+	})
+	t.Run("ARefusalByOneLimitOfTheChainTakesNoSlotOfAnother", func(t *testing.T) {
+		s := kit.replicas(t, 1)[0]
+		at := pinnedBase() + 1000
+		team := newSlotLimit("team", uniqueID(t), 10, 0, lease)
+		key := newSlotLimit("key", uniqueID(t), 1, 0, lease)
+		chain := []limit{key, team}
+		fill(t, s, chain, at, 1)
+		if admitOrFail(t, s, chain, at).admitted {
+			t.Fatal("admitted over the key's concurrent 1")
+		}
+		if n := inFlight(t, s, chain, 1, at); n != 1 {
+			t.Fatalf("the team holds %d slots after its key refused, want 1", n)
+		}
+		freeAndWait(t, pinned(s, at), chain)
+	})
+	t.Run("ARenewedSlotOutlivesItsLeaseAndAnUnrenewedOneLapses", func(t *testing.T) {
+		s := kit.replicas(t, 1)[0]
+		at := pinnedBase() + 1000
+		chain := []limit{newSlotLimit("key", uniqueID(t), 2, 0, lease)}
+		fill(t, s, chain, at, 2)
+		renewSlots(s, at+2000)
+		if n := inFlight(t, s, chain, 0, at+lease.Milliseconds()+1000); n != 2 {
+			t.Fatalf("%d slots held a lease after their admission and 1 s after their renewal, want 2", n)
+		}
+		lapsed := at + 2000 + lease.Milliseconds()
+		if n := inFlight(t, s, chain, 0, lapsed-1); n != 2 {
+			t.Fatalf("%d slots held 1 ms before the renewed lease ends, want 2", n)
+		}
+		if n := inFlight(t, s, chain, 0, lapsed); n != 0 {
+			t.Fatalf("%d slots held once the lease lapsed unrenewed, want 0", n)
+		}
+		// The requests still run: the next renewal holds their slots again.
+		fill(t, s, chain, lapsed, 1)
+		renewSlots(s, lapsed+1)
+		if n := inFlight(t, s, chain, 0, lapsed+1); n != 3 {
+			t.Fatalf("%d slots held after the renewal of 3 live requests, want 3", n)
+		}
+		for range 3 {
+			freeAndWait(t, pinned(s, lapsed+1), chain)
+		}
+		if n := inFlight(t, s, chain, 0, lapsed+1); n != 0 {
+			t.Fatalf("%d slots held once all 3 ended, want 0", n)
+		}
+	})
+	t.Run("AFreeOfALapsedLeaseFreesNothingTwice", func(t *testing.T) {
+		s := kit.replicas(t, 1)[0]
+		at := pinnedBase() + 1000
+		chain := []limit{newSlotLimit("key", uniqueID(t), 2, 0, lease)}
+		fill(t, s, chain, at, 1)
+		lapsed := at + lease.Milliseconds()
+		fill(t, s, chain, lapsed, 1) // the first one's lease lapsed: this one holds the only slot
+		freeAndWait(t, pinned(s, lapsed), chain)
+		if n := inFlight(t, s, chain, 0, lapsed); n != 0 {
+			t.Fatalf("%d in flight, want 0", n)
+		}
+		freeAndWait(t, pinned(s, lapsed), chain)
+		if n := inFlight(t, s, chain, 0, lapsed); n != 0 {
+			t.Fatalf("%d in flight after a free with nothing held, want 0: never negative", n)
+		}
+		fill(t, s, chain, lapsed, 2)
+		if admitOrFail(t, s, chain, lapsed).admitted {
+			t.Fatal("a third admitted under concurrent 2: a free made room it had not taken")
+		}
+		freeAndWait(t, pinned(s, lapsed), chain)
+		freeAndWait(t, pinned(s, lapsed), chain)
+	})
+}
