@@ -5,6 +5,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // newSlotLimit is a limit without a hash tag that caps requests in flight
@@ -39,14 +41,19 @@ func freeAndWait(t *testing.T, s store, chain []limit) {
 	t.Helper()
 	s.free(chain)
 	if r, ok := s.(*redisStore); ok {
-		// A charge that rides after the free goes in the same call or a
-		// later one: once it is done, so is the free.
-		done := make(chan error, 1)
-		r.calls.Ride(&scriptItem{chain: chain, done: func(err error) { done <- err }})
-		if err := <-done; err != nil {
+		if err := rideAlong(r); err != nil {
 			t.Fatal(err)
 		}
 	}
+}
+
+// rideAlong waits for a call that carries what rides in s's coalescer now
+// (an empty charge rides after it, in the same call or a later one), and
+// returns that call's outcome.
+func rideAlong(s *redisStore) error {
+	done := make(chan error, 1)
+	s.calls.Ride(&scriptItem{done: func(err error) { done <- err }})
+	return <-done
 }
 
 func runSlotConformance(t *testing.T, kit storeKit) {
@@ -199,4 +206,111 @@ func runSlotConformance(t *testing.T, kit storeKit) {
 		freeAndWait(t, pinned(s, lapsed), chain)
 		freeAndWait(t, pinned(s, lapsed), chain)
 	})
+}
+
+// A holder that stops renewing (a gateway killed, or cut off) loses its
+// slots once its lease has passed: another holder admits again.
+func TestAHolderThatStopsRenewingLosesItsSlotsWithinOneLease(t *testing.T) {
+	url := redisURLFromEnv(t)
+	dead, live := newTestRedisStore(t, url), newTestRedisStore(t, url)
+	at := pinnedBase() + 1000
+	lease := 2 * time.Second
+	chain := []limit{newSlotLimit("key", uniqueID(t), 2, 0, lease)}
+	fill(t, dead, chain, at, 2)
+	if admitOrFail(t, live, chain, at+lease.Milliseconds()-1).admitted {
+		t.Fatal("another holder admitted before the dead one's lease ended")
+	}
+	fill(t, live, chain, at+lease.Milliseconds(), 2)
+	if n := inFlight(t, live, chain, 0, at+lease.Milliseconds()); n != 2 {
+		t.Fatalf("%d in flight, want the live holder's 2", n)
+	}
+	freeAndWait(t, pinned(live, at+lease.Milliseconds()), chain)
+	freeAndWait(t, pinned(live, at+lease.Milliseconds()), chain)
+}
+
+// A free that never reached Redis (its connection died under it) is not
+// retried: the slot stays held in Redis until the holder's next renewal
+// writes what it holds, which frees it.
+func TestAFreeThatNeverReachedRedisIsMendedByTheNextRenewal(t *testing.T) {
+	url := redisURLFromEnv(t)
+	opts, err := redis.ParseURL(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := newResetProxy(t, opts.Addr)
+	holder := newTestRedisStoreOf(t, &RedisConfig{URL: "redis://" + proxy.Addr() + "/0"}, time.Second)
+	other := newTestRedisStore(t, url)
+	at := pinnedBase() + 1000
+	chain := []limit{newSlotLimit("key", uniqueID(t), 1, 0, 30*time.Second)}
+	fill(t, holder, chain, at, 1)
+
+	proxy.ResetAtNextCommand()
+	pinned(holder, at).free(chain)
+	if err := rideAlong(holder); err == nil {
+		t.Fatal("the free's call succeeded through a connection reset at its command")
+	}
+	if admitOrFail(t, other, chain, at).admitted {
+		t.Fatal("admitted while the lost free left the slot held in Redis: the test did not lose the free")
+	}
+	renewSlots(holder, at)
+	if n := inFlight(t, other, chain, 0, at); n != 0 {
+		t.Fatalf("%d in flight after the renewal of a holder that holds none, want 0", n)
+	}
+	fill(t, other, chain, at, 1)
+	freeAndWait(t, pinned(other, at), chain)
+}
+
+// A Redis that lost a holder's slots (a restart that emptied it) counts
+// them again at the holder's next renewal, once: its requests still run.
+func TestSlotsRedisLostAreHeldAgainAfterTheNextRenewal(t *testing.T) {
+	url := redisURLFromEnv(t)
+	holder, other := newTestRedisStore(t, url), newTestRedisStore(t, url)
+	at := pinnedBase() + 1000
+	chain := []limit{newSlotLimit("key", uniqueID(t), 3, 0, 30*time.Second)}
+	fill(t, holder, chain, at, 2)
+	if err := redisClient(t, url).Del(context.Background(), slotsKey(chain[0])).Err(); err != nil {
+		t.Fatal(err)
+	}
+	fill(t, other, chain, at, 1)
+	renewSlots(holder, at)
+	renewSlots(holder, at) // a second renewal counts nothing twice
+	if n := inFlight(t, other, chain, 0, at); n != 3 {
+		t.Fatalf("%d in flight after the renewal, want the holder's 2 and the other's 1", n)
+	}
+	if admitOrFail(t, other, chain, at).admitted {
+		t.Fatal("admitted a fourth under concurrent 3")
+	}
+	freeAndWait(t, pinned(other, at), chain)
+	freeAndWait(t, pinned(holder, at), chain)
+	freeAndWait(t, pinned(holder, at), chain)
+	if n := inFlight(t, other, chain, 0, at); n != 0 {
+		t.Fatalf("%d in flight once all ended, want 0", n)
+	}
+}
+
+// An admission whose waiter gave up (its timeout passed while its call was
+// in flight) fails open and holds nothing: when the call admits it after
+// all, the call frees its slots.
+func TestAnAdmissionNobodyWaitsForAnyMoreHoldsNoSlot(t *testing.T) {
+	url := redisURLFromEnv(t)
+	s := newTestRedisStore(t, url)
+	at := pinnedBase() + 1000
+	chain := []limit{newSlotLimit("key", uniqueID(t), 1, 0, 30*time.Second)}
+	item := &scriptItem{chain: chain, answer: make(chan scriptAnswer, 1)}
+	item.claim.Store(abandoned)
+	b := &scriptBatch{store: pinned(s, at)}
+	b.Add(item)
+	b.Send()
+	if a := <-item.answer; a.err != nil || !a.d.admitted {
+		t.Fatalf("the call answered %+v, want an admission", a)
+	}
+	if err := rideAlong(s); err != nil { // the free the call sent rides before it
+		t.Fatal(err)
+	}
+	if n := inFlight(t, s, chain, 0, at); n != 0 {
+		t.Fatalf("%d in flight after an abandoned admission, want 0", n)
+	}
+	if n := s.held.count(chain[0].prefix); n != 0 {
+		t.Fatalf("the ledger holds %d slots of an abandoned admission, want 0", n)
+	}
 }
