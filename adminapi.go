@@ -138,6 +138,21 @@ type UsageLimit struct {
 	OTPD *UsageCounter `json:"otpd,omitempty"`
 	// Bucket is the token bucket; absent when the limit has none.
 	Bucket *UsageBucket `json:"bucket,omitempty"`
+	// Concurrent is the cap on requests in flight; absent when the limit
+	// has none.
+	Concurrent *UsageSlots `json:"concurrent,omitempty"`
+}
+
+// UsageSlots is a cap on requests in flight now.
+type UsageSlots struct {
+	// Limit is the cap: the most requests in flight at once.
+	Limit int64 `json:"limit"`
+	// InFlight is the slots held now by every gateway process whose lease
+	// on them has not ended: its requests in flight (one more with each
+	// request admitted, one less as each ends).
+	InFlight int64 `json:"in_flight"`
+	// Remaining is Limit − InFlight, at least 0.
+	Remaining int64 `json:"remaining"`
 }
 
 // UsageBucket is a token bucket now, with the definitions of the scg headers.
@@ -454,6 +469,10 @@ func (g *usageGroup) read(r *http.Request, scope string) (UsageLimit, error) {
 			Full:            (time.Duration(full) * time.Millisecond).String(),
 			FullMillis:      full,
 		}
+	}
+	if m := l.concurrent.max; m > 0 {
+		held := d.counts[0].slots
+		entry.Concurrent = &UsageSlots{Limit: m, InFlight: held, Remaining: max(m-held, 0)}
 	}
 	return entry, nil
 }

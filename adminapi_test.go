@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"slices"
 	"strconv"
@@ -467,4 +468,45 @@ func TestAdminLiveViewReadsEachHandlersStoredFormOfTheID(t *testing.T) {
 	if want := fmt.Sprintf("true 2 %s=2 raw=1", digest); got != want {
 		t.Fatalf("view %s\n got %s\nwant %s", body, got, want)
 	}
+}
+
+// The live view shows a cap on requests in flight with the slots held now:
+// one more for each request admitted, one less as each ends.
+func TestAdminLiveViewShowsTheSlotsHeldOfACapOnRequestsInFlight(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		arrived, release := make(chan struct{}, 2), make(chan struct{})
+		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			arrived <- struct{}{}
+			<-release
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{"object":"chat.completion"}`)
+		}))
+		t.Cleanup(up.Close)
+		team := uniqueID(t)
+		gw := startGateway(t, up.URL, limited(store, `
+			scope team {http.request.header.X-Team} readable
+			limit team * concurrent 3`))
+		done := make(chan struct{})
+		for range 2 {
+			go func() {
+				defer func() { done <- struct{}{} }()
+				gw.do(t, "X-Team: "+team)
+			}()
+		}
+		<-arrived
+		<-arrived
+		v, body := getLiveView(t, "scope=team&id="+team)
+		if len(v.Limits) != 1 || v.Limits[0].Store != storeKind(store) {
+			t.Fatalf("%s", body)
+		}
+		if c := v.Limits[0].Concurrent; c == nil || *c != (UsageSlots{Limit: 3, InFlight: 2, Remaining: 1}) || !v.Limits[0].Admits {
+			t.Fatalf("with 2 of 3 requests in flight: %s", body)
+		}
+		close(release)
+		<-done
+		<-done
+		waitLiveView(t, "scope=team&id="+team, func(v UsageView) bool {
+			return *v.Limits[0].Concurrent == UsageSlots{Limit: 3, InFlight: 0, Remaining: 3}
+		})
+	})
 }
