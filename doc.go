@@ -2,7 +2,8 @@
 // (http.handlers.rolter_ratelimit) and its live view on the admin API
 // (admin.api.rolter_ratelimit). It caps every scope of a request (API key,
 // project, team, org, model, …) to requests and tokens (all of them, input
-// or output) per minute and per day, and to token buckets, with counters in Redis that every gateway replica shares, or in
+// or output) per minute and per day, to token buckets, and to requests in
+// flight, with counters in Redis that every gateway replica shares, or in
 // this process when no Redis is configured. The Caddyfile syntax is in
 // [Handler.UnmarshalCaddyfile]; the JSON config is [Handler].
 //
@@ -43,8 +44,9 @@
 // # One atomic admission
 //
 // A request is admitted only if every limit of its chain fits, and then
-// charged one request on every request window and its cost on every token bucket; a refused
-// request is charged nothing. On Redis the whole decision is one run of
+// charged one request on every request window, its cost on every token
+// bucket and a slot of every cap on requests in flight; a refused request
+// is charged nothing. On Redis the whole decision is one run of
 // admit.lua, which reads every counter, decides and increments before Redis
 // serves any other command: admission is exact under any concurrency and
 // across any number of replicas. Concurrent admissions of one process share
@@ -71,8 +73,17 @@
 // the same timeout:
 // usually the first attempt never reached Redis, and if it did, the replay
 // errs by one request towards stricter. Token charges are never replayed: a
-// double charge would outlive the failure. Any other failure applies
-// on_redis_error (fail open by default, or 503).
+// double charge would outlive the failure, nor are frees of slots. Any other
+// failure applies on_redis_error (fail open by default, or 503).
+//
+// # Requests in flight
+//
+// A slot of a concurrency cap is taken by the admission and freed by the
+// handler when the request ends, however it ends. Each store is a holder
+// whose slots live under a lease that it renews, every third of the lease,
+// by writing the count its ledger holds: a holder that dies frees its slots
+// within a lease, and a free that was lost, or slots a restarted Redis
+// lost, are mended by the next renewal (slots.go).
 //
 // # Tokens are reserved, then settled
 //
