@@ -91,13 +91,18 @@ func processCPU(b *testing.B) time.Duration {
 
 // benchmarkChainHandler limits the four scopes of bench/run's limited site,
 // with caps that admit everything, in Redis (nil: in-process), reserving
-// tokens or not. It is provisioned before the benchmark's name is printed,
-// so that its log line does not split the benchmark's output line.
-func benchmarkChainHandler(b *testing.B, redis *RedisConfig, reserve bool) *Handler {
+// tokens or not, and capping requests in flight or not. It is provisioned
+// before the benchmark's name is printed, so that its log line does not
+// split the benchmark's output line.
+func benchmarkChainHandler(b *testing.B, redis *RedisConfig, reserve, inFlight bool) *Handler {
 	h := &Handler{Redis: redis, ReserveTokens: &reserve}
 	for _, s := range [][2]string{{"key", "X-Api-Key"}, {"project", "X-Project"}, {"team", "X-Team"}, {"org", "X-Org"}} {
 		h.Scopes = append(h.Scopes, Scope{Name: s[0], Value: "{http.request.header." + s[1] + "}", Readable: s[0] != "key"})
-		h.Limits = append(h.Limits, LimitConfig{Scope: s[0], ID: "*", RPM: 1e9, TPM: 1e12})
+		l := LimitConfig{Scope: s[0], ID: "*", RPM: 1e9, TPM: 1e12}
+		if inFlight {
+			l.Concurrent = 1e9
+		}
+		h.Limits = append(h.Limits, l)
 	}
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	b.Cleanup(cancel)
@@ -110,15 +115,19 @@ func benchmarkChainHandler(b *testing.B, redis *RedisConfig, reserve bool) *Hand
 
 // BenchmarkHandler is Caddy's time per request without the limiter, and with
 // it on bench/run's 4-scope chain in each store, reserving tokens (the
-// default) and reactive: the difference is what reservation costs.
+// default), reactive, and with every limit capping requests in flight too:
+// the differences are what reservation and a cap on requests in flight
+// cost.
 func BenchmarkHandler(b *testing.B) {
 	b.Run("none", func(b *testing.B) { benchmarkHandler(b, nil) })
-	memory, memoryReactive := benchmarkChainHandler(b, nil, true), benchmarkChainHandler(b, nil, false)
-	b.Run("memory", func(b *testing.B) { benchmarkHandler(b, memory) })
-	b.Run("memory/reactive", func(b *testing.B) { benchmarkHandler(b, memoryReactive) })
+	names, configs := []string{"memory"}, []*RedisConfig{nil}
 	if url := os.Getenv(redistest.URLEnv); url != "" {
-		redis, redisReactive := benchmarkChainHandler(b, &RedisConfig{URL: url}, true), benchmarkChainHandler(b, &RedisConfig{URL: url}, false)
-		b.Run("redis", func(b *testing.B) { benchmarkHandler(b, redis) })
-		b.Run("redis/reactive", func(b *testing.B) { benchmarkHandler(b, redisReactive) })
+		names, configs = append(names, "redis"), append(configs, &RedisConfig{URL: url})
+	}
+	for i, name := range names {
+		h, reactive, inFlight := benchmarkChainHandler(b, configs[i], true, false), benchmarkChainHandler(b, configs[i], false, false), benchmarkChainHandler(b, configs[i], true, true)
+		b.Run(name, func(b *testing.B) { benchmarkHandler(b, h) })
+		b.Run(name+"/reactive", func(b *testing.B) { benchmarkHandler(b, reactive) })
+		b.Run(name+"/in-flight-cap", func(b *testing.B) { benchmarkHandler(b, inFlight) })
 	}
 }

@@ -122,30 +122,32 @@ func (h *heldSlots) takeOne(l limit, n int64) {
 	e.n = after
 }
 
-// renewal lists what the store holds, to be renewed, and drops the limits
-// it no longer holds any slot of from the ledger: this renewal removes
-// their holdings.
-func (h *heldSlots) renewal() []heldLimit {
+// limits lists the limits the store holds slots of, or held some of
+// since their last renewal.
+func (h *heldSlots) limits() []limit {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	out := make([]heldLimit, 0, len(h.byPrefix))
-	for prefix, e := range h.byPrefix {
-		out = append(out, *e)
-		if e.n == 0 {
-			delete(h.byPrefix, prefix)
-		}
+	out := make([]limit, 0, len(h.byPrefix))
+	for _, e := range h.byPrefix {
+		out = append(out, e.limit)
 	}
 	return out
 }
 
-// count is how many slots of the limit with prefix the store holds.
-func (h *heldSlots) count(prefix string) int64 {
+// renewed is how many slots of the limit with prefix the store holds, for
+// its renewal: a limit it holds none of any more is dropped from the
+// ledger, as the renewal removes its holding.
+func (h *heldSlots) renewed(prefix string) int64 {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if e := h.byPrefix[prefix]; e != nil {
-		return e.n
+	e := h.byPrefix[prefix]
+	if e == nil {
+		return 0
 	}
-	return 0
+	if e.n == 0 {
+		delete(h.byPrefix, prefix)
+	}
+	return e.n
 }
 
 // period is a third of the shortest lease of the limits held; ok is false

@@ -393,11 +393,11 @@ func (s *memoryStore) free(chain []limit) {
 // from now: a lease that lapsed (the renewal stalled) holds them again.
 func (s *memoryStore) renew() {
 	now := s.now()
-	for _, e := range s.held.renewal() {
-		c := s.lockedCounter(e.prefix)
+	for _, l := range s.held.limits() {
+		c := s.lockedCounter(l.prefix)
 		// Read under the counter's lock, which every admission and free of
 		// it holds while it changes the ledger.
-		c.slots = slotHolding{n: s.held.count(e.prefix), expiry: now + e.concurrent.leaseMillis}
+		c.slots = slotHolding{n: s.held.renewed(l.prefix), expiry: now + l.concurrent.leaseMillis}
 		c.mu.Unlock()
 	}
 }

@@ -360,7 +360,9 @@ func TestReplyOfTheWrongShapeIsAnError(t *testing.T) {
 // chains of 1, 2, 4 and 6 limits, each with an rpm and a tpm: one request at
 // a time, and 32 at once from keys that share their other scopes, which the
 // coalescer decides together; and for 4 limits, each admission reserving
-// 1000 tokens, which the script then decides in its reserving mode.
+// 1000 tokens, which the script then decides in its reserving mode, and
+// each limit capping requests in flight too (in-flight-cap), each
+// admission's free then counted with it.
 func BenchmarkAdmissionRedisServerTime(b *testing.B) {
 	url := redisURLFromEnv(b)
 	for _, concurrent := range []bool{false, true} {
@@ -373,6 +375,8 @@ func BenchmarkAdmissionRedisServerTime(b *testing.B) {
 			b.Run(name, func(b *testing.B) { benchmarkRedisTime(b, url, concurrent, 0, chainOf) })
 			if n == 4 {
 				b.Run(name+"/reserving", func(b *testing.B) { benchmarkRedisTime(b, url, concurrent, 1000, chainOf) })
+				inFlight := func(key int) []limit { return withSlots(chainOf(key)) }
+				b.Run(name+"/in-flight-cap", func(b *testing.B) { benchmarkRedisTime(b, url, concurrent, 0, inFlight) })
 			}
 		}
 	}
@@ -421,9 +425,19 @@ func benchChain(n int, key string) []limit {
 	return chain
 }
 
+// withSlots is chain with a cap on requests in flight on every limit, which
+// admits everything.
+func withSlots(chain []limit) []limit {
+	for i := range chain {
+		chain[i].concurrent = concurrencyCap{max: 1 << 40, leaseMillis: defaultSlotLease.Milliseconds()}
+	}
+	return chain
+}
+
 // benchmarkRedisTime admits chainOf(0), chainOf(1), ... one at a time or 32
-// at once, each reserving reserve tokens, and reports Redis's server time per admission and the admissions
-// per call.
+// at once, each reserving reserve tokens (and freeing the slots it took
+// once admitted), and reports Redis's server time per admission and the
+// admissions per call.
 func benchmarkRedisTime(b *testing.B, url string, concurrent bool, reserve int64, chainOf func(int) []limit) {
 	s := newTestRedisStore(b, url)
 	admin := redisClient(b, url)
@@ -440,18 +454,29 @@ func benchmarkRedisTime(b *testing.B, url string, concurrent bool, reserve int64
 		b.SetParallelism(16) // 32 goroutines on 2 cores
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				if _, err := s.admit(ctx, chainOf(int(next.Add(1))), totalTokens(reserve)); err != nil {
+				chain := chainOf(int(next.Add(1)))
+				if _, err := s.admit(ctx, chain, totalTokens(reserve)); err != nil {
 					b.Error(err)
 					return
+				}
+				if holdsSlots(chain) {
+					s.free(chain)
 				}
 			}
 		})
 	} else {
 		for i := 0; i < b.N; i++ {
-			if _, err := s.admit(ctx, chainOf(i), totalTokens(reserve)); err != nil {
+			chain := chainOf(i)
+			if _, err := s.admit(ctx, chain, totalTokens(reserve)); err != nil {
 				b.Fatal(err)
 			}
+			if holdsSlots(chain) {
+				s.free(chain)
+			}
 		}
+	}
+	if err := rideAlong(s); err != nil { // the last frees
+		b.Fatal(err)
 	}
 	b.StopTimer()
 	calls, usec := evalshaStats(b, admin)
