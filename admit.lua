@@ -14,7 +14,8 @@
 --           key; then, if it caps requests in flight, its slots key. Then,
 --           for each token charge, the key it charges: the minute charges
 --           first, then the day charges; a settlement's are its
---           reservation's periods. Then the slots key of each slot freed.
+--           reservation's periods. Then the slots key of each limit whose
+--           slots the call frees.
 --           Every key the script touches is declared,
 --           so that Redis Cluster routes, redirects and migrates the call by
 --           the real keys.
@@ -38,11 +39,13 @@
 -- ARGV[7]   K, the number of distinct caps among the limits: most limits of
 --           a call share a handful (every key of one "limit key *" line has
 --           the same), which are then passed and read once.
--- ARGV[8]   F, the number of slots freed (0 with "p").
+-- ARGV[8]   F, the number of limits whose slots the call frees (0 with
+--           "p").
 -- ARGV[9]   the holder: the gateway process whose slots the call takes and
 --           frees.
 -- then      per charge, the tokens to add to its key, a decimal (negative
---           for a settlement that gives tokens back).
+--           for a settlement that gives tokens back); then per limit freed,
+--           how many of the holder's slots it frees.
 -- then      per distinct caps: the windows it caps, one argument of a byte
 --           per window, its windowKind; the cap of each of them; the rate of a token bucket in
 --           milli-tokens per second (0 is none), and if rate > 0 its burst
@@ -77,7 +80,8 @@
 -- one to its holder's slots and starts a lease; a free takes one away, and
 -- renew.lua writes a holder's slots anew (slots.go). A holding whose lease
 -- has ended is removed when it is read; the key lives twice the lease past
--- its last write. store_memory.go does the same with one holder.
+-- the last write that started a holding or renewed one. store_memory.go
+-- does the same with one holder.
 --
 -- Reply: {1, now_ms, then per limit, for each window it caps, the current
 -- and previous count, then its bucket's deficit, then if it caps requests
@@ -120,17 +124,17 @@ local function charge_tokens(first_key, first_arg, minute_charges, charges)
   end
 end
 
--- Frees one of holder's slots per key, before the reads, so that the
--- call's admissions can take them. A holding whose lease has ended holds
--- nothing to free.
-local function free_slots(first_key, frees, holder, now)
+-- Frees holder's slots, before the reads, so that the call's admissions
+-- can take them. A holding whose lease has ended holds nothing to free.
+local function free_slots(first_key, first_arg, frees, holder, now)
   for free = 1, frees do
     local key = KEYS[first_key + free]
     local holding = redis.call('HGET', key, holder)
     if holding then
       local slots, lease_end = match(holding, '^(%d+):(%d+)$')
-      if slots and slots + 0 > 1 and lease_end + 0 > now then
-        redis.call('HSET', key, holder, format('%d:%s', slots - 1, lease_end))
+      local left = slots and slots - tonumber(ARGV[first_arg + free], 16)
+      if left and left > 0 and lease_end + 0 > now then
+        redis.call('HSET', key, holder, format('%d:%s', left, lease_end))
       else
         redis.call('HDEL', key, holder)
       end
@@ -217,7 +221,9 @@ local function write_requests(limit_count, requests_added, caps, caps_of, bucket
       if admitted > 0 then
         local lease = caps[caps_of[limit]][6]
         redis.call('HSET', KEYS[key_index], holder, format('%d:%d', own + admitted, now + lease))
-        redis.call('PEXPIRE', KEYS[key_index], 2 * lease)
+        -- A holder's renewals keep the key alive while it holds slots:
+        -- only the write that starts a holding sets the key's expiry.
+        if own == 0 then redis.call('PEXPIRE', KEYS[key_index], 2 * lease) end
       end
       key_index = key_index + 1
     end
@@ -260,9 +266,9 @@ local charges = minute_charges + day_charges
 local limit_keys = #KEYS - charges - frees
 
 if charges > 0 then charge_tokens(limit_keys, FIXED_ARGS, minute_charges, charges) end
-if frees > 0 then free_slots(limit_keys + charges, frees, holder, now) end
+if frees > 0 then free_slots(limit_keys + charges, FIXED_ARGS + charges, frees, holder, now) end
 local counters = limit_keys > 0 and redis.call('MGET', unpack(KEYS, 1, limit_keys)) or {}
-local caps, caps_of, admissions_at = read_caps(FIXED_ARGS + charges + 1, caps_count)
+local caps, caps_of, admissions_at = read_caps(FIXED_ARGS + charges + frees + 1, caps_count)
 
 -- Per limit: requests_left, the whole requests that still fit (a request
 -- takes 1), so that deciding an admission is one comparison per limit: the

@@ -27,17 +27,23 @@ type scriptCall struct {
 // lease.
 func slotsKey(l limit) string { return l.prefix + "slots" }
 
-// freeCount is how many slots the call frees.
-func (c *scriptCall) freeCount() int {
-	n := 0
+// freed is what the call frees, summed per limit: the slots keys, and how
+// many slots of each (the frees of a batch often share their org's).
+func (c *scriptCall) freed() (keys []string, slots []int64) {
 	for _, chain := range c.frees {
 		for _, l := range chain {
-			if l.concurrent.max > 0 {
-				n++
+			if l.concurrent.max == 0 {
+				continue
+			}
+			key := slotsKey(l)
+			if i := slices.Index(keys, key); i >= 0 {
+				slots[i]++
+			} else {
+				keys, slots = append(keys, key), append(slots, 1)
 			}
 		}
 	}
-	return n
+	return keys, slots
 }
 
 // touchesSlots reports whether the call takes or frees slots: it then
@@ -93,9 +99,10 @@ func (c *scriptCall) add(chain []limit, reserve tokenCounts) bool {
 // keys declares every key admit.lua touches: per limit and window it caps,
 // the current period and the previous one; then its token bucket; then its
 // slots; then the key of each charge, minute ones first: the current
-// period, or a settlement's own; then the slots of each free.
+// period, or a settlement's own; then the slots key of each limit freed.
 func (c *scriptCall) keys(atMinute int64) []string {
-	keys := make([]string, 0, 4*len(c.limits)+c.charges.count()+c.freeCount())
+	freed, _ := c.freed()
+	keys := make([]string, 0, 4*len(c.limits)+c.charges.count()+len(freed))
 	// Each span's current and previous period, formatted once per call.
 	var names [2][2]string
 	for s, b := range [...]int64{minute: atMinute, day: dayOf(atMinute)} {
@@ -122,14 +129,7 @@ func (c *scriptCall) keys(atMinute int64) []string {
 			}
 		}
 	}
-	for _, chain := range c.frees {
-		for _, l := range chain {
-			if l.concurrent.max > 0 {
-				keys = append(keys, slotsKey(l))
-			}
-		}
-	}
-	return keys
+	return append(keys, freed...)
 }
 
 // reserving reports whether an admission of the call reserves tokens.
@@ -156,14 +156,18 @@ func (c *scriptCall) args(clock string, atMinute int64, peek bool, holder string
 		}
 	}
 	caps, capsOf := c.distinctCaps()
-	args := make([]any, 0, 10+c.charges.count()+5*len(caps)+4*len(c.chains))
+	_, freed := c.freed()
+	args := make([]any, 0, 10+c.charges.count()+len(freed)+5*len(caps)+4*len(c.chains))
 	args = append(args, clock, hexArg(atMinute), mode, hexArg(int64(len(c.limits))),
 		hexArg(int64(len(c.charges.keys[minute]))), hexArg(int64(len(c.charges.keys[day]))), hexArg(int64(len(caps))),
-		hexArg(int64(c.freeCount())), holder)
+		hexArg(int64(len(freed))), holder)
 	for _, spanTokens := range c.charges.tokens {
 		for _, n := range spanTokens {
 			args = append(args, strconv.FormatInt(n, 10))
 		}
+	}
+	for _, n := range freed {
+		args = append(args, hexArg(n))
 	}
 	for _, l := range caps {
 		args = append(args, windowKindsArg[l.capped])
