@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -10,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // sdkDir holds the providers' SDKs (testdata/sdk/package.json), which
@@ -115,4 +117,89 @@ func TestEachProvidersSDKReadsTheRefusalAsItsRateLimitError(t *testing.T) {
 	if !openai.Refused || !openai.RateLimitError || openai.Calls != 1 || !strings.Contains(openai.Message, "Request too large") {
 		t.Errorf("OpenAI's SDK: %+v, want a RateLimitError saying the request is too large, not retried", openai)
 	}
+}
+
+// A refusal by a cap on requests in flight names no wait, and OpenAI's SDK
+// retries it on its own backoff (about half a second, then a second),
+// getting through once the request that held the slot has ended.
+func TestOpenAIsSDKRetriesARefusalByACapOnRequestsInFlightOnItsOwnBackoff(t *testing.T) {
+	arrived, release := make(chan struct{}, 1), make(chan struct{})
+	up := providersUpstream(t)
+	holding := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Hold") != "" {
+			arrived <- struct{}{}
+			<-release
+		}
+		up.Config.Handler.ServeHTTP(w, r)
+	}))
+	t.Cleanup(holding.Close)
+	gw := startGateway(t, holding.URL, `
+	rolter_ratelimit {
+		scope sdk_in_flight {http.request.header.Authorization}
+		limit sdk_in_flight * concurrent 1
+	}
+	reverse_proxy {upstream}`)
+	key := uniqueID(t)
+	held, holder := make(chan struct{}), heldRequest(t, gw.url+"/v1/chat/completions", "Bearer sk-"+key)
+	go func() {
+		defer close(held)
+		res, err := http.DefaultClient.Do(holder)
+		if err == nil {
+			res.Body.Close()
+		}
+	}()
+	<-arrived
+	refusals := func() string {
+		res, err := http.Get(fmt.Sprintf("http://localhost:%d/metrics", caddyAdmin()))
+		if err != nil {
+			return ""
+		}
+		defer res.Body.Close()
+		body, _ := io.ReadAll(res.Body)
+		for line := range strings.Lines(string(body)) {
+			if strings.HasPrefix(line, `caddy_rolter_ratelimit_refusals_total{kind="concurrency",scope="sdk_in_flight"`) {
+				return line
+			}
+		}
+		return ""
+	}
+	before := refusals()
+	go func() {
+		// The held request ends once the SDK's first try was refused.
+		for deadline := time.Now().Add(20 * time.Second); refusals() == before && time.Now().Before(deadline); {
+			time.Sleep(10 * time.Millisecond)
+		}
+		close(release)
+	}()
+	var report struct {
+		Answered                           bool
+		Statuses                           []int
+		FirstRetryAfter, FirstRetryAfterMs string
+		RetriedAfterMs                     int
+		Error                              string
+	}
+	runSDK(t, "openai-inflight.mjs", gw.url, key, &report)
+	<-held
+	if !report.Answered || len(report.Statuses) != 2 || report.Statuses[0] != 429 || report.Statuses[1] != 200 {
+		t.Fatalf("OpenAI's SDK: %+v, want a 429, then its own retry answered 200", report)
+	}
+	if report.FirstRetryAfter != "" || report.FirstRetryAfterMs != "" {
+		t.Fatalf("the refusal announced a wait (Retry-After %q, retry-after-ms %q): none is known", report.FirstRetryAfter, report.FirstRetryAfterMs)
+	}
+	if report.RetriedAfterMs < 300 || report.RetriedAfterMs > 3000 {
+		t.Fatalf("the SDK retried after %d ms, want its own backoff of about 375 to 500 ms", report.RetriedAfterMs)
+	}
+}
+
+// heldRequest is a chat completion request to url with the Authorization
+// header auth, which the test upstream holds (X-Hold).
+func heldRequest(t *testing.T, url, auth string) *http.Request {
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(`{"model":"gpt-4o","messages":[{"role":"user","content":"hold"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", auth)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Hold", "1")
+	return req
 }
