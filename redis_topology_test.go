@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/redis/go-redis/v9"
 )
 
 func clusterStores(t *testing.T, c *testCluster, n int) []store {
@@ -369,5 +370,51 @@ func TestClusterLiveViewReadsTheCountersUnderTheGivenRoot(t *testing.T) {
 	code, body := view("scope=team&id=" + team + "&root=org:" + org)
 	if code != 200 || !strings.Contains(body, `"remaining":4`) {
 		t.Fatalf("with root: %d %s, want remaining 4 of rpm 7 after 3 requests", code, body)
+	}
+}
+
+// Slots keep their guarantees on a cluster, where calls are not coalesced:
+// 30 racing admissions across three limiters admit exactly 5 against an
+// org's concurrent 5, the org's slots key is in its chain's slot, and a
+// renewal, one call per chain root in one pipeline, writes the slots of
+// every root a limiter holds.
+func TestClusterSlotsAreExactAndRenewedInEachChainsSlot(t *testing.T) {
+	c := startRedisCluster(t, 3)
+	stores := clusterStores(t, c, 3)
+	at := pinnedBase() + 1000
+	const lease = 30 * time.Second
+	org := "org-" + uniqueID(t)
+	tag := chainTag("org", org)
+	chain := []limit{
+		newTaggedLimit(tag, "key", "k", windowLimitCaps(windowCaps{rpm: 1 << 30})),
+		newTaggedLimit(tag, "org", org, newSlotLimit("org", org, 5, 0, lease).limitCaps),
+	}
+	if got := raceAdmissions(t, stores, chain, 30, at); got != 5 {
+		t.Fatalf("admitted %d of 30 racing requests against concurrent 5, want exactly 5", got)
+	}
+	if c.KeySlot(slotsKey(chain[1])) != c.KeySlot(periodKey(chain[0].prefix, rpm, at/minuteMillis)) {
+		t.Fatal("the org's slots key is outside its chain's slot")
+	}
+
+	// One limiter holds a slot under each of 8 roots; their slots keys are
+	// lost (as by a node restarted empty), and its renewal writes them all.
+	var chains [][]limit
+	for i := range 8 {
+		root := fmt.Sprintf("org-%d-%s", i, uniqueID(t))
+		chains = append(chains, []limit{newTaggedLimit(chainTag("org", root), "org", root, newSlotLimit("org", root, 1, 0, lease).limitCaps)})
+		fill(t, stores[0], chains[i], at, 1)
+	}
+	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
+	t.Cleanup(func() { client.Close() })
+	for _, ch := range chains {
+		if err := client.Del(context.Background(), slotsKey(ch[0])).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	renewSlots(stores[0], at)
+	for i, ch := range chains {
+		if n := inFlight(t, stores[1], ch, 0, at); n != 1 {
+			t.Fatalf("root %d: %d in flight after the renewal, want 1", i, n)
+		}
 	}
 }
