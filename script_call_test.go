@@ -7,6 +7,9 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/rolter/caddy-ratelimit/internal/coalesce"
 )
 
 // One call decides its admissions in arrival order, each as if sent alone:
@@ -91,6 +94,94 @@ func TestCoalescedAdmissionsEachReadTheCountsTheirTurnLeft(t *testing.T) {
 		t.Fatalf("the admitted read the org's count as %v, want 0 to 4 once each", seen)
 	}
 }
+
+// An admission whose waiter gives up once the coalescer has put it in a
+// call (its client went away, or its timeout passed) may still be admitted
+// by that call, for no one: its slots are then freed, not held, and renewed,
+// for as long as the store lives. Here a call in flight keeps the admission
+// waiting, the next call takes it, and its waiter gives up before that call
+// is sent.
+func TestAnAdmissionWhoseWaiterGaveUpInItsCallHoldsNoSlot(t *testing.T) {
+	s := newTestRedisStoreOf(t, &RedisConfig{URL: redisURLFromEnv(t)}, time.Minute) // no waiter times out
+	at := pinnedBase() + 1000
+	first := []limit{newLimit("key", uniqueID(t), 100, 0)}
+	gaveUp := []limit{newSlotLimit("key", uniqueID(t), 5, 0, 3*time.Second)}
+	firstSent, releaseFirst, gaveUpSent := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	ctx, cancel := context.WithCancel(context.Background())
+	waiting := &noticedContext{Context: ctx, waits: make(chan struct{})}
+	returned := make(chan error, 1)
+	s.calls = coalesce.New(callsInFlight, chargeLinger, func(item *scriptItem) coalesce.Batch[*scriptItem] {
+		b := &scriptBatch{store: s}
+		b.Add(item)
+		admits := func(chain []limit) bool {
+			return slices.ContainsFunc(b.items, func(i *scriptItem) bool { return i.answer != nil && i.chain[0].prefix == chain[0].prefix })
+		}
+		return hookedBatch{b, func() {
+			switch {
+			case admits(first):
+				close(firstSent)
+				<-releaseFirst
+			case admits(gaveUp):
+				cancel()
+				if err := <-returned; err == nil {
+					t.Error("the admission answered after its waiter gave up")
+				}
+				defer close(gaveUpSent)
+			}
+			b.Send()
+		}}
+	})
+	firstDone := make(chan error, 1)
+	go func() {
+		_, err := pinned(s, at).admit(context.Background(), first, tokenCounts{})
+		firstDone <- err
+	}()
+	<-firstSent // the call slot is taken
+	go func() {
+		_, err := s.admit(waiting, gaveUp, tokenCounts{})
+		returned <- err
+	}()
+	<-waiting.waits // the admission waits for the next call
+	close(releaseFirst)
+	if err := <-firstDone; err != nil {
+		t.Fatal(err)
+	}
+	<-gaveUpSent
+	// What the call freed rides in the store's next calls: a charge that
+	// rides after it is done once it is.
+	done := make(chan error, 1)
+	s.calls.Ride(&scriptItem{chain: first, done: func(err error) { done <- err }})
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n := s.held.count(gaveUp[0].prefix); n != 0 {
+		t.Fatalf("the store's ledger holds %d slots of an admission nobody waited for, to renew for ever", n)
+	}
+	if n := inFlight(t, s, gaveUp, 0, at); n != 0 {
+		t.Fatalf("Redis holds %d slots of an admission nobody waited for", n)
+	}
+}
+
+// noticedContext notices when its Done is first asked for: the coalescer
+// asks only once an admission waits in line.
+type noticedContext struct {
+	context.Context
+	once  sync.Once
+	waits chan struct{}
+}
+
+func (c *noticedContext) Done() <-chan struct{} {
+	c.once.Do(func() { close(c.waits) })
+	return c.Context.Done()
+}
+
+// hookedBatch is a call whose Send is send, which makes the call itself.
+type hookedBatch struct {
+	*scriptBatch
+	send func()
+}
+
+func (b hookedBatch) Send() { b.send() }
 
 func TestCallRefusesAChainWhoseCountersItHoldsUnderOtherCaps(t *testing.T) {
 	var c scriptCall
