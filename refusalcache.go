@@ -159,7 +159,8 @@ func (c *refusalCache) refusedLocally(chain []limit, now time.Time) (a admission
 	return admission{decision: d, limits: sub, refusal: refusalOf(cached, d)}, true
 }
 
-// withoutTokens is l as the cache decides it: without its token windows.
+// cachedCaps is l as the cache decides it: without its token windows and
+// its concurrency cap, which the cache leaves to the store.
 func cachedCaps(l limit) limit {
 	for k := range l.each {
 		if k.kind() != requests {
@@ -167,6 +168,7 @@ func cachedCaps(l limit) limit {
 		}
 	}
 	l.capped = l.windows.mask()
+	l.concurrent = concurrencyCap{}
 	return l
 }
 

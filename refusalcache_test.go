@@ -531,3 +531,33 @@ func TestCachedOrgRefusalAnswersAnotherKeyOfTheOrgWithoutARedisCall(t *testing.T
 		t.Fatalf("a key of another org cost Redis %d script calls, want its admission's one", calls)
 	}
 }
+
+// The cache leaves concurrency caps to Redis, as it does token windows: a
+// request in flight may end, or one more start, at any moment. A refusal it
+// answers of a limit whose slots were full when Redis refused it waits for
+// its requests window, as Redis then refuses it, whatever became of the
+// slots: not for a request in flight to end, with no wait announced.
+func TestACachedRefusalAnnouncesItsWindowsWaitWhateverItsSlotsWere(t *testing.T) {
+	s := newTestRedisStore(t, redisURLFromEnv(t))
+	at := pinnedBase() + 1000
+	chain := []limit{newSlotLimit("key", uniqueID(t), 1, 1, 3*time.Second)}
+	fill(t, s, chain, at, 1) // rpm 1 and the only slot taken
+	if d := admitOrFail(t, s, chain, at); d.admitted || !refusalOf(chain, d).untilFreed {
+		t.Fatalf("Redis answers %+v, want a refusal by rpm and the slot", d)
+	}
+	freeAndWait(t, pinned(s, at), chain)
+	a, cached := pinned(s, at).refusedUnread(chain)
+	if !cached {
+		t.Fatal("the cache does not answer the refusal by rpm 1")
+	}
+	redis, err := pinned(s, at).peek(context.Background(), chain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := refusalOf(chain, redis); a.refusal != want {
+		t.Fatalf("the cache refuses %+v, Redis %+v", a.refusal, want)
+	}
+	if a.refusal.untilFreed || a.refusal.waitMillis != 2*minuteMillis-1000 {
+		t.Fatalf("the cache refuses %+v, want rpm's wait to the end of the next minute, and no wait for a slot", a.refusal)
+	}
+}

@@ -7,6 +7,9 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/rolter/caddy-ratelimit/internal/coalesce"
 )
 
 // One call decides its admissions in arrival order, each as if sent alone:
@@ -92,6 +95,94 @@ func TestCoalescedAdmissionsEachReadTheCountsTheirTurnLeft(t *testing.T) {
 	}
 }
 
+// An admission whose waiter gives up once the coalescer has put it in a
+// call (its client went away, or its timeout passed) may still be admitted
+// by that call, for no one: its slots are then freed, not held, and renewed,
+// for as long as the store lives. Here a call in flight keeps the admission
+// waiting, the next call takes it, and its waiter gives up before that call
+// is sent.
+func TestAnAdmissionWhoseWaiterGaveUpInItsCallHoldsNoSlot(t *testing.T) {
+	s := newTestRedisStoreOf(t, &RedisConfig{URL: redisURLFromEnv(t)}, time.Minute) // no waiter times out
+	at := pinnedBase() + 1000
+	first := []limit{newLimit("key", uniqueID(t), 100, 0)}
+	gaveUp := []limit{newSlotLimit("key", uniqueID(t), 5, 0, 3*time.Second)}
+	firstSent, releaseFirst, gaveUpSent := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	ctx, cancel := context.WithCancel(context.Background())
+	waiting := &noticedContext{Context: ctx, waits: make(chan struct{})}
+	returned := make(chan error, 1)
+	s.calls = coalesce.New(callsInFlight, chargeLinger, func(item *scriptItem) coalesce.Batch[*scriptItem] {
+		b := &scriptBatch{store: s}
+		b.Add(item)
+		admits := func(chain []limit) bool {
+			return slices.ContainsFunc(b.items, func(i *scriptItem) bool { return i.answer != nil && i.chain[0].prefix == chain[0].prefix })
+		}
+		return hookedBatch{b, func() {
+			switch {
+			case admits(first):
+				close(firstSent)
+				<-releaseFirst
+			case admits(gaveUp):
+				cancel()
+				if err := <-returned; err == nil {
+					t.Error("the admission answered after its waiter gave up")
+				}
+				defer close(gaveUpSent)
+			}
+			b.Send()
+		}}
+	})
+	firstDone := make(chan error, 1)
+	go func() {
+		_, err := pinned(s, at).admit(context.Background(), first, tokenCounts{})
+		firstDone <- err
+	}()
+	<-firstSent // the call slot is taken
+	go func() {
+		_, err := s.admit(waiting, gaveUp, tokenCounts{})
+		returned <- err
+	}()
+	<-waiting.waits // the admission waits for the next call
+	close(releaseFirst)
+	if err := <-firstDone; err != nil {
+		t.Fatal(err)
+	}
+	<-gaveUpSent
+	// What the call freed rides in the store's next calls: a charge that
+	// rides after it is done once it is.
+	done := make(chan error, 1)
+	s.calls.Ride(&scriptItem{chain: first, done: func(err error) { done <- err }})
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n := s.held.count(gaveUp[0].prefix); n != 0 {
+		t.Fatalf("the store's ledger holds %d slots of an admission nobody waited for, to renew for ever", n)
+	}
+	if n := inFlight(t, s, gaveUp, 0, at); n != 0 {
+		t.Fatalf("Redis holds %d slots of an admission nobody waited for", n)
+	}
+}
+
+// noticedContext notices when its Done is first asked for: the coalescer
+// asks only once an admission waits in line.
+type noticedContext struct {
+	context.Context
+	once  sync.Once
+	waits chan struct{}
+}
+
+func (c *noticedContext) Done() <-chan struct{} {
+	c.once.Do(func() { close(c.waits) })
+	return c.Context.Done()
+}
+
+// hookedBatch is a call whose Send is send, which makes the call itself.
+type hookedBatch struct {
+	*scriptBatch
+	send func()
+}
+
+func (b hookedBatch) Send() { b.send() }
+
 func TestCallRefusesAChainWhoseCountersItHoldsUnderOtherCaps(t *testing.T) {
 	var c scriptCall
 	c.add([]limit{newLimit("key", "a", 5, 0), newLimit("org", "o", 10, 0)}, tokenCounts{})
@@ -144,10 +235,21 @@ func TestCoalescedTokenChargesAddUpExactly(t *testing.T) {
 // same counts, and the same counters after. Twin limits (the same caps under
 // other ids) get the same history, then the same admissions, batched on one
 // side and one by one on the other; caps, histories and chains are random,
-// with windows, token windows and buckets, with and without reservations.
+// with windows, token windows, buckets and caps on requests in flight, with
+// and without reservations. The history's admitted requests hold slots,
+// some of whose leases have lapsed by the batch; the batch carries frees of
+// some of them and token charges of responses among its admissions, in any
+// order, which the call makes before its admissions read, as one by one
+// they are made first. Both sides' ledgers then hold the same slots.
 func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 	s := newTestRedisStore(t, redisURLFromEnv(t))
 	ctx := context.Background()
+	var admissions, readSlots, slotRefusals, frees int
+	check := func(err error) { // a charge's or a free's outcome
+		if err != nil {
+			t.Error(err)
+		}
+	}
 	for trial := range 40 {
 		rng := rand.New(rand.NewPCG(uint64(trial), 8))
 		base := pinnedBase()
@@ -156,6 +258,11 @@ func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 		var sideA, sideB []limit
 		for i := range 5 {
 			caps := randomCaps(t, rng)
+			if i == 0 && caps.concurrent.max == 0 {
+				// A cap on requests in flight in every trial, small
+				// enough for a batch to fill.
+				caps.concurrent = concurrencyCap{max: 1 + rng.Int64N(2), leaseMillis: 3000 + rng.Int64N(3001)}
+			}
 			sideA = append(sideA, newTaggedLimit("", fmt.Sprint("s", i), id+"a", caps))
 			sideB = append(sideB, newTaggedLimit("", fmt.Sprint("s", i), id+"b", caps))
 		}
@@ -166,15 +273,26 @@ func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 			}
 			return a, b
 		}
+		// The requests in flight on each side, twins at the same index:
+		// admitted chains holding slots, not yet freed.
+		var heldA, heldB [][]limit
 		// The same history on both sides: admissions and token charges in
-		// the previous minute, then in this one before at.
-		for _, when := range []int64{base - 60000 + rng.Int64N(60000), base + rng.Int64N(at-base)} {
+		// the previous minute, then in this one before at, then within 8 s
+		// of at, whose slots' leases (3 to 6 s) may still run at at.
+		earlier := base + rng.Int64N(at-base)
+		for _, when := range []int64{base - 60000 + rng.Int64N(60000), earlier, max(earlier, at-rng.Int64N(8000))} {
 			for range rng.IntN(8) {
 				a, b := chain()
-				for _, c := range [][]limit{a, b} {
-					if _, err := pinned(s, when).admit(ctx, c, tokenCounts{}); err != nil {
-						t.Fatal(err)
-					}
+				da, errA := pinned(s, when).admit(ctx, a, tokenCounts{})
+				db, errB := pinned(s, when).admit(ctx, b, tokenCounts{})
+				if errA != nil || errB != nil {
+					t.Fatal(errA, errB)
+				}
+				if da.admitted != db.admitted {
+					t.Fatalf("trial %d: twin admissions of the history decided %v and %v", trial, da.admitted, db.admitted)
+				}
+				if da.admitted && holdsSlots(a) {
+					heldA, heldB = append(heldA, a), append(heldB, b)
 				}
 			}
 			for range rng.IntN(4) {
@@ -187,34 +305,76 @@ func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 		}
 		// Every other trial reserves: some admissions reserve input and
 		// output tokens on their token windows (up to past the caps), some
-		// none.
-		var batch scriptCall
+		// none. Frees of requests of the history and token charges ride
+		// among them. The batch is one call, as the coalescer makes it.
+		batch := &scriptBatch{store: pinned(s, at)}
+		var items []*scriptItem
 		var alone [][]limit
 		var reserves []tokenCounts
+		var freedB, chargedB [][]limit
+		var charges []charge
 		for range 1 + rng.IntN(12) {
-			a, b := chain()
-			var reserve tokenCounts
-			if trial%2 == 1 && rng.IntN(3) > 0 {
-				reserve = randomReservation(rng)
+			switch n := rng.IntN(6); {
+			case n == 0 && len(heldA) > 0:
+				i := rng.IntN(len(heldA))
+				items = append(items, &scriptItem{chain: heldA[i], free: true, done: func(err error) { s.release(); check(err) }})
+				freedB = append(freedB, heldB[i])
+				heldA, heldB = slices.Delete(heldA, i, i+1), slices.Delete(heldB, i, i+1)
+			case n == 1:
+				a, b := chain()
+				c := charge{tokens: randomUsage(rng)}
+				items = append(items, &scriptItem{chain: a, charge: c, done: check})
+				chargedB, charges = append(chargedB, b), append(charges, c)
+			default:
+				a, b := chain()
+				var reserve tokenCounts
+				if trial%2 == 1 && rng.IntN(3) > 0 {
+					reserve = randomReservation(rng)
+				}
+				items = append(items, &scriptItem{chain: a, reserve: reserve, answer: make(chan scriptAnswer, 1)})
+				alone, reserves = append(alone, b), append(reserves, reserve)
 			}
-			if !batch.add(a, reserve) {
-				t.Fatal("a chain was refused by the call")
+		}
+		for _, item := range items {
+			if !batch.Add(item) {
+				t.Fatal("an item was refused by the call")
 			}
-			alone, reserves = append(alone, b), append(reserves, reserve)
 		}
-		batched, _, err := pinned(s, at).call(ctx, &batch, false)
-		if err != nil {
-			t.Fatal(err)
+		batch.Send()
+		for i, c := range chargedB {
+			settle(t, pinned(s, at), c, charges[i])
 		}
-		for m, c := range alone {
-			d, err := pinned(s, at).run(ctx, c, reserves[m], false)
+		for _, c := range freedB {
+			freeAndWait(t, pinned(s, at), c)
+		}
+		m := 0
+		for _, item := range items {
+			if item.answer == nil {
+				continue
+			}
+			batched := <-item.answer
+			if batched.err != nil {
+				t.Fatal(batched.err)
+			}
+			d, err := pinned(s, at).run(ctx, alone[m], reserves[m], false)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got, want := describeDecision(batched[m]), describeDecision(d); got != want {
+			if got, want := describeDecision(batched.d), describeDecision(d); got != want {
 				t.Fatalf("trial %d, admission %d of %d: batched %s, alone %s", trial, m, len(alone), got, want)
 			}
+			if d.admitted && holdsSlots(alone[m]) {
+				heldA, heldB = append(heldA, item.chain), append(heldB, alone[m])
+			}
+			if !d.admitted && refusalOf(alone[m], d).untilFreed {
+				slotRefusals++
+			}
+			if slices.ContainsFunc(d.counts, func(c counts) bool { return c.slots > 0 }) {
+				readSlots++
+			}
+			m++
 		}
+		admissions, frees = admissions+len(alone), frees+len(freedB)
 		for i := range sideA { // what each side holds after
 			da, errA := pinned(s, at).peek(ctx, sideA[i:i+1])
 			db, errB := pinned(s, at).peek(ctx, sideB[i:i+1])
@@ -224,8 +384,20 @@ func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 			if got, want := describeDecision(da), describeDecision(db); got != want {
 				t.Fatalf("trial %d, limit %d after: batched side %s, one-by-one side %s", trial, i, got, want)
 			}
+			if a, b := s.held.count(sideA[i].prefix), s.held.count(sideB[i].prefix); a != b {
+				t.Fatalf("trial %d, limit %d after: the ledger holds %d slots on the batched side, %d on the other", trial, i, a, b)
+			}
+		}
+		// The requests still in flight end: the store holds itself open
+		// for their frees.
+		if held := append(heldA, heldB...); len(held) > 0 {
+			for _, c := range held[1:] {
+				s.free(c)
+			}
+			freeAndWait(t, s, held[0]) // and waits for the others, which ride before
 		}
 	}
+	t.Logf("%d admissions batched, %d of them reading slots in flight, %d refused for want of one; %d frees batched", admissions, readSlots, slotRefusals, frees)
 }
 
 func describeDecision(d decision) string {

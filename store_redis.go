@@ -520,6 +520,14 @@ func (s *redisStore) admitCoalesced(ctx context.Context, chain []limit, reserve 
 	item := &scriptItem{chain: chain, reserve: reserve, answer: make(chan scriptAnswer, 1)}
 	a, err := coalesce.Await(ctx, s.calls, item, item.answer, s.timeout)
 	if err != nil {
+		// A call may still decide the admission, for no one: the waiter
+		// that gives up claims it, and frees what the call that answered
+		// first took (scriptBatch.Send frees what it answers after).
+		if !item.claim.CompareAndSwap(unclaimed, abandoned) {
+			if a := <-item.answer; a.err == nil && a.d.admitted && holdsSlots(chain) {
+				s.free(chain)
+			}
+		}
 		return decision{}, err
 	}
 	return a.d, a.err

@@ -15,12 +15,15 @@ import (
 )
 
 // randomCaps are the caps of a random limit: each window now and then, small
-// enough for a few requests or tokens to fill it, and a token bucket in some;
-// at least one of them. Tokens come in tens (randomReservation,
-// randomUsage), and so do the token caps: counts often reach a cap exactly.
-// The buckets refill slowly, from 10 s for a token: Redis expires a bucket's
-// key on its own clock, not on a test's pinned one, twice the time the
-// bucket takes to fill after its last write.
+// enough for a few requests or tokens to fill it, a token bucket in some,
+// and a cap of 1 to 4 requests in flight in some; at least one of them.
+// Tokens come in tens (randomReservation, randomUsage), and so do the token
+// caps: counts often reach a cap exactly. Redis expires a key on its own
+// clock, not on a test's pinned one: the buckets refill slowly, from 10 s
+// for a token (their key lives twice the time the bucket takes to fill
+// after its last write), and the slots' leases are of 3 to 6 s (their key
+// lives two leases after its last write), so that no key expires while a
+// history runs.
 func randomCaps(t testing.TB, rng *rand.Rand) limitCaps {
 	t.Helper()
 	// How often a limit caps each window, in percent, and its cap's
@@ -46,6 +49,9 @@ func randomCaps(t testing.TB, rng *rand.Rand) limitCaps {
 			t.Fatal(err)
 		}
 		caps.bucket = b.bucket
+	}
+	if rng.IntN(10) < 3 {
+		caps.concurrent = concurrencyCap{max: 1 + rng.Int64N(4), leaseMillis: 3000 + rng.Int64N(3001)}
 	}
 	if caps == (limitCaps{}) {
 		caps = windowLimitCaps(windowCaps{rpm: 3})
@@ -91,18 +97,26 @@ const (
 // Go and in Lua: the same random history, run through both on pinned
 // clocks, gets the same answers. A history is admissions of random chains
 // of 1 to 4 limits from a pool of six with random caps (every kind of
-// window, and token buckets), with and without reservations; settlements of
-// the reservations, which give tokens back or charge more in the
-// reservation's buckets; token charges of responses; peeks; and clock steps
-// of milliseconds to hours, some onto minute and day boundaries. Every
-// admission, refusal (its limit, kind, window and wait) and count is
-// compared. Redis answers some refusals from its refusal cache, which
-// holds only what refuses on requests windows and buckets: such an answer
-// must be the in-process store's refusal as the cache makes it.
+// window, token buckets, and caps on requests in flight with leases of a
+// few seconds), with and without reservations; settlements of the
+// reservations, which give tokens back or charge more in the reservation's
+// buckets; token charges of responses; frees of the slots of admitted
+// requests, each once, whether their lease is live or has lapsed;
+// renewals of every slot a store holds, on both at the same moment; peeks;
+// and clock steps of milliseconds to hours, some onto minute and day
+// boundaries, some onto the end of a lease. Every admission, refusal (its
+// limit, kind, window and wait, or that it waits for a request in flight
+// to end) and count, the slots in flight included, is compared. Redis
+// answers some refusals from its refusal cache, which holds only what
+// refuses on requests windows and buckets: such an answer must be the
+// in-process store's refusal as the cache makes it.
 //
-// Without Redis the in-process store runs the histories alone, against its
-// own reads: an admission reads what a peek just before it read, and what
-// refusedUnread refuses is never admitted.
+// Both stores' ledgers, which their renewals write, must hold one slot of
+// a concurrency cap per admitted request of its chain not yet freed, and a
+// renewal must leave exactly that many in flight, lapsed leases included.
+// Without Redis the in-process store runs the histories alone, against
+// those counts and its own reads: an admission reads what a peek just
+// before it read, and what refusedUnread refuses is never admitted.
 //
 // -alike.histories runs more histories, -alike.seed replays one (with
 // -alike.histories=1).
@@ -155,13 +169,16 @@ func runAlikeHistories(t *testing.T, seed uint64, redisURL string) {
 	}
 	close(seeds)
 	workers.Wait()
-	t.Logf("%d histories of %d steps from seed %d in %v: %d admissions, %d admitted, %d refused by Redis's cache; %d settlements",
-		n, alikeSteps, seed, time.Since(start), tally.admissions.Load(), tally.admitted.Load(), tally.cached.Load(), tally.settlements.Load())
+	t.Logf("%d histories of %d steps from seed %d in %v: %d admissions, %d admitted, %d refused by Redis's cache, %d refused for want of a slot; %d settlements, %d frees (%d of a lapsed lease), %d renewals",
+		n, alikeSteps, seed, time.Since(start), tally.admissions.Load(), tally.admitted.Load(), tally.cached.Load(), tally.slotRefusals.Load(),
+		tally.settlements.Load(), tally.frees.Load(), tally.lapsedFrees.Load(), tally.renewals.Load())
 }
 
 // alikeTally is what the histories did, so that a run shows what it
 // compared.
-type alikeTally struct{ admissions, admitted, cached, settlements atomic.Int64 }
+type alikeTally struct {
+	admissions, admitted, cached, slotRefusals, settlements, frees, lapsedFrees, renewals atomic.Int64
+}
 
 // alikeHistory is one random history, run through the in-process store and
 // Redis's (nil: the in-process store alone).
@@ -175,7 +192,12 @@ type alikeHistory struct {
 	pool   []limit
 	now    int64         // the pinned clocks, in unix milliseconds
 	open   []reservation // admitted reservations not yet settled
-	steps  []string      // what the history did, for a failure's message
+	// inFlight are the admitted chains that hold slots, not yet freed;
+	// leaseEnds, by limit of the pool, when the lease of its slots last
+	// written (by an admission or a renewal) ends.
+	inFlight  [][]limit
+	leaseEnds [alikePool]int64
+	steps     []string // what the history did, for a failure's message
 }
 
 type reservation struct {
@@ -192,7 +214,7 @@ func (h *alikeHistory) run() {
 	}
 	h.now = nextDay() + h.rng.Int64N(dayMinutes*minuteMillis)
 	for range alikeSteps {
-		switch n := h.rng.IntN(20); {
+		switch n := h.rng.IntN(24); {
 		case n < 9:
 			h.admit()
 		case n < 12:
@@ -201,9 +223,18 @@ func (h *alikeHistory) run() {
 			h.chargeUsage()
 		case n < 15:
 			h.peek()
+		case n < 18:
+			h.free()
+		case n < 19:
+			h.renew()
 		default:
 			h.tick()
 		}
+	}
+	// The requests still in flight end, so that the stores hold nothing
+	// of the history: the Redis store holds itself open for their frees.
+	for len(h.inFlight) > 0 {
+		h.free()
 	}
 }
 
@@ -262,6 +293,12 @@ func (h *alikeHistory) admit() {
 		if !reserve.isZero() {
 			h.open = append(h.open, reservation{chain: chain, reserved: reserve, minute: a.now.minute})
 		}
+		if holdsSlots(chain) {
+			h.inFlight = append(h.inFlight, chain)
+			h.leased(chain)
+		}
+	} else if a.refusal.untilFreed {
+		h.tally.slotRefusals.Add(1)
 	}
 	if h.redis == nil {
 		return
@@ -281,7 +318,7 @@ func (h *alikeHistory) admit() {
 	case !sameAdmission(ra, unread):
 		h.fail("Redis's admit answers from its cache %s, its refusedUnread %s", describeAdmission(ra), describeAdmission(unread))
 	default:
-		if got, want := withoutTokenCounts(ra), h.asCached(chain, a, ra.limits); !sameAdmission(got, want) {
+		if got, want := withoutStoreCounts(ra), h.asCached(chain, a, ra.limits); !sameAdmission(got, want) {
 			h.fail("Redis's cache: %s\nin-process:    %s", describeAdmission(got), describeAdmission(want))
 		}
 	}
@@ -289,8 +326,8 @@ func (h *alikeHistory) admit() {
 
 // asCached is a, the in-process store's answer to chain, as the refusal
 // cache answers it from its refusals of sub: their counts, but those of
-// token windows (which the cache leaves to the store), and their refusal on
-// requests windows and buckets.
+// token windows and slots (which the cache leaves to the store), and their
+// refusal on requests windows and buckets.
 func (h *alikeHistory) asCached(chain []limit, a admission, sub []limit) admission {
 	cached := admission{decision: decision{now: a.now}, limits: sub}
 	cacheable := make([]limit, len(sub))
@@ -303,11 +340,12 @@ func (h *alikeHistory) asCached(chain []limit, a admission, sub []limit) admissi
 		cached.counts = append(cached.counts, counts[0])
 	}
 	cached.refusal = refusalOf(cacheable, cached.decision)
-	return withoutTokenCounts(cached)
+	return withoutStoreCounts(cached)
 }
 
-// withoutTokenCounts is a with the counts of token windows left out.
-func withoutTokenCounts(a admission) admission {
+// withoutStoreCounts is a with the counts that the refusal cache leaves to
+// the store left out: those of token windows, and the slots in flight.
+func withoutStoreCounts(a admission) admission {
 	a.counts = slices.Clone(a.counts)
 	for i := range a.counts {
 		for k := range numWindows {
@@ -315,6 +353,7 @@ func withoutTokenCounts(a admission) admission {
 				a.counts[i].w[k] = window{}
 			}
 		}
+		a.counts[i].slots = 0
 	}
 	return a
 }
@@ -372,11 +411,115 @@ func (h *alikeHistory) peek() {
 	}
 }
 
+// free ends a request in flight: both stores free its slots, whether its
+// lease is live or has lapsed. Both ledgers then count the requests still
+// in flight.
+func (h *alikeHistory) free() {
+	if len(h.inFlight) == 0 {
+		return
+	}
+	i := h.rng.IntN(len(h.inFlight))
+	chain := h.inFlight[i]
+	h.inFlight = slices.Delete(h.inFlight, i, i+1)
+	h.log("free %s", scopesOf(chain))
+	h.tally.frees.Add(1)
+	for _, l := range chain {
+		if l.concurrent.max > 0 && h.leaseEnds[h.poolIndex(l)] <= h.now {
+			h.tally.lapsedFrees.Add(1)
+			break
+		}
+	}
+	pinned(h.memory, h.now).free(chain)
+	if h.redis != nil {
+		freeAndWait(h.t, pinned(h.redis, h.now), chain)
+	}
+	h.checkLedgers()
+}
+
+// renew renews the slots each store holds, at the same moment: every
+// concurrency cap then holds exactly a slot per request in flight that
+// took one, for a lease, whether its lease had lapsed or not.
+func (h *alikeHistory) renew() {
+	h.log("renew")
+	h.tally.renewals.Add(1)
+	renewSlots(h.memory, h.now)
+	if h.redis != nil {
+		renewSlots(h.redis, h.now)
+	}
+	for i, l := range h.pool {
+		if l.concurrent.max == 0 {
+			continue
+		}
+		h.leaseEnds[i] = h.now + l.concurrent.leaseMillis
+		want := h.holding(l)
+		if n := inFlight(h.t, h.memory, []limit{l}, 0, h.now); n != want {
+			h.fail("the in-process store reads %d in flight of %s after a renewal, want the %d requests in flight", n, l.scope, want)
+		}
+		if h.redis == nil {
+			continue
+		}
+		if n := inFlight(h.t, h.redis, []limit{l}, 0, h.now); n != want {
+			h.fail("Redis reads %d in flight of %s after a renewal, want the %d requests in flight", n, l.scope, want)
+		}
+	}
+}
+
+// checkLedgers checks that each store's ledger holds, of every concurrency
+// cap of the pool, a slot per request in flight that took one.
+func (h *alikeHistory) checkLedgers() {
+	for _, l := range h.pool {
+		if l.concurrent.max == 0 {
+			continue
+		}
+		want := h.holding(l)
+		if n := h.memory.held.count(l.prefix); n != want {
+			h.fail("the in-process store's ledger holds %d slots of %s, want the %d requests in flight", n, l.scope, want)
+		}
+		if h.redis == nil {
+			continue
+		}
+		if n := h.redis.held.count(l.prefix); n != want {
+			h.fail("Redis's ledger holds %d slots of %s, want the %d requests in flight", n, l.scope, want)
+		}
+	}
+}
+
+// holding is how many requests in flight hold a slot of l.
+func (h *alikeHistory) holding(l limit) int64 {
+	n := int64(0)
+	for _, chain := range h.inFlight {
+		if slices.ContainsFunc(chain, func(c limit) bool { return c.prefix == l.prefix }) {
+			n++
+		}
+	}
+	return n
+}
+
+// leased notes that an admission of chain wrote its concurrency caps'
+// slots now, for a lease.
+func (h *alikeHistory) leased(chain []limit) {
+	for _, l := range chain {
+		if l.concurrent.max > 0 {
+			h.leaseEnds[h.poolIndex(l)] = h.now + l.concurrent.leaseMillis
+		}
+	}
+}
+
+func (h *alikeHistory) poolIndex(l limit) int {
+	return slices.IndexFunc(h.pool, func(p limit) bool { return p.prefix == l.prefix })
+}
+
 // tick moves the clocks on by milliseconds, seconds, minutes or hours, or
-// onto the next minute or day boundary: its last millisecond before, the
-// boundary, or the millisecond after.
+// onto the next minute or day boundary, or onto the end of the lease of
+// slots a limit last took or renewed (when that is still to come): its
+// last millisecond before, the boundary, or the millisecond after.
 func (h *alikeHistory) tick() {
 	const dayMillis = dayMinutes * minuteMillis
+	if end := h.leaseEnds[h.rng.IntN(alikePool)]; end > h.now && h.rng.IntN(2) == 0 {
+		h.now = max(h.now, end-1+h.rng.Int64N(3))
+		h.log("tick onto a lease's end")
+		return
+	}
 	switch h.rng.IntN(6) {
 	case 0:
 		h.now += 1 + h.rng.Int64N(999)
