@@ -154,7 +154,7 @@ func TestAnAdmissionWhoseWaiterGaveUpInItsCallHoldsNoSlot(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if n := s.held.count(gaveUp[0].prefix); n != 0 {
+	if n := heldCount(s.held, gaveUp[0].prefix); n != 0 {
 		t.Fatalf("the store's ledger holds %d slots of an admission nobody waited for, to renew for ever", n)
 	}
 	if n := inFlight(t, s, gaveUp, 0, at); n != 0 {
@@ -384,7 +384,7 @@ func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 			if got, want := describeDecision(da), describeDecision(db); got != want {
 				t.Fatalf("trial %d, limit %d after: batched side %s, one-by-one side %s", trial, i, got, want)
 			}
-			if a, b := s.held.count(sideA[i].prefix), s.held.count(sideB[i].prefix); a != b {
+			if a, b := heldCount(s.held, sideA[i].prefix), heldCount(s.held, sideB[i].prefix); a != b {
 				t.Fatalf("trial %d, limit %d after: the ledger holds %d slots on the batched side, %d on the other", trial, i, a, b)
 			}
 		}

@@ -34,6 +34,16 @@ func inFlight(t *testing.T, s store, chain []limit, i int, at int64) int64 {
 	return d.counts[i].slots
 }
 
+// heldCount is how many slots of the limit with prefix the ledger h holds.
+func heldCount(h *heldSlots, prefix string) int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if e := h.byPrefix[prefix]; e != nil {
+		return e.n
+	}
+	return 0
+}
+
 // renewSlots renews the slots s holds now, as its renewal does every third
 // of a lease.
 func renewSlots(s store, at int64) {
@@ -315,11 +325,8 @@ func TestAnAdmissionNobodyWaitsForAnyMoreHoldsNoSlot(t *testing.T) {
 	if n := inFlight(t, s, chain, 0, at); n != 0 {
 		t.Fatalf("%d in flight after an abandoned admission, want 0", n)
 	}
-	s.held.mu.Lock()
-	e := s.held.byPrefix[chain[0].prefix]
-	s.held.mu.Unlock()
-	if e != nil && e.n != 0 {
-		t.Fatalf("the ledger holds %d slots of an abandoned admission, want 0", e.n)
+	if n := heldCount(s.held, chain[0].prefix); n != 0 {
+		t.Fatalf("the ledger holds %d slots of an abandoned admission, want 0", n)
 	}
 }
 

@@ -472,13 +472,13 @@ func (h *alikeHistory) checkLedgers() {
 			continue
 		}
 		want := h.holding(l)
-		if n := h.memory.held.count(l.prefix); n != want {
+		if n := heldCount(h.memory.held, l.prefix); n != want {
 			h.fail("the in-process store's ledger holds %d slots of %s, want the %d requests in flight", n, l.scope, want)
 		}
 		if h.redis == nil {
 			continue
 		}
-		if n := h.redis.held.count(l.prefix); n != want {
+		if n := heldCount(h.redis.held, l.prefix); n != want {
 			h.fail("Redis's ledger holds %d slots of %s, want the %d requests in flight", n, l.scope, want)
 		}
 	}
