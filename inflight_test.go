@@ -398,11 +398,24 @@ func slotsOf(id string) string {
 	return slotsKey(newTaggedLimit("", "key", keyID(false, id), limitCaps{}))
 }
 
+// flightStore is the store line of the gateways of these tests: on Redis,
+// a client that waits for Redis up to 2 s. Under -race on a loaded machine
+// a call can take longer than the default 100 ms, and on_redis_error would
+// then answer for the store: these tests' gateways set it to deny, so that
+// a store failure is a 503, never an admission unchecked that would look
+// like a cap overshot.
+func flightStore(store string) string {
+	if store == "" {
+		return ""
+	}
+	return store + " {\n\ttimeout 2s\n}"
+}
+
 // flightGatewayOn starts an in-process gateway on loopback whose routes are
-// those of limited.
+// those of limited, on store's flightStore, with on_redis_error deny.
 func flightGatewayOn(t *testing.T, up *flightUpstream, store, lines string, after ...string) *gateway {
 	t.Helper()
-	return startGatewayWith(t, up.URL, "\tdefault_bind 127.0.0.1", limited(store, lines, after...), freePort())
+	return startGatewayWith(t, up.URL, "\tdefault_bind 127.0.0.1", limited(flightStore(store), lines+"\non_redis_error deny", after...), freePort())
 }
 
 // capOf5 is the limiter of the tests of concurrent 5 on one key.
@@ -440,7 +453,7 @@ func sixtyAgainstFive(t *testing.T, urls []string, admins []int, up *flightUpstr
 		t.Fatalf("%d of %d refused requests were not concurrency refusals", bad, len(refused))
 	}
 	if got := statuses(finish()); got[200] != 5 || got[429] != 55 || len(got) != 2 {
-		t.Fatalf("statuses %v, want 5 × 200 and 55 × 429", got)
+		t.Fatalf("statuses %v, want 5 × 200 and 55 × 429 (a 503 is a store failure)", got)
 	}
 	if peak := up.peak.Load(); peak != 5 {
 		t.Fatalf("the upstream had %d requests open at once, want at most 5", peak)
@@ -486,7 +499,7 @@ func TestSixtyRequestsAgainstConcurrent5PutExactly5InFlightAndFreeEverySlot(t *t
 func TestThreeGatewayProcessesOnRedisPutExactly5Of60InFlightAndFreeEverySlot(t *testing.T) {
 	url := redisURLFromEnv(t)
 	up := newFlightUpstream(t)
-	gws := startCaddyProcesses(t, 3, up, limited("redis "+url, capOf5))
+	gws := startCaddyProcesses(t, 3, up, limited(flightStore("redis "+url), capOf5+"\non_redis_error deny"))
 	key := "sk-" + uniqueID(t)
 	sixtyAgainstFive(t, urlsOf(gws), adminsOf(gws), up, redisAddr(t, url), slotsOf(key), key)
 }
@@ -549,7 +562,7 @@ func TestAGatewayKilledWhileHoldingSlotsLosesThemWithinALease(t *testing.T) {
 	url := redisURLFromEnv(t)
 	addr := redisAddr(t, url)
 	up := newFlightUpstream(t)
-	gws := startCaddyProcesses(t, 2, up, limited("redis "+url, capOf5+"\nslot_lease 1s"))
+	gws := startCaddyProcesses(t, 2, up, limited(flightStore("redis "+url), capOf5+"\nslot_lease 1s\non_redis_error deny"))
 	killed, survivor := gws[0], gws[1]
 	c := flightClient(t)
 	key := "sk-" + uniqueID(t)
@@ -698,10 +711,11 @@ func TestARefusalByTheSlotTakesNoRPMAndARefusalByRPMTakesNoSlot(t *testing.T) {
 func TestOnRedisClusterSlotsLiveInTheChainRootsSlotAndThreeGatewaysCapExactly(t *testing.T) {
 	c := startRedisCluster(t, 3)
 	up := newFlightUpstream(t)
-	gws := startCaddyProcesses(t, 3, up, limited("redis cluster "+strings.Join(c.URLs(), " "), `
+	gws := startCaddyProcesses(t, 3, up, limited(flightStore("redis cluster "+strings.Join(c.URLs(), " ")), `
 			scope key {http.request.header.X-Api-Key}
 			scope org {http.request.header.X-Org} readable
-			limit key * concurrent 5`))
+			limit key * concurrent 5
+			on_redis_error deny`))
 	key, org := "sk-"+uniqueID(t), uniqueID(t)
 	root := chainTag("org", keyID(true, org))
 	slots := slotsKey(newTaggedLimit(root, "key", keyID(false, key), limitCaps{}))
@@ -724,7 +738,7 @@ func TestOnRedisClusterSlotsLiveInTheChainRootsSlotAndThreeGatewaysCapExactly(t 
 		}
 	}
 	if got := statuses(finish()); got[200] != 5 || got[429] != 55 || len(got) != 2 {
-		t.Fatalf("statuses %v, want 5 × 200 and 55 × 429", got)
+		t.Fatalf("statuses %v, want 5 × 200 and 55 × 429 (a 503 is a store failure)", got)
 	}
 	for _, g := range gws {
 		waitSlotsHeld(t, g.admin, "key", 0)
