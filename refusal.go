@@ -66,7 +66,8 @@ func ceilSeconds(millis, atLeast int64) int64 {
 // message names the scope and the cap, never the id, and the wait when it
 // is known.
 func (r refusal) message(chain []limit) string {
-	scope, reached := chain[r.first].scope, ""
+	scope := chain[r.first].scope
+	var reached string
 	switch r.kind {
 	case concurrency:
 		reached = fmt.Sprintf("Concurrency limit reached for %s: %d requests in flight.", scope, r.capacity)
