@@ -425,10 +425,10 @@ const capOf5 = `
 
 // sixtyAgainstFive races 60 requests of one key against its concurrent 5
 // through the gateways at urls (whose admin endpoints are on the ports
-// admins; redisAddr is their Redis, "" for the in-process store), and
+// admins; redisAt is their Redis, "" for the in-process store), and
 // checks that exactly 5 were in flight, that the others were refused as
 // they should be, and that every slot is free once all have ended.
-func sixtyAgainstFive(t *testing.T, urls []string, admins []int, up *flightUpstream, redisAddr, slots, key string) {
+func sixtyAgainstFive(t *testing.T, urls []string, admins []int, up *flightUpstream, redisAt, slots, key string) {
 	t.Helper()
 	c := flightClient(t)
 	header := "X-Api-Key: " + key
@@ -436,8 +436,8 @@ func sixtyAgainstFive(t *testing.T, urls []string, admins []int, up *flightUpstr
 	if open, peak := up.open.Load(), up.peak.Load(); open != 5 || peak != 5 {
 		t.Fatalf("the upstream has %d requests open and had at most %d, want exactly 5 of 60 under concurrent 5", open, peak)
 	}
-	if redisAddr != "" {
-		if n := heldInHash(t, slotHoldings(t, redisAddr, slots)); n != 5 {
+	if redisAt != "" {
+		if n := heldInHash(t, slotHoldings(t, redisAt, slots)); n != 5 {
 			t.Errorf("%s holds %d slots with 5 requests in flight", slots, n)
 		}
 	}
@@ -475,8 +475,8 @@ func sixtyAgainstFive(t *testing.T, urls []string, admins []int, up *flightUpstr
 	for _, admin := range admins {
 		waitSlotsHeld(t, admin, "key", 0)
 	}
-	if redisAddr != "" {
-		waitSlotsKeyEmpty(t, redisAddr, slots)
+	if redisAt != "" {
+		waitSlotsKeyEmpty(t, redisAt, slots)
 	}
 	if peak := up.peak.Load(); peak != 5 {
 		t.Fatalf("the upstream had %d requests open at once, want at most 5", peak)
@@ -551,6 +551,84 @@ func TestASlotIsFreedWhenTheClientHangsUpTheUpstreamCutsTheStreamOrAnswers500(t 
 		mustPost(t, c, gw.url, 500, "the upstream's 500", header, "X-Upstream: "+upstream500)
 		mustPost(t, c, gw.url, 200, "the request right after the upstream's 500", header, "X-Upstream: "+upstreamFast)
 		waitSlotsHeld(t, caddyAdmin(), "key", 0)
+	})
+}
+
+// A stream that lasts three leases keeps its slot all along: the store
+// renews it every third of a lease, even while it holds a slot of another
+// handler's longer lease (the default 30s), which it renews ten times less
+// often.
+func TestAStreamLastingThreeLeasesKeepsItsSlotAllAlong(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		const lease = time.Second
+		up := newFlightUpstream(t)
+		gw := startGatewayWith(t, up.URL, "\tdefault_bind 127.0.0.1", fmt.Sprintf(`
+	@long header X-Lease long
+	@short not header X-Lease long
+	rolter_ratelimit @long {
+		%[1]s
+		scope key {http.request.header.X-Api-Key}
+		limit key * concurrent 1
+		on_redis_error deny
+	}
+	rolter_ratelimit @short {
+		%[1]s
+		scope key {http.request.header.X-Api-Key}
+		limit key * concurrent 1
+		slot_lease 1s
+		on_redis_error deny
+	}
+	reverse_proxy {upstream}`, flightStore(store)), freePort())
+		c := flightClient(t)
+		key := "sk-" + uniqueID(t)
+		header := "X-Api-Key: " + key
+		refused, finishLong := heldBurst(t, c, []string{gw.url}, up, 1, "X-Api-Key: sk-"+uniqueID(t), "X-Lease: long")
+		if len(refused) != 0 {
+			t.Fatalf("the request of the longer lease: %d %s", refused[0].status, refused[0].body)
+		}
+		req, _ := http.NewRequest("POST", gw.url+"/v1/chat/completions", strings.NewReader(`{"model":"m","stream":true}`))
+		setHeaders(req, []string{header, "X-Upstream: " + upstreamSSE, "X-Hold: 3500ms"})
+		res, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		stream := bufio.NewReader(res.Body)
+		if line, err := stream.ReadString('\n'); err != nil || !strings.HasPrefix(line, "data: ") {
+			t.Fatalf("first line of the stream %q %v", line, err)
+		}
+		started := time.Now()
+		var rest []byte
+		ended := make(chan error, 1)
+		go func() {
+			var err error
+			rest, err = io.ReadAll(stream)
+			ended <- err
+		}()
+		// Waiting on the clock is the point: a slot whose lease were not
+		// renewed would be free after 1 s.
+		for _, at := range []time.Duration{lease / 5, lease + lease/5, 2*lease + lease/5, 3*lease + lease/20} {
+			time.Sleep(time.Until(started.Add(at)))
+			select {
+			case err := <-ended:
+				t.Fatalf("the stream ended %v after it started (%v), before the probe at %v", time.Since(started), err, at)
+			default:
+			}
+			mustBeConcurrencyRefusal(t, fmt.Sprintf("a request %v into the stream", at), post(c, gw.url, header, "X-Upstream: "+upstreamFast), "key", 1, key)
+		}
+		select {
+		case err := <-ended:
+			if err != nil || !strings.HasSuffix(string(rest), "data: [DONE]\n\n") {
+				t.Fatalf("the stream ended with %q %v", rest, err)
+			}
+		case <-time.After(flightWait):
+			t.Fatal("the stream did not end")
+		}
+		t.Logf("the stream lasted %v", time.Since(started).Round(time.Millisecond))
+		mustPost(t, c, gw.url, 200, "the request right after the stream ended", header, "X-Upstream: "+upstreamFast)
+		if got := statuses(finishLong()); got[200] != 1 {
+			t.Fatalf("the request of the longer lease: %v", got)
+		}
 	})
 }
 
