@@ -423,16 +423,17 @@ const capOf5 = `
 			scope key {http.request.header.X-Api-Key}
 			limit key * concurrent 5`
 
-// sixtyAgainstFive races 60 requests of one key against its concurrent 5
-// through the gateways at urls (whose admin endpoints are on the ports
-// admins; redisAt is their Redis, "" for the in-process store), and
-// checks that exactly 5 were in flight, that the others were refused as
-// they should be, and that every slot is free once all have ended.
-func sixtyAgainstFive(t *testing.T, urls []string, admins []int, up *flightUpstream, redisAt, slots, key string) {
+// sixtyAgainstFive races 60 requests of one key (with the header lines
+// more) against its concurrent 5 through the gateways at urls (whose admin
+// endpoints are on the ports admins; redisAt is the Redis node that holds
+// the slots key, "" for the in-process store), and checks that exactly 5
+// were in flight, that the others were refused as they should be, and that
+// every slot is free once all have ended.
+func sixtyAgainstFive(t *testing.T, urls []string, admins []int, up *flightUpstream, redisAt, slots, key string, more ...string) {
 	t.Helper()
 	c := flightClient(t)
-	header := "X-Api-Key: " + key
-	refused, finish := heldBurst(t, c, urls, up, 60, header)
+	headers := append([]string{"X-Api-Key: " + key}, more...)
+	refused, finish := heldBurst(t, c, urls, up, 60, headers...)
 	if open, peak := up.open.Load(), up.peak.Load(); open != 5 || peak != 5 {
 		t.Fatalf("the upstream has %d requests open and had at most %d, want exactly 5 of 60 under concurrent 5", open, peak)
 	}
@@ -464,7 +465,7 @@ func sixtyAgainstFive(t *testing.T, urls []string, admins []int, up *flightUpstr
 	for _, admin := range admins {
 		waitSlotsHeld(t, admin, "key", 0)
 	}
-	refused, finish = heldBurst(t, c, urls, up, 6, header)
+	refused, finish = heldBurst(t, c, urls, up, 6, headers...)
 	if len(refused) != 1 || up.open.Load() != 5 {
 		t.Fatalf("after all ended, %d of 6 new requests in flight and %d refused, want 5 and 1: the slots were not all freed", up.open.Load(), len(refused))
 	}
@@ -800,31 +801,7 @@ func TestOnRedisClusterSlotsLiveInTheChainRootsSlotAndThreeGatewaysCapExactly(t 
 	if c.KeySlot(slots) != c.KeySlot(root) {
 		t.Fatalf("%s is not in the hash slot of the chain's root %s", slots, root)
 	}
-	owner := c.SlotOwner(slots)
-
-	client := flightClient(t)
-	refused, finish := heldBurst(t, client, urlsOf(gws), up, 60, "X-Api-Key: "+key, "X-Org: "+org)
-	if open, peak := up.open.Load(), up.peak.Load(); open != 5 || peak != 5 {
-		t.Fatalf("the upstream has %d requests open and had at most %d, want exactly 5 of 60 under concurrent 5", open, peak)
-	}
-	if h := slotHoldings(t, owner, slots); heldInHash(t, h) != 5 {
-		t.Fatalf("%s on the root's node %s holds %v, want 5 slots in all", slots, owner, h)
-	}
-	for i, a := range refused {
-		if p := concurrencyRefusalProblem(a, "key", 5, key); p != "" {
-			t.Fatalf("refused request %d: %s", i, p)
-		}
-	}
-	if got := statuses(finish()); got[200] != 5 || got[429] != 55 || len(got) != 2 {
-		t.Fatalf("statuses %v, want 5 × 200 and 55 × 429 (a 503 is a store failure)", got)
-	}
-	for _, g := range gws {
-		waitSlotsHeld(t, g.admin, "key", 0)
-	}
-	waitSlotsKeyEmpty(t, owner, slots)
-	if peak := up.peak.Load(); peak != 5 {
-		t.Fatalf("the upstream had %d requests open at once, want at most 5", peak)
-	}
+	sixtyAgainstFive(t, urlsOf(gws), adminsOf(gws), up, c.SlotOwner(slots), slots, key, "X-Org: "+org)
 }
 
 // A refusal by a concurrency cap sets refused_kind concurrency (here in a
