@@ -12,7 +12,14 @@ import (
 // metricsText is the admin endpoint's whole /metrics answer.
 func metricsText(t *testing.T) string {
 	t.Helper()
-	res, err := http.Get(fmt.Sprintf("http://localhost:%d/metrics", caddyAdmin()))
+	return metricsTextAt(t, caddyAdmin())
+}
+
+// metricsTextAt is the whole /metrics answer of the Caddy whose admin
+// endpoint is on port admin (a gateway process of its own, say).
+func metricsTextAt(t *testing.T, admin int) string {
+	t.Helper()
+	res, err := http.Get(fmt.Sprintf("http://localhost:%d/metrics", admin))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,8 +34,14 @@ func metricsText(t *testing.T) string {
 // scrape reads the admin endpoint's /metrics into "name{labels}" → value.
 func scrape(t *testing.T) map[string]float64 {
 	t.Helper()
+	return scrapeAt(t, caddyAdmin())
+}
+
+// scrapeAt is scrape of the Caddy whose admin endpoint is on port admin.
+func scrapeAt(t *testing.T, admin int) map[string]float64 {
+	t.Helper()
 	out := make(map[string]float64)
-	for line := range strings.Lines(metricsText(t)) {
+	for line := range strings.Lines(metricsTextAt(t, admin)) {
 		line = strings.TrimSuffix(line, "\n")
 		if !strings.HasPrefix(line, "caddy_rolter_ratelimit_") {
 			continue

@@ -76,7 +76,8 @@ func holdsSlots(chain []limit) bool {
 type heldSlots struct {
 	mu       sync.Mutex
 	byPrefix map[string]*heldLimit
-	taken    chan struct{} // wakes the renewal when the ledger was empty
+	shortest int64         // the lease the renewal's period was last figured from, in milliseconds
+	taken    chan struct{} // wakes the renewal when the ledger was empty, or a limit of a shorter lease is taken
 }
 
 // heldLimit is how many slots of a limit the store holds.
@@ -110,7 +111,7 @@ func (h *heldSlots) takeOne(l limit, n int64) {
 		}
 		e = &heldLimit{limit: l}
 		h.byPrefix[l.prefix] = e
-		if len(h.byPrefix) == 1 {
+		if len(h.byPrefix) == 1 || l.concurrent.leaseMillis < h.shortest {
 			select {
 			case h.taken <- struct{}{}:
 			default:
@@ -161,26 +162,34 @@ func (h *heldSlots) period() (every time.Duration, ok bool) {
 			shortest = e.concurrent.leaseMillis
 		}
 	}
+	h.shortest = shortest
 	return time.Duration(shortest) * time.Millisecond / 3, shortest > 0
 }
 
 // renewEvery calls renew every third of the shortest lease held, while
-// anything is held, until stop is closed.
+// anything is held, until stop is closed. A limit taken with a shorter
+// lease than that of the period it waits out makes it figure the period
+// again, from the last renewal.
 func (h *heldSlots) renewEvery(renew func(), stop <-chan struct{}) {
+	last := time.Now()
 	for {
 		every, ok := h.period()
 		if !ok {
 			select {
 			case <-h.taken:
+				last = time.Now()
 				continue
 			case <-stop:
 				return
 			}
 		}
-		t := time.NewTimer(every)
+		t := time.NewTimer(time.Until(last.Add(every)))
 		select {
 		case <-t.C:
 			renew()
+			last = time.Now()
+		case <-h.taken:
+			t.Stop()
 		case <-stop:
 			t.Stop()
 			return

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -388,4 +390,54 @@ func holdSlots(b *testing.B, s store, n int, chainOf func(int) []limit) {
 			_ = rideAlong(r)
 		}
 	})
+}
+
+// A limit whose lease is shorter than those the ledger already holds is
+// renewed before its own lease ends, not a third of theirs later: a
+// process may hold slots of handlers with different slot_lease values, or
+// of the config before a reload that shortened it.
+func TestASlotOfAShorterLeaseThanThoseHeldIsRenewedBeforeItsLeaseEnds(t *testing.T) {
+	const long, short = 30 * time.Second, 600 * time.Millisecond
+	h := newHeldSlots()
+	h.take([]limit{newSlotLimit("key", "long", 1, 0, long)}, 1)
+	<-h.taken // the renewal starts with a limit held
+	renewed := make(chan time.Time, 16)
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		h.renewEvery(func() { renewed <- time.Now() }, stop)
+	}()
+	defer func() {
+		close(stop)
+		<-done
+	}()
+	waitBlockedInSelect(t, "(*heldSlots).renewEvery") // waiting to renew the long lease
+	taken := time.Now()
+	h.take([]limit{newSlotLimit("key", "short", 1, 0, short)}, 1)
+	select {
+	case at := <-renewed:
+		if took := at.Sub(taken); took > short {
+			t.Fatalf("renewed %v after a slot of lease %v was taken", took, short)
+		}
+	case <-time.After(short):
+		t.Fatalf("not renewed within the lease (%v) of the slot taken while the ledger held one of %v", short, long)
+	}
+}
+
+// waitBlockedInSelect waits until a goroutine is blocked in a select of
+// the function named fn.
+func waitBlockedInSelect(t *testing.T, fn string) {
+	t.Helper()
+	buf := make([]byte, 1<<20)
+	for deadline := time.Now().Add(5 * time.Second); ; runtime.Gosched() {
+		n := runtime.Stack(buf, true)
+		for g := range strings.SplitSeq(string(buf[:n]), "\n\n") {
+			if state, _, _ := strings.Cut(g, "\n"); strings.Contains(state, "[select") && strings.Contains(g, fn+"(") {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no goroutine blocked in a select of %s", fn)
+		}
+	}
 }
