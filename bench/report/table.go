@@ -112,10 +112,16 @@ func writeResults(w io.Writer, m measurements, b benchmarks) error {
 	t.row("Redis time per admission (Go bench, chain=4)", num(chain4, "%.2f us"), "-", "-", "<= 10 us", check(chain4, atMost(10)))
 	t.row("  the same, 32 concurrent (coalesced)", num(chain4Concurrent, "%.2f us"), "-", "-", "<= 10 us",
 		check(chain4Concurrent, atMost(10)))
-	for _, name := range []string{"4/reserving", "4/concurrent=32/reserving"} {
-		reserving, reactive := b.get(chain+name, "redis-µs/admission"), b.get(chain+strings.TrimSuffix(name, "/reserving"), "redis-µs/admission")
-		t.row("  chain="+name+" (1000 tokens each)", num(reserving, "%.2f us"), num(reactive, "%.2f us"),
-			num(reserving-reactive, "%+.2f us"), "(info)", "-")
+	// Each variant beside the plain admission it adds to.
+	for _, v := range []struct{ name, variant, what string }{
+		{"4", "reserving", "1000 tokens each"},
+		{"4/concurrent=32", "reserving", "1000 tokens each"},
+		{"4", "in-flight-cap", "4 slots, freed"},
+		{"4/concurrent=32", "in-flight-cap", "4 slots, freed"},
+	} {
+		with, without := b.get(chain+v.name+"/"+v.variant, "redis-µs/admission"), b.get(chain+v.name, "redis-µs/admission")
+		t.row("  chain="+v.name+"/"+v.variant+" ("+v.what+")", num(with, "%.2f us"), num(without, "%.2f us"),
+			num(with-without, "%+.2f us"), "(info)", "-")
 	}
 	sseGBs := b.get(sse, "MB/s") / 1000
 	t.row("usage meter, 10 MB OpenAI SSE (identity)", num(sseGBs, "%.2f GB/s"), "-", "-", ">= 1 GB/s", check(sseGBs, atLeast(1)))
@@ -128,12 +134,22 @@ func writeResults(w io.Writer, m measurements, b benchmarks) error {
 	// 2 cores), over the same requests without the limiter.
 	for _, h := range []struct{ label, bench string }{
 		{"gateway CPU per request, in-process (Go)", "BenchmarkHandler/memory"},
+		{"  the same, capping requests in flight", "BenchmarkHandler/memory/in-flight-cap"},
 		{"gateway CPU per request, Redis (Go)", "BenchmarkHandler/redis"},
+		{"  the same, capping requests in flight", "BenchmarkHandler/redis/in-flight-cap"},
 	} {
 		us := b.get(h.bench, "cpu-ns/op") / 1000
 		t.row(h.label, num(us, "%.1f us"), num(handlerNone, "%.1f us"), num(us-handlerNone, "%+.1f us"), "(info)", "-")
 		t.row("  allocations per request", num(b.get(h.bench, "allocs/op"), "%.0f"),
 			num(b.get("BenchmarkHandler/none", "allocs/op"), "%.0f"), "-", "(info)", "-")
+	}
+
+	// A store renews the slots it holds every third of slot_lease.
+	for _, keys := range []string{"1000", "10000"} {
+		name := "BenchmarkSlotRenewal/redis/keys=" + keys
+		t.row("slot renewal, 10k in flight, "+keys+" keys: Redis", num(b.get(name, "redis-µs/renewal")/1000, "%.2f ms"), "-", "-", "(info)", "-")
+		t.row("  the gateway's time (Redis; in-process)", num(b.get(name, "ns/op")/1e6, "%.2f ms"),
+			num(b.get("BenchmarkSlotRenewal/memory/keys="+keys, "ns/op")/1e6, "%.2f ms"), "-", "(info)", "-")
 	}
 
 	fmt.Fprintln(w, "\nRedis time by chain length (Go benchmark, each limit with rpm and tpm, 20000 admissions):")
