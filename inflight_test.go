@@ -993,3 +993,25 @@ func adminsOf(gws []*caddyProcess) []int {
 	}
 	return out
 }
+
+// A request whose upstream cannot be reached ends in handle_errors, and
+// its slot is free by then: the next request reaches handle_errors too,
+// not a refusal.
+func TestASlotIsFreedWhenTheRequestEndsInHandleErrors(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		dead := fmt.Sprintf("http://127.0.0.1:%d", freePort()) // nothing listens
+		gw := startGatewayWith(t, dead, "\tdefault_bind 127.0.0.1", limited(flightStore(store), `
+			scope key {http.request.header.X-Api-Key}
+			limit key * concurrent 1
+			on_redis_error deny`, "\thandle_errors {\n\t\trespond \"upstream unreachable\" 502\n\t}"), freePort())
+		c := flightClient(t)
+		header := "X-Api-Key: sk-" + uniqueID(t)
+		for i := range 3 {
+			a := mustPost(t, c, gw.url, http.StatusBadGateway, fmt.Sprintf("request %d to an unreachable upstream", i+1), header)
+			if a.body != "upstream unreachable" {
+				t.Fatalf("request %d: %q, want handle_errors' answer", i+1, a.body)
+			}
+			waitSlotsHeld(t, caddyAdmin(), "key", 0)
+		}
+	})
+}

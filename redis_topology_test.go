@@ -228,10 +228,15 @@ func TestClusterSlotMigrationIsRetriedThenFollowedWithExactCounts(t *testing.T) 
 	}
 }
 
+// After a failover admission resumes, exact, on the new primary, and the
+// slots of the requests still in flight are counted there once after the
+// next renewal, whatever of them the replica had.
 func TestSentinelFailoverResumesExactAdmissionOnTheNewPrimary(t *testing.T) {
 	set := startRedisSentinel(t)
 	s := newTestRedisStoreOf(t, &RedisConfig{Sentinel: &SentinelConfig{Master: set.MasterName(), URLs: sentinelURLs(set)}}, 200*time.Millisecond)
 	ctx := context.Background()
+	inFlightChain := []limit{newSlotLimit("key", uniqueID(t), 3, 0, 30*time.Second)}
+	fill(t, s, inFlightChain, 0, 2)
 
 	// Steady traffic through the failover.
 	stop := make(chan struct{})
@@ -279,6 +284,17 @@ func TestSentinelFailoverResumesExactAdmissionOnTheNewPrimary(t *testing.T) {
 	}
 	if admitted != 3 {
 		t.Fatalf("admitted %d of 10 against rpm 3 on the new primary, want exactly 3", admitted)
+	}
+	renewSlots(s, 0)
+	if n := inFlight(t, s, inFlightChain, 0, 0); n != 2 {
+		t.Fatalf("%d in flight on the new primary after the renewal, want the 2 still running", n)
+	}
+	fill(t, s, inFlightChain, 0, 1)
+	if admitOrFail(t, s, inFlightChain, 0).admitted {
+		t.Fatal("a fourth admitted under concurrent 3 on the new primary")
+	}
+	for range 3 {
+		freeAndWait(t, s, inFlightChain)
 	}
 }
 
