@@ -441,3 +441,25 @@ func waitBlockedInSelect(t *testing.T, fn string) {
 		}
 	}
 }
+
+// A Redis restarted empty has lost the renewal's script as well as the
+// slots: the renewal loads the script again and writes the slots held.
+func TestARenewalAfterARedisRestartLoadsItsScriptAndHoldsTheSlotsAgain(t *testing.T) {
+	srv := startRedis(t)
+	s := newTestRedisStoreOf(t, &RedisConfig{URL: srv.URL()}, time.Second)
+	chain := []limit{newSlotLimit("key", uniqueID(t), 2, 0, 30*time.Second)}
+	fill(t, s, chain, 0, 2)
+	renewSlots(s, 0) // the script is loaded
+	srv.Stop(t)
+	srv.Start(t)
+	// The pool's connections died with the server: the first renewal may
+	// meet one of them, and the next one, a third of a lease later, goes on.
+	for range 2 {
+		renewSlots(s, 0)
+	}
+	if n := inFlight(t, s, chain, 0, 0); n != 2 {
+		t.Fatalf("%d in flight after the restart and a renewal, want the 2 still running", n)
+	}
+	freeAndWait(t, s, chain)
+	freeAndWait(t, s, chain)
+}

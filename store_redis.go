@@ -362,7 +362,7 @@ func (s *redisStore) renewStep(limits []limit) bool {
 	err := renewAll()
 	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 		// Redis restarted, or failed over, since the script was loaded
-		// (on Cluster, Load loads it on every primary).
+		// (on Cluster, Load loads it on every shard).
 		if err = renewScript.Load(ctx, s.client).Err(); err == nil {
 			err = renewAll()
 		}
