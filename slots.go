@@ -19,10 +19,12 @@ import (
 // process killed, a crash, a lost network) loses its slots once that lease
 // has passed: a limit counts only its holders' slots whose lease has not.
 // Each store renews everything it holds, every third of the shortest lease,
-// in one call (on Redis Cluster, one pipeline of a call per chain root),
-// writing the count it knows it holds: that count is the truth, so a free
-// that never reached the store, or a Redis that restarted empty, is mended
-// by the next renewal instead of leaking or being counted twice. Lease times
+// in steps of a call each (renewalStep limits; on Redis Cluster, a pipeline
+// of a call per chain root), writing the count it knows it holds: that
+// count is the truth, so a free that never reached the store, or a Redis
+// that restarted empty, is mended by the next renewal instead of leaking or
+// being counted twice. No call that takes or frees slots is in flight while
+// a step is (redisStore.slotCalls), so its counts are exact. Lease times
 // are the store's clock (Redis TIME), as every window's.
 
 // concurrencyCap is a limit's cap on requests in flight.
