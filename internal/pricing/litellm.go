@@ -58,18 +58,28 @@ func LoadLiteLLM(path string) ([]Entry, error) {
 // a non-negative JSON number exact to the atto-dollar and within an int64
 // of them is an error naming the file, entry and field (so is an entry that
 // is not an object). Every other field is ignored, whatever its value:
-// context sizes, litellm_provider, mode, supports_*, and the prices that
-// are not one plain price per token of the kinds above, as Cost has no
-// count to price them by:
+// context sizes, litellm_provider, mode, supports_* and the like, and every
+// price that is not one plain price per token of the kinds above, as Cost
+// has no count to price it by:
 //
-//   - tiered prices (*_above_128k_tokens, *_above_200k_tokens, …): a long
-//     request is priced at the base price, below what it is billed;
+//   - tiered prices (*_above_128k_tokens, *_above_200k_tokens,
+//     tiered_pricing): a long request is priced at the base price, below
+//     what it is billed;
 //   - cache_creation_input_token_cost_above_1hr: 1-hour cache writes are
-//     priced as the 5-minute ones;
-//   - batch, flex and priority prices (*_batches, *_flex, *_priority):
-//     every request is priced at the standard one;
-//   - prices per character, second, image, pixel, image token, video,
-//     query, request, page or session, and cache_read_input_audio_token_cost.
+//     priced as 5-minute ones;
+//   - batch, flex and priority prices (*_batches, *_batch_requests, *_flex,
+//     *_priority): every request is priced at the standard tier;
+//   - input_cost_per_token_cache_hit: cache reads are priced by
+//     cache_read_input_token_cost, else at the input price;
+//   - image tokens (input_cost_per_image_token, output_cost_per_image_token,
+//     cache_read_input_image_token_cost) and cached audio
+//     (cache_creation_input_audio_token_cost,
+//     cache_read_input_audio_token_cost): those tokens are priced as the
+//     input, output or cache tokens they are counted in;
+//   - prices per character, second, image, pixel, page, query, request,
+//     session, GB or 1k calls, search_context_cost_per_query,
+//     computer_use_*_per_1k_tokens, citation_cost_per_token and the
+//     Databricks *_dbu_* / *_db_* prices.
 //
 // An entry that gives neither an input nor an output price per token (a
 // model priced per character, second or image only) prices no tokens: it is
