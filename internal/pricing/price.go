@@ -26,7 +26,8 @@ const MaxBudget int64 = 1_000_000 * NanoPerUSD
 
 // Rate is a price per token, in atto-dollars (1e-18 USD): $2.50 per million
 // tokens is 2.5e-6 USD per token, 2_500_000_000_000 atto-dollars. Given
-// tells a price of 0 from one the table does not give.
+// tells a price of 0 from one the table does not give. The parsers never
+// give a negative Atto; Cost and MaxCost count one as 0.
 type Rate struct {
 	Atto  int64
 	Given bool
