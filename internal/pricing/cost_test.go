@@ -10,7 +10,7 @@ import (
 // perMillion is a price given in USD per million tokens, for tests.
 func perMillion(t *testing.T, usd string) Rate {
 	t.Helper()
-	v, err := parseDecimal(usd, millionScale)
+	v, _, err := parseDecimal(usd, millionScale)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,17 +14,19 @@ var (
 	errRange     = errors.New("too large")
 )
 
-// parseDecimal returns the decimal text s times 10^scale, exactly: 2.5e-06
-// at scale 18 is 2500000000000. The text is a JSON number without its sign
-// ("0.075", "2.50", "2.5e-06", "1E+3"), also with no digit before the point
-// (".5"); anything else, NaN and Inf among it, is errSyntax, a leading '-'
-// errNegative. A value that is not a whole number once scaled is
-// errPrecision (trailing zeros are not precision: "0.10000000000000000000"
-// is 1e17 at scale 18), one beyond int64 or with an exponent beyond ±10000
-// is errRange (an exponent that large on a zero is 0).
-func parseDecimal(s string, scale int) (int64, error) {
+// parseDecimal returns the decimal text s times 10^scale, rounded up to a
+// whole number, and whether it was one already: 2.5e-06 at scale 18 is
+// 2500000000000, exact; 6.571428571428571e-06 (a float's shortest text) is
+// 6571428571429, rounded up (trailing zeros are not precision:
+// "0.10000000000000000000" is 1e17 at scale 18, exact). The text is a JSON
+// number without its sign ("0.075", "2.50", "2.5e-06", "1E+3"), also with
+// no digit before the point (".5"); anything else, NaN and Inf among it, is
+// errSyntax, a leading '-' errNegative. A value beyond int64 or with an
+// exponent beyond ±10000 is errRange (an exponent that large on a zero is
+// 0).
+func parseDecimal(s string, scale int) (v int64, exact bool, err error) {
 	if strings.HasPrefix(s, "-") {
-		return 0, errNegative
+		return 0, false, errNegative
 	}
 	i := 0
 	var digits []byte
@@ -42,11 +44,11 @@ func parseDecimal(s string, scale int) (int64, error) {
 			i++
 		}
 		if fracDigits == 0 {
-			return 0, errSyntax
+			return 0, false, errSyntax
 		}
 	}
 	if intDigits+fracDigits == 0 {
-		return 0, errSyntax
+		return 0, false, errSyntax
 	}
 	exp := 0
 	if i < len(s) && (s[i] == 'e' || s[i] == 'E') {
@@ -56,7 +58,7 @@ func parseDecimal(s string, scale int) (int64, error) {
 			i++
 		}
 		if i == len(s) || !isDigit(s[i]) {
-			return 0, errSyntax
+			return 0, false, errSyntax
 		}
 		for i < len(s) && isDigit(s[i]) {
 			i++
@@ -68,15 +70,15 @@ func parseDecimal(s string, scale int) (int64, error) {
 		exp = e
 	}
 	if i != len(s) {
-		return 0, errSyntax
+		return 0, false, errSyntax
 	}
 	// The value is digits × 10^(exp − fracDigits + scale).
 	d := strings.TrimLeft(string(digits), "0")
 	if d == "" {
-		return 0, nil
+		return 0, true, nil
 	}
 	if exp == 10001 {
-		return 0, errRange
+		return 0, false, errRange
 	}
 	e := exp - fracDigits + scale
 	for len(d) > 1 && d[len(d)-1] == '0' {
@@ -84,16 +86,26 @@ func parseDecimal(s string, scale int) (int64, error) {
 		e++
 	}
 	if e < 0 {
-		return 0, errPrecision
+		// Digits below the unit, not all zeros: the whole part, plus one.
+		whole := int64(0)
+		if len(d)+e > 0 {
+			if whole, err = strconv.ParseInt(d[:len(d)+e], 10, 64); err != nil {
+				return 0, false, errRange
+			}
+		}
+		if whole == 1<<63-1 {
+			return 0, false, errRange
+		}
+		return whole + 1, false, nil
 	}
 	if len(d)+e > 19 {
-		return 0, errRange
+		return 0, false, errRange
 	}
-	v, err := strconv.ParseInt(d+strings.Repeat("0", e), 10, 64)
+	v, err = strconv.ParseInt(d+strings.Repeat("0", e), 10, 64)
 	if err != nil {
-		return 0, errRange
+		return 0, false, errRange
 	}
-	return v, nil
+	return v, true, nil
 }
 
 func isDigit(c byte) bool { return '0' <= c && c <= '9' }

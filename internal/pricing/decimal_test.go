@@ -34,14 +34,34 @@ func TestDecimalsAreScaledExactlyWithoutFloats(t *testing.T) {
 		{"1000000", usdToNano, 1_000_000_000_000_000},
 	}
 	for _, c := range cases {
-		got, err := parseDecimal(c.s, c.scale)
-		if err != nil || got != c.want {
-			t.Errorf("parseDecimal(%q, %d) = %d, %v; want %d", c.s, c.scale, got, err, c.want)
+		got, exact, err := parseDecimal(c.s, c.scale)
+		if err != nil || !exact || got != c.want {
+			t.Errorf("parseDecimal(%q, %d) = %d, %v, %v; want %d exactly", c.s, c.scale, got, exact, err, c.want)
 		}
 	}
 }
 
-func TestDecimalsThatAreNotExactNonNegativeAndInRangeAreErrors(t *testing.T) {
+// A price finer than the unit is rounded up to the next whole unit, never
+// down: less than one unit more.
+func TestDecimalsFinerThanTheUnitAreRoundedUp(t *testing.T) {
+	for s, want := range map[string]int64{
+		"0.0000000000000000001": 1,
+		"1.0000000000000000001": 1_000_000_000_000_000_001,
+		"1e-19":                 1,
+		"6.571428571428571e-06": 6_571_428_571_429, // a float's shortest text, 21 decimals
+		"2.0000000000000000009": 2_000_000_000_000_000_001,
+	} {
+		got, exact, err := parseDecimal(s, attoScale)
+		if err != nil || exact || got != want {
+			t.Errorf("parseDecimal(%q) = %d, %v, %v; want %d, rounded up", s, got, exact, err, want)
+		}
+	}
+	if _, _, err := parseDecimal("9.2233720368547758079", attoScale); !errors.Is(err, errRange) {
+		t.Errorf("rounding the largest int64 up: %v, want errRange", err)
+	}
+}
+
+func TestDecimalsThatAreNotNonNegativeNumbersInRangeAreErrors(t *testing.T) {
 	cases := []struct {
 		s    string
 		want error
@@ -52,10 +72,6 @@ func TestDecimalsThatAreNotExactNonNegativeAndInRangeAreErrors(t *testing.T) {
 		{"1e99999999999999999999", errRange},
 		{"9.223372036854775808", errRange},
 		{"10", errRange},
-		{"0.0000000000000000001", errPrecision},
-		{"1.0000000000000000001", errPrecision},
-		{"1e-19", errPrecision},
-		{"6.571428571428571e-06", errPrecision}, // a float's shortest text, 21 decimals
 		{"abc", errSyntax},
 		{"NaN", errSyntax},
 		{"Inf", errSyntax},
@@ -73,7 +89,7 @@ func TestDecimalsThatAreNotExactNonNegativeAndInRangeAreErrors(t *testing.T) {
 		{"1_000", errSyntax},
 	}
 	for _, c := range cases {
-		got, err := parseDecimal(c.s, attoScale)
+		got, _, err := parseDecimal(c.s, attoScale)
 		if !errors.Is(err, c.want) {
 			t.Errorf("parseDecimal(%q) = %d, %v; want %v", c.s, got, err, c.want)
 		}

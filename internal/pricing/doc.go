@@ -9,8 +9,11 @@
 // No price or cost ever goes through a float. A price is a Rate, an int64
 // of atto-dollars (1e-18 USD) per token, parsed exactly from its decimal
 // text: "2.5e-06" USD per token and "2.50" USD per million tokens are both
-// 2_500_000_000_000. Text finer than an atto-dollar per token, negative,
-// NaN, Inf, beyond an int64 or not a number is an error, never rounded.
+// 2_500_000_000_000. A price finer than an atto-dollar per token (a float's
+// shortest text in LiteLLM's file: 6.571428571428571e-06) is rounded up to
+// the next atto-dollar, less than 1e-18 USD per token more; negative, NaN,
+// Inf, beyond an int64 or not a number is an error. A budget is exact to
+// the nano-dollar, or an error.
 //
 // A cost or a budget is an int64 of nano-dollars (1e-9 USD, NanoPerUSD to
 // the dollar). Cost and MaxCost sum tokens × atto-dollars exactly in 128

@@ -19,7 +19,7 @@ func FuzzParseDecimal(f *testing.F) {
 	maxInt64 := new(big.Rat).SetInt64(1<<63 - 1)
 	f.Fuzz(func(t *testing.T, s string, scale uint8) {
 		sc := int(scale % 25)
-		v, err := parseDecimal(s, sc)
+		v, exact, err := parseDecimal(s, sc)
 		if !plainDecimal(s) {
 			// Signs, junk, and exponents of more than 4 digits (which
 			// big.Rat takes too slowly, or not at all): only a zero may
@@ -34,18 +34,21 @@ func FuzzParseDecimal(f *testing.F) {
 			t.Fatalf("big.Rat rejects %q", s)
 		}
 		r.Mul(r, new(big.Rat).SetFrac(new(big.Int).Exp(big.NewInt(10), big.NewInt(int64(sc)), nil), big.NewInt(1)))
-		switch err {
-		case nil:
+		switch {
+		case err == nil && exact:
 			if !r.IsInt() || !r.Num().IsInt64() || r.Num().Int64() != v {
 				t.Fatalf("parseDecimal(%q, %d) = %d, big.Rat %v ", s, sc, v, r)
 			}
-		case errPrecision:
-			if r.IsInt() {
-				t.Fatalf("parseDecimal(%q, %d): %v, big.Rat %v ", s, sc, err, r)
+		case err == nil:
+			// Rounded up: the next whole number above the exact value.
+			up := new(big.Int).Quo(r.Num(), r.Denom())
+			up.Add(up, big.NewInt(1))
+			if r.IsInt() || !up.IsInt64() || up.Int64() != v {
+				t.Fatalf("parseDecimal(%q, %d) = %d rounded up, big.Rat %v ", s, sc, v, r)
 			}
-		case errRange:
-			if r.IsInt() && r.Cmp(maxInt64) <= 0 {
-				t.Fatalf("parseDecimal(%q, %d): %v, big.Rat %v", s, sc, err, r)
+		case err == errRange:
+			if ceil := new(big.Rat).SetInt(new(big.Int).Neg(new(big.Int).Div(new(big.Int).Neg(r.Num()), r.Denom()))); ceil.Cmp(maxInt64) <= 0 {
+				t.Fatalf("parseDecimal(%q, %d): %v, but it rounds up to %v", s, sc, err, ceil)
 			}
 		default:
 			t.Fatalf("parseDecimal(%q, %d): %v, but it is a plain decimal", s, sc, err)

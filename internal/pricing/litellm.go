@@ -141,7 +141,7 @@ func parseLiteLLMEntry(value json.RawMessage) (Price, error) {
 		if !ok {
 			return Price{}, fmt.Errorf("%s: %s, not a number", f.name, describe(v))
 		}
-		atto, err := parseDecimal(string(n), attoScale)
+		atto, _, err := parseDecimal(string(n), attoScale)
 		if err != nil {
 			return Price{}, fmt.Errorf("%s %s (USD per token): %w", f.name, n, err)
 		}

@@ -72,7 +72,6 @@ func TestMalformedLiteLLMFilesAreErrorsSayingWhere(t *testing.T) {
 		{"a string price", `{"m": {"input_cost_per_token": "2e-06"}}`, []string{`entry "m": input_cost_per_token: string "2e-06", not a number`}},
 		{"a boolean price", `{"m": {"output_cost_per_audio_token": true}}`, []string{`entry "m": output_cost_per_audio_token: a boolean, not a number`}},
 		{"a negative price", `{"m": {"output_cost_per_token": -1e-06}}`, []string{`entry "m": output_cost_per_token -1e-06 (USD per token): negative`}},
-		{"a price finer than an atto-dollar", `{"m": {"cache_read_input_token_cost": 1.0000000000000000001e-06}}`, []string{`entry "m": cache_read_input_token_cost`, "more precision"}},
 		{"a price beyond int64", `{"m": {"output_cost_per_reasoning_token": 1e400}}`, []string{`entry "m": output_cost_per_reasoning_token 1e400`, "too large"}},
 		{"a bad price on an unpriced entry", `{"m": {"input_cost_per_audio_token": "x", "input_cost_per_second": 1}}`, []string{`entry "m": input_cost_per_audio_token`}},
 	}
@@ -113,5 +112,18 @@ func TestALiteLLMKeyGivenTwiceIsTheLastOne(t *testing.T) {
 	}
 	if len(entries) != 1 || entries[0].Price.Input != rate(2e12) {
 		t.Errorf("got %+v", entries)
+	}
+}
+
+// LiteLLM's file writes prices as a float's shortest text, which may be
+// finer than an atto-dollar: such a price loads, rounded up to the next
+// atto-dollar, never down.
+func TestALiteLLMPriceFinerThanAnAttoDollarLoadsRoundedUp(t *testing.T) {
+	entries, err := ParseLiteLLM("prices.json", []byte(`{"m": {"input_cost_per_token": 6.571428571428571e-06, "output_cost_per_token": 1e-06}}`))
+	if err != nil || len(entries) != 1 {
+		t.Fatalf("%v, %v", entries, err)
+	}
+	if in := entries[0].Price.Input; in != (Rate{Atto: 6_571_428_571_429, Given: true}) {
+		t.Fatalf("input %+v, want 6571428571428.571 atto-dollars rounded up", in)
 	}
 }

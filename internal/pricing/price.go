@@ -101,7 +101,7 @@ func Inline(name, input, output, cacheRead, cacheWrite string) (Entry, error) {
 		if f.optional && f.text == "" {
 			continue
 		}
-		v, err := parseDecimal(f.text, millionScale)
+		v, _, err := parseDecimal(f.text, millionScale)
 		if err != nil {
 			return Entry{}, fmt.Errorf("price %s: %s %q (USD per million tokens): %w", name, f.field, f.text, err)
 		}
@@ -114,8 +114,12 @@ func Inline(name, input, output, cacheRead, cacheWrite string) (Entry, error) {
 // nano-dollars, exact: finer than a nano-dollar, negative, or above
 // MaxBudget is an error.
 func ParseBudget(usd string) (int64, error) {
-	v, err := parseDecimal(usd, usdToNano)
-	if err == nil && v > MaxBudget {
+	v, exact, err := parseDecimal(usd, usdToNano)
+	switch {
+	case err != nil:
+	case !exact:
+		err = errPrecision
+	case v > MaxBudget:
 		err = errRange
 	}
 	if err != nil {
