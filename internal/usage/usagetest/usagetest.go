@@ -67,6 +67,36 @@ var Goldens = []Golden{
 	{"unknown_shape.json", 0, 0, 0, false}, // "usage" only below the top level
 }
 
+// Parts are the parts of a charge that are priced apart: the
+// usage.Usage fields beside Total, Input and Output (see package usage).
+type Parts struct {
+	CacheRead, CacheWrite, Reasoning, AudioInput, AudioOutput int64
+}
+
+// GoldenParts are the parts each golden sample must charge, by file; a file
+// not listed charges none.
+var GoldenParts = map[string]Parts{
+	// OpenAI: *_tokens_details, parts of prompt_tokens / completion_tokens
+	// (input_tokens / output_tokens for the Responses API).
+	"openai_chat.json":           {CacheRead: 1024},
+	"openai_chat_reasoning.json": {Reasoning: 1024},
+	// Anthropic: cache_read_input_tokens (beside input_tokens) and
+	// cache_creation_input_tokens (inside Input), the latest of each; with
+	// usage.iterations, the sum over them where larger.
+	"anthropic_messages.json":          {CacheRead: 1800, CacheWrite: 2051},
+	"anthropic_messages_stream.sse":    {CacheRead: 1024}, // message_start's, message_delta leaves it
+	"anthropic_compat_stream.sse":      {CacheRead: 10},
+	"anthropic_stream_lower_delta.sse": {CacheRead: 512},
+	"anthropic_compaction_stream.sse":  {CacheRead: 31200 + 0, CacheWrite: 0 + 1200},
+	"anthropic_compaction.json":        {CacheRead: 2048 + 0, CacheWrite: 0 + 300},
+	// Gemini: cachedContentTokenCount (inside promptTokenCount) and
+	// thoughtsTokenCount (inside Output), of the last usageMetadata.
+	"gemini_generate.json":   {CacheRead: 1024, Reasoning: 46},
+	"gemini_tool_use.json":   {Reasoning: 388},
+	"gemini_stream.sse":      {Reasoning: 42},
+	"gemini_stream_down.sse": {Reasoning: 24},
+}
+
 //go:embed testdata
 var testdata embed.FS
 
