@@ -49,8 +49,9 @@ const (
 // jsonScanner streams through JSON text and tallies the counts of its
 // usage objects, holding none of the text: its state is the few containers it
 // follows (at most six deep: list, document, wrapper, usage, iterations,
-// iteration; or list, document, wrapper, usage, details), a depth count of the containers it skips, and the current key
-// or number (at most 32 bytes each). It tells the tally where usage objects,
+// iteration; or list, document, wrapper, usage, details), a depth count of
+// the containers it skips, and the current key or number (at most 32 bytes
+// each). It tells the tally where usage objects,
 // iterations arrays and iterations open and close, since what a report
 // replaces depends on them. Skipped strings and containers are crossed with
 // bytes.IndexByte and a lookup table. Malformed JSON stops the scan (what was

@@ -39,6 +39,9 @@ func TestPricedPartsAreReadFromEachProvidersFields(t *testing.T) {
 			`"input_token_details":{"text_tokens":14,"audio_tokens":27,"image_tokens":0,"cached_tokens":8,"cached_tokens_details":{"text_tokens":8,"audio_tokens":0}},` +
 			`"output_token_details":{"text_tokens":28,"audio_tokens":136}}}`,
 			Usage{Total: 205, Input: 41, Output: 164, CacheRead: 8, AudioInput: 27, AudioOutput: 136}},
+		// Audio transcriptions (gpt-4o-transcribe): the same details.
+		{"transcription", `{"text":"Hello.","usage":{"type":"tokens","input_tokens":14,"input_token_details":{"text_tokens":0,"audio_tokens":14},"output_tokens":45,"total_tokens":59}}`,
+			Usage{Total: 59, Input: 14, Output: 45, AudioInput: 14}},
 		// Anthropic: cache reads beside Input, cache writes inside it; the
 		// 5m/1h breakdown is not added again.
 		{"anthropic", `{"type":"message","usage":{"input_tokens":3,"cache_creation_input_tokens":598,"cache_read_input_tokens":4597,` +
