@@ -39,7 +39,7 @@ func BenchmarkRealtimeTap(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		tap.Write(stream)
-		if got := tap.Take(); got != (Usage{42, 1, 2}) {
+		if got := tap.Take(); got != (Usage{Total: 42, Input: 1, Output: 2}) {
 			b.Fatalf("took %+v, want {42 1 2}", got)
 		}
 	}

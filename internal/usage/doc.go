@@ -13,17 +13,30 @@
 // In a document, the usage object is the value of the top-level key "usage"
 // or "usageMetadata", or of the "usage" key inside the top-level "message"
 // (Anthropic's message_start) or "response" (the Responses API's
-// response.completed) object. Only its numeric members are read, and the
-// objects of its "iterations" array (Anthropic's server-side compaction):
+// response.completed) object. Only its numeric members are read, the
+// numeric members of its OpenAI details objects, and the objects of its
+// "iterations" array (Anthropic's server-side compaction):
 //
 //	OpenAI chat/completions/embeddings  prompt_tokens completion_tokens total_tokens
+//	                                    prompt_tokens_details: cached_tokens audio_tokens
+//	                                    completion_tokens_details: reasoning_tokens audio_tokens
 //	OpenAI Responses                    input_tokens output_tokens total_tokens
+//	                                    input_tokens_details: cached_tokens
+//	                                    output_tokens_details: reasoning_tokens
+//	OpenAI Realtime, transcriptions     the same, and input_token_details: cached_tokens audio_tokens,
+//	                                    output_token_details: audio_tokens
 //	Anthropic messages                  input_tokens output_tokens
 //	                                    cache_creation_input_tokens cache_read_input_tokens
 //	                                    iterations[]: the same four, per sampling iteration
 //	Gemini                              promptTokenCount candidatesTokenCount totalTokenCount
 //	                                    thoughtsTokenCount toolUsePromptTokenCount
-//	                                    (cachedContentTokenCount is part of promptTokenCount)
+//	                                    cachedContentTokenCount
+//
+// Nothing else is read: not Anthropic's cache_creation object (its
+// ephemeral_5m_input_tokens and ephemeral_1h_input_tokens split
+// cache_creation_input_tokens, which is read instead), nor Gemini's
+// *TokensDetails lists by modality, nor OpenAI's text_tokens, image_tokens,
+// cached_tokens_details, accepted/rejected_prediction_tokens.
 //
 // A response may report usage more than once, and each shape says what a
 // later report means; the meter follows the shape, not the largest number:
@@ -62,6 +75,39 @@
 // count them): they are in Total only. Where only a total is reported, Input
 // and Output are 0. A usage object that mixes families is charged its
 // largest family, once, count by count. See tally.usage.
+//
+// Beside those three counts, a Usage reports the parts of them that are
+// priced apart. Whether a part is inside Input or Output, or comes on top of
+// them, depends on the provider:
+//
+//	OpenAI chat       CacheRead, AudioInput inside Input (prompt_tokens);
+//	                  Reasoning, AudioOutput inside Output (completion_tokens)
+//	OpenAI Responses  CacheRead, AudioInput inside Input (input_tokens);
+//	and Realtime      Reasoning, AudioOutput inside Output (output_tokens)
+//	Anthropic         CacheWrite inside Input (input_tokens + cache creation);
+//	                  CacheRead on top: in Total only, not in Input
+//	Gemini            CacheRead inside Input (inside promptTokenCount);
+//	                  Reasoning inside Output (thoughtsTokenCount, which Output
+//	                  adds to candidatesTokenCount)
+//
+// So the uncached input, priced at the full input rate, is Input - CacheRead
+// for OpenAI and Gemini, and Input - CacheWrite for Anthropic, whose
+// CacheRead comes on top of Input. AudioInput counts audio input cached or
+// not (the Realtime API's split of cached tokens by modality is not read). The output at the text
+// rate is Output - AudioOutput (reasoning is billed as output; Reasoning is
+// what of Output was spent on it). Anthropic reports no reasoning apart
+// (thinking is in output_tokens) and no audio; Gemini's audio is only in its
+// per-modality lists, not read. Every part follows the rules above for its
+// fields: the latest value per field (Anthropic's message_delta), the last
+// snapshot (Gemini: a cachedContentTokenCount or thoughtsTokenCount that the
+// last usageMetadata leaves out is 0), the iterations sum (of cache creation
+// and cache read, likewise the larger of the sum and the top-level field),
+// and the largest family per count. A part is never more than its whole: a
+// part reported inside a count is at most that count (0 if the count is not
+// reported), so CacheWrite and AudioInput are at most Input, Reasoning and
+// AudioOutput at most Output, CacheRead at most Input (OpenAI, Gemini) or
+// Total (Anthropic). Details objects alone, with no count beside them, do
+// not make a response metered.
 //
 // Memory per response is bounded whatever the body: the JSON scanner is a
 // byte-at-a-time state machine that holds no part of the body (a few dozen

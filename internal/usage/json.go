@@ -11,7 +11,8 @@ const (
 	roleNone       role = iota // nothing in it matters: it is skipped
 	roleRoot                   // a document: its usage, usageMetadata, message and response keys matter
 	roleWrapper                // a root's "message" or "response": its usage key matters
-	roleUsage                  // a usage object: its numeric members are tallied, its iterations key followed
+	roleUsage                  // a usage object: its numeric members are tallied, its iterations and details keys followed
+	roleDetails                // one of a usage object's details objects: its numeric members are tallied as parts
 	roleList                   // a top-level array: its objects are documents
 	roleIterations             // a usage object's "iterations" array: its objects are iterations
 	roleIteration              // one of them: its numeric members are summed
@@ -48,8 +49,9 @@ const (
 // jsonScanner streams through JSON text and tallies the counts of its
 // usage objects, holding none of the text: its state is the few containers it
 // follows (at most six deep: list, document, wrapper, usage, iterations,
-// iteration), a depth count of the containers it skips, and the current key
-// or number (at most 32 bytes each). It tells the tally where usage objects,
+// iteration; or list, document, wrapper, usage, details), a depth count of
+// the containers it skips, and the current key or number (at most 32 bytes
+// each). It tells the tally where usage objects,
 // iterations arrays and iterations open and close, since what a report
 // replaces depends on them. Skipped strings and containers are crossed with
 // bytes.IndexByte and a lookup table. Malformed JSON stops the scan (what was
@@ -65,8 +67,10 @@ type jsonScanner struct {
 	key  [32]byte
 	keyN int // bytes in key; -1 once it cannot match (too long, escaped)
 
-	valRole  role  // what the value about to start is, if a container
-	valField field // which count the value about to start is, if a number
+	valRole    role    // what the value about to start is, if a container
+	valField   field   // which count the value about to start is, if a number
+	valDetails details // which details object the value about to start is, if roleDetails
+	details    details // the details object open, if any (they do not nest)
 
 	num  [32]byte
 	numN int // bytes in num; -1 once it is too long to be a count
@@ -142,11 +146,17 @@ func (s *jsonScanner) keyDone() {
 			s.valRole = roleUsage
 		}
 	case roleUsage:
-		if string(k) == "iterations" {
+		d := detailsOf(k)
+		switch {
+		case string(k) == "iterations":
 			s.valRole = roleIterations
-		} else {
+		case d != detailsNone:
+			s.valRole, s.valDetails = roleDetails, d
+		default:
 			s.valField = fieldOf(k)
 		}
+	case roleDetails:
+		s.valField = s.details.field(k)
 	case roleIteration:
 		s.valField = fieldOf(k)
 	}
@@ -164,6 +174,8 @@ func (s *jsonScanner) push(r role) {
 	switch r {
 	case roleUsage:
 		s.tally.openUsage()
+	case roleDetails:
+		s.details = s.valDetails
 	case roleIterations:
 		s.tally.openIterations()
 	case roleIteration:
@@ -216,7 +228,7 @@ func (s *jsonScanner) write(p []byte) {
 			case c == '{':
 				i++
 				switch s.valRole {
-				case roleRoot, roleWrapper, roleUsage, roleIteration:
+				case roleRoot, roleWrapper, roleUsage, roleDetails, roleIteration:
 					s.state = jsonKeyOrEnd
 					s.push(s.valRole)
 				default:

@@ -81,7 +81,7 @@ func TestUsageTenMegabyteJSONBodyIsMeteredInBoundedMemory(t *testing.T) {
 				}
 				u, metered = m.Finish()
 			})
-			if u != (Usage{42, 42, 0}) || !metered {
+			if u != (Usage{Total: 42, Input: 42, Output: 0}) || !metered {
 				t.Errorf("%s %s: got (%+v, %v), want ({42 42 0}, true)", shape, coding, u, metered)
 			}
 			// Decoders have their own state (brotli's window is up to 16

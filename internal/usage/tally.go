@@ -25,6 +25,16 @@ const (
 	fieldThoughtsTokenCount
 	fieldToolUsePromptTokenCount
 	fieldCachedContentTokenCount
+	// OpenAI: the members of the usage object's nested details objects (see
+	// detailsOf), never the usage object's own
+	fieldPromptCachedTokens        // prompt_tokens_details.cached_tokens
+	fieldPromptAudioTokens         // prompt_tokens_details.audio_tokens
+	fieldCompletionReasoningTokens // completion_tokens_details.reasoning_tokens
+	fieldCompletionAudioTokens     // completion_tokens_details.audio_tokens
+	fieldInputCachedTokens         // input_tokens_details.cached_tokens (Responses), input_token_details.cached_tokens (Realtime)
+	fieldInputAudioTokens          // input_token_details.audio_tokens
+	fieldOutputReasoningTokens     // output_tokens_details.reasoning_tokens
+	fieldOutputAudioTokens         // output_token_details.audio_tokens
 	fieldCount
 )
 
@@ -61,37 +71,151 @@ func fieldOf(key []byte) field {
 	return fieldNone
 }
 
+// details is which nested details object of a usage object is being read.
+type details uint8
+
+const (
+	detailsNone       details = iota
+	detailsPrompt             // prompt_tokens_details: parts of prompt_tokens
+	detailsCompletion         // completion_tokens_details: parts of completion_tokens
+	detailsInput              // input_tokens_details, input_token_details: parts of input_tokens
+	detailsOutput             // output_tokens_details, output_token_details: parts of output_tokens
+)
+
+// detailsOf names the details object a usage object's key is, if any. The
+// Responses API writes "tokens" ("input_tokens_details"), the Realtime API
+// and audio transcriptions "token" ("input_token_details"): the same counts.
+func detailsOf(key []byte) details {
+	switch string(key) {
+	case "prompt_tokens_details":
+		return detailsPrompt
+	case "completion_tokens_details":
+		return detailsCompletion
+	case "input_tokens_details", "input_token_details":
+		return detailsInput
+	case "output_tokens_details", "output_token_details":
+		return detailsOutput
+	}
+	return detailsNone
+}
+
+// field names the count a details object's key is, if any. Only the parts
+// that are priced apart are read: text_tokens, image_tokens,
+// accepted_prediction_tokens and the like are not.
+func (d details) field(key []byte) field {
+	switch string(key) {
+	case "cached_tokens":
+		switch d {
+		case detailsPrompt:
+			return fieldPromptCachedTokens
+		case detailsInput:
+			return fieldInputCachedTokens
+		}
+	case "audio_tokens":
+		switch d {
+		case detailsPrompt:
+			return fieldPromptAudioTokens
+		case detailsCompletion:
+			return fieldCompletionAudioTokens
+		case detailsInput:
+			return fieldInputAudioTokens
+		case detailsOutput:
+			return fieldOutputAudioTokens
+		}
+	case "reasoning_tokens":
+		switch d {
+		case detailsCompletion:
+			return fieldCompletionReasoningTokens
+		case detailsOutput:
+			return fieldOutputReasoningTokens
+		}
+	}
+	return fieldNone
+}
+
+// fieldsDetails are the fields of details objects: parts of other fields,
+// which alone do not make a response metered.
+const fieldsDetails = 1<<fieldPromptCachedTokens | 1<<fieldPromptAudioTokens |
+	1<<fieldCompletionReasoningTokens | 1<<fieldCompletionAudioTokens |
+	1<<fieldInputCachedTokens | 1<<fieldInputAudioTokens |
+	1<<fieldOutputReasoningTokens | 1<<fieldOutputAudioTokens
+
 // fieldsGemini are the Gemini fields: a usage object that reports any
 // of them is a snapshot of them all.
 const fieldsGemini = 1<<fieldPromptTokenCount | 1<<fieldCandidatesTokenCount |
 	1<<fieldTotalTokenCount | 1<<fieldThoughtsTokenCount |
 	1<<fieldToolUsePromptTokenCount | 1<<fieldCachedContentTokenCount
 
-// Usage is what a response reports: the tokens a tpm counts (Total), and
-// the parts of them that input and output caps count (see tally.usage).
-type Usage struct{ Total, Input, Output int64 }
+// Usage is what a response reports: the tokens a tpm counts (Total), the
+// parts of them that input and output caps count (Input, Output), and the
+// parts of those that are priced apart. Which whole each part is in, and
+// whether it is inside it or beside it, depends on the provider: see the
+// package comment (doc.go) and tally.usage.
+type Usage struct {
+	Total, Input, Output int64
+
+	// CacheRead is input read from a prompt cache: inside Input for OpenAI
+	// and Gemini, beside it (in Total only) for Anthropic.
+	CacheRead int64
+	// CacheWrite is input written to a prompt cache (Anthropic only), inside
+	// Input.
+	CacheWrite int64
+	// Reasoning is output spent thinking, inside Output.
+	Reasoning int64
+	// AudioInput and AudioOutput are audio tokens (OpenAI only), inside Input
+	// and Output.
+	AudioInput, AudioOutput int64
+}
 
 // max is the larger of u and v, count by count.
 func (u Usage) max(v Usage) Usage {
-	return Usage{max(u.Total, v.Total), max(u.Input, v.Input), max(u.Output, v.Output)}
+	return Usage{
+		Total: max(u.Total, v.Total), Input: max(u.Input, v.Input), Output: max(u.Output, v.Output),
+		CacheRead: max(u.CacheRead, v.CacheRead), CacheWrite: max(u.CacheWrite, v.CacheWrite),
+		Reasoning:  max(u.Reasoning, v.Reasoning),
+		AudioInput: max(u.AudioInput, v.AudioInput), AudioOutput: max(u.AudioOutput, v.AudioOutput),
+	}
 }
 
 // plus is u and v added, count by count.
 func (u Usage) plus(v Usage) Usage {
-	return Usage{u.Total + v.Total, u.Input + v.Input, u.Output + v.Output}
+	return Usage{
+		Total: u.Total + v.Total, Input: u.Input + v.Input, Output: u.Output + v.Output,
+		CacheRead: u.CacheRead + v.CacheRead, CacheWrite: u.CacheWrite + v.CacheWrite,
+		Reasoning:  u.Reasoning + v.Reasoning,
+		AudioInput: u.AudioInput + v.AudioInput, AudioOutput: u.AudioOutput + v.AudioOutput,
+	}
 }
 
 // Within is u with each count at most ceiling's, and whether any was over
-// it.
+// it (or a part over its whole). A part is bounded by its whole's ceiling
+// (ceiling's own parts are not read), and by what is counted of that whole,
+// so that it never exceeds it: CacheWrite and AudioInput by Input, Reasoning
+// and AudioOutput by Output, and CacheRead by Input where it is within u's
+// Input (OpenAI, Gemini), else by Total (Anthropic's is beside Input).
 func (u Usage) Within(ceiling Usage) (Usage, bool) {
-	w := Usage{min(u.Total, ceiling.Total), min(u.Input, ceiling.Input), min(u.Output, ceiling.Output)}
+	w := Usage{Total: min(u.Total, ceiling.Total), Input: min(u.Input, ceiling.Input), Output: min(u.Output, ceiling.Output)}
+	if u.CacheRead <= u.Input {
+		w.CacheRead = min(u.CacheRead, w.Input)
+	} else {
+		w.CacheRead = min(u.CacheRead, w.Total)
+	}
+	w.CacheWrite = min(u.CacheWrite, w.Input)
+	w.Reasoning = min(u.Reasoning, w.Output)
+	w.AudioInput = min(u.AudioInput, w.Input)
+	w.AudioOutput = min(u.AudioOutput, w.Output)
 	return w, w != u
 }
 
 // capped is u with each count at most maxValue, so that sums of it cannot
 // overflow.
 func (u Usage) capped() Usage {
-	return Usage{min(u.Total, maxValue), min(u.Input, maxValue), min(u.Output, maxValue)}
+	return Usage{
+		Total: min(u.Total, maxValue), Input: min(u.Input, maxValue), Output: min(u.Output, maxValue),
+		CacheRead: min(u.CacheRead, maxValue), CacheWrite: min(u.CacheWrite, maxValue),
+		Reasoning:  min(u.Reasoning, maxValue),
+		AudioInput: min(u.AudioInput, maxValue), AudioOutput: min(u.AudioOutput, maxValue),
+	}
 }
 
 // tally is what a response has reported so far, by the rules in the
@@ -120,9 +244,10 @@ type anthropicCounts [4]int64
 
 // usage is what the counts charge. Cache reads are part of the total only:
 // Anthropic's input tokens per minute do not count them (for current
-// models), and its cache writes are input like any other.
+// models), and its cache writes are input like any other. Both are also
+// reported as parts: CacheWrite inside Input, CacheRead beside it.
 func (c anthropicCounts) usage() Usage {
-	return Usage{Total: c[0] + c[1] + c[2] + c[3], Input: c[0] + c[2], Output: c[1]}
+	return Usage{Total: c[0] + c[1] + c[2] + c[3], Input: c[0] + c[2], Output: c[1], CacheWrite: c[2], CacheRead: c[3]}
 }
 
 // openUsage starts a usage object.
@@ -201,24 +326,37 @@ func (it *iterations) charge() Usage {
 // summed is what the open array has summed so far.
 func (it *iterations) summed() Usage { return it.run.plus(it.cur.usage()) }
 
-// usage is the charge: for each provider family a total and its input and
-// output parts, and of each of the three the largest over the families, so
-// that a usage object that mixes families (some compatible backends echo
-// OpenAI and Anthropic names) is not charged twice.
+// usage is the charge: for each provider family a total, its input and
+// output parts, and the priced parts of those; and of each count the
+// largest over the families, so that a usage object that mixes families
+// (some compatible backends echo OpenAI and Anthropic names) is not charged
+// twice.
 //
-//	OpenAI     Total   total_tokens, or prompt_tokens + completion_tokens
-//	           Input   prompt_tokens
-//	           Output  completion_tokens
-//	Responses  Total   total_tokens, or input_tokens + output_tokens
-//	           Input   input_tokens
-//	           Output  output_tokens
-//	Anthropic  Total   the iterations sum, or input_tokens + output_tokens +
-//	                   cache_creation_input_tokens + cache_read_input_tokens
-//	           Input   input_tokens + cache_creation_input_tokens
-//	           Output  output_tokens
-//	Gemini     Total   totalTokenCount, or Input + Output
-//	           Input   promptTokenCount + toolUsePromptTokenCount
-//	           Output  candidatesTokenCount + thoughtsTokenCount
+//	OpenAI     Total       total_tokens, or prompt_tokens + completion_tokens
+//	           Input       prompt_tokens
+//	           Output      completion_tokens
+//	           CacheRead   prompt_tokens_details.cached_tokens
+//	           AudioInput  prompt_tokens_details.audio_tokens
+//	           Reasoning   completion_tokens_details.reasoning_tokens
+//	           AudioOutput completion_tokens_details.audio_tokens
+//	Responses  Total       total_tokens, or input_tokens + output_tokens
+//	           Input       input_tokens
+//	           Output      output_tokens
+//	           CacheRead   input_tokens_details.cached_tokens
+//	           AudioInput  input_token_details.audio_tokens (Realtime, transcriptions)
+//	           Reasoning   output_tokens_details.reasoning_tokens
+//	           AudioOutput output_token_details.audio_tokens
+//	Anthropic  Total       the iterations sum, or input_tokens + output_tokens +
+//	                       cache_creation_input_tokens + cache_read_input_tokens
+//	           Input       input_tokens + cache_creation_input_tokens
+//	           Output      output_tokens
+//	           CacheRead   cache_read_input_tokens (beside Input)
+//	           CacheWrite  cache_creation_input_tokens
+//	Gemini     Total       totalTokenCount, or Input + Output
+//	           Input       promptTokenCount + toolUsePromptTokenCount
+//	           Output      candidatesTokenCount + thoughtsTokenCount
+//	           CacheRead   cachedContentTokenCount
+//	           Reasoning   thoughtsTokenCount
 //
 // Where a total is reported it is what the provider charges; a total smaller
 // than the parts reported beside it is taken to have left some out, and the
@@ -236,20 +374,41 @@ func (it *iterations) summed() Usage { return it.run.plus(it.cur.usage()) }
 // that counts what the parts do not); in a usage object that mixes families
 // whose counts disagree, Input and Output may come from different families
 // and add up to more.
+//
+// A part that a provider reports inside a count is at most that count (an
+// OpenAI cached_tokens above its prompt_tokens is charged as prompt_tokens;
+// one reported without its prompt_tokens is 0), so that in each family
+// CacheWrite and AudioInput are at most Input, Reasoning and AudioOutput at
+// most Output, and CacheRead at most Input (OpenAI, Responses, Gemini) or
+// Total (Anthropic); and so in the charge too, each count being the
+// largest of the families'. The details objects alone do not make a
+// response metered.
 func (t *tally) usage() (Usage, bool) {
-	if t.seen == 0 && !t.iter.seen {
+	if t.seen&^fieldsDetails == 0 && !t.iter.seen {
 		return Usage{}, false
 	}
 	v := &t.v
-	// The Responses API's fields are others': its total_tokens is OpenAI's,
-	// its input_tokens and output_tokens are Anthropic counts without cache
-	// fields.
 	openai := withTotal(v[fieldTotalTokens], v[fieldPromptTokens], v[fieldCompletionTokens])
+	openai.CacheRead = min(v[fieldPromptCachedTokens], v[fieldPromptTokens])
+	openai.AudioInput = min(v[fieldPromptAudioTokens], v[fieldPromptTokens])
+	openai.Reasoning = min(v[fieldCompletionReasoningTokens], v[fieldCompletionTokens])
+	openai.AudioOutput = min(v[fieldCompletionAudioTokens], v[fieldCompletionTokens])
+	// The Responses API's counts are others': its total_tokens is OpenAI's,
+	// its input_tokens and output_tokens are Anthropic counts without cache
+	// fields. Only its details, parts of those two, are its own.
+	responses := Usage{
+		CacheRead:   min(v[fieldInputCachedTokens], v[fieldInputTokens]),
+		AudioInput:  min(v[fieldInputAudioTokens], v[fieldInputTokens]),
+		Reasoning:   min(v[fieldOutputReasoningTokens], v[fieldOutputTokens]),
+		AudioOutput: min(v[fieldOutputAudioTokens], v[fieldOutputTokens]),
+	}
 	anthropic := anthropicCounts(v[fieldInputTokens : fieldCacheReadInputTokens+1]).usage().max(t.iter.charge())
 	gemini := withTotal(v[fieldTotalTokenCount],
 		v[fieldPromptTokenCount]+v[fieldToolUsePromptTokenCount],
 		v[fieldCandidatesTokenCount]+v[fieldThoughtsTokenCount])
-	return openai.max(anthropic).max(gemini), true
+	gemini.CacheRead = min(v[fieldCachedContentTokenCount], v[fieldPromptTokenCount])
+	gemini.Reasoning = v[fieldThoughtsTokenCount]
+	return openai.max(responses).max(anthropic).max(gemini), true
 }
 
 // withTotal is a family's usage from its reported total (0 if none) and its

@@ -21,9 +21,14 @@ import (
 // RFC 6455) from a copy of the bytes, and adds each finished response's
 // response.usage (from "response.done" events, JSON text messages of the
 // OpenAI Realtime API) to a running Usage: total_tokens to Total,
-// input_tokens to Input, output_tokens (reasoning included) to Output. Each
-// is read as the Meter reads a count (see parseCount), and one a response
-// does not report, or reports as something else, adds nothing.
+// input_tokens to Input, output_tokens (reasoning included) to Output, and
+// the parts of them priced apart: input_token_details.cached_tokens to
+// CacheRead and input_token_details.audio_tokens to AudioInput (both inside
+// input_tokens), output_token_details.audio_tokens to AudioOutput (inside
+// output_tokens). Each is read as the Meter reads a count (see parseCount),
+// and one a response does not report, or reports as something else, adds
+// nothing; a part is at most its whole as the response reports it (a part
+// reported without its whole adds nothing), as the Meter counts them.
 //
 // Memory is bounded: a text message is gathered up to maxMessage bytes (a
 // larger one is skipped unread and counted as unmetered), and the message
@@ -31,7 +36,8 @@ import (
 // realtimeRetainedBuffer.
 type RealtimeTap struct {
 	// Counted since the last Take.
-	total, input, output atomic.Int64
+	total, input, output               atomic.Int64
+	cacheRead, audioInput, audioOutput atomic.Int64
 
 	skips   atomic.Int64 // unmetered messages
 	clamped atomic.Int64 // responses that reported more than perResponse
@@ -73,9 +79,16 @@ type realtimeUsageEvent struct {
 	Type     string `json:"type"`
 	Response struct {
 		Usage struct {
-			TotalTokens  realtimeCount `json:"total_tokens"`
-			InputTokens  realtimeCount `json:"input_tokens"`
-			OutputTokens realtimeCount `json:"output_tokens"`
+			TotalTokens       realtimeCount `json:"total_tokens"`
+			InputTokens       realtimeCount `json:"input_tokens"`
+			OutputTokens      realtimeCount `json:"output_tokens"`
+			InputTokenDetails struct {
+				CachedTokens realtimeCount `json:"cached_tokens"`
+				AudioTokens  realtimeCount `json:"audio_tokens"`
+			} `json:"input_token_details"`
+			OutputTokenDetails struct {
+				AudioTokens realtimeCount `json:"audio_tokens"`
+			} `json:"output_token_details"`
 		} `json:"usage"`
 	} `json:"response"`
 }
@@ -146,9 +159,15 @@ func (t *RealtimeTap) Write(p []byte) (int, error) {
 // Take returns the usage counted since the last Take, and resets it. Safe
 // for concurrent use with Write; each count is taken on its own, so a Take
 // while a response.done is being added may see part of it, and the next Take
-// the rest: the sums over every Take are exact.
+// the rest: the sums over every Take are exact. A part is never taken
+// before its whole (the wholes are added first and taken last), only maybe
+// in the Take after its whole's.
 func (t *RealtimeTap) Take() Usage {
-	return Usage{Total: t.total.Swap(0), Input: t.input.Swap(0), Output: t.output.Swap(0)}
+	return Usage{
+		// The parts first: meter adds the wholes first.
+		CacheRead: t.cacheRead.Swap(0), AudioInput: t.audioInput.Swap(0), AudioOutput: t.audioOutput.Swap(0),
+		Total: t.total.Swap(0), Input: t.input.Swap(0), Output: t.output.Swap(0),
+	}
 }
 
 // Unmetered is the number of messages that could not be read for usage: text
@@ -299,11 +318,21 @@ func (t *RealtimeTap) meter(msg []byte) {
 		return
 	}
 	u := &ev.Response.Usage
-	counted, over := Usage{int64(u.TotalTokens), int64(u.InputTokens), int64(u.OutputTokens)}.Within(t.perResponse)
+	in, out := int64(u.InputTokens), int64(u.OutputTokens)
+	reported := Usage{
+		Total: int64(u.TotalTokens), Input: in, Output: out,
+		CacheRead:   min(int64(u.InputTokenDetails.CachedTokens), in),
+		AudioInput:  min(int64(u.InputTokenDetails.AudioTokens), in),
+		AudioOutput: min(int64(u.OutputTokenDetails.AudioTokens), out),
+	}
+	counted, over := reported.Within(t.perResponse)
 	if over {
 		t.clamped.Add(1)
 	}
 	t.total.Add(counted.Total)
 	t.input.Add(counted.Input)
 	t.output.Add(counted.Output)
+	t.cacheRead.Add(counted.CacheRead)
+	t.audioInput.Add(counted.AudioInput)
+	t.audioOutput.Add(counted.AudioOutput)
 }

@@ -13,7 +13,7 @@ import (
 )
 
 // noCeiling counts every response as it reports.
-var noCeiling = Usage{math.MaxInt64, math.MaxInt64, math.MaxInt64}
+var noCeiling = Usage{Total: math.MaxInt64, Input: math.MaxInt64, Output: math.MaxInt64}
 
 // feedTap writes chunks to a new tap and returns it.
 func feedTap(maxMessage int, chunks ...[]byte) *RealtimeTap {
@@ -73,14 +73,14 @@ func TestRealtimeTapTakesTheTotalInputAndOutputTokensOfResponseDone(t *testing.T
 		`"input_token_details":{"text_tokens":224,"audio_tokens":800,"image_tokens":0,"cached_tokens":768,` +
 		`"cached_tokens_details":{"text_tokens":128,"audio_tokens":640,"image_tokens":0}},` +
 		`"output_token_details":{"text_tokens":66,"audio_tokens":200}}`))
-	usagetest.CheckTap(t, tap, Usage{1290, 1024, 266}, 0)
+	usagetest.CheckTap(t, tap, Usage{Total: 1290, Input: 1024, Output: 266, CacheRead: 768, AudioInput: 800, AudioOutput: 200}, 0)
 	// Responses add up, each count on its own.
 	tap.Write(usagetest.Stream(
 		done(`{"total_tokens":300,"input_tokens":200,"output_tokens":100}`),
 		usagetest.Text(usagetest.AudioDelta),
 		done(`{"total_tokens":45,"input_tokens":40,"output_tokens":5}`),
 	))
-	usagetest.CheckTap(t, tap, Usage{345, 240, 105}, 0)
+	usagetest.CheckTap(t, tap, Usage{Total: 345, Input: 240, Output: 105}, 0)
 }
 
 func TestRealtimeTapCountsOnlyResponseDoneUsage(t *testing.T) {
@@ -90,18 +90,18 @@ func TestRealtimeTapCountsOnlyResponseDoneUsage(t *testing.T) {
 		want Usage
 	}{
 		{"response.done", usagetest.Done(42, 0), doneUsage(42)},
-		{"type not first, whitespace", `{ "response" : { "usage" : { "output_tokens" : 5 , "total_tokens" : 9 , "input_tokens" : 4 } } , "type" : "response.done" }`, Usage{9, 4, 5}},
+		{"type not first, whitespace", `{ "response" : { "usage" : { "output_tokens" : 5 , "total_tokens" : 9 , "input_tokens" : 4 } } , "type" : "response.done" }`, Usage{Total: 9, Input: 4, Output: 5}},
 		{"other event with usage", `{"type":"response.created","response":{"usage":{"total_tokens":5,"input_tokens":5}}}`, Usage{}},
 		{"transcript quoting the type", `{"type":"response.output_text.delta","delta":"\"response.done\" {\"usage\":{\"total_tokens\":5}}"}`, Usage{}},
 		{"type only in a nested object", `{"type":"conversation.item.created","item":{"type":"response.done","response":{"usage":{"total_tokens":5}}}}`, Usage{}},
 		{"usage null", `{"type":"response.done","response":{"usage":null}}`, Usage{}},
 		{"no usage (cancelled)", `{"type":"response.done","response":{"status":"cancelled"}}`, Usage{}},
 		// Each count is read on its own: one that is not a count adds nothing.
-		{"no total", `{"type":"response.done","response":{"usage":{"input_tokens":7,"output_tokens":3}}}`, Usage{0, 7, 3}},
-		{"total_tokens not a number", `{"type":"response.done","response":{"usage":{"total_tokens":"5","input_tokens":2,"output_tokens":3}}}`, Usage{0, 2, 3}},
-		{"counts not numbers", `{"type":"response.done","response":{"usage":{"total_tokens":5,"input_tokens":null,"output_tokens":{"text_tokens":3}}}}`, Usage{5, 0, 0}},
-		{"negative counts", `{"type":"response.done","response":{"usage":{"total_tokens":-5,"input_tokens":-1,"output_tokens":3}}}`, Usage{0, 0, 3}},
-		{"huge counts are capped", `{"type":"response.done","response":{"usage":{"total_tokens":99999999999999999999999,"input_tokens":1e30,"output_tokens":12.0}}}`, Usage{maxValue, maxValue, 12}},
+		{"no total", `{"type":"response.done","response":{"usage":{"input_tokens":7,"output_tokens":3}}}`, Usage{Total: 0, Input: 7, Output: 3}},
+		{"total_tokens not a number", `{"type":"response.done","response":{"usage":{"total_tokens":"5","input_tokens":2,"output_tokens":3}}}`, Usage{Total: 0, Input: 2, Output: 3}},
+		{"counts not numbers", `{"type":"response.done","response":{"usage":{"total_tokens":5,"input_tokens":null,"output_tokens":{"text_tokens":3}}}}`, Usage{Total: 5, Input: 0, Output: 0}},
+		{"negative counts", `{"type":"response.done","response":{"usage":{"total_tokens":-5,"input_tokens":-1,"output_tokens":3}}}`, Usage{Total: 0, Input: 0, Output: 3}},
+		{"huge counts are capped", `{"type":"response.done","response":{"usage":{"total_tokens":99999999999999999999999,"input_tokens":1e30,"output_tokens":12.0}}}`, Usage{Total: maxValue, Input: maxValue, Output: 12}},
 		{"invalid JSON", `{"type":"response.done","response":{"usage":{"total_tokens":5}}`, Usage{}},
 		{"not JSON", `"response.done"`, Usage{}},
 		{"empty", ``, Usage{}},
@@ -131,7 +131,7 @@ func TestRealtimeTapParsesFrameHeadersSplitAtEveryByte(t *testing.T) {
 		usagetest.Frame{Op: usagetest.OpCont, Fin: true, LenForm: 16, Mask: key, Payload: done[half:]}.Bytes(),
 		usagetest.Frame{Op: usagetest.OpText, Fin: true}.Bytes(), // empty text message
 	)
-	want := Usage{6 * 3, 6 * 1, 6 * 2}
+	want := Usage{Total: 6 * 3, Input: 6 * 1, Output: 6 * 2}
 	usagetest.CheckTap(t, feedTap(MaxEvent, stream), want, 0)
 	usagetest.CheckTap(t, feedTap(MaxEvent, usagetest.Bytewise(stream)...), want, 0)
 	for i := 0; i <= len(stream); i++ {
@@ -394,7 +394,7 @@ func TestRealtimeTapSerializesConcurrentWritersOfWholeFrames(t *testing.T) {
 		wg.Wait()
 		total.take(tap)
 		// Each writer: 167 Writes of two events and 333 of one.
-		want := Usage{667*1 + 667*2, 2 * 667, 2 * 2 * 667}
+		want := Usage{Total: 667*1 + 667*2, Input: 2 * 667, Output: 2 * 2 * 667}
 		if total.sum != want || tap.Unmetered() != 0 || tap.fault {
 			t.Fatalf("usage %+v, unmetered %d, fault %v; want %+v, 0, false", total.sum, tap.Unmetered(), tap.fault, want)
 		}
@@ -429,7 +429,7 @@ func TestRealtimeTapSerializesConcurrentWritersOfWholeFrames(t *testing.T) {
 		})
 		wg.Wait()
 		total.take(tap)
-		if want := (Usage{300 * 2, 300 * 1, 300 * 2}); total.sum != want || tap.Unmetered() != 0 || tap.fault {
+		if want := (Usage{Total: 300 * 2, Input: 300 * 1, Output: 300 * 2}); total.sum != want || tap.Unmetered() != 0 || tap.fault {
 			t.Fatalf("usage %+v, unmetered %d, fault %v; want %+v, 0, false", total.sum, tap.Unmetered(), tap.fault, want)
 		}
 	})

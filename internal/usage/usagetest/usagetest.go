@@ -38,6 +38,9 @@ var Goldens = []Golden{
 	{"openai_embeddings.json", 8, 8, 0, true},
 	{"openai_responses.json", 123, 36, 87, true},
 	{"openai_responses_stream.sse", 48, 37, 11, true}, // response.completed's response.usage
+	// With the parts priced apart (see GoldenParts): audio, cache, reasoning.
+	{"openai_chat_audio.json", 1577, 1346, 231, true},
+	{"openai_responses_reasoning_stream.sse", 2762, 2150, 612, true},
 	// Anthropic: input + output + cache creation + cache read, the latest
 	// value of each field; with usage.iterations, the sum over them. Input
 	// is input + cache creation (not cache read), Output is output.
@@ -46,6 +49,7 @@ var Goldens = []Golden{
 	{"anthropic_compat_stream.sse", 118 + 30 + 10, 118, 30, true},                 // input 120, then 118: the latest wins
 	{"anthropic_stream_lower_delta.sse", 2097 + 64 + 0 + 512, 2097 + 0, 64, true}, // input 2100, then 2097
 	{"anthropic_stream_error.sse", 310 + 1, 310, 1, true},                         // error after message_start
+	{"anthropic_cache_stream.sse", 12 + 340 + 1500 + 4200, 12 + 1500, 340, true},  // cache writes and reads
 	// Compacted: the iterations (compaction, then message), not the top-level
 	// fields (the last iteration only), nor cache_creation's breakdown.
 	{"anthropic_compaction_stream.sse", (240 + 410 + 0 + 31200) + (315 + 12 + 1200 + 0), (240 + 0) + (315 + 1200), 410 + 12, true},
@@ -59,12 +63,50 @@ var Goldens = []Golden{
 	{"gemini_stream_array.json", 10, 6, 4, true},      // streamGenerateContent without alt=sse
 	{"gemini_stream_down.sse", 79, 38, 17 + 24, true}, // prompt 42, then 38 + 17 + 24 thoughts
 	{"gemini_stream_array_down.json", 12, 7, 5, true}, // prompt 9, then 7 + 5
+	{"gemini_cached_stream.sse", 5655, 5210, 85 + 360, true},
 	// No usage: nothing is charged.
 	{"openai_error.json", 0, 0, 0, false},
 	{"anthropic_error.json", 0, 0, 0, false},
 	{"gemini_error.json", 0, 0, 0, false},
 	{"openai_stream_without_usage.sse", 0, 0, 0, false},
 	{"unknown_shape.json", 0, 0, 0, false}, // "usage" only below the top level
+}
+
+// Parts are the parts of a charge that are priced apart: the
+// usage.Usage fields beside Total, Input and Output (see package usage).
+type Parts struct {
+	CacheRead, CacheWrite, Reasoning, AudioInput, AudioOutput int64
+}
+
+// GoldenParts are the parts each golden sample must charge, by file; a file
+// not listed charges none.
+var GoldenParts = map[string]Parts{
+	// OpenAI: *_tokens_details, parts of prompt_tokens / completion_tokens
+	// (input_tokens / output_tokens for the Responses API).
+	"openai_chat.json":           {CacheRead: 1024},
+	"openai_chat_reasoning.json": {Reasoning: 1024},
+	// audio_tokens, cached or not, inside prompt_tokens; audio output inside
+	// completion_tokens (text_tokens are not read).
+	"openai_chat_audio.json":                {CacheRead: 1152, AudioInput: 410, AudioOutput: 188},
+	"openai_responses_reasoning_stream.sse": {CacheRead: 1920, Reasoning: 448},
+	// Anthropic: cache_read_input_tokens (beside input_tokens) and
+	// cache_creation_input_tokens (inside Input), the latest of each; with
+	// usage.iterations, the sum over them where larger.
+	"anthropic_messages.json":          {CacheRead: 1800, CacheWrite: 2051},
+	"anthropic_messages_stream.sse":    {CacheRead: 1024}, // message_start's, message_delta leaves it
+	"anthropic_compat_stream.sse":      {CacheRead: 10},
+	"anthropic_stream_lower_delta.sse": {CacheRead: 512},
+	"anthropic_compaction_stream.sse":  {CacheRead: 31200 + 0, CacheWrite: 0 + 1200},
+	"anthropic_compaction.json":        {CacheRead: 2048 + 0, CacheWrite: 0 + 300},
+	// cache_creation_input_tokens, not its 5m/1h breakdown.
+	"anthropic_cache_stream.sse": {CacheRead: 4200, CacheWrite: 1500},
+	// Gemini: cachedContentTokenCount (inside promptTokenCount) and
+	// thoughtsTokenCount (inside Output), of the last usageMetadata.
+	"gemini_generate.json":     {CacheRead: 1024, Reasoning: 46},
+	"gemini_tool_use.json":     {Reasoning: 388},
+	"gemini_stream.sse":        {Reasoning: 42},
+	"gemini_stream_down.sse":   {Reasoning: 24},
+	"gemini_cached_stream.sse": {CacheRead: 4096, Reasoning: 360},
 }
 
 //go:embed testdata
