@@ -20,36 +20,40 @@ type scriptCall struct {
 	reserves []tokenCounts  // per admission: the tokens it reserves on its token windows
 	position map[string]int // limit prefix → index in limits, once there are two admissions
 	charges  chargeCall
-	frees    [][]limit // the chains whose slots the call frees, one slot of each concurrency cap
+	frees    slotFrees
 }
 
 // slotsKey is the key of a limit's slots: a hash of each holder's count and
 // lease.
 func slotsKey(l limit) string { return l.prefix + "slots" }
 
-// freed is what the call frees, summed per limit: the slots keys, and how
-// many slots of each (the frees of a batch often share their org's).
-func (c *scriptCall) freed() (keys []string, slots []int64) {
-	for _, chain := range c.frees {
-		for _, l := range chain {
-			if l.concurrent.max == 0 {
-				continue
-			}
-			key := slotsKey(l)
-			if i := slices.Index(keys, key); i >= 0 {
-				slots[i]++
-			} else {
-				keys, slots = append(keys, key), append(slots, 1)
-			}
+// slotFrees is what a call frees: the chains whose slots it frees, one
+// slot of each concurrency cap, and the same summed per limit (the frees of
+// a batch often share their org's).
+type slotFrees struct {
+	chains [][]limit
+	limits []limit
+	slots  []int64 // per limit
+}
+
+func (f *slotFrees) add(chain []limit) {
+	f.chains = append(f.chains, chain)
+	for _, l := range chain {
+		if l.concurrent.max == 0 {
+			continue
+		}
+		if i := slices.IndexFunc(f.limits, func(m limit) bool { return m.prefix == l.prefix }); i >= 0 {
+			f.slots[i]++
+		} else {
+			f.limits, f.slots = append(f.limits, l), append(f.slots, 1)
 		}
 	}
-	return keys, slots
 }
 
 // touchesSlots reports whether the call takes or frees slots: it then
 // runs under the store's slot lock, which a renewal takes alone.
 func (c *scriptCall) touchesSlots() bool {
-	return len(c.frees) > 0 || slices.ContainsFunc(c.limits, func(l limit) bool { return l.concurrent.max > 0 })
+	return len(c.frees.chains) > 0 || slices.ContainsFunc(c.limits, func(l limit) bool { return l.concurrent.max > 0 })
 }
 
 // maxCallLimits is how many distinct limits a byte can point at.
@@ -101,8 +105,7 @@ func (c *scriptCall) add(chain []limit, reserve tokenCounts) bool {
 // slots; then the key of each charge, minute ones first: the current
 // period, or a settlement's own; then the slots key of each limit freed.
 func (c *scriptCall) keys(atMinute int64) []string {
-	freed, _ := c.freed()
-	keys := make([]string, 0, 4*len(c.limits)+c.charges.count()+len(freed))
+	keys := make([]string, 0, 4*len(c.limits)+c.charges.count()+len(c.frees.limits))
 	// Each span's current and previous period, formatted once per call.
 	var names [2][2]string
 	for s, b := range [...]int64{minute: atMinute, day: dayOf(atMinute)} {
@@ -129,7 +132,10 @@ func (c *scriptCall) keys(atMinute int64) []string {
 			}
 		}
 	}
-	return append(keys, freed...)
+	for _, l := range c.frees.limits {
+		keys = append(keys, slotsKey(l))
+	}
+	return keys
 }
 
 // reserving reports whether an admission of the call reserves tokens.
@@ -156,17 +162,16 @@ func (c *scriptCall) args(clock string, atMinute int64, peek bool, holder string
 		}
 	}
 	caps, capsOf := c.distinctCaps()
-	_, freed := c.freed()
-	args := make([]any, 0, 10+c.charges.count()+len(freed)+5*len(caps)+4*len(c.chains))
+	args := make([]any, 0, 10+c.charges.count()+len(c.frees.slots)+5*len(caps)+4*len(c.chains))
 	args = append(args, clock, hexArg(atMinute), mode, hexArg(int64(len(c.limits))),
 		hexArg(int64(len(c.charges.keys[minute]))), hexArg(int64(len(c.charges.keys[day]))), hexArg(int64(len(caps))),
-		hexArg(int64(len(freed))), holder)
+		hexArg(int64(len(c.frees.slots))), holder)
 	for _, spanTokens := range c.charges.tokens {
 		for _, n := range spanTokens {
 			args = append(args, strconv.FormatInt(n, 10))
 		}
 	}
-	for _, n := range freed {
+	for _, n := range c.frees.slots {
 		args = append(args, hexArg(n))
 	}
 	for _, l := range caps {
@@ -361,7 +366,7 @@ type scriptBatch struct {
 func (b *scriptBatch) Add(item *scriptItem) bool {
 	switch {
 	case item.free:
-		b.call.frees = append(b.call.frees, item.chain)
+		b.call.frees.add(item.chain)
 	case item.done != nil:
 		b.call.charges.add(item.chain, item.charge, b.store.gatewayMoment())
 	case !b.call.add(item.chain, item.reserve):

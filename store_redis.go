@@ -54,8 +54,12 @@ type redisStore struct {
 	// timeout.)
 	held      *heldSlots
 	slotCalls *semaphore.Weighted
-	stop      chan struct{}
-	renewing  sync.WaitGroup
+	// freed ends a free, whatever its outcome (a failure is observed, and
+	// mended by the renewal): it releases the store that the admission held
+	// for it. Made once, as every free's callback.
+	freed    func(error)
+	stop     chan struct{}
+	renewing sync.WaitGroup
 }
 
 // slotCallsMax is more calls than are ever in flight at once: a renewal
@@ -119,6 +123,7 @@ func newRedisStore(config *RedisConfig, timeout time.Duration, clock redisClock)
 	}
 	s := &redisStore{clock: clock, client: client, config: config, timeout: timeout, refusals: newRefusalCache(),
 		holder: rand.Text(), held: newHeldSlots(), slotCalls: semaphore.NewWeighted(slotCallsMax), stop: make(chan struct{})}
+	s.freed = func(error) { s.release() }
 	if config.topology() != cluster {
 		s.calls = coalesce.New(callsInFlight, chargeLinger, func(first *scriptItem) coalesce.Batch[*scriptItem] {
 			b := &scriptBatch{store: s}
@@ -234,7 +239,7 @@ func (s *redisStore) call(ctx context.Context, c *scriptCall, peek bool) (ds []d
 	defer cancel()
 	if !peek && c.touchesSlots() {
 		err := s.slotCalls.Acquire(ctx, 1)
-		for _, chain := range c.frees {
+		for _, chain := range c.frees.chains {
 			s.held.take(chain, -1) // the requests have ended, whatever becomes of the call
 		}
 		if err != nil {
@@ -244,7 +249,7 @@ func (s *redisStore) call(ctx context.Context, c *scriptCall, peek bool) (ds []d
 		defer s.slotCalls.Release(1)
 	}
 	// Charges and frees are never replayed: a second one would outlive the failure.
-	once := c.charges.count() > 0 || len(c.frees) > 0
+	once := c.charges.count() > 0 || len(c.frees.chains) > 0
 	now := s.clock.gateway()
 	scriptClock, atMinute := s.clock.script(now), momentAt(now.UnixMilli()).minute
 	reply, err := s.runScript(ctx, admitScript, c.keys(atMinute), c.args(scriptClock, atMinute, peek, s.holder), !once)
@@ -255,7 +260,7 @@ func (s *redisStore) call(ctx context.Context, c *scriptCall, peek bool) (ds []d
 		reply, err = s.runScript(ctx, admitScript, c.keys(atMinute), c.args(scriptClock, atMinute, peek, s.holder), !once)
 	}
 	if once && len(c.chains) > 0 && s.config.topology() != cluster && isDeadConnection(err) {
-		charged, c.charges, c.frees = err, chargeCall{}, nil
+		charged, c.charges, c.frees = err, chargeCall{}, slotFrees{}
 		reply, err = s.replay(ctx, admitScript, c.keys(atMinute), c.args(scriptClock, atMinute, peek, s.holder))
 	}
 	observeRedis(op, start, err)
@@ -295,15 +300,15 @@ func (s *redisStore) holdAdmitted(c *scriptCall, ds []decision) {
 // not coalesced, it frees in a goroutine of its own. It releases the store
 // that the admission held for it.
 func (s *redisStore) free(chain []limit) {
-	done := func(error) { s.release() } // a failure is observed, and mended by the renewal
 	if s.calls != nil {
-		s.calls.Ride(&scriptItem{chain: chain, free: true, done: done})
+		s.calls.Ride(&scriptItem{chain: chain, free: true, done: s.freed})
 		return
 	}
 	go func() {
-		c := scriptCall{frees: [][]limit{chain}}
+		var c scriptCall
+		c.frees.add(chain)
 		_, err, _ := s.call(context.Background(), &c, false)
-		done(err)
+		s.freed(err)
 	}()
 }
 
