@@ -169,42 +169,38 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			limitLines = append(limitLines, limitLine{l.Scope, sub})
 
 		case "on_redis_error":
-			v, err := optionValue(d, func(v string) *Handler { return &Handler{OnRedisError: v} })
+			o, err := option(d, func(v string) (*Handler, error) { return &Handler{OnRedisError: v}, nil })
 			if err != nil {
 				return err
 			}
-			h.OnRedisError = v
+			h.OnRedisError = o.OnRedisError
 
 		case "dialect":
-			v, err := optionValue(d, func(v string) *Handler { return &Handler{Dialect: v} })
+			o, err := option(d, func(v string) (*Handler, error) { return &Handler{Dialect: v}, nil })
 			if err != nil {
 				return err
 			}
-			h.Dialect = v
+			h.Dialect = o.Dialect
 
 		case "on_refusal":
-			v, err := optionValue(d, func(v string) *Handler { return &Handler{OnRefusal: v} })
+			o, err := option(d, func(v string) (*Handler, error) { return &Handler{OnRefusal: v}, nil })
 			if err != nil {
 				return err
 			}
-			h.OnRefusal = v
+			h.OnRefusal = o.OnRefusal
 
 		case "status":
-			var v string
-			if !d.AllArgs(&v) {
-				return d.ArgErr()
-			}
-			code, err := strconv.Atoi(v)
+			o, err := option(d, func(v string) (*Handler, error) {
+				code, err := strconv.Atoi(v)
+				if err != nil {
+					return nil, fmt.Errorf("status must be an HTTP status from 400 to 599, not %q", v)
+				}
+				return &Handler{Status: code}, nil
+			})
 			if err != nil {
-				return d.Errf("status must be an HTTP status from 400 to 599, not %q", v)
-			}
-			if err := (&Handler{Status: code}).Validate(); err != nil {
-				return d.WrapErr(err)
-			}
-			if err := noBlock(d, sub); err != nil {
 				return err
 			}
-			h.Status = code
+			h.Status = o.Status
 
 		case "headers":
 			families := d.RemainingArgs()
@@ -238,52 +234,43 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 
 		case "reserve_output":
-			var v string
-			if !d.AllArgs(&v) {
-				return d.ArgErr()
-			}
-			n, err := strconv.ParseUint(v, 10, 63)
-			if err != nil || n == 0 {
-				return d.Errf("reserve_output must be a positive number of tokens, not %q", v)
-			}
-			if err := noBlock(d, sub); err != nil {
+			o, err := option(d, func(v string) (*Handler, error) {
+				n, err := strconv.ParseUint(v, 10, 63)
+				if err != nil || n == 0 {
+					return nil, fmt.Errorf("reserve_output must be a positive number of tokens, not %q", v)
+				}
+				return &Handler{ReserveOutput: int64(n)}, nil
+			})
+			if err != nil {
 				return err
 			}
-			h.ReserveOutput = int64(n)
+			h.ReserveOutput = o.ReserveOutput
 
 		case "body_memory":
-			var v string
-			if !d.AllArgs(&v) {
-				return d.ArgErr()
-			}
-			size, err := humanize.ParseBytes(v)
-			if err != nil || size > math.MaxInt64 {
-				return d.Errf("body_memory must be a size such as 64MiB, not %q", v)
-			}
-			if err := (&Handler{BodyMemory: int64(size)}).Validate(); err != nil {
-				return d.WrapErr(err)
-			}
-			if err := noBlock(d, sub); err != nil {
+			o, err := option(d, func(v string) (*Handler, error) {
+				size, err := humanize.ParseBytes(v)
+				if err != nil || size > math.MaxInt64 {
+					return nil, fmt.Errorf("body_memory must be a size such as 64MiB, not %q", v)
+				}
+				return &Handler{BodyMemory: int64(size)}, nil
+			})
+			if err != nil {
 				return err
 			}
-			h.BodyMemory = int64(size)
+			h.BodyMemory = o.BodyMemory
 
 		case "slot_lease":
-			var v string
-			if !d.AllArgs(&v) {
-				return d.ArgErr()
-			}
-			lease, err := caddy.ParseDuration(v)
-			if err != nil || lease <= 0 {
-				return d.Errf("slot_lease must be a positive duration such as 30s, not %q", v)
-			}
-			if err := (&Handler{SlotLease: caddy.Duration(lease)}).Validate(); err != nil {
-				return d.WrapErr(err)
-			}
-			if err := noBlock(d, sub); err != nil {
+			o, err := option(d, func(v string) (*Handler, error) {
+				lease, err := caddy.ParseDuration(v)
+				if err != nil || lease <= 0 {
+					return nil, fmt.Errorf("slot_lease must be a positive duration such as 30s, not %q", v)
+				}
+				return &Handler{SlotLease: caddy.Duration(lease)}, nil
+			})
+			if err != nil {
 				return err
 			}
-			h.SlotLease = caddy.Duration(lease)
+			h.SlotLease = o.SlotLease
 
 		default:
 			return d.Errf("unrecognized rolter_ratelimit subdirective '%s'", sub.Text)
@@ -516,22 +503,27 @@ func parseLimit(d *caddyfile.Dispenser) (LimitConfig, error) {
 	return l, noBlock(d, sub)
 }
 
-// optionValue reads the one value of an option line, whose name is the
-// current token, and checks it with Handler.Validate on a handler that has
-// only that option, built by with.
-func optionValue(d *caddyfile.Dispenser, with func(string) *Handler) (string, error) {
+// option reads the one value of an option line, whose name is the current
+// token, into a handler that has only that option, built by with (whose
+// error says the value cannot be read), and checks it with
+// Handler.Validate, as the JSON config is checked.
+func option(d *caddyfile.Dispenser, with func(string) (*Handler, error)) (*Handler, error) {
 	sub := d.Token()
 	var v string
 	if !d.AllArgs(&v) {
-		return "", d.ArgErr()
+		return nil, d.ArgErr()
 	}
 	if v == "" { // "" is JSON's "absent"; written out, it is a missing value
-		return "", d.Errf("%s needs a value", sub.Text)
+		return nil, d.Errf("%s needs a value", sub.Text)
 	}
-	if err := with(v).Validate(); err != nil {
-		return "", d.WrapErr(err)
+	o, err := with(v)
+	if err == nil {
+		err = o.Validate()
 	}
-	return v, noBlock(d, sub)
+	if err != nil {
+		return nil, d.WrapErr(err)
+	}
+	return o, noBlock(d, sub)
 }
 
 // onOff reads the one value of an on/off option line, whose name is the

@@ -296,20 +296,10 @@ func (s *redisStore) holdAdmitted(c *scriptCall, ds []decision) {
 	}
 }
 
-// free rides in the coalescer's calls; on Redis Cluster, where calls are
-// not coalesced, it frees in a goroutine of its own. It releases the store
-// that the admission held for it.
+// free rides in the next call (ride). It releases the store that the
+// admission held for it.
 func (s *redisStore) free(chain []limit) {
-	if s.calls != nil {
-		s.calls.Ride(&scriptItem{chain: chain, free: true, done: s.freed})
-		return
-	}
-	go func() {
-		var c scriptCall
-		c.frees.add(chain)
-		_, err, _ := s.call(context.Background(), &c, false)
-		s.freed(err)
-	}()
+	s.ride(&scriptItem{chain: chain, free: true, done: s.freed})
 }
 
 //go:embed renew.lua
@@ -471,43 +461,27 @@ func isDeadConnection(err error) bool {
 		errors.Is(err, syscall.ECONNABORTED) || errors.Is(err, net.ErrClosed)
 }
 
-// chargeNow charges c to chain and waits for the outcome.
-func (s *redisStore) chargeNow(ctx context.Context, chain []limit, c charge) error {
-	now := s.gatewayMoment()
-	if !c.changes(chain, now) {
-		return nil
-	}
-	if s.calls != nil {
-		charged := make(chan error, 1)
-		s.calls.Ride(&scriptItem{chain: chain, charge: c, done: func(err error) { charged <- err }})
-		select {
-		case err := <-charged:
-			return err
-		case <-ctx.Done():
-			return ctx.Err() // it may still be charged
-		}
-	}
-	var call scriptCall
-	call.charges.add(chain, c, now)
-	_, charged, _ := s.call(ctx, &call, false)
-	return charged
-}
-
-// charge rides in the coalescer's calls; on Redis Cluster, where calls
-// are not coalesced, it charges in a goroutine of its own.
+// charge rides in the next call (ride).
 func (s *redisStore) charge(chain []limit, c charge, done func(error)) {
 	if !c.changes(chain, s.gatewayMoment()) {
 		done(nil)
 		return
 	}
+	s.ride(&scriptItem{chain: chain, charge: c, done: done})
+}
+
+// ride puts an item nobody waits for (a token charge, a free) in the
+// coalescer's next call; on Redis Cluster, where calls are not coalesced,
+// in a call of its own, in a goroutine.
+func (s *redisStore) ride(item *scriptItem) {
 	if s.calls != nil {
-		s.calls.Ride(&scriptItem{chain: chain, charge: c, done: done})
+		s.calls.Ride(item)
 		return
 	}
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
-		defer cancel()
-		done(s.chargeNow(ctx, chain, c))
+		b := scriptBatch{store: s}
+		b.Add(item)
+		b.Send()
 	}()
 }
 
