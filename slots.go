@@ -3,6 +3,8 @@ package ratelimit
 import (
 	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Requests in flight. A limit may cap how many requests of its scope id are
@@ -85,7 +87,8 @@ type heldSlots struct {
 // heldLimit is how many slots of a limit the store holds.
 type heldLimit struct {
 	limit
-	n int64
+	n     int64
+	gauge prometheus.Gauge // slots_held of the limit's scope, looked up once
 }
 
 func newHeldSlots() *heldSlots {
@@ -111,7 +114,7 @@ func (h *heldSlots) takeOne(l limit, n int64) {
 		if n < 0 {
 			return
 		}
-		e = &heldLimit{limit: l}
+		e = &heldLimit{limit: l, gauge: slotsHeld.WithLabelValues(l.scope)}
 		h.byPrefix[l.prefix] = e
 		if len(h.byPrefix) == 1 || l.concurrent.leaseMillis < h.shortest {
 			select {
@@ -121,7 +124,7 @@ func (h *heldSlots) takeOne(l limit, n int64) {
 		}
 	}
 	after := max(e.n+n, 0)
-	slotsHeld.WithLabelValues(l.scope).Add(float64(after - e.n))
+	e.gauge.Add(float64(after - e.n))
 	e.n = after
 }
 
