@@ -1,24 +1,15 @@
 package tokenest
 
 import (
-	"encoding/json"
 	"net/http"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/rolter/caddy-ratelimit/internal/llmapi"
 	"github.com/rolter/caddy-ratelimit/internal/usage"
+	"github.com/rolter/caddy-ratelimit/internal/usage/usagetest"
 )
-
-// recordedEnv names a folder of real provider responses recorded by other
-// projects, with their requests: a manifest.json whose entries give the
-// response's file and content type and the request's path and body. The folder
-// is not part of this repository, which holds none of its contents: without
-// it the test skips, in CI too.
-const recordedEnv = "ROLTER_PROVIDER_RESPONSES"
 
 // TestInputEstimatesAgainstRecordedUsage measures, on real requests and the
 // input their provider counted, how far the input estimate falls below the
@@ -31,36 +22,13 @@ const recordedEnv = "ROLTER_PROVIDER_RESPONSES"
 // fetched, thousands of tokens that no estimate of the request can see.
 // Everything goes in its log (go test -v).
 func TestInputEstimatesAgainstRecordedUsage(t *testing.T) {
-	dir := os.Getenv(recordedEnv)
-	if dir == "" {
-		t.Skipf("%s names no folder of recorded responses (one with a manifest.json)", recordedEnv)
-	}
-	raw, err := os.ReadFile(filepath.Join(dir, "manifest.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var entries []struct {
-		File         string `json:"file"`
-		Provider     string `json:"provider"`
-		IdentityFile string `json:"identity_file"`
-		ContentType  string `json:"content_type"`
-		APIPath      string `json:"api_path"`
-		Request      struct {
-			Body string `json:"body"`
-		} `json:"request"`
-	}
-	if err := json.Unmarshal(raw, &entries); err != nil {
-		t.Fatal(err)
-	}
+	entries, read := usagetest.Recorded(t)
 	var ratios []float64
 	for _, e := range entries {
 		if e.Request.Body == "" || e.IdentityFile != "" || strings.HasSuffix(e.File, ".jsonl") {
 			continue // no request, a compressed twin, or a realtime session
 		}
-		body, err := os.ReadFile(filepath.Join(dir, e.File))
-		if err != nil {
-			t.Fatal(err)
-		}
+		body := read(e.File)
 		m := usage.NewMeter(http.Header{"Content-Type": {e.ContentType}})
 		m.Write(body)
 		u, ok := m.Finish()

@@ -4,32 +4,12 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
-	"errors"
 	"io"
-	"io/fs"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/rolter/caddy-ratelimit/internal/usage/usagetest"
 )
-
-// recordedEnv names a folder of real provider responses recorded by other
-// projects (a manifest.json listing bodies, each with the total its usage
-// reports). The folder is not part of this repository, which holds none of
-// its contents: without it the test skips, in CI too.
-const recordedEnv = "ROLTER_PROVIDER_RESPONSES"
-
-// recordedEntry is what the test reads of a manifest entry.
-type recordedEntry struct {
-	File         string          `json:"file"`
-	IdentityFile string          `json:"identity_file"`
-	ContentType  string          `json:"content_type"`
-	Provider     string          `json:"provider"`
-	Expected     *int64          `json:"expected_total_tokens"`
-	Reported     json.RawMessage `json:"usage_reported"`
-}
 
 // TestRecordedResponsesChargeTheirReportedTotalAndParts meters every recorded
 // body as it came over the wire (a gzip one decoded) and the realtime
@@ -38,32 +18,7 @@ type recordedEntry struct {
 // of the body's usage objects finds (recordedParts), itself checked against
 // the manifest's usage_reported where it gives one.
 func TestRecordedResponsesChargeTheirReportedTotalAndParts(t *testing.T) {
-	dir := os.Getenv(recordedEnv)
-	if dir == "" {
-		t.Skipf("%s names no folder of recorded responses (one with a manifest.json)", recordedEnv)
-	}
-	manifest, err := os.ReadFile(filepath.Join(dir, "manifest.json"))
-	if errors.Is(err, fs.ErrNotExist) {
-		t.Skipf("no recorded responses in %s (set %s to a folder with a manifest.json)", dir, recordedEnv)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	var entries []recordedEntry
-	if err := json.Unmarshal(manifest, &entries); err != nil {
-		t.Fatal(err)
-	}
-	if len(entries) == 0 {
-		t.Fatal("an empty manifest")
-	}
-	read := func(name string) []byte {
-		t.Helper()
-		b, err := os.ReadFile(filepath.Join(dir, name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
+	entries, read := usagetest.Recorded(t)
 	for _, e := range entries {
 		body := read(e.File)
 		identity := body

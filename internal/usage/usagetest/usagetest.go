@@ -1,7 +1,8 @@
 // Package usagetest holds what the tests of package usage and of the handler
 // share: golden response bodies with the charge each must produce, the content
-// codings and chunkings they are sent in, and WebSocket frames for the
-// realtime tap. Only tests import it.
+// codings and chunkings they are sent in, WebSocket frames for the
+// realtime tap, and the reader of a folder of recorded real responses
+// (Recorded). Only tests import it.
 package usagetest
 
 import (
