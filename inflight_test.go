@@ -808,17 +808,20 @@ func TestOnRedisClusterSlotsLiveInTheChainRootsSlotAndThreeGatewaysCapExactly(t 
 // header of handle_errors' answer, with on_refusal error) and counts in
 // refusals_total; slots_held counts the slots held while their requests
 // are in flight, and none once they have ended.
-func TestAConcurrencyRefusalSetsItsPlaceholdersAndMetricAndSlotsHeldFollowsRequestsInFlight(t *testing.T) {
+func TestAConcurrencyRefusalSetsItsPlaceholdersMetricAndLogLineAndSlotsHeldFollowsRequestsInFlight(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		up := newFlightUpstream(t)
-		gw := flightGatewayOn(t, up, store, `
+		logFile := t.TempDir() + "/caddy.log"
+		gw := startGatewayWith(t, up.URL, fmt.Sprintf("\tdefault_bind 127.0.0.1\n\tlog {\n\t\toutput file %s\n\t\tlevel DEBUG\n\t}", logFile),
+			limited(flightStore(store), `
 			scope key {http.request.header.X-Api-Key}
 			limit key * concurrent 3
-			on_refusal error`, `
+			on_refusal error
+			on_redis_error deny`, `
 	handle_errors {
 		header X-Refused-Kind {http.rolter_ratelimit.refused_kind}
 		respond "{http.rolter_ratelimit.outcome} by {http.rolter_ratelimit.refused_scope} on {http.rolter_ratelimit.refused_kind}, cap {http.rolter_ratelimit.refused_limit}" {err.status_code}
-	}`)
+	}`), freePort())
 		const refusals = `caddy_rolter_ratelimit_refusals_total{kind="concurrency",scope="key",window=""}`
 		slotsHeld := fmt.Sprintf(slotsHeldMetric, "key")
 		waitSlotsHeld(t, caddyAdmin(), "key", 0)
@@ -845,6 +848,13 @@ func TestAConcurrencyRefusalSetsItsPlaceholdersAndMetricAndSlotsHeldFollowsReque
 			t.Fatalf("statuses %v, want 3 × 200", got)
 		}
 		waitSlotsHeld(t, caddyAdmin(), "key", 0)
+		logs, err := os.ReadFile(logFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(logs), `"msg":"refused","scope":"key","id":"`+keyID(false, key)+`","kind":"concurrency"`) {
+			t.Errorf("no debug line of the refusal with kind concurrency in the log:\n%s", logs)
+		}
 	})
 }
 

@@ -133,3 +133,16 @@ func TestJSONValidationRejectsANegativeWindowCap(t *testing.T) {
 		t.Fatalf("Validate: %v", err)
 	}
 }
+
+// A JSON config's negative cap on requests in flight fails Validate naming
+// the limit, as a negative window cap does.
+func TestJSONValidationRejectsANegativeConcurrencyCap(t *testing.T) {
+	var h Handler
+	if err := json.Unmarshal([]byte(`{"scopes":[{"name":"key","value":"x"}],"limits":[{"scope":"key","id":"*","concurrent":-1}]}`), &h); err != nil {
+		t.Fatal(err)
+	}
+	err := h.Validate()
+	if err == nil || err.Error() != `limit for scope "key" id "*": concurrent must be a positive integer of at most 100000000000, not -1` {
+		t.Fatalf("Validate: %v", err)
+	}
+}
