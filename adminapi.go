@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/rolter/caddy-ratelimit/internal/pricing"
 )
 
 func init() {
@@ -141,6 +143,35 @@ type UsageLimit struct {
 	// Concurrent is the cap on requests in flight; absent when the limit
 	// has none.
 	Concurrent *UsageSlots `json:"concurrent,omitempty"`
+	// BudgetDay is the spend budget of the calendar day; absent when the
+	// limit has none.
+	BudgetDay *UsageBudget `json:"budget_day,omitempty"`
+	// BudgetMonth is the spend budget of the calendar month.
+	BudgetMonth *UsageBudget `json:"budget_month,omitempty"`
+}
+
+// UsageBudget is a spend budget in its current period. Amounts are US
+// dollars as exact decimal strings ("12.500000001"): money is never a
+// float.
+type UsageBudget struct {
+	// Limit is the budget.
+	Limit string `json:"limit_usd"`
+	// Spent is what the responses settled in the period cost.
+	Spent string `json:"spent_usd"`
+	// Reserved is the most that the requests admitted in the period and
+	// not yet settled may cost: their reservations.
+	Reserved string `json:"reserved_usd"`
+	// Remaining is Limit − Spent − Reserved, at least 0: what a request
+	// may still reserve.
+	Remaining string `json:"remaining_usd"`
+	// Timezone is the IANA time zone whose calendar the period is of.
+	Timezone string `json:"timezone"`
+	// Start and Renews are the period's first moment and the next
+	// period's, when the budget renews, in RFC 3339 in that zone.
+	Start  string `json:"start"`
+	Renews string `json:"renews"`
+	// RenewsInMillis is the time until the renewal, in milliseconds.
+	RenewsInMillis int64 `json:"renews_in_ms"`
 }
 
 // UsageSlots is a cap on requests in flight now.
@@ -387,7 +418,8 @@ func groupLimits(handlers []*Handler, scope string, asked askedID, root rootRef)
 		return cmp.Or(cmp.Compare(a.storeKind, b.storeKind), cmp.Compare(a.where, b.where), cmp.Compare(a.id, b.id), cmp.Compare(a.tag, b.tag),
 			slices.Compare(a.caps.windows[:], b.caps.windows[:]),
 			cmp.Compare(a.caps.bucket.rate, b.caps.bucket.rate), cmp.Compare(a.caps.bucket.burst, b.caps.bucket.burst),
-			cmp.Compare(a.caps.bucket.cost, b.caps.bucket.cost), cmp.Compare(a.caps.bucket.rateText, b.caps.bucket.rateText))
+			cmp.Compare(a.caps.bucket.cost, b.caps.bucket.cost), cmp.Compare(a.caps.bucket.rateText, b.caps.bucket.rateText),
+			cmp.Compare(a.caps.concurrent.max, b.caps.concurrent.max), slices.Compare(a.caps.budgets.max[:], b.caps.budgets.max[:]))
 	})
 	for _, g := range groups {
 		slices.SortFunc(g.chains, slices.Compare)
@@ -474,7 +506,21 @@ func (g *usageGroup) read(r *http.Request, scope string) (UsageLimit, error) {
 		held := d.counts[0].slots
 		entry.Concurrent = &UsageSlots{Limit: m, InFlight: held, Remaining: max(m-held, 0)}
 	}
+	budgets := [numBudgetPeriods]**UsageBudget{budgetDay: &entry.BudgetDay, budgetMonth: &entry.BudgetMonth}
+	for p, budget := range l.eachBudget {
+		*budgets[p] = usageBudget(d, l.budgets.calendar, p, budget)
+	}
 	return entry, nil
+}
+
+func usageBudget(d decision, c *calendar, p budgetPeriod, budget int64) *UsageBudget {
+	spent, reserved, s := d.counts[0].spent[p], d.counts[0].reserved[p], c.spanAt(p, d.now)
+	at := func(unixMillis int64) string { return time.UnixMilli(unixMillis).In(c.loc).Format(time.RFC3339) }
+	return &UsageBudget{
+		Limit: pricing.FormatUSD(budget), Spent: pricing.FormatUSD(spent), Reserved: pricing.FormatUSD(reserved),
+		Remaining: pricing.FormatUSD(max(budget-spent-reserved, 0)),
+		Timezone:  c.name, Start: at(s.start), Renews: at(s.end), RenewsInMillis: s.end - d.now.unixMillis,
+	}
 }
 
 func (g *usageGroup) source() string {

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/rolter/caddy-ratelimit/internal/llmapi"
+	"github.com/rolter/caddy-ratelimit/internal/pricing"
 	"github.com/rolter/caddy-ratelimit/internal/tokenest"
 )
 
@@ -60,6 +61,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	metering := chainMetersTokens(chain)
 	var reserve tokenCounts
+	var price *pricing.Entry // with budgets: what the request's tokens cost
 	if metering {
 		if !h.readsModel && readable(req) {
 			// Asked only when there is a body to spare: the admission
@@ -73,9 +75,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			}
 			held = body.held
 		}
+		if budgeted(chain) {
+			var refused *answer
+			if price, refused = h.price(tokenest.Model(req.call, body.bytes)); refused != nil {
+				return h.answer(w, req, *refused)
+			}
+		}
 		if h.reserving() {
 			var over tooLargeFor
-			if reserve, over = h.reservation(req.call, body, chain); over.limit >= 0 {
+			if reserve, over = h.reservation(req.call, body, chain, price); over.limit >= 0 {
 				return h.answer(w, req, h.tooLarge(req, chain, over, reserve))
 			}
 		}
@@ -87,9 +95,23 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		// Deferred: reverse_proxy ends a response cut short (the client or
 		// the upstream went away mid-stream) with panic(http.ErrAbortHandler),
 		// and what was reported by then is still charged.
-		defer h.meterResponse(rw, chain, d)
+		if price != nil {
+			spendReservedTotal.WithLabelValues(price.Name).Add(float64(d.reserve.cost))
+		}
+		defer h.meterResponse(rw, chain, d, price)
 		return next.ServeHTTP(rw, r)
 	})
+}
+
+// price is the price of the model a request under a budget asks for, or
+// the answer that refuses it when there is none: a budget never counts a
+// request at $0 because its price is unknown.
+func (h *Handler) price(model string) (*pricing.Entry, *answer) {
+	e, ok := h.prices.Lookup(model)
+	if !ok {
+		return nil, new(noPrice(model))
+	}
+	return &e, nil
 }
 
 // admitOrAnswer admits the request's chain with reserve. It answers a
@@ -150,11 +172,11 @@ func (h *Handler) resolve(req *request) (chain []limit, body requestBody, refuse
 	return chain, body, nil
 }
 
-// chainMetersTokens reports whether a limit of chain caps a token window:
-// the response's usage is then metered.
+// chainMetersTokens reports whether a limit of chain caps a token window or
+// a budget: the response's usage is then metered.
 func chainMetersTokens(chain []limit) bool {
 	for _, l := range chain {
-		if l.capsTokens() {
+		if l.meters() {
 			return true
 		}
 	}

@@ -11,11 +11,13 @@
 --           it caps, in windowKind order (window.go: rpm, tpm, itpm, otpm,
 --           rpd, tpd, itpd, otpd), the key of the current period, then of
 --           the previous one; then, if it has a token bucket, the bucket's
---           key; then, if it caps requests in flight, its slots key. Then,
---           for each token charge, the key it charges: the minute charges
---           first, then the day charges; a settlement's are its
---           reservation's periods. Then the slots key of each limit whose
---           slots the call frees.
+--           key; then, if it caps requests in flight, its slots key; then
+--           for each budget it has (day, then month), the keys of what its
+--           current period holds spent, then reserved. Then, for each
+--           charge, the key it charges: the minute windows' charges first,
+--           then the day windows', the day budgets' and the month
+--           budgets'; a settlement's are its reservation's periods. Then
+--           the slots key of each limit whose slots the call frees.
 --           Every key the script touches is declared,
 --           so that Redis Cluster routes, redirects and migrates the call by
 --           the real keys.
@@ -34,28 +36,32 @@
 --           below), or "p" to decide and charge nothing (the admin API's
 --           live view).
 -- ARGV[4]   L, the number of distinct limits.
--- ARGV[5]   C, the number of minute token charges, and ARGV[6] D, of day
---           token charges (0 with "p").
--- ARGV[7]   K, the number of distinct caps among the limits: most limits of
+-- ARGV[5]   the number of charges of minute windows, ARGV[6] of day
+--           windows, ARGV[7] of day budgets, ARGV[8] of month budgets (0
+--           with "p").
+-- ARGV[9]   K, the number of distinct caps among the limits: most limits of
 --           a call share a handful (every key of one "limit key *" line has
 --           the same), which are then passed and read once.
--- ARGV[8]   F, the number of limits whose slots the call frees (0 with
+-- ARGV[10]  F, the number of limits whose slots the call frees (0 with
 --           "p").
--- ARGV[9]   the holder: the gateway process whose slots the call takes and
+-- ARGV[11]  the holder: the gateway process whose slots the call takes and
 --           frees.
--- then      per charge, the tokens to add to its key, a decimal (negative
---           for a settlement that gives tokens back); then per limit freed,
---           how many of the holder's slots it frees.
+-- then      per charge, what to add to its key, a decimal: tokens, or
+--           nano-dollars (negative for a settlement that gives some back);
+--           then per limit freed, how many of the holder's slots it frees.
 -- then      per distinct caps: the windows it caps, one argument of a byte
 --           per window, its windowKind; the cap of each of them; the rate of a token bucket in
 --           milli-tokens per second (0 is none), and if rate > 0 its burst
 --           and cost; the most requests in flight (0 is no cap), and if
---           above 0 the lease of a slot in milliseconds.
+--           above 0 the lease of a slot in milliseconds; the day budget
+--           and the month budget in nano-dollars (0 is none).
 -- then      one argument of L bytes: each limit's caps (1-based).
 -- then      per admission, in arrival order: with "r", the tokens it
 --           reserves, or with "s" (when the call caps input or output
---           tokens) the tokens in all, of input and of output; then the
---           positions (1-based) of the limits of its chain, one byte each.
+--           tokens) the tokens in all, of input and of output; then with
+--           "r" or "s", if a limit of the call has a budget, the most it
+--           may cost in nano-dollars; then the positions (1-based) of the
+--           limits of its chain, one byte each.
 --
 -- A window counts requests, tokens, input tokens or output tokens, over a
 -- minute (in milliseconds) or a day (in seconds, so that every number stays
@@ -74,6 +80,15 @@
 -- takes to fill (as Spring does): it is full by then. bucket.go does the same
 -- arithmetic in Go.
 --
+-- A budget's period holds what is spent and what is reserved, in
+-- nano-dollars (exact in Lua's doubles: budgets are at most 10^15). A
+-- request fits while spent + reserved + its cost <= budget, or without a
+-- cost (without reservations) while spent + reserved < budget; an admitted
+-- one adds its cost to what is reserved, which its settlement, a charge,
+-- takes back as it adds the real cost to what is spent. A day's keys live
+-- BUDGET_DAY_TTL from the write that creates them and a month's
+-- BUDGET_MONTH_TTL, past any period's end. budget.go has the rest.
+--
 -- A slots key is a hash: per holder, "<slots>:<lease end, unix ms>". A
 -- limit's requests in flight are the slots of the holders whose lease has
 -- not ended; a request fits while they are below the cap. An admission adds
@@ -85,7 +100,8 @@
 --
 -- Reply: {1, now_ms, then per limit, for each window it caps, the current
 -- and previous count, then its bucket's deficit, then if it caps requests
--- in flight their number; then per admission 1 (admitted) or 0}, with the
+-- in flight their number, then for each budget it has what is spent and
+-- what is reserved; then per admission 1 (admitted) or 0}, with the
 -- counts as read (the deficit refilled to now) after the token charges and
 -- the frees and before the admissions: the caller replays the admissions in
 -- order to know what each one read.
@@ -97,14 +113,21 @@ local tonumber, byte, floor, match, format = tonumber, string.byte, math.floor, 
 -- because the next period reads it as its previous one.
 local MINUTE, DAY = 60000, 86400
 local MINUTE_TTL, DAY_TTL = 120, 172800
+-- A day lasts at most 25 hours and a month 31 days: their keys outlive
+-- them by two days at least, for the settlements of long responses.
+local BUDGET_DAY_TTL, BUDGET_MONTH_TTL = 259200, 5443200
+-- By charge class, in the order of the charges: minute windows, day
+-- windows, day budgets, month budgets.
+local CHARGE_TTL = {MINUTE_TTL, DAY_TTL, BUDGET_DAY_TTL, BUDGET_MONTH_TTL}
 -- window.go's numbering: a windowKind counts kind % KINDS, and from KINDS
--- on over a day.
-local KINDS, REQUESTS, TOKENS, INPUT, OUTPUT = 4, 0, 1, 2, 3
+-- on over a day. A reservation's sizes are indexed by what they count:
+-- TOKENS, INPUT, OUTPUT, and COST (a budget's).
+local KINDS, REQUESTS, TOKENS, INPUT, OUTPUT, COST = 4, 0, 1, 2, 3, 4
 -- A token bucket counts micro-tokens: its rate, in milli-tokens per
 -- second, then refills a whole number of them each millisecond.
 local MICRO = 1000000
--- ARGV[1] to ARGV[9], before the token charges.
-local FIXED_ARGS = 9
+-- ARGV[1] to ARGV[11], before the charges.
+local FIXED_ARGS = 11
 
 -- The functions take the call's state as arguments: Redis runs the
 -- script's body on each call, which makes its closures anew, and each local
@@ -113,14 +136,20 @@ local FIXED_ARGS = 9
 -- state, and the decision as a function cost 3 to 5% more instructions per
 -- call (bench/README.md).
 
--- Charges come before the reads, so that the call's admissions read them.
+-- Charges come before the reads, so that the call's admissions read them;
+-- class_charges[c] is how many there are of charge class c, in order.
 -- Only the increment that creates a key sets its expiry.
-local function charge_tokens(first_key, first_arg, minute_charges, charges)
-  for charge = 1, charges do
-    local key, tokens = KEYS[first_key + charge], ARGV[first_arg + charge]
-    local total = redis.call('INCRBY', key, tokens)
-    if total == tokens + 0 then redis.call('EXPIRE', key, charge <= minute_charges and MINUTE_TTL or DAY_TTL) end
-    if total < 0 then redis.call('SET', key, 0, 'KEEPTTL') end
+local function charge_counters(first_key, first_arg, class_charges)
+  local charge = 0
+  for class = 1, #class_charges do
+    local ttl = CHARGE_TTL[class]
+    for _ = 1, class_charges[class] do
+      charge = charge + 1
+      local key, amount = KEYS[first_key + charge], ARGV[first_arg + charge]
+      local total = redis.call('INCRBY', key, amount)
+      if total == amount + 0 then redis.call('EXPIRE', key, ttl) end
+      if total < 0 then redis.call('SET', key, 0, 'KEEPTTL') end
+    end
   end
 end
 
@@ -161,10 +190,11 @@ local function read_slots(key, holder, now, clean)
 end
 
 -- Returns the distinct caps read from ARGV[at] on: each is {windows, rate,
--- burst, cost, slots, lease}, windows listing, flat, each window's
--- windowKind and cap; then the caps of each limit, and the argument after
--- them.
+-- burst, cost, slots, lease, day budget, month budget}, windows listing,
+-- flat, each window's windowKind and cap; then the caps of each limit,
+-- whether any caps have a budget, and the argument after them.
 local function read_caps(at, count)
+  local budgeted = false
   local caps = {}
   for position = 1, count do
     local kinds = {byte(ARGV[at], 1, -1)}
@@ -184,10 +214,12 @@ local function read_caps(at, count)
       lease = tonumber(ARGV[at + 2], 16)
       at = at + 1
     end
-    caps[position] = {windows, rate, burst, cost, slots, lease}
-    at = at + 2
+    local day_budget, month_budget = tonumber(ARGV[at + 2], 16), tonumber(ARGV[at + 3], 16)
+    budgeted = budgeted or day_budget > 0 or month_budget > 0
+    caps[position] = {windows, rate, burst, cost, slots, lease, day_budget, month_budget}
+    at = at + 4
   end
-  return caps, {byte(ARGV[at], 1, -1)}, at + 1
+  return caps, {byte(ARGV[at], 1, -1)}, budgeted, at + 1
 end
 
 -- Adds each limit's admissions to its request windows, its bucket and its
@@ -230,15 +262,16 @@ local function write_requests(limit_count, requests_added, caps, caps_of, bucket
   end
 end
 
--- Adds the tokens reserved to each token window's current period. Only the
--- increment that creates a key sets its expiry.
-local function write_reservations(token_windows, token_reserved, token_key, token_kind)
+-- Adds what was reserved to each token window's current period and each
+-- budget's reserved key. Only the increment that creates a key sets its
+-- expiry.
+local function write_reservations(token_windows, token_reserved, token_key, token_ttl)
   for window = 1, token_windows do
     local reserved = token_reserved[window]
     if reserved > 0 then
       local key = KEYS[token_key[window]]
       if redis.call('INCRBY', key, format('%d', reserved)) == reserved then
-        redis.call('EXPIRE', key, token_kind[window] >= KINDS and DAY_TTL or MINUTE_TTL)
+        redis.call('EXPIRE', key, token_ttl[window])
       end
     end
   end
@@ -260,15 +293,15 @@ local day_weight = DAY - (seconds - floor(seconds / DAY) * DAY)
 local split = ARGV[3] == 's'
 local reserving = split or ARGV[3] == 'r'
 local charging = reserving or ARGV[3] == 'a'
-local limit_count, minute_charges, day_charges, caps_count, frees, holder =
-  tonumber(ARGV[4], 16), tonumber(ARGV[5], 16), tonumber(ARGV[6], 16), tonumber(ARGV[7], 16), tonumber(ARGV[8], 16), ARGV[9]
-local charges = minute_charges + day_charges
+local limit_count, caps_count, frees, holder = tonumber(ARGV[4], 16), tonumber(ARGV[9], 16), tonumber(ARGV[10], 16), ARGV[11]
+local class_charges = {tonumber(ARGV[5], 16), tonumber(ARGV[6], 16), tonumber(ARGV[7], 16), tonumber(ARGV[8], 16)}
+local charges = class_charges[1] + class_charges[2] + class_charges[3] + class_charges[4]
 local limit_keys = #KEYS - charges - frees
 
-if charges > 0 then charge_tokens(limit_keys, FIXED_ARGS, minute_charges, charges) end
+if charges > 0 then charge_counters(limit_keys, FIXED_ARGS, class_charges) end
 if frees > 0 then free_slots(limit_keys + charges, FIXED_ARGS + charges, frees, holder, now) end
 local counters = limit_keys > 0 and redis.call('MGET', unpack(KEYS, 1, limit_keys)) or {}
-local caps, caps_of, admissions_at = read_caps(FIXED_ARGS + charges + frees + 1, caps_count)
+local caps, caps_of, budgeted, admissions_at = read_caps(FIXED_ARGS + charges + frees + 1, caps_count)
 
 -- Per limit: requests_left, the whole requests that still fit (a request
 -- takes 1), so that deciding an admission is one comparison per limit: the
@@ -280,15 +313,18 @@ local caps, caps_of, admissions_at = read_caps(FIXED_ARGS + charges + frees + 1,
 -- bucket's {ttl, since, deficit, cost}, nil where it has none; own_slots,
 -- the slots its holder holds, nil where it has no such cap.
 local requests_left, requests_added, buckets, own_slots = {}, {}, {}, {}
--- With reservations, each token window has a room of its own too, in flat
--- arrays rather than a table per window: token_room, in its span's units
--- times its length (a reservation of r fits while token_room >= r * length,
--- and at least 1), token_kind, token_key and token_reserved; limit i's
--- token windows are first_token_window[i] to last_token_window[i]. Without
--- reservations a call makes none of these tables.
-local token_room, token_kind, token_key, token_reserved, first_token_window, last_token_window
+-- With reservations, each token window, and each budget, has a room of
+-- its own too, in flat arrays rather than a table per window: token_room,
+-- in its span's units times its length, token_scale (the length; a
+-- budget's is 1), so that a reservation of r fits while token_room >= r *
+-- token_scale, and at least 1; token_part, what of a reservation it counts
+-- (TOKENS, INPUT, OUTPUT or COST); token_key, the key it reserves on;
+-- token_ttl, that key's; token_reserved. Limit i's token windows are
+-- first_token_window[i] to last_token_window[i]. Without reservations a
+-- call makes none of these tables.
+local token_room, token_scale, token_part, token_key, token_ttl, token_reserved, first_token_window, last_token_window
 if reserving then
-  token_room, token_kind, token_key, token_reserved, first_token_window, last_token_window = {}, {}, {}, {}, {}, {}
+  token_room, token_scale, token_part, token_key, token_ttl, token_reserved, first_token_window, last_token_window = {}, {}, {}, {}, {}, {}, {}, {}
 end
 local token_windows = 0
 -- The reply gets the counts as read.
@@ -314,7 +350,8 @@ for limit = 1, limit_count do
       if requests_fit < room then room = requests_fit end
     elseif reserving then
       token_windows = token_windows + 1
-      token_room[token_windows], token_kind[token_windows], token_key[token_windows], token_reserved[token_windows] = slack, kind, key_index, 0
+      token_room[token_windows], token_scale[token_windows], token_part[token_windows] = slack, length, kind % KINDS
+      token_key[token_windows], token_ttl[token_windows], token_reserved[token_windows] = key_index, kind >= KINDS and DAY_TTL or MINUTE_TTL, 0
     elseif slack <= 0 then
       room = 0
     end
@@ -322,7 +359,6 @@ for limit = 1, limit_count do
     reply_len = reply_len + 2
     key_index = key_index + 2
   end
-  if reserving then last_token_window[limit] = token_windows end
   local deficit = 0
   if rate > 0 then
     local burst, cost = limit_caps[3], limit_caps[4]
@@ -355,13 +391,34 @@ for limit = 1, limit_count do
     reply[reply_len] = in_flight
     key_index = key_index + 1
   end
+  for period = 1, 2 do
+    local budget = limit_caps[6 + period]
+    if budget > 0 then
+      local spent, reserved = (counters[key_index] or 0) + 0, (counters[key_index + 1] or 0) + 0
+      local slack = budget - spent - reserved
+      if reserving then
+        token_windows = token_windows + 1
+        token_room[token_windows], token_scale[token_windows], token_part[token_windows] = slack, 1, COST
+        token_key[token_windows], token_ttl[token_windows], token_reserved[token_windows] = key_index + 1, CHARGE_TTL[2 + period], 0
+      elseif slack <= 0 then
+        room = 0
+      end
+      reply[reply_len + 1], reply[reply_len + 2] = spent, reserved
+      reply_len = reply_len + 2
+      key_index = key_index + 2
+    end
+  end
+  if reserving then last_token_window[limit] = token_windows end
   requests_left[limit], requests_added[limit] = room, 0
 end
 
-local admission_args = split and 4 or reserving and 2 or 1
--- reservation[kind]: the tokens of that kind the admission being decided
--- adds to a token window that counts them.
-local reservation = reserving and {0, 0, 0}
+-- An admission's arguments: its tokens, its cost, its chain.
+local token_args = split and 3 or reserving and 1 or 0
+local cost_args = reserving and budgeted and 1 or 0
+local admission_args = token_args + cost_args + 1
+-- reservation[part]: what the admission being decided adds to a token
+-- window or a budget that counts that part.
+local reservation = reserving and {0, 0, 0, 0}
 for at = admissions_at, #ARGV, admission_args do
   local chain = {byte(ARGV[at + admission_args - 1], 1, -1)}
   if reserving then
@@ -369,6 +426,9 @@ for at = admissions_at, #ARGV, admission_args do
   end
   if split then
     reservation[INPUT], reservation[OUTPUT] = tonumber(ARGV[at + 1], 16), tonumber(ARGV[at + 2], 16)
+  end
+  if cost_args > 0 then
+    reservation[COST] = tonumber(ARGV[at + token_args], 16)
   end
   local fits = 1
   for position = 1, #chain do
@@ -379,11 +439,10 @@ for at = admissions_at, #ARGV, admission_args do
     end
     if reserving then
       for window = first_token_window[limit], last_token_window[limit] do
-        local kind = token_kind[window]
-        local tokens = reservation[kind % KINDS]
-        -- Without tokens of its kind to reserve, a window takes a request
-        -- while it is below its cap.
-        if token_room[window] < (tokens > 0 and tokens * (kind >= KINDS and DAY or MINUTE) or 1) then
+        local size = reservation[token_part[window]]
+        -- Without anything of its part to reserve, a window or a budget
+        -- takes a request while it is below its cap.
+        if token_room[window] < (size > 0 and size * token_scale[window] or 1) then
           fits = 0
           break
         end
@@ -397,10 +456,9 @@ for at = admissions_at, #ARGV, admission_args do
       requests_left[limit], requests_added[limit] = requests_left[limit] - 1, requests_added[limit] + 1
       if reserving then
         for window = first_token_window[limit], last_token_window[limit] do
-          local kind = token_kind[window]
-          local tokens = reservation[kind % KINDS]
-          token_room[window] = token_room[window] - tokens * (kind >= KINDS and DAY or MINUTE)
-          token_reserved[window] = token_reserved[window] + tokens
+          local size = reservation[token_part[window]]
+          token_room[window] = token_room[window] - size * token_scale[window]
+          token_reserved[window] = token_reserved[window] + size
         end
       end
     end
@@ -411,6 +469,6 @@ end
 
 if charging then
   write_requests(limit_count, requests_added, caps, caps_of, buckets, own_slots, holder, now)
-  if reserving then write_reservations(token_windows, token_reserved, token_key, token_kind) end
+  if reserving then write_reservations(token_windows, token_reserved, token_key, token_ttl) end
 end
 return reply

@@ -11,6 +11,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
+
+	"github.com/rolter/caddy-ratelimit/internal/pricing"
 )
 
 // answer is one of the handler's own answers, to a request it does not pass
@@ -29,14 +31,15 @@ type answer struct {
 	// too_large), window and cap, for the placeholders, the metric and the
 	// debug log; kind is "" for any other answer.
 	kind, window string
-	capacity     int64
+	capacity     string // the cap: a number, or a budget in dollars
 	id           string // the refusing limit's id as stored, for the debug log
 	requested    int64  // a too-large request's reservation, for the debug log
 	// retryMillis is the wait the answer announces (Retry-After,
 	// retry-after-ms, Google's RetryInfo); 0: none.
 	retryMillis int64
 	headers     headerSet
-	noRetry     bool // x-should-retry: false, which OpenAI's SDKs obey
+	noRetry     bool // x-should-retry: false, which OpenAI's and Anthropic's SDKs obey
+	quota       bool // a spent budget: each dialect's quota error (dialect.go)
 	closeConn   bool // the rest of the request's body is not wanted
 	// failure is not a refusal: on_refusal does not apply to it.
 	failure bool
@@ -94,7 +97,7 @@ func (h *Handler) answer(w http.ResponseWriter, req *request, a answer) error {
 	if h.OnRefusal == "error" && !a.failure {
 		return caddyhttp.Error(a.status, errors.New(a.message))
 	}
-	return req.dia.write(w, errorAnswer{status: a.status, message: a.message, typ: a.typ, code: a.code, retryMillis: a.retryMillis})
+	return req.dia.write(w, errorAnswer{status: a.status, message: a.message, typ: a.typ, code: a.code, scope: a.scope, retryMillis: a.retryMillis, quota: a.quota})
 }
 
 // setOutcome records an admission's outcome in the placeholder and the metrics.
@@ -119,19 +122,31 @@ func (req *request) awaitsContinue() bool {
 // naming the first refusing scope and its cap, never its id, with the wait
 // until every refusing limit would admit it; a concurrency cap knows no
 // wait, and then none is announced: the clients' SDKs back off on their own.
+// A spent budget is each dialect's quota error, which tells the SDK not to
+// retry when its renewal is further off than an SDK waits.
 func (h *Handler) limitRefusal(req *request, a admission) answer {
 	ref, l := a.refusal, a.limits[a.refusal.first]
 	retryMillis := max(ref.waitMillis, 1)
-	if ref.untilFreed {
+	if !ref.knowsWait() {
 		retryMillis = 0
 	}
-	return answer{
+	ans := answer{
 		outcome: outcomeRefused, status: cmp.Or(h.Status, http.StatusTooManyRequests), message: ref.message(a.limits),
 		typ: ref.kind.errorType(), code: "rate_limit_exceeded",
-		scope: l.scope, kind: ref.kind.String(), window: ref.windowName(), capacity: ref.capacity, id: l.id,
+		scope: l.scope, kind: ref.kind.String(), window: ref.windowName(), capacity: strconv.FormatInt(ref.capacity, 10), id: l.id,
 		retryMillis: retryMillis, headers: h.families(req.dia).headersFor(a.limits, a.decision, false),
 	}
+	if ref.kind == budget {
+		ans.code, ans.capacity, ans.quota = "insufficient_quota", pricing.FormatUSD(ref.capacity), true
+		ans.noRetry = retryMillis > maxSDKRetryWait
+	}
+	return ans
 }
+
+// maxSDKRetryWait is the longest Retry-After the OpenAI and Anthropic SDKs
+// wait out before retrying, in milliseconds; past it they retry sooner, on
+// their own backoff.
+const maxSDKRetryWait = 60_000
 
 // tooLarge is the answer to a request whose reservation alone exceeds a
 // window of its chain: no wait would admit it, so it says so as OpenAI does
@@ -146,8 +161,15 @@ func (h *Handler) tooLarge(req *request, chain []limit, over tooLargeFor, reserv
 		message: fmt.Sprintf("Request too large for %s on %s per %s (%s): Limit %d, Requested %d. The input or output tokens must be reduced in order to run successfully.",
 			l.scope, k.noun(), spans[k.span()].per, k.unit(), capacity, requested),
 		typ: tooLarge.errorType(), code: "rate_limit_exceeded",
-		scope: l.scope, kind: tooLarge.String(), window: spans[k.span()].name, capacity: capacity, id: l.id, requested: requested,
+		scope: l.scope, kind: tooLarge.String(), window: spans[k.span()].name, capacity: strconv.FormatInt(capacity, 10), id: l.id, requested: requested,
 		noRetry: true,
+	}
+	if over.overBudget {
+		p := over.budget
+		capacity, requested = l.budgets.max[p], reserve.cost
+		a.message = fmt.Sprintf("Request too large for the budget of %s per %s: Budget $%s, largest cost of this request $%s. The input or output tokens (max_tokens) must be reduced in order to run successfully.",
+			l.scope, p, pricing.FormatUSD(capacity), pricing.FormatUSD(requested))
+		a.window, a.capacity, a.requested = p.String(), pricing.FormatUSD(capacity), requested
 	}
 	if families := h.families(req.dia); families.any() {
 		if d, err := h.store.peek(req.Context(), chain); err == nil {
@@ -172,6 +194,20 @@ func ambiguousScope(scope, what string) answer {
 	return answer{outcome: outcomeRefusedAmbiguousScope, status: http.StatusBadRequest, scope: scope,
 		message: fmt.Sprintf("This request sends %s; the rate limit scope %q must read one value, the one the API reads.", what, scope),
 		typ:     "invalid_request_error", code: "rate_limit_scope_ambiguous"}
+}
+
+// noPrice is the answer to a request under a budget whose model has no
+// price: 400, before any store call, naming the model (the request's own).
+// It is never let through at $0, and retrying does not help: the SDKs do
+// not retry a 400.
+func noPrice(model string) answer {
+	asked := fmt.Sprintf("the model %q", model)
+	if model == "" {
+		asked = "a request that names no model"
+	}
+	return answer{outcome: outcomeRefusedNoPrice, status: http.StatusBadRequest,
+		message: fmt.Sprintf("This gateway has no price for %s, and a spend budget applies to this request: it cannot be counted, so it is refused.", asked),
+		typ:     "invalid_request_error", code: "model_not_priced"}
 }
 
 // bodyRefusal is the answer to a request whose body could not be read:

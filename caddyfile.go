@@ -6,12 +6,15 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/dustin/go-humanize"
+
+	"github.com/rolter/caddy-ratelimit/internal/pricing"
 )
 
 // The directive's place in Caddy's order is in UnmarshalCaddyfile's doc.
@@ -45,9 +48,11 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		}
 //		scope <name> <value> [readable] [required] [joined]  # repeatable; <value> is usually a placeholder
 //		limit <scope> <id>|<prefix>*|* [rpm|tpm|itpm|otpm|rpd|tpd|itpd|otpd <n>]... [rate <per-second> burst <n> [cost <n>]] [concurrent <n>]
+//		      [budget_day <usd>] [budget_month <usd>]
 //		                                           # repeatable; rpm requests, tpm tokens, itpm input tokens and otpm
 //		                                           # output tokens per minute; rpd, tpd, itpd, otpd per day;
-//		                                           # concurrent: requests in flight at once;
+//		                                           # concurrent: requests in flight at once; budget_day and
+//		                                           # budget_month: US dollars spent per calendar day and month;
 //		                                           # <prefix>* is one pool for every id starting with
 //		                                           # <prefix> (the longest wins; an exact id beats it); * is the
 //		                                           # default for every id of that scope
@@ -61,6 +66,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		reserve_output <n>                         # default 1024: the output reserved for a request that names no cap
 //		body_memory <size>                         # default 64MiB, at least 8MiB: request bodies being read at once, per process
 //		slot_lease <duration>                      # default 30s, at least 1s: how long a dead process's slots outlive it
+//		price <model>|<prefix>*|* input <usd> output <usd> [cache_read <usd>] [cache_write <usd>]
+//		                                           # repeatable; US dollars per million tokens, for budgets
+//		prices <path>                              # a price file in LiteLLM's model_prices_and_context_window.json format
+//		budget_timezone <zone>                     # default UTC: the IANA zone whose days and months budgets cover
 //		realtime {                                 # WebSocket sessions (any upgrade the matcher covers)
 //			max_connections <n>                    # open sessions per Caddy process; default no cap
 //			flush_interval <duration>              # how often a session's tokens are charged; default 5s
@@ -96,6 +105,14 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // that provider reads it: a credential in another provider's header is not
 // read), can be a value or part of one (scope model {http.rolter_ratelimit.model}).
 //
+// A budget is a positive number of US dollars, exact to the nano-dollar, of
+// at most 1000000. Requests under a budget are priced by the price lines
+// and the prices file (a price line beats the file's entry of the same
+// name); prices are non-negative decimals, in US dollars per million
+// tokens, and a price line's model is matched as a limit's id is (an exact
+// name beats the longest prefix, and * comes last). A request under a
+// budget whose model has no price is refused.
+//
 // The directive is ordered right after encode, so no order option is needed:
 // it runs after map, vars, header, request_body, rewrite, basic_auth,
 // forward_auth and request_header (so it sees the identity they establish),
@@ -124,7 +141,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		sub := d.Token()
-		if sub.Text != "scope" && sub.Text != "limit" {
+		if sub.Text != "scope" && sub.Text != "limit" && sub.Text != "price" {
 			if given[sub.Text] {
 				return d.Errf("%s is given twice", sub.Text)
 			}
@@ -258,6 +275,34 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			h.BodyMemory = o.BodyMemory
+
+		case "price":
+			p, err := parsePrice(d)
+			if err != nil {
+				return err
+			}
+			h.Prices = append(h.Prices, p)
+
+		case "prices":
+			o, err := option(d, func(v string) (*Handler, error) {
+				if !strings.Contains(v, "{") { // a path with placeholders is read when the config loads
+					if _, err := pricing.LoadLiteLLM(v); err != nil {
+						return nil, err
+					}
+				}
+				return &Handler{PriceFile: v}, nil
+			})
+			if err != nil {
+				return err
+			}
+			h.PriceFile = o.PriceFile
+
+		case "budget_timezone":
+			o, err := option(d, func(v string) (*Handler, error) { return &Handler{BudgetTimezone: v}, nil })
+			if err != nil {
+				return err
+			}
+			h.BudgetTimezone = o.BudgetTimezone
 
 		case "slot_lease":
 			o, err := option(d, func(v string) (*Handler, error) {
@@ -451,6 +496,41 @@ func parseRealtime(d *caddyfile.Dispenser) (*RealtimeConfig, error) {
 	return realtime, nil
 }
 
+// parsePrice parses the arguments of a price line, whose name is the
+// current token: the model, then its prices in any order, each once.
+func parsePrice(d *caddyfile.Dispenser) (PriceConfig, error) {
+	sub := d.Token()
+	var p PriceConfig
+	if !d.NextArg() {
+		return p, d.ArgErr()
+	}
+	p.Model = d.Val()
+	fields := map[string]*json.Number{"input": &p.Input, "output": &p.Output, "cache_read": &p.CacheRead, "cache_write": &p.CacheWrite}
+	seen := make(map[string]bool)
+	for d.NextArg() {
+		name := d.Val()
+		f := fields[name]
+		if f == nil {
+			return p, d.Errf("unrecognized price option '%s': expecting input, output, cache_read or cache_write", name)
+		}
+		if seen[name] {
+			return p, d.Errf("%s is given twice", name)
+		}
+		seen[name] = true
+		if !d.NextArg() {
+			return p, d.ArgErr()
+		}
+		*f = json.Number(d.Val())
+	}
+	if p.Input == "" || p.Output == "" {
+		return p, d.Errf("price %s needs an input and an output price (US dollars per million tokens)", p.Model)
+	}
+	if _, err := p.entry(); err != nil {
+		return p, d.WrapErr(err)
+	}
+	return p, noBlock(d, sub)
+}
+
 // parseLimit parses the arguments of a limit line, whose name is the current
 // token: its options in any order, each once.
 func parseLimit(d *caddyfile.Dispenser) (LimitConfig, error) {
@@ -462,6 +542,7 @@ func parseLimit(d *caddyfile.Dispenser) (LimitConfig, error) {
 	if _, err := l.resolvedID(caddy.NewReplacer()); err != nil {
 		return l, d.WrapErr(err)
 	}
+	decimals := map[string]*json.Number{"rate": &l.Rate, "budget_day": &l.BudgetDay, "budget_month": &l.BudgetMonth}
 	seen := make(map[string]bool)
 	for d.NextArg() {
 		name := d.Val()
@@ -473,10 +554,10 @@ func parseLimit(d *caddyfile.Dispenser) (LimitConfig, error) {
 			n = &l.Cost
 		case "concurrent":
 			n = &l.Concurrent
-		case "rate":
+		case "rate", "budget_day", "budget_month":
 		default:
 			if n = l.windowCap(name); n == nil {
-				return l, d.Errf("unrecognized limit option '%s': expecting rpm, tpm, itpm, otpm, rpd, tpd, itpd, otpd, rate, burst, cost or concurrent", name)
+				return l, d.Errf("unrecognized limit option '%s': expecting rpm, tpm, itpm, otpm, rpd, tpd, itpd, otpd, rate, burst, cost, concurrent, budget_day or budget_month", name)
 			}
 		}
 		if seen[name] {
@@ -486,8 +567,8 @@ func parseLimit(d *caddyfile.Dispenser) (LimitConfig, error) {
 		if !d.NextArg() {
 			return l, d.ArgErr()
 		}
-		if n == nil { // checked with the whole line, below
-			l.Rate = json.Number(d.Val())
+		if n == nil { // a decimal, checked with the whole line, below
+			*decimals[name] = json.Number(d.Val())
 			continue
 		}
 		// ParseUint takes neither a sign nor '_'; bit size 63 fits an int64.

@@ -45,25 +45,50 @@ type errorAnswer struct {
 	status      int
 	message     string
 	typ, code   string // OpenAI's error type and code
+	scope       string // the refusing scope, if any: the quota's subject
 	retryMillis int64  // the wait the answer announces; 0: none
+	// quota: a spent budget, answered as each provider answers an
+	// exhausted quota, which its SDK classifies as one: OpenAI's
+	// insufficient_quota (typ and code), Anthropic's
+	// enforced_spend_limit_reached, Google's QuotaFailure.
+	quota bool
 }
 
+// anthropicSpendLimit is the error_code of Anthropic's answer to a spend
+// limit reached, which its SDKs raise as EnforcedSpendLimitReachedError.
+const anthropicSpendLimit = "enforced_spend_limit_reached"
+
 // write writes e in the dialect's error shape: OpenAI's {"error":{message,
-// type, param, code}}, Anthropic's {"type":"error","error":{type, message}},
-// or Google's {"error":{code, message, status, details}} with a RetryInfo
+// type, param, code}}; Anthropic's {"type":"error","error":{type, message}},
+// with details.error_code for a quota; or Google's {"error":{code, message,
+// status, details}}, with a QuotaFailure for a quota and a RetryInfo
 // carrying the wait.
 func (d dialect) write(w http.ResponseWriter, e errorAnswer) error {
 	var v any
 	switch d {
 	case dialectAnthropic:
-		v = map[string]any{"type": "error", "error": map[string]any{"type": anthropicErrorType(e.status), "message": e.message}}
+		body := map[string]any{"type": anthropicErrorType(e.status), "message": e.message}
+		if e.quota {
+			body["details"] = map[string]any{"error_code": anthropicSpendLimit}
+		}
+		v = map[string]any{"type": "error", "error": body}
 	case dialectGemini:
 		body := map[string]any{"code": e.status, "message": e.message, "status": googleStatus(e.status)}
+		var details []any
+		if e.quota {
+			details = append(details, map[string]any{
+				"@type":      "type.googleapis.com/google.rpc.QuotaFailure",
+				"violations": []any{map[string]any{"subject": e.scope, "description": e.message}},
+			})
+		}
 		if e.retryMillis > 0 {
-			body["details"] = []any{map[string]any{
+			details = append(details, map[string]any{
 				"@type":      "type.googleapis.com/google.rpc.RetryInfo",
 				"retryDelay": fmt.Sprintf("%d.%03ds", e.retryMillis/1000, e.retryMillis%1000),
-			}}
+			})
+		}
+		if details != nil {
+			body["details"] = details
 		}
 		v = map[string]any{"error": body}
 	default:

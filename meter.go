@@ -9,6 +9,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/rolter/caddy-ratelimit/internal/pricing"
 	"github.com/rolter/caddy-ratelimit/internal/usage"
 )
 
@@ -102,20 +103,20 @@ func (w *responseWriter) FlushError() error {
 }
 
 // finish ends the response: it writes what a stripper still holds and
-// returns the tokens the body reported, at most ceiling (clamped says it
+// returns the usage the body reported, at most ceiling (clamped says it
 // was over).
-func (w *responseWriter) finish(ceiling usage.Usage) (used tokenCounts, metered, clamped bool) {
+func (w *responseWriter) finish(ceiling usage.Usage) (used usage.Usage, metered, clamped bool) {
 	if w.strip != nil {
 		// A client that went away is charged all the same: what the
 		// upstream reported is metered below.
 		_ = w.strip.flushTail(w.ResponseWriterWrapper)
 	}
 	if w.meter == nil {
-		return tokenCounts{}, false, false
+		return usage.Usage{}, false, false
 	}
 	u, metered := w.meter.Finish()
 	u, clamped = u.Within(ceiling)
-	return tokensOf(u), metered, clamped
+	return u, metered, clamped
 }
 
 // One response is charged at most a ceiling, so that one absurd report (an
@@ -150,8 +151,14 @@ func (h *Handler) usageClamped(chain []limit, what string, n int64) {
 		zap.String("what", what), zap.Strings("scopes", scopes), zap.Int64("responses", n))
 }
 
-func tokensOf(u usage.Usage) tokenCounts {
-	return tokenCounts{total: u.Total, input: u.Input, output: u.Output}
+// tokensOf is the tokens of u, and with a price (a chain with budgets),
+// what they cost.
+func tokensOf(u usage.Usage, price *pricing.Entry) tokenCounts {
+	t := tokenCounts{total: u.Total, input: u.Input, output: u.Output}
+	if price != nil {
+		t.cost = costOf(price.Price, u)
+	}
+	return t
 }
 
 // admitted records an admission and wraps the response of the request it
@@ -181,36 +188,31 @@ func (h *Handler) admitted(w http.ResponseWriter, req *request, chain []limit, d
 }
 
 // chargeSession charges the tokens a session's responses reported to its
-// chain, in the current minute and day, and waits for the outcome, so that
-// a session's last charge lands before its store is released.
-func (h *Handler) chargeSession(chain []limit, tokens tokenCounts) {
+// chain, and what they cost, in the current periods, and waits for the
+// outcome, so that a session's last charge lands before its store is
+// released.
+func (h *Handler) chargeSession(chain []limit, tokens tokenCounts, price *pricing.Entry) {
 	if tokens.isZero() {
 		return
 	}
+	c := charge{tokens: tokens}
 	done := make(chan error, 1)
-	h.store.charge(chain, charge{tokens: tokens}, func(err error) { done <- err })
-	h.charged(tokens, <-done)
-}
-
-// charged logs a charge that failed, or counts the tokens charged.
-func (h *Handler) charged(tokens tokenCounts, err error) {
-	if err != nil {
-		h.chargeWarn.log(h.logger, "recording tokens failed; they are not charged", zap.Error(err), zap.Int64("tokens", tokens.total))
-		return
-	}
-	tokensCharged.add(tokens)
+	h.store.charge(chain, c, func(err error) { done <- err })
+	h.settled(c, tokens, price, <-done)
 }
 
 // meterResponse finishes the admitted response's metering and charges its
-// tokens (at most its ceiling) without waiting for the store, so that the client's last bytes are
-// not held back by a round trip. A reservation made at admission (d) is
-// settled in its own period: the usage reported replaces it; without usage,
-// an upstream error gives it all back (the provider charged nothing) and
-// any other response keeps it as its charge (a response cut short keeps
-// what it reported, or else its reservation).
-// It releases the store that ServeHTTP held for it.
-func (h *Handler) meterResponse(w *responseWriter, chain []limit, d decision) {
-	used, metered, clamped := w.finish(usageCeiling(d.reserve))
+// tokens (at most its ceiling), and with a price what they cost, without
+// waiting for the store, so that the client's last bytes are not held back
+// by a round trip. A reservation made at admission (d) is settled in its
+// own period: the usage reported replaces it; without usage, an upstream
+// error gives it all back (the provider charged nothing) and any other
+// response keeps it as its charge (a response cut short keeps what it
+// reported, or else its reservation). It releases the store that ServeHTTP
+// held for it.
+func (h *Handler) meterResponse(w *responseWriter, chain []limit, d decision, price *pricing.Entry) {
+	u, metered, clamped := w.finish(usageCeiling(d.reserve))
+	used := tokensOf(u, price)
 	if clamped {
 		h.usageClamped(chain, "response", 1)
 	}
@@ -222,32 +224,42 @@ func (h *Handler) meterResponse(w *responseWriter, chain []limit, d decision) {
 	}
 	c, charged := charge{tokens: used}, used
 	if !d.reserve.isZero() {
-		c.minute = d.now.minute
+		c.minute, c.unreserve = d.now.minute, d.reserve.cost
 		switch {
 		case metered:
-			c.tokens = used.minus(d.reserve)
 		case w.status >= 400:
-			c.tokens, charged = tokenCounts{}.minus(d.reserve), tokenCounts{}
+			charged = tokenCounts{}
 		default:
-			c.tokens, charged = tokenCounts{}, d.reserve
+			charged = d.reserve
 		}
+		// The windows take the difference; the budgets the cost charged
+		// beside the reservation they give back.
+		c.tokens = charged.minus(d.reserve)
+		c.tokens.cost = charged.cost
 	} else if !metered {
 		h.store.release()
 		return
 	}
 	h.store.charge(chain, c, func(err error) {
-		h.settled(c, charged, err)
+		h.settled(c, charged, price, err)
 		h.store.release()
 	})
 }
 
-// settled counts a response's charge once the store has it: the tokens
-// finally charged, and what a settlement gave back.
-func (h *Handler) settled(c charge, charged tokenCounts, err error) {
-	if err == nil {
-		tokensReturned.add(tokenCounts{max(-c.tokens.total, 0), max(-c.tokens.input, 0), max(-c.tokens.output, 0)})
+// settled counts a charge once the store has it, or logs its failure: the
+// tokens and the cost finally charged, and what a settlement gave back.
+func (h *Handler) settled(c charge, charged tokenCounts, price *pricing.Entry, err error) {
+	if err != nil {
+		h.chargeWarn.log(h.logger, "recording tokens failed; they are not charged", zap.Error(err), zap.Int64("tokens", charged.total),
+			zap.String("cost_usd", pricing.FormatUSD(charged.cost)))
+		return
 	}
-	h.charged(charged, err)
+	tokensCharged.add(charged)
+	tokensReturned.add(tokenCounts{total: max(-c.tokens.total, 0), input: max(-c.tokens.input, 0), output: max(-c.tokens.output, 0)})
+	if price != nil {
+		spendChargedTotal.WithLabelValues(price.Name).Add(float64(charged.cost))
+		spendReturnedTotal.WithLabelValues(price.Name).Add(float64(max(c.unreserve-charged.cost, 0)))
+	}
 }
 
 // Interface guards: reverse_proxy flushes streams and hijacks WebSocket

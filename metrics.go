@@ -14,11 +14,11 @@ import (
 var (
 	admissionsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "admissions_total",
-		Help: "Requests and realtime sessions seen, by outcome: admitted, refused, refused_empty_scope, refused_ambiguous_scope, refused_body_memory, failed_open, failed_closed, refused_connections.",
+		Help: "Requests and realtime sessions seen, by outcome: admitted, refused, refused_empty_scope, refused_ambiguous_scope, refused_body_memory, refused_no_price, failed_open, failed_closed, refused_connections.",
 	}, []string{"outcome"})
 	refusalsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "refusals_total",
-		Help: "Refused requests, by the scope name, kind (requests, tokens, input_tokens, output_tokens, burst, too_large, concurrency) and window (minute, day; empty for a bucket or a concurrency cap) of the first refusing limit.",
+		Help: "Refused requests, by the scope name, kind (requests, tokens, input_tokens, output_tokens, burst, too_large, concurrency, budget) and window (minute, day, or a budget's day, month; empty for a bucket or a concurrency cap) of the first refusing limit.",
 	}, []string{"scope", "kind", "window"})
 	refusalsCachedTotal = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "refusals_cached_total",
@@ -61,6 +61,18 @@ var (
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "request_body_bytes",
 		Help: "Memory held by the request bodies the limiter is reading in this process (body_memory caps it).",
 	}, func() float64 { return float64(bodiesHeld.bytesHeld()) })
+	spendReservedTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "spend_reserved_nanodollars_total",
+		Help: "Nano-dollars (1e-9 USD) reserved on budgets by admitted requests, by the price entry that priced them (its configured name).",
+	}, []string{"price"})
+	spendChargedTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "spend_charged_nanodollars_total",
+		Help: "Nano-dollars (1e-9 USD) charged to budgets for responses and realtime sessions (a settled reservation counts what it finally charged), by price entry.",
+	}, []string{"price"})
+	spendReturnedTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "spend_returned_nanodollars_total",
+		Help: "Nano-dollars (1e-9 USD) of reservations given back when responses settled below them, by price entry.",
+	}, []string{"price"})
 	slotsHeld = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "slots_held",
 		Help: "Slots of caps on requests in flight that this process holds (its requests in flight under them), by the scope name of the cap.",
@@ -79,7 +91,9 @@ const (
 	// A scope's header sent twice, or two credentials: 400.
 	outcomeRefusedAmbiguousScope = "refused_ambiguous_scope"
 	// No room under body_memory: 503.
-	outcomeRefusedBodyMemory  = "refused_body_memory"
+	outcomeRefusedBodyMemory = "refused_body_memory"
+	// Under a budget, a model without a price: 400.
+	outcomeRefusedNoPrice     = "refused_no_price"
 	outcomeFailedOpen         = "failed_open"
 	outcomeFailedClosed       = "failed_closed"
 	outcomeRefusedConnections = "refused_connections"
@@ -87,7 +101,7 @@ const (
 
 // registerMetrics registers the process's collectors in a config's registry.
 func registerMetrics(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{admissionsTotal, refusalsTotal, refusalsCachedTotal, tokensChargedTotal, tokensReservedTotal, tokensReturnedTotal, unmeteredTotal, usageClampedTotal, redisDuration, redisErrorsTotal, sessionsOpen, requestBodyBytes, slotsHeld, memoryCounters} {
+	for _, c := range []prometheus.Collector{admissionsTotal, refusalsTotal, refusalsCachedTotal, tokensChargedTotal, tokensReservedTotal, tokensReturnedTotal, spendReservedTotal, spendChargedTotal, spendReturnedTotal, unmeteredTotal, usageClampedTotal, redisDuration, redisErrorsTotal, sessionsOpen, requestBodyBytes, slotsHeld, memoryCounters} {
 		if err := reg.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return err
 		}

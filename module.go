@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"cmp"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"regexp"
 	"slices"
@@ -13,6 +14,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
+
+	"github.com/rolter/caddy-ratelimit/internal/pricing"
 )
 
 func init() {
@@ -152,8 +155,28 @@ type Handler struct {
 	// long the request lasts. Default 30s; at least 1s.
 	SlotLease caddy.Duration `json:"slot_lease,omitempty"`
 
+	// Prices are the prices of models in US dollars per million tokens,
+	// which spend budgets (BudgetDay, BudgetMonth) count requests at. An
+	// entry here beats PriceFile's of the same name.
+	Prices []PriceConfig `json:"prices,omitempty"`
+
+	// PriceFile is a file of prices in the format of LiteLLM's
+	// model_prices_and_context_window.json, read when the config loads (a
+	// reload reads it again). Of each entry, only its per-token prices are
+	// read: input_cost_per_token, output_cost_per_token,
+	// cache_read_input_token_cost, cache_creation_input_token_cost,
+	// output_cost_per_reasoning_token, input_cost_per_audio_token and
+	// output_cost_per_audio_token; an entry priced in none of the first
+	// two is left out. Placeholders such as {env.PRICES} are resolved.
+	PriceFile string `json:"price_file,omitempty"`
+
+	// BudgetTimezone is the IANA time zone (Europe/Paris) whose calendar
+	// days and months the budgets cover; default UTC.
+	BudgetTimezone string `json:"budget_timezone,omitempty"`
+
 	store   store
-	release func() error // gives the store back to its pool
+	prices  *pricing.Table // Prices and PriceFile
+	release func() error   // gives the store back to its pool
 	limits  map[string]scopeLimits
 	// scopeHeaders is, per scope, the request header its value names when
 	// the value is that one placeholder (scopeHeader), else "".
@@ -244,6 +267,39 @@ type LimitConfig struct {
 	// session counting for its whole life; 0 or absent: no cap. A request
 	// refused by it is answered without a wait (none is known).
 	Concurrent int64 `json:"concurrent,omitempty"`
+	// BudgetDay caps what the id spends per calendar day, in US dollars:
+	// a positive decimal such as 20 or 2.50, exact to the nano-dollar, of
+	// at most 1000000. Requests are priced by Prices and PriceFile (a
+	// request whose model has no price is refused). Absent: no cap.
+	BudgetDay json.Number `json:"budget_day,omitempty"`
+	// BudgetMonth caps what the id spends per calendar month, likewise.
+	BudgetMonth json.Number `json:"budget_month,omitempty"`
+}
+
+// PriceConfig is the price of a model, of every model whose name starts
+// with a prefix ("claude-sonnet-4*"), or of every model ("*"), in US
+// dollars per million tokens: non-negative decimals such as 2.50 or 0.075.
+type PriceConfig struct {
+	// Model is the model name as requests give it, a prefix ending in
+	// '*', or "*"; an exact name beats a prefix, the longest prefix
+	// wins, and "*" comes last. Names are compared byte for byte.
+	Model string `json:"model"`
+	// Input is the price of input tokens served from no cache.
+	Input json.Number `json:"input"`
+	// Output is the price of output tokens, reasoning included.
+	Output json.Number `json:"output"`
+	// CacheRead is the price of input tokens read from a prompt cache;
+	// absent: the input price.
+	CacheRead json.Number `json:"cache_read,omitempty"`
+	// CacheWrite is the price of input tokens written to a prompt cache;
+	// absent: the input price.
+	CacheWrite json.Number `json:"cache_write,omitempty"`
+}
+
+// entry is the price as the pricing table holds it; its error says what
+// is wrong with it.
+func (p PriceConfig) entry() (pricing.Entry, error) {
+	return pricing.Inline(p.Model, string(p.Input), string(p.Output), string(p.CacheRead), string(p.CacheWrite))
 }
 
 // scopeLimits are the caps of one scope: per id (as stored), per id prefix
@@ -307,6 +363,13 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.readsModel = h.readsModel || strings.Contains(s.Value, "{"+placeholderModel+"}")
 		h.readsAPIKey = h.readsAPIKey || strings.Contains(s.Value, "{"+placeholderAPIKey+"}")
 	}
+	if err := h.loadPrices(repl); err != nil {
+		return err
+	}
+	calendar, err := calendarOf(h.BudgetTimezone)
+	if err != nil {
+		return err
+	}
 	h.limits = make(map[string]scopeLimits)
 	effective := make([]string, 0, len(h.Limits)) // for the log, ids as stored
 	for _, lc := range h.Limits {
@@ -316,6 +379,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return err
 		}
 		caps.concurrent.leaseMillis = h.slotLease().Milliseconds()
+		if caps.budgets.max != [numBudgetPeriods]int64{} {
+			caps.budgets.calendar = calendar
+		}
 		id := "*"
 		raw, err := lc.resolvedID(repl)
 		if err != nil {
@@ -342,7 +408,6 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.configuredFamilies = parseHeaderFamilies(h.Headers)
 
-	var err error
 	if h.Redis != nil {
 		h.store, h.release, err = acquireRedisStore(h.Redis.resolved(repl), h.timeout())
 	} else {
@@ -354,6 +419,41 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	liveHandlers.add(h)
 	h.logger.Info("rate limits loaded", zap.Strings("chain", h.scopeNames()), zap.Strings("limits", effective), zap.Bool("redis", h.Redis != nil))
 	return nil
+}
+
+// loadPrices builds the pricing table from Prices and PriceFile (its path
+// resolved with repl).
+func (h *Handler) loadPrices(repl *caddy.Replacer) error {
+	if len(h.Prices) == 0 && h.PriceFile == "" {
+		return nil
+	}
+	inline, err := h.inlinePrices()
+	if err != nil {
+		return err
+	}
+	var file []pricing.Entry
+	if h.PriceFile != "" {
+		if file, err = pricing.LoadLiteLLM(repl.ReplaceKnown(h.PriceFile, "")); err != nil {
+			return err
+		}
+	}
+	h.prices, err = pricing.NewTable(inline, file)
+	return err
+}
+
+// inlinePrices are the entries of Prices; the error says what is wrong
+// with one, or that two have the same name.
+func (h *Handler) inlinePrices() ([]pricing.Entry, error) {
+	inline := make([]pricing.Entry, len(h.Prices))
+	for i, p := range h.Prices {
+		e, err := p.entry()
+		if err != nil {
+			return nil, err
+		}
+		inline[i] = e
+	}
+	_, err := pricing.NewTable(inline, nil)
+	return inline, err
 }
 
 func (h *Handler) slotLease() time.Duration {
@@ -436,6 +536,19 @@ func (h *Handler) Validate() error {
 	if h.ReserveOutput < 0 {
 		return fmt.Errorf("reserve_output must be a positive number of tokens, not %d", h.ReserveOutput)
 	}
+	budgets := false
+	for _, l := range h.Limits {
+		budgets = budgets || l.BudgetDay != "" || l.BudgetMonth != ""
+	}
+	if budgets && len(h.Prices) == 0 && h.PriceFile == "" {
+		return errors.New("a limit has a budget, but no price is given (price lines or a prices file): every request under it would be refused")
+	}
+	if _, err := h.inlinePrices(); err != nil {
+		return err
+	}
+	if _, err := calendarOf(h.BudgetTimezone); err != nil {
+		return err
+	}
 	if h.SlotLease != 0 && time.Duration(h.SlotLease) < minSlotLease {
 		return fmt.Errorf("slot_lease must be at least %s, not %s", minSlotLease, time.Duration(h.SlotLease))
 	}
@@ -478,8 +591,8 @@ func (l LimitConfig) validate() error {
 			return fmt.Errorf("limit for scope %q id %q: %s must be a positive integer of at most %d, not %d", l.Scope, l.ID, windowKind(k), int64(maxCap), n)
 		}
 	}
-	if l.windowCaps() == (windowCaps{}) && l.Rate == "" && l.Burst == 0 && l.Cost == 0 && l.Concurrent == 0 {
-		return fmt.Errorf("limit for scope %q id %q sets no cap: give rpm, tpm, itpm, otpm, rpd, tpd, itpd, otpd, rate and burst, or concurrent", l.Scope, l.ID)
+	if l.windowCaps() == (windowCaps{}) && l.Rate == "" && l.Burst == 0 && l.Cost == 0 && l.Concurrent == 0 && l.BudgetDay == "" && l.BudgetMonth == "" {
+		return fmt.Errorf("limit for scope %q id %q sets no cap: give rpm, tpm, itpm, otpm, rpd, tpd, itpd, otpd, rate and burst, concurrent, budget_day or budget_month", l.Scope, l.ID)
 	}
 	_, err := l.caps()
 	return err
@@ -524,11 +637,24 @@ func (l LimitConfig) windowCaps() (w windowCaps) {
 	return w
 }
 
-// caps reads the limit's caps, their slots' lease aside; its error is a
-// configuration mistake.
+// caps reads the limit's caps, their slots' lease and their budgets'
+// calendar aside; its error is a configuration mistake.
 func (l LimitConfig) caps() (limitCaps, error) {
 	caps := windowLimitCaps(l.windowCaps())
 	caps.concurrent.max = l.Concurrent
+	for p, usd := range [numBudgetPeriods]json.Number{budgetDay: l.BudgetDay, budgetMonth: l.BudgetMonth} {
+		if usd == "" {
+			continue
+		}
+		budget, err := pricing.ParseBudget(string(usd))
+		if err == nil && budget == 0 {
+			err = errors.New("a budget of 0 would refuse every request")
+		}
+		if err != nil {
+			return caps, fmt.Errorf("limit for scope %q id %q: %s: %v", l.Scope, l.ID, budgetPeriod(p).capName(), err)
+		}
+		caps.budgets.max[p] = budget
+	}
 	switch {
 	case l.Rate == "" && l.Burst == 0 && l.Cost == 0:
 		return caps, nil

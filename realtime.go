@@ -11,6 +11,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/rolter/caddy-ratelimit/internal/pricing"
 	"github.com/rolter/caddy-ratelimit/internal/usage"
 )
 
@@ -141,25 +142,33 @@ func (h *Handler) serveSession(w http.ResponseWriter, req *request, next caddyht
 	if len(chain) == 0 {
 		return next.ServeHTTP(w, req.Request)
 	}
+	var price *pricing.Entry
+	if budgeted(chain) {
+		// The Realtime API names the session's model in the query.
+		if price, refused = h.price(req.URL.Query().Get("model")); refused != nil {
+			return h.answer(w, req, *refused)
+		}
+	}
 	return h.admitOrAnswer(w, req, chain, tokenCounts{}, chainMetersTokens(chain), next, func(rw *responseWriter, d decision) error {
 		removeDeflateOffer(req.Header)
 		rw.tap = usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{}))
-		stop := h.meterSession(rw.tap, chain)
+		stop := h.meterSession(rw.tap, chain, price)
 		defer func() {
 			stop()
 			if rw.wroteHeader { // a final status: no switch of protocols
 				h.store.hold()
-				h.meterResponse(rw, chain, d)
+				h.meterResponse(rw, chain, d, price)
 			}
 		}()
 		return next.ServeHTTP(rw, req.Request)
 	})
 }
 
-// meterSession charges a session's tokens every flush interval and once more
-// when the returned stop is called at the session's end, and then releases
-// the store that ServeHTTP held for it: a session outlives config reloads.
-func (h *Handler) meterSession(tap *usage.RealtimeTap, chain []limit) (stop func()) {
+// meterSession charges a session's tokens, and with a price what they cost,
+// every flush interval and once more when the returned stop is called at
+// the session's end, and then releases the store that ServeHTTP held for
+// it: a session outlives config reloads.
+func (h *Handler) meterSession(tap *usage.RealtimeTap, chain []limit, price *pricing.Entry) (stop func()) {
 	done := make(chan struct{})
 	go func() {
 		defer h.store.release()
@@ -169,9 +178,9 @@ func (h *Handler) meterSession(tap *usage.RealtimeTap, chain []limit) (stop func
 		for {
 			select {
 			case <-t.C:
-				clamped = h.chargeTaken(tap, chain, clamped)
+				clamped = h.chargeTaken(tap, chain, price, clamped)
 			case <-done:
-				h.chargeTaken(tap, chain, clamped)
+				h.chargeTaken(tap, chain, price, clamped)
 				if n := tap.Unmetered(); n > 0 {
 					unmeteredTotal.WithLabelValues("realtime_message").Add(float64(n))
 					h.logger.Debug("realtime messages not metered", zap.Int64("messages", n), zap.String("scope", chain[0].scope), zap.String("id", chain[0].id))
@@ -185,8 +194,8 @@ func (h *Handler) meterSession(tap *usage.RealtimeTap, chain []limit) (stop func
 
 // chargeTaken charges what the session's responses reported since the last
 // take, and counts the responses the tap clamped since clamped of them.
-func (h *Handler) chargeTaken(tap *usage.RealtimeTap, chain []limit, clamped int64) int64 {
-	h.chargeSession(chain, tokensOf(tap.Take()))
+func (h *Handler) chargeTaken(tap *usage.RealtimeTap, chain []limit, price *pricing.Entry, clamped int64) int64 {
+	h.chargeSession(chain, tokensOf(tap.Take(), price), price)
 	n := tap.Clamped()
 	if n > clamped {
 		h.usageClamped(chain, "realtime_response", n-clamped)

@@ -58,7 +58,7 @@ func tapSession() ([]byte, usage.Usage) {
 // doneUsage is what n usagetest.Done events of total tokens in all report:
 // each has 1 input token and 2 output tokens.
 func doneUsage(total, n int64) usage.Usage {
-	return usage.Usage{Total: total, Input: n, Output: 2 * n}
+	return usage.Usage{Total: total, Input: n, Output: 2 * n, UncachedInput: n}
 }
 
 // onlyReader hides a reader's WriterTo, as reverse_proxy's upstream body does

@@ -1,27 +1,44 @@
 package ratelimit
 
-import "fmt"
+import (
+	"fmt"
+	"time"
+
+	"github.com/rolter/caddy-ratelimit/internal/pricing"
+)
 
 // refusal describes why a request was refused.
 type refusal struct {
-	first      int        // index in the chain of the first refusing limit
-	kind       kind       // what that limit refused on
-	window     windowKind // the window that refused, unless kind is burst
-	capacity   int64      // its cap
-	waitMillis int64      // until every refusing limit would admit, absent traffic
+	first      int          // index in the chain of the first refusing limit
+	kind       kind         // what that limit refused on
+	window     windowKind   // the window that refused, if kind counts in one
+	budget     budgetPeriod // the budget that refused, if kind is budget
+	capacity   int64        // its cap (a budget's in nano-dollars)
+	waitMillis int64        // until every refusing limit would admit, absent traffic
 	// untilFreed: a concurrency cap refuses, which admits again only once
-	// a request in flight ends: no wait is known.
-	untilFreed bool
+	// a request in flight ends: no wait is known, unless a budget refuses
+	// too (exhausted), which admits nothing before it renews.
+	untilFreed, exhausted bool
+	// A refusing budget's period: what it holds spent and reserved, and
+	// when it renews (unix milliseconds).
+	used, renewsAt int64
 }
 
-// windowName is the span of the refusing window, "" for a bucket or a
-// concurrency cap.
+// windowName is the span of the refusing window, or the period of the
+// refusing budget; "" for a bucket or a concurrency cap.
 func (r refusal) windowName() string {
-	if r.kind == burst || r.kind == concurrency {
+	switch r.kind {
+	case burst, concurrency:
 		return ""
+	case budget:
+		return r.budget.String()
 	}
 	return spans[r.window.span()].name
 }
+
+// knowsWait reports whether the refusal knows when its request would be
+// admitted.
+func (r refusal) knowsWait() bool { return !r.untilFreed || r.exhausted }
 
 // refusalOf finds the first refusing limit and the wait until the last of the
 // refusing limits releases, so that a client that waits Retry-After is not
@@ -52,6 +69,19 @@ func refusalOf(chain []limit, d decision) refusal {
 			}
 			ref.untilFreed = true
 		}
+		c, calendar := d.counts[i], l.budgets.calendar
+		for p, b := range l.eachBudget {
+			if fitsBudget(c.spent[p], c.reserved[p], b, d.reserve.cost) {
+				continue
+			}
+			renewsIn := calendar.renewsIn(p, d.now)
+			if ref.first < 0 {
+				ref.first, ref.kind, ref.budget, ref.capacity = i, budget, p, b
+				ref.used, ref.renewsAt = c.spent[p]+c.reserved[p], d.now.unixMillis+renewsIn
+			}
+			ref.exhausted = true
+			ref.waitMillis = max(ref.waitMillis, renewsIn)
+		}
 	}
 	return ref
 }
@@ -69,6 +99,11 @@ func (r refusal) message(chain []limit) string {
 	scope := chain[r.first].scope
 	var reached string
 	switch r.kind {
+	case budget:
+		l := chain[r.first]
+		renews := time.UnixMilli(r.renewsAt).In(l.budgets.calendar.loc).Format(time.RFC3339)
+		return fmt.Sprintf("Budget reached for %s: $%s per %s, of which $%s is spent or reserved. It renews at %s (%s); please try again then.",
+			scope, pricing.FormatUSD(r.capacity), r.budget, pricing.FormatUSD(r.used), renews, l.budgets.calendar.name)
 	case concurrency:
 		reached = fmt.Sprintf("Concurrency limit reached for %s: %d requests in flight.", scope, r.capacity)
 	case burst:
@@ -79,7 +114,7 @@ func (r refusal) message(chain []limit) string {
 		reached = fmt.Sprintf("Rate limit reached for %s: limit %d %s (%s per %s).",
 			scope, r.capacity, r.window.unit(), r.window.noun(), spans[r.window.span()].name)
 	}
-	if r.untilFreed {
+	if !r.knowsWait() {
 		return reached + " Please try again once a request in flight has ended."
 	}
 	return fmt.Sprintf("%s Please try again in %ds.", reached, r.retryAfterSeconds())

@@ -4,6 +4,7 @@ import (
 	"cmp"
 
 	"github.com/rolter/caddy-ratelimit/internal/llmapi"
+	"github.com/rolter/caddy-ratelimit/internal/pricing"
 	"github.com/rolter/caddy-ratelimit/internal/tokenest"
 )
 
@@ -25,23 +26,47 @@ func (h *Handler) reserving() bool { return h.ReserveTokens == nil || *h.Reserve
 func (h *Handler) reserveOutput() int64 { return cmp.Or(h.ReserveOutput, defaultReserveOutput) }
 
 // tooLargeFor is the limit of a chain (its index; -1 for none), and its
-// window, that a reservation alone exceeds.
+// window or its budget, that a reservation alone exceeds.
 type tooLargeFor struct {
-	limit  int
-	window windowKind
+	limit      int
+	window     windowKind
+	overBudget bool // a budget, not a window
+	budget     budgetPeriod
 }
 
-// reservation is what the request of the call with body (nil when it was not
-// read; the estimate of what was read when it is longer than that) reserves on the token windows of chain (its input on input caps,
-// its output on output caps, both on tpm and tpd), and the first window
-// that this alone exceeds, if any. A request that names no output cap
-// reserves the default for it, and at most each cap of chain: it is never
-// too large because of the default.
-func (h *Handler) reservation(call llmapi.Call, body requestBody, chain []limit) (tokenCounts, tooLargeFor) {
+// reservation is what the request of the call with body (nil when it was
+// not read; the estimate of what was read when it is longer than that)
+// reserves on the token windows of chain (its input on input caps, its
+// output on output caps, both on tpm and tpd), and the first window that
+// this alone exceeds, if any. A request that names no output cap reserves
+// the default for it, and at most each token cap of chain: it is never too
+// large for a window because of the default. With a price (its chain has
+// budgets), it reserves on them the most its estimated input and its output
+// may cost (pricing.MaxCost), and a budget that this alone exceeds is the
+// one it is too large for.
+func (h *Handler) reservation(call llmapi.Call, body requestBody, chain []limit, price *pricing.Entry) (tokenCounts, tooLargeFor) {
 	est := tokenest.Of(call, body.bytes)
 	if !body.complete {
 		est = tokenest.OfPrefix(call, body.bytes)
 	}
+	r, over := h.tokenReservation(est, chain)
+	if price == nil || over.limit >= 0 {
+		return r, over
+	}
+	r.cost = pricing.MaxCost(price.Price, est.Input, r.output)
+	for i, l := range chain {
+		for p, b := range l.eachBudget {
+			if r.cost > b {
+				return r, tooLargeFor{limit: i, overBudget: true, budget: p}
+			}
+		}
+	}
+	return r, over
+}
+
+// tokenReservation is what a request of estimate est reserves on the token
+// windows of chain, and the first window this alone exceeds, if any.
+func (h *Handler) tokenReservation(est tokenest.Estimate, chain []limit) (tokenCounts, tooLargeFor) {
 	in, out := est.Input, est.Output
 	if !est.Capped {
 		out = h.reserveOutput()
@@ -66,7 +91,7 @@ func (h *Handler) reservation(call llmapi.Call, body requestBody, chain []limit)
 	for i, l := range chain {
 		for k, c := range l.each {
 			if kd := k.kind(); kd != requests && r.of(kd) > c {
-				return r, tooLargeFor{i, k}
+				return r, tooLargeFor{limit: i, window: k}
 			}
 		}
 	}

@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math/bits"
@@ -102,8 +103,9 @@ func (c *scriptCall) add(chain []limit, reserve tokenCounts) bool {
 
 // keys declares every key admit.lua touches: per limit and window it caps,
 // the current period and the previous one; then its token bucket; then its
-// slots; then the key of each charge, minute ones first: the current
-// period, or a settlement's own; then the slots key of each limit freed.
+// slots; then its budgets' spent and reserved keys; then the key of each
+// charge, by charge class: the current period, or a settlement's own; then
+// the slots key of each limit freed.
 func (c *scriptCall) keys(atMinute int64) []string {
 	keys := make([]string, 0, 4*len(c.limits)+c.charges.count()+len(c.frees.limits))
 	// Each span's current and previous period, formatted once per call.
@@ -122,12 +124,19 @@ func (c *scriptCall) keys(atMinute int64) []string {
 		if l.concurrent.max > 0 {
 			keys = append(keys, slotsKey(l))
 		}
+		for p := range l.eachBudget {
+			s := l.budgets.calendar.span(p, atMinute)
+			keys = append(keys, s.key(l.prefix, p, false), s.key(l.prefix, p, true))
+		}
 	}
-	for _, spanKeys := range c.charges.keys {
-		for _, k := range spanKeys {
-			if k.period == 0 {
+	for _, classKeys := range c.charges.keys {
+		for _, k := range classKeys {
+			switch {
+			case k.calendar != nil:
+				keys = append(keys, k.calendar.span(k.budget, cmp.Or(k.period, atMinute)).key(k.prefix, k.budget, k.reserved))
+			case k.period == 0:
 				keys = append(keys, k.prefix+k.window.keyName()+":"+names[k.window.span()][0])
-			} else {
+			default:
 				keys = append(keys, periodKey(k.prefix, k.window, k.period))
 			}
 		}
@@ -162,12 +171,15 @@ func (c *scriptCall) args(clock string, atMinute int64, peek bool, holder string
 		}
 	}
 	caps, capsOf := c.distinctCaps()
-	args := make([]any, 0, 10+c.charges.count()+len(c.frees.slots)+5*len(caps)+4*len(c.chains))
-	args = append(args, clock, hexArg(atMinute), mode, hexArg(int64(len(c.limits))),
-		hexArg(int64(len(c.charges.keys[minute]))), hexArg(int64(len(c.charges.keys[day]))), hexArg(int64(len(caps))),
-		hexArg(int64(len(c.frees.slots))), holder)
-	for _, spanTokens := range c.charges.tokens {
-		for _, n := range spanTokens {
+	costs := reserving && slices.ContainsFunc(caps, func(l limitCaps) bool { return l.budgets.max != [numBudgetPeriods]int64{} })
+	args := make([]any, 0, 12+c.charges.count()+len(c.frees.slots)+7*len(caps)+5*len(c.chains))
+	args = append(args, clock, hexArg(atMinute), mode, hexArg(int64(len(c.limits))))
+	for _, classKeys := range c.charges.keys {
+		args = append(args, hexArg(int64(len(classKeys))))
+	}
+	args = append(args, hexArg(int64(len(caps))), hexArg(int64(len(c.frees.slots))), holder)
+	for _, classAmounts := range c.charges.amounts {
+		for _, n := range classAmounts {
 			args = append(args, strconv.FormatInt(n, 10))
 		}
 	}
@@ -187,6 +199,7 @@ func (c *scriptCall) args(clock string, atMinute int64, peek bool, holder string
 		if l.concurrent.max > 0 {
 			args = append(args, hexArg(l.concurrent.leaseMillis))
 		}
+		args = append(args, hexArg(l.budgets.max[budgetDay]), hexArg(l.budgets.max[budgetMonth]))
 	}
 	args = append(args, capsOf)
 	for m, chain := range c.chains {
@@ -195,6 +208,9 @@ func (c *scriptCall) args(clock string, atMinute int64, peek bool, holder string
 			args = append(args, hexArg(r.total), hexArg(r.input), hexArg(r.output))
 		case reserving:
 			args = append(args, hexArg(r.total))
+		}
+		if costs {
+			args = append(args, hexArg(c.reserves[m].cost))
 		}
 		args = append(args, chain)
 	}
@@ -231,6 +247,9 @@ func (c *scriptCall) decode(reply []int64, charged bool) ([]decision, error) {
 		if l.concurrent.max > 0 {
 			want++
 		}
+		for range l.eachBudget {
+			want += 2
+		}
 	}
 	if len(reply) != want || reply[0] != 1 {
 		return nil, fmt.Errorf("%w: admission reply of %d values for %d admissions of %d limits", errBadReply, len(reply), k, n)
@@ -246,6 +265,9 @@ func (c *scriptCall) decode(reply []int64, charged bool) ([]decision, error) {
 		state[i].deficit, r = r[0], r[1:]
 		if l.concurrent.max > 0 {
 			state[i].slots, r = r[0], r[1:]
+		}
+		for p := range l.eachBudget {
+			state[i].spent[p], state[i].reserved[p], r = r[0], r[1], r[2:]
 		}
 	}
 	ds := make([]decision, k)
@@ -273,48 +295,99 @@ func (c *scriptCall) decode(reply []int64, charged bool) ([]decision, error) {
 func hexArg(n int64) string { return strconv.FormatInt(n, 16) }
 
 // chargeCall is what one call charges: tokens per period of a token window,
-// summed over the charges of a batch. A sum of settlements that is negative
-// gives back at most what the period holds.
+// and nano-dollars per period of a budget, spent or reserved, summed over
+// the charges of a batch. A sum of settlements that is negative gives back
+// at most what the period holds.
 type chargeCall struct {
-	keys     [2][]chargeKey // by span: the script takes the minute ones first
-	tokens   [2][]int64
-	position map[chargeKey]int // index in keys[its span]
+	keys     [numChargeClasses][]chargeKey // the script takes them class by class
+	amounts  [numChargeClasses][]int64
+	position map[chargeKey]int // index in keys[its class]
 }
 
-// chargeKey is the period of a limit's token window: period 0 is the call's
-// current one.
+// chargeClass is what a charged key counts, which decides how long it
+// lives: the period of a minute window or of a day window, or a budget's
+// day or month.
+type chargeClass uint8
+
+const (
+	minuteWindowCharge chargeClass = iota
+	dayWindowCharge
+	dayBudgetCharge
+	monthBudgetCharge
+	numChargeClasses
+)
+
+// chargeKey is a counter a call charges: the period of a limit's token
+// window, or, with a calendar, of a budget's spent or reserved count.
+// Period 0 is the call's current one; a budget's period is named by any
+// minute period in it.
 type chargeKey struct {
-	prefix string
-	window windowKind
-	period int64
+	prefix   string
+	window   windowKind
+	calendar *calendar
+	budget   budgetPeriod
+	reserved bool
+	period   int64
 }
 
-// add adds what ch changes in chain's windows at now, by the gateway's clock
-// (when Redis's clock is already further, the script writes a period that
-// no admission reads any more, and which expires).
+func (k chargeKey) class() chargeClass {
+	if k.calendar != nil {
+		return dayBudgetCharge + chargeClass(k.budget)
+	}
+	return chargeClass(k.window.span())
+}
+
+// add adds what ch changes in chain's windows and budgets at now, by the
+// gateway's clock (when Redis's clock is already further, the script
+// writes a period that no admission reads any more, and which expires).
 func (c *chargeCall) add(chain []limit, ch charge, now moment) {
 	for _, l := range chain {
 		for k := range l.each {
-			if k.kind() == requests || !ch.settles(k, now) {
+			if k.kind() != requests && ch.settles(k, now) {
+				c.addTo(chargeKey{prefix: l.prefix, window: k, period: ch.periodIn(k.span())}, ch.tokens.of(k.kind()))
+			}
+		}
+		for p := range l.eachBudget {
+			if !ch.settlesBudget(l.budgets.calendar, p, now) {
 				continue
 			}
-			key, s := chargeKey{l.prefix, k, ch.periodIn(k.span())}, k.span()
-			i, ok := c.position[key]
-			if !ok {
-				if c.position == nil {
-					c.position = make(map[chargeKey]int)
-				}
-				i = len(c.keys[s])
-				c.position[key] = i
-				c.keys[s], c.tokens[s] = append(c.keys[s], key), append(c.tokens[s], 0)
+			key := chargeKey{prefix: l.prefix, calendar: l.budgets.calendar, budget: p}
+			if ch.minute != 0 { // named by its first minute, so that settlements of a period are summed
+				key.period = floorDiv(l.budgets.calendar.span(p, ch.minute).start, minuteMillis)
 			}
-			c.tokens[s][i] += ch.tokens.of(k.kind())
+			if ch.tokens.cost != 0 {
+				c.addTo(key, ch.tokens.cost)
+			}
+			if key.reserved = true; ch.unreserve != 0 {
+				c.addTo(key, -ch.unreserve)
+			}
 		}
 	}
 }
 
-// count is how many periods the call charges.
-func (c *chargeCall) count() int { return len(c.keys[minute]) + len(c.keys[day]) }
+// addTo adds n to what the call adds to key.
+func (c *chargeCall) addTo(key chargeKey, n int64) {
+	class := key.class()
+	i, ok := c.position[key]
+	if !ok {
+		if c.position == nil {
+			c.position = make(map[chargeKey]int)
+		}
+		i = len(c.keys[class])
+		c.position[key] = i
+		c.keys[class], c.amounts[class] = append(c.keys[class], key), append(c.amounts[class], 0)
+	}
+	c.amounts[class][i] += n
+}
+
+// count is how many counters the call charges.
+func (c *chargeCall) count() int {
+	n := 0
+	for _, keys := range c.keys {
+		n += len(keys)
+	}
+	return n
+}
 
 // scriptItem is one request's part of a call of admit.lua: its admission
 // (and its reservation); or, once it has ended, the token charge of its

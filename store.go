@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+
+	"github.com/rolter/caddy-ratelimit/internal/pricing"
 )
 
 // store keeps the counters. Both implementations (Redis and in-process) pass
@@ -19,12 +21,13 @@ type store interface {
 	// step: admitted only if every window of every limit fits (a token
 	// window fits while its estimate plus the part of reserve it counts is
 	// within it; without a reservation, while the estimate is below it),
-	// every bucket, and every concurrency cap has a slot free; then charged
-	// one request on every request window, its cost on every bucket,
-	// reserve on every token window (its total on tpm and tpd, its input on
-	// itpm and itpd, its output on otpm and otpd) and one slot of every
-	// concurrency cap, which free gives back; refused and charged nothing
-	// otherwise. A refusal says why, and may come from the store's own
+	// every bucket, every concurrency cap has a slot free, and every budget
+	// has room for reserve's cost (budget.go); then charged one request on
+	// every request window, its cost on every bucket, reserve on every
+	// token window (its total on tpm and tpd, its input on itpm and itpd,
+	// its output on otpm and otpd), one slot of every concurrency cap, which
+	// free gives back, and reserve's cost on what every budget holds
+	// reserved; refused and charged nothing otherwise. A refusal says why, and may come from the store's own
 	// record of what it refused (the Redis store's refusal cache) without
 	// asking its backend.
 	admit(ctx context.Context, chain []limit, reserve tokenCounts) (admission, error)
@@ -40,8 +43,8 @@ type store interface {
 	refusedUnread(chain []limit) (admission, bool)
 	// peek reads the chain's counters as admit would, and charges nothing.
 	peek(ctx context.Context, chain []limit) (decision, error)
-	// charge charges c to every token window of chain, without making its
-	// caller wait: done gets the outcome, once, from another goroutine or
+	// charge charges c to every token window and budget of chain, without
+	// making its caller wait: done gets the outcome, once, from another goroutine or
 	// before charge returns. It is never replayed: a double charge would
 	// outlive the failure.
 	charge(chain []limit, c charge, done func(error))
@@ -64,16 +67,20 @@ type storeDescription struct {
 	tagged bool
 }
 
-// charge is tokens added to the token windows after a response: a reactive
-// charge in the current periods, or a settlement, which replaces a
-// reservation by the usage reported and goes in the periods the reservation
-// was made in: tokens are then the difference, and may be negative. A
-// settlement never takes a counter below zero, and changes nothing in a
-// window whose period it is out of (older than the previous minute, or
-// the previous day).
+// charge is tokens added to the token windows after a response, and its
+// cost to the budgets: a reactive charge in the current periods, or a
+// settlement, which replaces a reservation by the usage reported and goes
+// in the periods the reservation was made in: tokens are then the
+// difference, and may be negative, and the reserved cost is taken back
+// from the budgets' reservations (unreserve) as the cost is added to what
+// they hold spent. A settlement never takes a counter below zero, and
+// changes nothing in a window whose period it is out of (older than the
+// previous minute, or the previous day), nor in a budget period that has
+// ended.
 type charge struct {
-	tokens tokenCounts
-	minute int64 // the reservation's minute period (unix_seconds / 60), and its day; 0: the current ones
+	tokens    tokenCounts // tokens.cost is added to what the budgets hold spent
+	unreserve int64       // nano-dollars the budgets hold reserved for the request
+	minute    int64       // the reservation's minute period (unix_seconds / 60), and its day; 0: the current ones
 }
 
 // settles reports whether c changes a counter of window k at now: it has
@@ -90,6 +97,11 @@ func (c charge) changes(chain []limit, now moment) bool {
 	for _, l := range chain {
 		for k := range l.each {
 			if k.kind() != requests && c.settles(k, now) {
+				return true
+			}
+		}
+		for p := range l.eachBudget {
+			if c.settlesBudget(l.budgets.calendar, p, now) {
 				return true
 			}
 		}
@@ -167,14 +179,17 @@ type limitCaps struct {
 	capped     uint8 // bit k: windows[k] is capped
 	bucket     tokenBucket
 	concurrent concurrencyCap
+	budgets    budgetCaps
 }
 
 // windowLimitCaps are the caps of windows w, without a bucket.
 func windowLimitCaps(w windowCaps) limitCaps { return limitCaps{windows: w, capped: w.mask()} }
 
-// capsTokens reports whether a token window is capped: the request's usage
-// is then metered.
-func (c *limitCaps) capsTokens() bool { return c.capped&^(1<<rpm|1<<rpd) != 0 }
+// meters reports whether a token window or a budget is capped: the
+// request's usage is then metered.
+func (c *limitCaps) meters() bool {
+	return c.capped&^(1<<rpm|1<<rpd) != 0 || c.budgets.max != [numBudgetPeriods]int64{}
+}
 
 // each yields the windows the limit caps, in windowKind order, with their
 // caps: most limits cap two of the eight, and a request walks them a few
@@ -203,6 +218,12 @@ func (c limitCaps) describe(name string) string {
 	if c.concurrent.max > 0 {
 		fmt.Fprintf(&s, " concurrent %d", c.concurrent.max)
 	}
+	for p, budget := range c.eachBudget {
+		fmt.Fprintf(&s, " %s %s", p.capName(), pricing.FormatUSD(budget))
+	}
+	if c.budgets.calendar != nil {
+		fmt.Fprintf(&s, " (%s)", c.budgets.calendar.name)
+	}
 	return s.String()
 }
 
@@ -224,6 +245,9 @@ type counts struct {
 	w       [numWindows]window // by windowKind; only the capped ones are read
 	deficit int64              // the bucket's, refilled to the store's clock
 	slots   int64              // the concurrency cap's slots held, by every holder
+	// spent and reserved are each budget's, in its current period, by
+	// budgetPeriod.
+	spent, reserved [numBudgetPeriods]int64
 }
 
 // decision is what a store answers to an admission.
@@ -236,14 +260,16 @@ type decision struct {
 	reserve tokenCounts
 }
 
-// size is what an admission of d adds to a window of kind k.
+// size is what an admission of d adds to a counter of kind k (a budget's
+// reservation: budget).
 func (d decision) size(k kind) int64 { return d.reserve.of(k) }
 
 // countsAfter is c, the counts of limit l that d read, as d's admission
 // leaves them: its size added to the current period of each window l caps,
-// l's cost to its bucket's deficit, and a slot to its concurrency cap's. The in-process store writes them,
-// a call of admit.lua replays them for the admissions after, and the headers
-// of an admitted request count it in them.
+// l's cost to its bucket's deficit, a slot to its concurrency cap's, and
+// the reserved cost to what its budgets hold reserved. The in-process
+// store writes them, a call of admit.lua replays them for the admissions
+// after, and the headers of an admitted request count it in them.
 func (d decision) countsAfter(l limit, c counts) counts {
 	for k := range l.each {
 		c.w[k].cur += d.size(k.kind())
@@ -253,6 +279,9 @@ func (d decision) countsAfter(l limit, c counts) counts {
 	}
 	if l.concurrent.max > 0 {
 		c.slots++
+	}
+	for p := range l.eachBudget {
+		c.reserved[p] += d.reserve.cost
 	}
 	return c
 }

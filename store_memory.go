@@ -50,22 +50,57 @@ type memoryShard struct {
 type counterTable []atomic.Pointer[memoryCounter]
 
 // memoryCounter holds every window of one limit: the count of its current
-// and previous period of each, at index period%2; the token bucket; and the
-// slots of its requests in flight. The windows most
-// limits cap, rpm and tpm, are in the counter; the others are allocated
-// when a limit first caps one, which keeps a counter of those two at the
-// size it had before there were others.
+// and previous period of each, at index period%2; the token bucket; the
+// slots of its requests in flight; and its budgets' current periods. The
+// windows most limits cap, rpm and tpm, are in the counter; the others,
+// and the budgets, are allocated when a limit first caps one, which keeps
+// a counter of those two at the size it had before there were others.
 type memoryCounter struct {
-	prefix string // the limit's: what the counter is looked up by
-	hash   uint64 // of prefix: its low bits pick the shard, the next ones the list
-	next   atomic.Pointer[memoryCounter]
-	mu     sync.Mutex
-	order  uint64                          // lock order
-	dead   bool                            // swept: look it up again
-	minute [2][2]periodCount               // rpm, tpm
-	others *[numWindows - 2][2]periodCount // itpm, otpm, then the day windows
-	bkt    bucketState
-	slots  slotHolding // the requests in flight it holds (slots.go)
+	prefix  string // the limit's: what the counter is looked up by
+	hash    uint64 // of prefix: its low bits pick the shard, the next ones the list
+	next    atomic.Pointer[memoryCounter]
+	mu      sync.Mutex
+	order   uint64                          // lock order
+	dead    bool                            // swept: look it up again
+	minute  [2][2]periodCount               // rpm, tpm
+	others  *[numWindows - 2][2]periodCount // itpm, otpm, then the day windows
+	bkt     bucketState
+	slots   slotHolding                          // the requests in flight it holds (slots.go)
+	budgets *[numBudgetPeriods]budgetPeriodCount // by budgetPeriod
+}
+
+// budgetPeriodCount is what a budget holds spent and reserved in one of
+// its periods.
+type budgetPeriodCount struct {
+	span            periodSpan
+	spent, reserved int64
+}
+
+// budget is what budget p holds in the period s, under c.mu: nothing in a
+// period it has not reached.
+func (c *memoryCounter) budget(p budgetPeriod, s periodSpan) budgetPeriodCount {
+	if c.budgets == nil || c.budgets[p].span != s {
+		return budgetPeriodCount{span: s}
+	}
+	return c.budgets[p]
+}
+
+// addBudget adds spent and reserved to what budget p holds in the period
+// s, under c.mu, never taking either below zero. A period older than the
+// one held is read by nothing any more: it is left alone.
+func (c *memoryCounter) addBudget(p budgetPeriod, s periodSpan, spent, reserved int64) {
+	if c.budgets == nil {
+		c.budgets = new([numBudgetPeriods]budgetPeriodCount)
+	}
+	b := &c.budgets[p]
+	switch {
+	case b.span == s:
+	case b.span.start < s.start:
+		*b = budgetPeriodCount{span: s}
+	default:
+		return
+	}
+	b.spent, b.reserved = max(b.spent+spent, 0), max(b.reserved+reserved, 0)
 }
 
 // bucketState is a token bucket's deficit as of the moment at; it is full
@@ -113,8 +148,15 @@ func (c *memoryCounter) periods(k windowKind) *[2]periodCount {
 }
 
 // readAt reports whether an admission at now may still read a period of
-// the counter's windows, under c.mu.
+// the counter's windows or budgets, under c.mu.
 func (c *memoryCounter) readAt(now moment) bool {
+	if c.budgets != nil {
+		for _, b := range c.budgets {
+			if b.span.end > now.unixMillis {
+				return true
+			}
+		}
+	}
 	for k := range numWindows {
 		if k >= itpm && c.others == nil {
 			break
@@ -346,10 +388,17 @@ func (s *memoryStore) decide(chain []limit, reserve tokenCounts, charge bool, bu
 				d.admitted = false
 			}
 		}
+		for p, budget := range l.eachBudget {
+			b := cs[i].budget(p, l.budgets.calendar.spanAt(p, now))
+			c.spent[p], c.reserved[p] = b.spent, b.reserved
+			if !fitsBudget(b.spent, b.reserved, budget, reserve.cost) {
+				d.admitted = false
+			}
+		}
 	}
 	if d.admitted && charge {
 		for i, l := range chain {
-			cs[i].write(l, at, d.counts[i], d.countsAfter(l, d.counts[i]), now.unixMillis)
+			cs[i].write(l, at, d.counts[i], d.countsAfter(l, d.counts[i]), now)
 		}
 		s.held.take(chain, 1) // under the counters' locks, which the renewal takes too
 	}
@@ -358,20 +407,25 @@ func (s *memoryStore) decide(chain []limit, reserve tokenCounts, charge bool, bu
 
 // write stores after, the counts of l that an admission at read as before
 // and charged, under c.mu: the windows' current periods by what the charge
-// added (a window it left alone keeps no period alive for the sweep), and
-// the bucket's deficit as of now.
-func (c *memoryCounter) write(l limit, at [2]position, before, after counts, now int64) {
+// added (a window it left alone keeps no period alive for the sweep), the
+// bucket's deficit as of now, the slots, and the budgets' reservations.
+func (c *memoryCounter) write(l limit, at [2]position, before, after counts, now moment) {
 	for k := range l.each {
 		if n := after.w[k].cur - before.w[k].cur; n != 0 {
 			add(c.periods(k), at[k.span()].period, n)
 		}
 	}
 	if l.bucket.rate > 0 {
-		since := max(c.bkt.at, now)
+		since := max(c.bkt.at, now.unixMillis)
 		c.bkt = bucketState{deficit: after.deficit, at: since, fullAt: since + ceilDiv(after.deficit, l.bucket.rate)}
 	}
 	if after.slots > before.slots {
-		c.slots = slotHolding{n: after.slots, expiry: now + l.concurrent.leaseMillis}
+		c.slots = slotHolding{n: after.slots, expiry: now.unixMillis + l.concurrent.leaseMillis}
+	}
+	for p := range l.eachBudget {
+		if n := after.reserved[p] - before.reserved[p]; n != 0 {
+			c.addBudget(p, l.budgets.calendar.spanAt(p, now), 0, n)
+		}
 	}
 }
 
@@ -422,11 +476,11 @@ func (s *memoryStore) charge(chain []limit, c charge, done func(error)) {
 	done(nil)
 }
 
-// add adds c to the token windows of chain.
+// add adds c to the token windows and budgets of chain.
 func (s *memoryStore) add(chain []limit, ch charge) {
 	now := s.clock()
 	for _, l := range chain {
-		if !l.capsTokens() {
+		if !l.meters() {
 			continue
 		}
 		c := s.lockedCounter(l.prefix)
@@ -437,6 +491,11 @@ func (s *memoryStore) add(chain []limit, ch charge) {
 					b = now.in(k.span()).period
 				}
 				add(c.periods(k), b, ch.tokens.of(k.kind()))
+			}
+		}
+		for p := range l.eachBudget {
+			if ch.settlesBudget(l.budgets.calendar, p, now) {
+				c.addBudget(p, l.budgets.calendar.spanAt(p, now), ch.tokens.cost, -ch.unreserve)
 			}
 		}
 		c.mu.Unlock()

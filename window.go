@@ -7,8 +7,8 @@ import (
 
 // kind is what a limit counts: requests, tokens (all of them), input or
 // output tokens, in a window; a token bucket's tokens (bucket.go); requests
-// in flight (slots.go); and, for refusals, a request whose token
-// reservation alone is over a cap.
+// in flight (slots.go); dollars spent (budget.go); and, for refusals, a
+// request whose reservation alone is over a cap.
 type kind uint8
 
 const (
@@ -19,6 +19,7 @@ const (
 	burst
 	tooLarge
 	concurrency
+	budget
 )
 
 // String is the kind's name in placeholders, metrics and logs.
@@ -36,15 +37,21 @@ func (k kind) String() string {
 		return "too_large"
 	case concurrency:
 		return "concurrency"
+	case budget:
+		return "budget"
 	}
 	return "requests"
 }
 
 // errorType is the kind in an OpenAI-style error body, whose types are
-// "requests" and "tokens": a bucket and a concurrency cap meter requests.
+// "requests" and "tokens": a bucket and a concurrency cap meter requests;
+// and "insufficient_quota", OpenAI's for a spent budget.
 func (k kind) errorType() string {
-	if k == requests || k == burst || k == concurrency {
+	switch k {
+	case requests, burst, concurrency:
 		return "requests"
+	case budget:
+		return "insufficient_quota"
 	}
 	return "tokens"
 }
@@ -139,12 +146,14 @@ func (w windowCaps) mask() uint8 {
 }
 
 // tokenCounts are tokens of a request: all of them, and the parts input and
-// output caps count. A reservation's total is its input and output; a
-// response's usage may report a total above its parts (Anthropic's cache
-// reads count only in the total).
-type tokenCounts struct{ total, input, output int64 }
+// output caps count; and cost, what they cost in nano-dollars, which
+// budgets count. A reservation's total is its input and output, and its
+// cost the most they may cost; a response's usage may report a total above
+// its parts (Anthropic's cache reads count only in the total).
+type tokenCounts struct{ total, input, output, cost int64 }
 
-// of is the tokens a window of kind k counts; a request is 1 request.
+// of is what a counter of kind k counts of t: tokens, or a budget's cost;
+// a request is 1 request.
 func (t tokenCounts) of(k kind) int64 {
 	switch k {
 	case tokens:
@@ -153,12 +162,14 @@ func (t tokenCounts) of(k kind) int64 {
 		return t.input
 	case outputTokens:
 		return t.output
+	case budget:
+		return t.cost
 	}
 	return 1
 }
 
 func (t tokenCounts) minus(u tokenCounts) tokenCounts {
-	return tokenCounts{t.total - u.total, t.input - u.input, t.output - u.output}
+	return tokenCounts{t.total - u.total, t.input - u.input, t.output - u.output, t.cost - u.cost}
 }
 
 func (t tokenCounts) isZero() bool { return t == tokenCounts{} }

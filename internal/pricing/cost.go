@@ -45,8 +45,7 @@ type Tokens struct {
 // with neither). A part larger than what it is a part of counts only up to
 // it: Reasoning up to Output, AudioOutput up to what Reasoning leaves of
 // it, AudioInput up to Input; so Cost never passes MaxCost(p, Input +
-// CacheRead + CacheWrite, Output) unless a cache or audio price is above
-// the input or output price.
+// CacheRead + CacheWrite, Output).
 //
 // The sum is exact in 128 bits (10^7 tokens at $1000 per million is
 // 10^22 atto-dollars, beyond int64); a cost that does not fit an int64 of
@@ -68,21 +67,31 @@ func Cost(p Price, t Tokens) int64 {
 	return s.nano()
 }
 
-// MaxCost is the largest cost a reservation for a request may reach, in
-// nano-dollars: inputEstimate tokens at the input price plus outputReserved
-// tokens at the larger of the output and reasoning prices (the output may
-// be all reasoning), rounded up as Cost rounds. Cache and audio prices are
-// not in it: what of the input a cache serves or takes, and what is audio,
-// is known only from the response. A negative count is 0.
+// MaxCost is the largest cost a request may reach, in nano-dollars, for
+// its reservation: inputEstimate tokens at the highest price an input
+// token may have (input, cache read, cache write, audio input: what of the
+// input a cache serves or takes, and what is audio, is known only from the
+// response), plus outputReserved tokens at the highest price an output
+// token may have (output, reasoning, audio output), rounded up as Cost
+// rounds. So Cost of a response whose input, cache reads and cache writes
+// are at most inputEstimate and whose output is at most outputReserved is
+// at most MaxCost. A negative count is 0.
 func MaxCost(p Price, inputEstimate, outputReserved int64) int64 {
-	outRate := p.Output
-	if r := p.Reasoning.Or(p.Output); r.Atto > outRate.Atto {
-		outRate = r
-	}
 	var s sum
-	s.add(max(inputEstimate, 0), p.Input)
-	s.add(max(outputReserved, 0), outRate)
+	s.add(max(inputEstimate, 0), highest(p.Input, p.CacheRead.Or(p.Input), p.CacheWrite.Or(p.Input), p.AudioInput.Or(p.Input)))
+	s.add(max(outputReserved, 0), highest(p.Output, p.Reasoning.Or(p.Output), p.AudioOutput.Or(p.Output)))
 	return s.nano()
+}
+
+// highest is the highest of rates given; not given if none is.
+func highest(rates ...Rate) Rate {
+	var h Rate
+	for _, r := range rates {
+		if r.Given && (!h.Given || r.Atto > h.Atto) {
+			h = r
+		}
+	}
+	return h
 }
 
 // sum is a non-negative 128-bit sum of atto-dollars, saturating: once it

@@ -110,7 +110,7 @@ func TestCostSaturatesBeyondInt64(t *testing.T) {
 	}
 }
 
-func TestMaxCostPricesOutputAtTheLargerOfOutputAndReasoning(t *testing.T) {
+func TestMaxCostPricesEachTokenAtTheHighestPriceItMayHave(t *testing.T) {
 	in, out, reasoning := perMillion(t, "1.10"), perMillion(t, "4.40"), perMillion(t, "8")
 	cases := []struct {
 		name    string
@@ -122,7 +122,9 @@ func TestMaxCostPricesOutputAtTheLargerOfOutputAndReasoning(t *testing.T) {
 		{"reasoning above output", Price{Input: in, Output: out, Reasoning: reasoning}, 1000, 100, 1_100_000 + 800_000},
 		{"reasoning below output", Price{Input: in, Output: reasoning, Reasoning: out}, 1000, 100, 1_100_000 + 800_000},
 		{"rounded up once", Price{Input: perMillion(t, "0.0375"), Output: perMillion(t, "0.0375")}, 1, 2, 113},
-		{"cache prices are not in it", Price{Input: in, Output: out, CacheWrite: reasoning}, 1000, 0, 1_100_000},
+		{"a cache write above input", Price{Input: in, Output: out, CacheWrite: reasoning}, 1000, 0, 8_000_000},
+		{"a cache read below input", Price{Input: in, Output: out, CacheRead: perMillion(t, "0.11")}, 1000, 0, 1_100_000},
+		{"audio above both", Price{Input: in, Output: out, AudioInput: perMillion(t, "40"), AudioOutput: perMillion(t, "80")}, 1000, 100, 40_000_000 + 8_000_000},
 		{"negative counts are 0", Price{Input: in, Output: out}, -5, -5, 0},
 	}
 	for _, c := range cases {
@@ -134,7 +136,7 @@ func TestMaxCostPricesOutputAtTheLargerOfOutputAndReasoning(t *testing.T) {
 
 // TestCostAgreesWithBigArithmeticAndStaysWithinMaxCost holds Cost to the
 // same sum in math/big on random prices and counts, and to MaxCost of the
-// same tokens where cache and audio prices are at most input and output.
+// same tokens whatever the cache and audio prices.
 func TestCostAgreesWithBigArithmeticAndStaysWithinMaxCost(t *testing.T) {
 	rnd := rand.New(rand.NewPCG(5, 6))
 	rate := func(limit int64) Rate {
@@ -146,8 +148,8 @@ func TestCostAgreesWithBigArithmeticAndStaysWithinMaxCost(t *testing.T) {
 	count := func() int64 { return rnd.Int64N(2e7) - 1e6 }
 	for range 20000 {
 		p := Price{Input: rate(1e15), Output: rate(1e15)}
-		p.CacheRead, p.CacheWrite, p.AudioInput = rate(p.Input.Atto), rate(p.Input.Atto), rate(p.Input.Atto)
-		p.Reasoning, p.AudioOutput = rate(1e15), rate(max(p.Output.Atto, p.Reasoning.Atto))
+		p.CacheRead, p.CacheWrite, p.AudioInput = rate(1e15), rate(1e15), rate(1e15)
+		p.Reasoning, p.AudioOutput = rate(1e15), rate(1e15)
 		tk := Tokens{count(), count(), count(), count(), count(), count(), count()}
 		got := Cost(p, tk)
 		if want := bigCost(p, tk); got != want {

@@ -127,3 +127,17 @@ func ParseBudget(usd string) (int64, error) {
 	}
 	return v, nil
 }
+
+// FormatUSD is nano-dollars as a decimal number of dollars, exact, with at
+// least two decimals and no trailing zeros past them: 500000000000 is
+// "500.00", 1 is "0.000000001", -1500000000 is "-1.50".
+func FormatUSD(nano int64) string {
+	sign, u := "", uint64(nano)
+	if nano < 0 {
+		sign, u = "-", -u
+	}
+	frac := fmt.Sprintf("%09d", u%NanoPerUSD)
+	frac = strings.TrimRight(frac, "0")
+	frac += "00"[min(len(frac), 2):]
+	return fmt.Sprintf("%s%d.%s", sign, u/NanoPerUSD, frac)
+}

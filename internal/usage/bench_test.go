@@ -39,8 +39,8 @@ func BenchmarkRealtimeTap(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		tap.Write(stream)
-		if got := tap.Take(); got != (Usage{Total: 42, Input: 1, Output: 2}) {
-			b.Fatalf("took %+v, want {42 1 2}", got)
+		if got := tap.Take(); got != (Usage{Total: 42, Input: 1, Output: 2, UncachedInput: 1}) {
+			b.Fatalf("took %+v, want {42 1 2 1}", got)
 		}
 	}
 }

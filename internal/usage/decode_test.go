@@ -55,9 +55,9 @@ func TestUsageTruncatedCompressedStreamChargesWhatWasDecodedBeforeTheCut(t *test
 		for _, cut := range []int{firstFlush, firstFlush + 3, len(body) - 3} {
 			for _, c := range usagetest.Chunkings()[:3] {
 				u, metered := meterUsage(h, c.Split(body[:cut]))
-				want := Usage{Total: 472 + 1024 + 2, Input: 472, Output: 2, CacheRead: 1024}
+				want := Usage{Total: 472 + 1024 + 2, Input: 472, Output: 2, UncachedInput: 472, CacheRead: 1024}
 				if cut == len(body)-3 {
-					want = Usage{Total: 472 + 1024 + 89, Input: 472, Output: 89, CacheRead: 1024}
+					want = Usage{Total: 472 + 1024 + 89, Input: 472, Output: 89, UncachedInput: 472, CacheRead: 1024}
 				}
 				if u != want || !metered {
 					t.Errorf("%s cut at %d of %d (%s): got (%+v, %v), want (%+v, true)", coding, cut, len(body), c.Name, u, metered, want)
@@ -167,8 +167,8 @@ func TestUsageDecompressionBombIsCutOffAtTheDecodedCap(t *testing.T) {
 	u, metered := m.Finish()
 	t.Logf("%d compressed bytes; slowest Write %v", out.Len(), slowest)
 	// What came before the cap was read.
-	if u != (Usage{Total: 3, Input: 3, Output: 0}) || !metered {
-		t.Fatalf("got (%+v, %v), want ({3 3 0}, true): the usage past the cap must not be read", u, metered)
+	if u != (Usage{Total: 3, Input: 3, Output: 0, UncachedInput: 3}) || !metered {
+		t.Fatalf("got (%+v, %v), want ({3 3 0 3}, true): the usage past the cap must not be read", u, metered)
 	}
 	if m.decoded > maxDecodedBody+decodeBuffer {
 		t.Fatalf("decoded %d bytes, cap %d", m.decoded, maxDecodedBody)

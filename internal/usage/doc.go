@@ -92,7 +92,9 @@
 //
 // So the uncached input, priced at the full input rate, is Input - CacheRead
 // for OpenAI and Gemini, and Input - CacheWrite for Anthropic, whose
-// CacheRead comes on top of Input. AudioInput counts audio input cached or
+// CacheRead comes on top of Input. UncachedInput is it: prompt_tokens or
+// input_tokens less cached_tokens (OpenAI), input_tokens (Anthropic), prompt +
+// tool-use prompt less cached content (Gemini). AudioInput counts audio input cached or
 // not (the Realtime API's split of cached tokens by modality is not read). The output at the text
 // rate is Output - AudioOutput (reasoning is billed as output; Reasoning is
 // what of Output was spent on it). Anthropic reports no reasoning apart

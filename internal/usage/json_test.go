@@ -81,8 +81,8 @@ func TestUsageTenMegabyteJSONBodyIsMeteredInBoundedMemory(t *testing.T) {
 				}
 				u, metered = m.Finish()
 			})
-			if u != (Usage{Total: 42, Input: 42, Output: 0}) || !metered {
-				t.Errorf("%s %s: got (%+v, %v), want ({42 42 0}, true)", shape, coding, u, metered)
+			if u != (Usage{Total: 42, Input: 42, Output: 0, UncachedInput: 42}) || !metered {
+				t.Errorf("%s %s: got (%+v, %v), want ({42 42 0 42}, true)", shape, coding, u, metered)
 			}
 			// Decoders have their own state (brotli's window is up to 16
 			// MiB); the meter itself must not hold the body.

@@ -42,7 +42,7 @@ func meterJSON(body string) (Usage, bool) {
 // goldenUsage is what a golden sample must charge.
 func goldenUsage(g usagetest.Golden) Usage {
 	p := usagetest.GoldenParts[g.File]
-	return Usage{Total: g.Tokens, Input: g.Input, Output: g.Output,
+	return Usage{Total: g.Tokens, Input: g.Input, Output: g.Output, UncachedInput: p.UncachedInput,
 		CacheRead: p.CacheRead, CacheWrite: p.CacheWrite, Reasoning: p.Reasoning, AudioInput: p.AudioInput, AudioOutput: p.AudioOutput}
 }
 
@@ -79,15 +79,15 @@ func TestAnthropicInputCountsCacheWritesNotCacheReads(t *testing.T) {
 		name, usage string
 		want        Usage
 	}{
-		{"cache writes", `{"input_tokens":20,"cache_creation_input_tokens":3000,"output_tokens":7}`, Usage{Total: 3027, Input: 3020, Output: 7, CacheWrite: 3000}},
-		{"cache reads", `{"input_tokens":20,"cache_read_input_tokens":3000,"output_tokens":7}`, Usage{Total: 3027, Input: 20, Output: 7, CacheRead: 3000}},
+		{"cache writes", `{"input_tokens":20,"cache_creation_input_tokens":3000,"output_tokens":7}`, Usage{Total: 3027, Input: 3020, Output: 7, UncachedInput: 20, CacheWrite: 3000}},
+		{"cache reads", `{"input_tokens":20,"cache_read_input_tokens":3000,"output_tokens":7}`, Usage{Total: 3027, Input: 20, Output: 7, UncachedInput: 20, CacheRead: 3000}},
 		{"both, and the 5m/1h breakdown of the writes", `{"input_tokens":20,"cache_creation_input_tokens":100,"cache_read_input_tokens":3000,` +
-			`"cache_creation":{"ephemeral_5m_input_tokens":60,"ephemeral_1h_input_tokens":40},"output_tokens":7}`, Usage{Total: 3127, Input: 120, Output: 7, CacheRead: 3000, CacheWrite: 100}},
+			`"cache_creation":{"ephemeral_5m_input_tokens":60,"ephemeral_1h_input_tokens":40},"output_tokens":7}`, Usage{Total: 3127, Input: 120, Output: 7, UncachedInput: 20, CacheRead: 3000, CacheWrite: 100}},
 		// Per iteration of a compacted response, summed.
 		{"iterations", `{"input_tokens":5,"cache_creation_input_tokens":50,"cache_read_input_tokens":900,"output_tokens":2,"iterations":[` +
 			`{"input_tokens":30,"cache_read_input_tokens":8000,"output_tokens":400},` +
 			`{"input_tokens":5,"cache_creation_input_tokens":50,"cache_read_input_tokens":900,"output_tokens":2}]}`,
-			Usage{Total: 30 + 8000 + 400 + 5 + 50 + 900 + 2, Input: 30 + 5 + 50, Output: 400 + 2, CacheRead: 8000 + 900, CacheWrite: 50}},
+			Usage{Total: 30 + 8000 + 400 + 5 + 50 + 900 + 2, Input: 30 + 5 + 50, Output: 400 + 2, UncachedInput: 30 + 5, CacheRead: 8000 + 900, CacheWrite: 50}},
 	}
 	for _, c := range cases {
 		for _, wrap := range []string{`{"usage":%s}`, `{"type":"message_start","message":{"usage":%s}}`} {
@@ -104,10 +104,10 @@ func TestOpenAIOutputIsTheCompletionTokensWhichIncludeReasoning(t *testing.T) {
 		usage string
 		want  Usage
 	}{
-		{`{"prompt_tokens":75,"completion_tokens":1186,"total_tokens":1261,"completion_tokens_details":{"reasoning_tokens":1024,"audio_tokens":0}}`, Usage{Total: 1261, Input: 75, Output: 1186, Reasoning: 1024}},
-		{`{"prompt_tokens":75,"completion_tokens":1186,"completion_tokens_details":{"reasoning_tokens":1024}}`, Usage{Total: 1261, Input: 75, Output: 1186, Reasoning: 1024}},
+		{`{"prompt_tokens":75,"completion_tokens":1186,"total_tokens":1261,"completion_tokens_details":{"reasoning_tokens":1024,"audio_tokens":0}}`, Usage{Total: 1261, Input: 75, Output: 1186, UncachedInput: 75, Reasoning: 1024}},
+		{`{"prompt_tokens":75,"completion_tokens":1186,"completion_tokens_details":{"reasoning_tokens":1024}}`, Usage{Total: 1261, Input: 75, Output: 1186, UncachedInput: 75, Reasoning: 1024}},
 		// The Responses API: output_tokens likewise.
-		{`{"input_tokens":40,"input_tokens_details":{"cached_tokens":32},"output_tokens":900,"output_tokens_details":{"reasoning_tokens":768},"total_tokens":940}`, Usage{Total: 940, Input: 40, Output: 900, CacheRead: 32, Reasoning: 768}},
+		{`{"input_tokens":40,"input_tokens_details":{"cached_tokens":32},"output_tokens":900,"output_tokens_details":{"reasoning_tokens":768},"total_tokens":940}`, Usage{Total: 940, Input: 40, Output: 900, UncachedInput: 40 - 32, CacheRead: 32, Reasoning: 768}},
 	} {
 		if u, _ := meterJSON(`{"usage":` + c.usage + `}`); u != c.want {
 			t.Errorf("usage %s: got %+v, want %+v", c.usage, u, c.want)
@@ -120,10 +120,10 @@ func TestGeminiInputCountsToolUsePromptsAndOutputCountsThoughts(t *testing.T) {
 		usage string
 		want  Usage
 	}{
-		{`{"promptTokenCount":320,"toolUsePromptTokenCount":1450,"candidatesTokenCount":210,"thoughtsTokenCount":388,"totalTokenCount":2368}`, Usage{Total: 2368, Input: 1770, Output: 598, Reasoning: 388}},
-		{`{"promptTokenCount":320,"toolUsePromptTokenCount":1450,"candidatesTokenCount":210,"thoughtsTokenCount":388}`, Usage{Total: 2368, Input: 1770, Output: 598, Reasoning: 388}},
+		{`{"promptTokenCount":320,"toolUsePromptTokenCount":1450,"candidatesTokenCount":210,"thoughtsTokenCount":388,"totalTokenCount":2368}`, Usage{Total: 2368, Input: 1770, Output: 598, UncachedInput: 320 + 1450, Reasoning: 388}},
+		{`{"promptTokenCount":320,"toolUsePromptTokenCount":1450,"candidatesTokenCount":210,"thoughtsTokenCount":388}`, Usage{Total: 2368, Input: 1770, Output: 598, UncachedInput: 320 + 1450, Reasoning: 388}},
 		// The cached content is part of the prompt: it is not added again.
-		{`{"promptTokenCount":1208,"cachedContentTokenCount":1024,"candidatesTokenCount":9,"totalTokenCount":1217}`, Usage{Total: 1217, Input: 1208, Output: 9, CacheRead: 1024}},
+		{`{"promptTokenCount":1208,"cachedContentTokenCount":1024,"candidatesTokenCount":9,"totalTokenCount":1217}`, Usage{Total: 1217, Input: 1208, Output: 9, UncachedInput: 1208 - 1024, CacheRead: 1024}},
 	} {
 		if u, _ := meterJSON(`{"usageMetadata":` + c.usage + `}`); u != c.want {
 			t.Errorf("usageMetadata %s: got %+v, want %+v", c.usage, u, c.want)
@@ -151,10 +151,10 @@ func TestMixedFamilyUsageTakesEachCountFromItsLargestFamily(t *testing.T) {
 		want  Usage
 	}{
 		// Charged once, not twice.
-		{`{"prompt_tokens":10,"completion_tokens":5,"total_tokens":15,"input_tokens":10,"output_tokens":5}`, Usage{Total: 15, Input: 10, Output: 5}},
+		{`{"prompt_tokens":10,"completion_tokens":5,"total_tokens":15,"input_tokens":10,"output_tokens":5}`, Usage{Total: 15, Input: 10, Output: 5, UncachedInput: 10}},
 		// Disagreeing counts: each from the family that reports more of it.
-		{`{"prompt_tokens":10,"completion_tokens":5,"input_tokens":12,"output_tokens":3,"cache_read_input_tokens":100}`, Usage{Total: 115, Input: 12, Output: 5, CacheRead: 100}},
-		{`{"prompt_tokens":10,"completion_tokens":5,"promptTokenCount":8,"candidatesTokenCount":2,"thoughtsTokenCount":6}`, Usage{Total: 16, Input: 10, Output: 8, Reasoning: 6}},
+		{`{"prompt_tokens":10,"completion_tokens":5,"input_tokens":12,"output_tokens":3,"cache_read_input_tokens":100}`, Usage{Total: 115, Input: 12, Output: 5, UncachedInput: 12, CacheRead: 100}},
+		{`{"prompt_tokens":10,"completion_tokens":5,"promptTokenCount":8,"candidatesTokenCount":2,"thoughtsTokenCount":6}`, Usage{Total: 16, Input: 10, Output: 8, UncachedInput: 10, Reasoning: 6}},
 	} {
 		if u, _ := meterJSON(`{"usage":` + c.usage + `}`); u != c.want {
 			t.Errorf("usage %s: got %+v, want %+v", c.usage, u, c.want)
@@ -174,14 +174,14 @@ func TestAnthropicStreamIsChargedTheLatestValueOfEachField(t *testing.T) {
 		`data: {"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":70,"cache_creation_input_tokens":5}}` + "\n\n"
 	for _, c := range usagetest.Chunkings() {
 		u, metered := meterUsage(usagetest.Header("text/event-stream", ""), c.Split([]byte(body)))
-		if want := (Usage{Total: 90 + 50 + 70 + 5, Input: 90 + 5, Output: 70, CacheRead: 50, CacheWrite: 5}); u != want || !metered {
+		if want := (Usage{Total: 90 + 50 + 70 + 5, Input: 90 + 5, Output: 70, UncachedInput: 90, CacheRead: 50, CacheWrite: 5}); u != want || !metered {
 			t.Fatalf("%s: got (%+v, %v), want (%+v, true)", c.Name, u, metered, want)
 		}
 	}
 	// A compatible backend that reports input only on message_delta.
 	late := "data: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":0,\"output_tokens\":0}}}\n\n" +
 		"data: {\"type\":\"message_delta\",\"usage\":{\"input_tokens\":30,\"output_tokens\":4}}\n\n"
-	if u, metered := meterUsage(usagetest.Header("text/event-stream", ""), [][]byte{[]byte(late)}); u != (Usage{Total: 34, Input: 30, Output: 4}) || !metered {
+	if u, metered := meterUsage(usagetest.Header("text/event-stream", ""), [][]byte{[]byte(late)}); u != (Usage{Total: 34, Input: 30, Output: 4, UncachedInput: 30}) || !metered {
 		t.Fatalf("input reported late: got (%+v, %v), want ({34 30 4}, true)", u, metered)
 	}
 }
@@ -196,29 +196,29 @@ func TestGeminiStreamIsChargedItsLastUsageReport(t *testing.T) {
 			`{"promptTokenCount":10,"totalTokenCount":10}`,
 			`{"promptTokenCount":10,"candidatesTokenCount":5,"totalTokenCount":15}`,
 			`{"promptTokenCount":10,"candidatesTokenCount":9,"thoughtsTokenCount":20,"totalTokenCount":39}`,
-		}, Usage{Total: 39, Input: 10, Output: 29, Reasoning: 20}},
+		}, Usage{Total: 39, Input: 10, Output: 29, UncachedInput: 10, Reasoning: 20}},
 		// The prompt count goes down on the last chunk: its total is the
 		// count, not the largest prompt plus the candidates.
 		{"counts going down", []string{
 			`{"promptTokenCount":15,"totalTokenCount":15}`,
 			`{"promptTokenCount":15,"totalTokenCount":15}`,
 			`{"promptTokenCount":13,"candidatesTokenCount":8,"totalTokenCount":21}`,
-		}, Usage{Total: 21, Input: 13, Output: 8}},
+		}, Usage{Total: 21, Input: 13, Output: 8, UncachedInput: 13}},
 		// A field the last snapshot leaves out is gone, not kept from earlier.
 		{"field absent from the last snapshot", []string{
 			`{"promptTokenCount":10,"toolUsePromptTokenCount":50,"candidatesTokenCount":2}`,
 			`{"promptTokenCount":10,"candidatesTokenCount":6}`,
-		}, Usage{Total: 16, Input: 10, Output: 6}},
+		}, Usage{Total: 16, Input: 10, Output: 6, UncachedInput: 10}},
 		{"total absent from the last snapshot", []string{
 			`{"promptTokenCount":10,"totalTokenCount":90}`,
 			`{"promptTokenCount":10,"candidatesTokenCount":6}`,
-		}, Usage{Total: 16, Input: 10, Output: 6}},
+		}, Usage{Total: 16, Input: 10, Output: 6, UncachedInput: 10}},
 		// A usageMetadata without Gemini counts is no snapshot of them.
 		{"empty usageMetadata last", []string{
 			`{"promptTokenCount":10,"candidatesTokenCount":6,"totalTokenCount":16}`,
 			`{}`,
 			`{"trafficType":"ON_DEMAND"}`,
-		}, Usage{Total: 16, Input: 10, Output: 6}},
+		}, Usage{Total: 16, Input: 10, Output: 6, UncachedInput: 10}},
 	}
 	for _, c := range cases {
 		var sse, array strings.Builder
@@ -252,7 +252,7 @@ func TestCompactedAnthropicResponseIsChargedTheUsageOfEveryIteration(t *testing.
 			`"cache_creation":{"ephemeral_5m_input_tokens":%d,"ephemeral_1h_input_tokens":0}}`, typ, in, out, cacheCreate, cacheRead, cacheCreate)
 	}
 	compaction, message := iteration("compaction", 100, 83, 0, 55096), iteration("message", 181, 8, 40, 0)
-	sum := Usage{Total: 100 + 83 + 55096 + 181 + 8 + 40, Input: 100 + 181 + 40, Output: 83 + 8, CacheRead: 55096, CacheWrite: 40}
+	sum := Usage{Total: 100 + 83 + 55096 + 181 + 8 + 40, Input: 100 + 181 + 40, Output: 83 + 8, UncachedInput: 100 + 181, CacheRead: 55096, CacheWrite: 40}
 	start := `data: {"type":"message_start","message":{"usage":{"input_tokens":100,"cache_read_input_tokens":55096,"output_tokens":7}}}` + "\n\n"
 	delta := func(usage string) string {
 		return `data: {"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":` + usage + `,"context_management":{"applied_edits":[]}}` + "\n\n"
@@ -272,25 +272,25 @@ func TestCompactedAnthropicResponseIsChargedTheUsageOfEveryIteration(t *testing.
 		{"later usage without iterations", "text/event-stream", start + delta(last) + delta(`{"output_tokens":9}`), sum},
 		{"later iterations", "text/event-stream",
 			start + delta(last) + delta(`{"input_tokens":181,"output_tokens":8,"iterations":[`+iteration("compaction", 100, 83, 0, 50000)+`,`+message+`]}`),
-			Usage{Total: 100 + 83 + 50000 + 181 + 8 + 40, Input: 100 + 181 + 40, Output: 83 + 8, CacheRead: 50000, CacheWrite: 40}},
+			Usage{Total: 100 + 83 + 50000 + 181 + 8 + 40, Input: 100 + 181 + 40, Output: 83 + 8, UncachedInput: 100 + 181, CacheRead: 50000, CacheWrite: 40}},
 		// Within an iteration, as in a usage object, a repeated key's latest value wins.
 		{"repeated key in an iteration", "application/json",
-			`{"usage":{"input_tokens":5,"iterations":[{"input_tokens":1000,"input_tokens":3,"output_tokens":2},{"input_tokens":5}]}}`, Usage{Total: 3 + 2 + 5, Input: 3 + 5, Output: 2}},
+			`{"usage":{"input_tokens":5,"iterations":[{"input_tokens":1000,"input_tokens":3,"output_tokens":2},{"input_tokens":5}]}}`, Usage{Total: 3 + 2 + 5, Input: 3 + 5, Output: 2, UncachedInput: 3 + 5}},
 		// The sum is a total: if it is smaller than the top-level fields beside
 		// it, those are charged; and so for each part.
 		{"iterations smaller than the top level", "application/json",
-			`{"usage":{"input_tokens":500,"output_tokens":20,"iterations":[{"input_tokens":1,"output_tokens":1}]}}`, Usage{Total: 520, Input: 500, Output: 20}},
+			`{"usage":{"input_tokens":500,"output_tokens":20,"iterations":[{"input_tokens":1,"output_tokens":1}]}}`, Usage{Total: 520, Input: 500, Output: 20, UncachedInput: 500}},
 		{"iterations smaller in one part", "application/json",
-			`{"usage":{"input_tokens":5,"output_tokens":50,"iterations":[{"input_tokens":30,"output_tokens":1}]}}`, Usage{Total: 55, Input: 30, Output: 50}},
-		{"empty iterations", "application/json", `{"usage":{"input_tokens":500,"output_tokens":20,"iterations":[]}}`, Usage{Total: 520, Input: 500, Output: 20}},
+			`{"usage":{"input_tokens":5,"output_tokens":50,"iterations":[{"input_tokens":30,"output_tokens":1}]}}`, Usage{Total: 55, Input: 30, Output: 50, UncachedInput: 30}},
+		{"empty iterations", "application/json", `{"usage":{"input_tokens":500,"output_tokens":20,"iterations":[]}}`, Usage{Total: 520, Input: 500, Output: 20, UncachedInput: 500}},
 		{"only empty iterations is metered", "application/json", `{"usage":{"iterations":[]}}`, Usage{}},
 		// Elements that are not iterations, and iterations that are not a list.
 		{"odd elements", "application/json",
-			`{"usage":{"iterations":[1,"two",null,[{"input_tokens":900}],{"input_tokens":7,"nested":{"input_tokens":900}},{}]}}`, Usage{Total: 7, Input: 7, Output: 0}},
+			`{"usage":{"iterations":[1,"two",null,[{"input_tokens":900}],{"input_tokens":7,"nested":{"input_tokens":900}},{}]}}`, Usage{Total: 7, Input: 7, Output: 0, UncachedInput: 7}},
 		{"huge counts are capped", "application/json",
-			`{"usage":{"iterations":[{"input_tokens":1e30,"output_tokens":1e30,"cache_read_input_tokens":1e30}]}}`, Usage{Total: maxValue, Input: maxValue, Output: maxValue, CacheRead: maxValue}},
-		{"iterations not a list", "application/json", `{"usage":{"input_tokens":4,"iterations":{"input_tokens":900}}}`, Usage{Total: 4, Input: 4, Output: 0}},
-		{"iterations outside usage", "application/json", `{"iterations":[{"input_tokens":900}],"usage":{"input_tokens":4}}`, Usage{Total: 4, Input: 4, Output: 0}},
+			`{"usage":{"iterations":[{"input_tokens":1e30,"output_tokens":1e30,"cache_read_input_tokens":1e30}]}}`, Usage{Total: maxValue, Input: maxValue, Output: maxValue, UncachedInput: maxValue, CacheRead: maxValue}},
+		{"iterations not a list", "application/json", `{"usage":{"input_tokens":4,"iterations":{"input_tokens":900}}}`, Usage{Total: 4, Input: 4, Output: 0, UncachedInput: 4}},
+		{"iterations outside usage", "application/json", `{"iterations":[{"input_tokens":900}],"usage":{"input_tokens":4}}`, Usage{Total: 4, Input: 4, Output: 0, UncachedInput: 4}},
 	}
 	for _, c := range cases {
 		for _, ch := range usagetest.Chunkings() {
@@ -316,9 +316,9 @@ func TestUsageReportCutShortIsChargedWhatItAndTheReportBeforeItSaid(t *testing.T
 	for cut := lastEvent; cut <= len(raw); cut++ {
 		u, metered := meterUsage(usagetest.Header("text/event-stream", ""), [][]byte{raw[:cut]})
 		switch {
-		case !metered || u.Total < 42 || u.Total > 79 || u.Input < 38 || u.Input > 42 || u.Output > 17+24:
+		case !metered || u.Total < 42 || u.Total > 79 || u.Input < 38 || u.Input > 42 || u.Output > 17+24 || u.UncachedInput < 38 || u.UncachedInput > 42:
 			t.Fatalf("cut at %d: got (%+v, %v), want between the last two reports' {42 42 0} and {79 38 41}", cut, u, metered)
-		case cut <= lastUsage && u != (Usage{Total: 42, Input: 42, Output: 0}):
+		case cut <= lastUsage && u != (Usage{Total: 42, Input: 42, Output: 0, UncachedInput: 42}):
 			t.Fatalf("cut at %d (before the last report): got %+v, want {42 42 0}", cut, u)
 		}
 	}
@@ -334,11 +334,11 @@ func TestUsageReportCutShortIsChargedWhatItAndTheReportBeforeItSaid(t *testing.T
 		var want Usage
 		switch cut {
 		case list:
-			want = Usage{Total: 315 + 12 + 1200 + 0, Input: 315 + 1200, Output: 12, CacheWrite: 1200}
+			want = Usage{Total: 315 + 12 + 1200 + 0, Input: 315 + 1200, Output: 12, UncachedInput: 315, CacheWrite: 1200}
 		case second: // the first iteration, but the top level's larger input
-			want = Usage{Total: 240 + 410 + 0 + 31200, Input: 315 + 1200, Output: 410, CacheRead: 31200, CacheWrite: 1200}
+			want = Usage{Total: 240 + 410 + 0 + 31200, Input: 315 + 1200, Output: 410, UncachedInput: 315, CacheRead: 31200, CacheWrite: 1200}
 		case len(raw):
-			want = Usage{Total: (240 + 410 + 0 + 31200) + (315 + 12 + 1200 + 0), Input: (240 + 0) + (315 + 1200), Output: 410 + 12, CacheRead: 31200, CacheWrite: 1200}
+			want = Usage{Total: (240 + 410 + 0 + 31200) + (315 + 12 + 1200 + 0), Input: (240 + 0) + (315 + 1200), Output: 410 + 12, UncachedInput: 240 + 315, CacheRead: 31200, CacheWrite: 1200}
 		}
 		if !metered || shrank(u, prev) || (want != Usage{} && u != want) {
 			t.Fatalf("cut at %d: got (%+v, %v), want %+v (zero: any, not below the shorter cut's %+v)", cut, u, metered, want, prev)
@@ -353,9 +353,9 @@ func TestUsageReportCutShortIsChargedWhatItAndTheReportBeforeItSaid(t *testing.T
 	closed := strings.LastIndex(body, "]") + 1
 	for cut := len(first); cut <= len(body); cut++ {
 		u, _ := meterUsage(usagetest.Header("text/event-stream", ""), [][]byte{[]byte(body[:cut])})
-		want := Usage{Total: 100 + 10 + 5 + 300, Input: 100 + 5, Output: 10 + 300}
+		want := Usage{Total: 100 + 10 + 5 + 300, Input: 100 + 5, Output: 10 + 300, UncachedInput: 100 + 5}
 		if cut >= closed {
-			want = Usage{Total: 100 + 10 + 5 + 290, Input: 100 + 5, Output: 10 + 290}
+			want = Usage{Total: 100 + 10 + 5 + 290, Input: 100 + 5, Output: 10 + 290, UncachedInput: 100 + 5}
 		}
 		if u != want {
 			t.Fatalf("cut at %d of the later array: got %+v, want %+v", cut-len(first), u, want)
@@ -368,22 +368,22 @@ func TestUsageChargeIsTheReportedTotalOrElseTheSumOfTheParts(t *testing.T) {
 		usage string
 		want  Usage
 	}{
-		{`{"prompt_tokens":10,"completion_tokens":5,"total_tokens":15}`, Usage{Total: 15, Input: 10, Output: 5}},
-		{`{"prompt_tokens":10,"completion_tokens":5}`, Usage{Total: 15, Input: 10, Output: 5}},
-		{`{"prompt_tokens":10,"completion_tokens":5,"total_tokens":0}`, Usage{Total: 15, Input: 10, Output: 5}},
-		{`{"prompt_tokens":10,"completion_tokens":5,"total_tokens":20}`, Usage{Total: 20, Input: 10, Output: 5}},
-		{`{"prompt_tokens":8,"total_tokens":8}`, Usage{Total: 8, Input: 8, Output: 0}},
-		{`{"input_tokens":3,"output_tokens":4,"total_tokens":7,"input_tokens_details":{"cached_tokens":2}}`, Usage{Total: 7, Input: 3, Output: 4, CacheRead: 2}},
-		{`{"input_tokens":3,"output_tokens":4,"total_tokens":20}`, Usage{Total: 20, Input: 3, Output: 4}},
-		{`{"input_tokens":3,"output_tokens":4,"cache_creation_input_tokens":5,"cache_read_input_tokens":6,"cache_creation":{"ephemeral_5m_input_tokens":5}}`, Usage{Total: 18, Input: 8, Output: 4, CacheRead: 6, CacheWrite: 5}},
-		{`{"promptTokenCount":100,"cachedContentTokenCount":80,"candidatesTokenCount":7,"totalTokenCount":107}`, Usage{Total: 107, Input: 100, Output: 7, CacheRead: 80}},
-		{`{"promptTokenCount":100,"candidatesTokenCount":7,"thoughtsTokenCount":3,"toolUsePromptTokenCount":4}`, Usage{Total: 114, Input: 104, Output: 10, Reasoning: 3}},
+		{`{"prompt_tokens":10,"completion_tokens":5,"total_tokens":15}`, Usage{Total: 15, Input: 10, Output: 5, UncachedInput: 10}},
+		{`{"prompt_tokens":10,"completion_tokens":5}`, Usage{Total: 15, Input: 10, Output: 5, UncachedInput: 10}},
+		{`{"prompt_tokens":10,"completion_tokens":5,"total_tokens":0}`, Usage{Total: 15, Input: 10, Output: 5, UncachedInput: 10}},
+		{`{"prompt_tokens":10,"completion_tokens":5,"total_tokens":20}`, Usage{Total: 20, Input: 10, Output: 5, UncachedInput: 10}},
+		{`{"prompt_tokens":8,"total_tokens":8}`, Usage{Total: 8, Input: 8, Output: 0, UncachedInput: 8}},
+		{`{"input_tokens":3,"output_tokens":4,"total_tokens":7,"input_tokens_details":{"cached_tokens":2}}`, Usage{Total: 7, Input: 3, Output: 4, UncachedInput: 3 - 2, CacheRead: 2}},
+		{`{"input_tokens":3,"output_tokens":4,"total_tokens":20}`, Usage{Total: 20, Input: 3, Output: 4, UncachedInput: 3}},
+		{`{"input_tokens":3,"output_tokens":4,"cache_creation_input_tokens":5,"cache_read_input_tokens":6,"cache_creation":{"ephemeral_5m_input_tokens":5}}`, Usage{Total: 18, Input: 8, Output: 4, UncachedInput: 3, CacheRead: 6, CacheWrite: 5}},
+		{`{"promptTokenCount":100,"cachedContentTokenCount":80,"candidatesTokenCount":7,"totalTokenCount":107}`, Usage{Total: 107, Input: 100, Output: 7, UncachedInput: 100 - 80, CacheRead: 80}},
+		{`{"promptTokenCount":100,"candidatesTokenCount":7,"thoughtsTokenCount":3,"toolUsePromptTokenCount":4}`, Usage{Total: 114, Input: 104, Output: 10, UncachedInput: 100 + 4, Reasoning: 3}},
 		// Counts as JSON may write them.
 		{`{"total_tokens":1.5e3}`, Usage{Total: 1500, Input: 0, Output: 0}},
 		{`{"total_tokens":12.0}`, Usage{Total: 12, Input: 0, Output: 0}},
-		{`{"total_tokens":-5,"prompt_tokens":2}`, Usage{Total: 2, Input: 2, Output: 0}},
+		{`{"total_tokens":-5,"prompt_tokens":2}`, Usage{Total: 2, Input: 2, Output: 0, UncachedInput: 2}},
 		{`{"total_tokens":99999999999999999999999}`, Usage{Total: maxValue, Input: 0, Output: 0}},
-		{`{"prompt_tokens":99999999999999999999999,"completion_tokens":1e30}`, Usage{Total: 2 * maxValue, Input: maxValue, Output: maxValue}},
+		{`{"prompt_tokens":99999999999999999999999,"completion_tokens":1e30}`, Usage{Total: 2 * maxValue, Input: maxValue, Output: maxValue, UncachedInput: maxValue}},
 		{`{"total_tokens":"15","prompt_tokens":true,"completion_tokens":null}`, Usage{}},
 	}
 	for _, c := range cases {
@@ -436,7 +436,7 @@ func TestUsageTruncatedStreamChargesWhatWasReportedBeforeTheCut(t *testing.T) {
 	afterStart := bytes.Index(raw, []byte("event: content_block_start"))
 	beforeDelta := bytes.Index(raw, []byte("event: message_delta"))
 	deltaEnd := beforeDelta + bytes.Index(raw[beforeDelta:], []byte("\n\n")) + 1 // after its data line
-	afterStartUsage, final := Usage{Total: 472 + 1024 + 2, Input: 472, Output: 2, CacheRead: 1024}, Usage{Total: 472 + 1024 + 89, Input: 472, Output: 89, CacheRead: 1024}
+	afterStartUsage, final := Usage{Total: 472 + 1024 + 2, Input: 472, Output: 2, UncachedInput: 472, CacheRead: 1024}, Usage{Total: 472 + 1024 + 89, Input: 472, Output: 89, UncachedInput: 472, CacheRead: 1024}
 	var prev Usage
 	for cut := 0; cut <= len(raw); cut++ {
 		u, metered := meterUsage(usagetest.Header("text/event-stream", ""), [][]byte{raw[:cut]})
@@ -519,8 +519,8 @@ func TestEventsWithoutUsageCostNoAllocation(t *testing.T) {
 	}); a != 0 {
 		t.Errorf("events cut across Writes: %v allocations, want 0", a)
 	}
-	if u, metered := m.Finish(); u != (Usage{Total: 31, Input: 19, Output: 12}) || !metered {
-		t.Errorf("got (%+v, %v), want ({31 19 12}, true)", u, metered)
+	if u, metered := m.Finish(); u != (Usage{Total: 31, Input: 19, Output: 12, UncachedInput: 19}) || !metered {
+		t.Errorf("got (%+v, %v), want ({31 19 12 19}, true)", u, metered)
 	}
 	j := NewMeter(usagetest.Header("application/json", ""))
 	body := usagetest.Read(t, "openai_chat.json")
@@ -621,7 +621,7 @@ func FuzzUsageMeter(f *testing.F) {
 // partsWithinWholes reports whether each priced part of u is at most its
 // whole, and none is negative.
 func partsWithinWholes(u Usage) bool {
-	return u.CacheRead >= 0 && u.CacheWrite >= 0 && u.Reasoning >= 0 && u.AudioInput >= 0 && u.AudioOutput >= 0 &&
-		u.CacheRead <= u.Total && u.CacheWrite <= u.Input && u.AudioInput <= u.Input &&
+	return u.UncachedInput >= 0 && u.CacheRead >= 0 && u.CacheWrite >= 0 && u.Reasoning >= 0 && u.AudioInput >= 0 && u.AudioOutput >= 0 &&
+		u.UncachedInput <= u.Input && u.CacheRead <= u.Total && u.CacheWrite <= u.Input && u.AudioInput <= u.Input &&
 		u.Reasoning <= u.Output && u.AudioOutput <= u.Output
 }

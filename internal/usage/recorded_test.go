@@ -14,9 +14,10 @@ import (
 // TestRecordedResponsesChargeTheirReportedTotalAndParts meters every recorded
 // body as it came over the wire (a gzip one decoded) and the realtime
 // sessions' server messages through a tap, and checks the total against the
-// manifest, and the priced parts against what a plain encoding/json reading
-// of the body's usage objects finds (recordedParts), itself checked against
-// the manifest's usage_reported where it gives one.
+// manifest, and the priced parts (the uncached input among them) against
+// what a plain encoding/json reading of the body's usage objects finds
+// (recordedParts), itself checked against the manifest's usage_reported
+// where it gives one.
 func TestRecordedResponsesChargeTheirReportedTotalAndParts(t *testing.T) {
 	entries, read := usagetest.Recorded(t)
 	for _, e := range entries {
@@ -80,12 +81,12 @@ func TestRecordedResponsesChargeTheirReportedTotalAndParts(t *testing.T) {
 				t.Errorf("%s: the body's usage reads as %+v, the manifest's usage_reported as %+v", e.File, want, fromManifest)
 			}
 		}
-		if parts := (Usage{CacheRead: got.CacheRead, CacheWrite: got.CacheWrite, Reasoning: got.Reasoning,
+		if parts := (Usage{UncachedInput: got.UncachedInput, CacheRead: got.CacheRead, CacheWrite: got.CacheWrite, Reasoning: got.Reasoning,
 			AudioInput: got.AudioInput, AudioOutput: got.AudioOutput}); parts != want {
 			t.Errorf("%s: got parts %+v, want %+v", e.File, parts, want)
 		}
-		t.Logf("%-55s total %6d in %6d out %5d | cache read %6d write %5d reasoning %5d audio in %4d out %4d",
-			e.File, got.Total, got.Input, got.Output, got.CacheRead, got.CacheWrite, got.Reasoning, got.AudioInput, got.AudioOutput)
+		t.Logf("%-55s total %6d in %6d out %5d | uncached in %6d | cache read %6d write %5d reasoning %5d audio in %4d out %4d",
+			e.File, got.Total, got.Input, got.Output, got.UncachedInput, got.CacheRead, got.CacheWrite, got.Reasoning, got.AudioInput, got.AudioOutput)
 	}
 }
 
@@ -214,7 +215,10 @@ func flatten(u map[string]any) map[string]float64 {
 	return out
 }
 
-// partsOf is the priced parts a provider's usage fields report.
+// partsOf is the priced parts a provider's usage fields report. The
+// uncached input is the input less what of it was read from a cache (OpenAI,
+// Gemini), or Anthropic's input_tokens, which counts neither cache writes
+// nor cache reads.
 func partsOf(provider string, f map[string]float64, iterations []any) Usage {
 	n := func(keys ...string) int64 {
 		var s float64
@@ -225,11 +229,13 @@ func partsOf(provider string, f map[string]float64, iterations []any) Usage {
 	}
 	switch provider {
 	case "openai":
+		cached := n("prompt_tokens_details.cached_tokens", "input_tokens_details.cached_tokens", "input_token_details.cached_tokens")
 		return Usage{
-			CacheRead:   n("prompt_tokens_details.cached_tokens", "input_tokens_details.cached_tokens", "input_token_details.cached_tokens"),
-			AudioInput:  n("prompt_tokens_details.audio_tokens", "input_token_details.audio_tokens"),
-			Reasoning:   n("completion_tokens_details.reasoning_tokens", "output_tokens_details.reasoning_tokens"),
-			AudioOutput: n("completion_tokens_details.audio_tokens", "output_token_details.audio_tokens"),
+			UncachedInput: n("prompt_tokens", "input_tokens") - cached,
+			CacheRead:     cached,
+			AudioInput:    n("prompt_tokens_details.audio_tokens", "input_token_details.audio_tokens"),
+			Reasoning:     n("completion_tokens_details.reasoning_tokens", "output_tokens_details.reasoning_tokens"),
+			AudioOutput:   n("completion_tokens_details.audio_tokens", "output_token_details.audio_tokens"),
 		}
 	case "anthropic":
 		if len(iterations) > 0 {
@@ -241,9 +247,10 @@ func partsOf(provider string, f map[string]float64, iterations []any) Usage {
 			}
 			return sum
 		}
-		return Usage{CacheRead: n("cache_read_input_tokens"), CacheWrite: n("cache_creation_input_tokens")}
+		return Usage{UncachedInput: n("input_tokens"), CacheRead: n("cache_read_input_tokens"), CacheWrite: n("cache_creation_input_tokens")}
 	case "gemini":
-		return Usage{CacheRead: n("cachedContentTokenCount"), Reasoning: n("thoughtsTokenCount")}
+		return Usage{UncachedInput: n("promptTokenCount", "toolUsePromptTokenCount") - n("cachedContentTokenCount"),
+			CacheRead: n("cachedContentTokenCount"), Reasoning: n("thoughtsTokenCount")}
 	}
 	return Usage{}
 }

@@ -154,6 +154,11 @@ const fieldsGemini = 1<<fieldPromptTokenCount | 1<<fieldCandidatesTokenCount |
 type Usage struct {
 	Total, Input, Output int64
 
+	// UncachedInput is the input read from no prompt cache and written to
+	// none: the part of Input that a model's input price prices (Input
+	// less CacheRead for OpenAI and Gemini, less CacheWrite for
+	// Anthropic).
+	UncachedInput int64
 	// CacheRead is input read from a prompt cache: inside Input for OpenAI
 	// and Gemini, beside it (in Total only) for Anthropic.
 	CacheRead int64
@@ -171,7 +176,8 @@ type Usage struct {
 func (u Usage) max(v Usage) Usage {
 	return Usage{
 		Total: max(u.Total, v.Total), Input: max(u.Input, v.Input), Output: max(u.Output, v.Output),
-		CacheRead: max(u.CacheRead, v.CacheRead), CacheWrite: max(u.CacheWrite, v.CacheWrite),
+		UncachedInput: max(u.UncachedInput, v.UncachedInput),
+		CacheRead:     max(u.CacheRead, v.CacheRead), CacheWrite: max(u.CacheWrite, v.CacheWrite),
 		Reasoning:  max(u.Reasoning, v.Reasoning),
 		AudioInput: max(u.AudioInput, v.AudioInput), AudioOutput: max(u.AudioOutput, v.AudioOutput),
 	}
@@ -181,7 +187,8 @@ func (u Usage) max(v Usage) Usage {
 func (u Usage) plus(v Usage) Usage {
 	return Usage{
 		Total: u.Total + v.Total, Input: u.Input + v.Input, Output: u.Output + v.Output,
-		CacheRead: u.CacheRead + v.CacheRead, CacheWrite: u.CacheWrite + v.CacheWrite,
+		UncachedInput: u.UncachedInput + v.UncachedInput,
+		CacheRead:     u.CacheRead + v.CacheRead, CacheWrite: u.CacheWrite + v.CacheWrite,
 		Reasoning:  u.Reasoning + v.Reasoning,
 		AudioInput: u.AudioInput + v.AudioInput, AudioOutput: u.AudioOutput + v.AudioOutput,
 	}
@@ -200,6 +207,7 @@ func (u Usage) Within(ceiling Usage) (Usage, bool) {
 	} else {
 		w.CacheRead = min(u.CacheRead, w.Total)
 	}
+	w.UncachedInput = min(u.UncachedInput, w.Input)
 	w.CacheWrite = min(u.CacheWrite, w.Input)
 	w.Reasoning = min(u.Reasoning, w.Output)
 	w.AudioInput = min(u.AudioInput, w.Input)
@@ -212,7 +220,8 @@ func (u Usage) Within(ceiling Usage) (Usage, bool) {
 func (u Usage) capped() Usage {
 	return Usage{
 		Total: min(u.Total, maxValue), Input: min(u.Input, maxValue), Output: min(u.Output, maxValue),
-		CacheRead: min(u.CacheRead, maxValue), CacheWrite: min(u.CacheWrite, maxValue),
+		UncachedInput: min(u.UncachedInput, maxValue),
+		CacheRead:     min(u.CacheRead, maxValue), CacheWrite: min(u.CacheWrite, maxValue),
 		Reasoning:  min(u.Reasoning, maxValue),
 		AudioInput: min(u.AudioInput, maxValue), AudioOutput: min(u.AudioOutput, maxValue),
 	}
@@ -247,7 +256,7 @@ type anthropicCounts [4]int64
 // models), and its cache writes are input like any other. Both are also
 // reported as parts: CacheWrite inside Input, CacheRead beside it.
 func (c anthropicCounts) usage() Usage {
-	return Usage{Total: c[0] + c[1] + c[2] + c[3], Input: c[0] + c[2], Output: c[1], CacheWrite: c[2], CacheRead: c[3]}
+	return Usage{Total: c[0] + c[1] + c[2] + c[3], Input: c[0] + c[2], Output: c[1], UncachedInput: c[0], CacheWrite: c[2], CacheRead: c[3]}
 }
 
 // openUsage starts a usage object.
@@ -390,6 +399,7 @@ func (t *tally) usage() (Usage, bool) {
 	v := &t.v
 	openai := withTotal(v[fieldTotalTokens], v[fieldPromptTokens], v[fieldCompletionTokens])
 	openai.CacheRead = min(v[fieldPromptCachedTokens], v[fieldPromptTokens])
+	openai.UncachedInput = v[fieldPromptTokens] - openai.CacheRead
 	openai.AudioInput = min(v[fieldPromptAudioTokens], v[fieldPromptTokens])
 	openai.Reasoning = min(v[fieldCompletionReasoningTokens], v[fieldCompletionTokens])
 	openai.AudioOutput = min(v[fieldCompletionAudioTokens], v[fieldCompletionTokens])
@@ -403,10 +413,15 @@ func (t *tally) usage() (Usage, bool) {
 		AudioOutput: min(v[fieldOutputAudioTokens], v[fieldOutputTokens]),
 	}
 	anthropic := anthropicCounts(v[fieldInputTokens : fieldCacheReadInputTokens+1]).usage().max(t.iter.charge())
+	// input_tokens is uncached for Anthropic, and holds the cached part
+	// that input_tokens_details reports for the Responses API (which
+	// Anthropic never sends).
+	anthropic.UncachedInput -= responses.CacheRead
 	gemini := withTotal(v[fieldTotalTokenCount],
 		v[fieldPromptTokenCount]+v[fieldToolUsePromptTokenCount],
 		v[fieldCandidatesTokenCount]+v[fieldThoughtsTokenCount])
 	gemini.CacheRead = min(v[fieldCachedContentTokenCount], v[fieldPromptTokenCount])
+	gemini.UncachedInput = gemini.Input - gemini.CacheRead
 	gemini.Reasoning = v[fieldThoughtsTokenCount]
 	return openai.max(responses).max(anthropic).max(gemini), true
 }

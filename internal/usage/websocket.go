@@ -36,8 +36,8 @@ import (
 // realtimeRetainedBuffer.
 type RealtimeTap struct {
 	// Counted since the last Take.
-	total, input, output               atomic.Int64
-	cacheRead, audioInput, audioOutput atomic.Int64
+	total, input, output                              atomic.Int64
+	uncachedInput, cacheRead, audioInput, audioOutput atomic.Int64
 
 	skips   atomic.Int64 // unmetered messages
 	clamped atomic.Int64 // responses that reported more than perResponse
@@ -165,7 +165,7 @@ func (t *RealtimeTap) Write(p []byte) (int, error) {
 func (t *RealtimeTap) Take() Usage {
 	return Usage{
 		// The parts first: meter adds the wholes first.
-		CacheRead: t.cacheRead.Swap(0), AudioInput: t.audioInput.Swap(0), AudioOutput: t.audioOutput.Swap(0),
+		UncachedInput: t.uncachedInput.Swap(0), CacheRead: t.cacheRead.Swap(0), AudioInput: t.audioInput.Swap(0), AudioOutput: t.audioOutput.Swap(0),
 		Total: t.total.Swap(0), Input: t.input.Swap(0), Output: t.output.Swap(0),
 	}
 }
@@ -319,9 +319,10 @@ func (t *RealtimeTap) meter(msg []byte) {
 	}
 	u := &ev.Response.Usage
 	in, out := int64(u.InputTokens), int64(u.OutputTokens)
+	cached := min(int64(u.InputTokenDetails.CachedTokens), in)
 	reported := Usage{
 		Total: int64(u.TotalTokens), Input: in, Output: out,
-		CacheRead:   min(int64(u.InputTokenDetails.CachedTokens), in),
+		UncachedInput: in - cached, CacheRead: cached,
 		AudioInput:  min(int64(u.InputTokenDetails.AudioTokens), in),
 		AudioOutput: min(int64(u.OutputTokenDetails.AudioTokens), out),
 	}
@@ -332,6 +333,7 @@ func (t *RealtimeTap) meter(msg []byte) {
 	t.total.Add(counted.Total)
 	t.input.Add(counted.Input)
 	t.output.Add(counted.Output)
+	t.uncachedInput.Add(counted.UncachedInput)
 	t.cacheRead.Add(counted.CacheRead)
 	t.audioInput.Add(counted.AudioInput)
 	t.audioOutput.Add(counted.AudioOutput)

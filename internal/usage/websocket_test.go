@@ -22,11 +22,12 @@ func feedTap(maxMessage int, chunks ...[]byte) *RealtimeTap {
 	return t
 }
 
-// doneUsage is what usagetest.Done events of these totals add up to.
+// doneUsage is what usagetest.Done events of these totals add up to: each
+// has 1 input token (none of it cached) and 2 output tokens.
 func doneUsage(totals ...int64) Usage {
 	var u Usage
 	for _, n := range totals {
-		u = u.plus(Usage{Total: n, Input: 1, Output: 2})
+		u = u.plus(Usage{Total: n, Input: 1, Output: 2, UncachedInput: 1})
 	}
 	return u
 }
@@ -54,7 +55,7 @@ func TestRealtimeTapCountsEachResponseAtMostItsCeiling(t *testing.T) {
 	tap.Write(usagetest.Text(usagetest.Done(10, 0)))
 	tap.Write(usagetest.Text(`{"type":"response.done","response":{"usage":{"total_tokens":1e20,"input_tokens":5,"output_tokens":1e20}}}`))
 	tap.Write(usagetest.Text(usagetest.Done(20, 0)))
-	want := doneUsage(10, 20).plus(Usage{Total: 1000, Input: 5, Output: 500})
+	want := doneUsage(10, 20).plus(Usage{Total: 1000, Input: 5, Output: 500, UncachedInput: 5})
 	if got := tap.Take(); got != want {
 		t.Fatalf("took %+v, want %+v", got, want)
 	}
@@ -73,14 +74,14 @@ func TestRealtimeTapTakesTheTotalInputAndOutputTokensOfResponseDone(t *testing.T
 		`"input_token_details":{"text_tokens":224,"audio_tokens":800,"image_tokens":0,"cached_tokens":768,` +
 		`"cached_tokens_details":{"text_tokens":128,"audio_tokens":640,"image_tokens":0}},` +
 		`"output_token_details":{"text_tokens":66,"audio_tokens":200}}`))
-	usagetest.CheckTap(t, tap, Usage{Total: 1290, Input: 1024, Output: 266, CacheRead: 768, AudioInput: 800, AudioOutput: 200}, 0)
+	usagetest.CheckTap(t, tap, Usage{Total: 1290, Input: 1024, Output: 266, UncachedInput: 1024 - 768, CacheRead: 768, AudioInput: 800, AudioOutput: 200}, 0)
 	// Responses add up, each count on its own.
 	tap.Write(usagetest.Stream(
 		done(`{"total_tokens":300,"input_tokens":200,"output_tokens":100}`),
 		usagetest.Text(usagetest.AudioDelta),
 		done(`{"total_tokens":45,"input_tokens":40,"output_tokens":5}`),
 	))
-	usagetest.CheckTap(t, tap, Usage{Total: 345, Input: 240, Output: 105}, 0)
+	usagetest.CheckTap(t, tap, Usage{Total: 345, Input: 240, Output: 105, UncachedInput: 200 + 40}, 0)
 }
 
 func TestRealtimeTapCountsOnlyResponseDoneUsage(t *testing.T) {
@@ -90,18 +91,18 @@ func TestRealtimeTapCountsOnlyResponseDoneUsage(t *testing.T) {
 		want Usage
 	}{
 		{"response.done", usagetest.Done(42, 0), doneUsage(42)},
-		{"type not first, whitespace", `{ "response" : { "usage" : { "output_tokens" : 5 , "total_tokens" : 9 , "input_tokens" : 4 } } , "type" : "response.done" }`, Usage{Total: 9, Input: 4, Output: 5}},
+		{"type not first, whitespace", `{ "response" : { "usage" : { "output_tokens" : 5 , "total_tokens" : 9 , "input_tokens" : 4 } } , "type" : "response.done" }`, Usage{Total: 9, Input: 4, Output: 5, UncachedInput: 4}},
 		{"other event with usage", `{"type":"response.created","response":{"usage":{"total_tokens":5,"input_tokens":5}}}`, Usage{}},
 		{"transcript quoting the type", `{"type":"response.output_text.delta","delta":"\"response.done\" {\"usage\":{\"total_tokens\":5}}"}`, Usage{}},
 		{"type only in a nested object", `{"type":"conversation.item.created","item":{"type":"response.done","response":{"usage":{"total_tokens":5}}}}`, Usage{}},
 		{"usage null", `{"type":"response.done","response":{"usage":null}}`, Usage{}},
 		{"no usage (cancelled)", `{"type":"response.done","response":{"status":"cancelled"}}`, Usage{}},
 		// Each count is read on its own: one that is not a count adds nothing.
-		{"no total", `{"type":"response.done","response":{"usage":{"input_tokens":7,"output_tokens":3}}}`, Usage{Total: 0, Input: 7, Output: 3}},
-		{"total_tokens not a number", `{"type":"response.done","response":{"usage":{"total_tokens":"5","input_tokens":2,"output_tokens":3}}}`, Usage{Total: 0, Input: 2, Output: 3}},
+		{"no total", `{"type":"response.done","response":{"usage":{"input_tokens":7,"output_tokens":3}}}`, Usage{Total: 0, Input: 7, Output: 3, UncachedInput: 7}},
+		{"total_tokens not a number", `{"type":"response.done","response":{"usage":{"total_tokens":"5","input_tokens":2,"output_tokens":3}}}`, Usage{Total: 0, Input: 2, Output: 3, UncachedInput: 2}},
 		{"counts not numbers", `{"type":"response.done","response":{"usage":{"total_tokens":5,"input_tokens":null,"output_tokens":{"text_tokens":3}}}}`, Usage{Total: 5, Input: 0, Output: 0}},
 		{"negative counts", `{"type":"response.done","response":{"usage":{"total_tokens":-5,"input_tokens":-1,"output_tokens":3}}}`, Usage{Total: 0, Input: 0, Output: 3}},
-		{"huge counts are capped", `{"type":"response.done","response":{"usage":{"total_tokens":99999999999999999999999,"input_tokens":1e30,"output_tokens":12.0}}}`, Usage{Total: maxValue, Input: maxValue, Output: 12}},
+		{"huge counts are capped", `{"type":"response.done","response":{"usage":{"total_tokens":99999999999999999999999,"input_tokens":1e30,"output_tokens":12.0}}}`, Usage{Total: maxValue, Input: maxValue, Output: 12, UncachedInput: maxValue}},
 		{"invalid JSON", `{"type":"response.done","response":{"usage":{"total_tokens":5}}`, Usage{}},
 		{"not JSON", `"response.done"`, Usage{}},
 		{"empty", ``, Usage{}},
@@ -131,7 +132,7 @@ func TestRealtimeTapParsesFrameHeadersSplitAtEveryByte(t *testing.T) {
 		usagetest.Frame{Op: usagetest.OpCont, Fin: true, LenForm: 16, Mask: key, Payload: done[half:]}.Bytes(),
 		usagetest.Frame{Op: usagetest.OpText, Fin: true}.Bytes(), // empty text message
 	)
-	want := Usage{Total: 6 * 3, Input: 6 * 1, Output: 6 * 2}
+	want := Usage{Total: 6 * 3, Input: 6 * 1, Output: 6 * 2, UncachedInput: 6 * 1}
 	usagetest.CheckTap(t, feedTap(MaxEvent, stream), want, 0)
 	usagetest.CheckTap(t, feedTap(MaxEvent, usagetest.Bytewise(stream)...), want, 0)
 	for i := 0; i <= len(stream); i++ {
@@ -394,7 +395,7 @@ func TestRealtimeTapSerializesConcurrentWritersOfWholeFrames(t *testing.T) {
 		wg.Wait()
 		total.take(tap)
 		// Each writer: 167 Writes of two events and 333 of one.
-		want := Usage{Total: 667*1 + 667*2, Input: 2 * 667, Output: 2 * 2 * 667}
+		want := Usage{Total: 667*1 + 667*2, Input: 2 * 667, Output: 2 * 2 * 667, UncachedInput: 2 * 667}
 		if total.sum != want || tap.Unmetered() != 0 || tap.fault {
 			t.Fatalf("usage %+v, unmetered %d, fault %v; want %+v, 0, false", total.sum, tap.Unmetered(), tap.fault, want)
 		}
@@ -429,7 +430,7 @@ func TestRealtimeTapSerializesConcurrentWritersOfWholeFrames(t *testing.T) {
 		})
 		wg.Wait()
 		total.take(tap)
-		if want := (Usage{Total: 300 * 2, Input: 300 * 1, Output: 300 * 2}); total.sum != want || tap.Unmetered() != 0 || tap.fault {
+		if want := (Usage{Total: 300 * 2, Input: 300 * 1, Output: 300 * 2, UncachedInput: 300 * 1}); total.sum != want || tap.Unmetered() != 0 || tap.fault {
 			t.Fatalf("usage %+v, unmetered %d, fault %v; want %+v, 0, false", total.sum, tap.Unmetered(), tap.fault, want)
 		}
 	})

@@ -76,38 +76,51 @@ var Goldens = []Golden{
 // Parts are the parts of a charge that are priced apart: the
 // usage.Usage fields beside Total, Input and Output (see package usage).
 type Parts struct {
-	CacheRead, CacheWrite, Reasoning, AudioInput, AudioOutput int64
+	UncachedInput, CacheRead, CacheWrite, Reasoning, AudioInput, AudioOutput int64
 }
 
 // GoldenParts are the parts each golden sample must charge, by file; a file
-// not listed charges none.
+// not listed charges none. UncachedInput, the input at the full input price,
+// is prompt_tokens (input_tokens for the Responses API) less its
+// cached_tokens for OpenAI; input_tokens for Anthropic (cache creation and
+// cache reads are priced apart), summed over the iterations where larger;
+// promptTokenCount + toolUsePromptTokenCount less cachedContentTokenCount
+// for Gemini.
 var GoldenParts = map[string]Parts{
 	// OpenAI: *_tokens_details, parts of prompt_tokens / completion_tokens
 	// (input_tokens / output_tokens for the Responses API).
-	"openai_chat.json":           {CacheRead: 1024},
-	"openai_chat_reasoning.json": {Reasoning: 1024},
+	"openai_chat.json":            {UncachedInput: 1117 - 1024, CacheRead: 1024},
+	"openai_chat_stream.sse":      {UncachedInput: 19 - 0},
+	"openai_chat_reasoning.json":  {UncachedInput: 75 - 0, Reasoning: 1024},
+	"openai_completions.json":     {UncachedInput: 5},
+	"openai_embeddings.json":      {UncachedInput: 8},
+	"openai_responses.json":       {UncachedInput: 36 - 0},
+	"openai_responses_stream.sse": {UncachedInput: 37 - 0},
 	// audio_tokens, cached or not, inside prompt_tokens; audio output inside
 	// completion_tokens (text_tokens are not read).
-	"openai_chat_audio.json":                {CacheRead: 1152, AudioInput: 410, AudioOutput: 188},
-	"openai_responses_reasoning_stream.sse": {CacheRead: 1920, Reasoning: 448},
+	"openai_chat_audio.json":                {UncachedInput: 1346 - 1152, CacheRead: 1152, AudioInput: 410, AudioOutput: 188},
+	"openai_responses_reasoning_stream.sse": {UncachedInput: 2150 - 1920, CacheRead: 1920, Reasoning: 448},
 	// Anthropic: cache_read_input_tokens (beside input_tokens) and
 	// cache_creation_input_tokens (inside Input), the latest of each; with
 	// usage.iterations, the sum over them where larger.
-	"anthropic_messages.json":          {CacheRead: 1800, CacheWrite: 2051},
-	"anthropic_messages_stream.sse":    {CacheRead: 1024}, // message_start's, message_delta leaves it
-	"anthropic_compat_stream.sse":      {CacheRead: 10},
-	"anthropic_stream_lower_delta.sse": {CacheRead: 512},
-	"anthropic_compaction_stream.sse":  {CacheRead: 31200 + 0, CacheWrite: 0 + 1200},
-	"anthropic_compaction.json":        {CacheRead: 2048 + 0, CacheWrite: 0 + 300},
+	"anthropic_messages.json":          {UncachedInput: 2095, CacheRead: 1800, CacheWrite: 2051},
+	"anthropic_messages_stream.sse":    {UncachedInput: 472, CacheRead: 1024}, // message_start's, message_delta leaves them
+	"anthropic_compat_stream.sse":      {UncachedInput: 118, CacheRead: 10},   // input 120, then 118
+	"anthropic_stream_lower_delta.sse": {UncachedInput: 2097, CacheRead: 512}, // input 2100, then 2097
+	"anthropic_stream_error.sse":       {UncachedInput: 310},
+	"anthropic_compaction_stream.sse":  {UncachedInput: 240 + 315, CacheRead: 31200 + 0, CacheWrite: 0 + 1200},
+	"anthropic_compaction.json":        {UncachedInput: 18750 + 96, CacheRead: 2048 + 0, CacheWrite: 0 + 300},
 	// cache_creation_input_tokens, not its 5m/1h breakdown.
-	"anthropic_cache_stream.sse": {CacheRead: 4200, CacheWrite: 1500},
+	"anthropic_cache_stream.sse": {UncachedInput: 12, CacheRead: 4200, CacheWrite: 1500},
 	// Gemini: cachedContentTokenCount (inside promptTokenCount) and
 	// thoughtsTokenCount (inside Output), of the last usageMetadata.
-	"gemini_generate.json":     {CacheRead: 1024, Reasoning: 46},
-	"gemini_tool_use.json":     {Reasoning: 388},
-	"gemini_stream.sse":        {Reasoning: 42},
-	"gemini_stream_down.sse":   {Reasoning: 24},
-	"gemini_cached_stream.sse": {CacheRead: 4096, Reasoning: 360},
+	"gemini_generate.json":          {UncachedInput: 1208 - 1024, CacheRead: 1024, Reasoning: 46},
+	"gemini_tool_use.json":          {UncachedInput: 320 + 1450, Reasoning: 388},
+	"gemini_stream.sse":             {UncachedInput: 11, Reasoning: 42},
+	"gemini_stream_array.json":      {UncachedInput: 6},
+	"gemini_stream_down.sse":        {UncachedInput: 38, Reasoning: 24}, // prompt 42, then 38
+	"gemini_stream_array_down.json": {UncachedInput: 7},                 // prompt 9, then 7
+	"gemini_cached_stream.sse":      {UncachedInput: 5210 - 4096, CacheRead: 4096, Reasoning: 360},
 }
 
 //go:embed testdata

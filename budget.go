@@ -1,0 +1,211 @@
+package ratelimit
+
+import (
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+	_ "time/tzdata" // budget_timezone names a zone whether or not the machine has a zoneinfo database
+
+	"github.com/rolter/caddy-ratelimit/internal/pricing"
+	"github.com/rolter/caddy-ratelimit/internal/usage"
+)
+
+// Spend budgets. A limit may cap what its scope id spends per calendar
+// day and per calendar month (budget_day, budget_month), in US dollars, at
+// the prices of the models its requests ask for (internal/pricing). Money
+// is an int64 of nano-dollars throughout, never a float.
+//
+// Each budget's period keeps two counters: what is spent (the costs of
+// the responses settled in it) and what is reserved (the largest costs of
+// the requests admitted in it and not yet settled). A request is admitted
+// only if, for every budget of its chain, spent + reserved + its largest
+// cost is within the budget, in the same atomic step as everything else
+// it is admitted on; it then adds its largest cost to what is reserved.
+// When its response ends, the reservation is taken back from what is
+// reserved and the real cost added to what is spent, in the period the
+// reservation was made in, never taking a counter below zero. A request
+// that reserves nothing (reserve_tokens off, a realtime session) is
+// admitted while spent + reserved is below the budget, and its cost is
+// charged as its usage is reported.
+//
+// A period is a calendar day or month in the time zone of budget_timezone,
+// decided by the store's clock: the keys a call names are those of the
+// gateway's minute, and admit.lua runs nothing in another minute than its
+// own (window.go). Every time zone starts its days on a whole minute, so
+// the minute decides the day and the month too. A period's counters are
+// named by its start, "<prefix>spent:day:<unix seconds>" and
+// "<prefix>reserved:day:<unix seconds>" (month for a month), and live a
+// few days past their period for the settlements of long responses.
+
+// budgetPeriod is what a budget covers: a calendar day or month.
+type budgetPeriod uint8
+
+const (
+	budgetDay budgetPeriod = iota
+	budgetMonth
+	numBudgetPeriods
+)
+
+// String is the period's name in placeholders, metrics, messages and keys.
+func (p budgetPeriod) String() string { return [...]string{"day", "month"}[p] }
+
+// capName is the budget's name in the config.
+func (p budgetPeriod) capName() string { return "budget_" + p.String() }
+
+// budgetCaps are a limit's spend budgets.
+type budgetCaps struct {
+	max      [numBudgetPeriods]int64 // nano-dollars, by budgetPeriod; 0: none
+	calendar *calendar               // whose days and months they cover; set with a budget
+}
+
+// eachBudget yields the budgets the limit caps, in budgetPeriod order.
+func (c *limitCaps) eachBudget(yield func(budgetPeriod, int64) bool) {
+	for p, budget := range c.budgets.max {
+		if budget > 0 && !yield(budgetPeriod(p), budget) {
+			return
+		}
+	}
+}
+
+// budgeted reports whether a limit of chain has a budget: its requests
+// then need a price.
+func budgeted(chain []limit) bool {
+	for _, l := range chain {
+		if l.budgets.max != [numBudgetPeriods]int64{} {
+			return true
+		}
+	}
+	return false
+}
+
+// fitsBudget reports whether an admission of cost fits a budget whose
+// period holds spent and reserved: while spent + reserved + cost is within
+// it, or, for a request that reserves nothing, while spent + reserved is
+// below it.
+func fitsBudget(spent, reserved, budget, cost int64) bool {
+	if cost == 0 {
+		return spent+reserved < budget
+	}
+	return spent+reserved+cost <= budget
+}
+
+// calendar is the days and months of one time zone. Calendars are shared
+// by name, so that the caps of handlers with the same zone compare equal.
+type calendar struct {
+	name string
+	loc  *time.Location
+	// spans caches the periods of the last minute asked for: every
+	// admission of a chain with budgets asks.
+	spans atomic.Pointer[calendarMinute]
+}
+
+// calendarMinute is the periods that hold one minute period.
+type calendarMinute struct {
+	minute int64
+	spans  [numBudgetPeriods]periodSpan
+}
+
+// periodSpan is a budget period: its start and its end, in unix
+// milliseconds.
+type periodSpan struct{ start, end int64 }
+
+// key is the counter of a budget period, spent or reserved, of the limit
+// with prefix.
+func (s periodSpan) key(prefix string, p budgetPeriod, reserved bool) string {
+	what := "spent:"
+	if reserved {
+		what = "reserved:"
+	}
+	return prefix + what + p.String() + ":" + strconv.FormatInt(floorDiv(s.start, 1000), 10)
+}
+
+var calendars sync.Map // zone name → *calendar
+
+// calendarOf is the calendar of the IANA time zone name ("" is UTC). Local
+// is refused: gateways in different zones would disagree on the periods.
+func calendarOf(name string) (*calendar, error) {
+	if name == "" {
+		name = "UTC"
+	}
+	if c, ok := calendars.Load(name); ok {
+		return c.(*calendar), nil
+	}
+	if name == "Local" {
+		return nil, fmt.Errorf("budget_timezone must name an IANA time zone such as Europe/Paris, not Local: every gateway must agree on when a day starts")
+	}
+	loc, err := time.LoadLocation(name)
+	if err != nil {
+		return nil, fmt.Errorf("budget_timezone %q is not an IANA time zone such as Europe/Paris or America/New_York", name)
+	}
+	c, _ := calendars.LoadOrStore(name, &calendar{name: name, loc: loc})
+	return c.(*calendar), nil
+}
+
+// span is the period p that holds the minute period minute.
+func (c *calendar) span(p budgetPeriod, minute int64) periodSpan {
+	if m := c.spans.Load(); m != nil && m.minute == minute {
+		return m.spans[p]
+	}
+	m := &calendarMinute{minute: minute}
+	t := time.UnixMilli(minute * minuteMillis).In(c.loc)
+	y, mo, d := t.Date()
+	m.spans[budgetDay] = c.between(time.Date(y, mo, d, 0, 0, 0, 0, c.loc), time.Date(y, mo, d+1, 0, 0, 0, 0, c.loc))
+	m.spans[budgetMonth] = c.between(time.Date(y, mo, 1, 0, 0, 0, 0, c.loc), time.Date(y, mo+1, 1, 0, 0, 0, 0, c.loc))
+	c.spans.Store(m)
+	return m.spans[p]
+}
+
+// between is the period from start to end, each the first moment of its
+// local date: where a change of clocks skips midnight, time.Date gives the
+// moment an hour before it, in the previous date, and the date starts
+// when that zone ends.
+func (c *calendar) between(start, end time.Time) periodSpan {
+	return periodSpan{start: firstMoment(start), end: firstMoment(end)}
+}
+
+func firstMoment(t time.Time) int64 {
+	if t.Hour() != 0 {
+		_, end := t.ZoneBounds()
+		return end.UnixMilli()
+	}
+	return t.UnixMilli()
+}
+
+// spanAt is the period p of c that holds the moment now.
+func (c *calendar) spanAt(p budgetPeriod, now moment) periodSpan { return c.span(p, now.minute) }
+
+// renewsIn is how many milliseconds after now the period p that holds it
+// ends: when a budget exhausted in it renews.
+func (c *calendar) renewsIn(p budgetPeriod, now moment) int64 {
+	return c.spanAt(p, now).end - now.unixMillis
+}
+
+// settlesBudget reports whether ch changes a budget of period p of c at
+// now: it has a cost to add or a reservation to take back, and it is for
+// the current period (a period that has ended is read by nothing).
+func (ch charge) settlesBudget(c *calendar, p budgetPeriod, now moment) bool {
+	if ch.tokens.cost == 0 && ch.unreserve == 0 {
+		return false
+	}
+	return ch.minute == 0 || c.span(p, ch.minute) == c.spanAt(p, now)
+}
+
+// pricedTokens are the tokens of a response's usage by how they are
+// priced: the input served from no cache and written to none, the cache
+// reads and writes, and the output with its reasoning and audio parts.
+func pricedTokens(u usage.Usage) pricing.Tokens {
+	return pricing.Tokens{
+		Input: u.UncachedInput, CacheRead: u.CacheRead, CacheWrite: u.CacheWrite,
+		Output: u.Output, Reasoning: u.Reasoning,
+		AudioInput: min(u.AudioInput, u.UncachedInput), AudioOutput: u.AudioOutput,
+	}
+}
+
+// costOf is what a response that reported u costs at price, in
+// nano-dollars: at most the largest budget, which a response that costs
+// more exhausts all the same, so that counters stay exact.
+func costOf(price pricing.Price, u usage.Usage) int64 {
+	return min(pricing.Cost(price, pricedTokens(u)), pricing.MaxBudget)
+}

@@ -1,0 +1,272 @@
+package ratelimit
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rolter/caddy-ratelimit/internal/pricing"
+)
+
+// newBudgetLimit is a limit without a hash tag with a day and a month
+// budget in nano-dollars (0: none) in the calendar of zone, and requests
+// per minute at perMinute (0: no cap).
+func newBudgetLimit(t testing.TB, scope, id string, day, month, perMinute int64, zone string) limit {
+	t.Helper()
+	c, err := calendarOf(zone)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caps := windowLimitCaps(windowCaps{rpm: perMinute})
+	caps.budgets = budgetCaps{max: [numBudgetPeriods]int64{budgetDay: day, budgetMonth: month}, calendar: c}
+	return newTaggedLimit("", scope, id, caps)
+}
+
+// localMillis is the unix milliseconds of a wall-clock time in zone.
+func localMillis(t testing.TB, zone string, year int, month time.Month, day, hour, minute, sec, ms int) int64 {
+	t.Helper()
+	loc, err := time.LoadLocation(zone)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return time.Date(year, month, day, hour, minute, sec, ms*1e6, loc).UnixMilli()
+}
+
+// admitCost admits chain on s at the pinned time, reserving cost
+// nano-dollars (and a token, so that the admission reserves).
+func admitCost(t *testing.T, s store, chain []limit, at, cost int64) admission {
+	t.Helper()
+	a, err := pinned(s, at).admit(context.Background(), chain, tokenCounts{total: 1, cost: cost})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// budgetState is what budget p of the chain's i-th limit holds at the
+// pinned time, as an admission reads it.
+func budgetState(t *testing.T, s store, chain []limit, i int, p budgetPeriod, at int64) (spent, reserved int64) {
+	t.Helper()
+	d, err := pinned(s, at).peek(context.Background(), chain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d.counts[i].spent[p], d.counts[i].reserved[p]
+}
+
+// settlement is the charge that settles an admission d that reserved
+// reserved at a real cost of cost.
+func settlement(d decision, cost int64) charge {
+	return charge{tokens: tokenCounts{total: 1 - d.reserve.total, cost: cost}, unreserve: d.reserve.cost, minute: d.now.minute}
+}
+
+const usd = pricing.NanoPerUSD
+
+func runBudgetConformance(t *testing.T, kit storeKit) {
+	t.Run("ABudgetAdmitsWhatFitsBesideWhatIsSpentAndReservedAndRefusesUntilItRenews", func(t *testing.T) {
+		s := kit.replicas(t, 1)[0]
+		const zone = "Europe/Paris"
+		at := localMillis(t, zone, 2026, time.March, 10, 15, 0, 0, 0)
+		chain := []limit{newBudgetLimit(t, "team", uniqueID(t), 10*usd, 0, 0, zone)}
+		for i := range 10 {
+			if a := admitCost(t, s, chain, at, usd); !a.admitted {
+				t.Fatalf("admission %d of 10 of $1 under $10 refused", i+1)
+			}
+		}
+		a := admitCost(t, s, chain, at, 1)
+		if a.admitted {
+			t.Fatal("a request was admitted beyond a budget full of reservations")
+		}
+		renews := localMillis(t, zone, 2026, time.March, 11, 0, 0, 0, 0)
+		if a.refusal.kind != budget || a.refusal.budget != budgetDay || a.refusal.waitMillis != renews-at || a.refusal.used != 10*usd {
+			t.Fatalf("refusal %+v, want a day budget's, of $10 used, renewing in %d ms", a.refusal, renews-at)
+		}
+		if a := admitCost(t, s, chain, renews-1, 1); a.admitted {
+			t.Fatal("admitted 1 ms before the day renews")
+		}
+		if a := admitCost(t, s, chain, renews, 10*usd); !a.admitted {
+			t.Fatal("the next day's first request, of the whole budget, was refused")
+		}
+	})
+
+	t.Run("ConcurrentAdmissionsAcrossReplicasAdmitExactlyWhatTheBudgetHolds", func(t *testing.T) {
+		stores := kit.replicas(t, 3)
+		at := pinnedBase()
+		chain := []limit{newBudgetLimit(t, "key", uniqueID(t), 0, 10*(usd/4), 0, "UTC")}
+		var admitted atomic.Int64
+		var wg sync.WaitGroup
+		for i := range 40 {
+			s := pinned(stores[i%len(stores)], at)
+			wg.Go(func() {
+				a, err := s.admit(context.Background(), chain, tokenCounts{total: 1, cost: usd / 4})
+				if err != nil {
+					t.Error(err)
+				}
+				if a.admitted {
+					admitted.Add(1)
+				}
+			})
+		}
+		wg.Wait()
+		if n := admitted.Load(); n != 10 {
+			t.Fatalf("%d of 40 concurrent requests admitted against a budget that holds exactly 10", n)
+		}
+		if spent, reserved := budgetState(t, stores[0], chain, 0, budgetMonth, at); spent != 0 || reserved != 10*(usd/4) {
+			t.Fatalf("spent %d, reserved %d; want 0 and the 10 reservations", spent, reserved)
+		}
+	})
+
+	t.Run("ASettlementReplacesTheReservationByTheRealCostAndNeverGoesBelowZero", func(t *testing.T) {
+		s := kit.replicas(t, 1)[0]
+		at := pinnedBase()
+		chain := []limit{newBudgetLimit(t, "key", uniqueID(t), 5*usd, 50*usd, 0, "UTC")}
+		var ds []decision
+		for range 3 {
+			ds = append(ds, admitCost(t, s, chain, at, usd).decision)
+		}
+		pinned(s, at+1000)
+		settle(t, s, chain, settlement(ds[0], 300_000_001))
+		settle(t, s, chain, settlement(ds[1], 0))
+		for _, p := range []budgetPeriod{budgetDay, budgetMonth} {
+			if spent, reserved := budgetState(t, s, chain, 0, p, at+2000); spent != 300_000_001 || reserved != usd {
+				t.Fatalf("%s: spent %d, reserved %d; want 300000001 and one reservation of $1 left", p, spent, reserved)
+			}
+		}
+		// A settlement taking back more than is reserved (a reservation
+		// its period lost) leaves it at zero.
+		settle(t, s, chain, charge{tokens: tokenCounts{cost: 7}, unreserve: 100 * usd, minute: ds[2].now.minute})
+		if spent, reserved := budgetState(t, s, chain, 0, budgetDay, at+3000); spent != 300_000_008 || reserved != 0 {
+			t.Fatalf("spent %d, reserved %d; want 300000008 and 0", spent, reserved)
+		}
+	})
+
+	t.Run("ARefusedRequestReservesAndChargesNothingAnywhere", func(t *testing.T) {
+		s := kit.replicas(t, 1)[0]
+		at := pinnedBase()
+		id := uniqueID(t)
+		chain := []limit{newLimit("key", id, 5, 0), newBudgetLimit(t, "team", id, usd, usd, 0, "UTC")}
+		if a := admitCost(t, s, chain, at, usd+1); a.admitted || a.refusal.kind != budget || a.refusal.first != 1 {
+			t.Fatalf("admitted %v, refusal %+v; want the team's budget to refuse", a.admitted, a.refusal)
+		}
+		d, err := pinned(s, at).peek(context.Background(), chain)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.counts[0].w[rpm].cur != 0 || d.counts[1].reserved != [numBudgetPeriods]int64{} {
+			t.Fatalf("a refused request was charged: %+v", d.counts)
+		}
+	})
+
+	t.Run("ARequestWithoutAReservationIsAdmittedWhileTheBudgetIsNotSpentAndChargedAfter", func(t *testing.T) {
+		s := kit.replicas(t, 1)[0]
+		at := pinnedBase()
+		chain := []limit{newBudgetLimit(t, "key", uniqueID(t), usd, 0, 0, "UTC")}
+		for range 2 {
+			if !admitOrFail(t, s, chain, at).admitted {
+				t.Fatal("a request reserving nothing was refused by a budget not yet spent")
+			}
+			pinned(s, at)
+			settle(t, s, chain, charge{tokens: tokenCounts{total: 10, cost: usd / 2}})
+		}
+		a, err := pinned(s, at).admit(context.Background(), chain, tokenCounts{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.admitted || a.refusal.kind != budget {
+			t.Fatalf("admitted %v with the budget spent", a.admitted)
+		}
+	})
+
+	t.Run("AReservationSettledAfterMidnightLandsInItsOwnDayAndMonth", func(t *testing.T) {
+		s := kit.replicas(t, 1)[0]
+		const zone = "America/New_York"
+		chain := []limit{newBudgetLimit(t, "key", uniqueID(t), 10*usd, 100*usd, 0, zone)}
+		reserved := localMillis(t, zone, 2026, time.March, 9, 23, 59, 58, 0)
+		settled := localMillis(t, zone, 2026, time.March, 10, 0, 0, 2, 0)
+		d := admitCost(t, s, chain, reserved, 4*usd).decision
+		pinned(s, settled)
+		settle(t, s, chain, settlement(d, 3*usd))
+		if spent, res := budgetState(t, s, chain, 0, budgetDay, settled); spent != 0 || res != 0 {
+			t.Fatalf("the new day holds spent %d, reserved %d of a settlement of the day before", spent, res)
+		}
+		if spent, res := budgetState(t, s, chain, 0, budgetMonth, settled); spent != 3*usd || res != 0 {
+			t.Fatalf("the month holds spent %d, reserved %d; want the real cost, $3, and no reservation", spent, res)
+		}
+		// Across a month's end, neither new period takes it.
+		monthEnd := localMillis(t, zone, 2026, time.March, 31, 23, 59, 58, 0)
+		nextMonth := localMillis(t, zone, 2026, time.April, 1, 0, 0, 2, 0)
+		d = admitCost(t, s, chain, monthEnd, 4*usd).decision
+		pinned(s, nextMonth)
+		settle(t, s, chain, settlement(d, 3*usd))
+		for _, p := range []budgetPeriod{budgetDay, budgetMonth} {
+			if spent, res := budgetState(t, s, chain, 0, p, nextMonth); spent != 0 || res != 0 {
+				t.Fatalf("%s: the new period holds spent %d, reserved %d of a settlement of the last one", p, spent, res)
+			}
+		}
+	})
+
+	t.Run("AMonthRenewsAtTheFirstMomentOfTheNextMonthInItsTimeZone", func(t *testing.T) {
+		s := kit.replicas(t, 1)[0]
+		const zone = "Asia/Kolkata" // UTC+05:30: the month starts at 18:30 UTC
+		chain := []limit{newBudgetLimit(t, "org", uniqueID(t), 0, 2*usd, 0, zone)}
+		last := localMillis(t, zone, 2026, time.January, 31, 23, 59, 59, 999)
+		if !admitCost(t, s, chain, last-10_000, 2*usd).admitted {
+			t.Fatal("the month's whole budget was refused")
+		}
+		a := admitCost(t, s, chain, last, 1)
+		if a.admitted || a.refusal.waitMillis != 1 {
+			t.Fatalf("at the month's last millisecond: admitted %v, wait %d ms; want refused, renewing in 1 ms", a.admitted, a.refusal.waitMillis)
+		}
+		if time.UnixMilli(last+1).UTC().Format(time.RFC3339) != "2026-01-31T18:30:00Z" {
+			t.Fatal("the test's zone does not start its months at 18:30 UTC")
+		}
+		if !admitCost(t, s, chain, last+1, 2*usd).admitted {
+			t.Fatal("the next month's first millisecond refused its whole budget")
+		}
+	})
+}
+
+func TestCalendarPeriodsTileTimeInEveryZoneAcrossChangesOfClocks(t *testing.T) {
+	// Santiago and Havana skip midnight when their clocks go forward;
+	// Lord Howe moves by half an hour; Kolkata and Kathmandu are off UTC
+	// by half and three quarters of an hour.
+	for _, zone := range []string{"UTC", "America/Santiago", "America/Havana", "Australia/Lord_Howe", "Asia/Kolkata", "Asia/Kathmandu", "Europe/Paris"} {
+		c, err := calendarOf(zone)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range []budgetPeriod{budgetDay, budgetMonth} {
+			at := localMillis(t, zone, 2025, time.January, 1, 12, 0, 0, 0)
+			prev := c.span(p, floorDiv(at, minuteMillis))
+			for range 400 {
+				next := c.span(p, floorDiv(prev.end, minuteMillis))
+				if next.start != prev.end || next.end <= next.start {
+					t.Fatalf("%s %s: %v does not follow %v", zone, p, next, prev)
+				}
+				local := time.UnixMilli(next.start).In(c.loc)
+				if p == budgetMonth && local.Day() != 1 || local.Add(-time.Millisecond).Day() == local.Day() {
+					t.Fatalf("%s %s: a period starts at %s, not on the first moment of a date", zone, p, local)
+				}
+				if next.start%minuteMillis != 0 {
+					t.Fatalf("%s %s: a period starts at %s, not on a whole minute", zone, p, local)
+				}
+				prev = next
+			}
+		}
+	}
+}
+
+func TestABudgetTimezoneMustBeAnIANAZone(t *testing.T) {
+	for _, zone := range []string{"Local", "Mars/Olympus_Mons", "+05:00"} {
+		if _, err := calendarOf(zone); err == nil {
+			t.Errorf("budget_timezone %q accepted", zone)
+		}
+	}
+	a, _ := calendarOf("Europe/Paris")
+	b, _ := calendarOf("Europe/Paris")
+	if a != b {
+		t.Error("two calendars of one zone: the caps of handlers with the same zone would differ")
+	}
+}
