@@ -259,6 +259,10 @@ local function write_requests(limit_count, requests_added, caps, caps_of, bucket
       end
       key_index = key_index + 1
     end
+    -- Each budget's two keys: write_reservations writes what it reserves.
+    for period = 1, 2 do
+      if caps[caps_of[limit]][6 + period] > 0 then key_index = key_index + 2 end
+    end
   end
 end
 

@@ -17,11 +17,12 @@ import (
 // millisecond at which it would admit absent traffic. Traffic only makes a
 // limit's request counters and bucket deficit grow, so Redis refuses that
 // limit, and with it every chain that holds it, at every moment before its
-// release. Token counters are another matter: a settlement gives back what
-// a reservation did not use, from any replica, so a tokens refusal may be
-// lifted before its release, and a request in flight may end at any moment
-// and free its slot; the cache leaves token windows and concurrency caps to
-// Redis and caches only what refuses on requests or a bucket. Refusals are therefore cached per limit, not
+// release. Token counters and budgets are another matter: a settlement
+// gives back what a reservation did not use, from any replica, so a tokens
+// or budget refusal may be lifted before its release, and a request in
+// flight may end at any moment and free its slot; the cache leaves token
+// windows, budgets and concurrency caps to Redis and caches only what
+// refuses on requests or a bucket. Refusals are therefore cached per limit, not
 // per chain (one org refusal answers for every key of the org), keyed by the
 // limit's counters and caps (a limit whose caps a reload changed misses at
 // once), and an admission is never cached.
@@ -159,8 +160,8 @@ func (c *refusalCache) refusedLocally(chain []limit, now time.Time) (a admission
 	return admission{decision: d, limits: sub, refusal: refusalOf(cached, d)}, true
 }
 
-// cachedCaps is l as the cache decides it: without its token windows and
-// its concurrency cap, which the cache leaves to the store.
+// cachedCaps is l as the cache decides it: without its token windows, its
+// concurrency cap and its budgets, which the cache leaves to the store.
 func cachedCaps(l limit) limit {
 	for k := range l.each {
 		if k.kind() != requests {
@@ -169,6 +170,7 @@ func cachedCaps(l limit) limit {
 	}
 	l.capped = l.windows.mask()
 	l.concurrent = concurrencyCap{}
+	l.budgets = budgetCaps{}
 	return l
 }
 

@@ -53,6 +53,22 @@ func randomCaps(t testing.TB, rng *rand.Rand) limitCaps {
 	if rng.IntN(10) < 3 {
 		caps.concurrent = concurrencyCap{max: 1 + rng.Int64N(4), leaseMillis: 3000 + rng.Int64N(3001)}
 	}
+	if rng.IntN(10) < 3 {
+		// In tens of nano-dollars, as costs come (randomReservation,
+		// randomUsage), in one of three calendars.
+		for p := range numBudgetPeriods {
+			if rng.IntN(3) > 0 {
+				caps.budgets.max[p] = 10 * (3 + rng.Int64N(30))
+			}
+		}
+		if caps.budgets.max != [numBudgetPeriods]int64{} {
+			c, err := calendarOf([]string{"UTC", "Asia/Kolkata", "America/New_York"}[rng.IntN(3)])
+			if err != nil {
+				t.Fatal(err)
+			}
+			caps.budgets.calendar = c
+		}
+	}
 	if caps == (limitCaps{}) {
 		caps = windowLimitCaps(windowCaps{rpm: 3})
 	}
@@ -65,20 +81,21 @@ func randomChain(rng *rand.Rand, n, most int) []int {
 }
 
 // randomReservation is a request's reservation of input and output tokens,
-// up to past the caps of randomCaps; either part may be none.
+// and their largest cost, up to past the caps of randomCaps; either part
+// may be none, and so may the cost (a model priced at 0).
 func randomReservation(rng *rand.Rand) tokenCounts {
 	in, out := 10*rng.Int64N(6), 10*rng.Int64N(5)
 	if in+out == 0 {
 		out = 10
 	}
-	return tokenCounts{total: in + out, input: in, output: out}
+	return tokenCounts{total: in + out, input: in, output: out, cost: 10 * rng.Int64N(8)}
 }
 
 // randomUsage is a response's usage: its total may be above its input and
-// output (Anthropic's cache reads).
+// output (Anthropic's cache reads); and its cost.
 func randomUsage(rng *rand.Rand) tokenCounts {
 	in, out := 10*rng.Int64N(10), 10*rng.Int64N(6)
-	return tokenCounts{total: in + out + 10*rng.Int64N(2), input: in, output: out}
+	return tokenCounts{total: in + out + 10*rng.Int64N(2), input: in, output: out, cost: 10 * rng.Int64N(10)}
 }
 
 var (
@@ -97,14 +114,16 @@ const (
 // Go and in Lua: the same random history, run through both on pinned
 // clocks, gets the same answers. A history is admissions of random chains
 // of 1 to 4 limits from a pool of six with random caps (every kind of
-// window, token buckets, and caps on requests in flight with leases of a
-// few seconds), with and without reservations; settlements of the
+// window, token buckets, caps on requests in flight with leases of a few
+// seconds, and day and month budgets in three time zones), with and
+// without reservations of tokens and costs; settlements of the
 // reservations, which give tokens back or charge more in the reservation's
-// buckets; token charges of responses; frees of the slots of admitted
-// requests, each once, whether their lease is live or has lapsed;
-// renewals of every slot a store holds, on both at the same moment; peeks;
-// and clock steps of milliseconds to hours, some onto minute and day
-// boundaries, some onto the end of a lease. Every admission, refusal (its
+// buckets, and replace reserved costs by real ones in their periods; token
+// and cost charges of responses; frees of the slots of admitted requests,
+// each once, whether their lease is live or has lapsed; renewals of every
+// slot a store holds, on both at the same moment; peeks; and clock steps
+// of milliseconds to hours, some onto minute and day boundaries, some onto
+// the end of a lease or of a budget's period. Every admission, refusal (its
 // limit, kind, window and wait, or that it waits for a request in flight
 // to end) and count, the slots in flight included, is compared. Redis
 // answers some refusals from its refusal cache, which holds only what
@@ -169,15 +188,15 @@ func runAlikeHistories(t *testing.T, seed uint64, redisURL string) {
 	}
 	close(seeds)
 	workers.Wait()
-	t.Logf("%d histories of %d steps from seed %d in %v: %d admissions, %d admitted, %d refused by Redis's cache, %d refused for want of a slot; %d settlements, %d frees (%d of a lapsed lease), %d renewals",
-		n, alikeSteps, seed, time.Since(start), tally.admissions.Load(), tally.admitted.Load(), tally.cached.Load(), tally.slotRefusals.Load(),
+	t.Logf("%d histories of %d steps from seed %d in %v: %d admissions, %d admitted, %d refused by Redis's cache, %d refused for want of a slot, %d by a budget; %d settlements, %d frees (%d of a lapsed lease), %d renewals",
+		n, alikeSteps, seed, time.Since(start), tally.admissions.Load(), tally.admitted.Load(), tally.cached.Load(), tally.slotRefusals.Load(), tally.budgetRefusals.Load(),
 		tally.settlements.Load(), tally.frees.Load(), tally.lapsedFrees.Load(), tally.renewals.Load())
 }
 
 // alikeTally is what the histories did, so that a run shows what it
 // compared.
 type alikeTally struct {
-	admissions, admitted, cached, slotRefusals, settlements, frees, lapsedFrees, renewals atomic.Int64
+	admissions, admitted, cached, slotRefusals, budgetRefusals, settlements, frees, lapsedFrees, renewals atomic.Int64
 }
 
 // alikeHistory is one random history, run through the in-process store and
@@ -299,6 +318,8 @@ func (h *alikeHistory) admit() {
 		}
 	} else if a.refusal.untilFreed {
 		h.tally.slotRefusals.Add(1)
+	} else if a.refusal.kind == budget {
+		h.tally.budgetRefusals.Add(1)
 	}
 	if h.redis == nil {
 		return
@@ -354,6 +375,7 @@ func withoutStoreCounts(a admission) admission {
 			}
 		}
 		a.counts[i].slots = 0
+		a.counts[i].spent, a.counts[i].reserved = [numBudgetPeriods]int64{}, [numBudgetPeriods]int64{}
 	}
 	return a
 }
@@ -376,7 +398,8 @@ func (h *alikeHistory) settle() {
 	if h.rng.IntN(4) > 0 {
 		used = randomUsage(h.rng)
 	}
-	c := charge{tokens: used.minus(r.reserved), minute: r.minute}
+	c := charge{tokens: used.minus(r.reserved), unreserve: r.reserved.cost, minute: r.minute}
+	c.tokens.cost = used.cost
 	h.tally.settlements.Add(1)
 	h.log("settle %s of minute %+d by %+v", scopesOf(r.chain), r.minute-floorDiv(h.now, minuteMillis), c.tokens)
 	settle(h.t, pinned(h.memory, h.now), r.chain, c)
@@ -510,14 +533,21 @@ func (h *alikeHistory) poolIndex(l limit) int {
 }
 
 // tick moves the clocks on by milliseconds, seconds, minutes or hours, or
-// onto the next minute or day boundary, or onto the end of the lease of
-// slots a limit last took or renewed (when that is still to come): its
-// last millisecond before, the boundary, or the millisecond after.
+// onto the next minute or day boundary, onto the end of the lease of slots
+// a limit last took or renewed (when that is still to come), or onto the
+// end of a budget's period: its last millisecond before, the boundary, or
+// the millisecond after.
 func (h *alikeHistory) tick() {
 	const dayMillis = dayMinutes * minuteMillis
 	if end := h.leaseEnds[h.rng.IntN(alikePool)]; end > h.now && h.rng.IntN(2) == 0 {
 		h.now = max(h.now, end-1+h.rng.Int64N(3))
 		h.log("tick onto a lease's end")
+		return
+	}
+	if l := h.pool[h.rng.IntN(alikePool)]; l.budgets.calendar != nil && h.rng.IntN(2) == 0 {
+		end := l.budgets.calendar.spanAt(budgetPeriod(h.rng.IntN(int(numBudgetPeriods))), momentAt(h.now)).end
+		h.now = max(h.now, end-1+h.rng.Int64N(3))
+		h.log("tick onto the end of %s's budget period", l.scope)
 		return
 	}
 	switch h.rng.IntN(6) {
