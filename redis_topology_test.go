@@ -262,17 +262,7 @@ func TestSentinelFailoverResumesExactAdmissionOnTheNewPrimary(t *testing.T) {
 	old := set.KillPrimary(t)
 	set.WaitFailover(t, old)
 	chain := []limit{newLimit("org", uniqueID(t), 3, 0)}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		_, err := s.peek(ctx, chain)
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("admission did not resume on the new primary: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitNewPrimary(t, s, chain)
 	close(stop)
 	<-traffic
 	t.Logf("%d admissions during the failover, %d failed (on_redis_error)", during.Load(), failed.Load())
@@ -295,6 +285,24 @@ func TestSentinelFailoverResumesExactAdmissionOnTheNewPrimary(t *testing.T) {
 	}
 	for range 3 {
 		freeAndWait(t, s, inFlightChain)
+	}
+}
+
+// waitNewPrimary waits until s reads chain again after a failover: the
+// client finds the new primary only by asking the sentinels again after a
+// failed call, so it is asked until it does (for 10 s at most).
+func waitNewPrimary(t *testing.T, s store, chain []limit) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := s.peek(context.Background(), chain)
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the store does not read on the new primary: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
@@ -432,5 +440,83 @@ func TestClusterSlotsAreExactAndRenewedInEachChainsSlot(t *testing.T) {
 		if n := inFlight(t, stores[1], ch, 0, at); n != 1 {
 			t.Fatalf("root %d: %d in flight after the renewal, want 1", i, n)
 		}
+	}
+}
+
+// Budgets keep their guarantees on a cluster: their keys carry the chain's
+// hash tag, so 40 concurrent admissions across three limiters admit
+// exactly the 10 whose largest costs the org's month budget holds, and
+// their settlements, from another limiter, land in the chain's slot and
+// the reservations' period.
+func TestClusterBudgetsAreExactAndSettleInTheirSlot(t *testing.T) {
+	c := startRedisCluster(t, 3)
+	stores := clusterStores(t, c, 3)
+	at := pinnedBase() + 1000
+	org := "org-" + uniqueID(t)
+	tag := chainTag("org", org)
+	chain := []limit{
+		newTaggedLimit(tag, "key", "k", windowLimitCaps(windowCaps{rpm: 1 << 30})),
+		newTaggedLimit(tag, "org", org, newBudgetLimit(t, "org", org, 0, 10*usd, 0, "Europe/Paris").limitCaps),
+	}
+	var decisions []decision
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for i := range 40 {
+		s := pinned(stores[i%3], at)
+		wg.Go(func() {
+			a, err := s.admit(context.Background(), chain, tokenCounts{total: 1, cost: usd})
+			if err != nil {
+				t.Error(err)
+			}
+			if a.admitted {
+				mu.Lock()
+				decisions = append(decisions, a.decision)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if len(decisions) != 10 {
+		t.Fatalf("admitted %d of 40 admissions of $1 against a month budget of $10, want exactly 10", len(decisions))
+	}
+	month := chain[1].budgets.calendar.span(budgetMonth, at/minuteMillis)
+	spentKey, reservedKey := month.key(chain[1].prefix, budgetMonth, false), month.key(chain[1].prefix, budgetMonth, true)
+	if c.KeySlot(reservedKey) != c.KeySlot(periodKey(chain[0].prefix, rpm, at/minuteMillis)) {
+		t.Fatal("the org's budget keys are outside its chain's slot")
+	}
+	for _, d := range decisions {
+		settle(t, pinned(stores[2], at+5_000), chain, settlement(d, usd/4))
+	}
+	if spent, reserved := c.Count(t, spentKey), c.Count(t, reservedKey); spent != 10*usd/4 || reserved != 0 {
+		t.Fatalf("the org's month holds spent %d, reserved %d; want the 10 real costs, %d, and nothing reserved", spent, reserved, 10*usd/4)
+	}
+}
+
+// A Sentinel-managed primary holds budgets as a single node does, and so
+// does the primary that replaces it: what was spent is still spent.
+func TestSentinelBudgetsHoldAcrossAFailover(t *testing.T) {
+	set := startRedisSentinel(t)
+	s := newTestRedisStoreOf(t, &RedisConfig{Sentinel: &SentinelConfig{Master: set.MasterName(), URLs: sentinelURLs(set)}}, 200*time.Millisecond)
+	at := pinnedBase()
+	chain := []limit{newBudgetLimit(t, "team", uniqueID(t), 3*usd, 0, 0, "UTC")}
+	for range 2 {
+		d := admitCost(t, s, chain, at, usd).decision
+		settle(t, pinned(s, at), chain, settlement(d, usd))
+	}
+	// The replica must have the spend before the primary dies.
+	primary := redis.NewClient(&redis.Options{Addr: set.PrimaryAddr(t)})
+	n, err := primary.Do(context.Background(), "WAIT", 1, 2000).Int()
+	primary.Close()
+	if err != nil || n != 1 {
+		t.Fatalf("WAIT 1: %d replicas, %v", n, err)
+	}
+	old := set.KillPrimary(t)
+	set.WaitFailover(t, old)
+	waitNewPrimary(t, pinned(s, at), chain)
+	if !admitCost(t, s, chain, at, usd).admitted {
+		t.Fatal("the third dollar of a $3 budget was refused on the new primary")
+	}
+	if a := admitCost(t, s, chain, at, 1); a.admitted || a.refusal.kind != budget {
+		t.Fatalf("a request beyond the budget was admitted on the new primary (refusal %+v)", a.refusal)
 	}
 }
