@@ -2,12 +2,15 @@ package ratelimit
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/rolter/caddy-ratelimit/internal/pricing"
+	"github.com/rolter/caddy-ratelimit/internal/usage"
 )
 
 // newBudgetLimit is a limit without a hash tag with a day and a month
@@ -268,5 +271,60 @@ func TestABudgetTimezoneMustBeAnIANAZone(t *testing.T) {
 	b, _ := calendarOf("Europe/Paris")
 	if a != b {
 		t.Error("two calendars of one zone: the caps of handlers with the same zone would differ")
+	}
+}
+
+// Each provider's cached input is priced as it reports it: OpenAI's and
+// Gemini's prompt counts include their cache reads, Anthropic's input
+// excludes its cache reads and writes, which it reports apart; reasoning is
+// output. The costs are worked out by hand at $2.50 per million input
+// tokens, $10 output, $1.25 cache read, $3.125 cache write.
+func TestEachProvidersCachedInputIsPricedAsItReportsIt(t *testing.T) {
+	e, err := pricing.Inline("m", "2.50", "10", "1.25", "3.125")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		provider, body string
+		want           int64
+	}{
+		{"openai", `{"usage":{"prompt_tokens":2000,"completion_tokens":100,"total_tokens":2100,` +
+			`"prompt_tokens_details":{"cached_tokens":1500},"completion_tokens_details":{"reasoning_tokens":40}}}`,
+			500*2_500 + 1500*1_250 + 100*10_000},
+		{"openai responses", `{"response":{"usage":{"input_tokens":2000,"output_tokens":100,"total_tokens":2100,` +
+			`"input_tokens_details":{"cached_tokens":1500},"output_tokens_details":{"reasoning_tokens":40}}}}`,
+			500*2_500 + 1500*1_250 + 100*10_000},
+		{"anthropic", `{"usage":{"input_tokens":500,"cache_creation_input_tokens":1000,"cache_read_input_tokens":1500,"output_tokens":100}}`,
+			500*2_500 + 1000*3_125 + 1500*1_250 + 100*10_000},
+		{"gemini", `{"usageMetadata":{"promptTokenCount":2000,"cachedContentTokenCount":1500,"candidatesTokenCount":60,"thoughtsTokenCount":40,"totalTokenCount":2100}}`,
+			500*2_500 + 1500*1_250 + 100*10_000},
+	} {
+		m := usage.NewMeter(http.Header{"Content-Type": {"application/json"}})
+		m.Write([]byte(c.body))
+		u, metered := m.Finish()
+		if got := costOf(e.Price, u); !metered || got != c.want {
+			t.Errorf("%s: costs %d nano-dollars (metered %v), want %d", c.provider, got, metered, c.want)
+		}
+	}
+}
+
+// A budget refusal is each dialect's quota error: OpenAI's
+// insufficient_quota, Anthropic's enforced_spend_limit_reached, Google's
+// QuotaFailure beside the RetryInfo.
+func TestABudgetRefusalIsEachDialectsQuotaError(t *testing.T) {
+	e := errorAnswer{status: 429, message: "Budget reached", typ: "insufficient_quota", code: "insufficient_quota", scope: "team", retryMillis: 3_600_000, quota: true}
+	for d, want := range map[dialect]string{
+		dialectOpenAI:    `{"error":{"code":"insufficient_quota","message":"Budget reached","param":null,"type":"insufficient_quota"}}`,
+		dialectAnthropic: `{"error":{"details":{"error_code":"enforced_spend_limit_reached"},"message":"Budget reached","type":"rate_limit_error"},"type":"error"}`,
+		dialectGemini: `{"error":{"code":429,"details":[{"@type":"type.googleapis.com/google.rpc.QuotaFailure","violations":[{"description":"Budget reached","subject":"team"}]},` +
+			`{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"3600.000s"}],"message":"Budget reached","status":"RESOURCE_EXHAUSTED"}}`,
+	} {
+		w := httptest.NewRecorder()
+		if err := d.write(w, e); err != nil {
+			t.Fatal(err)
+		}
+		if got := w.Body.String(); got != want {
+			t.Errorf("dialect %d:\n%s\nwant\n%s", d, got, want)
+		}
 	}
 }

@@ -724,6 +724,13 @@ func TestARealtimeSessionHoldsOneSlotUntilItCloses(t *testing.T) {
 // line, or "" for the in-process store), read as an admission reads them.
 func slotsInStore(t *testing.T, storeLine string, l limit) int64 {
 	t.Helper()
+	return peekInStore(t, storeLine, l).counts[0].slots
+}
+
+// peekInStore reads l's counters in the store of a gateway's store line
+// ("" for the in-process store).
+func peekInStore(t *testing.T, storeLine string, l limit) decision {
+	t.Helper()
 	var s store
 	if storeLine == "" {
 		m, release, err := acquireMemoryStore()
@@ -739,7 +746,7 @@ func slotsInStore(t *testing.T, storeLine string, l limit) int64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return d.counts[0].slots
+	return d
 }
 
 // Through Caddy, with rpm 2 and concurrent 1 on one limit: a request

@@ -309,3 +309,52 @@ func TestASessionOverMaxConnectionsIsAnsweredInItsDialectAndHonoursOnRefusal(t *
 		closeAndWait(t, first)
 	})
 }
+
+// A session under a budget is admitted while the budget is not spent, and
+// charges each response's cost as it charges its tokens; once the budget is
+// spent a new session is refused by it, and a session whose model has no
+// price is refused before any store call.
+func TestRealtimeSessionsChargeEachResponsesCostToTheirBudgets(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		up := newRealtimeUpstream(t)
+		// A response of 100 tokens is 50 in and 50 out: $0.0002 + $0.0008.
+		gw := startGateway(t, up.URL, realtimeSite(store, up, "price gpt-realtime input 4 output 16\n\t\tlimit org * budget_day 0.002",
+			"flush_interval 100ms"))
+		id := realtimeIDs(t)
+		org, _ := calendarOf("UTC")
+		budgetLimit := newTaggedLimit("", "org", keyID(false, id.org), limitCaps{budgets: budgetCaps{max: [numBudgetPeriods]int64{budgetDay: 2_000_000}, calendar: org}})
+		conn := mustDial(t, gw, id)
+		respond(t, conn, 100)
+		waitSpent(t, store, budgetLimit, budgetDay, 1_000_000) // by a flush: the session is still open
+		respond(t, conn, 100)
+		closeAndWait(t, conn)
+		waitSpent(t, store, budgetLimit, budgetDay, 2_000_000)
+		if _, status, body := dial(t, gw, id, false); status != 429 || !strings.Contains(body, `"insufficient_quota"`) {
+			t.Fatalf("a session with the budget spent: %d %s, want 429 insufficient_quota", status, body)
+		}
+		other := realtimeIDs(t)
+		d := websocket.Dialer{HandshakeTimeout: 5 * time.Second}
+		_, res, err := d.Dial("ws"+strings.TrimPrefix(gw.url, "http")+"/v1/realtime?model=unpriced", http.Header{"Authorization": {other.key}, "X-Org": {other.org}})
+		if err == nil || res == nil || res.StatusCode != http.StatusBadRequest {
+			t.Fatalf("a session of a model without a price: %v %v, want 400", res, err)
+		}
+		res.Body.Close()
+	})
+}
+
+// waitSpent waits until budget p of l holds want nano-dollars spent in
+// store, and nothing reserved. Charges run in the background: poll for it.
+func waitSpent(t *testing.T, store string, l limit, p budgetPeriod, want int64) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		c := peekInStore(t, store, l).counts[0]
+		if c.spent[p] == want && c.reserved[p] == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("scope %s: the %s budget holds %d spent and %d reserved, want %d and 0", l.scope, p, c.spent[p], c.reserved[p], want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

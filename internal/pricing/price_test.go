@@ -2,6 +2,7 @@ package pricing
 
 import (
 	"errors"
+	"math"
 	"strings"
 	"testing"
 )
@@ -64,5 +65,21 @@ func TestBudgetsAreExactNanoDollarsUpToMaxBudget(t *testing.T) {
 	}
 	if MaxBudget >= 1<<53 {
 		t.Errorf("MaxBudget %d is not below 2^53", MaxBudget)
+	}
+}
+
+func TestFormatUSDIsExactWithAtLeastTwoDecimals(t *testing.T) {
+	for nano, want := range map[int64]string{
+		0: "0.00", 1: "0.000000001", 500 * NanoPerUSD: "500.00", 2_500_000_000: "2.50", 1_234_567_891: "1.234567891",
+		-1_500_000_000: "-1.50", MaxBudget: "1000000.00", math.MaxInt64: "9223372036.854775807", math.MinInt64: "-9223372036.854775808",
+	} {
+		if got := FormatUSD(nano); got != want {
+			t.Errorf("FormatUSD(%d) = %q, want %q", nano, got, want)
+		}
+		if nano > 0 && nano <= MaxBudget {
+			if back, err := ParseBudget(FormatUSD(nano)); err != nil || back != nano {
+				t.Errorf("ParseBudget(FormatUSD(%d)) = %d, %v", nano, back, err)
+			}
+		}
 	}
 }
