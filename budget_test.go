@@ -328,3 +328,26 @@ func TestABudgetRefusalIsEachDialectsQuotaError(t *testing.T) {
 		}
 	}
 }
+
+// A budget refusal names the scope, the budget and its period, what is
+// spent or reserved, and when it renews in its time zone, never the id;
+// its wait is exact to the renewal.
+func TestABudgetRefusalSaysWhichBudgetAndWhenItRenews(t *testing.T) {
+	const zone = "Europe/Paris"
+	at := localMillis(t, zone, 2026, time.March, 10, 15, 0, 0, 0)
+	chain := []limit{newLimit("key", "secret-key", 100, 0), newBudgetLimit(t, "team", "search", 10*usd, 0, 0, zone)}
+	d := decision{now: momentAt(at), counts: make([]counts, 2), reserve: tokenCounts{total: 10, cost: 2}}
+	d.counts[1].spent[budgetDay], d.counts[1].reserved[budgetDay] = 9*usd, usd-1
+	ref := refusalOf(chain, d)
+	if ref.first != 1 || ref.kind != budget || ref.windowName() != "day" || ref.waitMillis != 9*3600_000 || !ref.knowsWait() {
+		t.Fatalf("refusal %+v, want the team's day budget, renewing in 9 hours", ref)
+	}
+	want := "Budget reached for team: $10.00 per day, of which $9.999999999 is spent or reserved. It renews at 2026-03-11T00:00:00+01:00 (Europe/Paris); please try again then."
+	if got := ref.message(chain); got != want {
+		t.Fatalf("message\n%s\nwant\n%s", got, want)
+	}
+	d.reserve.cost = 1
+	if ref := refusalOf(chain, d); ref.first >= 0 {
+		t.Fatalf("a cost that fits exactly was refused: %+v", ref)
+	}
+}

@@ -23,8 +23,8 @@ func init() {
 }
 
 // Handler enforces caps on requests and tokens (all of them, input or output)
-// per minute and per day, token buckets, and caps on requests in flight,
-// over a chain of scopes. A request is admitted only if every limit
+// per minute and per day, token buckets, caps on requests in flight, and
+// spend budgets per calendar day and month, over a chain of scopes. A request is admitted only if every limit
 // of its chain fits, in one atomic step; a refused request gets a 429 that
 // LLM client SDKs understand and never reaches the next handler.
 //
@@ -34,8 +34,11 @@ func init() {
 //
 //	admitted             passed on, with the rate-limit headers
 //	refused              by a limit: 429 (or Status), Retry-After; or, too large for a
-//	                     token cap to ever fit, 429 with x-should-retry false and no wait;
-//	                     or by a cap on requests in flight, 429 without a wait
+//	                     token cap or a budget to ever fit, 429 with x-should-retry false
+//	                     and no wait; or by a cap on requests in flight, 429 without a
+//	                     wait; or by a spent budget, each dialect's quota error with the
+//	                     wait until it renews
+//	refused_no_price     under a budget, a model without a price: 400, before any store call
 //	refused_empty_scope  a required scope is empty: 403, before any store call
 //	refused_ambiguous_scope
 //	                     a scope's one header sent more than once, or two different
@@ -60,10 +63,11 @@ func init() {
 //	{http.rolter_ratelimit.refused_scope}  on a refusal: the first refusing scope's name,
 //	                                       or the required scope that is empty
 //	{http.rolter_ratelimit.refused_kind}   on a refusal by a limit: requests, tokens, input_tokens,
-//	                                       output_tokens, burst, too_large or concurrency
-//	{http.rolter_ratelimit.refused_window} on a refusal by a limit's window: minute or day
-//	                                       ("" for a bucket or a concurrency cap)
-//	{http.rolter_ratelimit.refused_limit}  on a refusal by a limit: its cap (a bucket's burst)
+//	                                       output_tokens, burst, too_large, concurrency or budget
+//	{http.rolter_ratelimit.refused_window} on a refusal by a limit's window: minute or day; by a
+//	                                       budget: day or month ("" for a bucket or a concurrency cap)
+//	{http.rolter_ratelimit.refused_limit}  on a refusal by a limit: its cap (a bucket's burst, a
+//	                                       budget in US dollars: 500.00)
 //	{http.rolter_ratelimit.retry_after}    on an answer that announces a wait (a refusal by a limit,
 //	                                       not too_large nor by requests in flight; a body over
 //	                                       body_memory): Retry-After, in seconds
