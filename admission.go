@@ -251,10 +251,15 @@ func scopeHeader(value string) string {
 // storeFailed applies on_redis_error: deny answers 503; allow passes the
 // request on unchecked, carrying, with headers scg, Spring Cloud Gateway's
 // answer to a failed store: X-RateLimit-Remaining -1 beside the bucket's
-// configuration.
+// configuration. A request under a budget is answered 503 whatever
+// on_redis_error says: spend that cannot be counted is never let through.
 func (h *Handler) storeFailed(w http.ResponseWriter, req *request, chain []limit, err error, next caddyhttp.Handler) error {
 	if h.OnRedisError == "deny" {
 		h.warn.log(h.logger, "rate limit store unavailable; refusing requests with 503 (on_redis_error deny)", zap.Error(err))
+		return h.answer(w, req, storeUnavailable)
+	}
+	if budgeted(chain) {
+		h.warn.log(h.logger, "rate limit store unavailable; refusing requests under a budget with 503 (their spend cannot be counted)", zap.Error(err))
 		return h.answer(w, req, storeUnavailable)
 	}
 	h.warn.log(h.logger, "rate limit store unavailable; admitting requests unchecked (on_redis_error allow)", zap.Error(err))

@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -349,5 +350,33 @@ func TestABudgetRefusalSaysWhichBudgetAndWhenItRenews(t *testing.T) {
 	d.reserve.cost = 1
 	if ref := refusalOf(chain, d); ref.first >= 0 {
 		t.Fatalf("a cost that fits exactly was refused: %+v", ref)
+	}
+}
+
+// A store that fails never lets spend through uncounted: with
+// on_redis_error allow, a request under no budget passes unchecked, and one
+// under a budget is answered 503.
+func TestARequestUnderABudgetIsRefusedWhenTheStoreFailsWhateverOnRedisErrorSays(t *testing.T) {
+	srv := startRedis(t)
+	up := newUpstream(t)
+	gw := startGateway(t, up.URL, fmt.Sprintf(`
+	rolter_ratelimit {
+		redis %s
+		scope org {http.request.header.X-Org}
+		price * input 1 output 1
+		limit org budgeted budget_month 100
+		limit org * rpm 100
+		on_redis_error allow
+	}
+	reverse_proxy {upstream}`, srv.URL()))
+	srv.Stop(t)
+	if res, body := gw.postChat(t, chatAbout1000, "X-Org: budgeted"); res.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("under a budget with the store down: %d %s, want 503", res.StatusCode, body)
+	}
+	if res, body := gw.postChat(t, chatAbout1000, "X-Org: other"); res.StatusCode != http.StatusOK {
+		t.Fatalf("under no budget with the store down: %d %s, want 200 (on_redis_error allow)", res.StatusCode, body)
+	}
+	if n := up.hits.Load(); n != 1 {
+		t.Fatalf("the upstream saw %d requests, want only the one under no budget", n)
 	}
 }

@@ -56,7 +56,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		                                           # <prefix>* is one pool for every id starting with
 //		                                           # <prefix> (the longest wins; an exact id beats it); * is the
 //		                                           # default for every id of that scope
-//		on_redis_error allow|deny                  # default allow (fail open); deny answers 503
+//		on_redis_error allow|deny                  # default allow (fail open; never under a budget); deny answers 503
 //		on_refusal respond|error                   # default respond: the handler writes the refusal itself
 //		status <code>                              # of every refusal by a limit, 400-599; default 429
 //		headers openai|ietf|scg|anthropic|off ...  # default: the dialect's (anthropic for Anthropic, else openai); several may be listed

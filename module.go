@@ -90,7 +90,8 @@ type Handler struct {
 	Limits []LimitConfig `json:"limits,omitempty"`
 
 	// OnRedisError is what happens when the store cannot answer: "allow"
-	// (the default: fail open) or "deny" (answer 503).
+	// (the default: fail open) or "deny" (answer 503). A request under a
+	// budget is answered 503 either way: its spend could not be counted.
 	OnRedisError string `json:"on_redis_error,omitempty"`
 
 	// OnRefusal is "respond" (the default: the handler writes the 429 itself)
