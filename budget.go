@@ -25,10 +25,15 @@ import (
 // it is admitted on; it then adds its largest cost to what is reserved.
 // When its response ends, the reservation is taken back from what is
 // reserved and the real cost added to what is spent, in the period the
-// reservation was made in, never taking a counter below zero. A request
-// that reserves nothing (reserve_tokens off, a realtime session) is
-// admitted while spent + reserved is below the budget, and its cost is
-// charged as its usage is reported.
+// reservation was made in (a period that has ended since is read by
+// nothing, and is left alone), never taking a counter below zero. A
+// settlement that fails is not retried (money is never replayed): its
+// reservation then stays counted until its period ends, so spend is
+// over-counted rather than lost. A request that reserves nothing
+// (reserve_tokens off, a realtime session) is admitted while spent +
+// reserved is below the budget, and its cost is charged as its usage is
+// reported. A request whose store fails is refused whatever
+// on_redis_error says (admission.go).
 //
 // A period is a calendar day or month in the time zone of budget_timezone,
 // decided by the store's clock: the keys a call names are those of the
