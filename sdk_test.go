@@ -46,9 +46,12 @@ func runSDK(t *testing.T, script, gateway, key string, report any) {
 	}
 }
 
-// providersUpstream answers each API in its own success shape.
-func providersUpstream(t *testing.T) *httptest.Server {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+// providersUpstream answers each API in its own success shape, and counts
+// the requests that reach it.
+func providersUpstream(t *testing.T) *upstream {
+	u := &upstream{}
+	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u.hits.Add(1)
 		io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "application/json")
 		switch {
@@ -60,8 +63,8 @@ func providersUpstream(t *testing.T) *httptest.Server {
 			io.WriteString(w, `{"id":"c1","object":"chat.completion","model":"gpt-4o","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`)
 		}
 	}))
-	t.Cleanup(srv.Close)
-	return srv
+	t.Cleanup(u.Close)
+	return u
 }
 
 // The providers' own SDKs read the gateway's refusals in their dialects:
