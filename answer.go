@@ -122,8 +122,8 @@ func (req *request) awaitsContinue() bool {
 // naming the first refusing scope and its cap, never its id, with the wait
 // until every refusing limit would admit it; a concurrency cap knows no
 // wait, and then none is announced: the clients' SDKs back off on their own.
-// A spent budget is each dialect's quota error, which tells the SDK not to
-// retry when its renewal is further off than an SDK waits.
+// A wait longer than maxSDKRetryWait comes with x-should-retry false. A
+// spent budget is each dialect's quota error.
 func (h *Handler) limitRefusal(req *request, a admission) answer {
 	ref, l := a.refusal, a.limits[a.refusal.first]
 	retryMillis := max(ref.waitMillis, 1)
@@ -135,17 +135,19 @@ func (h *Handler) limitRefusal(req *request, a admission) answer {
 		typ: ref.kind.errorType(), code: "rate_limit_exceeded",
 		scope: l.scope, kind: ref.kind.String(), window: ref.windowName(), capacity: strconv.FormatInt(ref.capacity, 10), id: l.id,
 		retryMillis: retryMillis, headers: h.families(req.dia).headersFor(a.limits, a.decision, false),
+		noRetry: retryMillis > maxSDKRetryWait,
 	}
 	if ref.kind == budget {
 		ans.code, ans.capacity, ans.quota = "insufficient_quota", pricing.FormatUSD(ref.capacity), true
-		ans.noRetry = retryMillis > maxSDKRetryWait
 	}
 	return ans
 }
 
-// maxSDKRetryWait is the longest Retry-After the OpenAI and Anthropic SDKs
-// wait out before retrying, in milliseconds; past it they retry sooner, on
-// their own backoff.
+// maxSDKRetryWait is the longest wait, in milliseconds, after which a
+// refusal still lets the SDKs retry on their own: past it, the OpenAI SDKs
+// ignore Retry-After and retry at once on their own backoff (refused
+// again), and the Anthropic SDKs sleep out the whole wait, days if need be,
+// before their retry: both obey x-should-retry false instead.
 const maxSDKRetryWait = 60_000
 
 // tooLarge is the answer to a request whose reservation alone exceeds a

@@ -50,6 +50,9 @@ func TestADailyCapRefusesNamingItsWindowAndWaitsForItsRelease(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Retry-After %q", refused.Header.Get("Retry-After"))
 		}
+		if refused.Header.Get("X-Should-Retry") != "false" {
+			t.Error("a wait of hours comes without x-should-retry false: the Anthropic SDKs would sleep it out, the OpenAI SDKs retry at once")
+		}
 		// Both requests of today weigh 1 once half of tomorrow has passed.
 		if time.Now().Unix()/86_400 == dayBefore {
 			want := 86_400 - secondsIntoDay + 43_200
