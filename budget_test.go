@@ -380,3 +380,17 @@ func TestARequestUnderABudgetIsRefusedWhenTheStoreFailsWhateverOnRedisErrorSays(
 		t.Fatalf("the upstream saw %d requests, want only the one under no budget", n)
 	}
 }
+
+// A model without a price is a 400 in each dialect: Gemini's is
+// INVALID_ARGUMENT, as Gemini answers a request it cannot serve as sent.
+func TestAModelWithoutAPriceIsEachDialectsBadRequest(t *testing.T) {
+	a := noPrice("gpt-9")
+	w := httptest.NewRecorder()
+	if err := dialectGemini.write(w, errorAnswer{status: a.status, message: a.message}); err != nil {
+		t.Fatal(err)
+	}
+	want := `{"error":{"code":400,"message":"This gateway has no price for the model \"gpt-9\", and a spend budget applies to this request: it cannot be counted, so it is refused.","status":"INVALID_ARGUMENT"}}`
+	if got := w.Body.String(); got != want {
+		t.Fatalf("%s\nwant\n%s", got, want)
+	}
+}

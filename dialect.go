@@ -132,6 +132,8 @@ func googleStatus(status int) string {
 		return "UNAVAILABLE"
 	case status >= 500:
 		return "INTERNAL"
+	case status == http.StatusBadRequest:
+		return "INVALID_ARGUMENT" // as Gemini answers a request it cannot serve as sent
 	}
 	return "FAILED_PRECONDITION"
 }
