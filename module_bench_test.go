@@ -89,18 +89,34 @@ func processCPU(b *testing.B) time.Duration {
 	return time.Duration(u.Utime.Nano() + u.Stime.Nano())
 }
 
+// chainVariant is what bench/run's 4-scope chain caps beside each limit's
+// rpm and tpm.
+type chainVariant uint8
+
+const (
+	plainChain    chainVariant = iota
+	inFlightChain              // concurrent on each limit
+	budgetChain                // budget_month on each limit, the model priced
+)
+
 // benchmarkChainHandler limits the four scopes of bench/run's limited site,
 // with caps that admit everything, in Redis (nil: in-process), reserving
-// tokens or not, and capping requests in flight or not. It is provisioned
-// before the benchmark's name is printed, so that its log line does not
-// split the benchmark's output line.
-func benchmarkChainHandler(b *testing.B, redis *RedisConfig, reserve, inFlight bool) *Handler {
+// tokens or not, and with the caps of variant. It is provisioned before the
+// benchmark's name is printed, so that its log line does not split the
+// benchmark's output line.
+func benchmarkChainHandler(b *testing.B, redis *RedisConfig, reserve bool, variant chainVariant) *Handler {
 	h := &Handler{Redis: redis, ReserveTokens: &reserve}
+	if variant == budgetChain {
+		h.Prices = []PriceConfig{{Model: "gpt-4o-mini", Input: "0.15", Output: "0.60", CacheRead: "0.075"}}
+	}
 	for _, s := range [][2]string{{"key", "X-Api-Key"}, {"project", "X-Project"}, {"team", "X-Team"}, {"org", "X-Org"}} {
 		h.Scopes = append(h.Scopes, Scope{Name: s[0], Value: "{http.request.header." + s[1] + "}", Readable: s[0] != "key"})
 		l := LimitConfig{Scope: s[0], ID: "*", RPM: 1e9, TPM: 1e12}
-		if inFlight {
+		switch variant {
+		case inFlightChain:
 			l.Concurrent = 1e9
+		case budgetChain:
+			l.BudgetMonth = "1000000"
 		}
 		h.Limits = append(h.Limits, l)
 	}
@@ -115,9 +131,10 @@ func benchmarkChainHandler(b *testing.B, redis *RedisConfig, reserve, inFlight b
 
 // BenchmarkHandler is Caddy's time per request without the limiter, and with
 // it on bench/run's 4-scope chain in each store, reserving tokens (the
-// default), reactive, and with every limit capping requests in flight too:
-// the differences are what reservation and a cap on requests in flight
-// cost.
+// default), reactive, with every limit capping requests in flight too, and
+// with every limit holding a monthly budget too (the request priced, its
+// cost reserved and settled): the differences are what reservation, a cap
+// on requests in flight and a budget cost.
 func BenchmarkHandler(b *testing.B) {
 	b.Run("none", func(b *testing.B) { benchmarkHandler(b, nil) })
 	names, configs := []string{"memory"}, []*RedisConfig{nil}
@@ -125,9 +142,11 @@ func BenchmarkHandler(b *testing.B) {
 		names, configs = append(names, "redis"), append(configs, &RedisConfig{URL: url})
 	}
 	for i, name := range names {
-		h, reactive, inFlight := benchmarkChainHandler(b, configs[i], true, false), benchmarkChainHandler(b, configs[i], false, false), benchmarkChainHandler(b, configs[i], true, true)
+		h, reactive := benchmarkChainHandler(b, configs[i], true, plainChain), benchmarkChainHandler(b, configs[i], false, plainChain)
+		inFlight, budget := benchmarkChainHandler(b, configs[i], true, inFlightChain), benchmarkChainHandler(b, configs[i], true, budgetChain)
 		b.Run(name, func(b *testing.B) { benchmarkHandler(b, h) })
 		b.Run(name+"/reactive", func(b *testing.B) { benchmarkHandler(b, reactive) })
 		b.Run(name+"/in-flight-cap", func(b *testing.B) { benchmarkHandler(b, inFlight) })
+		b.Run(name+"/budget", func(b *testing.B) { benchmarkHandler(b, budget) })
 	}
 }

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/rolter/caddy-ratelimit/internal/pricing"
 )
 
 func newTestRedisStore(t testing.TB, url string) *redisStore {
@@ -372,11 +374,16 @@ func BenchmarkAdmissionRedisServerTime(b *testing.B) {
 				name += "/concurrent=32"
 			}
 			chainOf := func(key int) []limit { return benchChain(n, fmt.Sprintf("bench%d", key%1000)) }
-			b.Run(name, func(b *testing.B) { benchmarkRedisTime(b, url, concurrent, 0, chainOf) })
+			b.Run(name, func(b *testing.B) { benchmarkRedisTime(b, url, concurrent, tokenCounts{}, chainOf) })
 			if n == 4 {
-				b.Run(name+"/reserving", func(b *testing.B) { benchmarkRedisTime(b, url, concurrent, 1000, chainOf) })
+				b.Run(name+"/reserving", func(b *testing.B) { benchmarkRedisTime(b, url, concurrent, totalTokens(1000), chainOf) })
 				inFlight := func(key int) []limit { return withSlots(chainOf(key)) }
-				b.Run(name+"/in-flight-cap", func(b *testing.B) { benchmarkRedisTime(b, url, concurrent, 0, inFlight) })
+				b.Run(name+"/in-flight-cap", func(b *testing.B) { benchmarkRedisTime(b, url, concurrent, tokenCounts{}, inFlight) })
+				// 1000 tokens at $0.60 per million, on a month budget of each limit.
+				budgeted := func(key int) []limit { return withBudgets(b, chainOf(key)) }
+				b.Run(name+"/budget", func(b *testing.B) {
+					benchmarkRedisTime(b, url, concurrent, tokenCounts{total: 1000, cost: 600_000}, budgeted)
+				})
 			}
 		}
 	}
@@ -409,7 +416,7 @@ func BenchmarkAdmissionRedisServerTimeByActiveKeys(b *testing.B) {
 					}
 				}
 			}
-			benchmarkRedisTime(b, url, true, 0, chainOf)
+			benchmarkRedisTime(b, url, true, tokenCounts{}, chainOf)
 		})
 	}
 }
@@ -434,11 +441,24 @@ func withSlots(chain []limit) []limit {
 	return chain
 }
 
+// withBudgets is chain with a month budget on every limit, which admits
+// everything.
+func withBudgets(b *testing.B, chain []limit) []limit {
+	c, err := calendarOf("UTC")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i := range chain {
+		chain[i].budgets = budgetCaps{max: [numBudgetPeriods]int64{budgetMonth: pricing.MaxBudget}, calendar: c}
+	}
+	return chain
+}
+
 // benchmarkRedisTime admits chainOf(0), chainOf(1), ... one at a time or 32
-// at once, each reserving reserve tokens (and freeing the slots it took
-// once admitted), and reports Redis's server time per admission and the
+// at once, each reserving reserve (and freeing the slots it took once
+// admitted), and reports Redis's server time per admission and the
 // admissions per call.
-func benchmarkRedisTime(b *testing.B, url string, concurrent bool, reserve int64, chainOf func(int) []limit) {
+func benchmarkRedisTime(b *testing.B, url string, concurrent bool, reserve tokenCounts, chainOf func(int) []limit) {
 	s := newTestRedisStore(b, url)
 	admin := redisClient(b, url)
 	ctx := context.Background()
@@ -455,7 +475,7 @@ func benchmarkRedisTime(b *testing.B, url string, concurrent bool, reserve int64
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
 				chain := chainOf(int(next.Add(1)))
-				if _, err := s.admit(ctx, chain, totalTokens(reserve)); err != nil {
+				if _, err := s.admit(ctx, chain, reserve); err != nil {
 					b.Error(err)
 					return
 				}
@@ -467,7 +487,7 @@ func benchmarkRedisTime(b *testing.B, url string, concurrent bool, reserve int64
 	} else {
 		for i := 0; i < b.N; i++ {
 			chain := chainOf(i)
-			if _, err := s.admit(ctx, chain, totalTokens(reserve)); err != nil {
+			if _, err := s.admit(ctx, chain, reserve); err != nil {
 				b.Fatal(err)
 			}
 			if holdsSlots(chain) {

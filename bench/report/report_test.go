@@ -224,7 +224,9 @@ plain.p50_ms 0.6
 plain.paced_rps 4500
 `})
 	goDir := writeFiles(t, map[string]string{
-		"redis-time.txt": "BenchmarkAdmissionRedisServerTime/chain=4-2 20000 61234 ns/op 7.314 redis-µs/admission\n",
+		"redis-time.txt": "BenchmarkAdmissionRedisServerTime/chain=4-2 20000 61234 ns/op 7.314 redis-µs/admission\n" +
+			"BenchmarkAdmissionRedisServerTime/chain=4/reserving-2 20000 65000 ns/op 9.000 redis-µs/admission\n" +
+			"BenchmarkAdmissionRedisServerTime/chain=4/budget-2 20000 70000 ns/op 10.500 redis-µs/admission\n",
 		"handler.txt": "BenchmarkHandler/none-2 100 150000 cpu-ns/op 90 allocs/op\n" +
 			"BenchmarkHandler/memory-2 100 170500 cpu-ns/op 120 allocs/op\n",
 		"build.txt": "",
@@ -250,6 +252,8 @@ plain.paced_rps 4500
 		"Redis calls per refused request                |          0.000 |              - |           - | <= 0.01        | yes",
 		"Redis time per admission (Go bench, chain=4)   |        7.31 us |              - |           - | <= 10 us       | yes",
 		"  the same, 32 concurrent (coalesced)          |            n/a |              - |           - | <= 10 us       | n/a",
+		// A budget beside the same reservation without it.
+		"  chain=4/budget (4 budgets, reserving)        |       10.50 us |        9.00 us |    +1.50 us | (info)         | -",
 		"usage meter, 10 MB OpenAI SSE (identity)       |            n/a |              - |           - | >= 1 GB/s      | n/a",
 		"gateway CPU per request, in-process (Go)       |       170.5 us |       150.0 us |    +20.5 us | (info)         | -",
 		"  allocations per request                      |            120 |             90 |           - | (info)         | -",

@@ -118,8 +118,15 @@ func writeResults(w io.Writer, m measurements, b benchmarks) error {
 		{"4/concurrent=32", "reserving", "1000 tokens each"},
 		{"4", "in-flight-cap", "4 slots, freed"},
 		{"4/concurrent=32", "in-flight-cap", "4 slots, freed"},
+		{"4", "budget", "4 budgets, reserving"},
+		{"4/concurrent=32", "budget", "4 budgets, reserving"},
 	} {
-		with, without := b.get(chain+v.name+"/"+v.variant, "redis-µs/admission"), b.get(chain+v.name, "redis-µs/admission")
+		// A budget reserves: its baseline is the same reservation without it.
+		base := chain + v.name
+		if v.variant == "budget" {
+			base += "/reserving"
+		}
+		with, without := b.get(chain+v.name+"/"+v.variant, "redis-µs/admission"), b.get(base, "redis-µs/admission")
 		t.row("  chain="+v.name+"/"+v.variant+" ("+v.what+")", num(with, "%.2f us"), num(without, "%.2f us"),
 			num(with-without, "%+.2f us"), "(info)", "-")
 	}
@@ -135,8 +142,10 @@ func writeResults(w io.Writer, m measurements, b benchmarks) error {
 	for _, h := range []struct{ label, bench string }{
 		{"gateway CPU per request, in-process (Go)", "BenchmarkHandler/memory"},
 		{"  the same, capping requests in flight", "BenchmarkHandler/memory/in-flight-cap"},
+		{"  the same, with a budget on each limit", "BenchmarkHandler/memory/budget"},
 		{"gateway CPU per request, Redis (Go)", "BenchmarkHandler/redis"},
 		{"  the same, capping requests in flight", "BenchmarkHandler/redis/in-flight-cap"},
+		{"  the same, with a budget on each limit", "BenchmarkHandler/redis/budget"},
 	} {
 		us := b.get(h.bench, "cpu-ns/op") / 1000
 		t.row(h.label, num(us, "%.1f us"), num(handlerNone, "%.1f us"), num(us-handlerNone, "%+.1f us"), "(info)", "-")
