@@ -25,8 +25,10 @@ import (
 // it is admitted on; it then adds its largest cost to what is reserved.
 // When its response ends, the reservation is taken back from what is
 // reserved and the real cost added to what is spent, in the period the
-// reservation was made in (a period that has ended since is read by
-// nothing, and is left alone), never taking a counter below zero. A
+// reservation was made in, even if it has just ended (a response that
+// runs past midnight is spent in the day it was admitted in), never taking
+// a counter below zero. Periods before the previous one are left alone:
+// no response outlives them. A
 // settlement that fails is not retried (money is never replayed): its
 // reservation then stays counted until its period ends, so spend is
 // over-counted rather than lost. A request that reserves nothing
@@ -113,8 +115,11 @@ type calendarMinute struct {
 }
 
 // periodSpan is a budget period: its start and its end, in unix
-// milliseconds.
-type periodSpan struct{ start, end int64 }
+// milliseconds, and the start in unix seconds as its keys name it.
+type periodSpan struct {
+	start, end int64
+	name       string
+}
 
 // key is the counter of a budget period, spent or reserved, of the limit
 // with prefix.
@@ -123,7 +128,7 @@ func (s periodSpan) key(prefix string, p budgetPeriod, reserved bool) string {
 	if reserved {
 		what = "reserved:"
 	}
-	return prefix + what + p.String() + ":" + strconv.FormatInt(floorDiv(s.start, 1000), 10)
+	return prefix + what + p.String() + ":" + s.name
 }
 
 var calendars sync.Map // zone name → *calendar
@@ -167,7 +172,8 @@ func (c *calendar) span(p budgetPeriod, minute int64) periodSpan {
 // moment an hour before it, in the previous date, and the date starts
 // when that zone ends.
 func (c *calendar) between(start, end time.Time) periodSpan {
-	return periodSpan{start: firstMoment(start), end: firstMoment(end)}
+	first := firstMoment(start)
+	return periodSpan{start: first, end: firstMoment(end), name: strconv.FormatInt(floorDiv(first, 1000), 10)}
 }
 
 func firstMoment(t time.Time) int64 {
@@ -189,12 +195,12 @@ func (c *calendar) renewsIn(p budgetPeriod, now moment) int64 {
 
 // settlesBudget reports whether ch changes a budget of period p of c at
 // now: it has a cost to add or a reservation to take back, and it is for
-// the current period (a period that has ended is read by nothing).
+// the current period or the one before it.
 func (ch charge) settlesBudget(c *calendar, p budgetPeriod, now moment) bool {
 	if ch.tokens.cost == 0 && ch.unreserve == 0 {
 		return false
 	}
-	return ch.minute == 0 || c.span(p, ch.minute) == c.spanAt(p, now)
+	return ch.minute == 0 || c.span(p, ch.minute).end >= c.spanAt(p, now).start
 }
 
 // pricedTokens are the tokens of a response's usage by how they are

@@ -187,28 +187,33 @@ func runBudgetConformance(t *testing.T, kit storeKit) {
 		s := kit.replicas(t, 1)[0]
 		const zone = "America/New_York"
 		chain := []limit{newBudgetLimit(t, "key", uniqueID(t), 10*usd, 100*usd, 0, zone)}
+		// holds checks what budget p holds at the moment at.
+		holds := func(what string, p budgetPeriod, at, spent, reserved int64) {
+			t.Helper()
+			if gotSpent, gotReserved := budgetState(t, s, chain, 0, p, at); gotSpent != spent || gotReserved != reserved {
+				t.Fatalf("%s: spent %d, reserved %d; want %d and %d", what, gotSpent, gotReserved, spent, reserved)
+			}
+		}
 		reserved := localMillis(t, zone, 2026, time.March, 9, 23, 59, 58, 0)
 		settled := localMillis(t, zone, 2026, time.March, 10, 0, 0, 2, 0)
 		d := admitCost(t, s, chain, reserved, 4*usd).decision
+		if !admitCost(t, s, chain, settled, usd).admitted {
+			t.Fatal("the new day's first request was refused")
+		}
 		pinned(s, settled)
 		settle(t, s, chain, settlement(d, 3*usd))
-		if spent, res := budgetState(t, s, chain, 0, budgetDay, settled); spent != 0 || res != 0 {
-			t.Fatalf("the new day holds spent %d, reserved %d of a settlement of the day before", spent, res)
-		}
-		if spent, res := budgetState(t, s, chain, 0, budgetMonth, settled); spent != 3*usd || res != 0 {
-			t.Fatalf("the month holds spent %d, reserved %d; want the real cost, $3, and no reservation", spent, res)
-		}
-		// Across a month's end, neither new period takes it.
+		holds("the day of the reservation", budgetDay, reserved, 3*usd, 0)
+		holds("the new day", budgetDay, settled, 0, usd)
+		holds("the month", budgetMonth, settled, 3*usd, usd)
+		// Across a month's end, the old month takes it, the new one not.
 		monthEnd := localMillis(t, zone, 2026, time.March, 31, 23, 59, 58, 0)
 		nextMonth := localMillis(t, zone, 2026, time.April, 1, 0, 0, 2, 0)
 		d = admitCost(t, s, chain, monthEnd, 4*usd).decision
 		pinned(s, nextMonth)
 		settle(t, s, chain, settlement(d, 3*usd))
-		for _, p := range []budgetPeriod{budgetDay, budgetMonth} {
-			if spent, res := budgetState(t, s, chain, 0, p, nextMonth); spent != 0 || res != 0 {
-				t.Fatalf("%s: the new period holds spent %d, reserved %d of a settlement of the last one", p, spent, res)
-			}
-		}
+		holds("the old month", budgetMonth, monthEnd, 6*usd, usd)
+		holds("the new month", budgetMonth, nextMonth, 0, 0)
+		holds("the new month's first day", budgetDay, nextMonth, 0, 0)
 	})
 
 	t.Run("AMonthRenewsAtTheFirstMomentOfTheNextMonthInItsTimeZone", func(t *testing.T) {

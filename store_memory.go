@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"cmp"
 	"context"
 	"hash/maphash"
 	"slices"
@@ -65,8 +66,8 @@ type memoryCounter struct {
 	minute  [2][2]periodCount               // rpm, tpm
 	others  *[numWindows - 2][2]periodCount // itpm, otpm, then the day windows
 	bkt     bucketState
-	slots   slotHolding                          // the requests in flight it holds (slots.go)
-	budgets *[numBudgetPeriods]budgetPeriodCount // by budgetPeriod
+	slots   slotHolding                             // the requests in flight it holds (slots.go)
+	budgets *[numBudgetPeriods][2]budgetPeriodCount // by budgetPeriod: the latest period written, and the one before it
 }
 
 // budgetPeriodCount is what a budget holds spent and reserved in one of
@@ -77,25 +78,38 @@ type budgetPeriodCount struct {
 }
 
 // budget is what budget p holds in the period s, under c.mu: nothing in a
-// period it has not reached.
+// period it has not written.
 func (c *memoryCounter) budget(p budgetPeriod, s periodSpan) budgetPeriodCount {
-	if c.budgets == nil || c.budgets[p].span != s {
-		return budgetPeriodCount{span: s}
+	if c.budgets != nil {
+		for _, b := range c.budgets[p] {
+			if b.span == s {
+				return b
+			}
+		}
 	}
-	return c.budgets[p]
+	return budgetPeriodCount{span: s}
 }
 
 // addBudget adds spent and reserved to what budget p holds in the period
-// s, under c.mu, never taking either below zero. A period older than the
-// one held is read by nothing any more: it is left alone.
+// s, under c.mu, never taking either below zero: in the latest period
+// written or the one before it (a settlement of a response that outlived
+// its period), or in a later one, which becomes the latest. An older
+// period is read by nothing: it is left alone.
 func (c *memoryCounter) addBudget(p budgetPeriod, s periodSpan, spent, reserved int64) {
 	if c.budgets == nil {
-		c.budgets = new([numBudgetPeriods]budgetPeriodCount)
+		c.budgets = new([numBudgetPeriods][2]budgetPeriodCount)
 	}
-	b := &c.budgets[p]
+	periods := &c.budgets[p]
+	b := &periods[0]
 	switch {
 	case b.span == s:
+	case periods[1].span == s:
+		b = &periods[1]
 	case b.span.start < s.start:
+		periods[1] = budgetPeriodCount{}
+		if b.span.end == s.start {
+			periods[1] = *b
+		}
 		*b = budgetPeriodCount{span: s}
 	default:
 		return
@@ -152,7 +166,7 @@ func (c *memoryCounter) periods(k windowKind) *[2]periodCount {
 func (c *memoryCounter) readAt(now moment) bool {
 	if c.budgets != nil {
 		for _, b := range c.budgets {
-			if b.span.end > now.unixMillis {
+			if b[0].span.end > now.unixMillis {
 				return true
 			}
 		}
@@ -495,7 +509,7 @@ func (s *memoryStore) add(chain []limit, ch charge) {
 		}
 		for p := range l.eachBudget {
 			if ch.settlesBudget(l.budgets.calendar, p, now) {
-				c.addBudget(p, l.budgets.calendar.spanAt(p, now), ch.tokens.cost, -ch.unreserve)
+				c.addBudget(p, l.budgets.calendar.span(p, cmp.Or(ch.minute, now.minute)), ch.tokens.cost, -ch.unreserve)
 			}
 		}
 		c.mu.Unlock()
