@@ -21,7 +21,10 @@
 //	                                        Anthropic Messages on Vertex AI
 //	                                        (model count-tokens: no output)
 //
-// Any other path is Unknown, and is answered as OpenAI's.
+// Any other path is Unknown, and is answered as OpenAI's; of Gemini's
+// …/models/<model>:embedContent and :batchEmbedContents, whose bodies this
+// package does not read, the model is read all the same, so that they are
+// priced as their model.
 package llmapi
 
 import "strings"
@@ -124,6 +127,7 @@ func (c Call) method(path, last string) Call {
 		}
 		c.API, c.NoOutput = Messages, model == "count-tokens"
 		named = named && !c.NoOutput
+	case "embedContent", "batchEmbedContents":
 	default:
 		return c
 	}

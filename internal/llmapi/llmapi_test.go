@@ -34,7 +34,9 @@ func TestPathsAreToldByTheirEndUnderAnyPrefix(t *testing.T) {
 		{"/v1/models/gpt-4o", Call{}},
 		{"/v1/threads/thread_1/messages", Call{}},
 		{"/v1/messages/batches", Call{}},
-		{"/v1beta/models/gemini-2.5-flash:embedContent", Call{}},
+		{"/v1beta/models/gemini-embedding-001:embedContent", Call{Model: "gemini-embedding-001"}},
+		{"/v1beta/models/gemini-embedding-001:batchEmbedContents", Call{Model: "gemini-embedding-001"}},
+		{"/v1beta/tunedModels/m:embedContent", Call{}},
 		{"/v1/projects/p/locations/l/publishers/google/models/m:rawPredict", Call{}},
 		{"/v1/CHAT/COMPLETIONS", Call{}},
 	} {
