@@ -22,7 +22,14 @@ var adminClient = &http.Client{Timeout: 10 * time.Second}
 // liveView sends a request to the live view and reads the whole answer.
 func liveView(t *testing.T, method, query string) (*http.Response, []byte) {
 	t.Helper()
-	req, err := http.NewRequest(method, fmt.Sprintf("http://localhost:%d%s?%s", caddyAdmin(), UsagePath, query), nil)
+	return liveViewAt(t, caddyAdmin(), method, query)
+}
+
+// liveViewAt is liveView of the Caddy whose admin endpoint is on port
+// admin (a gateway process of its own, say).
+func liveViewAt(t *testing.T, admin int, method, query string) (*http.Response, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, fmt.Sprintf("http://localhost:%d%s?%s", admin, UsagePath, query), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +48,14 @@ func liveView(t *testing.T, method, query string) (*http.Response, []byte) {
 // getLiveView asks for the view and fails unless it answers 200 with JSON.
 func getLiveView(t *testing.T, query string) (UsageView, []byte) {
 	t.Helper()
-	res, body := liveView(t, http.MethodGet, query)
+	return getLiveViewAt(t, caddyAdmin(), query)
+}
+
+// getLiveViewAt is getLiveView of the Caddy whose admin endpoint is on
+// port admin.
+func getLiveViewAt(t *testing.T, admin int, query string) (UsageView, []byte) {
+	t.Helper()
+	res, body := liveViewAt(t, admin, http.MethodGet, query)
 	if res.StatusCode != http.StatusOK {
 		t.Fatalf("GET %s?%s: %d %s", UsagePath, query, res.StatusCode, body)
 	}
@@ -59,9 +73,16 @@ func getLiveView(t *testing.T, query string) (UsageView, []byte) {
 // after their response has reached the client.
 func waitLiveView(t *testing.T, query string, done func(UsageView) bool) UsageView {
 	t.Helper()
+	return waitLiveViewAt(t, caddyAdmin(), query, done)
+}
+
+// waitLiveViewAt is waitLiveView of the Caddy whose admin endpoint is on
+// port admin.
+func waitLiveViewAt(t *testing.T, admin int, query string, done func(UsageView) bool) UsageView {
+	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		v, body := getLiveView(t, query)
+		v, body := getLiveViewAt(t, admin, query)
 		if done(v) {
 			return v
 		}

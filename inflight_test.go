@@ -206,7 +206,12 @@ func flightClient(t *testing.T) *http.Client {
 // lines ("Name: value") and reads the whole answer. It may run in any
 // goroutine: it reports what went wrong in the answer.
 func post(c *http.Client, url string, headers ...string) flightAnswer {
-	req, err := http.NewRequest("POST", url+"/v1/chat/completions", strings.NewReader(`{"model":"m"}`))
+	return postTo(c, url, "/v1/chat/completions", `{"model":"m"}`, headers...)
+}
+
+// postTo is post of body to path.
+func postTo(c *http.Client, url, path, body string, headers ...string) flightAnswer {
+	req, err := http.NewRequest("POST", url+path, strings.NewReader(body))
 	if err != nil {
 		return flightAnswer{err: err}
 	}
@@ -217,8 +222,8 @@ func post(c *http.Client, url string, headers ...string) flightAnswer {
 		return flightAnswer{err: err}
 	}
 	defer res.Body.Close()
-	body, err := io.ReadAll(res.Body)
-	return flightAnswer{status: res.StatusCode, header: res.Header, body: string(body), err: err}
+	answer, err := io.ReadAll(res.Body)
+	return flightAnswer{status: res.StatusCode, header: res.Header, body: string(answer), err: err}
 }
 
 // mustPost sends a request that must be answered with want.
@@ -237,9 +242,16 @@ func mustPost(t *testing.T, c *http.Client, url string, want int, what string, h
 // requests'). finish releases the upstream and returns all n answers.
 func heldBurst(t *testing.T, c *http.Client, urls []string, up *flightUpstream, n int, headers ...string) (refused []flightAnswer, finish func() []flightAnswer) {
 	t.Helper()
+	return heldBurstOf(t, urls, up, n, func(url string) flightAnswer { return post(c, url, headers...) })
+}
+
+// heldBurstOf is heldBurst of the requests that send sends to the gateway
+// at url (from any goroutine).
+func heldBurstOf(t *testing.T, urls []string, up *flightUpstream, n int, send func(url string) flightAnswer) (refused []flightAnswer, finish func() []flightAnswer) {
+	t.Helper()
 	answers := make(chan flightAnswer, n)
 	for i := range n {
-		go func() { answers <- post(c, urls[i%len(urls)], headers...) }()
+		go func() { answers <- send(urls[i%len(urls)]) }()
 	}
 	deadline := time.NewTimer(flightWait)
 	defer deadline.Stop()
@@ -415,7 +427,14 @@ func flightStore(store string) string {
 // those of limited, on store's flightStore, with on_redis_error deny.
 func flightGatewayOn(t *testing.T, up *flightUpstream, store, lines string, after ...string) *gateway {
 	t.Helper()
-	return startGatewayWith(t, up.URL, "\tdefault_bind 127.0.0.1", limited(flightStore(store), lines+"\non_redis_error deny", after...), freePort())
+	return flightGatewayTo(t, up.URL, store, lines, after...)
+}
+
+// flightGatewayTo is flightGatewayOn in front of the upstream at
+// upstreamURL.
+func flightGatewayTo(t *testing.T, upstreamURL, store, lines string, after ...string) *gateway {
+	t.Helper()
+	return startGatewayWith(t, upstreamURL, "\tdefault_bind 127.0.0.1", limited(flightStore(store), lines+"\non_redis_error deny", after...), freePort())
 }
 
 // capOf5 is the limiter of the tests of concurrent 5 on one key.
