@@ -132,8 +132,9 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	type limitKey struct{ scope, id string }
 	seenLimits := make(map[limitKey]bool)
 	type limitLine struct {
-		scope string
-		tok   caddyfile.Token
+		scope  string
+		tok    caddyfile.Token
+		budget bool // it has budget_day or budget_month
 	}
 	var limitLines []limitLine
 	// Every subdirective but scope and limit is given at most once.
@@ -183,7 +184,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			seenLimits[k] = true
 			h.Limits = append(h.Limits, l)
-			limitLines = append(limitLines, limitLine{l.Scope, sub})
+			limitLines = append(limitLines, limitLine{l.Scope, sub, l.BudgetDay != "" || l.BudgetMonth != ""})
 
 		case "on_redis_error":
 			o, err := option(d, func(v string) (*Handler, error) { return &Handler{OnRedisError: v}, nil })
@@ -281,7 +282,13 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err != nil {
 				return err
 			}
-			h.Prices = append(h.Prices, p)
+			// Handler.Validate says that a model's price is given twice;
+			// this says it on the second price line.
+			prices := &Handler{Prices: append(slices.Clip(h.Prices), p)}
+			if _, err := prices.inlinePrices(); err != nil {
+				return errAt(sub, err)
+			}
+			h.Prices = prices.Prices
 
 		case "prices":
 			o, err := option(d, func(v string) (*Handler, error) {
@@ -327,6 +334,15 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	for _, l := range limitLines {
 		if !declared[l.scope] {
 			return errAt(l.tok, fmt.Errorf("limit for scope %q, which has no scope line", l.scope))
+		}
+	}
+	// So may its prices: a budget without any is blamed on the first
+	// limit line with a budget.
+	if len(h.Prices) == 0 && h.PriceFile == "" {
+		for _, l := range limitLines {
+			if l.budget {
+				return errAt(l.tok, errBudgetWithoutPrice)
+			}
 		}
 	}
 

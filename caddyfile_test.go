@@ -494,6 +494,10 @@ func TestCaddyfileErrorsSayWhatJSONValidationSays(t *testing.T) {
 		{"headers off with others", "rolter_ratelimit {\n\theaders off openai\n}", 2, `{"headers":["off","openai"]}`},
 		{"bad redis URL", "rolter_ratelimit {\n\tredis mysql://db\n}", 2, `{"redis":{"url":"mysql://db"}}`},
 		{"negative redis timeout", "rolter_ratelimit {\n\tredis redis://r {\n\t\ttimeout -5ms\n\t}\n}", 3, `{"redis":{"url":"redis://r","timeout":"-5ms"}}`},
+		{"a model priced twice", "rolter_ratelimit {\n\tprice gpt-4o input 2.50 output 10\n\tprice gpt-4o input 5 output 15\n}", 3,
+			`{"prices":[{"model":"gpt-4o","input":2.50,"output":10},{"model":"gpt-4o","input":5,"output":15}]}`},
+		{"a budget without any price, its limit before its scope", "rolter_ratelimit {\n\tlimit key * budget_month 50\n\tscope key x\n}", 2,
+			`{"scopes":[{"name":"key","value":"x"}],"limits":[{"scope":"key","id":"*","budget_month":50}]}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var fromJSON Handler

@@ -488,6 +488,8 @@ func (h *Handler) scopeNames() []string {
 
 var scopeNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
+var errBudgetWithoutPrice = errors.New("a limit has a budget, but no price is given (price lines or a prices file): every request under it would be refused")
+
 // Validate checks the configuration, as the Caddyfile parser does line by
 // line, so that a JSON config gets the same errors.
 func (h *Handler) Validate() error {
@@ -546,7 +548,7 @@ func (h *Handler) Validate() error {
 		budgets = budgets || l.BudgetDay != "" || l.BudgetMonth != ""
 	}
 	if budgets && len(h.Prices) == 0 && h.PriceFile == "" {
-		return errors.New("a limit has a budget, but no price is given (price lines or a prices file): every request under it would be refused")
+		return errBudgetWithoutPrice
 	}
 	if _, err := h.inlinePrices(); err != nil {
 		return err
