@@ -278,7 +278,7 @@ type caddyfileBadCase struct {
 	line  int    // the line the error must blame, in Testfile
 }
 
-var caddyfileBadCases = []caddyfileBadCase{
+var caddyfileBadCases = append([]caddyfileBadCase{
 	// the directive itself
 	{"argument after the directive", "rolter_ratelimit foo {\n}", "wrong argument count", 1},
 	{"argument after the directive, without block", "rolter_ratelimit 100", "wrong argument count", 1},
@@ -417,6 +417,37 @@ var caddyfileBadCases = []caddyfileBadCase{
 	{"flush_interval twice", "rolter_ratelimit {\n\trealtime {\n\t\tflush_interval 1s\n\t\tflush_interval 2s\n\t}\n}", "flush_interval is given twice", 4},
 	{"unknown realtime subdirective", "rolter_ratelimit {\n\trealtime {\n\t\tidle_timeout 1m\n\t}\n}", "unrecognized realtime subdirective 'idle_timeout'", 3},
 	{"ensure_stream_usage twice", "rolter_ratelimit {\n\tensure_stream_usage on\n\tensure_stream_usage off\n}", "ensure_stream_usage is given twice", 3},
+}, priceAndBudgetMistakes...)
+
+// priceAndBudgetMistakes are the mistakes of prices and budgets, which
+// TestCaddyAdaptRejectsEachPriceAndBudgetMistakeWithItsLine also runs
+// through caddy adapt. Paths are relative to the package's directory.
+var priceAndBudgetMistakes = []caddyfileBadCase{
+	{"a price file that does not parse", "rolter_ratelimit {\n\tprices testdata/prices/broken.json\n}", "price file testdata/prices/broken.json: line 5, column 5 (offset 104): invalid character '}' looking for beginning of object key string", 2},
+	{"a price file that does not exist", "rolter_ratelimit {\n\tprices testdata/prices/absent.json\n}", "price file: open testdata/prices/absent.json: no such file or directory", 2},
+	{"prices without a path", "rolter_ratelimit {\n\tprices\n}", "wrong argument count", 2},
+	{"prices twice", "rolter_ratelimit {\n\tprices testdata/prices/litellm.json\n\tprices testdata/prices/litellm.json\n}", "prices is given twice", 3},
+	{"a negative price", "rolter_ratelimit {\n\tprice gpt-4o input -2.50 output 10\n}", `price gpt-4o: input "-2.50" (USD per million tokens): negative`, 2},
+	{"a negative cache write price", "rolter_ratelimit {\n\tprice claude-sonnet-4-5 input 3 output 15 cache_write -3.75\n}", `price claude-sonnet-4-5: cache_write "-3.75" (USD per million tokens): negative`, 2},
+	{"a price that is not a number", "rolter_ratelimit {\n\tprice gpt-4o input cheap output 10\n}", `price gpt-4o: input "cheap" (USD per million tokens): not a decimal number`, 2},
+	{"an unknown field in a price line", "rolter_ratelimit {\n\tprice gpt-4o input 2.50 output 10 batch_input 1.25\n}", "unrecognized price option 'batch_input': expecting input, output, cache_read or cache_write", 2},
+	{"a price field twice", "rolter_ratelimit {\n\tprice gpt-4o input 2.50 output 10 input 3\n}", "input is given twice", 2},
+	{"a price field without its value", "rolter_ratelimit {\n\tprice gpt-4o input 2.50 output\n}", "wrong argument count or unexpected line ending after 'output'", 2},
+	{"a price without an output price", "rolter_ratelimit {\n\tprice gpt-4o input 2.50 cache_read 1.25\n}", "price gpt-4o needs an input and an output price (US dollars per million tokens)", 2},
+	{"a price without a model", "rolter_ratelimit {\n\tprice\n}", "wrong argument count", 2},
+	{"a '*' inside a price's model", "rolter_ratelimit {\n\tprice gpt-*-mini input 0.15 output 0.60\n}", "price gpt-*-mini: '*' only ends a prefix", 2},
+	{"a model priced twice", "rolter_ratelimit {\n\tprice gpt-4o input 2.50 output 10\n\tprice gpt-4o input 5 output 15\n}", "price gpt-4o: given twice", 3},
+	{"a budget of 0", "rolter_ratelimit {\n\tscope key x\n\tlimit key * budget_day 0\n\tprice * input 1 output 2\n}", `limit for scope "key" id "*": budget_day: a budget of 0 would refuse every request`, 3},
+	{"a negative budget", "rolter_ratelimit {\n\tscope key x\n\tlimit key * budget_month -5\n\tprice * input 1 output 2\n}", `limit for scope "key" id "*": budget_month: budget "-5" (USD): negative`, 3},
+	{"a budget finer than a nano-dollar", "rolter_ratelimit {\n\tscope key x\n\tlimit key * budget_day 0.0000000001\n\tprice * input 1 output 2\n}", `budget_day: budget "0.0000000001" (USD): more precision than the unit holds`, 3},
+	{"a budget above the largest", "rolter_ratelimit {\n\tscope key x\n\tlimit key * budget_day 1000000.01\n\tprice * input 1 output 2\n}", `budget_day: budget "1000000.01" (USD): too large (at most 1000000, to the nano-dollar)`, 3},
+	{"a budget that is not a number", "rolter_ratelimit {\n\tscope key x\n\tlimit key * budget_day $5\n\tprice * input 1 output 2\n}", `budget_day: budget "$5" (USD): not a decimal number`, 3},
+	{"a budget without its value", "rolter_ratelimit {\n\tscope key x\n\tlimit key * budget_day\n\tprice * input 1 output 2\n}", "wrong argument count or unexpected line ending after 'budget_day'", 3},
+	{"a budget twice", "rolter_ratelimit {\n\tscope key x\n\tlimit key * budget_day 5 budget_month 50 budget_day 6\n\tprice * input 1 output 2\n}", "budget_day is given twice", 3},
+	{"a time zone that does not exist", "rolter_ratelimit {\n\tbudget_timezone Mars/Olympus_Mons\n}", `budget_timezone "Mars/Olympus_Mons" is not an IANA time zone such as Europe/Paris or America/New_York`, 2},
+	{"the local time zone", "rolter_ratelimit {\n\tbudget_timezone Local\n}", "budget_timezone must name an IANA time zone such as Europe/Paris, not Local", 2},
+	{"budget_timezone twice", "rolter_ratelimit {\n\tbudget_timezone UTC\n\tbudget_timezone Europe/Paris\n}", "budget_timezone is given twice", 3},
+	{"a budget without any price", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5\n\tlimit key vip budget_day 5\n\tbudget_timezone Europe/Paris\n}", "a limit has a budget, but no price is given (price lines or a prices file): every request under it would be refused", 4},
 }
 
 func TestCaddyfileRejectsEveryMistakeWithItsLine(t *testing.T) {
@@ -496,6 +527,10 @@ func TestCaddyfileErrorsSayWhatJSONValidationSays(t *testing.T) {
 		{"negative redis timeout", "rolter_ratelimit {\n\tredis redis://r {\n\t\ttimeout -5ms\n\t}\n}", 3, `{"redis":{"url":"redis://r","timeout":"-5ms"}}`},
 		{"a model priced twice", "rolter_ratelimit {\n\tprice gpt-4o input 2.50 output 10\n\tprice gpt-4o input 5 output 15\n}", 3,
 			`{"prices":[{"model":"gpt-4o","input":2.50,"output":10},{"model":"gpt-4o","input":5,"output":15}]}`},
+		{"a negative price", "rolter_ratelimit {\n\tprice gpt-4o input 2.50 output -10\n}", 2, `{"prices":[{"model":"gpt-4o","input":2.50,"output":-10}]}`},
+		{"a budget of 0", "rolter_ratelimit {\n\tscope key x\n\tlimit key a budget_day 0.00\n}", 3,
+			`{"scopes":[{"name":"key","value":"x"}],"limits":[{"scope":"key","id":"a","budget_day":0.00}]}`},
+		{"a time zone that does not exist", "rolter_ratelimit {\n\tbudget_timezone Europe/Atlantis\n}", 2, `{"budget_timezone":"Europe/Atlantis"}`},
 		{"a budget without any price, its limit before its scope", "rolter_ratelimit {\n\tlimit key * budget_month 50\n\tscope key x\n}", 2,
 			`{"scopes":[{"name":"key","value":"x"}],"limits":[{"scope":"key","id":"*","budget_month":50}]}`},
 	} {
