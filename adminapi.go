@@ -143,6 +143,13 @@ type UsageLimit struct {
 	// Concurrent is the cap on requests in flight; absent when the limit
 	// has none.
 	Concurrent *UsageSlots `json:"concurrent,omitempty"`
+	// PerRequest lists the caps whose value comes with each request, by
+	// name, with that value as configured ("{http.request.header.X-Plan-Rpm}
+	// else 60"). Their counters are shown against their fallback (else);
+	// without one, a window's limit and remaining are 0, and the other
+	// caps are shown against 1 (a burst against the largest): the cap that
+	// applies is each request's.
+	PerRequest map[string]string `json:"per_request,omitempty"`
 	// BudgetDay is the spend budget of the calendar day; absent when the
 	// limit has none.
 	BudgetDay *UsageBudget `json:"budget_day,omitempty"`
@@ -241,8 +248,9 @@ var digestRE = regexp.MustCompile(`^#[0-9a-f]{32}$`)
 // on the same store: they read the same counters, so they make one entry.
 type usageGroup struct {
 	storeKind, where string
-	id, tag          string // the id as stored; the hash tag on Redis Cluster, else ""
-	caps             limitCaps
+	id, tag          string          // the id as stored; the hash tag on Redis Cluster, else ""
+	caps             limitCaps       // a cap per request at its fallback, or a nominal value
+	perRequest       []perRequestCap // the caps that come with each request
 	store            store
 	own, byDefault   bool
 	handlers         int
@@ -375,8 +383,8 @@ func unknownScope(scope string, known map[string]bool) error {
 // stable order. root is the chain's root, needed on Redis Cluster.
 func groupLimits(handlers []*Handler, scope string, asked askedID, root rootRef) []*usageGroup {
 	type groupKey struct {
-		kind, where, id, tag string
-		caps                 limitCaps
+		kind, where, id, tag, perRequest string
+		caps                             limitCaps
 	}
 	byKey := make(map[groupKey]*usageGroup)
 	var groups []*usageGroup
@@ -389,20 +397,21 @@ func groupLimits(handlers []*Handler, scope string, asked askedID, root rootRef)
 		if !ok {
 			continue
 		}
-		id, caps, own, ok := sl.resolve(asked.raw, asked.stored(readable))
-		if !ok {
+		id, spec, own := sl.resolve(asked.raw, asked.stored(readable))
+		if spec == nil {
 			continue
 		}
+		caps, perRequest := spec.caps, fmt.Sprint(spec.perRequest)
 		described := h.store.describe()
 		kind, where := described.kind, described.where
 		tag := ""
 		if described.tagged {
 			tag = root.tag(h)
 		}
-		key := groupKey{kind, where, id, tag, caps}
+		key := groupKey{kind, where, id, tag, perRequest, caps}
 		g, ok := byKey[key]
 		if !ok {
-			g = &usageGroup{storeKind: kind, where: where, id: id, tag: tag, caps: caps, store: h.store}
+			g = &usageGroup{storeKind: kind, where: where, id: id, tag: tag, caps: caps, perRequest: spec.perRequest, store: h.store}
 			byKey[key] = g
 			groups = append(groups, g)
 		}
@@ -488,6 +497,15 @@ func (g *usageGroup) read(r *http.Request, scope string) (UsageLimit, error) {
 		rpd: &entry.RPD, tpd: &entry.TPD, itpd: &entry.ITPD, otpd: &entry.OTPD}
 	for k, capacity := range l.each {
 		*windows[k] = usageCounter(d.counts[0].w[k], capacity, d.now.in(k.span()))
+	}
+	for _, p := range g.perRequest {
+		if entry.PerRequest == nil {
+			entry.PerRequest = make(map[string]string, len(g.perRequest))
+		}
+		entry.PerRequest[p.name] = p.describe()
+		if k := windowKindNamed(p.name); k < numWindows && p.fallback == "" {
+			(*windows[k]).Limit, (*windows[k]).Remaining = 0, 0
+		}
 	}
 	if b := l.bucket; b.rate > 0 {
 		deficit := d.counts[0].deficit

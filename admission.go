@@ -165,11 +165,8 @@ func (h *Handler) resolve(req *request) (chain []limit, body requestBody, refuse
 		}
 		req.repl.Set(placeholderModel, tokenest.Model(req.call, body.bytes))
 	}
-	chain, missing := h.chain(req)
-	if missing >= 0 {
-		return nil, body, new(missingScope(h.Scopes[missing].Name))
-	}
-	return chain, body, nil
+	chain, refused = h.chain(req)
+	return chain, body, refused
 }
 
 // chainMetersTokens reports whether a limit of chain caps a token window or
@@ -183,12 +180,13 @@ func chainMetersTokens(chain []limit) bool {
 	return false
 }
 
-// chain resolves the request's limits, in chain order, or finds the first
-// required scope whose value is empty: missing is its index, else -1. On
-// Redis Cluster every key carries the hash tag of the chain's root: its
-// outermost scope whose value is not empty, so that the whole chain is one
-// slot.
-func (h *Handler) chain(req *request) (chain []limit, missing int) {
+// chain resolves the request's limits, in chain order, with the caps that
+// apply to the request, or refuses it: a required scope's value is empty
+// (403), or a cap per request is missing or not valid and has no fallback
+// (503). On Redis Cluster every key carries the hash tag of the chain's
+// root: its outermost scope whose value is not empty, so that the whole
+// chain is one slot.
+func (h *Handler) chain(req *request) (chain []limit, refused *answer) {
 	tag := ""
 	if h.Redis != nil && h.Redis.topology() == cluster {
 		for i, s := range slices.Backward(h.Scopes) {
@@ -207,20 +205,24 @@ func (h *Handler) chain(req *request) (chain []limit, missing int) {
 		value := h.scopeValue(i, req)
 		if value == "" {
 			if s.Required {
-				return nil, i
+				return nil, new(missingScope(s.Name))
 			}
 			continue
 		}
 		if !limited {
 			continue
 		}
-		id, caps, _, ok := sl.resolve(value, keyID(s.Readable, value))
-		if !ok {
+		id, spec, _ := sl.resolve(value, keyID(s.Readable, value))
+		if spec == nil {
 			continue
+		}
+		caps, bad := spec.capsFor(req)
+		if bad != "" {
+			return nil, new(h.badLimit(s.Name, bad))
 		}
 		chain = append(chain, newTaggedLimit(tag, s.Name, id, caps))
 	}
-	return chain, -1
+	return chain, nil
 }
 
 // scopeValue is the i-th scope's id for the request. A value that is one

@@ -189,6 +189,18 @@ func missingScope(scope string) answer {
 		typ:     "invalid_request_error", code: "rate_limit_scope_missing"}
 }
 
+// badLimit is the answer to a request whose cap per request, cap of a limit
+// of scope, is missing or not valid and has no fallback: 503, before any
+// store call, never unlimited; logged at warn, naming the scope and the
+// cap, never the id.
+func (h *Handler) badLimit(scope, cap string) answer {
+	h.badLimitWarn.log(h.logger, "a cap that comes with the request is missing or not valid, and its limit has no fallback (else); refusing with 503",
+		zap.String("scope", scope), zap.String("cap", cap))
+	return answer{outcome: outcomeRefusedBadLimit, status: http.StatusServiceUnavailable, scope: scope,
+		message: fmt.Sprintf("The rate limit of %s cannot be read for this request: its %s comes with each request, and this one's is missing or not valid.", scope, cap),
+		typ:     "server_error", code: "rate_limit_unreadable"}
+}
+
 // ambiguousScope is the answer to a request that sends what scope reads in
 // a way the upstream may read otherwise (what says how, naming headers,
 // never their values): 400.

@@ -53,6 +53,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		                                           # output tokens per minute; rpd, tpd, itpd, otpd per day;
 //		                                           # concurrent: requests in flight at once; budget_day and
 //		                                           # budget_month: US dollars spent per calendar day and month;
+//		                                           # any <n> or <usd> may be a placeholder, resolved per request,
+//		                                           # followed by else <value> for when it is missing or not valid;
 //		                                           # <prefix>* is one pool for every id starting with
 //		                                           # <prefix> (the longest wins; an exact id beats it); * is the
 //		                                           # default for every id of that scope
@@ -104,6 +106,12 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // for, and {http.rolter_ratelimit.api_key}, the credential its API reads (as
 // that provider reads it: a credential in another provider's header is not
 // read), can be a value or part of one (scope model {http.rolter_ratelimit.model}).
+//
+// A cap's value that holds a placeholder ({http.request.header.X-Plan-Rpm},
+// {vars.max_parallel}) comes with each request: it is checked per request
+// as a value written here is checked when the config loads, and one that
+// resolves empty or is not valid takes the value after else; without else
+// such a request is refused with 503, never let through unlimited.
 //
 // A budget is a positive number of US dollars, exact to the nano-dollar, of
 // at most 1000000. Requests under a budget are priced by the price lines
@@ -571,6 +579,8 @@ func parseLimit(d *caddyfile.Dispenser) (LimitConfig, error) {
 		case "concurrent":
 			n = &l.Concurrent
 		case "rate", "budget_day", "budget_month":
+		case "else":
+			return l, d.Err("else follows a cap whose value is a placeholder (rpm {http.request.header.X-Plan-Rpm} else 60)")
 		default:
 			if n = l.windowCap(name); n == nil {
 				return l, d.Errf("unrecognized limit option '%s': expecting rpm, tpm, itpm, otpm, rpd, tpd, itpd, otpd, rate, burst, cost, concurrent, budget_day or budget_month", name)
@@ -582,6 +592,23 @@ func parseLimit(d *caddyfile.Dispenser) (LimitConfig, error) {
 		seen[name] = true
 		if !d.NextArg() {
 			return l, d.ArgErr()
+		}
+		if strings.Contains(d.Val(), "{") {
+			p := PerRequestCap{Value: d.Val()}
+			if d.NextArg() {
+				if d.Val() != "else" {
+					d.Prev()
+				} else if !d.NextArg() {
+					return l, d.ArgErr()
+				} else {
+					p.Else = d.Val()
+				}
+			}
+			if l.PerRequest == nil {
+				l.PerRequest = make(map[string]PerRequestCap)
+			}
+			l.PerRequest[name] = p
+			continue
 		}
 		if n == nil { // a decimal, checked with the whole line, below
 			*decimals[name] = json.Number(d.Val())

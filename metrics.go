@@ -14,7 +14,7 @@ import (
 var (
 	admissionsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "admissions_total",
-		Help: "Requests and realtime sessions seen, by outcome: admitted, refused, refused_empty_scope, refused_ambiguous_scope, refused_body_memory, refused_no_price, failed_open, failed_closed, refused_connections.",
+		Help: "Requests and realtime sessions seen, by outcome: admitted, refused, refused_empty_scope, refused_ambiguous_scope, refused_body_memory, refused_no_price, refused_bad_limit, failed_open, failed_closed, refused_connections.",
 	}, []string{"outcome"})
 	refusalsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "refusals_total",
@@ -93,7 +93,9 @@ const (
 	// No room under body_memory: 503.
 	outcomeRefusedBodyMemory = "refused_body_memory"
 	// Under a budget, a model without a price: 400.
-	outcomeRefusedNoPrice     = "refused_no_price"
+	outcomeRefusedNoPrice = "refused_no_price"
+	// A cap per request missing or not valid, without a fallback: 503.
+	outcomeRefusedBadLimit    = "refused_bad_limit"
 	outcomeFailedOpen         = "failed_open"
 	outcomeFailedClosed       = "failed_closed"
 	outcomeRefusedConnections = "refused_connections"

@@ -196,6 +196,7 @@ type Handler struct {
 	chargeWarn              *warnLimiter // failed token charges
 	usageWarn               *warnLimiter // usage over its ceiling
 	bodyWarn                *warnLimiter // bodies over body_memory
+	badLimitWarn            *warnLimiter // caps per request missing or not valid
 }
 
 // Scope is one link of the chain.
@@ -279,6 +280,11 @@ type LimitConfig struct {
 	BudgetDay json.Number `json:"budget_day,omitempty"`
 	// BudgetMonth caps what the id spends per calendar month, likewise.
 	BudgetMonth json.Number `json:"budget_month,omitempty"`
+	// PerRequest gives caps whose value comes with each request, by the
+	// cap's name (rpm, tpm, …, rate, burst, cost, concurrent, budget_day,
+	// budget_month), each instead of its field above: its value holds
+	// placeholders, resolved per request (perrequest.go).
+	PerRequest map[string]PerRequestCap `json:"per_request,omitempty"`
 }
 
 // PriceConfig is the price of a model, of every model whose name starts
@@ -307,13 +313,12 @@ func (p PriceConfig) entry() (pricing.Entry, error) {
 	return pricing.Inline(p.Model, string(p.Input), string(p.Output), string(p.CacheRead), string(p.CacheWrite))
 }
 
-// scopeLimits are the caps of one scope: per id (as stored), per id prefix
-// (longest first), and the default.
+// scopeLimits are the limits of one scope: per id (as stored), per id
+// prefix (longest first), and the default (nil: none).
 type scopeLimits struct {
-	byID       map[string]limitCaps
-	byPrefix   []prefixLimit
-	byDefault  limitCaps
-	hasDefault bool
+	byID      map[string]*limitSpec
+	byPrefix  []prefixLimit
+	byDefault *limitSpec
 }
 
 // prefixLimit caps every id that starts with prefix as one pool, as a
@@ -321,24 +326,24 @@ type scopeLimits struct {
 // prefix (id, as stored), not by each id.
 type prefixLimit struct {
 	prefix, id string
-	caps       limitCaps
+	spec       *limitSpec
 }
 
-// resolve finds the caps of an id of the scope, as the request gives it
-// (value) and as stored (id): its own, else those of the longest prefix
+// resolve finds the limit of an id of the scope, as the request gives it
+// (value) and as stored (id): its own, else that of the longest prefix
 // that covers it, else the default. stored is the id its counters are
-// named by; own is false for the default; ok is false when nothing limits
+// named by; own is false for the default; spec is nil when nothing limits
 // it. A value of "" (an id asked for by its digest) matches no prefix.
-func (sl scopeLimits) resolve(value, id string) (stored string, caps limitCaps, own, ok bool) {
-	if caps, ok := sl.byID[id]; ok {
-		return id, caps, true, true
+func (sl scopeLimits) resolve(value, id string) (stored string, spec *limitSpec, own bool) {
+	if spec, ok := sl.byID[id]; ok {
+		return id, spec, true
 	}
 	for _, p := range sl.byPrefix {
 		if value != "" && strings.HasPrefix(value, p.prefix) {
-			return p.id, p.caps, true, true
+			return p.id, p.spec, true
 		}
 	}
-	return id, sl.byDefault, false, sl.hasDefault
+	return id, sl.byDefault, false
 }
 
 const defaultTimeout = 100 * time.Millisecond
@@ -355,7 +360,7 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // pool, so that counters (and Redis connections) survive config reloads.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
-	h.warn, h.chargeWarn, h.usageWarn, h.bodyWarn = new(warnLimiter), new(warnLimiter), new(warnLimiter), new(warnLimiter)
+	h.warn, h.chargeWarn, h.usageWarn, h.bodyWarn, h.badLimitWarn = new(warnLimiter), new(warnLimiter), new(warnLimiter), new(warnLimiter), new(warnLimiter)
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return err
 	}
@@ -379,7 +384,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	effective := make([]string, 0, len(h.Limits)) // for the log, ids as stored
 	for _, lc := range h.Limits {
 		sl := h.limits[lc.Scope]
-		caps, err := lc.caps()
+		nominal, err := lc.nominal()
+		if err != nil {
+			return err
+		}
+		caps, err := nominal.caps()
 		if err != nil {
 			return err
 		}
@@ -387,6 +396,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if caps.budgets.max != [numBudgetPeriods]int64{} {
 			caps.budgets.calendar = calendar
 		}
+		spec := newLimitSpec(lc, caps)
 		id := "*"
 		raw, err := lc.resolvedID(repl)
 		if err != nil {
@@ -394,16 +404,16 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		switch prefix, isPrefix := strings.CutSuffix(raw, "*"); {
 		case lc.ID == "*":
-			sl.byDefault, sl.hasDefault = caps, true
+			sl.byDefault = spec
 		case isPrefix:
 			id = prefixKeyID(readable[lc.Scope], prefix)
-			sl.byPrefix = append(sl.byPrefix, prefixLimit{prefix: prefix, id: id, caps: caps})
+			sl.byPrefix = append(sl.byPrefix, prefixLimit{prefix: prefix, id: id, spec: spec})
 		default:
 			if sl.byID == nil {
-				sl.byID = make(map[string]limitCaps)
+				sl.byID = make(map[string]*limitSpec)
 			}
 			id = keyID(readable[lc.Scope], raw)
-			sl.byID[id] = caps
+			sl.byID[id] = spec
 		}
 		h.limits[lc.Scope] = sl
 		effective = append(effective, caps.describe(lc.Scope+" "+id))
@@ -545,7 +555,8 @@ func (h *Handler) Validate() error {
 	}
 	budgets := false
 	for _, l := range h.Limits {
-		budgets = budgets || l.BudgetDay != "" || l.BudgetMonth != ""
+		nominal, err := l.nominal()
+		budgets = budgets || err == nil && (nominal.BudgetDay != "" || nominal.BudgetMonth != "")
 	}
 	if budgets && len(h.Prices) == 0 && h.PriceFile == "" {
 		return errBudgetWithoutPrice
@@ -598,10 +609,13 @@ func (l LimitConfig) validate() error {
 			return fmt.Errorf("limit for scope %q id %q: %s must be a positive integer of at most %d, not %d", l.Scope, l.ID, windowKind(k), int64(maxCap), n)
 		}
 	}
-	if l.windowCaps() == (windowCaps{}) && l.Rate == "" && l.Burst == 0 && l.Cost == 0 && l.Concurrent == 0 && l.BudgetDay == "" && l.BudgetMonth == "" {
+	if l.windowCaps() == (windowCaps{}) && l.Rate == "" && l.Burst == 0 && l.Cost == 0 && l.Concurrent == 0 && l.BudgetDay == "" && l.BudgetMonth == "" && len(l.PerRequest) == 0 {
 		return fmt.Errorf("limit for scope %q id %q sets no cap: give rpm, tpm, itpm, otpm, rpd, tpd, itpd, otpd, rate and burst, concurrent, budget_day or budget_month", l.Scope, l.ID)
 	}
-	_, err := l.caps()
+	nominal, err := l.nominal()
+	if err == nil {
+		_, err = nominal.caps()
+	}
 	return err
 }
 
@@ -628,10 +642,8 @@ func (l *LimitConfig) windowCapFields() [numWindows]*int64 {
 
 // windowCap is the field of the window cap called name (windowKind.String).
 func (l *LimitConfig) windowCap(name string) *int64 {
-	for k, f := range l.windowCapFields() {
-		if windowKind(k).String() == name {
-			return f
-		}
+	if k := windowKindNamed(name); k < numWindows {
+		return l.windowCapFields()[k]
 	}
 	return nil
 }

@@ -116,6 +116,17 @@ func (k windowKind) String() string {
 	return [...]string{"r", "t", "it", "ot"}[k%4] + "p" + spans[k.span()].suffix
 }
 
+// windowKindNamed is the window whose cap is called name (rpm, …), or
+// numWindows for none.
+func windowKindNamed(name string) windowKind {
+	for k := range numWindows {
+		if k.String() == name {
+			return k
+		}
+	}
+	return numWindows
+}
+
 // noun is what the window counts, in messages.
 func (k windowKind) noun() string {
 	return [...]string{"requests", "tokens", "input tokens", "output tokens"}[k%4]

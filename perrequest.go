@@ -1,0 +1,209 @@
+package ratelimit
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/rolter/caddy-ratelimit/internal/pricing"
+)
+
+// Caps per request. A cap's value may be a placeholder, or hold one,
+// resolved for each request (a plan's rpm in a header that forward_auth
+// copies from an auth service's answer): the limit's counters are its
+// scope id's as ever, and the cap that applies to them is the request's,
+// so that a plan raised takes effect at the next request, with what was
+// used still counted. A value is checked per request as the config's
+// values are at load. One that resolves empty, or is not valid, never
+// means unlimited: the limit's fallback (else) applies, and without one
+// the request is refused with 503 before any store call.
+
+// PerRequestCap is a cap whose value comes with each request.
+type PerRequestCap struct {
+	// Value holds placeholders, resolved per request, such as
+	// {http.request.header.X-Plan-Rpm}; it must then be what the cap takes
+	// in the config (a positive integer; a decimal for rate; US dollars
+	// for budgets) within the same bounds.
+	Value string `json:"value"`
+	// Else is the cap's value when Value resolves empty or not valid; it
+	// must be valid. Absent: such a request is refused with 503.
+	Else string `json:"else,omitempty"`
+}
+
+// perRequestCap is a cap of a limit whose value comes with each request.
+type perRequestCap struct {
+	name     string // the cap's name in the config: rpm, rate, budget_day, …
+	value    string // its template
+	header   string // the request header the value is exactly the placeholder of, else ""
+	fallback string // its else value; "" for none
+}
+
+// limitSpec is a limit line as requests find it: its caps, of which those
+// that come with each request are left out (0), and the line itself, for
+// those.
+type limitSpec struct {
+	caps       limitCaps
+	perRequest []perRequestCap
+	config     LimitConfig // the line without its per-request caps
+}
+
+// newLimitSpec is the spec of a limit line whose caps, as configured, are
+// caps.
+func newLimitSpec(lc LimitConfig, caps limitCaps) *limitSpec {
+	s := &limitSpec{caps: caps, config: lc}
+	s.config.PerRequest = nil
+	for _, name := range slices.Sorted(maps.Keys(lc.PerRequest)) {
+		p := lc.PerRequest[name]
+		s.perRequest = append(s.perRequest, perRequestCap{name: name, value: p.Value, header: scopeHeader(p.Value), fallback: p.Else})
+	}
+	return s
+}
+
+// capsFor is the caps that apply to a request: the line's, with those of
+// its caps per request the request gives, or else their fallbacks; bad
+// names a cap per request that the request does not give validly and
+// that has no fallback, or that makes the caps inconsistent (a cost
+// above the burst).
+func (s *limitSpec) capsFor(req *request) (caps limitCaps, bad string) {
+	if len(s.perRequest) == 0 {
+		return s.caps, ""
+	}
+	lc := s.config
+	for _, p := range s.perRequest {
+		v := p.valueFor(req)
+		if lc.setCap(p.name, v) != nil && (p.fallback == "" || lc.setCap(p.name, p.fallback) != nil) {
+			return limitCaps{}, p.name
+		}
+	}
+	caps, err := lc.caps()
+	if err != nil {
+		return limitCaps{}, s.perRequest[0].name
+	}
+	caps.concurrent.leaseMillis, caps.budgets.calendar = s.caps.concurrent.leaseMillis, s.caps.budgets.calendar
+	return caps, ""
+}
+
+// describe is the cap's value as configured, with its fallback.
+func (p perRequestCap) describe() string {
+	if p.fallback == "" {
+		return p.value
+	}
+	return p.value + " else " + p.fallback
+}
+
+// valueFor is the cap's value for the request. A value that is one request
+// header placeholder is read as the scopes' are (several lines joined by
+// commas: never a valid cap).
+func (p perRequestCap) valueFor(req *request) string {
+	if p.header != "" {
+		return strings.Join(req.Header[p.header], ",")
+	}
+	return req.repl.ReplaceAll(p.value, "")
+}
+
+// capNames are the caps a limit line may give, each once.
+var capNames = []string{"rpm", "tpm", "itpm", "otpm", "rpd", "tpd", "itpd", "otpd", "rate", "burst", "cost", "concurrent", "budget_day", "budget_month"}
+
+// setCap sets the cap called name to the value v, as the config reads it,
+// or says why v is not valid for it.
+func (l *LimitConfig) setCap(name, v string) error {
+	switch name {
+	case "rate":
+		if _, err := parseRate(v); err != nil {
+			return err
+		}
+		l.Rate = json.Number(v)
+		return nil
+	case "budget_day", "budget_month":
+		budget, err := pricing.ParseBudget(v)
+		if err == nil && budget == 0 {
+			err = fmt.Errorf("a budget of 0 would refuse every request")
+		}
+		if err != nil {
+			return err
+		}
+		if name == "budget_day" {
+			l.BudgetDay = json.Number(v)
+		} else {
+			l.BudgetMonth = json.Number(v)
+		}
+		return nil
+	}
+	n := l.intCap(name)
+	if n == nil {
+		return fmt.Errorf("unknown cap %q", name)
+	}
+	v64, err := strconv.ParseUint(v, 10, 63)
+	most := uint64(maxCap)
+	if name == "burst" {
+		most = maxBurst
+	}
+	if err != nil || v64 == 0 || v64 > most {
+		return fmt.Errorf("%s must be a positive integer of at most %d, not %q", name, most, v)
+	}
+	*n = int64(v64)
+	return nil
+}
+
+// intCap is the field of the integer cap called name, nil for another.
+func (l *LimitConfig) intCap(name string) *int64 {
+	switch name {
+	case "burst":
+		return &l.Burst
+	case "cost":
+		return &l.Cost
+	case "concurrent":
+		return &l.Concurrent
+	}
+	return l.windowCap(name)
+}
+
+// given reports whether the line gives the cap called name a value of its
+// own.
+func (l LimitConfig) given(name string) bool {
+	switch name {
+	case "rate":
+		return l.Rate != ""
+	case "budget_day":
+		return l.BudgetDay != ""
+	case "budget_month":
+		return l.BudgetMonth != ""
+	}
+	return *l.intCap(name) != 0
+}
+
+// nominal is the line with each cap per request at its fallback, or else
+// at a nominal value (the largest burst, 1 for the rest), which its caps
+// are checked with at load and the live view reads its counters with; the
+// error says what is wrong with a cap per request: a cap the line does not
+// also give, with a placeholder in its value, and a valid fallback.
+func (l LimitConfig) nominal() (LimitConfig, error) {
+	nominal := l
+	nominal.PerRequest = nil
+	for _, name := range slices.Sorted(maps.Keys(l.PerRequest)) {
+		p := l.PerRequest[name]
+		if !slices.Contains(capNames, name) {
+			return l, fmt.Errorf("limit for scope %q id %q: unknown per-request cap %q: expecting %s", l.Scope, l.ID, name, strings.Join(capNames, ", "))
+		}
+		if l.given(name) {
+			return l, fmt.Errorf("limit for scope %q id %q: %s is given both as a value and per request", l.Scope, l.ID, name)
+		}
+		if !strings.Contains(p.Value, "{") {
+			return l, fmt.Errorf("limit for scope %q id %q: the per-request %s %q holds no placeholder: give it as a value", l.Scope, l.ID, name, p.Value)
+		}
+		v := p.Else
+		if v == "" {
+			v = "1"
+			if name == "burst" {
+				v = strconv.Itoa(maxBurst)
+			}
+		}
+		if err := nominal.setCap(name, v); err != nil {
+			return l, fmt.Errorf("limit for scope %q id %q: %s else: %v", l.Scope, l.ID, name, err)
+		}
+	}
+	return nominal, nil
+}
