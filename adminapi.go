@@ -30,7 +30,9 @@ func init() {
 // scope id: for every distinct limit that the loaded rolter_ratelimit
 // handlers apply to it, the current request and token estimates, their caps,
 // what remains and when each resets, read from the store those handlers use
-// without charging anything.
+// without charging anything. It also serves POST /rolter_ratelimit/reset
+// (see ResetPath), which takes the same parameters and clears that scope
+// id's window counters and token buckets.
 //
 // Query parameters:
 //
@@ -69,9 +71,12 @@ func (AdminAPI) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Routes returns the live view's route.
+// Routes returns the live view's route, and the reset's (reset.go).
 func (a AdminAPI) Routes() []caddy.AdminRoute {
-	return []caddy.AdminRoute{{Pattern: UsagePath, Handler: caddy.AdminHandlerFunc(a.serveUsage)}}
+	return []caddy.AdminRoute{
+		{Pattern: UsagePath, Handler: caddy.AdminHandlerFunc(a.serveUsage)},
+		{Pattern: ResetPath, Handler: caddy.AdminHandlerFunc(a.serveReset)},
+	}
 }
 
 // UsageView is the live view's answer for one scope id.
@@ -288,9 +293,49 @@ func (a AdminAPI) serveUsage(w http.ResponseWriter, r *http.Request) error {
 		w.Header().Set("Allow", http.MethodGet)
 		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed; use GET", r.Method)}
 	}
-	scope, id, err := usageQuery(r.URL.Query())
+	asked, err := findLimits(r.URL.Query())
 	if err != nil {
-		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
+		return err
+	}
+	view := UsageView{Scope: asked.scope, ID: asked.id, Limits: make([]UsageLimit, 0, len(asked.groups))}
+	for _, g := range asked.groups {
+		entry, err := g.read(r, asked.scope)
+		if err != nil {
+			return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: err}
+		}
+		view.Limits = append(view.Limits, entry)
+	}
+	if len(view.Limits) == 0 {
+		view.Note = fmt.Sprintf("no loaded handler limits this id in scope %q (it has no limit of its own and the scope has no \"*\" default): it is not limited in this scope", asked.scope)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	body, err := json.Marshal(view)
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(append(body, '\n'))
+	return err
+}
+
+// askedLimits are the limits that a query of the live view, or of a reset,
+// asks for.
+type askedLimits struct {
+	scope  string
+	id     string // as stored (UsageView.ID)
+	groups []*usageGroup
+}
+
+// findLimits reads the scope, the id and the root from the parameters q,
+// and finds the limits the loaded handlers apply to that id (groupLimits).
+// Its error is the admin API's 400.
+func findLimits(q url.Values) (askedLimits, error) {
+	bad := func(err error) (askedLimits, error) {
+		return askedLimits{}, caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
+	}
+	scope, id, err := usageQuery(q)
+	if err != nil {
+		return bad(err)
 	}
 	handlers := liveHandlers.all()
 	known := make(map[string]bool)
@@ -304,37 +349,20 @@ func (a AdminAPI) serveUsage(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	if !known[scope] {
-		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: unknownScope(scope, known)}
+		return bad(unknownScope(scope, known))
 	}
-
-	root, err := rootQuery(r.URL.Query().Get("root"))
+	root, err := rootQuery(q.Get("root"))
 	if err != nil {
-		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
+		return bad(err)
 	}
 	groups := groupLimits(handlers, scope, id, root)
-	view := UsageView{Scope: scope, ID: id.stored(readableEverywhere), Limits: make([]UsageLimit, 0, len(groups))}
 	for _, g := range groups {
 		if g.store.describe().tagged && g.tag == "" {
-			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: errors.New(
-				"on Redis Cluster a counter lives under its chain's root: add root=<scope>:<id> (the outermost scope with a value in the requests, e.g. root=org:acme)")}
+			return bad(errors.New(
+				"on Redis Cluster a counter lives under its chain's root: add root=<scope>:<id> (the outermost scope with a value in the requests, e.g. root=org:acme)"))
 		}
-		entry, err := g.read(r, scope)
-		if err != nil {
-			return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: err}
-		}
-		view.Limits = append(view.Limits, entry)
 	}
-	if len(view.Limits) == 0 {
-		view.Note = fmt.Sprintf("no loaded handler limits this id in scope %q (it has no limit of its own and the scope has no \"*\" default): it is not limited in this scope", scope)
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	body, err := json.Marshal(view)
-	if err != nil {
-		return err
-	}
-	_, err = w.Write(append(body, '\n'))
-	return err
+	return askedLimits{scope: scope, id: id.stored(readableEverywhere), groups: groups}, nil
 }
 
 // usageQuery reads the scope and the id from the query.
@@ -477,11 +505,7 @@ func (g *usageGroup) read(r *http.Request, scope string) (UsageLimit, error) {
 		err = errBadReply
 	}
 	if err != nil {
-		name := g.storeKind
-		if g.where != "" {
-			name += " at " + g.where
-		}
-		return UsageLimit{}, fmt.Errorf("the rate limit store (%s) cannot be read: %v", name, err)
+		return UsageLimit{}, fmt.Errorf("the rate limit store (%s) cannot be read: %v", g.name(), err)
 	}
 	entry := UsageLimit{
 		Store:    g.storeKind,

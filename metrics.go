@@ -46,7 +46,7 @@ var (
 	}, []string{"what"})
 	redisDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "redis_call_duration_seconds",
-		Help:    "Redis calls of the limiter, by operation: admit, record_tokens, free_slots, renew_slots, peek.",
+		Help:    "Redis calls of the limiter, by operation: admit, record_tokens, free_slots, renew_slots, peek, reset.",
 		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1},
 	}, []string{"op"})
 	redisErrorsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{

@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"hash/maphash"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -42,6 +43,9 @@ import (
 type refusalCache struct {
 	seed   maphash.Seed
 	shards [refusalShards]refusalShard
+	// resets counts the resets of limits (forgetLimit): a refusal of an
+	// admission sent before one is not recorded (record).
+	resets atomic.Uint64
 }
 
 // The cache holds at most refusalShards × refusalsPerShard limits, some
@@ -85,9 +89,19 @@ func (c *refusalCache) shard(prefix string) *refusalShard {
 	return &c.shards[maphash.String(c.seed, prefix)%refusalShards]
 }
 
+// resetsSoFar is how many limits the cache has been told were reset
+// (forgetLimit), read before an admission is sent, for record.
+func (c *refusalCache) resetsSoFar() uint64 { return c.resets.Load() }
+
 // record caches every limit of chain that refuses in d, the store's refusal
-// of an admission sent at sent. Limits that fit are not cached.
-func (c *refusalCache) record(chain []limit, d decision, sent time.Time) {
+// of an admission sent at sent, when the cache had been told of resets
+// resets. Limits that fit are not cached, nor is anything once the cache
+// has been told of another reset since: Redis may have decided the
+// admission before the reset's DEL, on the counters the reset cleared, and
+// its answer arrive after the reset forgot the limit's refusals, which it
+// would then bring back. (A reset of any limit skips the refusals in
+// flight of all of them, which cost a Redis call each: resets are rare.)
+func (c *refusalCache) record(chain []limit, d decision, sent time.Time, resets uint64) {
 	for i, l := range chain {
 		ref := refusalOf([]limit{cachedCaps(l)}, decision{now: d.now, counts: d.counts[i : i+1]})
 		if ref.first < 0 {
@@ -95,14 +109,20 @@ func (c *refusalCache) record(chain []limit, d decision, sent time.Time) {
 		}
 		c.put(refusalKey{l.prefix, l.limitCaps}, cachedRefusal{
 			sent: sent, at: d.now.unixMillis, release: d.now.unixMillis + ref.waitMillis, counts: d.counts[i],
-		})
+		}, resets)
 	}
 }
 
-func (c *refusalCache) put(k refusalKey, r cachedRefusal) {
+// put caches r, unless the cache has been told of a reset since resets,
+// which is checked under the shard's lock, which forgetLimit holds as it
+// counts one: either r is put before the reset forgets it, or not at all.
+func (c *refusalCache) put(k refusalKey, r cachedRefusal, resets uint64) {
 	sh := c.shard(k.prefix)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	if c.resets.Load() != resets {
+		return
+	}
 	if _, ok := sh.byLimit[k]; !ok && len(sh.byLimit) >= refusalsPerShard {
 		sh.makeRoom(r.sent) // what expired by the send has expired now
 	}
@@ -200,6 +220,22 @@ func (c *refusalCache) forget() {
 		sh.mu.Lock()
 		clear(sh.byLimit)
 		sh.mu.Unlock()
+	}
+}
+
+// forgetLimit drops the cached refusals of the limit whose counters are
+// prefix's, under every caps (a reset of its counters, reset.go), and
+// counts a reset: refusals of admissions sent before it are not recorded.
+// Every entry of a prefix is in the prefix's shard.
+func (c *refusalCache) forgetLimit(prefix string) {
+	sh := c.shard(prefix)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	c.resets.Add(1)
+	for k := range sh.byLimit {
+		if k.prefix == prefix {
+			delete(sh.byLimit, k)
+		}
 	}
 }
 

@@ -150,7 +150,7 @@ func TestCachedRefusalNeverRefusesWhatRedisWouldAdmit(t *testing.T) {
 			}
 			cache := newRefusalCache()
 			sent := time.Now()
-			cache.record(chain, d, sent)
+			cache.record(chain, d, sent, cache.resetsSoFar())
 			for _, x := range refusalProbes(c) {
 				redisAt := at + x
 				// At every moment whose elapsed time since sent rounds up
@@ -295,7 +295,7 @@ func TestRefusalCacheStaysWithinItsBound(t *testing.T) {
 	sent := time.Now()
 	refused := decision{now: momentAt(pinnedBase()), counts: []counts{{w: [numWindows]window{rpm: {cur: 1}}}}}
 	for i := 0; i < 2*capacity; i++ {
-		cache.record([]limit{newLimit("key", fmt.Sprint(i), 1, 0)}, refused, sent)
+		cache.record([]limit{newLimit("key", fmt.Sprint(i), 1, 0)}, refused, sent, cache.resetsSoFar())
 	}
 	for i := range cache.shards {
 		if n := len(cache.shards[i].byLimit); n > refusalsPerShard {
@@ -309,7 +309,7 @@ func TestRefusalCacheStaysWithinItsBound(t *testing.T) {
 	// without dropping any that still holds.
 	later := sent.Add(2 * time.Minute)
 	for i := 0; i < capacity/2; i++ {
-		cache.record([]limit{newLimit("org", fmt.Sprint(i), 1, 0)}, refused, later)
+		cache.record([]limit{newLimit("org", fmt.Sprint(i), 1, 0)}, refused, later, cache.resetsSoFar())
 	}
 	for i := 0; i < capacity/2; i++ {
 		if !refusesLocally(cache, []limit{newLimit("org", fmt.Sprint(i), 1, 0)}, later) {

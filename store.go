@@ -48,6 +48,9 @@ type store interface {
 	// before charge returns. It is never replayed: a double charge would
 	// outlive the failure.
 	charge(chain []limit, c charge, done func(error))
+	// reset clears l's window counters and its token bucket, and keeps its
+	// slots and budgets (reset.go); it answers what it cleared by name.
+	reset(ctx context.Context, l limit) (cleared []string, err error)
 	// describe says what the store is, for the admin API's live view.
 	describe() storeDescription
 	// hold keeps the store usable, even after the last config that uses it

@@ -363,6 +363,23 @@ func (s *memoryStore) peek(_ context.Context, chain []limit) (decision, error) {
 
 func (s *memoryStore) describe() storeDescription { return storeDescription{kind: "memory"} }
 
+// reset zeroes, under the counter's lock, every period it holds of each
+// window l caps, and l's token bucket, which is then full; it keeps the
+// slots and the budgets (reset.go). An admission after it finds the
+// windows empty, whatever period the clock is in; a settlement of a
+// response admitted before it still lands, and takes nothing below zero.
+func (s *memoryStore) reset(_ context.Context, l limit) ([]string, error) {
+	c := s.lockedCounter(l.prefix)
+	defer c.mu.Unlock()
+	for k := range l.each {
+		*c.periods(k) = [2]periodCount{}
+	}
+	if l.bucket.rate > 0 {
+		c.bkt = bucketState{}
+	}
+	return resetNames(l), nil
+}
+
 // The process store stays usable after it is unloaded: only its sweep stops.
 func (s *memoryStore) hold()    {}
 func (s *memoryStore) release() {}

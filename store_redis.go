@@ -159,10 +159,54 @@ func (s *redisStore) describe() storeDescription {
 
 func (s *redisStore) release() { s.lifetime.release(s.closeClient) }
 
+// reset deletes l's window keys in the periods around the gateway's clock
+// and its bucket's key, in one DEL: every key of a limit shares its prefix,
+// and on Redis Cluster its hash tag, so they are in one slot. It keeps the
+// slots and budget keys (reset.go). Then, whatever became of the DEL (a
+// timeout may hide one that ran), it forgets this process's cached
+// refusals of l, and any refusal of an admission sent before that.
+func (s *redisStore) reset(ctx context.Context, l limit) ([]string, error) {
+	defer s.refusals.forgetLimit(l.prefix)
+	keys := resetKeys(l, s.gatewayMoment())
+	if len(keys) == 0 {
+		return resetNames(l), nil
+	}
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	err := s.client.Del(ctx, keys...).Err()
+	observeRedis("reset", start, err)
+	if err != nil {
+		return nil, err
+	}
+	return resetNames(l), nil
+}
+
+// resetKeys are the keys a reset of l at the gateway's clock now deletes:
+// those of each window l caps in four periods of its span, from the one
+// before the previous to the next, and its bucket's. A Redis clock up to a
+// period behind the gateway's reads the period before the previous as its
+// previous one; one up to a period ahead writes the next. (The gateway names
+// a call's keys by Redis's minute when its own is another: window.go.)
+func resetKeys(l limit, now moment) []string {
+	var keys []string
+	for k := range l.each {
+		b := now.in(k.span()).period
+		for p := b - 2; p <= b+1; p++ {
+			keys = append(keys, periodKey(l.prefix, k, p))
+		}
+	}
+	if l.bucket.rate > 0 {
+		keys = append(keys, l.prefix+"bkt")
+	}
+	return keys
+}
+
 // admit answers from the refusal cache what Redis refused until Redis would
 // admit it again, and asks Redis the rest.
 func (s *redisStore) admit(ctx context.Context, chain []limit, reserve tokenCounts) (admission, error) {
 	sent := s.clock.gateway() // the cache bounds Redis's clock from a moment before the call
+	resets := s.refusals.resetsSoFar()
 	if a, ok := s.refusals.refusedLocally(chain, sent); ok {
 		refusalsCachedTotal.Inc()
 		return a, nil
@@ -179,7 +223,7 @@ func (s *redisStore) admit(ctx context.Context, chain []limit, reserve tokenCoun
 	}
 	a, err := admissionOf(chain, d)
 	if err == nil && !a.admitted {
-		s.refusals.record(chain, d, sent)
+		s.refusals.record(chain, d, sent, resets)
 	}
 	return a, err
 }
