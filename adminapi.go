@@ -124,6 +124,9 @@ type UsageLimit struct {
 	// Admits reports whether this limit alone would admit a request now. A
 	// request is admitted only if every limit of its chain admits it.
 	Admits bool `json:"admits"`
+	// Shadow marks a shadow limit: counted, never refusing; Admits then
+	// says what it would do if it were enforced.
+	Shadow bool `json:"shadow,omitempty"`
 	// RPM is the counter of requests per minute; absent when the limit
 	// has no rpm. So for each window: absent when the limit does not cap
 	// it (its tokens are then not counted for this id on this limit).
@@ -516,6 +519,9 @@ func (g *usageGroup) read(r *http.Request, scope string) (UsageLimit, error) {
 		Chains:   g.chains,
 		At:       time.UnixMilli(d.now.unixMillis).UTC().Format("2006-01-02T15:04:05.000Z07:00"),
 		Admits:   d.admitted,
+	}
+	if l.shadow {
+		entry.Shadow, entry.Admits = true, shadowRefusalOf([]limit{l}, d).first < 0
 	}
 	windows := [numWindows]**UsageCounter{rpm: &entry.RPM, tpm: &entry.TPM, itpm: &entry.ITPM, otpm: &entry.OTPM,
 		rpd: &entry.RPD, tpd: &entry.TPD, itpd: &entry.ITPD, otpd: &entry.OTPD}

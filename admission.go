@@ -75,9 +75,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			}
 			held = body.held
 		}
-		if budgeted(chain) {
+		if hasBudgets(chain, true) {
 			var refused *answer
-			if price, refused = h.price(tokenest.Model(req.call, body.bytes)); refused != nil {
+			if price, refused = h.price(chain, tokenest.Model(req.call, body.bytes)); refused != nil {
 				return h.answer(w, req, *refused)
 			}
 		}
@@ -103,15 +103,19 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	})
 }
 
-// price is the price of the model a request under a budget asks for, or
+// price is the price of the model a request under budgets asks for, or
 // the answer that refuses it when there is none: a budget never counts a
-// request at $0 because its price is unknown.
-func (h *Handler) price(model string) (*pricing.Entry, *answer) {
+// request at $0 because its price is unknown. Shadow budgets, which
+// refuse nothing, count only the requests they can price.
+func (h *Handler) price(chain []limit, model string) (*pricing.Entry, *answer) {
 	e, ok := h.prices.Lookup(model)
-	if !ok {
+	switch {
+	case ok:
+		return &e, nil
+	case hasBudgets(chain, false):
 		return nil, new(noPrice(model))
 	}
-	return &e, nil
+	return nil, nil
 }
 
 // admitOrAnswer admits the request's chain with reserve. It answers a
@@ -260,7 +264,7 @@ func (h *Handler) storeFailed(w http.ResponseWriter, req *request, chain []limit
 		h.warn.log(h.logger, "rate limit store unavailable; refusing requests with 503 (on_redis_error deny)", zap.Error(err))
 		return h.answer(w, req, storeUnavailable)
 	}
-	if budgeted(chain) {
+	if hasBudgets(chain, false) {
 		h.warn.log(h.logger, "rate limit store unavailable; refusing requests under a budget with 503 (their spend cannot be counted)", zap.Error(err))
 		return h.answer(w, req, storeUnavailable)
 	}

@@ -49,7 +49,8 @@
 -- then      per charge, what to add to its key, a decimal: tokens, or
 --           nano-dollars (negative for a settlement that gives some back);
 --           then per limit freed, how many of the holder's slots it frees.
--- then      per distinct caps: the windows it caps, one argument of a byte
+-- then      per distinct caps: whether they are a shadow limit's ("1": counted
+--           as the others, never refusing), then the windows it caps, one argument of a byte
 --           per window, its windowKind; the cap of each of them; the rate of a token bucket in
 --           milli-tokens per second (0 is none), and if rate > 0 its burst
 --           and cost; the most requests in flight (0 is no cap), and if
@@ -190,15 +191,16 @@ local function read_slots(key, holder, now, clean)
 end
 
 -- Returns the distinct caps read from ARGV[at] on: each is {windows, rate,
--- burst, cost, slots, lease, day budget, month budget}, windows listing,
+-- burst, cost, slots, lease, day budget, month budget, shadow}, windows listing,
 -- flat, each window's windowKind and cap; then the caps of each limit,
 -- whether any caps have a budget, and the argument after them.
 local function read_caps(at, count)
   local budgeted = false
   local caps = {}
   for position = 1, count do
-    local kinds = {byte(ARGV[at], 1, -1)}
-    at = at + 1
+    local shadow = ARGV[at] == '1'
+    local kinds = {byte(ARGV[at + 1], 1, -1)}
+    at = at + 2
     local windows = {}
     for w = 1, #kinds do
       windows[2 * w - 1], windows[2 * w] = kinds[w], tonumber(ARGV[at], 16)
@@ -216,7 +218,7 @@ local function read_caps(at, count)
     end
     local day_budget, month_budget = tonumber(ARGV[at + 2], 16), tonumber(ARGV[at + 3], 16)
     budgeted = budgeted or day_budget > 0 or month_budget > 0
-    caps[position] = {windows, rate, burst, cost, slots, lease, day_budget, month_budget}
+    caps[position] = {windows, rate, burst, cost, slots, lease, day_budget, month_budget, shadow}
     at = at + 4
   end
   return caps, {byte(ARGV[at], 1, -1)}, budgeted, at + 1
@@ -413,6 +415,13 @@ for limit = 1, limit_count do
     end
   end
   if reserving then last_token_window[limit] = token_windows end
+  if limit_caps[9] then
+    -- A shadow limit is read and charged as the others, and refuses nothing.
+    room = infinity
+    if reserving then
+      for window = first_token_window[limit], token_windows do token_room[window] = infinity end
+    end
+  end
   requests_left[limit], requests_added[limit] = room, 0
 end
 

@@ -76,11 +76,11 @@ func (c *limitCaps) eachBudget(yield func(budgetPeriod, int64) bool) {
 	}
 }
 
-// budgeted reports whether a limit of chain has a budget: its requests
-// then need a price.
-func budgeted(chain []limit) bool {
+// hasBudgets reports whether a limit of chain has a budget, an enforced
+// one unless shadows count: its requests then need a price.
+func hasBudgets(chain []limit, shadows bool) bool {
 	for _, l := range chain {
-		if l.budgets.max != [numBudgetPeriods]int64{} {
+		if l.budgets.max != [numBudgetPeriods]int64{} && (shadows || !l.shadow) {
 			return true
 		}
 	}

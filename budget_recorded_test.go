@@ -138,7 +138,7 @@ func TestBudgetOvershootAgainstRecordedUsage(t *testing.T) {
 		body := []byte(e.Request.Body)
 		call := llmapi.Of(e.APIPath)
 		model := tokenest.Model(call, body)
-		price, refused := h.price(model)
+		price, refused := h.price(chain, model)
 		if refused != nil {
 			if call.API == llmapi.Unknown && model == "" {
 				// As the handler answers it: refused (model_not_priced)

@@ -48,13 +48,14 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		}
 //		scope <name> <value> [readable] [required] [joined]  # repeatable; <value> is usually a placeholder
 //		limit <scope> <id>|<prefix>*|* [rpm|tpm|itpm|otpm|rpd|tpd|itpd|otpd <n>]... [rate <per-second> burst <n> [cost <n>]] [concurrent <n>]
-//		      [budget_day <usd>] [budget_month <usd>]
+//		      [budget_day <usd>] [budget_month <usd>] [shadow]
 //		                                           # repeatable; rpm requests, tpm tokens, itpm input tokens and otpm
 //		                                           # output tokens per minute; rpd, tpd, itpd, otpd per day;
 //		                                           # concurrent: requests in flight at once; budget_day and
 //		                                           # budget_month: US dollars spent per calendar day and month;
 //		                                           # any <n> or <usd> may be a placeholder, resolved per request,
 //		                                           # followed by else <value> for when it is missing or not valid;
+//		                                           # shadow: counted, never refusing (a limit being tried);
 //		                                           # <prefix>* is one pool for every id starting with
 //		                                           # <prefix> (the longest wins; an exact id beats it); * is the
 //		                                           # default for every id of that scope
@@ -68,6 +69,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		reserve_output <n>                         # default 1024: the output reserved for a request that names no cap
 //		body_memory <size>                         # default 64MiB, at least 8MiB: request bodies being read at once, per process
 //		slot_lease <duration>                      # default 30s, at least 1s: how long a dead process's slots outlive it
+//		shadow on|off                              # default off: every limit a shadow limit
+//		shadow_header on|off                       # default off: X-Ratelimit-Shadow on requests a shadow limit would refuse
 //		price <model>|<prefix>*|* input <usd> output <usd> [cache_read <usd>] [cache_write <usd>]
 //		                                           # repeatable; US dollars per million tokens, for budgets
 //		prices <path>                              # a price file in LiteLLM's model_prices_and_context_window.json format
@@ -257,6 +260,17 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				h.ReserveTokens = &on
 			} else {
 				h.EnsureStreamUsage = &on
+			}
+
+		case "shadow", "shadow_header":
+			on, err := onOff(d)
+			if err != nil {
+				return err
+			}
+			if sub.Text == "shadow" {
+				h.Shadow = on
+			} else {
+				h.ShadowHeader = on
 			}
 
 		case "reserve_output":
@@ -579,6 +593,12 @@ func parseLimit(d *caddyfile.Dispenser) (LimitConfig, error) {
 		case "concurrent":
 			n = &l.Concurrent
 		case "rate", "budget_day", "budget_month":
+		case "shadow":
+			if l.Shadow {
+				return l, d.Errf("%s is given twice", name)
+			}
+			l.Shadow = true
+			continue
 		case "else":
 			return l, d.Err("else follows a cap whose value is a placeholder (rpm {http.request.header.X-Plan-Rpm} else 60)")
 		default:

@@ -120,6 +120,9 @@ func (f headerFamilies) headersFor(chain []limit, d decision, counted bool) head
 	var byWindow [numWindows]tightest
 	var bkt tightest
 	for i, l := range chain {
+		if l.shadow { // tried, not enforced: the caller's limits are the others
+			continue
+		}
 		c := d.counts[i]
 		if counted {
 			c = d.countsAfter(l, c)
@@ -182,7 +185,7 @@ func (f headerFamilies) failedOpenHeaders(chain []limit) headerSet {
 	}
 	var bkt tightest
 	for _, l := range chain {
-		if b := l.bucket; b.rate > 0 {
+		if b := l.bucket; b.rate > 0 && !l.shadow {
 			bkt.consider(tightest{left: b.burst - b.cost, bucket: b})
 		}
 	}

@@ -848,7 +848,7 @@ func TestAConcurrencyRefusalSetsItsPlaceholdersMetricAndLogLineAndSlotsHeldFollo
 		header X-Refused-Kind {http.rolter_ratelimit.refused_kind}
 		respond "{http.rolter_ratelimit.outcome} by {http.rolter_ratelimit.refused_scope} on {http.rolter_ratelimit.refused_kind}, cap {http.rolter_ratelimit.refused_limit}" {err.status_code}
 	}`), freePort())
-		const refusals = `caddy_rolter_ratelimit_refusals_total{kind="concurrency",scope="key",window=""}`
+		const refusals = `caddy_rolter_ratelimit_refusals_total{kind="concurrency",scope="key",shadow="false",window=""}`
 		slotsHeld := fmt.Sprintf(slotsHeldMetric, "key")
 		waitSlotsHeld(t, caddyAdmin(), "key", 0)
 		before := scrape(t)[refusals]

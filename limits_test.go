@@ -24,7 +24,7 @@ func TestADailyCapRefusesNamingItsWindowAndWaitsForItsRelease(t *testing.T) {
 		handle_errors {
 			respond "{http.rolter_ratelimit.refused_kind} per {http.rolter_ratelimit.refused_window}, cap {http.rolter_ratelimit.refused_limit}: {err.message}" {err.status_code}
 		}`))
-		metric := `caddy_rolter_ratelimit_refusals_total{kind="requests",scope="key",window="day"}`
+		metric := `caddy_rolter_ratelimit_refusals_total{kind="requests",scope="key",shadow="false",window="day"}`
 		before := scrape(t)[metric]
 		dayBefore := time.Now().Unix() / 86_400
 		first, _ := gw.do(t, "X-Api-Key: "+key)

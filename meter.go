@@ -168,7 +168,9 @@ func tokensOf(u usage.Usage, price *pricing.Entry) tokenCounts {
 // session), holding the store for the charge. It returns nil when the
 // response needs no wrapping.
 func (h *Handler) admitted(w http.ResponseWriter, req *request, chain []limit, d decision, metering bool) *responseWriter {
-	setOutcome(req.repl, outcomeAdmitted)
+	if !h.shadowRefused(w, req, chain, d) {
+		setOutcome(req.repl, outcomeAdmitted)
+	}
 	tokensReserved.add(d.reserve)
 	families := h.families(req.dia)
 	if !families.any() && !metering {

@@ -14,12 +14,12 @@ import (
 var (
 	admissionsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "admissions_total",
-		Help: "Requests and realtime sessions seen, by outcome: admitted, refused, refused_empty_scope, refused_ambiguous_scope, refused_body_memory, refused_no_price, refused_bad_limit, failed_open, failed_closed, refused_connections.",
+		Help: "Requests and realtime sessions seen, by outcome: admitted, refused, refused_empty_scope, refused_ambiguous_scope, refused_body_memory, refused_no_price, refused_bad_limit, shadow_refused (admitted, but a shadow limit would have refused it), failed_open, failed_closed, refused_connections.",
 	}, []string{"outcome"})
 	refusalsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "refusals_total",
-		Help: "Refused requests, by the scope name, kind (requests, tokens, input_tokens, output_tokens, burst, too_large, concurrency, budget) and window (minute, day, or a budget's day, month; empty for a bucket or a concurrency cap) of the first refusing limit.",
-	}, []string{"scope", "kind", "window"})
+		Help: "Refused requests, by the scope name, kind (requests, tokens, input_tokens, output_tokens, burst, too_large, concurrency, budget) and window (minute, day, or a budget's day, month; empty for a bucket or a concurrency cap) of the first refusing limit, and shadow: true for a request a shadow limit would have refused, which passed.",
+	}, []string{"scope", "kind", "window", "shadow"})
 	refusalsCachedTotal = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "refusals_cached_total",
 		Help: "Refused requests answered from the refusal cache, without a Redis call; they also count in refusals_total.",
@@ -95,7 +95,9 @@ const (
 	// Under a budget, a model without a price: 400.
 	outcomeRefusedNoPrice = "refused_no_price"
 	// A cap per request missing or not valid, without a fallback: 503.
-	outcomeRefusedBadLimit    = "refused_bad_limit"
+	outcomeRefusedBadLimit = "refused_bad_limit"
+	// Admitted, but a shadow limit would have refused it.
+	outcomeShadowRefused      = "shadow_refused"
 	outcomeFailedOpen         = "failed_open"
 	outcomeFailedClosed       = "failed_closed"
 	outcomeRefusedConnections = "refused_connections"

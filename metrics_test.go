@@ -93,13 +93,13 @@ func checkMetrics(t *testing.T, srv *testRedis) {
 	gw.get(t, "/samples/openai_error.json?coding=identity", "Authorization: Bearer sk-"+uniqueID(t), org) // admitted, not metered
 	waitCharged(t, store, []limit{newLimit("org", strings.TrimPrefix(org, "X-Org: "), 0, 1)}, 2*1163)
 	want := map[string]float64{
-		`caddy_rolter_ratelimit_admissions_total{outcome="admitted"}`:                        3,
-		`caddy_rolter_ratelimit_admissions_total{outcome="refused"}`:                         1,
-		`caddy_rolter_ratelimit_refusals_total{kind="requests",scope="key",window="minute"}`: 1,
-		`caddy_rolter_ratelimit_tokens_charged_total{kind="total"}`:                          2 * 1163,
-		`caddy_rolter_ratelimit_tokens_charged_total{kind="input"}`:                          2 * 1117,
-		`caddy_rolter_ratelimit_tokens_charged_total{kind="output"}`:                         2 * 46,
-		`caddy_rolter_ratelimit_unmetered_total{what="response"}`:                            1,
+		`caddy_rolter_ratelimit_admissions_total{outcome="admitted"}`:                                       3,
+		`caddy_rolter_ratelimit_admissions_total{outcome="refused"}`:                                        1,
+		`caddy_rolter_ratelimit_refusals_total{kind="requests",scope="key",shadow="false",window="minute"}`: 1,
+		`caddy_rolter_ratelimit_tokens_charged_total{kind="total"}`:                                         2 * 1163,
+		`caddy_rolter_ratelimit_tokens_charged_total{kind="input"}`:                                         2 * 1117,
+		`caddy_rolter_ratelimit_tokens_charged_total{kind="output"}`:                                        2 * 46,
+		`caddy_rolter_ratelimit_unmetered_total{what="response"}`:                                           1,
 	}
 	if srv != nil {
 		srv.Stop(t)

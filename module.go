@@ -179,6 +179,15 @@ type Handler struct {
 	// days and months the budgets cover; default UTC.
 	BudgetTimezone string `json:"budget_timezone,omitempty"`
 
+	// Shadow makes every limit a shadow limit (LimitConfig.Shadow).
+	Shadow bool `json:"shadow,omitempty"`
+
+	// ShadowHeader sends, on a request a shadow limit would have refused,
+	// the header X-Ratelimit-Shadow: "<kind>; scope=<scope>; window=<window>;
+	// retry-after=<seconds>", so that the caller sees what a limit being
+	// tried would do. Default off.
+	ShadowHeader bool `json:"shadow_header,omitempty"`
+
 	store   store
 	prices  *pricing.Table // Prices and PriceFile
 	release func() error   // gives the store back to its pool
@@ -197,6 +206,7 @@ type Handler struct {
 	usageWarn               *warnLimiter // usage over its ceiling
 	bodyWarn                *warnLimiter // bodies over body_memory
 	badLimitWarn            *warnLimiter // caps per request missing or not valid
+	shadowLog               *warnLimiter // shadow refusals, at info
 }
 
 // Scope is one link of the chain.
@@ -285,6 +295,11 @@ type LimitConfig struct {
 	// budget_month), each instead of its field above: its value holds
 	// placeholders, resolved per request (perrequest.go).
 	PerRequest map[string]PerRequestCap `json:"per_request,omitempty"`
+	// Shadow tries the limit without refusing anyone: it is evaluated and
+	// counted in the same atomic step as the others, a request it would
+	// refuse is charged on its counters all the same (they show what the
+	// traffic is) and passes, marked shadow_refused (shadow.go).
+	Shadow bool `json:"shadow,omitempty"`
 }
 
 // PriceConfig is the price of a model, of every model whose name starts
@@ -360,7 +375,7 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // pool, so that counters (and Redis connections) survive config reloads.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
-	h.warn, h.chargeWarn, h.usageWarn, h.bodyWarn, h.badLimitWarn = new(warnLimiter), new(warnLimiter), new(warnLimiter), new(warnLimiter), new(warnLimiter)
+	h.warn, h.chargeWarn, h.usageWarn, h.bodyWarn, h.badLimitWarn, h.shadowLog = new(warnLimiter), new(warnLimiter), new(warnLimiter), new(warnLimiter), new(warnLimiter), new(warnLimiter)
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return err
 	}
@@ -393,6 +408,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return err
 		}
 		caps.concurrent.leaseMillis = h.slotLease().Milliseconds()
+		caps.shadow = lc.Shadow || h.Shadow
 		if caps.budgets.max != [numBudgetPeriods]int64{} {
 			caps.budgets.calendar = calendar
 		}

@@ -143,9 +143,9 @@ func (h *Handler) serveSession(w http.ResponseWriter, req *request, next caddyht
 		return next.ServeHTTP(w, req.Request)
 	}
 	var price *pricing.Entry
-	if budgeted(chain) {
+	if hasBudgets(chain, true) {
 		// The Realtime API names the session's model in the query.
-		if price, refused = h.price(req.URL.Query().Get("model")); refused != nil {
+		if price, refused = h.price(chain, req.URL.Query().Get("model")); refused != nil {
 			return h.answer(w, req, *refused)
 		}
 	}

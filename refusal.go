@@ -42,11 +42,23 @@ func (r refusal) knowsWait() bool { return !r.untilFreed || r.exhausted }
 
 // refusalOf finds the first refusing limit and the wait until the last of the
 // refusing limits releases, so that a client that waits Retry-After is not
-// refused by the next limit of the chain.
-func refusalOf(chain []limit, d decision) refusal {
+// refused by the next limit of the chain. Shadow limits refuse nothing.
+func refusalOf(chain []limit, d decision) refusal { return refusalAmong(chain, d, false) }
+
+// shadowRefusalOf is the refusal the shadow limits of chain would make of
+// an admission that read d, as if they were enforced (and the others
+// were not).
+func shadowRefusalOf(chain []limit, d decision) refusal { return refusalAmong(chain, d, true) }
+
+// refusalAmong is the refusal of the limits of chain that are shadow
+// limits, or that are not.
+func refusalAmong(chain []limit, d decision, shadow bool) refusal {
 	ref := refusal{first: -1}
 	at := [...]position{d.now.in(minute), d.now.in(day)}
 	for i, l := range chain {
+		if l.shadow != shadow {
+			continue
+		}
 		for k, capacity := range l.each {
 			size, p, w := d.size(k.kind()), at[k.span()], d.counts[i].w[k]
 			if fits(w, capacity, size, p) {

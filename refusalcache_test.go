@@ -516,9 +516,9 @@ func TestCachedOrgRefusalAnswersAnotherKeyOfTheOrgWithoutARedisCall(t *testing.T
 	}
 	after := scrape(t)
 	for name, want := range map[string]float64{
-		`caddy_rolter_ratelimit_refusals_cached_total`:                                       1,
-		`caddy_rolter_ratelimit_refusals_total{kind="requests",scope="org",window="minute"}`: 1,
-		`caddy_rolter_ratelimit_admissions_total{outcome="refused"}`:                         1,
+		`caddy_rolter_ratelimit_refusals_cached_total`:                                                      1,
+		`caddy_rolter_ratelimit_refusals_total{kind="requests",scope="org",shadow="false",window="minute"}`: 1,
+		`caddy_rolter_ratelimit_admissions_total{outcome="refused"}`:                                        1,
 	} {
 		if got := after[name] - metrics[name]; got != want {
 			t.Errorf("%s went up by %v, want %v", name, got, want)

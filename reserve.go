@@ -55,6 +55,9 @@ func (h *Handler) reservation(call llmapi.Call, body requestBody, chain []limit,
 	}
 	r.cost = pricing.MaxCost(price.Price, est.Input, r.output)
 	for i, l := range chain {
+		if l.shadow {
+			continue
+		}
 		for p, b := range l.eachBudget {
 			if r.cost > b {
 				return r, tooLargeFor{limit: i, overBudget: true, budget: p}
@@ -71,8 +74,11 @@ func (h *Handler) tokenReservation(est tokenest.Estimate, chain []limit) (tokenC
 	if !est.Capped {
 		out = h.reserveOutput()
 		// One pass suffices: in only decreases, which keeps every earlier
-		// bound on out.
+		// bound on out. A shadow limit bounds nothing.
 		for _, l := range chain {
+			if l.shadow {
+				continue
+			}
 			for k, c := range l.each {
 				switch k.kind() {
 				case tokens:
@@ -89,6 +95,9 @@ func (h *Handler) tokenReservation(est tokenest.Estimate, chain []limit) (tokenC
 	}
 	r := tokenCounts{total: in + out, input: in, output: out}
 	for i, l := range chain {
+		if l.shadow {
+			continue
+		}
 		for k, c := range l.each {
 			if kd := k.kind(); kd != requests && r.of(kd) > c {
 				return r, tooLargeFor{limit: i, window: k}

@@ -187,7 +187,11 @@ func (c *scriptCall) args(clock string, atMinute int64, peek bool, holder string
 		args = append(args, hexArg(n))
 	}
 	for _, l := range caps {
-		args = append(args, windowKindsArg[l.capped])
+		shadow := "0"
+		if l.shadow {
+			shadow = "1"
+		}
+		args = append(args, shadow, windowKindsArg[l.capped])
 		for _, capacity := range l.each {
 			args = append(args, hexArg(capacity))
 		}

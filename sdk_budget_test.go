@@ -48,7 +48,7 @@ func TestEachProvidersSDKReadsASpentBudgetAsItsQuotaErrorAndRetriesNeitherItNorA
 			}
 			for _, p := range budgets {
 				r := report.of(p)
-				metric := fmt.Sprintf(`caddy_rolter_ratelimit_refusals_total{kind="budget",scope="sdk_budget_%s",window="%s"}`, p, p)
+				metric := fmt.Sprintf(`caddy_rolter_ratelimit_refusals_total{kind="budget",scope="sdk_budget_%s",shadow="false",window="%s"}`, p, p)
 				if got := after[metric] - before[metric]; got != 1 {
 					t.Errorf("%s: the gateway counted %v refusals by the %s budget, want 1", script, got, p)
 				}

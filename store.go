@@ -183,6 +183,9 @@ type limitCaps struct {
 	bucket     tokenBucket
 	concurrent concurrencyCap
 	budgets    budgetCaps
+	// shadow: the limit is counted as the others are, in the same atomic
+	// step, but never refuses (shadow.go).
+	shadow bool
 }
 
 // windowLimitCaps are the caps of windows w, without a bucket.
@@ -226,6 +229,9 @@ func (c limitCaps) describe(name string) string {
 	}
 	if c.budgets.calendar != nil {
 		fmt.Fprintf(&s, " (%s)", c.budgets.calendar.name)
+	}
+	if c.shadow {
+		s.WriteString(" shadow")
 	}
 	return s.String()
 }

@@ -397,36 +397,26 @@ func (s *memoryStore) decide(chain []limit, reserve tokenCounts, charge bool, bu
 	}
 	buf = buf[:len(chain)]
 	clear(buf)
-	d := decision{admitted: true, now: now, counts: buf, reserve: reserve}
+	d := decision{now: now, counts: buf, reserve: reserve}
 	for i, l := range chain {
 		c := &d.counts[i]
-		for k, capacity := range l.each {
-			p := at[k.span()]
-			c.w[k] = readWindow(cs[i].periods(k), p.period)
-			if !fits(c.w[k], capacity, d.size(k.kind()), p) {
-				d.admitted = false
-			}
+		for k := range l.each {
+			c.w[k] = readWindow(cs[i].periods(k), at[k.span()].period)
 		}
 		if l.bucket.rate > 0 {
 			c.deficit = l.bucket.refilled(cs[i].bkt.deficit, cs[i].bkt.at, now.unixMillis)
-			if !l.bucket.fits(c.deficit) {
-				d.admitted = false
-			}
 		}
 		if l.concurrent.max > 0 {
 			c.slots = cs[i].slots.at(now.unixMillis)
-			if c.slots >= l.concurrent.max {
-				d.admitted = false
-			}
 		}
-		for p, budget := range l.eachBudget {
+		for p := range l.eachBudget {
 			b := cs[i].budget(p, l.budgets.calendar.spanAt(p, now))
 			c.spent[p], c.reserved[p] = b.spent, b.reserved
-			if !fitsBudget(b.spent, b.reserved, budget, reserve.cost) {
-				d.admitted = false
-			}
 		}
 	}
+	// What admit.lua decides, from the same counts: refusalOf is the
+	// script's comparisons in Go, and leaves out shadow limits as it does.
+	d.admitted = refusalOf(chain, d).first < 0
 	if d.admitted && charge {
 		for i, l := range chain {
 			cs[i].write(l, at, d.counts[i], d.countsAfter(l, d.counts[i]), now)

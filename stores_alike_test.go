@@ -72,6 +72,7 @@ func randomCaps(t testing.TB, rng *rand.Rand) limitCaps {
 	if caps == (limitCaps{}) {
 		caps = windowLimitCaps(windowCaps{rpm: 3})
 	}
+	caps.shadow = rng.IntN(10) < 2
 	return caps
 }
 
@@ -115,7 +116,8 @@ const (
 // clocks, gets the same answers. A history is admissions of random chains
 // of 1 to 4 limits from a pool of six with random caps (every kind of
 // window, token buckets, caps on requests in flight with leases of a few
-// seconds, and day and month budgets in three time zones), with and
+// seconds, and day and month budgets in three time zones; some of them
+// shadow limits, which count and never refuse), with and
 // without reservations of tokens and costs; settlements of the
 // reservations, which give tokens back or charge more in the reservation's
 // buckets, and replace reserved costs by real ones in their periods; token

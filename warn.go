@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 )
 
 // warnLimiter logs store failures at most once per interval, with the number
@@ -22,6 +23,11 @@ type warnLimiter struct {
 const warnInterval = 10 * time.Second
 
 func (l *warnLimiter) log(logger *zap.Logger, msg string, fields ...zap.Field) {
+	l.logAt(logger, zap.WarnLevel, msg, fields...)
+}
+
+// logAt logs at level, at most once per interval, as log does.
+func (l *warnLimiter) logAt(logger *zap.Logger, level zapcore.Level, msg string, fields ...zap.Field) {
 	now := time.Now()
 	l.mu.Lock()
 	if now.Before(l.next) {
@@ -33,5 +39,5 @@ func (l *warnLimiter) log(logger *zap.Logger, msg string, fields ...zap.Field) {
 	suppressed := l.suppressed
 	l.suppressed = 0
 	l.mu.Unlock()
-	logger.Warn(msg, append(fields, zap.Int64("suppressed_since_last", suppressed))...)
+	logger.Log(level, msg, append(fields, zap.Int64("suppressed_since_last", suppressed))...)
 }

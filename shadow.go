@@ -1,0 +1,78 @@
+package ratelimit
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+
+	"go.uber.org/zap"
+)
+
+// Shadow limits. A limit marked shadow (or every limit, with shadow on) is
+// tried before it refuses anyone: it is read, decided and charged in the
+// same atomic step as the enforced limits of the request's chain, but a
+// request it would refuse passes. It is charged all the same, as Envoy's
+// shadow mode charges, so that its counters show what the traffic really
+// is: the counters it would enforce if it were. Its slots and reservations
+// are its own keys', so it cannot refuse an enforced limit; it never
+// delays a request, and a request too large for it is not refused. The
+// rate-limit headers describe the enforced limits only.
+//
+// A request a shadow limit would have refused has the outcome
+// shadow_refused, with the would-be refusal's scope, kind, window and wait
+// in the refusal placeholders; it counts in refusals_total with shadow
+// "true", is logged at info (rate-limited, naming the scope and the id as
+// stored), and with shadow_header on carries X-Ratelimit-Shadow.
+
+// shadowHeader is the header that tells the caller what a shadow limit
+// would have done.
+const shadowHeader = "X-Ratelimit-Shadow"
+
+// shadowRefused records, for an admission that read d, what a shadow limit
+// of chain would have refused, if one would: the outcome, placeholders,
+// metric, log line and, when configured, the header. It reports whether
+// one would.
+func (h *Handler) shadowRefused(w http.ResponseWriter, req *request, chain []limit, d decision) bool {
+	if !hasShadow(chain) {
+		return false
+	}
+	ref := shadowRefusalOf(chain, d)
+	if ref.first < 0 {
+		return false
+	}
+	l, window := chain[ref.first], ref.windowName()
+	setOutcome(req.repl, outcomeShadowRefused)
+	req.repl.Set(placeholderRefusedScope, l.scope)
+	req.repl.Set(placeholderRefusedKind, ref.kind.String())
+	req.repl.Set(placeholderRefusedWindow, window)
+	req.repl.Set(placeholderRefusedLimit, ref.capacity)
+	var retry int64
+	if ref.knowsWait() {
+		retry = ref.retryAfterSeconds()
+		req.repl.Set(placeholderRetryAfter, retry)
+	}
+	refusalsTotal.WithLabelValues(l.scope, ref.kind.String(), window, "true").Inc()
+	h.shadowLog.logAt(h.logger, zap.InfoLevel, "a shadow limit would have refused a request, which passed",
+		zap.String("scope", l.scope), zap.String("id", l.id), zap.String("kind", ref.kind.String()), zap.String("window", window), zap.Int64("retry_after", retry))
+	if h.ShadowHeader {
+		v := fmt.Sprintf("%s; scope=%s", ref.kind, l.scope)
+		if window != "" {
+			v += "; window=" + window
+		}
+		if ref.knowsWait() {
+			v += "; retry-after=" + strconv.FormatInt(retry, 10)
+		}
+		w.Header().Set(shadowHeader, v)
+	}
+	return true
+}
+
+// hasShadow reports whether a limit of chain is a shadow limit.
+func hasShadow(chain []limit) bool {
+	for _, l := range chain {
+		if l.shadow {
+			return true
+		}
+	}
+	return false
+}

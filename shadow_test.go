@@ -1,0 +1,66 @@
+package ratelimit
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+)
+
+// A chain with an enforced rpm 10 on its key and a shadow rpm 3 on its org
+// admits 10 of 12, of which the 4th to the 10th are marked as the shadow
+// limit's refusals: in the outcome, the metric and the header. The same
+// limit enforced refuses from the 4th.
+func TestAShadowLimitCountsAndMarksWhatItWouldRefuseAndRefusesNothing(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		up := newUpstream(t)
+		site := func(shadow string) string {
+			return limited(store, `
+				scope key {http.request.header.X-Api-Key}
+				scope org {http.request.header.X-Org} readable
+				limit key * rpm 10
+				limit org * rpm 3 `+shadow+`
+				shadow_header on`)
+		}
+		gw := startGateway(t, up.URL, site("shadow"))
+		key, org := uniqueID(t), uniqueID(t)
+		refusals := `caddy_rolter_ratelimit_refusals_total{kind="requests",scope="org",shadow="true",window="minute"}`
+		outcomes := `caddy_rolter_ratelimit_admissions_total{outcome="shadow_refused"}`
+		before := scrape(t)
+		statuses, marked := map[int]int{}, 0
+		for i := range 12 {
+			res, body := gw.do(t, "X-Api-Key: "+key, "X-Org: "+org)
+			statuses[res.StatusCode]++
+			h := res.Header.Get(shadowHeader)
+			switch {
+			case res.StatusCode != http.StatusOK:
+				if !strings.Contains(body, "Rate limit reached for key") || h != "" {
+					t.Errorf("request %d: %d %s %q, want the key's refusal and no shadow header", i+1, res.StatusCode, body, h)
+				}
+			case i < 3 && h != "":
+				t.Errorf("request %d: %s %q within the shadow limit", i+1, shadowHeader, h)
+			case i >= 3 && !strings.HasPrefix(h, "requests; scope=org; window=minute; retry-after="):
+				t.Errorf("request %d: %s %q, want the shadow limit's refusal", i+1, shadowHeader, h)
+			case i >= 3:
+				marked++
+			}
+		}
+		if statuses[http.StatusOK] != 10 || statuses[http.StatusTooManyRequests] != 2 || marked != 7 {
+			t.Fatalf("statuses %v, %d marked; want 10 admitted, 7 of them marked, and 2 refused by the key's rpm 10", statuses, marked)
+		}
+		after := scrape(t)
+		if got := after[refusals] - before[refusals]; got != 7 {
+			t.Errorf("%s rose by %v, want 7", refusals, got)
+		}
+		if got := after[outcomes] - before[outcomes]; got != 7 {
+			t.Errorf("%s rose by %v, want 7", outcomes, got)
+		}
+		enforced := startGateway(t, up.URL, site(""))
+		key, org = uniqueID(t), uniqueID(t)
+		for i := range 5 {
+			res, _ := enforced.do(t, "X-Api-Key: "+key, "X-Org: "+org)
+			if want := map[bool]int{true: 200, false: 429}[i < 3]; res.StatusCode != want {
+				t.Fatalf("the same limit enforced, request %d: %d, want %d", i+1, res.StatusCode, want)
+			}
+		}
+	})
+}
