@@ -150,3 +150,28 @@ func TestAClientSuppliedPlanHeaderIsDroppedByForwardAuth(t *testing.T) {
 		}
 	})
 }
+
+// The headers of an admitted request describe the cap that applied to it,
+// its plan's; the live view says the rpm comes per request, shows the
+// counter, and marks a shadow limit.
+func TestHeadersReportTheRequestsCapAndTheLiveViewSaysItComesPerRequest(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		key, org := uniqueID(t), uniqueID(t)
+		auth := newPlanAuth(t, map[string]string{key: "7"})
+		gw := startGateway(t, newUpstream(t).URL, planSite(store, auth, `scope org {http.request.header.X-Org} readable
+		limit key * rpm {http.request.header.X-Plan-Rpm} else 2
+		limit org * rpm 100 shadow`))
+		res, body := gw.do(t, "X-Api-Key: "+key, "X-Org: "+org)
+		if res.StatusCode != http.StatusOK || res.Header.Get("X-Ratelimit-Limit-Requests") != "7" || res.Header.Get("X-Ratelimit-Remaining-Requests") != "6" {
+			t.Fatalf("%d %s, limit %q remaining %q: want the plan's 7 with 6 left", res.StatusCode, body, res.Header.Get("X-Ratelimit-Limit-Requests"), res.Header.Get("X-Ratelimit-Remaining-Requests"))
+		}
+		view, raw := getLiveView(t, "scope=key&id="+key)
+		if len(view.Limits) != 1 || view.Limits[0].PerRequest["rpm"] != "{http.request.header.X-Plan-Rpm} else 2" || view.Limits[0].RPM == nil || view.Limits[0].RPM.Estimate != 1 || view.Limits[0].RPM.Limit != 2 {
+			t.Fatalf("live view %s: want the rpm per request, else 2, and 1 request counted", raw)
+		}
+		view, raw = getLiveView(t, "scope=org&id="+org)
+		if len(view.Limits) != 1 || !view.Limits[0].Shadow || view.Limits[0].RPM.Estimate != 1 {
+			t.Fatalf("live view %s: want the org's shadow limit, 1 request counted", raw)
+		}
+	})
+}

@@ -520,3 +520,32 @@ func TestSentinelBudgetsHoldAcrossAFailover(t *testing.T) {
 		t.Fatalf("a request beyond the budget was admitted on the new primary (refusal %+v)", a.refusal)
 	}
 }
+
+// On a cluster a shadow limit is counted in its chain's slot and refuses
+// nothing: 30 racing admissions against an enforced rpm 10 and a shadow
+// rpm 3 admit exactly 10, all counted by the shadow limit; caps that vary
+// per request (a plan raised between two admissions) apply to the same
+// counter there as anywhere.
+func TestClusterShadowLimitsCountAndRefuseNothingAndCapsVaryOnOneCounter(t *testing.T) {
+	c := startRedisCluster(t, 3)
+	stores := clusterStores(t, c, 3)
+	at := pinnedBase() + 1000
+	org := "org-" + uniqueID(t)
+	tag := chainTag("org", org)
+	shadow := windowLimitCaps(windowCaps{rpm: 3})
+	shadow.shadow = true
+	chain := []limit{
+		newTaggedLimit(tag, "key", "k", windowLimitCaps(windowCaps{rpm: 10})),
+		newTaggedLimit(tag, "org", org, shadow),
+	}
+	if got := raceAdmissions(t, stores, chain, 30, at); got != 10 {
+		t.Fatalf("admitted %d of 30 against an enforced rpm 10 and a shadow rpm 3, want exactly 10", got)
+	}
+	if n := c.Count(t, periodKey(chain[1].prefix, rpm, at/minuteMillis)); n != 10 {
+		t.Fatalf("the shadow limit counted %d, want the 10 admitted", n)
+	}
+	raised := []limit{newTaggedLimit(tag, "key", "k", windowLimitCaps(windowCaps{rpm: 12}))}
+	if got := raceAdmissions(t, stores, raised, 5, at); got != 2 {
+		t.Fatalf("a plan raised from 10 to 12 admitted %d more, want 2", got)
+	}
+}
