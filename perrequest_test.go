@@ -7,6 +7,10 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // planAuth is a small auth service for forward_auth: it answers each
@@ -174,4 +178,80 @@ func TestHeadersReportTheRequestsCapAndTheLiveViewSaysItComesPerRequest(t *testi
 			t.Fatalf("live view %s: want the org's shadow limit, 1 request counted", raw)
 		}
 	})
+}
+
+// Every cap can come with the request, checked as the config's value is:
+// the caps that apply are those the request gives, its fallbacks where it
+// gives none or an invalid one, and a cap with neither makes the request's
+// limit unreadable.
+func TestEveryCapCanComeWithTheRequestCheckedAsTheConfigsValues(t *testing.T) {
+	lc := LimitConfig{Scope: "key", ID: "*", PerRequest: map[string]PerRequestCap{
+		"rpm": {Value: "{http.request.header.X-Rpm}"}, "tpd": {Value: "{http.request.header.X-Tpd}", Else: "500"},
+		"rate": {Value: "{http.request.header.X-Rate}"}, "burst": {Value: "{http.request.header.X-Burst}"}, "cost": {Value: "{custom.cost}"},
+		"concurrent": {Value: "{http.request.header.X-Parallel}"}, "budget_month": {Value: "{http.request.header.X-Budget}"},
+	}}
+	if err := lc.validate(); err != nil {
+		t.Fatal(err)
+	}
+	nominal, err := lc.nominal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	caps, err := nominal.caps()
+	if err != nil {
+		t.Fatal(err)
+	}
+	caps.budgets.calendar, _ = calendarOf("UTC")
+	spec := newLimitSpec(lc, caps)
+	capsOf := func(cost string, headers ...string) (limitCaps, string) {
+		r := httptest.NewRequest("POST", "/v1/chat/completions", nil)
+		setHeaders(r, headers)
+		repl := caddy.NewReplacer()
+		repl.Set("custom.cost", cost)
+		return spec.capsFor(&request{Request: r, repl: repl})
+	}
+	all := []string{"X-Rpm: 60", "X-Rate: 0.5", "X-Burst: 4", "X-Parallel: 3", "X-Budget: 12.50"}
+	got, bad := capsOf("2", append(all, "X-Tpd: 9000")...)
+	if bad != "" || got.windows[rpm] != 60 || got.windows[tpd] != 9000 || got.bucket.rateText != "0.5" || got.bucket.burst != 4 || got.bucket.cost != 2 ||
+		got.concurrent.max != 3 || got.budgets.max[budgetMonth] != 12_500_000_000 || got.budgets.calendar == nil {
+		t.Fatalf("caps %+v (bad %q): want every cap as the request gives it", got, bad)
+	}
+	if got, bad := capsOf("2", append(all, "X-Tpd: 1e3")...); bad != "" || got.windows[tpd] != 500 {
+		t.Fatalf("tpd 1e3: caps %+v (bad %q), want the fallback's 500", got, bad)
+	}
+	for cap, headers := range map[string][]string{
+		"rpm":          {"X-Rpm: 0", "X-Rate: 0.5", "X-Burst: 4", "X-Parallel: 3", "X-Budget: 12.50"},
+		"rate":         {"X-Rpm: 60", "X-Rate: abc", "X-Burst: 4", "X-Parallel: 3", "X-Budget: 12.50"},
+		"concurrent":   {"X-Rpm: 60", "X-Rate: 0.5", "X-Burst: 4", "X-Parallel: -1", "X-Budget: 12.50"},
+		"budget_month": {"X-Rpm: 60", "X-Rate: 0.5", "X-Burst: 4", "X-Parallel: 3", "X-Budget: 0"},
+		"burst":        {"X-Rpm: 60", "X-Rate: 0.5", "X-Parallel: 3", "X-Budget: 12.50"},
+	} {
+		if _, bad := capsOf("2", headers...); bad != cap {
+			t.Errorf("%v: bad cap %q, want %q", headers, bad, cap)
+		}
+	}
+	if _, bad := capsOf("9", all...); bad == "" {
+		t.Error("a cost above the burst was taken")
+	}
+}
+
+// A limit unreadable for a request is refused with 503 before any store
+// call, and logged at warn, rate-limited, naming the scope and the cap,
+// never the id.
+func TestAnUnreadableLimitIsLoggedWithItsScopeAndCapNeverItsID(t *testing.T) {
+	core, logs := observer.New(zap.WarnLevel)
+	h := &Handler{logger: zap.New(core), badLimitWarn: new(warnLimiter)}
+	for range 3 {
+		if a := h.badLimit("key", "rpm"); a.status != http.StatusServiceUnavailable || a.outcome != outcomeRefusedBadLimit {
+			t.Fatalf("answer %+v, want 503 refused_bad_limit", a)
+		}
+	}
+	entries := logs.All()
+	if len(entries) != 1 {
+		t.Fatalf("%d log lines for 3 refusals, want 1 (rate-limited)", len(entries))
+	}
+	fields := entries[0].ContextMap()
+	if fields["scope"] != "key" || fields["cap"] != "rpm" || len(fields) != 3 {
+		t.Fatalf("log fields %v: want the scope, the cap and the count suppressed, nothing else", fields)
+	}
 }
