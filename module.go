@@ -39,6 +39,10 @@ func init() {
 //	                     wait; or by a spent budget, each dialect's quota error with the
 //	                     wait until it renews
 //	refused_no_price     under a budget, a model without a price: 400, before any store call
+//	refused_bad_limit    a cap that comes with the request is missing or not valid, and
+//	                     has no fallback: 503, before any store call
+//	shadow_refused       admitted, but a shadow limit would have refused it (shadow.go):
+//	                     the refusal placeholders describe what it would have done
 //	refused_empty_scope  a required scope is empty: 403, before any store call
 //	refused_ambiguous_scope
 //	                     a scope's one header sent more than once, or two different
@@ -61,7 +65,9 @@ func init() {
 //	                                       names it; "" when there is none
 //	{http.rolter_ratelimit.outcome}        the outcome above
 //	{http.rolter_ratelimit.refused_scope}  on a refusal: the first refusing scope's name,
-//	                                       or the required scope that is empty
+//	                                       or the required scope that is empty, or the scope
+//	                                       whose limit cannot be read; on shadow_refused, the
+//	                                       shadow limit's (and so the next three, and the wait)
 //	{http.rolter_ratelimit.refused_kind}   on a refusal by a limit: requests, tokens, input_tokens,
 //	                                       output_tokens, burst, too_large, concurrency or budget
 //	{http.rolter_ratelimit.refused_window} on a refusal by a limit's window: minute or day; by a
