@@ -64,3 +64,22 @@ func TestAShadowLimitCountsAndMarksWhatItWouldRefuseAndRefusesNothing(t *testing
 		}
 	})
 }
+
+// shadow on makes every limit of the handler a shadow limit: nothing is
+// refused, and what would have been is marked.
+func TestShadowOnTriesEveryLimitOfTheHandler(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		gw := startGateway(t, newUpstream(t).URL, limited(store, `
+			scope key {http.request.header.X-Api-Key}
+			limit key * rpm 2
+			shadow on
+			shadow_header on`))
+		key := uniqueID(t)
+		for i := range 4 {
+			res, body := gw.do(t, "X-Api-Key: "+key)
+			if marked := res.Header.Get(shadowHeader) != ""; res.StatusCode != http.StatusOK || marked != (i >= 2) {
+				t.Fatalf("request %d: %d %s, shadow header %q", i+1, res.StatusCode, body, res.Header.Get(shadowHeader))
+			}
+		}
+	})
+}
