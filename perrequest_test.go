@@ -114,16 +114,17 @@ func TestAPlanRaisedMidMinuteAdmitsExactlyTheDifference(t *testing.T) {
 func TestAMissingOrInvalidPlanIsRefusedOrGetsItsFallbackNeverUnlimited(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		bad := []string{"", "abc", "0", "-1", "1e3", "2.5", "99999999999999"}
-		auth := newPlanAuth(t, map[string]string{})
+		auth, run := newPlanAuth(t, map[string]string{}), uniqueID(t)
+		keyOf := func(plan string) string { return run + " plan=" + plan }
 		for _, plan := range bad {
 			if plan != "" {
-				auth.setPlan("plan="+plan, plan)
+				auth.setPlan(keyOf(plan), plan)
 			}
 		}
 		up := newUpstream(t)
 		gw := startGateway(t, up.URL, planSite(store, auth, "limit key * rpm {http.request.header.X-Plan-Rpm}"))
 		for _, plan := range bad {
-			res, body := gw.do(t, "X-Api-Key: plan="+plan)
+			res, body := gw.do(t, "X-Api-Key: "+keyOf(plan))
 			if res.StatusCode != http.StatusServiceUnavailable || !strings.Contains(body, `"rate_limit_unreadable"`) || !strings.Contains(body, "its rpm comes with each request") {
 				t.Errorf("plan %q: %d %s, want 503 rate_limit_unreadable", plan, res.StatusCode, body)
 			}
@@ -133,7 +134,7 @@ func TestAMissingOrInvalidPlanIsRefusedOrGetsItsFallbackNeverUnlimited(t *testin
 		}
 		withElse := startGateway(t, up.URL, planSite(store, auth, "limit key * rpm {http.request.header.X-Plan-Rpm} else 3"))
 		for _, plan := range bad {
-			if got := admittedOf(t, withElse, "plan="+plan, 5, http.StatusTooManyRequests); got != 3 {
+			if got := admittedOf(t, withElse, keyOf(plan), 5, http.StatusTooManyRequests); got != 3 {
 				t.Errorf("plan %q with else 3: %d admitted of 5, want the fallback's 3", plan, got)
 			}
 		}
