@@ -385,6 +385,32 @@ var caddyfileBadCases = append([]caddyfileBadCase{
 	{"cost twice", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rate 1 burst 3 cost 1 cost 2\n}", "cost is given twice", 3},
 	{"limit with a block", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 {\n\t\ttpm 6\n\t}\n}", "limit takes no block", 3},
 
+	// caps per request and shadow limits
+	{"a placeholder where a duration must be", "rolter_ratelimit {\n\tslot_lease {env.LEASE}\n}", `slot_lease must be a positive duration such as 30s, not "{env.LEASE}"`, 2},
+	{"a placeholder where a status must be", "rolter_ratelimit {\n\tstatus {http.request.header.X-Status}\n}", `status must be an HTTP status from 400 to 599, not "{http.request.header.X-Status}"`, 2},
+	{"a placeholder where reserve_output must be", "rolter_ratelimit {\n\treserve_output {x}\n}", `reserve_output must be a positive number of tokens, not "{x}"`, 2},
+	{"a placeholder as a scope's name", "rolter_ratelimit {\n\tscope {x} y\n}", `scope name "{x}"`, 2},
+	{"a placeholder as a limit's scope", "rolter_ratelimit {\n\tscope key x\n\tlimit {x} * rpm {h}\n}", `limit for scope "{x}", which has no scope line`, 3},
+	{"else after a plain value", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 else 6\n}", "else follows a cap whose value is a placeholder (rpm {http.request.header.X-Plan-Rpm} else 60)", 3},
+	{"else twice", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm {h} else 5 else 6\n}", "else follows a cap whose value is a placeholder", 3},
+	{"else that is not a value of the cap", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm {h} else abc\n}", `limit for scope "key" id "*": rpm else: rpm must be a positive integer of at most 100000000000, not "abc"`, 3},
+	{"else 0", "rolter_ratelimit {\n\tscope key x\n\tlimit key * tpm {h} else 0\n}", `tpm else: tpm must be a positive integer of at most 100000000000, not "0"`, 3},
+	{"else a placeholder", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm {h} else {g}\n}", `rpm else: rpm must be a positive integer of at most 100000000000, not "{g}"`, 3},
+	{"else a rate with four decimals", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rate {h} else 0.0005 burst 3\n}", `rate else: rate "0.0005": at most three decimal places`, 3},
+	{"else a budget of 0", "rolter_ratelimit {\n\tscope key x\n\tlimit key * budget_day {h} else 0\n\tprice * input 1 output 2\n}", "budget_day else: a budget of 0 would refuse every request", 3},
+	{"else a cost above the burst", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rate 1 burst 2 cost {h} else 3\n}", "cost 3 is above the burst 2, so no request would ever be admitted", 3},
+	{"else without a value", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm {h} else\n}", "wrong argument count or unexpected line ending after 'else'", 3},
+	{"a cap per request given twice", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm {h} else 5 rpm 6\n}", "rpm is given twice", 3},
+	{"a cap per request without a value", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm\n}", "wrong argument count or unexpected line ending after 'rpm'", 3},
+	{"shadow twice on a limit", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 shadow shadow\n}", "shadow is given twice", 3},
+	{"shadow alone on a limit", "rolter_ratelimit {\n\tscope key x\n\tlimit key * shadow\n}", `limit for scope "key" id "*" sets no cap`, 3},
+	{"shadow with a value on a limit", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 shadow on\n}", "unrecognized limit option 'on'", 3},
+	{"an unknown limit option beside shadow", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 shadows\n}", "unrecognized limit option 'shadows': expecting rpm, tpm, itpm, otpm, rpd, tpd, itpd, otpd, rate, burst, cost, concurrent, budget_day or budget_month", 3},
+	{"shadow maybe", "rolter_ratelimit {\n\tshadow maybe\n}", `shadow must be on or off, not "maybe"`, 2},
+	{"shadow without a value", "rolter_ratelimit {\n\tshadow\n}", "wrong argument count or unexpected line ending after 'shadow'", 2},
+	{"shadow twice", "rolter_ratelimit {\n\tshadow on\n\tshadow off\n}", "shadow is given twice", 3},
+	{"shadow_header yes", "rolter_ratelimit {\n\tshadow_header yes\n}", `shadow_header must be on or off, not "yes"`, 2},
+
 	// options
 	{"on_redis_error with another value", "rolter_ratelimit {\n\ton_redis_error fail\n}", `on_redis_error must be allow or deny, not "fail"`, 2},
 	{"on_redis_error without value", "rolter_ratelimit {\n\ton_redis_error\n}", "wrong argument count", 2},
@@ -531,6 +557,10 @@ func TestCaddyfileErrorsSayWhatJSONValidationSays(t *testing.T) {
 		{"a budget of 0", "rolter_ratelimit {\n\tscope key x\n\tlimit key a budget_day 0.00\n}", 3,
 			`{"scopes":[{"name":"key","value":"x"}],"limits":[{"scope":"key","id":"a","budget_day":0.00}]}`},
 		{"a time zone that does not exist", "rolter_ratelimit {\n\tbudget_timezone Europe/Atlantis\n}", 2, `{"budget_timezone":"Europe/Atlantis"}`},
+		{"an else that is not a value of the cap", "rolter_ratelimit {\n\tscope key x\n\tlimit key a rpm {h} else abc\n}", 3,
+			`{"scopes":[{"name":"key","value":"x"}],"limits":[{"scope":"key","id":"a","per_request":{"rpm":{"value":"{h}","else":"abc"}}}]}`},
+		{"an else above the burst", "rolter_ratelimit {\n\tscope key x\n\tlimit key a rate 1 burst 2 cost {h} else 3\n}", 3,
+			`{"scopes":[{"name":"key","value":"x"}],"limits":[{"scope":"key","id":"a","rate":1,"burst":2,"per_request":{"cost":{"value":"{h}","else":"3"}}}]}`},
 		{"a budget without any price, its limit before its scope", "rolter_ratelimit {\n\tlimit key * budget_month 50\n\tscope key x\n}", 2,
 			`{"scopes":[{"name":"key","value":"x"}],"limits":[{"scope":"key","id":"*","budget_month":50}]}`},
 	} {
@@ -778,4 +808,40 @@ func cfHandlerJSON(t *testing.T, config []byte, name string) json.RawMessage {
 		t.Fatalf("no %s handler in %s", name, config)
 	}
 	return objects[i]
+}
+
+// TestJSONValidationRejectsEachPerRequestMistake checks the mistakes of
+// per_request that only a JSON config can make, the Caddyfile's syntax
+// having no way to write them.
+func TestJSONValidationRejectsEachPerRequestMistake(t *testing.T) {
+	const scopes = `"scopes":[{"name":"key","value":"x"}]`
+	for _, tc := range []struct{ name, limit, want string }{
+		{"an unknown cap", `"per_request":{"rps":{"value":"{h}"}}`,
+			`limit for scope "key" id "*": unknown per-request cap "rps": expecting rpm, tpm, itpm, otpm, rpd, tpd, itpd, otpd, rate, burst, cost, concurrent, budget_day, budget_month`},
+		{"a cap given both as a value and per request", `"rpm":5,"per_request":{"rpm":{"value":"{h}"}}`,
+			`limit for scope "key" id "*": rpm is given both as a value and per request`},
+		{"a budget given both ways", `"budget_day":"5","per_request":{"budget_day":{"value":"{h}"}}`,
+			`limit for scope "key" id "*": budget_day is given both as a value and per request`},
+		{"a value without a placeholder", `"per_request":{"rpm":{"value":"60"}}`,
+			`limit for scope "key" id "*": the per-request rpm "60" holds no placeholder: give it as a value`},
+		{"an empty value", `"per_request":{"rpm":{"value":""}}`,
+			`limit for scope "key" id "*": the per-request rpm "" holds no placeholder: give it as a value`},
+		{"an else that is not a value of the cap", `"per_request":{"rpm":{"value":"{h}","else":"abc"}}`,
+			`limit for scope "key" id "*": rpm else: rpm must be a positive integer of at most 100000000000, not "abc"`},
+		{"an else that is a placeholder", `"per_request":{"concurrent":{"value":"{h}","else":"{g}"}}`,
+			`limit for scope "key" id "*": concurrent else: concurrent must be a positive integer of at most 100000000000, not "{g}"`},
+		{"an else rate with four decimals", `"burst":3,"per_request":{"rate":{"value":"{h}","else":"0.0005"}}`,
+			`limit for scope "key" id "*": rate else: rate "0.0005": at most three decimal places`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			config := `{` + scopes + `,"limits":[{"scope":"key","id":"*",` + tc.limit + `}]}`
+			var h Handler
+			if err := json.Unmarshal([]byte(config), &h); err != nil {
+				t.Fatal(err)
+			}
+			if err := h.Validate(); err == nil || err.Error() != tc.want {
+				t.Errorf("%s\nvalidation says %v\nwant            %s", config, err, tc.want)
+			}
+		})
+	}
 }

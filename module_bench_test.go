@@ -50,6 +50,8 @@ func (w *discardWriter) WriteHeader(int)             {}
 // request with the stand-in upstream; the difference to h == nil is what the
 // limiter costs Caddy. With 32 clients on 2 cores, ns/op is wall time shared
 // by the cores, and a request waiting on Redis costs wall time but no CPU.
+// Every request carries its key's plan, X-Plan-Rpm, which only the
+// per-request-cap chain reads.
 func benchmarkHandler(b *testing.B, h *Handler) {
 	upstream := benchUpstream(b)
 	body := []byte(`{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say ok."}]}`)
@@ -63,6 +65,7 @@ func benchmarkHandler(b *testing.B, h *Handler) {
 			r.Header = http.Header{
 				"Content-Type": {"application/json"}, "X-Api-Key": {"bench-key-" + strconv.Itoa(i%1000)},
 				"X-Project": {"bench-project"}, "X-Team": {"bench-team"}, "X-Org": {"bench-org"},
+				"X-Plan-Rpm": {"1000000000"},
 			}
 			caddyhttp.NewTestReplacer(r)
 			w.header = make(http.Header)
@@ -94,9 +97,10 @@ func processCPU(b *testing.B) time.Duration {
 type chainVariant uint8
 
 const (
-	plainChain    chainVariant = iota
-	inFlightChain              // concurrent on each limit
-	budgetChain                // budget_month on each limit, the model priced
+	plainChain      chainVariant = iota
+	inFlightChain                // concurrent on each limit
+	budgetChain                  // budget_month on each limit, the model priced
+	perRequestChain              // the key's rpm from the request's X-Plan-Rpm
 )
 
 // benchmarkChainHandler limits the four scopes of bench/run's limited site,
@@ -117,6 +121,10 @@ func benchmarkChainHandler(b *testing.B, redis *RedisConfig, reserve bool, varia
 			l.Concurrent = 1e9
 		case budgetChain:
 			l.BudgetMonth = "1000000"
+		case perRequestChain:
+			if s[0] == "key" {
+				l.RPM, l.PerRequest = 0, map[string]PerRequestCap{"rpm": {Value: "{http.request.header.X-Plan-Rpm}"}}
+			}
 		}
 		h.Limits = append(h.Limits, l)
 	}
@@ -133,8 +141,10 @@ func benchmarkChainHandler(b *testing.B, redis *RedisConfig, reserve bool, varia
 // it on bench/run's 4-scope chain in each store, reserving tokens (the
 // default), reactive, with every limit capping requests in flight too, and
 // with every limit holding a monthly budget too (the request priced, its
-// cost reserved and settled): the differences are what reservation, a cap
-// on requests in flight and a budget cost.
+// cost reserved and settled), and with the key's rpm taken from a request
+// header (rpm {http.request.header.X-Plan-Rpm}): the differences are what
+// reservation, a cap on requests in flight, a budget and a cap per request
+// cost.
 func BenchmarkHandler(b *testing.B) {
 	b.Run("none", func(b *testing.B) { benchmarkHandler(b, nil) })
 	names, configs := []string{"memory"}, []*RedisConfig{nil}
@@ -144,9 +154,46 @@ func BenchmarkHandler(b *testing.B) {
 	for i, name := range names {
 		h, reactive := benchmarkChainHandler(b, configs[i], true, plainChain), benchmarkChainHandler(b, configs[i], false, plainChain)
 		inFlight, budget := benchmarkChainHandler(b, configs[i], true, inFlightChain), benchmarkChainHandler(b, configs[i], true, budgetChain)
+		perRequest := benchmarkChainHandler(b, configs[i], true, perRequestChain)
 		b.Run(name, func(b *testing.B) { benchmarkHandler(b, h) })
 		b.Run(name+"/reactive", func(b *testing.B) { benchmarkHandler(b, reactive) })
 		b.Run(name+"/in-flight-cap", func(b *testing.B) { benchmarkHandler(b, inFlight) })
 		b.Run(name+"/budget", func(b *testing.B) { benchmarkHandler(b, budget) })
+		b.Run(name+"/per-request-cap", func(b *testing.B) { benchmarkHandler(b, perRequest) })
+	}
+}
+
+// BenchmarkCapsFor is what a limit's caps cost to find for a request: a
+// limit of plain caps, and the same limit whose rpm comes from a request
+// header (the difference BenchmarkHandler's per-request-cap case is too
+// noisy to show).
+func BenchmarkCapsFor(b *testing.B) {
+	r, _ := http.NewRequest("POST", "http://gateway/v1/chat/completions", nil)
+	r.Header.Set("X-Plan-Rpm", "1000000000")
+	req := &request{Request: r}
+	for _, tc := range []struct {
+		name string
+		lc   LimitConfig
+	}{
+		{"static", LimitConfig{Scope: "key", ID: "*", RPM: 1e9, TPM: 1e12}},
+		{"header", LimitConfig{Scope: "key", ID: "*", TPM: 1e12, PerRequest: map[string]PerRequestCap{"rpm": {Value: "{http.request.header.X-Plan-Rpm}"}}}},
+	} {
+		nominal, err := tc.lc.nominal()
+		if err != nil {
+			b.Fatal(err)
+		}
+		caps, err := nominal.caps()
+		if err != nil {
+			b.Fatal(err)
+		}
+		spec := newLimitSpec(tc.lc, caps)
+		b.Run(tc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, bad := spec.capsFor(req); bad != "" {
+					b.Fatal(bad)
+				}
+			}
+		})
 	}
 }

@@ -256,3 +256,34 @@ func TestAnUnreadableLimitIsLoggedWithItsScopeAndCapNeverItsID(t *testing.T) {
 		t.Fatalf("log fields %v: want the scope, the cap and the count suppressed, nothing else", fields)
 	}
 }
+
+// The README's map pattern: forward_auth attaches a plan's name, and map
+// turns it into the caps; a key whose plan map does not know gets the
+// fallback, never unlimited, and a plan the client claims is dropped.
+func TestAPlanNameMappedToCapsByMap(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		prefix := uniqueID(t) + "-"
+		auth := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if plan := strings.TrimPrefix(r.Header.Get("X-Api-Key"), prefix); plan != "none" {
+				w.Header().Set("X-Plan", plan)
+			}
+		}))
+		t.Cleanup(auth.Close)
+		gw := startGateway(t, newUpstream(t).URL, limited(store, `
+			scope key {http.request.header.X-Api-Key}
+			limit key * rpm {plan_rpm} else 1`, fmt.Sprintf(`
+	forward_auth %s {
+		uri /auth
+		copy_headers X-Plan
+	}
+	map {http.request.header.X-Plan} {plan_rpm} {
+		free 2
+		pro  4
+	}`, strings.TrimPrefix(auth.URL, "http://"))))
+		for plan, want := range map[string]int{"free": 2, "pro": 4, "gold": 1, "none": 1} {
+			if got := admittedOf(t, gw, prefix+plan, 6, http.StatusTooManyRequests, "X-Plan: pro"); got != want {
+				t.Errorf("plan %s: %d admitted of 6, want %d", plan, got, want)
+			}
+		}
+	})
+}
