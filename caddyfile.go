@@ -600,6 +600,9 @@ func parseLimit(d *caddyfile.Dispenser) (LimitConfig, error) {
 			l.Shadow = true
 			continue
 		case "else":
+			if len(l.PerRequest) > 0 {
+				return l, d.Err("else is given twice, or after a cap whose value is not a placeholder")
+			}
 			return l, d.Err("else follows a cap whose value is a placeholder (rpm {http.request.header.X-Plan-Rpm} else 60)")
 		default:
 			if n = l.windowCap(name); n == nil {

@@ -392,7 +392,7 @@ var caddyfileBadCases = append([]caddyfileBadCase{
 	{"a placeholder as a scope's name", "rolter_ratelimit {\n\tscope {x} y\n}", `scope name "{x}"`, 2},
 	{"a placeholder as a limit's scope", "rolter_ratelimit {\n\tscope key x\n\tlimit {x} * rpm {h}\n}", `limit for scope "{x}", which has no scope line`, 3},
 	{"else after a plain value", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 else 6\n}", "else follows a cap whose value is a placeholder (rpm {http.request.header.X-Plan-Rpm} else 60)", 3},
-	{"else twice", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm {h} else 5 else 6\n}", "else follows a cap whose value is a placeholder", 3},
+	{"else twice", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm {h} else 5 else 6\n}", "else is given twice", 3},
 	{"else that is not a value of the cap", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm {h} else abc\n}", `limit for scope "key" id "*": rpm else: rpm must be a positive integer of at most 100000000000, not "abc"`, 3},
 	{"else 0", "rolter_ratelimit {\n\tscope key x\n\tlimit key * tpm {h} else 0\n}", `tpm else: tpm must be a positive integer of at most 100000000000, not "0"`, 3},
 	{"else a placeholder", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm {h} else {g}\n}", `rpm else: rpm must be a positive integer of at most 100000000000, not "{g}"`, 3},

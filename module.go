@@ -438,7 +438,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			sl.byID[id] = spec
 		}
 		h.limits[lc.Scope] = sl
-		effective = append(effective, caps.describe(lc.Scope+" "+id))
+		effective = append(effective, spec.describe(lc.Scope+" "+id))
 	}
 	for _, sl := range h.limits { // the longest prefix first: it wins
 		slices.SortStableFunc(sl.byPrefix, func(a, b prefixLimit) int { return len(b.prefix) - len(a.prefix) })

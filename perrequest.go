@@ -86,6 +86,33 @@ func (s *limitSpec) capsFor(req *request) (caps limitCaps, bad string) {
 	return caps, ""
 }
 
+// describe is the limit's caps after name, for the log: its caps per
+// request as configured, not at their stand-in values.
+func (s *limitSpec) describe(name string) string {
+	if len(s.perRequest) == 0 {
+		return s.caps.describe(name)
+	}
+	caps := s.caps // the stand-in values left out
+	var per strings.Builder
+	for _, p := range s.perRequest {
+		fmt.Fprintf(&per, " %s %s", p.name, p.describe())
+		switch p.name {
+		case "rate", "burst", "cost":
+			caps.bucket = tokenBucket{}
+		case "concurrent":
+			caps.concurrent.max = 0
+		case "budget_day":
+			caps.budgets.max[budgetDay] = 0
+		case "budget_month":
+			caps.budgets.max[budgetMonth] = 0
+		default:
+			caps.windows[windowKindNamed(p.name)] = 0
+		}
+	}
+	caps.capped = caps.windows.mask()
+	return caps.describe(name) + per.String()
+}
+
 // describe is the cap's value as configured, with its fallback.
 func (p perRequestCap) describe() string {
 	if p.fallback == "" {

@@ -287,3 +287,21 @@ func TestAPlanNameMappedToCapsByMap(t *testing.T) {
 		}
 	})
 }
+
+// The log of the limits loaded shows a cap per request as configured, not
+// at the stand-in value its checks use.
+func TestTheLoadedLimitsLogShowsCapsPerRequestAsConfigured(t *testing.T) {
+	lc := LimitConfig{Scope: "key", ID: "*", TPM: 1000, Shadow: true, PerRequest: map[string]PerRequestCap{"rpm": {Value: "{http.request.header.X-Plan-Rpm}", Else: "60"}}}
+	nominal, err := lc.nominal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	caps, err := nominal.caps()
+	if err != nil {
+		t.Fatal(err)
+	}
+	caps.shadow = true
+	if got, want := newLimitSpec(lc, caps).describe("key *"), "key * tpm 1000 shadow rpm {http.request.header.X-Plan-Rpm} else 60"; got != want {
+		t.Fatalf("%q, want %q", got, want)
+	}
+}
