@@ -1,9 +1,15 @@
 package ratelimit
 
 import (
+	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // A chain with an enforced rpm 10 on its key and a shadow rpm 3 on its org
@@ -82,4 +88,33 @@ func TestShadowOnTriesEveryLimitOfTheHandler(t *testing.T) {
 			}
 		}
 	})
+}
+
+// A shadow refusal is logged at info, at most once per interval, with the
+// scope's name and the id as stored, never as the request gave it.
+func TestAShadowRefusalIsLoggedAtInfoWithTheStoredID(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	h := &Handler{logger: zap.New(core), shadowLog: new(warnLimiter)}
+	caps := windowLimitCaps(windowCaps{rpm: 1})
+	caps.shadow = true
+	chain := []limit{newTaggedLimit("", "key", keyID(false, "sk-secret"), caps)}
+	d := decision{now: momentAt(pinnedBase()), counts: []counts{{w: [numWindows]window{rpm: {cur: 1}}}}}
+	for range 2 {
+		r := httptest.NewRequest("POST", "/v1/chat/completions", nil)
+		req := &request{Request: r, repl: caddy.NewReplacer()}
+		if !h.shadowRefused(httptest.NewRecorder(), req, chain, d) {
+			t.Fatal("a shadow rpm 1 with 1 request counted did not mark the next")
+		}
+		if out, _ := req.repl.GetString(placeholderOutcome); out != outcomeShadowRefused {
+			t.Fatalf("outcome %q", out)
+		}
+	}
+	entries := logs.All()
+	if len(entries) != 1 || entries[0].Level != zap.InfoLevel {
+		t.Fatalf("%d entries (%v), want 1 at info", len(entries), entries)
+	}
+	fields := entries[0].ContextMap()
+	if fields["scope"] != "key" || fields["id"] != keyID(false, "sk-secret") || strings.Contains(fmt.Sprint(fields), "sk-secret") {
+		t.Fatalf("fields %v: want the scope and the stored id only", fields)
+	}
 }
