@@ -96,9 +96,9 @@ type UsageView struct {
 	Note string `json:"note,omitempty"`
 }
 
-// UsageLimit is one limit that applies to the id, with its counters as the
-// store holds them now.
-type UsageLimit struct {
+// AppliedLimit is a limit that the loaded handlers apply to an id: where
+// its counters are, and which handlers apply it.
+type AppliedLimit struct {
 	// Store is "redis" or "memory" (the in-process store).
 	Store string `json:"store"`
 	// Redis locates the Redis server and database of a "redis" store, without
@@ -118,6 +118,12 @@ type UsageLimit struct {
 	// Chains are the distinct scope chains (scope names in order) of those
 	// handlers, to tell the handlers apart.
 	Chains [][]string `json:"chains"`
+}
+
+// UsageLimit is one limit that applies to the id, with its counters as the
+// store holds them now.
+type UsageLimit struct {
+	AppliedLimit
 	// At is the store's clock when it was read (Redis TIME for Redis), in
 	// RFC 3339 with milliseconds, UTC.
 	At string `json:"at"`
@@ -311,9 +317,15 @@ func (a AdminAPI) serveUsage(w http.ResponseWriter, r *http.Request) error {
 	if len(view.Limits) == 0 {
 		view.Note = fmt.Sprintf("no loaded handler limits this id in scope %q (it has no limit of its own and the scope has no \"*\" default): it is not limited in this scope", asked.scope)
 	}
+	return writeAdminJSON(w, view)
+}
+
+// writeAdminJSON writes an answer of the admin API's routes: JSON, never
+// cached.
+func writeAdminJSON(w http.ResponseWriter, v any) error {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
-	body, err := json.Marshal(view)
+	body, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
@@ -511,14 +523,9 @@ func (g *usageGroup) read(r *http.Request, scope string) (UsageLimit, error) {
 		return UsageLimit{}, fmt.Errorf("the rate limit store (%s) cannot be read: %v", g.name(), err)
 	}
 	entry := UsageLimit{
-		Store:    g.storeKind,
-		Redis:    g.where,
-		ID:       g.id,
-		Source:   g.source(),
-		Handlers: g.handlers,
-		Chains:   g.chains,
-		At:       time.UnixMilli(d.now.unixMillis).UTC().Format("2006-01-02T15:04:05.000Z07:00"),
-		Admits:   d.admitted,
+		AppliedLimit: g.applied(),
+		At:           time.UnixMilli(d.now.unixMillis).UTC().Format("2006-01-02T15:04:05.000Z07:00"),
+		Admits:       d.admitted,
 	}
 	if l.shadow {
 		entry.Shadow, entry.Admits = true, shadowRefusalOf([]limit{l}, d).first < 0
@@ -569,6 +576,11 @@ func usageBudget(d decision, c *calendar, p budgetPeriod, budget int64) *UsageBu
 		Remaining: pricing.FormatUSD(max(budget-spent-reserved, 0)),
 		Timezone:  c.name, Start: at(s.start), Renews: at(s.end), RenewsInMillis: s.end - d.now.unixMillis,
 	}
+}
+
+// applied is where the group's counters are, and its handlers.
+func (g *usageGroup) applied() AppliedLimit {
+	return AppliedLimit{Store: g.storeKind, Redis: g.where, ID: g.id, Source: g.source(), Handlers: g.handlers, Chains: g.chains}
 }
 
 func (g *usageGroup) source() string {

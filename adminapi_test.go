@@ -439,17 +439,24 @@ func TestAdminLiveViewRefusesBadQueriesAndMethodsButAnswersAnUnlimitedID(t *test
 	}
 }
 
-func TestAdminLiveViewAnswers503WhenTheStoreCannotBeRead(t *testing.T) {
-	up := newUpstream(t)
-	org := uniqueID(t)
-	dead := fmt.Sprintf("127.0.0.1:%d", freePort()) // nothing listens there
-	startGateway(t, up.URL, fmt.Sprintf(`
+// startGatewayOnDeadRedis starts a gateway whose store is a Redis that
+// nothing serves, limiting every org, and returns an org for the admin
+// API to ask about, and the dead Redis's address.
+func startGatewayOnDeadRedis(t *testing.T) (org, dead string) {
+	t.Helper()
+	dead = fmt.Sprintf("127.0.0.1:%d", freePort()) // nothing listens there
+	startGateway(t, newUpstream(t).URL, fmt.Sprintf(`
 	rolter_ratelimit {
 		redis redis://%s
 		scope org {http.request.header.X-Org}
 		limit org * rpm 5
 	}
 	reverse_proxy {upstream}`, dead))
+	return uniqueID(t), dead
+}
+
+func TestAdminLiveViewAnswers503WhenTheStoreCannotBeRead(t *testing.T) {
+	org, dead := startGatewayOnDeadRedis(t)
 	res, body := liveView(t, http.MethodGet, "scope=org&id="+org)
 	if res.StatusCode != http.StatusServiceUnavailable {
 		t.Fatalf("with Redis stopped: %d %s, want 503", res.StatusCode, body)

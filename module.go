@@ -405,20 +405,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	effective := make([]string, 0, len(h.Limits)) // for the log, ids as stored
 	for _, lc := range h.Limits {
 		sl := h.limits[lc.Scope]
-		nominal, err := lc.nominal()
+		spec, err := h.specOf(lc, calendar)
 		if err != nil {
 			return err
 		}
-		caps, err := nominal.caps()
-		if err != nil {
-			return err
-		}
-		caps.concurrent.leaseMillis = h.slotLease().Milliseconds()
-		caps.shadow = lc.Shadow || h.Shadow
-		if caps.budgets.max != [numBudgetPeriods]int64{} {
-			caps.budgets.calendar = calendar
-		}
-		spec := newLimitSpec(lc, caps)
 		id := "*"
 		raw, err := lc.resolvedID(repl)
 		if err != nil {

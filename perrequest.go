@@ -50,6 +50,26 @@ type limitSpec struct {
 	config     LimitConfig // the line without its per-request caps
 }
 
+// specOf is the spec of the handler's limit line lc, whose budgets cover
+// the days and months of calendar: its caps (a cap per request at its
+// fallback, or a stand-in), with the handler's slot lease and shadow.
+func (h *Handler) specOf(lc LimitConfig, calendar *calendar) (*limitSpec, error) {
+	nominal, err := lc.nominal()
+	if err != nil {
+		return nil, err
+	}
+	caps, err := nominal.caps()
+	if err != nil {
+		return nil, err
+	}
+	caps.concurrent.leaseMillis = h.slotLease().Milliseconds()
+	caps.shadow = lc.Shadow || h.Shadow
+	if caps.budgets.max != [numBudgetPeriods]int64{} {
+		caps.budgets.calendar = calendar
+	}
+	return newLimitSpec(lc, caps), nil
+}
+
 // newLimitSpec is the spec of a limit line whose caps, as configured, are
 // caps.
 func newLimitSpec(lc LimitConfig, caps limitCaps) *limitSpec {

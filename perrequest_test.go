@@ -194,16 +194,11 @@ func TestEveryCapCanComeWithTheRequestCheckedAsTheConfigsValues(t *testing.T) {
 	if err := lc.validate(); err != nil {
 		t.Fatal(err)
 	}
-	nominal, err := lc.nominal()
+	utc, _ := calendarOf("UTC")
+	spec, err := new(Handler).specOf(lc, utc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	caps, err := nominal.caps()
-	if err != nil {
-		t.Fatal(err)
-	}
-	caps.budgets.calendar, _ = calendarOf("UTC")
-	spec := newLimitSpec(lc, caps)
 	capsOf := func(cost string, headers ...string) (limitCaps, string) {
 		r := httptest.NewRequest("POST", "/v1/chat/completions", nil)
 		setHeaders(r, headers)
@@ -292,16 +287,11 @@ func TestAPlanNameMappedToCapsByMap(t *testing.T) {
 // at the stand-in value its checks use.
 func TestTheLoadedLimitsLogShowsCapsPerRequestAsConfigured(t *testing.T) {
 	lc := LimitConfig{Scope: "key", ID: "*", TPM: 1000, Shadow: true, PerRequest: map[string]PerRequestCap{"rpm": {Value: "{http.request.header.X-Plan-Rpm}", Else: "60"}}}
-	nominal, err := lc.nominal()
+	spec, err := new(Handler).specOf(lc, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	caps, err := nominal.caps()
-	if err != nil {
-		t.Fatal(err)
-	}
-	caps.shadow = true
-	if got, want := newLimitSpec(lc, caps).describe("key *"), "key * tpm 1000 shadow rpm {http.request.header.X-Plan-Rpm} else 60"; got != want {
+	if got, want := spec.describe("key *"), "key * tpm 1000 shadow rpm {http.request.header.X-Plan-Rpm} else 60"; got != want {
 		t.Fatalf("%q, want %q", got, want)
 	}
 }

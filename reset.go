@@ -2,7 +2,6 @@ package ratelimit
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 
@@ -89,13 +88,7 @@ type ResetAnswer struct {
 
 // ResetLimit is one limit that applies to the id, and what its reset did.
 type ResetLimit struct {
-	// Store, Redis, ID, Source, Handlers and Chains are as in UsageLimit.
-	Store    string     `json:"store"`
-	Redis    string     `json:"redis,omitempty"`
-	ID       string     `json:"id"`
-	Source   string     `json:"source"`
-	Handlers int        `json:"handlers"`
-	Chains   [][]string `json:"chains"`
+	AppliedLimit
 	// Cleared names what the reset cleared: each window the limit caps
 	// ("rpm", "tpd", …) and "bucket" for its token bucket. Empty when the
 	// limit has neither.
@@ -174,14 +167,7 @@ func (a AdminAPI) serveReset(w http.ResponseWriter, r *http.Request) error {
 		answer.Note = fmt.Sprintf("no loaded handler limits this id in scope %q (it has no limit of its own and the scope has no \"*\" default): there is nothing to reset", asked.scope)
 		log.Info("rate limit reset: nothing to clear", zap.String("scope", asked.scope), zap.String("id", asked.id))
 	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	body, err := json.Marshal(answer)
-	if err != nil {
-		return err
-	}
-	_, err = w.Write(append(body, '\n'))
-	return err
+	return writeAdminJSON(w, answer)
 }
 
 // reset resets the group's limit on its store.
@@ -193,10 +179,7 @@ func (g *usageGroup) reset(ctx context.Context, scope string) (ResetLimit, error
 	if err != nil {
 		return ResetLimit{}, err
 	}
-	return ResetLimit{
-		Store: g.storeKind, Redis: g.where, ID: g.id, Source: g.source(), Handlers: g.handlers, Chains: g.chains,
-		Cleared: cleared, Kept: keptNames(l),
-	}, nil
+	return ResetLimit{AppliedLimit: g.applied(), Cleared: cleared, Kept: keptNames(l)}, nil
 }
 
 // resetNames is what a reset of l clears, by name: each window it caps,

@@ -398,16 +398,7 @@ func TestResetOfAnIDNoHandlerLimitsAnswers200WithNothingClearedAndANote(t *testi
 }
 
 func TestResetAnswers503WhenTheStoreCannotBeWritten(t *testing.T) {
-	up := newUpstream(t)
-	org := uniqueID(t)
-	dead := fmt.Sprintf("127.0.0.1:%d", freePort()) // nothing listens there
-	startGateway(t, up.URL, fmt.Sprintf(`
-	rolter_ratelimit {
-		redis redis://%s
-		scope org {http.request.header.X-Org}
-		limit org * rpm 5
-	}
-	reverse_proxy {upstream}`, dead))
+	org, dead := startGatewayOnDeadRedis(t)
 	res, body := resetAt(t, caddyAdmin(), http.MethodPost, "scope=org&id="+org, "")
 	if res.StatusCode != http.StatusServiceUnavailable {
 		t.Fatalf("with Redis stopped: %d %s, want 503", res.StatusCode, body)
