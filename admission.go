@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"errors"
 	"net/http"
 	"net/textproto"
 	"slices"
@@ -67,7 +68,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			// Asked only when there is a body to spare: the admission
 			// consults the same record of refusals.
 			if a, refused := h.store.refusedUnread(chain); refused {
-				return h.answer(w, req, h.limitRefusal(req, a))
+				if _, waits := h.waitFor(a.refusal, 0); !waits {
+					return h.answer(w, req, h.limitRefusal(req, a))
+				}
 			}
 			var err error
 			if body, err = readRequestBody(req, h.bodyMemory()); err != nil {
@@ -126,11 +129,13 @@ func (h *Handler) price(chain []limit, model string) (*pricing.Entry, *answer) {
 // that ends (a deferred call: reverse_proxy ends a response cut short with
 // a panic).
 func (h *Handler) admitOrAnswer(w http.ResponseWriter, req *request, chain []limit, reserve tokenCounts, metering bool, next caddyhttp.Handler, pass func(*responseWriter, decision) error) error {
-	a, err := h.store.admit(req.Context(), chain, reserve)
-	if err != nil {
+	a, err := h.admitWaiting(req, chain, reserve)
+	switch {
+	case errors.Is(err, errClientGone):
+		return h.answer(w, req, answer{message: "the client went away while its request waited", clientGone: true})
+	case err != nil:
 		return h.storeFailed(w, req, chain, err, next)
-	}
-	if !a.admitted {
+	case !a.admitted:
 		return h.answer(w, req, h.limitRefusal(req, a))
 	}
 	if holdsSlots(chain) {

@@ -59,6 +59,7 @@ const (
 	placeholderRetryAfter    = "http.rolter_ratelimit.retry_after" // seconds
 	placeholderModel         = "http.rolter_ratelimit.model"
 	placeholderAPIKey        = "http.rolter_ratelimit.api_key"
+	placeholderWaitedMillis  = "http.rolter_ratelimit.waited_ms"
 )
 
 // answer writes a, or hands it to handle_errors (on_refusal error).

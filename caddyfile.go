@@ -69,6 +69,9 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		reserve_output <n>                         # default 1024: the output reserved for a request that names no cap
 //		body_memory <size>                         # default 64MiB, at least 8MiB: request bodies being read at once, per process
 //		slot_lease <duration>                      # default 30s, at least 1s: how long a dead process's slots outlive it
+//		wait <duration>                            # default 0: hold a request refused by a window or bucket that
+//		                                           # would admit it within this long, then admit it
+//		max_waiting <n>                            # default 1000: requests waiting at once per process
 //		shadow on|off                              # default off: every limit a shadow limit
 //		shadow_header on|off                       # default off: X-Ratelimit-Shadow on requests a shadow limit would refuse
 //		price <model>|<prefix>*|* input <usd> output <usd> [cache_read <usd>] [cache_write <usd>]
@@ -332,6 +335,32 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			h.BudgetTimezone = o.BudgetTimezone
+
+		case "wait":
+			o, err := option(d, func(v string) (*Handler, error) {
+				wait, err := caddy.ParseDuration(v)
+				if err != nil || wait < 0 {
+					return nil, fmt.Errorf("wait must be a duration such as 2s, not %q", v)
+				}
+				return &Handler{Wait: caddy.Duration(wait)}, nil
+			})
+			if err != nil {
+				return err
+			}
+			h.Wait = o.Wait
+
+		case "max_waiting":
+			o, err := option(d, func(v string) (*Handler, error) {
+				n, err := strconv.ParseUint(v, 10, 63)
+				if err != nil || n == 0 {
+					return nil, fmt.Errorf("max_waiting must be a positive number of requests, not %q", v)
+				}
+				return &Handler{MaxWaiting: int64(n)}, nil
+			})
+			if err != nil {
+				return err
+			}
+			h.MaxWaiting = o.MaxWaiting
 
 		case "slot_lease":
 			o, err := option(d, func(v string) (*Handler, error) {

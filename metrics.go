@@ -73,6 +73,15 @@ var (
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "spend_returned_nanodollars_total",
 		Help: "Nano-dollars (1e-9 USD) of reservations given back when responses settled below them, by price entry.",
 	}, []string{"price"})
+	waitDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "wait_duration_seconds",
+		Help:    "How long requests that waited (wait) waited, admitted or refused in the end.",
+		Buckets: []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+	})
+	waitingNow = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "waiting_requests",
+		Help: "Requests waiting (wait) in this process.",
+	}, func() float64 { return float64(waitingRequests.Load()) })
 	slotsHeld = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "slots_held",
 		Help: "Slots of caps on requests in flight that this process holds (its requests in flight under them), by the scope name of the cap.",
@@ -105,7 +114,7 @@ const (
 
 // registerMetrics registers the process's collectors in a config's registry.
 func registerMetrics(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{admissionsTotal, refusalsTotal, refusalsCachedTotal, tokensChargedTotal, tokensReservedTotal, tokensReturnedTotal, spendReservedTotal, spendChargedTotal, spendReturnedTotal, unmeteredTotal, usageClampedTotal, redisDuration, redisErrorsTotal, sessionsOpen, requestBodyBytes, slotsHeld, memoryCounters} {
+	for _, c := range []prometheus.Collector{admissionsTotal, refusalsTotal, refusalsCachedTotal, tokensChargedTotal, tokensReservedTotal, tokensReturnedTotal, spendReservedTotal, spendChargedTotal, spendReturnedTotal, unmeteredTotal, usageClampedTotal, redisDuration, redisErrorsTotal, sessionsOpen, requestBodyBytes, waitDuration, waitingNow, slotsHeld, memoryCounters} {
 		if err := reg.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return err
 		}

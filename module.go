@@ -74,6 +74,7 @@ func init() {
 //	                                       budget: day or month ("" for a bucket or a concurrency cap)
 //	{http.rolter_ratelimit.refused_limit}  on a refusal by a limit: its cap (a bucket's burst, a
 //	                                       budget in US dollars: 500.00)
+//	{http.rolter_ratelimit.waited_ms}      with wait: how long the request waited, in milliseconds
 //	{http.rolter_ratelimit.retry_after}    on an answer that announces a wait (a refusal by a limit,
 //	                                       not too_large nor by requests in flight; a body over
 //	                                       body_memory): Retry-After, in seconds
@@ -184,6 +185,16 @@ type Handler struct {
 	// BudgetTimezone is the IANA time zone (Europe/Paris) whose calendar
 	// days and months the budgets cover; default UTC.
 	BudgetTimezone string `json:"budget_timezone,omitempty"`
+
+	// Wait holds a request refused by a window or a bucket whose exact wait
+	// is within it until then, and admits it again, rather than refusing
+	// it (wait.go). Default 0: refuse at once.
+	Wait caddy.Duration `json:"wait,omitempty"`
+
+	// MaxWaiting caps the requests waiting at once in this Caddy process,
+	// across its handlers; past it a request is refused at once. Default
+	// 1000.
+	MaxWaiting int64 `json:"max_waiting,omitempty"`
 
 	// Shadow makes every limit a shadow limit (LimitConfig.Shadow).
 	Shadow bool `json:"shadow,omitempty"`
@@ -578,6 +589,12 @@ func (h *Handler) Validate() error {
 	}
 	if _, err := calendarOf(h.BudgetTimezone); err != nil {
 		return err
+	}
+	if h.Wait < 0 {
+		return fmt.Errorf("wait must not be negative, not %s", time.Duration(h.Wait))
+	}
+	if h.MaxWaiting < 0 {
+		return fmt.Errorf("max_waiting must be a positive number of requests, not %d", h.MaxWaiting)
 	}
 	if h.SlotLease != 0 && time.Duration(h.SlotLease) < minSlotLease {
 		return fmt.Errorf("slot_lease must be at least %s, not %s", minSlotLease, time.Duration(h.SlotLease))
