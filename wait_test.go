@@ -1,13 +1,17 @@
 package ratelimit
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/caddy/v2"
 )
 
 // arrivals is an upstream that notes when each request reaches it.
@@ -104,4 +108,124 @@ func TestARequestThatCannotFitWithinWaitIsRefusedWithTheWaitThenTrue(t *testing.
 			t.Fatalf("%d admitted within wait 500ms (in %v), want 5 or 6", admitted, time.Since(start))
 		}
 	})
+}
+
+// A client that hangs up while its request waits ends the wait: the
+// request is charged nothing and no longer counts as waiting.
+func TestAClientThatHangsUpWhileWaitingIsChargedNothing(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		gw := startGateway(t, newArrivals(t).URL, limited(store, `
+			scope key {http.request.header.X-Api-Key}
+			limit key * rate 0.1 burst 1 tpm 100000
+			wait 20s`))
+		key := uniqueID(t)
+		if res, _ := gw.do(t, "X-Api-Key: "+key); res.StatusCode != http.StatusOK {
+			t.Fatalf("first request: %d", res.StatusCode)
+		}
+		l := newBucketLimit(t, "key", keyID(false, key), "0.1", 1, 1)
+		l.windows[tpm], l.capped = 100000, l.windows.mask()|1<<tpm
+		first := peekInStore(t, store, l).counts[0]
+		hangUp := sendWaiting(t, gw, key)
+		if err := hangUp(); err == nil {
+			t.Fatal("the hung-up request was answered")
+		}
+		waitUntil(t, "no request waits", func() bool { return waitingRequests.Load() == 0 })
+		if c := peekInStore(t, store, l).counts[0]; c.deficit > first.deficit || c.w[tpm] != first.w[tpm] {
+			t.Fatalf("after the hang-up the key holds %+v, before it %+v: want the first request alone", c, first)
+		}
+	})
+}
+
+// waitUntil waits for cond, which a background goroutine makes true, for
+// 5 s at most.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// sendWaiting sends a request of key that must wait, returns once it
+// waits, and gives the function that hangs it up and returns its error.
+func sendWaiting(t *testing.T, gw *gateway, key string) (hangUp func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	before := waitingRequests.Load()
+	go func() {
+		req, _ := http.NewRequestWithContext(ctx, "POST", gw.url+"/v1/chat/completions", strings.NewReader(`{"model":"m"}`))
+		req.Header.Set("X-Api-Key", key)
+		req.Header.Set("Content-Type", "application/json")
+		res, err := http.DefaultClient.Do(req)
+		if err == nil {
+			res.Body.Close()
+		}
+		done <- err
+	}()
+	waitUntil(t, "the request waits", func() bool { return waitingRequests.Load() == before+1 })
+	return func() error {
+		cancel()
+		return <-done
+	}
+}
+
+// Past max_waiting a request that could wait is refused at once; and a
+// request too large for a cap never waits.
+func TestPastMaxWaitingOrTooLargeARequestIsRefusedAtOnce(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		gw := startGateway(t, newArrivals(t).URL, limited(store, `
+			scope key {http.request.header.X-Api-Key}
+			limit key * rate 0.1 burst 1 tpm 100000
+			wait 20s
+			max_waiting 1`))
+		key := uniqueID(t)
+		if res, _ := gw.do(t, "X-Api-Key: "+key); res.StatusCode != http.StatusOK {
+			t.Fatalf("first request: %d", res.StatusCode)
+		}
+		hangUp := sendWaiting(t, gw, key)
+		defer hangUp()
+		for what, req := range map[string][]string{
+			"past max_waiting": {"X-Api-Key: " + key},
+			"too large":        {"X-Api-Key: " + uniqueID(t)},
+		} {
+			body := `{"model":"m"}`
+			if what == "too large" {
+				body = `{"model":"m","max_tokens":200000}`
+			}
+			start := time.Now()
+			res, got := gw.send(t, "POST", "/v1/chat/completions", body, append(req, "Content-Type: application/json")...)
+			if res.StatusCode != http.StatusTooManyRequests || time.Since(start) > 5*time.Second {
+				t.Errorf("%s: %d %s after %v, want a 429 at once", what, res.StatusCode, got, time.Since(start))
+			}
+		}
+	})
+}
+
+// Only a refusal whose exact wait is known and fits what is left of wait
+// waits: not one by a spent budget (its renewal is far), nor by a cap on
+// requests in flight (no wait is known).
+func TestOnlyAWindowsOrABucketsRefusalWithinWaitWaits(t *testing.T) {
+	h := &Handler{Wait: caddy.Duration(2 * time.Second)}
+	for _, c := range []struct {
+		what   string
+		ref    refusal
+		waited time.Duration
+		waits  bool
+	}{
+		{"a bucket's, within wait", refusal{kind: burst, waitMillis: 100}, 0, true},
+		{"a window's, past what is left", refusal{kind: requests, waitMillis: 600}, 1500 * time.Millisecond, false},
+		{"a spent budget's", refusal{kind: budget, waitMillis: 100, exhausted: true}, 0, false},
+		{"a concurrency cap's", refusal{kind: concurrency, untilFreed: true}, 0, false},
+	} {
+		if _, waits := h.waitFor(c.ref, c.waited); waits != c.waits {
+			t.Errorf("%s: waits %v, want %v", c.what, waits, c.waits)
+		}
+	}
+	if _, waits := new(Handler).waitFor(refusal{kind: burst, waitMillis: 1}, 0); waits {
+		t.Error("a handler without wait waited")
+	}
 }
