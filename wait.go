@@ -2,7 +2,10 @@ package ratelimit
 
 import (
 	"cmp"
+	"context"
 	"errors"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -56,10 +59,20 @@ func startWaiting(max int64) bool {
 var errClientGone = errors.New("rolter_ratelimit: the client went away while its request waited")
 
 // admitWaiting admits the request's chain with reserve, waiting for a
-// refusal that wait allows (wait.go), and records how long it waited.
+// refusal that wait allows, and records how long it waited. Waiters stand
+// in line per refusing limit, in the order they started waiting: only the
+// head sleeps until its release and tries again, and hands over when it is
+// admitted or gives up; a request of a chain with a line in this process
+// joins it before it tries at all, so that new requests do not overtake
+// those waiting.
 func (h *Handler) admitWaiting(req *request, chain []limit, reserve tokenCounts) (admission, error) {
+	if h.Wait <= 0 {
+		return h.store.admit(req.Context(), chain, reserve)
+	}
 	start, waiting := time.Now(), false
+	var place *waitPlace
 	defer func() {
+		place.leave()
 		if waiting {
 			waitingRequests.Add(-1)
 			waited := time.Since(start)
@@ -67,7 +80,16 @@ func (h *Handler) admitWaiting(req *request, chain []limit, reserve tokenCounts)
 			req.repl.Set(placeholderWaitedMillis, waited.Milliseconds())
 		}
 	}()
+	var release time.Time // when the last refusal would admit: the head sleeps until then
+	if key, ok := waitLines.lineOf(chain); ok && startWaiting(h.maxWaiting()) {
+		waiting, place = true, waitLines.join(key)
+	}
 	for {
+		if place != nil {
+			if err := place.await(req.Context(), release, start.Add(time.Duration(h.Wait))); err != nil {
+				return admission{}, err
+			}
+		}
 		a, err := h.store.admit(req.Context(), chain, reserve)
 		if err != nil || a.admitted {
 			return a, err
@@ -76,13 +98,100 @@ func (h *Handler) admitWaiting(req *request, chain []limit, reserve tokenCounts)
 		if !ok || !waiting && !startWaiting(h.maxWaiting()) {
 			return a, nil
 		}
-		waiting = true
-		t := time.NewTimer(d)
-		select {
-		case <-t.C:
-		case <-req.Context().Done():
-			t.Stop()
-			return admission{}, errClientGone
+		waiting, release = true, time.Now().Add(d)
+		if key := a.limits[a.refusal.first].prefix; place == nil || place.key != key {
+			place.leave()
+			place = waitLines.join(key)
 		}
 	}
+}
+
+// waitLines are the lines of the process's waiters, by the prefix of the
+// limit they wait for.
+var waitLines = &lines{byLimit: make(map[string][]*waitPlace)}
+
+type lines struct {
+	mu      sync.Mutex
+	byLimit map[string][]*waitPlace
+}
+
+// waitPlace is a waiter's place in the line of the limit with prefix key.
+type waitPlace struct {
+	key  string
+	turn chan struct{} // closed once it is the line's head
+	left bool
+}
+
+// lineOf is the key of a line that a limit of chain has, if any.
+func (l *lines) lineOf(chain []limit) (string, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, lim := range chain {
+		if len(l.byLimit[lim.prefix]) > 0 {
+			return lim.prefix, true
+		}
+	}
+	return "", false
+}
+
+// join puts a waiter at the end of key's line.
+func (l *lines) join(key string) *waitPlace {
+	p := &waitPlace{key: key, turn: make(chan struct{})}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.byLimit[key] = append(l.byLimit[key], p)
+	if len(l.byLimit[key]) == 1 {
+		close(p.turn)
+	}
+	return p
+}
+
+// leave takes p out of its line, once, and gives the head's turn to the
+// next; a nil place is in no line.
+func (p *waitPlace) leave() {
+	if p == nil {
+		return
+	}
+	l := waitLines
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if p.left {
+		return
+	}
+	p.left = true
+	line := l.byLimit[p.key]
+	i := slices.Index(line, p)
+	line = slices.Delete(line, i, i+1)
+	if len(line) == 0 {
+		delete(l.byLimit, p.key)
+		return
+	}
+	if i == 0 {
+		close(line[0].turn)
+	}
+	l.byLimit[p.key] = line
+}
+
+// await waits for the waiter's turn at the head of its line, then sleeps
+// until release, the moment its last refusal would admit; until the end of
+// its wait at most, after which it tries once more all the same. A client
+// that goes away ends it.
+func (p *waitPlace) await(ctx context.Context, release, end time.Time) error {
+	deadline := time.NewTimer(time.Until(end))
+	defer deadline.Stop()
+	select {
+	case <-p.turn:
+	case <-deadline.C:
+		return nil
+	case <-ctx.Done():
+		return errClientGone
+	}
+	t := time.NewTimer(time.Until(release))
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+		return errClientGone
+	}
+	return nil
 }

@@ -229,3 +229,75 @@ func TestOnlyAWindowsOrABucketsRefusalWithinWaitWaits(t *testing.T) {
 		t.Error("a handler without wait waited")
 	}
 }
+
+// A flood of new requests does not overtake one that waits: they stand in
+// line behind it, and it is admitted first.
+func TestNewRequestsStandInLineBehindOneThatWaits(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		gw := startGateway(t, newArrivals(t).URL, limited(store, `
+			scope key {http.request.header.X-Api-Key}
+			limit key * rate 5 burst 1
+			wait 5s`))
+		key := uniqueID(t)
+		if res, _ := gw.do(t, "X-Api-Key: "+key); res.StatusCode != http.StatusOK {
+			t.Fatalf("first request: %d", res.StatusCode)
+		}
+		var mu sync.Mutex
+		var order []string
+		var wg sync.WaitGroup
+		send := func(who string) {
+			wg.Go(func() {
+				if res, _ := gw.do(t, "X-Api-Key: "+key); res.StatusCode == http.StatusOK {
+					mu.Lock()
+					order = append(order, who)
+					mu.Unlock()
+				}
+			})
+		}
+		send("waiter")
+		waitUntil(t, "the first waits", func() bool { return waitingRequests.Load() == 1 })
+		for range 5 {
+			send("flood")
+		}
+		wg.Wait()
+		if len(order) != 6 || order[0] != "waiter" {
+			t.Fatalf("admitted in the order %v: want the one that waited first, then the 5 others", order)
+		}
+	})
+}
+
+// A limit's line gives the turn to its waiters in the order they joined:
+// the head at once, each next one when the one before it leaves, whether
+// it leaves from the head or from within the line; and a line of no one is
+// no line.
+func TestALinesWaitersTakeTheirTurnsInTheOrderTheyJoined(t *testing.T) {
+	key := "rolter:rl:key:" + uniqueID(t) + ":"
+	turned := func(p *waitPlace) bool {
+		select {
+		case <-p.turn:
+			return true
+		default:
+			return false
+		}
+	}
+	a, b, c := waitLines.join(key), waitLines.join(key), waitLines.join(key)
+	if !turned(a) || turned(b) || turned(c) {
+		t.Fatal("only the first to join has the turn")
+	}
+	if got, ok := waitLines.lineOf([]limit{{prefix: "other"}, {prefix: key}}); !ok || got != key {
+		t.Fatalf("lineOf = %q, %v: want the chain's limit that has a line", got, ok)
+	}
+	b.leave() // from within the line: nobody's turn changes
+	if turned(c) {
+		t.Fatal("a waiter leaving from within the line gave the turn away")
+	}
+	a.leave()
+	a.leave() // once only
+	if !turned(c) {
+		t.Fatal("the head left, and the next in line did not get the turn")
+	}
+	c.leave()
+	if _, ok := waitLines.lineOf([]limit{{prefix: key}}); ok {
+		t.Fatal("an empty line is still a line")
+	}
+}
