@@ -80,7 +80,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		if hasBudgets(chain, true) {
 			var refused *answer
-			if price, refused = h.price(chain, tokenest.Model(req.call, body.bytes)); refused != nil {
+			if price, refused = h.priceOf(chain, req, body); refused != nil {
 				return h.answer(w, req, *refused)
 			}
 		}
@@ -104,6 +104,21 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		defer h.meterResponse(rw, chain, d, price)
 		return next.ServeHTTP(rw, r)
 	})
+}
+
+// priceOf is the price of the model of a request under budgets, as price
+// says; a request whose model its body names but the limiter could not
+// read wholly (compressed, not JSON, or longer than it reads) has no model
+// it can be sure of: a later "model" key would win upstream, and a
+// client could choose the price it is counted at.
+func (h *Handler) priceOf(chain []limit, req *request, body requestBody) (*pricing.Entry, *answer) {
+	if req.call.Model == "" && !body.complete && req.ContentLength != 0 {
+		if hasBudgets(chain, false) {
+			return nil, new(modelUnread())
+		}
+		return nil, nil
+	}
+	return h.price(chain, tokenest.Model(req.call, body.bytes))
 }
 
 // price is the price of the model a request under budgets asks for, or

@@ -225,6 +225,14 @@ func noPrice(model string) answer {
 		typ:     "invalid_request_error", code: "model_not_priced"}
 }
 
+// modelUnread is the answer to a request under a budget whose body names
+// its model but could not be read wholly: 400, as noPrice.
+func modelUnread() answer {
+	a := noPrice("")
+	a.message = "This gateway cannot read which model this request asks for (its body is compressed, not JSON, or over 4 MiB), and a spend budget applies to it: it cannot be counted, so it is refused."
+	return a
+}
+
 // bodyRefusal is the answer to a request whose body could not be read:
 // one that found no room under body_memory gets 503 with a wait of a
 // second, and the rest of its body is not wanted; one whose client went

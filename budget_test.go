@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -397,5 +398,35 @@ func TestAModelWithoutAPriceIsEachDialectsBadRequest(t *testing.T) {
 	want := `{"error":{"code":400,"message":"This gateway has no price for the model \"gpt-9\", and a spend budget applies to this request: it cannot be counted, so it is refused.","status":"INVALID_ARGUMENT"}}`
 	if got := w.Body.String(); got != want {
 		t.Fatalf("%s\nwant\n%s", got, want)
+	}
+}
+
+// A client cannot choose the price it is counted at by hiding its model: a
+// body the limiter cannot read wholly (compressed, or over the 4 MiB it
+// reads) is refused under a budget, even where "*" prices every model,
+// since a "model" key past what was read would win upstream.
+func TestABodyWhoseModelCannotBeReadWhollyIsRefusedUnderABudget(t *testing.T) {
+	up := newUpstream(t)
+	gw := startGateway(t, up.URL, limited("", `
+		scope key {http.request.header.X-Api-Key}
+		price * input 0.01 output 0.01
+		limit key * budget_day 100`))
+	long := `{"model":"cheap","messages":[{"role":"user","content":"` + strings.Repeat("a", maxReadBody) + `"}],"model":"expensive"}`
+	for what, req := range map[string][]string{
+		"compressed":  {"Content-Encoding: gzip"},
+		"over 4 MiB":  nil,
+		"read wholly": nil,
+	} {
+		body := long
+		if what != "over 4 MiB" {
+			body = `{"model":"m"}`
+		}
+		res, got := gw.send(t, "POST", "/v1/chat/completions", body, append(req, "Content-Type: application/json", "X-Api-Key: "+uniqueID(t))...)
+		if want := map[bool]int{true: 200, false: 400}[what == "read wholly"]; res.StatusCode != want || want == 400 && !strings.Contains(string(got), "cannot read which model") {
+			t.Errorf("%s: %d %s, want %d", what, res.StatusCode, got, want)
+		}
+	}
+	if n := up.hits.Load(); n != 1 {
+		t.Fatalf("the upstream saw %d requests, want only the one whose model was read", n)
 	}
 }
