@@ -29,20 +29,51 @@ func liveView(t *testing.T, method, query string) (*http.Response, []byte) {
 // admin (a gateway process of its own, say).
 func liveViewAt(t *testing.T, admin int, method, query string) (*http.Response, []byte) {
 	t.Helper()
-	req, err := http.NewRequest(method, fmt.Sprintf("http://localhost:%d%s?%s", admin, UsagePath, query), nil)
+	return adminAt(t, admin, method, UsagePath, query, "")
+}
+
+// adminAt sends a request to a route of the admin endpoint on port admin,
+// with a form body unless form is "", and returns the whole answer.
+func adminAt(t *testing.T, admin int, method, path, query, form string) (*http.Response, []byte) {
+	t.Helper()
+	var body io.Reader
+	if form != "" {
+		body = strings.NewReader(form)
+	}
+	req, err := http.NewRequest(method, fmt.Sprintf("http://localhost:%d%s?%s", admin, path, query), body)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if form != "" {
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	}
 	res, err := adminClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer res.Body.Close()
-	body, err := io.ReadAll(res.Body)
+	got, err := io.ReadAll(res.Body)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return res, body
+	return res, got
+}
+
+// adminAnswer is the JSON answer of a route of the admin endpoint, which
+// must be 200 with JSON.
+func adminAnswer[T any](t *testing.T, what string, res *http.Response, body []byte) T {
+	t.Helper()
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("%s: %d %s", what, res.StatusCode, body)
+	}
+	if ct := res.Header.Get("Content-Type"); ct != "application/json" {
+		t.Fatalf("Content-Type %q", ct)
+	}
+	var v T
+	if err := json.Unmarshal(body, &v); err != nil {
+		t.Fatalf("answer %s: %v", body, err)
+	}
+	return v
 }
 
 // getLiveView asks for the view and fails unless it answers 200 with JSON.
@@ -56,17 +87,7 @@ func getLiveView(t *testing.T, query string) (UsageView, []byte) {
 func getLiveViewAt(t *testing.T, admin int, query string) (UsageView, []byte) {
 	t.Helper()
 	res, body := liveViewAt(t, admin, http.MethodGet, query)
-	if res.StatusCode != http.StatusOK {
-		t.Fatalf("GET %s?%s: %d %s", UsagePath, query, res.StatusCode, body)
-	}
-	if ct := res.Header.Get("Content-Type"); ct != "application/json" {
-		t.Fatalf("Content-Type %q", ct)
-	}
-	var v UsageView
-	if err := json.Unmarshal(body, &v); err != nil {
-		t.Fatalf("answer %s: %v", body, err)
-	}
-	return v, body
+	return adminAnswer[UsageView](t, "GET "+UsagePath+"?"+query, res, body), body
 }
 
 // waitLiveView asks for the view until done accepts it: token charges land

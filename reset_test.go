@@ -2,9 +2,7 @@ package ratelimit
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"os"
@@ -25,27 +23,7 @@ import (
 // whole answer.
 func resetAt(t *testing.T, admin int, method, query, form string) (*http.Response, []byte) {
 	t.Helper()
-	var body io.Reader
-	if form != "" {
-		body = strings.NewReader(form)
-	}
-	req, err := http.NewRequest(method, fmt.Sprintf("http://localhost:%d%s?%s", admin, ResetPath, query), body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if form != "" {
-		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	}
-	res, err := adminClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
-	got, err := io.ReadAll(res.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return res, got
+	return adminAt(t, admin, method, ResetPath, query, form)
 }
 
 // postReset resets on this process's admin endpoint and fails unless the
@@ -53,17 +31,7 @@ func resetAt(t *testing.T, admin int, method, query, form string) (*http.Respons
 func postReset(t *testing.T, query, form string) (ResetAnswer, []byte) {
 	t.Helper()
 	res, body := resetAt(t, caddyAdmin(), http.MethodPost, query, form)
-	if res.StatusCode != http.StatusOK {
-		t.Fatalf("POST %s?%s: %d %s", ResetPath, query, res.StatusCode, body)
-	}
-	if ct := res.Header.Get("Content-Type"); ct != "application/json" {
-		t.Fatalf("Content-Type %q", ct)
-	}
-	var a ResetAnswer
-	if err := json.Unmarshal(body, &a); err != nil {
-		t.Fatalf("answer %s: %v", body, err)
-	}
-	return a, body
+	return adminAnswer[ResetAnswer](t, "POST "+ResetPath+"?"+query, res, body), body
 }
 
 // clearedOf is what the answer's limits cleared and kept, one
