@@ -24,6 +24,7 @@ type request struct {
 	repl *caddy.Replacer
 	call llmapi.Call
 	dia  dialect
+	held *heldBody // the memory of its body as read (body.go), given back at the latest when the request ends
 }
 
 // newRequest is a value, which the handler's calls take by pointer: it
@@ -50,10 +51,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if isWebSocketHandshake(r) {
 		return h.serveSession(w, req, next)
 	}
-	var held *heldBody // the body's memory, given back at the latest when the request ends
-	defer func() { held.release() }()
+	defer func() { req.held.release() }()
 	chain, body, refused := h.resolve(req)
-	held = body.held
 	if refused != nil {
 		return h.answer(w, req, *refused)
 	}
@@ -76,7 +75,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			if body, err = readRequestBody(req, h.bodyMemory()); err != nil {
 				return h.answer(w, req, h.bodyRefusal(err))
 			}
-			held = body.held
 		}
 		if hasBudgets(chain, true) {
 			var refused *answer

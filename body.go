@@ -109,7 +109,6 @@ type requestBody struct {
 	// longer (complete is then false); nil when it was not read.
 	bytes    []byte
 	complete bool
-	held     *heldBody // its memory: release gives it back; nil when nothing is held
 }
 
 // whole is the body when it was read to its end, else nil.
@@ -127,21 +126,46 @@ func (b requestBody) whole() []byte {
 // parse as the API's JSON reserves the default and names no model.
 func readable(req *request) bool {
 	r := req.Request
-	return r.Body != nil && r.Body != http.NoBody && r.Header.Get("Content-Encoding") == "" &&
+	return hasBody(r) && r.Header.Get("Content-Encoding") == "" &&
 		(req.call.API != llmapi.Unknown || strings.EqualFold(usage.MediaType(r.Header.Get("Content-Type")), "application/json"))
 }
 
-// readRequestBody reads the body of a request the limiter reads, within
-// limit bytes of body memory for the process, and gives the request a body
-// that replays it and then the rest unread. Its memory is given back once
-// the next handler has read the bytes held, or has closed the body, or by
-// release. A read that fails passes on what was read and the rest as they
-// were; only a body that found no room under limit (or whose client went
-// away meanwhile) is an error, and then the request must not go on.
+func hasBody(r *http.Request) bool { return r.Body != nil && r.Body != http.NoBody }
+
+// readRequestBody reads the body of a request the limiter reads (holdBody).
 func readRequestBody(req *request, limit int64) (requestBody, error) {
 	if !readable(req) {
 		return requestBody{}, nil
 	}
+	return holdBody(req, limit)
+}
+
+// heldWhole reports whether the request's body has been read to its end,
+// reading it now if it was not read yet, within limit. Go's server notices
+// that a client went away, and cancels its request's context, only once
+// the body has been read to its end (net/http's background read starts at
+// its EOF): a request that waits must have it read, or it would wait out a
+// departed client and be charged for it. A body longer than the limiter
+// reads, or one that finds no room under limit, is not held whole.
+func heldWhole(req *request, limit int64) bool {
+	switch b, read := req.Body.(*heldBody); {
+	case !hasBody(req.Request):
+		return true
+	case read:
+		return b.rest == nil
+	}
+	body, err := holdBody(req, limit)
+	return err == nil && body.complete
+}
+
+// holdBody reads the request's body, within limit bytes of body memory for
+// the process, and gives the request a body that replays it and then the
+// rest unread. Its memory is given back once the next handler has read the
+// bytes held, or has closed the body, or when the request ends (req.held).
+// A read that fails passes on what was read and the rest as they were;
+// only a body that found no room under limit (or whose client went away
+// meanwhile) is an error, and then the request must not go on.
+func holdBody(req *request, limit int64) (requestBody, error) {
 	r := req.Request
 	first := int64(firstBodyBuffer)
 	if r.ContentLength >= 0 {
@@ -168,8 +192,8 @@ func readRequestBody(req *request, limit int64) (requestBody, error) {
 	if complete {
 		held.rest = nil
 	}
-	r.Body = held
-	return requestBody{bytes: buf, complete: complete, held: held}, nil
+	r.Body, req.held = held, held
+	return requestBody{bytes: buf, complete: complete}, nil
 }
 
 // heldBody is a request body that replays what the limiter read, then what

@@ -21,11 +21,12 @@ func requestOf(r *http.Request) *request {
 // ServeHTTP gives it back when the request ends.
 func readWhole(t *testing.T, r *http.Request) []byte {
 	t.Helper()
-	body, err := readRequestBody(requestOf(r), defaultBodyMemory)
+	req := requestOf(r)
+	body, err := readRequestBody(req, defaultBodyMemory)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(body.held.release)
+	t.Cleanup(req.held.release)
 	return body.whole()
 }
 
@@ -61,22 +62,23 @@ func TestABodyOverTheReadLimitReservesNoLessThanOneUnderIt(t *testing.T) {
 // Every byte a body holds under body_memory is given back once the next
 // handler has read it, or closed it, or the request ends unread.
 func TestABodysMemoryIsGivenBackOnceReadClosedOrReleased(t *testing.T) {
-	for name, finish := range map[string]func(r *http.Request, b requestBody){
-		"read":     func(r *http.Request, _ requestBody) { io.ReadAll(r.Body) },
-		"closed":   func(r *http.Request, _ requestBody) { r.Body.Close() },
-		"released": func(_ *http.Request, b requestBody) { b.held.release() },
+	for name, finish := range map[string]func(req *request){
+		"read":     func(req *request) { io.ReadAll(req.Body) },
+		"closed":   func(req *request) { req.Body.Close() },
+		"released": func(req *request) { req.held.release() },
 	} {
 		r := httptest.NewRequest("POST", "/v1/chat/completions", strings.NewReader(`{"model":"`+strings.Repeat("m", 40000)+`"}`))
 		r.Header.Set("Content-Type", "application/json")
-		b, err := readRequestBody(requestOf(r), defaultBodyMemory)
+		req := requestOf(r)
+		b, err := readRequestBody(req, defaultBodyMemory)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if bodiesHeld.bytesHeld() < int64(len(b.bytes)) {
 			t.Fatalf("%s: %d bytes held for a body of %d", name, bodiesHeld.bytesHeld(), len(b.bytes))
 		}
-		finish(r, b)
-		b.held.release() // as ServeHTTP does at the end, whatever came before
+		finish(req)
+		req.held.release() // as ServeHTTP does at the end, whatever came before
 		if held := bodiesHeld.bytesHeld(); held != 0 {
 			t.Fatalf("%s: %d bytes still held", name, held)
 		}

@@ -20,7 +20,8 @@ import (
 // scope or a store failure never waits. A waiting request holds nothing
 // in the store: no slot, reservation or spend. The requests waiting in one
 // process are capped (max_waiting); past the cap a request is refused at
-// once. One whose client goes away ends its wait, charged nothing.
+// once. One whose client goes away ends its wait, charged nothing: its body
+// is read whole before it waits, or it does not wait (heldWhole).
 
 // defaultMaxWaiting is how many requests may wait at once in a process by
 // default.
@@ -41,18 +42,25 @@ func (h *Handler) waitFor(ref refusal, waited time.Duration) (time.Duration, boo
 	return d, waited+d <= time.Duration(h.Wait)
 }
 
-// startWaiting takes a place among the process's waiting requests, unless
-// max of them wait already.
-func startWaiting(max int64) bool {
+// beginWaiting takes a place among the process's waiting requests, unless
+// max_waiting of them wait already or the request's body cannot be held
+// whole while it waits (heldWhole: its client's departure would go
+// unnoticed).
+func (h *Handler) beginWaiting(req *request) bool {
 	for {
 		n := waitingRequests.Load()
-		if n >= max {
+		if n >= h.maxWaiting() {
 			return false
 		}
 		if waitingRequests.CompareAndSwap(n, n+1) {
-			return true
+			break
 		}
 	}
+	if !heldWhole(req, h.bodyMemory()) {
+		waitingRequests.Add(-1)
+		return false
+	}
+	return true
 }
 
 // errClientGone ends the wait of a request whose client went away.
@@ -81,7 +89,7 @@ func (h *Handler) admitWaiting(req *request, chain []limit, reserve tokenCounts)
 		}
 	}()
 	var release time.Time // when the last refusal would admit: the head sleeps until then
-	if key, ok := waitLines.lineOf(chain); ok && startWaiting(h.maxWaiting()) {
+	if key, ok := waitLines.lineOf(chain); ok && h.beginWaiting(req) {
 		waiting, place = true, waitLines.join(key)
 	}
 	for {
@@ -95,7 +103,7 @@ func (h *Handler) admitWaiting(req *request, chain []limit, reserve tokenCounts)
 			return a, err
 		}
 		d, ok := h.waitFor(a.refusal, time.Since(start))
-		if !ok || !waiting && !startWaiting(h.maxWaiting()) {
+		if !ok || !waiting && !h.beginWaiting(req) {
 			return a, nil
 		}
 		waiting, release = true, time.Now().Add(d)

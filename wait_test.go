@@ -111,27 +111,44 @@ func TestARequestThatCannotFitWithinWaitIsRefusedWithTheWaitThenTrue(t *testing.
 }
 
 // A client that hangs up while its request waits ends the wait: the
-// request is charged nothing and no longer counts as waiting.
+// request is charged nothing and no longer counts as waiting. So it does
+// whether the limiter had read its body already (a chain that reserves
+// tokens reads it) or not (a chain of requests alone, or a body it cannot
+// read, content-encoded): Go's server notices a departed client only once
+// the body was read to its end.
 func TestAClientThatHangsUpWhileWaitingIsChargedNothing(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		gw := startGateway(t, newArrivals(t).URL, limited(store, `
-			scope key {http.request.header.X-Api-Key}
-			limit key * rate 0.1 burst 1 tpm 100000
-			wait 20s`))
-		key := uniqueID(t)
-		if res, _ := gw.do(t, "X-Api-Key: "+key); res.StatusCode != http.StatusOK {
-			t.Fatalf("first request: %d", res.StatusCode)
-		}
-		l := newBucketLimit(t, "key", keyID(false, key), "0.1", 1, 1)
-		l.windows[tpm], l.capped = 100000, l.windows.mask()|1<<tpm
-		first := peekInStore(t, store, l).counts[0]
-		hangUp := sendWaiting(t, gw, key)
-		if err := hangUp(); err == nil {
-			t.Fatal("the hung-up request was answered")
-		}
-		waitUntil(t, "no request waits", func() bool { return waitingRequests.Load() == 0 })
-		if c := peekInStore(t, store, l).counts[0]; c.deficit > first.deficit || c.w[tpm] != first.w[tpm] {
-			t.Fatalf("after the hang-up the key holds %+v, before it %+v: want the first request alone", c, first)
+		for _, c := range []struct {
+			what, caps string
+			encoding   string
+		}{
+			{"a chain that reads the body to reserve", "tpm 100000", ""},
+			{"a chain that does not read the body", "", ""},
+			{"a body it cannot read", "tpm 100000", "gzip"},
+		} {
+			t.Run(c.what, func(t *testing.T) {
+				gw := startGateway(t, newArrivals(t).URL, limited(store, `
+					scope key {http.request.header.X-Api-Key}
+					limit key * rate 0.1 burst 1 `+c.caps+`
+					wait 20s`))
+				key := uniqueID(t)
+				if res, _ := gw.do(t, "X-Api-Key: "+key); res.StatusCode != http.StatusOK {
+					t.Fatalf("first request: %d", res.StatusCode)
+				}
+				l := newBucketLimit(t, "key", keyID(false, key), "0.1", 1, 1)
+				if c.caps != "" {
+					l.windows[tpm], l.capped = 100000, l.windows.mask()|1<<tpm
+				}
+				first := peekInStore(t, store, l).counts[0]
+				hangUp := sendWaiting(t, gw, key, c.encoding)
+				if err := hangUp(); err == nil {
+					t.Fatal("the hung-up request was answered")
+				}
+				waitUntil(t, "no request waits", func() bool { return waitingRequests.Load() == 0 })
+				if c := peekInStore(t, store, l).counts[0]; c.deficit > first.deficit || c.w[tpm] != first.w[tpm] {
+					t.Fatalf("after the hang-up the key holds %+v, before it %+v: want the first request alone", c, first)
+				}
+			})
 		}
 	})
 }
@@ -149,9 +166,10 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// sendWaiting sends a request of key that must wait, returns once it
-// waits, and gives the function that hangs it up and returns its error.
-func sendWaiting(t *testing.T, gw *gateway, key string) (hangUp func() error) {
+// sendWaiting sends a request of key that must wait, its body with the
+// given Content-Encoding (none if ""), returns once it waits, and gives the
+// function that hangs it up and returns its error.
+func sendWaiting(t *testing.T, gw *gateway, key, encoding string) (hangUp func() error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -160,6 +178,9 @@ func sendWaiting(t *testing.T, gw *gateway, key string) (hangUp func() error) {
 		req, _ := http.NewRequestWithContext(ctx, "POST", gw.url+"/v1/chat/completions", strings.NewReader(`{"model":"m"}`))
 		req.Header.Set("X-Api-Key", key)
 		req.Header.Set("Content-Type", "application/json")
+		if encoding != "" {
+			req.Header.Set("Content-Encoding", encoding)
+		}
 		res, err := http.DefaultClient.Do(req)
 		if err == nil {
 			res.Body.Close()
@@ -173,35 +194,46 @@ func sendWaiting(t *testing.T, gw *gateway, key string) (hangUp func() error) {
 	}
 }
 
-// Past max_waiting a request that could wait is refused at once; and a
-// request too large for a cap never waits.
+// Past max_waiting a request that could wait is refused at once; and so is,
+// however long it could wait, a request too large for a cap, one refused
+// by a spent budget, and one whose body is longer than the limiter reads
+// (its client's departure would go unnoticed while it waited).
 func TestPastMaxWaitingOrTooLargeARequestIsRefusedAtOnce(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		gw := startGateway(t, newArrivals(t).URL, limited(store, `
 			scope key {http.request.header.X-Api-Key}
-			limit key * rate 0.1 burst 1 tpm 100000
+			scope team {http.request.header.X-Team}
+			limit key * rate 0.1 burst 1
+			limit team * budget_day 0.01
+			price m input 1 output 4
 			wait 20s
 			max_waiting 1`))
-		key := uniqueID(t)
-		if res, _ := gw.do(t, "X-Api-Key: "+key); res.StatusCode != http.StatusOK {
-			t.Fatalf("first request: %d", res.StatusCode)
+		key, team := uniqueID(t), uniqueID(t)
+		send := func(body string, headers ...string) (*http.Response, []byte) {
+			return gw.send(t, "POST", "/v1/chat/completions", body, append(headers, "Content-Type: application/json")...)
 		}
-		hangUp := sendWaiting(t, gw, key)
-		defer hangUp()
-		for what, req := range map[string][]string{
-			"past max_waiting": {"X-Api-Key: " + key},
-			"too large":        {"X-Api-Key: " + uniqueID(t)},
-		} {
-			body := `{"model":"m"}`
-			if what == "too large" {
-				body = `{"model":"m","max_tokens":200000}`
-			}
+		if res, got := send(`{"model":"m"}`, "X-Api-Key: "+key); res.StatusCode != http.StatusOK {
+			t.Fatalf("first request: %d %s", res.StatusCode, got)
+		}
+		// 2400 output tokens at $4 per million reserve $0.0096 of the $0.01.
+		if res, got := send(`{"model":"m","max_tokens":2400}`, "X-Api-Key: "+uniqueID(t), "X-Team: "+team); res.StatusCode != http.StatusOK {
+			t.Fatalf("the team's first request: %d %s", res.StatusCode, got)
+		}
+		refusedAtOnce := func(what, body string, headers ...string) {
+			t.Helper()
 			start := time.Now()
-			res, got := gw.send(t, "POST", "/v1/chat/completions", body, append(req, "Content-Type: application/json")...)
+			res, got := send(body, headers...)
 			if res.StatusCode != http.StatusTooManyRequests || time.Since(start) > 5*time.Second {
 				t.Errorf("%s: %d %s after %v, want a 429 at once", what, res.StatusCode, got, time.Since(start))
 			}
 		}
+		refusedAtOnce("too large", `{"model":"m","max_tokens":200000}`, "X-Api-Key: "+uniqueID(t), "X-Team: "+uniqueID(t))
+		refusedAtOnce("a spent budget", `{"model":"m","max_tokens":2400}`, "X-Api-Key: "+uniqueID(t), "X-Team: "+team)
+		long := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("a", maxReadBody) + `"}]}`
+		refusedAtOnce("a body longer than the limiter reads", long, "X-Api-Key: "+key)
+		hangUp := sendWaiting(t, gw, key, "")
+		defer hangUp()
+		refusedAtOnce("past max_waiting", `{"model":"m"}`, "X-Api-Key: "+key)
 	})
 }
 
