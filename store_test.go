@@ -120,7 +120,7 @@ func newBucketLimit(t testing.TB, scope, id, rate string, burst, cost int64) lim
 }
 
 // uniqueID keeps tests apart in a shared Redis.
-func uniqueID(t *testing.T) string {
+func uniqueID(t testing.TB) string {
 	var b [6]byte
 	rand.Read(b[:])
 	return "t" + hex.EncodeToString(b[:])

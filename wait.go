@@ -79,8 +79,9 @@ func (h *Handler) admitWaiting(req *request, chain []limit, reserve tokenCounts)
 	}
 	start, waiting := time.Now(), false
 	var place *waitPlace
+	var next time.Time // when the limit of the line admits the next, once this one is admitted
 	defer func() {
-		place.leave()
+		place.leave(next)
 		if waiting {
 			waitingRequests.Add(-1)
 			waited := time.Since(start)
@@ -99,6 +100,9 @@ func (h *Handler) admitWaiting(req *request, chain []limit, reserve tokenCounts)
 			}
 		}
 		a, err := h.store.admit(req.Context(), chain, reserve)
+		if err == nil && a.admitted && place != nil {
+			next = nextRelease(chain, a.decision, place.key)
+		}
 		if err != nil || a.admitted {
 			return a, err
 		}
@@ -108,10 +112,29 @@ func (h *Handler) admitWaiting(req *request, chain []limit, reserve tokenCounts)
 		}
 		waiting, release = true, time.Now().Add(d)
 		if key := a.limits[a.refusal.first].prefix; place == nil || place.key != key {
-			place.leave()
+			place.leave(time.Time{})
 			place = waitLines.join(key)
 		}
 	}
+}
+
+// nextRelease is when the limit of chain with prefix key, which d admitted
+// a request to, would admit another at the earliest, absent other traffic:
+// what the head of its line hands on to the next, which then makes no call
+// before that. The earliest: a request window or a bucket counts any
+// request alike, and a token window is tried as if the next reserved
+// nothing; a wait that is not known is none.
+func nextRelease(chain []limit, d decision, key string) time.Time {
+	for i, l := range chain {
+		if l.prefix != key {
+			continue
+		}
+		after := decision{now: d.now, counts: []counts{d.countsAfter(l, d.counts[i])}}
+		if ref := refusalOf(chain[i:i+1], after); ref.first >= 0 && !ref.untilFreed && !ref.exhausted {
+			return time.Now().Add(time.Duration(ref.waitMillis) * time.Millisecond)
+		}
+	}
+	return time.Time{}
 }
 
 // waitLines are the lines of the process's waiters, by the prefix of the
@@ -128,6 +151,9 @@ type waitPlace struct {
 	key  string
 	turn chan struct{} // closed once it is the line's head
 	left bool
+	// handed is when the limit admits again, as the head before it learnt
+	// on its admission; set before turn is closed.
+	handed time.Time
 }
 
 // lineOf is the key of a line that a limit of chain has, if any.
@@ -155,8 +181,9 @@ func (l *lines) join(key string) *waitPlace {
 }
 
 // leave takes p out of its line, once, and gives the head's turn to the
-// next; a nil place is in no line.
-func (p *waitPlace) leave() {
+// next, with next, when the limit admits again if known; a nil place is in
+// no line.
+func (p *waitPlace) leave(next time.Time) {
 	if p == nil {
 		return
 	}
@@ -175,15 +202,17 @@ func (p *waitPlace) leave() {
 		return
 	}
 	if i == 0 {
+		line[0].handed = next
 		close(line[0].turn)
 	}
 	l.byLimit[p.key] = line
 }
 
 // await waits for the waiter's turn at the head of its line, then sleeps
-// until release, the moment its last refusal would admit; until the end of
-// its wait at most, after which it tries once more all the same. A client
-// that goes away ends it.
+// until release, the moment its last refusal would admit, or the moment
+// handed to it, whichever is later; until the end of its wait at most,
+// after which it tries once more all the same. A client that goes away
+// ends it.
 func (p *waitPlace) await(ctx context.Context, release, end time.Time) error {
 	deadline := time.NewTimer(time.Until(end))
 	defer deadline.Stop()
@@ -194,7 +223,14 @@ func (p *waitPlace) await(ctx context.Context, release, end time.Time) error {
 	case <-ctx.Done():
 		return errClientGone
 	}
-	t := time.NewTimer(time.Until(release))
+	sleep := time.Until(release)
+	if p.handed.After(release) {
+		sleep = min(time.Until(p.handed), time.Until(end))
+	}
+	if sleep <= 0 {
+		return nil
+	}
+	t := time.NewTimer(sleep)
 	defer t.Stop()
 	select {
 	case <-t.C:

@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -12,6 +13,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
 
 // arrivals is an upstream that notes when each request reaches it.
@@ -48,34 +51,57 @@ func burstOf(t *testing.T, gw *gateway, key string, n int) []*http.Response {
 // a second are all admitted, none refused, each as the bucket allows it:
 // the upstream sees them 100 ms apart.
 func TestWaitingRequestsAreAdmittedAsTheBucketAllowsInsteadOfRefused(t *testing.T) {
-	eachStore(t, func(t *testing.T, store string) {
-		up := newArrivals(t)
-		gw := startGateway(t, up.URL, limited(store, `
-			scope key {http.request.header.X-Api-Key}
-			limit key * rate 10 burst 1
-			wait 2s`))
-		for i, res := range burstOf(t, gw, uniqueID(t), 20) {
-			if res.StatusCode != http.StatusOK {
-				t.Fatalf("request %d: %d, want every one admitted after its wait", i, res.StatusCode)
-			}
+	eachStore(t, admittedAsTheBucketAllows)
+}
+
+// So they are on a Redis Cluster, where calls are not coalesced.
+func TestOnAClusterWaitingRequestsAreAdmittedAsTheBucketAllows(t *testing.T) {
+	admittedAsTheBucketAllows(t, "redis cluster "+strings.Join(startRedisCluster(t, 3).URLs(), " "))
+}
+
+// On one Redis, the line makes about one call per waited request: the
+// head that is admitted hands the next refill's moment on, and the next
+// sleeps until then before its call.
+func admittedAsTheBucketAllows(t *testing.T, store string) {
+	up := newArrivals(t)
+	gw := startGateway(t, up.URL, limited(flightStore(store), `
+		scope key {http.request.header.X-Api-Key}
+		limit key * rate 10 burst 1
+		wait 2s
+		on_redis_error deny`))
+	url, single := strings.CutPrefix(store, "redis redis://")
+	calls := int64(0)
+	if single {
+		url = "redis://" + url
+		calls = scriptCalls(t, url)
+	}
+	for i, res := range burstOf(t, gw, uniqueID(t), 20) {
+		if res.StatusCode != http.StatusOK {
+			t.Fatalf("request %d: %d, want every one admitted after its wait", i, res.StatusCode)
 		}
-		up.mu.Lock()
-		times := slices.Clone(up.times)
-		up.mu.Unlock()
-		slices.SortFunc(times, func(a, b time.Time) int { return a.Compare(b) })
-		for i, at := range times {
-			// The bucket holds one token and refills one each 100 ms: the
-			// i-th admission cannot come before i of them have refilled
-			// (less a few ms between the store's clock and the upstream's
-			// receipt of the first).
-			if early := time.Duration(i)*100*time.Millisecond - at.Sub(times[0]); early > 10*time.Millisecond {
-				t.Fatalf("request %d reached the upstream %v after the first: %v before the bucket allows", i, at.Sub(times[0]), early)
-			}
+	}
+	up.mu.Lock()
+	times := slices.Clone(up.times)
+	up.mu.Unlock()
+	slices.SortFunc(times, func(a, b time.Time) int { return a.Compare(b) })
+	for i, at := range times {
+		// The bucket holds one token and refills one each 100 ms: the
+		// i-th admission cannot come before i of them have refilled
+		// (less a few ms between the store's clock and the upstream's
+		// receipt of the first).
+		if early := time.Duration(i)*100*time.Millisecond - at.Sub(times[0]); early > 10*time.Millisecond {
+			t.Fatalf("request %d reached the upstream %v after the first: %v before the bucket allows", i, at.Sub(times[0]), early)
 		}
-		if waiting := waitingRequests.Load(); waiting != 0 {
-			t.Fatalf("%d requests still counted as waiting", waiting)
+	}
+	if waiting := waitingRequests.Load(); waiting != 0 {
+		t.Fatalf("%d requests still counted as waiting", waiting)
+	}
+	if single {
+		// The first call admits one and refuses those that came with it.
+		if n := scriptCalls(t, url) - calls; n > 20+3 {
+			t.Fatalf("%d Redis calls for 20 requests of which 19 waited: want about one each", n)
 		}
-	})
+	}
 }
 
 // With wait 500ms, those of 20 requests at once that cannot be admitted
@@ -83,10 +109,11 @@ func TestWaitingRequestsAreAdmittedAsTheBucketAllowsInsteadOfRefused(t *testing.
 // they could still wait.
 func TestARequestThatCannotFitWithinWaitIsRefusedWithTheWaitThenTrue(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		gw := startGateway(t, newArrivals(t).URL, limited(store, `
+		gw := startGateway(t, newArrivals(t).URL, limited(flightStore(store), `
 			scope key {http.request.header.X-Api-Key}
 			limit key * rate 10 burst 1
-			wait 500ms`))
+			wait 500ms
+			on_redis_error deny`))
 		start := time.Now()
 		admitted := 0
 		for i, res := range burstOf(t, gw, uniqueID(t), 20) {
@@ -266,10 +293,11 @@ func TestOnlyAWindowsOrABucketsRefusalWithinWaitWaits(t *testing.T) {
 // line behind it, and it is admitted first.
 func TestNewRequestsStandInLineBehindOneThatWaits(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		gw := startGateway(t, newArrivals(t).URL, limited(store, `
+		gw := startGateway(t, newArrivals(t).URL, limited(flightStore(store), `
 			scope key {http.request.header.X-Api-Key}
 			limit key * rate 5 burst 1
-			wait 5s`))
+			wait 5s
+			on_redis_error deny`))
 		key := uniqueID(t)
 		if res, _ := gw.do(t, "X-Api-Key: "+key); res.StatusCode != http.StatusOK {
 			t.Fatalf("first request: %d", res.StatusCode)
@@ -319,17 +347,182 @@ func TestALinesWaitersTakeTheirTurnsInTheOrderTheyJoined(t *testing.T) {
 	if got, ok := waitLines.lineOf([]limit{{prefix: "other"}, {prefix: key}}); !ok || got != key {
 		t.Fatalf("lineOf = %q, %v: want the chain's limit that has a line", got, ok)
 	}
-	b.leave() // from within the line: nobody's turn changes
+	b.leave(time.Time{}) // from within the line: nobody's turn changes
 	if turned(c) {
 		t.Fatal("a waiter leaving from within the line gave the turn away")
 	}
-	a.leave()
-	a.leave() // once only
-	if !turned(c) {
-		t.Fatal("the head left, and the next in line did not get the turn")
+	next := time.Now().Add(time.Second)
+	a.leave(next)
+	a.leave(time.Time{}) // once only
+	if !turned(c) || !c.handed.Equal(next) {
+		t.Fatal("the head left, and the next in line did not get the turn and the moment it handed on")
 	}
-	c.leave()
+	c.leave(time.Time{})
 	if _, ok := waitLines.lineOf([]limit{{prefix: key}}); ok {
 		t.Fatal("an empty line is still a line")
+	}
+}
+
+// A minute window's refusal is held exactly as long as the Retry-After a
+// gateway without wait gives in the same state, and one whose wait is
+// beyond wait is answered at once with that Retry-After. Windows slide:
+// rpm 60 spent at second 58 of a minute frees a request only a second into
+// the next (60 × 59/60 = 59 then), so the test spends it then, and each
+// store's three routes (no wait, wait 10s, wait 1s) share its counters.
+func TestAMinuteWindowsRefusalIsHeldExactlyItsRetryAfter(t *testing.T) {
+	stores := map[string]string{"memory": ""}
+	if redistest.Enabled() {
+		stores["redis"] = redisLine(t)
+	}
+	var site strings.Builder
+	for name, store := range stores {
+		for route, wait := range map[string]string{"refuse": "", "wait": "wait 10s", "short": "wait 1s"} {
+			// A store that fails answers 503, not an uncounted admission.
+			fmt.Fprintf(&site, "\t@%s-%s header X-Route %[1]s-%[2]s\n\thandle @%[1]s-%[2]s {\n%s\t}\n", name, route, limited(flightStore(store), `
+				scope key {http.request.header.X-Api-Key}
+				limit key * rpm 60
+				on_redis_error deny
+				`+wait))
+		}
+	}
+	gw := startGateway(t, newArrivals(t).URL, site.String())
+	keys := map[string]string{}
+	for name := range stores {
+		keys[name] = uniqueID(t)
+	}
+	at := func(name, route string) (res *http.Response, sent, answered time.Time) {
+		sent = time.Now()
+		res, _ = gw.do(t, "X-Api-Key: "+keys[name], "X-Route: "+name+"-"+route)
+		return res, sent, time.Now()
+	}
+	retryAfter := func(what string, res *http.Response) time.Duration {
+		ms, err := strconv.ParseInt(res.Header.Get("Retry-After-Ms"), 10, 64)
+		if res.StatusCode != http.StatusTooManyRequests || err != nil {
+			t.Fatalf("%s at second %v of the minute: %d, retry-after-ms %q: want a refusal with its wait", what,
+				time.Duration(time.Now().UnixMilli()%60_000)*time.Millisecond, res.StatusCode, res.Header.Get("Retry-After-Ms"))
+		}
+		return time.Duration(ms) * time.Millisecond
+	}
+
+	// Second 58 of a minute, by this machine's clock, which both stores read.
+	into := time.Duration(time.Now().UnixMilli()%60_000) * time.Millisecond
+	time.Sleep((58*time.Second - into + time.Minute) % time.Minute)
+	var wg sync.WaitGroup
+	for name := range stores {
+		for range 60 {
+			wg.Go(func() {
+				if res, _, _ := at(name, "refuse"); res.StatusCode != http.StatusOK {
+					t.Errorf("%s: spending the minute: %d", name, res.StatusCode)
+				}
+			})
+		}
+	}
+	wg.Wait()
+	type held struct {
+		expected, took time.Duration
+		status         int
+	}
+	results := make(map[string]*held)
+	for name := range stores {
+		res, _, answered := at(name, "refuse")
+		wait := retryAfter(name+" without wait", res)
+		if wait < 900*time.Millisecond || wait > 3*time.Second {
+			t.Fatalf("%s: rpm 60 spent at second 58 announces %v, want until a second into the next minute", name, wait)
+		}
+		res, sent, short := at(name, "short")
+		if got, want := retryAfter(name+" with wait 1s", res), wait-sent.Sub(answered); short.Sub(sent) > 100*time.Millisecond || (got-want).Abs() > 10*time.Millisecond {
+			t.Errorf("%s: with wait 1s, answered after %v with a wait of %v: want at once, with the %v then true", name, short.Sub(sent), got, want)
+		}
+		results[name] = &held{expected: wait - time.Since(answered)}
+		wg.Go(func() {
+			res, sent, done := at(name, "wait")
+			results[name].took, results[name].status = done.Sub(sent), res.StatusCode
+		})
+	}
+	wg.Wait()
+	for name, h := range results {
+		t.Logf("%s: held %v for a Retry-After of %v", name, h.took, h.expected)
+		if h.status != http.StatusOK || (h.took-h.expected).Abs() > 25*time.Millisecond {
+			t.Errorf("%s: with wait 10s, %d after %v: want admitted after the %v a gateway without wait announced", name, h.status, h.took, h.expected)
+		}
+	}
+}
+
+// Three gateway processes with wait on one Redis admit, together, exactly
+// what one bucket allows: 24 requests at once against rate 10 burst 1 are
+// all admitted within wait 3s, and never two within 100 ms of each other.
+// Each process's head of line makes one call when the bucket refills (an
+// admitted head hands the next refill's moment to the one after it), and
+// one of them is admitted: the calls per waited request stay near the
+// processes' number, never one per waiter.
+func TestThreeGatewayProcessesWithWaitOnOneRedisAdmitExactlyWhatTheBucketAllows(t *testing.T) {
+	redis := startRedis(t)
+	up := newArrivals(t)
+	bin := caddyBinary(t)
+	site := limited(flightStore("redis "+redis.URL()), `
+		scope key {http.request.header.X-Api-Key}
+		limit key * rate 10 burst 1
+		wait 3s
+		on_redis_error deny`)
+	gws := make([]*caddyProcess, 3)
+	for i := range gws {
+		gws[i] = startCaddyProcess(t, bin, up.URL, site)
+	}
+	key, calls := uniqueID(t), scriptCalls(t, redis.URL())
+	const perGateway = 8
+	var wg sync.WaitGroup
+	statuses := make(chan int, len(gws)*perGateway)
+	for _, gw := range gws {
+		for range perGateway {
+			wg.Go(func() {
+				req, _ := http.NewRequest("POST", gw.url+"/v1/chat/completions", strings.NewReader(`{"model":"m"}`))
+				req.Header.Set("X-Api-Key", key)
+				res, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				res.Body.Close()
+				statuses <- res.StatusCode
+			})
+		}
+	}
+	wg.Wait()
+	close(statuses)
+	for status := range statuses {
+		if status != http.StatusOK {
+			t.Fatalf("a request got %d: want all %d admitted within wait", status, len(gws)*perGateway)
+		}
+	}
+	up.mu.Lock()
+	times := slices.Clone(up.times)
+	up.mu.Unlock()
+	slices.SortFunc(times, func(a, b time.Time) int { return a.Compare(b) })
+	for i := 1; i < len(times); i++ {
+		if gap := times[i].Sub(times[i-1]); gap < 90*time.Millisecond {
+			t.Fatalf("requests %d and %d reached the upstream %v apart: the bucket allows one each 100 ms", i-1, i, gap)
+		}
+	}
+	n := len(times)
+	perRequest := float64(scriptCalls(t, redis.URL())-calls) / float64(n)
+	t.Logf("%.2f Redis calls per waited request, %d requests over %v on %d processes", perRequest, n, times[n-1].Sub(times[0]), len(gws))
+	if perRequest > float64(len(gws)+1) {
+		t.Fatalf("%.2f Redis calls per waited request: want about one per process and release", perRequest)
+	}
+}
+
+// A head admitted hands on when its limit admits the next request at the
+// earliest: a bucket it emptied, once a token is back; a window with room
+// left, at once; any other limit of its chain is not its line's.
+func TestAnAdmittedHeadHandsOnWhenItsLimitAdmitsTheNext(t *testing.T) {
+	bucket := newBucketLimit(t, "key", "k", "10", 1, 1)
+	window := newLimit("org", "o", 5, 0)
+	chain := []limit{window, bucket}
+	d := decision{admitted: true, now: momentAt(pinnedBase()), counts: make([]counts, 2)}
+	if in := time.Until(nextRelease(chain, d, bucket.prefix)); in < 90*time.Millisecond || in > 100*time.Millisecond {
+		t.Fatalf("a bucket of rate 10 emptied hands on in %v, want 100 ms", in)
+	}
+	if at := nextRelease(chain, d, window.prefix); !at.IsZero() {
+		t.Fatalf("a window with room left hands on at %v, want at once", at)
 	}
 }

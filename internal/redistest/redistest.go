@@ -45,6 +45,14 @@ func EnvURL(t testing.TB) string {
 	return ""
 }
 
+// Enabled reports whether the Redis tests run, as EnvURL decides: URLEnv is
+// set, or CI is (where EnvURL then fails the test). A test that runs on
+// Redis beside other stores in one go asks it before EnvURL.
+func Enabled() bool {
+	ci, _ := strconv.ParseBool(os.Getenv("CI"))
+	return os.Getenv(URLEnv) != "" || ci
+}
+
 // Client is a client of one connection that dials once and retries
 // nothing, for one-shot checks: a client whose dials failed refuses to dial
 // again for about a second, so a poll takes a fresh one each time.
