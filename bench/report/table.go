@@ -161,6 +161,13 @@ func writeResults(w io.Writer, m measurements, b benchmarks) error {
 			num(b.get("BenchmarkSlotRenewal/memory/keys="+keys, "ns/op")/1e6, "%.2f ms"), "-", "(info)", "-")
 	}
 
+	// 1,000 requests of one key wait on a bucket of rate 1000 burst 1.
+	t.row("waited request, 1,000 waiting: Redis calls", num(b.get("BenchmarkWaiting/redis", "redis-calls/op"), "%.2f"),
+		"-", "-", "(info)", "-")
+	t.row("  Redis time per waited request", num(b.get("BenchmarkWaiting/redis", "redis-µs/op"), "%.1f us"), "-", "-", "(info)", "-")
+	t.row("  gateway CPU per waited request (Redis; in-process)", num(b.get("BenchmarkWaiting/redis", "cpu-ns/op")/1000, "%.1f us"),
+		num(b.get("BenchmarkWaiting/memory", "cpu-ns/op")/1000, "%.1f us"), "-", "(info)", "-")
+
 	fmt.Fprintln(w, "\nRedis time by chain length (Go benchmark, each limit with rpm and tpm, 20000 admissions):")
 	t = table{w: w, widths: []int{-6, 20, 26, 22, 15},
 		rule: "-------+----------------------+----------------------------+------------------------+----------------"}
