@@ -365,10 +365,13 @@ func TestALinesWaitersTakeTheirTurnsInTheOrderTheyJoined(t *testing.T) {
 
 // A minute window's refusal is held exactly as long as the Retry-After a
 // gateway without wait gives in the same state, and one whose wait is
-// beyond wait is answered at once with that Retry-After. Windows slide:
-// rpm 60 spent at second 58 of a minute frees a request only a second into
-// the next (60 × 59/60 = 59 then), so the test spends it then, and each
-// store's three routes (no wait, wait 10s, wait 1s) share its counters.
+// beyond wait is answered at once with that Retry-After: a request window,
+// and a token window that a request reserves on. Windows slide: rpm 60
+// spent at second 58 of a minute frees a request only a second into the
+// next (60 × 59/60 = 59 then), and so does tpm 5400 spent by 60 requests
+// reserving 90 tokens each (5400 × 59/60 + 90 = 5400); the test spends them
+// then, and each store's three routes (no wait, wait 10s, wait 1s) share
+// its counters.
 func TestAMinuteWindowsRefusalIsHeldExactlyItsRetryAfter(t *testing.T) {
 	stores := map[string]string{"memory": ""}
 	if redistest.Enabled() {
@@ -380,19 +383,26 @@ func TestAMinuteWindowsRefusalIsHeldExactlyItsRetryAfter(t *testing.T) {
 			// A store that fails answers 503, not an uncounted admission.
 			fmt.Fprintf(&site, "\t@%s-%s header X-Route %[1]s-%[2]s\n\thandle @%[1]s-%[2]s {\n%s\t}\n", name, route, limited(flightStore(store), `
 				scope key {http.request.header.X-Api-Key}
+				scope team {http.request.header.X-Team}
 				limit key * rpm 60
+				limit team * tpm 5400
 				on_redis_error deny
 				`+wait))
 		}
 	}
 	gw := startGateway(t, newArrivals(t).URL, site.String())
-	keys := map[string]string{}
+	// Each subject is a request of one id: of a key, counted in requests,
+	// and of a team, reserving 90 tokens (no input, its max_tokens).
+	type subject struct{ store, header, body string }
+	subjectName := func(s subject) string { return s.store + ", " + strings.TrimSuffix(strings.Fields(s.header)[0], ":") }
+	var subjects []subject
 	for name := range stores {
-		keys[name] = uniqueID(t)
+		subjects = append(subjects, subject{name, "X-Api-Key: " + uniqueID(t), `{"model":"m"}`},
+			subject{name, "X-Team: " + uniqueID(t), `{"model":"m","max_tokens":90}`})
 	}
-	at := func(name, route string) (res *http.Response, sent, answered time.Time) {
+	at := func(s subject, route string) (res *http.Response, sent, answered time.Time) {
 		sent = time.Now()
-		res, _ = gw.do(t, "X-Api-Key: "+keys[name], "X-Route: "+name+"-"+route)
+		res, _ = gw.send(t, "POST", "/v1/chat/completions", s.body, s.header, "Content-Type: application/json", "X-Route: "+s.store+"-"+route)
 		return res, sent, time.Now()
 	}
 	retryAfter := func(what string, res *http.Response) time.Duration {
@@ -408,11 +418,11 @@ func TestAMinuteWindowsRefusalIsHeldExactlyItsRetryAfter(t *testing.T) {
 	into := time.Duration(time.Now().UnixMilli()%60_000) * time.Millisecond
 	time.Sleep((58*time.Second - into + time.Minute) % time.Minute)
 	var wg sync.WaitGroup
-	for name := range stores {
+	for _, s := range subjects {
 		for range 60 {
 			wg.Go(func() {
-				if res, _, _ := at(name, "refuse"); res.StatusCode != http.StatusOK {
-					t.Errorf("%s: spending the minute: %d", name, res.StatusCode)
+				if res, _, _ := at(s, "refuse"); res.StatusCode != http.StatusOK {
+					t.Errorf("%s, %s: spending the minute: %d", s.store, s.header, res.StatusCode)
 				}
 			})
 		}
@@ -422,28 +432,30 @@ func TestAMinuteWindowsRefusalIsHeldExactlyItsRetryAfter(t *testing.T) {
 		expected, took time.Duration
 		status         int
 	}
-	results := make(map[string]*held)
-	for name := range stores {
-		res, _, answered := at(name, "refuse")
-		wait := retryAfter(name+" without wait", res)
+	results := make([]held, len(subjects))
+	for i, s := range subjects {
+		what := subjectName(s)
+		res, _, answered := at(s, "refuse")
+		wait := retryAfter(what+" without wait", res)
 		if wait < 900*time.Millisecond || wait > 3*time.Second {
-			t.Fatalf("%s: rpm 60 spent at second 58 announces %v, want until a second into the next minute", name, wait)
+			t.Fatalf("%s: spent at second 58, the window announces %v, want until a second into the next minute", what, wait)
 		}
-		res, sent, short := at(name, "short")
-		if got, want := retryAfter(name+" with wait 1s", res), wait-sent.Sub(answered); short.Sub(sent) > 100*time.Millisecond || (got-want).Abs() > 10*time.Millisecond {
-			t.Errorf("%s: with wait 1s, answered after %v with a wait of %v: want at once, with the %v then true", name, short.Sub(sent), got, want)
+		res, sent, short := at(s, "short")
+		if got, want := retryAfter(what+" with wait 1s", res), wait-sent.Sub(answered); short.Sub(sent) > 100*time.Millisecond || (got-want).Abs() > 10*time.Millisecond {
+			t.Errorf("%s: with wait 1s, answered after %v with a wait of %v: want at once, with the %v then true", what, short.Sub(sent), got, want)
 		}
-		results[name] = &held{expected: wait - time.Since(answered)}
+		results[i].expected = wait - time.Since(answered)
 		wg.Go(func() {
-			res, sent, done := at(name, "wait")
-			results[name].took, results[name].status = done.Sub(sent), res.StatusCode
+			res, sent, done := at(s, "wait")
+			results[i].took, results[i].status = done.Sub(sent), res.StatusCode
 		})
 	}
 	wg.Wait()
-	for name, h := range results {
-		t.Logf("%s: held %v for a Retry-After of %v", name, h.took, h.expected)
+	for i, h := range results {
+		what := subjectName(subjects[i])
+		t.Logf("%s: held %v for a Retry-After of %v", what, h.took, h.expected)
 		if h.status != http.StatusOK || (h.took-h.expected).Abs() > 25*time.Millisecond {
-			t.Errorf("%s: with wait 10s, %d after %v: want admitted after the %v a gateway without wait announced", name, h.status, h.took, h.expected)
+			t.Errorf("%s: with wait 10s, %d after %v: want admitted after the %v a gateway without wait announced", what, h.status, h.took, h.expected)
 		}
 	}
 }
