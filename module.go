@@ -74,7 +74,7 @@ func init() {
 //	                                       budget: day or month ("" for a bucket or a concurrency cap)
 //	{http.rolter_ratelimit.refused_limit}  on a refusal by a limit: its cap (a bucket's burst, a
 //	                                       budget in US dollars: 500.00)
-//	{http.rolter_ratelimit.waited_ms}      with wait: how long the request waited, in milliseconds
+//	{http.rolter_ratelimit.waited_ms}      with wait: how long the request waited, in milliseconds (0: not at all)
 //	{http.rolter_ratelimit.retry_after}    on an answer that announces a wait (a refusal by a limit,
 //	                                       not too_large nor by requests in flight; a body over
 //	                                       body_memory): Retry-After, in seconds

@@ -82,12 +82,13 @@ func (h *Handler) admitWaiting(req *request, chain []limit, reserve tokenCounts)
 	var next time.Time // when the limit of the line admits the next, once this one is admitted
 	defer func() {
 		place.leave(next)
+		var waited time.Duration // 0 for a request that did not wait
 		if waiting {
 			waitingRequests.Add(-1)
-			waited := time.Since(start)
+			waited = time.Since(start)
 			waitDuration.Observe(waited.Seconds())
-			req.repl.Set(placeholderWaitedMillis, waited.Milliseconds())
 		}
+		req.repl.Set(placeholderWaitedMillis, waited.Milliseconds())
 	}()
 	var release time.Time // when the last refusal would admit: the head sleeps until then
 	if key, ok := waitLines.lineOf(chain); ok && h.beginWaiting(req) {

@@ -538,3 +538,69 @@ func TestAnAdmittedHeadHandsOnWhenItsLimitAdmitsTheNext(t *testing.T) {
 		t.Fatalf("a window with room left hands on at %v, want at once", at)
 	}
 }
+
+// A request that waited says how long in {http.rolter_ratelimit.waited_ms}
+// and in the histogram of waits, and ends admitted or refused as any
+// other: with rate 5 burst 1 and wait 300ms, of two requests sent once the
+// bucket is empty, one waits its 200 ms and is admitted, and the other,
+// whose turn comes 400 ms on, tries at the end of its 300 ms and is
+// refused; one admitted at once waited 0 ms.
+func TestAWaitedRequestSaysHowLongItWaitedAndEndsAdmittedOrRefused(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		gw := startGateway(t, newArrivals(t).URL, `
+	header >X-Outcome "{http.rolter_ratelimit.outcome} waited {http.rolter_ratelimit.waited_ms}"
+`+limited(flightStore(store), `
+			scope key {http.request.header.X-Api-Key}
+			limit key * rate 5 burst 1
+			wait 300ms
+			on_refusal error
+			on_redis_error deny`, `
+	handle_errors {
+		respond "{http.rolter_ratelimit.outcome} waited {http.rolter_ratelimit.waited_ms}" {err.status_code}
+	}`))
+		const count = "caddy_rolter_ratelimit_wait_duration_seconds_count"
+		before := scrape(t)
+		key := uniqueID(t)
+		if res, _ := gw.do(t, "X-Api-Key: "+key); res.StatusCode != http.StatusOK || res.Header.Get("X-Outcome") != "admitted waited 0" {
+			t.Fatalf("the first request: %d, X-Outcome %q, want admitted without a wait", res.StatusCode, res.Header.Get("X-Outcome"))
+		}
+		waited := func(answer string) time.Duration {
+			_, ms, _ := strings.Cut(answer, " waited ")
+			n, err := strconv.ParseInt(ms, 10, 64)
+			if err != nil {
+				t.Fatalf("%q: want how long it waited, in milliseconds", answer)
+			}
+			return time.Duration(n) * time.Millisecond
+		}
+		var admitted, refused []time.Duration
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for range 2 {
+			wg.Go(func() {
+				res, body := gw.do(t, "X-Api-Key: "+key)
+				mu.Lock()
+				defer mu.Unlock()
+				switch outcome := res.Header.Get("X-Outcome"); {
+				case res.StatusCode == http.StatusOK && strings.HasPrefix(outcome, "admitted waited "):
+					admitted = append(admitted, waited(outcome))
+				case res.StatusCode == http.StatusTooManyRequests && strings.HasPrefix(body, "refused waited "):
+					refused = append(refused, waited(body))
+				default:
+					t.Errorf("%d %q, X-Outcome %q", res.StatusCode, body, outcome)
+				}
+			})
+		}
+		wg.Wait()
+		if len(admitted) != 1 || len(refused) != 1 || admitted[0] < 150*time.Millisecond || admitted[0] > 280*time.Millisecond ||
+			refused[0] < 280*time.Millisecond || refused[0] > 400*time.Millisecond {
+			t.Fatalf("admitted after %v, refused after %v: want one admitted after about 200 ms, one refused after about 300 ms", admitted, refused)
+		}
+		after := scrape(t)
+		if got := after[count] - before[count]; got != 2 {
+			t.Fatalf("%s rose by %v, want the 2 that waited", count, got)
+		}
+		if after["caddy_rolter_ratelimit_waiting_requests"] != 0 {
+			t.Fatal("requests are still counted as waiting")
+		}
+	})
+}
