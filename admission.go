@@ -142,7 +142,7 @@ func (h *Handler) price(chain []limit, model string) (*pricing.Entry, *answer) {
 // that ends (a deferred call: reverse_proxy ends a response cut short with
 // a panic).
 func (h *Handler) admitOrAnswer(w http.ResponseWriter, req *request, chain []limit, reserve tokenCounts, metering bool, next caddyhttp.Handler, pass func(*responseWriter, decision) error) error {
-	a, err := h.admitWaiting(req, chain, reserve)
+	a, err := h.admitWaiting(w, req, chain, reserve)
 	switch {
 	case errors.Is(err, errClientGone):
 		return h.answer(w, req, answer{message: "the client went away while its request waited", clientGone: true})

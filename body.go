@@ -141,21 +141,33 @@ func readRequestBody(req *request, limit int64) (requestBody, error) {
 }
 
 // heldWhole reports whether the request's body has been read to its end,
-// reading it now if it was not read yet, within limit. Go's server notices
-// that a client went away, and cancels its request's context, only once
-// the body has been read to its end (net/http's background read starts at
-// its EOF): a request that waits must have it read, or it would wait out a
-// departed client and be charged for it. A body longer than the limiter
-// reads, or one that finds no room under limit, is not held whole.
-func heldWhole(req *request, limit int64) bool {
+// reading it now if it was not read yet, within limit, and by the time by
+// unless it is zero. Go's server notices that a client went away, and
+// cancels its request's context, only once the body has been read to its
+// end (net/http's background read starts at its EOF): a request that waits
+// must have it read, or it would wait out a departed client and be charged
+// for it. A body longer than the limiter reads, one that finds no room
+// under limit, and one whose client has not sent it all by then (the read
+// deadline of w's connection), are not held whole. The deadline is lifted
+// once the body is read, for the background read; it stays on one that was
+// not, whose request must then be refused: Go's server, which reads what is
+// left of a body before it answers, then gives up on it at once and closes
+// the connection.
+func heldWhole(w http.ResponseWriter, req *request, limit int64, by time.Time) bool {
 	switch b, read := req.Body.(*heldBody); {
 	case !hasBody(req.Request):
 		return true
 	case read:
 		return b.rest == nil
 	}
+	rc := http.NewResponseController(w)
+	deadline := !by.IsZero() && rc.SetReadDeadline(by) == nil
 	body, err := holdBody(req, limit)
-	return err == nil && body.complete
+	whole := err == nil && body.complete
+	if whole && deadline {
+		rc.SetReadDeadline(time.Time{})
+	}
+	return whole
 }
 
 // holdBody reads the request's body, within limit bytes of body memory for

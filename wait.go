@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"net/http"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -45,8 +46,9 @@ func (h *Handler) waitFor(ref refusal, waited time.Duration) (time.Duration, boo
 // beginWaiting takes a place among the process's waiting requests, unless
 // max_waiting of them wait already or the request's body cannot be held
 // whole while it waits (heldWhole: its client's departure would go
-// unnoticed).
-func (h *Handler) beginWaiting(req *request) bool {
+// unnoticed), by the time by if it is not zero: a refused request whose
+// client is slow to send its body holds no place for longer than a wait.
+func (h *Handler) beginWaiting(w http.ResponseWriter, req *request, by time.Time) bool {
 	for {
 		n := waitingRequests.Load()
 		if n >= h.maxWaiting() {
@@ -56,7 +58,7 @@ func (h *Handler) beginWaiting(req *request) bool {
 			break
 		}
 	}
-	if !heldWhole(req, h.bodyMemory()) {
+	if !heldWhole(w, req, h.bodyMemory(), by) {
 		waitingRequests.Add(-1)
 		return false
 	}
@@ -73,7 +75,7 @@ var errClientGone = errors.New("rolter_ratelimit: the client went away while its
 // admitted or gives up; a request of a chain with a line in this process
 // joins it before it tries at all, so that new requests do not overtake
 // those waiting.
-func (h *Handler) admitWaiting(req *request, chain []limit, reserve tokenCounts) (admission, error) {
+func (h *Handler) admitWaiting(w http.ResponseWriter, req *request, chain []limit, reserve tokenCounts) (admission, error) {
 	if h.Wait <= 0 {
 		return h.store.admit(req.Context(), chain, reserve)
 	}
@@ -91,12 +93,15 @@ func (h *Handler) admitWaiting(req *request, chain []limit, reserve tokenCounts)
 		req.repl.Set(placeholderWaitedMillis, waited.Milliseconds())
 	}()
 	var release time.Time // when the last refusal would admit: the head sleeps until then
-	if key, ok := waitLines.lineOf(chain); ok && h.beginWaiting(req) {
+	end := start.Add(time.Duration(h.Wait))
+	// Not yet refused, it reads its body without a deadline: one cut short
+	// could not be passed on if it were then admitted.
+	if key, ok := waitLines.lineOf(chain); ok && h.beginWaiting(w, req, time.Time{}) {
 		waiting, place = true, waitLines.join(key)
 	}
 	for {
 		if place != nil {
-			if err := place.await(req.Context(), release, start.Add(time.Duration(h.Wait))); err != nil {
+			if err := place.await(req.Context(), release, end); err != nil {
 				return admission{}, err
 			}
 		}
@@ -108,10 +113,11 @@ func (h *Handler) admitWaiting(req *request, chain []limit, reserve tokenCounts)
 			return a, err
 		}
 		d, ok := h.waitFor(a.refusal, time.Since(start))
-		if !ok || !waiting && !h.beginWaiting(req) {
+		release = time.Now().Add(d)
+		if !ok || !waiting && !h.beginWaiting(w, req, end) {
 			return a, nil
 		}
-		waiting, release = true, time.Now().Add(d)
+		waiting = true
 		if key := a.limits[a.refusal.first].prefix; place == nil || place.key != key {
 			place.leave(time.Time{})
 			place = waitLines.join(key)
@@ -224,10 +230,11 @@ func (p *waitPlace) await(ctx context.Context, release, end time.Time) error {
 	case <-ctx.Done():
 		return errClientGone
 	}
-	sleep := time.Until(release)
-	if p.handed.After(release) {
-		sleep = min(time.Until(p.handed), time.Until(end))
+	wake := release
+	if p.handed.After(wake) {
+		wake = p.handed
 	}
+	sleep := min(time.Until(wake), time.Until(end))
 	if sleep <= 0 {
 		return nil
 	}

@@ -1,8 +1,10 @@
 package ratelimit
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -602,5 +604,42 @@ func TestAWaitedRequestSaysHowLongItWaitedAndEndsAdmittedOrRefused(t *testing.T)
 		if after["caddy_rolter_ratelimit_waiting_requests"] != 0 {
 			t.Fatal("requests are still counted as waiting")
 		}
+	})
+}
+
+// A client slow to send its body holds no waiting place for longer than a
+// wait: a request that could wait (a second, within wait 2s) but whose
+// body has not all come by the end of wait is refused then, and no longer
+// counts as waiting.
+func TestAClientSlowToSendItsBodyIsRefusedAtTheEndOfWait(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		gw := startGateway(t, newArrivals(t).URL, limited(flightStore(store), `
+			scope key {http.request.header.X-Api-Key}
+			limit key * rate 1 burst 1
+			wait 2s
+			on_redis_error deny`))
+		key := uniqueID(t)
+		if res, _ := gw.do(t, "X-Api-Key: "+key); res.StatusCode != http.StatusOK {
+			t.Fatalf("first request: %d", res.StatusCode)
+		}
+		// Go's client buffers a request until its body is sent: this one
+		// writes its headers and part of its body, then nothing.
+		conn, err := net.Dial("tcp", strings.TrimPrefix(gw.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		start := time.Now()
+		conn.SetDeadline(start.Add(10 * time.Second))
+		fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\nX-Api-Key: %s\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"model\":\"m\",", key)
+		res, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if took := time.Since(start); res.StatusCode != http.StatusTooManyRequests || took < 1900*time.Millisecond || took > 3*time.Second {
+			t.Fatalf("%d after %v: want a 429 at the end of wait 2s", res.StatusCode, took)
+		}
+		waitUntil(t, "no request waits", func() bool { return waitingRequests.Load() == 0 })
 	})
 }
