@@ -165,7 +165,9 @@ func heldWhole(w http.ResponseWriter, req *request, limit int64, by time.Time) b
 	body, err := holdBody(req, limit)
 	whole := err == nil && body.complete
 	if whole && deadline {
-		rc.SetReadDeadline(time.Time{})
+		// Left on, it would end the server's background read, and with it
+		// the request's context, in the middle of the wait.
+		whole = rc.SetReadDeadline(time.Time{}) == nil
 	}
 	return whole
 }

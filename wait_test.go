@@ -111,11 +111,7 @@ func admittedAsTheBucketAllows(t *testing.T, store string) {
 // they could still wait.
 func TestARequestThatCannotFitWithinWaitIsRefusedWithTheWaitThenTrue(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		gw := startGateway(t, newArrivals(t).URL, limited(flightStore(store), `
-			scope key {http.request.header.X-Api-Key}
-			limit key * rate 10 burst 1
-			wait 500ms
-			on_redis_error deny`))
+		gw := waitingGateway(t, store, "rate 10 burst 1", "500ms")
 		start := time.Now()
 		admitted := 0
 		for i, res := range burstOf(t, gw, uniqueID(t), 20) {
@@ -156,14 +152,8 @@ func TestAClientThatHangsUpWhileWaitingIsChargedNothing(t *testing.T) {
 			{"a body it cannot read", "tpm 100000", "gzip"},
 		} {
 			t.Run(c.what, func(t *testing.T) {
-				gw := startGateway(t, newArrivals(t).URL, limited(store, `
-					scope key {http.request.header.X-Api-Key}
-					limit key * rate 0.1 burst 1 `+c.caps+`
-					wait 20s`))
-				key := uniqueID(t)
-				if res, _ := gw.do(t, "X-Api-Key: "+key); res.StatusCode != http.StatusOK {
-					t.Fatalf("first request: %d", res.StatusCode)
-				}
+				gw := waitingGateway(t, store, "rate 0.1 burst 1 "+c.caps, "20s")
+				key := spentKey(t, gw)
 				l := newBucketLimit(t, "key", keyID(false, key), "0.1", 1, 1)
 				if c.caps != "" {
 					l.windows[tpm], l.capped = 100000, l.windows.mask()|1<<tpm
@@ -180,6 +170,28 @@ func TestAClientThatHangsUpWhileWaitingIsChargedNothing(t *testing.T) {
 			})
 		}
 	})
+}
+
+// waitingGateway is a gateway in front of newArrivals whose key scope has
+// caps, with wait, on store failing closed with a 2 s timeout: a store
+// that fails answers 503, not an uncounted admission.
+func waitingGateway(t *testing.T, store, caps, wait string) *gateway {
+	t.Helper()
+	return startGateway(t, newArrivals(t).URL, limited(flightStore(store), `
+		scope key {http.request.header.X-Api-Key}
+		limit key * `+caps+`
+		wait `+wait+`
+		on_redis_error deny`))
+}
+
+// spentKey is a new key whose first request gw admitted.
+func spentKey(t *testing.T, gw *gateway) string {
+	t.Helper()
+	key := uniqueID(t)
+	if res, _ := gw.do(t, "X-Api-Key: "+key); res.StatusCode != http.StatusOK {
+		t.Fatalf("first request: %d", res.StatusCode)
+	}
+	return key
 }
 
 // waitUntil waits for cond, which a background goroutine makes true, for
@@ -295,15 +307,8 @@ func TestOnlyAWindowsOrABucketsRefusalWithinWaitWaits(t *testing.T) {
 // line behind it, and it is admitted first.
 func TestNewRequestsStandInLineBehindOneThatWaits(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		gw := startGateway(t, newArrivals(t).URL, limited(flightStore(store), `
-			scope key {http.request.header.X-Api-Key}
-			limit key * rate 5 burst 1
-			wait 5s
-			on_redis_error deny`))
-		key := uniqueID(t)
-		if res, _ := gw.do(t, "X-Api-Key: "+key); res.StatusCode != http.StatusOK {
-			t.Fatalf("first request: %d", res.StatusCode)
-		}
+		gw := waitingGateway(t, store, "rate 5 burst 1", "5s")
+		key := spentKey(t, gw)
 		var mu sync.Mutex
 		var order []string
 		var wg sync.WaitGroup
@@ -613,15 +618,8 @@ func TestAWaitedRequestSaysHowLongItWaitedAndEndsAdmittedOrRefused(t *testing.T)
 // counts as waiting.
 func TestAClientSlowToSendItsBodyIsRefusedAtTheEndOfWait(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		gw := startGateway(t, newArrivals(t).URL, limited(flightStore(store), `
-			scope key {http.request.header.X-Api-Key}
-			limit key * rate 1 burst 1
-			wait 2s
-			on_redis_error deny`))
-		key := uniqueID(t)
-		if res, _ := gw.do(t, "X-Api-Key: "+key); res.StatusCode != http.StatusOK {
-			t.Fatalf("first request: %d", res.StatusCode)
-		}
+		gw := waitingGateway(t, store, "rate 1 burst 1", "2s")
+		key := spentKey(t, gw)
 		// Go's client buffers a request until its body is sent: this one
 		// writes its headers and part of its body, then nothing.
 		conn, err := net.Dial("tcp", strings.TrimPrefix(gw.url, "http://"))
