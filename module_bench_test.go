@@ -44,7 +44,7 @@ func (w *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
 func (w *discardWriter) WriteHeader(int)             {}
 
 // benchmarkHandler serves requests of 1000 keys sharing a project, team and
-// org, as bench/run's limited site does, through h (nil: no limiter), and
+// org, each asking for at most 64 tokens, as bench/run's limited site does, through h (nil: no limiter), and
 // reports the time, CPU time (cpu-ns/op: every thread of this process, so
 // the gateway's side of a Redis call, not Redis's) and allocations of each
 // request with the stand-in upstream; the difference to h == nil is what the
@@ -54,7 +54,7 @@ func (w *discardWriter) WriteHeader(int)             {}
 // per-request-cap chain reads.
 func benchmarkHandler(b *testing.B, h *Handler) {
 	upstream := benchUpstream(b)
-	body := []byte(`{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say ok."}]}`)
+	body := []byte(`{"model":"gpt-4o-mini","max_tokens":64,"messages":[{"role":"user","content":"Say ok."}]}`)
 	b.ReportAllocs()
 	b.SetParallelism(16) // 32 clients on 2 cores, as bench/run's wrk
 	start := processCPU(b)

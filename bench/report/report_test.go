@@ -173,6 +173,14 @@ plain.caddy_ticks 800
 plain.redis_ticks 0
 plain.upstream_ticks 100
 plain.rps 10000
+memory.requests 45000
+memory.caddy_ticks 855
+memory.redis_ticks 0
+memory.rps 9000
+memory-rpm.requests 50000
+memory-rpm.caddy_ticks 840
+memory-rpm.redis_ticks 0
+memory-rpm.rps 9500
 plain2.requests 50000
 plain2.caddy_ticks 800
 plain2.redis_ticks 0
@@ -202,6 +210,14 @@ plain.caddy_ticks 800
 plain.redis_ticks 0
 plain.upstream_ticks 80
 plain.rps 8000
+memory.requests 40000
+memory.caddy_ticks 880
+memory.redis_ticks 0
+memory.rps 7000
+memory-rpm.requests 40000
+memory-rpm.caddy_ticks 820
+memory-rpm.redis_ticks 0
+memory-rpm.rps 7600
 limited.requests 36000
 limited.caddy_ticks 900
 limited.redis_ticks 180
@@ -259,6 +275,14 @@ plain.paced_rps 4500
 		"  allocations per request                      |            120 |             90 |           - | (info)         | -",
 		"gateway CPU per request, Redis (Go)            |            n/a |       150.0 us |         n/a | (info)         | -",
 		"4      |              7.31 us |                   61234 ns |                    n/a |             n/a",
+		// Each site against the plain proxy of its round: plain costs Caddy
+		// 160 and 200 us a request; memory 190 and 220 (+30, +20),
+		// memory-rpm 168 and 205 (+8, +5); limited 225 and 250 (+65, +50)
+		// and Redis 50 and 50, shares (65+50)/160 and (50+50)/200.
+		"plain reverse_proxy (its own Caddy CPU)      |        9000 |         1 |     180.0 us |            - |              - | -                                | -",
+		"in process, 4 scopes, rpm only, headers off  |        8550 |     0.950 |      +6.5 us |       0.0 us |          0.038 | <= +10 us                        | yes",
+		"in process, 4 scopes, rpm + tpm reserving    |        8000 |     0.887 |     +25.0 us |       0.0 us |          0.144 | <= +20 us                        | NO",
+		"Redis, 4 scopes, rpm + tpm reserving         |        7600 |     0.850 |     +57.5 us |      50.0 us |          0.609 | share <= 0.30, vs plain >= 0.85  | NO",
 		"1000     |                  n/a |             n/a",
 		"- p99 and p50: wrk --latency, 50 connections each waiting 10 ms between requests; achieved 4450 req/s plain,",
 		"  4250 limited (a slower answer slows the pacing a little); diff: the median of the rounds' differences",
