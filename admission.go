@@ -64,9 +64,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	var price *pricing.Entry // with budgets: what the request's tokens cost
 	if metering {
 		if !h.readsModel && readable(req) {
-			// Asked only when there is a body to spare: the admission
-			// consults the same record of refusals.
-			if a, refused := h.store.refusedUnread(chain); refused {
+			// Asked only when there is a body worth sparing: the
+			// admission consults the same record of refusals.
+			if a, refused := h.peekIfWorthSparing(req, chain); refused {
 				if _, waits := h.waitFor(a.refusal, 0); !waits {
 					return h.answer(w, req, h.limitRefusal(req, a))
 				}
@@ -102,6 +102,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		defer h.meterResponse(rw, chain, d, price)
 		return next.ServeHTTP(rw, r)
 	})
+}
+
+// peekIfWorthSparing is the store's refusal of chain before the body is
+// read, when the body is worth sparing.
+func (h *Handler) peekIfWorthSparing(req *request, chain []limit) (admission, bool) {
+	if !worthSparing(req.Request) {
+		return admission{}, false
+	}
+	return h.store.refusedUnread(chain)
 }
 
 // priceOf is the price of the model of a request under budgets, as price

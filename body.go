@@ -132,6 +132,16 @@ func readable(req *request) bool {
 
 func hasBody(r *http.Request) bool { return r.Body != nil && r.Body != http.NoBody }
 
+// worthSparing reports whether a body is worth not reading when its request
+// may be refused without it: one its client holds back until asked to send
+// it (Expect: 100-continue), or one longer than the first buffer, or of a
+// length not known. A shorter one has mostly come with its headers, and
+// reading it costs less than asking the store twice (the in-process store
+// decides the whole chain to answer).
+func worthSparing(r *http.Request) bool {
+	return r.ContentLength < 0 || r.ContentLength > firstBodyBuffer || r.Header.Get("Expect") != ""
+}
+
 // readRequestBody reads the body of a request the limiter reads (holdBody).
 func readRequestBody(req *request, limit int64) (requestBody, error) {
 	if !readable(req) {
