@@ -251,8 +251,9 @@ func (h *Handler) chain(req *request) (chain []limit, refused *answer) {
 		if bad != "" {
 			return nil, new(h.badLimit(s.Name, bad))
 		}
-		chain = append(chain, newTaggedLimit(tag, s.Name, id, caps))
+		chain = append(chain, limit{scope: s.Name, id: id, limitCaps: caps})
 	}
+	tagPrefixes(tag, chain)
 	return chain, nil
 }
 

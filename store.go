@@ -240,7 +240,49 @@ func (c limitCaps) describe(name string) string {
 // "{<root-scope>:<root-id>}:", so that every key of a chain is in one slot;
 // tag is "" elsewhere.
 func newTaggedLimit(tag, scope, id string, caps limitCaps) limit {
-	return limit{scope: scope, id: id, prefix: "rolter:rl:" + tag + scope + ":" + id + ":", limitCaps: caps}
+	l := limit{scope: scope, id: id, limitCaps: caps}
+	var b strings.Builder
+	writePrefix(&b, tag, l)
+	l.prefix = b.String()
+	return l
+}
+
+// keysPrefix starts every key of the store.
+const keysPrefix = "rolter:rl:"
+
+// writePrefix writes the prefix of l's keys with tag:
+// "rolter:rl:<tag><scope>:<id>:".
+func writePrefix(b *strings.Builder, tag string, l limit) {
+	b.WriteString(keysPrefix)
+	b.WriteString(tag)
+	b.WriteString(l.scope)
+	b.WriteByte(':')
+	b.WriteString(l.id)
+	b.WriteByte(':')
+}
+
+// prefixLen is the length of what writePrefix writes.
+func prefixLen(tag string, l limit) int {
+	return len(keysPrefix) + len(tag) + len(l.scope) + len(l.id) + 2
+}
+
+// tagPrefixes gives each limit of chain the prefix of its keys with tag, cut
+// from one string: one allocation for the chain, not one per limit.
+func tagPrefixes(tag string, chain []limit) {
+	n := 0
+	for _, l := range chain {
+		n += prefixLen(tag, l)
+	}
+	var b strings.Builder
+	b.Grow(n)
+	for _, l := range chain {
+		writePrefix(&b, tag, l)
+	}
+	all, at := b.String(), 0
+	for i := range chain {
+		end := at + prefixLen(tag, chain[i])
+		chain[i].prefix, at = all[at:end], end
+	}
 }
 
 // chainTag is the hash tag of a chain rooted at the given scope id.
