@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 )
 
@@ -138,40 +137,93 @@ func (f headerFamilies) headersFor(chain []limit, d decision, counted bool) head
 			bkt.consider(tightest{capacity: l.bucket.burst, left: l.bucket.left(c.deficit), bucket: l.bucket})
 		}
 	}
-	s := headerSet{families: f, values: make([][2]string, 0, 8)}
+	var v headerValues
+	v.text = make([]byte, 0, 256)
 	if f.openai {
-		s.values = byKind[requests].appendOpenAI(s.values, openaiHeaders[:3])
-		s.values = byKind[tokens].appendOpenAI(s.values, openaiHeaders[3:])
+		byKind[requests].appendOpenAI(&v, openaiHeaders[:3])
+		byKind[tokens].appendOpenAI(&v, openaiHeaders[3:])
 	}
 	if f.anthropic {
 		for k, t := range byKind {
-			s.values = t.appendAnthropic(s.values, anthropicHeaders[3*k:3*k+3], d.now.unixMillis)
+			t.appendAnthropic(&v, anthropicHeaders[3*k:3*k+3], d.now.unixMillis)
 		}
 	}
 	if f.ietf {
-		var policy, state []string
-		for k, t := range byWindow {
-			if t.found {
-				name, wk := windowKind(k).kind().String(), windowKind(k)
-				if wk.span() == day {
-					name += "_per_day"
-				}
-				u := spans[wk.span()]
-				policy = append(policy, fmt.Sprintf("%q;q=%d;w=%d", name, t.capacity, u.length*u.unitMillis/1000))
-				state = append(state, fmt.Sprintf("%q;r=%d;t=%d", name, t.left, ceilSeconds(t.resetMillis, 0)))
-			}
-		}
-		if len(policy) > 0 {
-			s.values = append(s.values, [2]string{ietfHeaders[0], strings.Join(policy, ", ")}, [2]string{ietfHeaders[1], strings.Join(state, ", ")})
-		}
+		appendIETF(&v, &byWindow)
 	}
 	if f.scg && bkt.found {
 		// A refusal shows what the bucket holds, as Spring's script
 		// returns its refilled level unchanged: above 0 when a request
 		// costs more than one token.
-		s.values = bkt.appendSCG(s.values, bkt.left)
+		bkt.appendSCG(&v, bkt.left)
 	}
-	return s
+	return headerSet{families: f, values: v.values()}
+}
+
+// headerValues collects the values of an answer's headers in one buffer,
+// which becomes one string: one allocation for the numbers of an answer
+// rather than one for each.
+type headerValues struct {
+	text  []byte
+	names [maxHeaderValues]string
+	ends  [maxHeaderValues]int // of each value in text
+	n     int
+}
+
+// maxHeaderValues is the most headers an answer has: every family's.
+const maxHeaderValues = 24
+
+// end ends the value of header name, which text now ends with.
+func (v *headerValues) end(name string, text []byte) {
+	v.text, v.names[v.n], v.ends[v.n] = text, name, len(text)
+	v.n++
+}
+
+// values are the headers and their values, cut from one string.
+func (v *headerValues) values() [][2]string {
+	if v.n == 0 {
+		return nil
+	}
+	all, start := string(v.text), 0
+	out := make([][2]string, v.n)
+	for i := range v.n {
+		out[i], start = [2]string{v.names[i], all[start:v.ends[i]]}, v.ends[i]
+	}
+	return out
+}
+
+// appendIETF appends the IETF family's two headers, which list every
+// window capped: its policy and its state.
+func appendIETF(v *headerValues, byWindow *[numWindows]tightest) {
+	for h, state := range [...]bool{false, true} {
+		text, listed := v.text, false
+		for k, t := range byWindow {
+			if !t.found {
+				continue
+			}
+			if listed {
+				text = append(text, ", "...)
+			}
+			listed = true
+			wk := windowKind(k)
+			text = append(text, '"')
+			text = append(text, wk.kind().String()...)
+			if wk.span() == day {
+				text = append(text, "_per_day"...)
+			}
+			if u := spans[wk.span()]; state {
+				text = strconv.AppendInt(append(text, `";r=`...), t.left, 10)
+				text = strconv.AppendInt(append(text, ";t="...), ceilSeconds(t.resetMillis, 0), 10)
+			} else {
+				text = strconv.AppendInt(append(text, `";q=`...), t.capacity, 10)
+				text = strconv.AppendInt(append(text, ";w="...), u.length*u.unitMillis/1000, 10)
+			}
+		}
+		if !listed {
+			return
+		}
+		v.end(ietfHeaders[h], text)
+	}
 }
 
 // failedOpenHeaders are the headers of a request let through because the
@@ -190,19 +242,19 @@ func (f headerFamilies) failedOpenHeaders(chain []limit) headerSet {
 		}
 	}
 	if bkt.found {
-		s.values = bkt.appendSCG(make([][2]string, 0, len(scgHeaders)), -1)
+		var v headerValues
+		bkt.appendSCG(&v, -1)
+		s.values = v.values()
 	}
 	return s
 }
 
 // appendSCG appends Spring's four headers of the bucket, with remaining.
-func (t tightest) appendSCG(values [][2]string, remaining int64) [][2]string {
-	return append(values,
-		[2]string{scgHeaders[0], strconv.FormatInt(remaining, 10)},
-		[2]string{scgHeaders[1], strconv.FormatInt(t.bucket.burst, 10)},
-		[2]string{scgHeaders[2], t.bucket.rateText},
-		[2]string{scgHeaders[3], strconv.FormatInt(t.bucket.cost, 10)},
-	)
+func (t tightest) appendSCG(v *headerValues, remaining int64) {
+	v.end(scgHeaders[0], strconv.AppendInt(v.text, remaining, 10))
+	v.end(scgHeaders[1], strconv.AppendInt(v.text, t.bucket.burst, 10))
+	v.end(scgHeaders[2], append(v.text, t.bucket.rateText...))
+	v.end(scgHeaders[3], strconv.AppendInt(v.text, t.bucket.cost, 10))
 }
 
 func (t *tightest) consider(candidate tightest) {
@@ -214,27 +266,53 @@ func (t *tightest) consider(candidate tightest) {
 }
 
 // appendOpenAI appends the limit, remaining and reset headers of names.
-func (t tightest) appendOpenAI(values [][2]string, names []string) [][2]string {
+func (t tightest) appendOpenAI(v *headerValues, names []string) {
 	if !t.found {
-		return values
+		return
 	}
-	return append(values,
-		[2]string{names[0], strconv.FormatInt(t.capacity, 10)},
-		[2]string{names[1], strconv.FormatInt(t.left, 10)},
-		[2]string{names[2], (time.Duration(t.resetMillis) * time.Millisecond).String()},
-	)
+	v.end(names[0], strconv.AppendInt(v.text, t.capacity, 10))
+	v.end(names[1], strconv.AppendInt(v.text, t.left, 10))
+	v.end(names[2], appendMillis(v.text, t.resetMillis))
+}
+
+// appendMillis appends ms milliseconds as time.Duration's String writes
+// them ("1m1.778s", "999ms", "0s"), without its allocation.
+func appendMillis(b []byte, ms int64) []byte {
+	switch {
+	case ms == 0:
+		return append(b, "0s"...)
+	case ms < 0:
+		return append(b, (time.Duration(ms) * time.Millisecond).String()...)
+	case ms < 1000:
+		return append(strconv.AppendInt(b, ms, 10), "ms"...)
+	}
+	h, m := ms/3_600_000, ms/60_000%60
+	if h > 0 {
+		b = append(strconv.AppendInt(b, h, 10), 'h')
+	}
+	if h > 0 || m > 0 {
+		b = append(strconv.AppendInt(b, m, 10), 'm')
+	}
+	b = strconv.AppendInt(b, ms/1000%60, 10)
+	if frac := ms % 1000; frac > 0 {
+		digits := [3]byte{byte('0' + frac/100), byte('0' + frac/10%10), byte('0' + frac%10)}
+		n := 3
+		for digits[n-1] == '0' {
+			n--
+		}
+		b = append(append(b, '.'), digits[:n]...)
+	}
+	return append(b, 's')
 }
 
 // appendAnthropic appends the limit, remaining and reset headers of names,
 // as Anthropic's API sends them: reset is the RFC 3339 time at which the
 // limit is fully replenished, from the store's clock now.
-func (t tightest) appendAnthropic(values [][2]string, names []string, now int64) [][2]string {
+func (t tightest) appendAnthropic(v *headerValues, names []string, now int64) {
 	if !t.found {
-		return values
+		return
 	}
-	return append(values,
-		[2]string{names[0], strconv.FormatInt(t.capacity, 10)},
-		[2]string{names[1], strconv.FormatInt(t.left, 10)},
-		[2]string{names[2], time.UnixMilli(now + t.resetMillis).UTC().Format(time.RFC3339)},
-	)
+	v.end(names[0], strconv.AppendInt(v.text, t.capacity, 10))
+	v.end(names[1], strconv.AppendInt(v.text, t.left, 10))
+	v.end(names[2], time.UnixMilli(now+t.resetMillis).UTC().AppendFormat(v.text, time.RFC3339))
 }
