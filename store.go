@@ -240,11 +240,9 @@ func (c limitCaps) describe(name string) string {
 // "{<root-scope>:<root-id>}:", so that every key of a chain is in one slot;
 // tag is "" elsewhere.
 func newTaggedLimit(tag, scope, id string, caps limitCaps) limit {
-	l := limit{scope: scope, id: id, limitCaps: caps}
-	var b strings.Builder
-	writePrefix(&b, tag, l)
-	l.prefix = b.String()
-	return l
+	l := []limit{{scope: scope, id: id, limitCaps: caps}}
+	tagPrefixes(tag, l)
+	return l[0]
 }
 
 // keysPrefix starts every key of the store.
