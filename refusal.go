@@ -40,6 +40,11 @@ func (r refusal) windowName() string {
 // admitted.
 func (r refusal) knowsWait() bool { return !r.untilFreed || r.exhausted }
 
+// passes reports whether the refusal ends by itself at its wait: not a
+// spent budget's, renewed only in its next period, nor a concurrency cap's,
+// whose wait no one knows. Only such a refusal is waited out.
+func (r refusal) passes() bool { return !r.untilFreed && !r.exhausted }
+
 // refusalOf finds the first refusing limit and the wait until the last of the
 // refusing limits releases, so that a client that waits Retry-After is not
 // refused by the next limit of the chain. Shadow limits refuse nothing.

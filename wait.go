@@ -36,7 +36,7 @@ func (h *Handler) maxWaiting() int64 { return cmp.Or(h.MaxWaiting, defaultMaxWai
 // waitFor is how long a request refused with ref, after waiting waited
 // already, waits before it is admitted again, and whether it waits.
 func (h *Handler) waitFor(ref refusal, waited time.Duration) (time.Duration, bool) {
-	if h.Wait <= 0 || ref.untilFreed || ref.exhausted {
+	if h.Wait <= 0 || !ref.passes() {
 		return 0, false
 	}
 	d := time.Duration(max(ref.waitMillis, 1)) * time.Millisecond
@@ -137,7 +137,7 @@ func nextRelease(chain []limit, d decision, key string) time.Time {
 			continue
 		}
 		after := decision{now: d.now, counts: []counts{d.countsAfter(l, d.counts[i])}}
-		if ref := refusalOf(chain[i:i+1], after); ref.first >= 0 && !ref.untilFreed && !ref.exhausted {
+		if ref := refusalOf(chain[i:i+1], after); ref.first >= 0 && ref.passes() {
 			return time.Now().Add(time.Duration(ref.waitMillis) * time.Millisecond)
 		}
 	}
