@@ -101,6 +101,7 @@ const (
 	inFlightChain                // concurrent on each limit
 	budgetChain                  // budget_month on each limit, the model priced
 	perRequestChain              // the key's rpm from the request's X-Plan-Rpm
+	rpmOnlyChain                 // rpm alone on each limit, and headers off: bench/run's memory-rpm site
 )
 
 // benchmarkChainHandler limits the four scopes of bench/run's limited site,
@@ -110,8 +111,11 @@ const (
 // benchmark's output line.
 func benchmarkChainHandler(b *testing.B, redis *RedisConfig, reserve bool, variant chainVariant) *Handler {
 	h := &Handler{Redis: redis, ReserveTokens: &reserve}
-	if variant == budgetChain {
+	switch variant {
+	case budgetChain:
 		h.Prices = []PriceConfig{{Model: "gpt-4o-mini", Input: "0.15", Output: "0.60", CacheRead: "0.075"}}
+	case rpmOnlyChain:
+		h.Headers = []string{"off"}
 	}
 	for _, s := range [][2]string{{"key", "X-Api-Key"}, {"project", "X-Project"}, {"team", "X-Team"}, {"org", "X-Org"}} {
 		h.Scopes = append(h.Scopes, Scope{Name: s[0], Value: "{http.request.header." + s[1] + "}", Readable: s[0] != "key"})
@@ -125,6 +129,8 @@ func benchmarkChainHandler(b *testing.B, redis *RedisConfig, reserve bool, varia
 			if s[0] == "key" {
 				l.RPM, l.PerRequest = 0, map[string]PerRequestCap{"rpm": {Value: "{http.request.header.X-Plan-Rpm}"}}
 			}
+		case rpmOnlyChain:
+			l.TPM = 0
 		}
 		h.Limits = append(h.Limits, l)
 	}
@@ -142,9 +148,10 @@ func benchmarkChainHandler(b *testing.B, redis *RedisConfig, reserve bool, varia
 // default), reactive, with every limit capping requests in flight too, and
 // with every limit holding a monthly budget too (the request priced, its
 // cost reserved and settled), and with the key's rpm taken from a request
-// header (rpm {http.request.header.X-Plan-Rpm}): the differences are what
-// reservation, a cap on requests in flight, a budget and a cap per request
-// cost.
+// header (rpm {http.request.header.X-Plan-Rpm}), and with rpm alone on each
+// limit and headers off (the least the limiter does for a request): the
+// differences are what reservation, a cap on requests in flight, a budget,
+// a cap per request and the token limits cost.
 func BenchmarkHandler(b *testing.B) {
 	b.Run("none", func(b *testing.B) { benchmarkHandler(b, nil) })
 	names, configs := []string{"memory"}, []*RedisConfig{nil}
@@ -155,11 +162,13 @@ func BenchmarkHandler(b *testing.B) {
 		h, reactive := benchmarkChainHandler(b, configs[i], true, plainChain), benchmarkChainHandler(b, configs[i], false, plainChain)
 		inFlight, budget := benchmarkChainHandler(b, configs[i], true, inFlightChain), benchmarkChainHandler(b, configs[i], true, budgetChain)
 		perRequest := benchmarkChainHandler(b, configs[i], true, perRequestChain)
+		rpmOnly := benchmarkChainHandler(b, configs[i], true, rpmOnlyChain)
 		b.Run(name, func(b *testing.B) { benchmarkHandler(b, h) })
 		b.Run(name+"/reactive", func(b *testing.B) { benchmarkHandler(b, reactive) })
 		b.Run(name+"/in-flight-cap", func(b *testing.B) { benchmarkHandler(b, inFlight) })
 		b.Run(name+"/budget", func(b *testing.B) { benchmarkHandler(b, budget) })
 		b.Run(name+"/per-request-cap", func(b *testing.B) { benchmarkHandler(b, perRequest) })
+		b.Run(name+"/rpm-only", func(b *testing.B) { benchmarkHandler(b, rpmOnly) })
 	}
 }
 

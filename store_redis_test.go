@@ -374,15 +374,18 @@ func BenchmarkAdmissionRedisServerTime(b *testing.B) {
 				name += "/concurrent=32"
 			}
 			chainOf := func(key int) []limit { return benchChain(n, fmt.Sprintf("bench%d", key%1000)) }
-			b.Run(name, func(b *testing.B) { benchmarkRedisTime(b, url, concurrent, tokenCounts{}, chainOf) })
+			b.Run(name, func(b *testing.B) { benchmarkRedisTime(b, url, concurrent, tokenCounts{}, false, chainOf) })
 			if n == 4 {
-				b.Run(name+"/reserving", func(b *testing.B) { benchmarkRedisTime(b, url, concurrent, totalTokens(1000), chainOf) })
+				b.Run(name+"/reserving", func(b *testing.B) { benchmarkRedisTime(b, url, concurrent, totalTokens(1000), false, chainOf) })
+				b.Run(name+"/reserving/settled", func(b *testing.B) {
+					benchmarkRedisTime(b, url, concurrent, totalTokens(1000), true, chainOf)
+				})
 				inFlight := func(key int) []limit { return withSlots(chainOf(key)) }
-				b.Run(name+"/in-flight-cap", func(b *testing.B) { benchmarkRedisTime(b, url, concurrent, tokenCounts{}, inFlight) })
+				b.Run(name+"/in-flight-cap", func(b *testing.B) { benchmarkRedisTime(b, url, concurrent, tokenCounts{}, false, inFlight) })
 				// 1000 tokens at $0.60 per million, on a month budget of each limit.
 				budgeted := func(key int) []limit { return withBudgets(b, chainOf(key)) }
 				b.Run(name+"/budget", func(b *testing.B) {
-					benchmarkRedisTime(b, url, concurrent, tokenCounts{total: 1000, cost: 600_000}, budgeted)
+					benchmarkRedisTime(b, url, concurrent, tokenCounts{total: 1000, cost: 600_000}, false, budgeted)
 				})
 			}
 		}
@@ -416,7 +419,7 @@ func BenchmarkAdmissionRedisServerTimeByActiveKeys(b *testing.B) {
 					}
 				}
 			}
-			benchmarkRedisTime(b, url, true, tokenCounts{}, chainOf)
+			benchmarkRedisTime(b, url, true, tokenCounts{}, false, chainOf)
 		})
 	}
 }
@@ -456,9 +459,11 @@ func withBudgets(b *testing.B, chain []limit) []limit {
 
 // benchmarkRedisTime admits chainOf(0), chainOf(1), ... one at a time or 32
 // at once, each reserving reserve (and freeing the slots it took once
-// admitted), and reports Redis's server time per admission and the
-// admissions per call.
-func benchmarkRedisTime(b *testing.B, url string, concurrent bool, reserve tokenCounts, chainOf func(int) []limit) {
+// admitted), and with settle each admitted one's reservation settled as
+// an answer's usage settles it (70 tokens used): the settlements ride in
+// the calls that admit, as they do in the gateway. It reports Redis's
+// server time per admission and the admissions per call.
+func benchmarkRedisTime(b *testing.B, url string, concurrent bool, reserve tokenCounts, settle bool, chainOf func(int) []limit) {
 	s := newTestRedisStore(b, url)
 	admin := redisClient(b, url)
 	ctx := context.Background()
@@ -468,37 +473,55 @@ func benchmarkRedisTime(b *testing.B, url string, concurrent bool, reserve token
 	if err := admin.ConfigResetStat(ctx).Err(); err != nil {
 		b.Fatal(err)
 	}
+	var settling sync.WaitGroup
+	var settleErr atomic.Value
+	admitOne := func(chain []limit) error {
+		a, err := s.admit(ctx, chain, reserve)
+		if err != nil {
+			return err
+		}
+		if holdsSlots(chain) {
+			s.free(chain)
+		}
+		if settle && a.admitted {
+			settling.Add(1)
+			c := charge{tokens: totalTokens(70).minus(reserve), minute: a.now.minute}
+			s.charge(chain, c, func(err error) {
+				if err != nil {
+					settleErr.Store(err)
+				}
+				settling.Done()
+			})
+		}
+		return nil
+	}
 	b.ResetTimer()
 	if concurrent {
 		var next atomic.Int64
 		b.SetParallelism(16) // 32 goroutines on 2 cores
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				chain := chainOf(int(next.Add(1)))
-				if _, err := s.admit(ctx, chain, reserve); err != nil {
+				if err := admitOne(chainOf(int(next.Add(1)))); err != nil {
 					b.Error(err)
 					return
-				}
-				if holdsSlots(chain) {
-					s.free(chain)
 				}
 			}
 		})
 	} else {
 		for i := 0; i < b.N; i++ {
-			chain := chainOf(i)
-			if _, err := s.admit(ctx, chain, reserve); err != nil {
+			if err := admitOne(chainOf(i)); err != nil {
 				b.Fatal(err)
-			}
-			if holdsSlots(chain) {
-				s.free(chain)
 			}
 		}
 	}
 	if err := rideAlong(s); err != nil { // the last frees
 		b.Fatal(err)
 	}
+	settling.Wait()
 	b.StopTimer()
+	if err, _ := settleErr.Load().(error); err != nil {
+		b.Fatal(err)
+	}
 	calls, usec := evalshaStats(b, admin)
 	b.ReportMetric(usec/float64(b.N), "redis-µs/admission")
 	b.ReportMetric(float64(b.N)/float64(calls), "admissions/call")

@@ -242,7 +242,9 @@ plain.paced_rps 4500
 	goDir := writeFiles(t, map[string]string{
 		"redis-time.txt": "BenchmarkAdmissionRedisServerTime/chain=4-2 20000 61234 ns/op 7.314 redis-µs/admission\n" +
 			"BenchmarkAdmissionRedisServerTime/chain=4/reserving-2 20000 65000 ns/op 9.000 redis-µs/admission\n" +
-			"BenchmarkAdmissionRedisServerTime/chain=4/budget-2 20000 70000 ns/op 10.500 redis-µs/admission\n",
+			"BenchmarkAdmissionRedisServerTime/chain=4/budget-2 20000 70000 ns/op 10.500 redis-µs/admission\n" +
+			"BenchmarkAdmissionRedisServerTime/chain=4/concurrent=32/reserving-2 20000 20000 ns/op 7.500 redis-µs/admission\n" +
+			"BenchmarkAdmissionRedisServerTime/chain=4/concurrent=32/reserving/settled-2 20000 25000 ns/op 9.250 redis-µs/admission\n",
 		"handler.txt": "BenchmarkHandler/none-2 100 150000 cpu-ns/op 90 allocs/op\n" +
 			"BenchmarkHandler/memory-2 100 170500 cpu-ns/op 120 allocs/op\n",
 		"build.txt": "",
@@ -270,6 +272,8 @@ plain.paced_rps 4500
 		"  the same, 32 concurrent (coalesced)          |            n/a |              - |           - | <= 10 us       | n/a",
 		// A budget beside the same reservation without it.
 		"  chain=4/budget (4 budgets, reserving)        |       10.50 us |        9.00 us |    +1.50 us | (info)         | -",
+		// A reservation with its settlement, beside the reservation alone.
+		"  chain=4/concurrent=32/reserving, settled     |        9.25 us |        7.50 us |    +1.75 us | <= 8 us        | NO",
 		"usage meter, 10 MB OpenAI SSE (identity)       |            n/a |              - |           - | >= 1 GB/s      | n/a",
 		"gateway CPU per request, in-process (Go)       |       170.5 us |       150.0 us |    +20.5 us | (info)         | -",
 		"  allocations per request                      |            120 |             90 |           - | (info)         | -",

@@ -130,6 +130,11 @@ func writeResults(w io.Writer, m measurements, b benchmarks) error {
 		t.row("  chain="+v.name+"/"+v.variant+" ("+v.what+")", num(with, "%.2f us"), num(without, "%.2f us"),
 			num(with-without, "%+.2f us"), "(info)", "-")
 	}
+	// The figure the gateway pays per admission that reserves: with its
+	// settlement, which rides in a later call.
+	settled, reserving := b.get(chain+"4/concurrent=32/reserving/settled", "redis-µs/admission"), b.get(chain+"4/concurrent=32/reserving", "redis-µs/admission")
+	t.row("  chain=4/concurrent=32/reserving, settled", num(settled, "%.2f us"), num(reserving, "%.2f us"),
+		num(settled-reserving, "%+.2f us"), "<= 8 us", check(settled, atMost(8)))
 	sseGBs := b.get(sse, "MB/s") / 1000
 	t.row("usage meter, 10 MB OpenAI SSE (identity)", num(sseGBs, "%.2f GB/s"), "-", "-", ">= 1 GB/s", check(sseGBs, atLeast(1)))
 	t.row("  allocs per 10 MB stream (~37k events)", num(sseAllocs, "%.0f allocs"), "-", "-", "<= 100", check(sseAllocs, atMost(100)))
@@ -143,6 +148,7 @@ func writeResults(w io.Writer, m measurements, b benchmarks) error {
 		{"gateway CPU per request, in-process (Go)", "BenchmarkHandler/memory"},
 		{"  the same, capping requests in flight", "BenchmarkHandler/memory/in-flight-cap"},
 		{"  the same, with a budget on each limit", "BenchmarkHandler/memory/budget"},
+		{"  the same, rpm alone, headers off", "BenchmarkHandler/memory/rpm-only"},
 		{"gateway CPU per request, Redis (Go)", "BenchmarkHandler/redis"},
 		{"  the same, capping requests in flight", "BenchmarkHandler/redis/in-flight-cap"},
 		{"  the same, with a budget on each limit", "BenchmarkHandler/redis/budget"},
