@@ -300,7 +300,7 @@ func (h *Handler) storeFailed(w http.ResponseWriter, req *request, chain []limit
 	setOutcome(req.repl, outcomeFailedOpen)
 	if hs := h.configuredFamilies.failedOpenHeaders(chain); len(hs.values) > 0 {
 		hs.apply(w.Header())
-		w = &responseWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, headers: hs}
+		w = &responseWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, headers: hs}
 	}
 	return next.ServeHTTP(w, req.Request)
 }

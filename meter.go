@@ -20,10 +20,11 @@ import (
 // response has ended. The client's bytes pass through untouched and at once,
 // except the usage chunk of a stream whose usage we asked for (streamusage.go).
 type responseWriter struct {
-	*caddyhttp.ResponseWriterWrapper
+	caddyhttp.ResponseWriterWrapper
 	headers     headerSet
 	metering    bool               // the chain has a token window: read the body's usage
-	meter       *usage.Meter       // set by WriteHeader for a metered 2xx body
+	meter       *usage.Meter       // set by WriteHeader for a metered 2xx body: &meterState
+	meterState  usage.Meter        // in the writer's own allocation
 	strip       *usageStripper     // set when the client did not ask for stream usage
 	tap         *usage.RealtimeTap // set for a metered WebSocket session
 	wroteHeader bool
@@ -39,7 +40,8 @@ func (w *responseWriter) WriteHeader(status int) {
 	h := w.Header()
 	w.headers.apply(h)
 	if w.metering && status < 300 {
-		w.meter = usage.NewMeter(h)
+		w.meter = &w.meterState
+		w.meter.Start(h)
 		if w.strip != nil && !w.strip.applies(h) {
 			w.strip = nil
 		}
@@ -63,7 +65,7 @@ func (w *responseWriter) Write(p []byte) (int, error) {
 		w.meter.Write(p)
 	}
 	if w.strip != nil {
-		return w.strip.write(w.ResponseWriterWrapper, p)
+		return w.strip.write(&w.ResponseWriterWrapper, p)
 	}
 	return w.ResponseWriterWrapper.Write(p)
 }
@@ -83,7 +85,7 @@ func (w *responseWriter) ReadFrom(r io.Reader) (int64, error) {
 // Hijack hands reverse_proxy the client connection of a session, wrapped so
 // that the frames it writes to the client are metered.
 func (w *responseWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	conn, brw, err := http.NewResponseController(w.ResponseWriterWrapper).Hijack()
+	conn, brw, err := http.NewResponseController(&w.ResponseWriterWrapper).Hijack()
 	if err != nil || w.tap == nil {
 		return conn, brw, err
 	}
@@ -99,7 +101,7 @@ func (w *responseWriter) FlushError() error {
 	if !w.wroteHeader {
 		w.WriteHeader(http.StatusOK)
 	}
-	return http.NewResponseController(w.ResponseWriterWrapper).Flush()
+	return http.NewResponseController(&w.ResponseWriterWrapper).Flush()
 }
 
 // finish ends the response: it writes what a stripper still holds and
@@ -109,7 +111,7 @@ func (w *responseWriter) finish(ceiling usage.Usage) (used usage.Usage, metered,
 	if w.strip != nil {
 		// A client that went away is charged all the same: what the
 		// upstream reported is metered below.
-		_ = w.strip.flushTail(w.ResponseWriterWrapper)
+		_ = w.strip.flushTail(&w.ResponseWriterWrapper)
 	}
 	if w.meter == nil {
 		return usage.Usage{}, false, false
@@ -176,7 +178,7 @@ func (h *Handler) admitted(w http.ResponseWriter, req *request, chain []limit, d
 	if !families.any() && !metering {
 		return nil
 	}
-	rw := &responseWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, metering: metering}
+	rw := &responseWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, metering: metering}
 	if families.any() {
 		rw.headers = families.headersFor(chain, d, true)
 		rw.headers.apply(w.Header())

@@ -173,48 +173,44 @@ func (c *scriptCall) args(clock string, atMinute int64, peek bool, holder string
 	caps, capsOf := c.distinctCaps()
 	costs := reserving && slices.ContainsFunc(caps, func(l limitCaps) bool { return l.budgets.max != [numBudgetPeriods]int64{} })
 	args := make([]any, 0, 12+c.charges.count()+len(c.frees.slots)+7*len(caps)+5*len(c.chains))
-	args = append(args, clock, hexArg(atMinute), mode, hexArg(int64(len(c.limits))))
+	args = append(args, clock, numArg(atMinute), mode, numArg(int64(len(c.limits))))
 	for _, classKeys := range c.charges.keys {
-		args = append(args, hexArg(int64(len(classKeys))))
+		args = append(args, numArg(int64(len(classKeys))))
 	}
-	args = append(args, hexArg(int64(len(caps))), hexArg(int64(len(c.frees.slots))), holder)
+	args = append(args, numArg(int64(len(caps))), numArg(int64(len(c.frees.slots))), holder)
 	for _, classAmounts := range c.charges.amounts {
 		for _, n := range classAmounts {
 			args = append(args, strconv.FormatInt(n, 10))
 		}
 	}
 	for _, n := range c.frees.slots {
-		args = append(args, hexArg(n))
+		args = append(args, numArg(n))
 	}
 	for _, l := range caps {
-		shadow := "0"
-		if l.shadow {
-			shadow = "1"
-		}
-		args = append(args, shadow, windowKindsArg[l.capped])
+		args = append(args, shadowArg(l.shadow), windowKindsArg[l.capped])
 		for _, capacity := range l.each {
-			args = append(args, hexArg(capacity))
+			args = append(args, numArg(capacity))
 		}
-		args = append(args, hexArg(l.bucket.rate))
+		args = append(args, numArg(l.bucket.rate))
 		if l.bucket.rate > 0 {
-			args = append(args, hexArg(l.bucket.burst), hexArg(l.bucket.cost))
+			args = append(args, numArg(l.bucket.burst), numArg(l.bucket.cost))
 		}
-		args = append(args, hexArg(l.concurrent.max))
+		args = append(args, numArg(l.concurrent.max))
 		if l.concurrent.max > 0 {
-			args = append(args, hexArg(l.concurrent.leaseMillis))
+			args = append(args, numArg(l.concurrent.leaseMillis))
 		}
-		args = append(args, hexArg(l.budgets.max[budgetDay]), hexArg(l.budgets.max[budgetMonth]))
+		args = append(args, numArg(l.budgets.max[budgetDay]), numArg(l.budgets.max[budgetMonth]))
 	}
 	args = append(args, capsOf)
 	for m, chain := range c.chains {
 		switch r := c.reserves[m]; {
 		case split:
-			args = append(args, hexArg(r.total), hexArg(r.input), hexArg(r.output))
+			args = append(args, numArg(r.total), numArg(r.input), numArg(r.output))
 		case reserving:
-			args = append(args, hexArg(r.total))
+			args = append(args, numArg(r.total))
 		}
 		if costs {
-			args = append(args, hexArg(c.reserves[m].cost))
+			args = append(args, numArg(c.reserves[m].cost))
 		}
 		args = append(args, chain)
 	}
@@ -297,6 +293,31 @@ func (c *scriptCall) decode(reply []int64, charged bool) ([]decision, error) {
 
 // hexArg is a number argument of admit.lua.
 func hexArg(n int64) string { return strconv.FormatInt(n, 16) }
+
+// numArg is hexArg as an argument of a call: most of a call's numbers are
+// small (its counts, most caps' absent parts), and each of those is boxed
+// once, here, rather than formatted and boxed at each call.
+func numArg(n int64) any {
+	if n >= 0 && n < int64(len(smallNumArgs)) {
+		return smallNumArgs[n]
+	}
+	return hexArg(n)
+}
+
+var smallNumArgs = func() (args [256]any) {
+	for n := range args {
+		args[n] = hexArg(int64(n))
+	}
+	return args
+}()
+
+// shadowArg is whether caps are a shadow limit's, as admit.lua reads it.
+func shadowArg(shadow bool) any {
+	if shadow {
+		return "1"
+	}
+	return "0"
+}
 
 // chargeCall is what one call charges: tokens per period of a token window,
 // and nano-dollars per period of a budget, spent or reserved, summed over

@@ -316,8 +316,9 @@ func resetIn(w window, p position) int64 {
 }
 
 // windowKindsArg is, for each mask of capped windows, the bytes admit.lua
-// reads them from: each window's windowKind, in order.
-var windowKindsArg = func() (args [1 << numWindows]string) {
+// reads them from: each window's windowKind, in order; boxed once, as an
+// argument of the call.
+var windowKindsArg = func() (args [1 << numWindows]any) {
 	for m := range args {
 		var kinds []byte
 		for k := range numWindows {

@@ -89,8 +89,8 @@ func Await[T, R any](ctx context.Context, q *Coalescer[T], item T, answer <-chan
 	t := &ticket[T]{item: item}
 	q.waiting = append(q.waiting, t)
 	q.mu.Unlock()
-	timer := time.NewTimer(timeout)
-	defer timer.Stop()
+	timer := startTimer(timeout)
+	defer stopTimer(timer)
 	err := context.DeadlineExceeded
 	select {
 	case r := <-answer:
@@ -105,6 +105,25 @@ func Await[T, R any](ctx context.Context, q *Coalescer[T], item T, answer <-chan
 	}
 	q.mu.Unlock()
 	return none, err
+}
+
+// timers are the stopped timers of waits that ended: most calls wait, and
+// a timer and its channel are two allocations. (Since Go 1.23 a timer
+// stopped or reset delivers no stale time, so a timer that fired unread
+// can be reused.)
+var timers sync.Pool
+
+func startTimer(d time.Duration) *time.Timer {
+	if t, ok := timers.Get().(*time.Timer); ok {
+		t.Reset(d)
+		return t
+	}
+	return time.NewTimer(d)
+}
+
+func stopTimer(t *time.Timer) {
+	t.Stop()
+	timers.Put(t)
 }
 
 // lead makes calls while items wait: the first of first and what waits with

@@ -52,7 +52,15 @@ type Meter struct {
 // NewMeter starts metering a response with the given response header
 // (Content-Type, Content-Encoding are what matter).
 func NewMeter(h http.Header) *Meter {
-	m := &Meter{}
+	m := new(Meter)
+	m.Start(h)
+	return m
+}
+
+// Start starts metering a response with the given response header into
+// m, a zero Meter: one that lives inside its caller's own state, as the
+// response writer it meters for, costs no allocation of its own.
+func (m *Meter) Start(h http.Header) {
 	m.body = bodyOf(h)
 	m.coding = codingOf(h)
 	if m.coding == codingUnsupported {
@@ -66,7 +74,6 @@ func NewMeter(h http.Header) *Meter {
 	if m.body == bodyNone {
 		m.stopped = true
 	}
-	return m
 }
 
 // MediaType is a Content-Type's media type, in the case it was sent (compare
