@@ -82,28 +82,30 @@ func newLimitSpec(lc LimitConfig, caps limitCaps) *limitSpec {
 	return s
 }
 
-// capsFor is the caps that apply to a request: the line's, with those of
-// its caps per request the request gives, or else their fallbacks; bad
+// capsFor is the caps that apply to a request: the line's own (shared by
+// its every limit) when it has no caps per request, else the line's with
+// those of its caps per request the request gives, or else their
+// fallbacks; bad
 // names a cap per request that the request does not give validly and
 // that has no fallback, or that makes the caps inconsistent (a cost
 // above the burst).
-func (s *limitSpec) capsFor(req *request) (caps limitCaps, bad string) {
+func (s *limitSpec) capsFor(req *request) (caps *limitCaps, bad string) {
 	if len(s.perRequest) == 0 {
-		return s.caps, ""
+		return &s.caps, ""
 	}
 	lc := s.config
 	for _, p := range s.perRequest {
 		v := p.valueFor(req)
 		if lc.setCap(p.name, v) != nil && (p.fallback == "" || lc.setCap(p.name, p.fallback) != nil) {
-			return limitCaps{}, p.name
+			return nil, p.name
 		}
 	}
-	caps, err := lc.caps()
+	built, err := lc.caps()
 	if err != nil {
-		return limitCaps{}, s.perRequest[0].name
+		return nil, s.perRequest[0].name
 	}
-	caps.concurrent.leaseMillis, caps.budgets.calendar = s.caps.concurrent.leaseMillis, s.caps.budgets.calendar
-	return caps, ""
+	built.concurrent.leaseMillis, built.budgets.calendar = s.caps.concurrent.leaseMillis, s.caps.budgets.calendar
+	return &built, ""
 }
 
 // describe is the limit's caps after name, for the log: its caps per

@@ -199,7 +199,7 @@ func TestEveryCapCanComeWithTheRequestCheckedAsTheConfigsValues(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	capsOf := func(cost string, headers ...string) (limitCaps, string) {
+	capsOf := func(cost string, headers ...string) (*limitCaps, string) {
 		r := httptest.NewRequest("POST", "/v1/chat/completions", nil)
 		setHeaders(r, headers)
 		repl := caddy.NewReplacer()

@@ -411,7 +411,7 @@ func TestClusterSlotsAreExactAndRenewedInEachChainsSlot(t *testing.T) {
 	tag := chainTag("org", org)
 	chain := []limit{
 		newTaggedLimit(tag, "key", "k", windowLimitCaps(windowCaps{rpm: 1 << 30})),
-		newTaggedLimit(tag, "org", org, newSlotLimit("org", org, 5, 0, lease).limitCaps),
+		newTaggedLimit(tag, "org", org, *newSlotLimit("org", org, 5, 0, lease).limitCaps),
 	}
 	if got := raceAdmissions(t, stores, chain, 30, at); got != 5 {
 		t.Fatalf("admitted %d of 30 racing requests against concurrent 5, want exactly 5", got)
@@ -425,7 +425,7 @@ func TestClusterSlotsAreExactAndRenewedInEachChainsSlot(t *testing.T) {
 	var chains [][]limit
 	for i := range 8 {
 		root := fmt.Sprintf("org-%d-%s", i, uniqueID(t))
-		chains = append(chains, []limit{newTaggedLimit(chainTag("org", root), "org", root, newSlotLimit("org", root, 1, 0, lease).limitCaps)})
+		chains = append(chains, []limit{newTaggedLimit(chainTag("org", root), "org", root, *newSlotLimit("org", root, 1, 0, lease).limitCaps)})
 		fill(t, stores[0], chains[i], at, 1)
 	}
 	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
@@ -456,7 +456,7 @@ func TestClusterBudgetsAreExactAndSettleInTheirSlot(t *testing.T) {
 	tag := chainTag("org", org)
 	chain := []limit{
 		newTaggedLimit(tag, "key", "k", windowLimitCaps(windowCaps{rpm: 1 << 30})),
-		newTaggedLimit(tag, "org", org, newBudgetLimit(t, "org", org, 0, 10*usd, 0, "Europe/Paris").limitCaps),
+		newTaggedLimit(tag, "org", org, *newBudgetLimit(t, "org", org, 0, 10*usd, 0, "Europe/Paris").limitCaps),
 	}
 	var decisions []decision
 	var mu sync.Mutex

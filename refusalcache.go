@@ -107,7 +107,7 @@ func (c *refusalCache) record(chain []limit, d decision, sent time.Time, resets 
 		if ref.first < 0 {
 			continue
 		}
-		c.put(refusalKey{l.prefix, l.limitCaps}, cachedRefusal{
+		c.put(refusalKey{l.prefix, *l.limitCaps}, cachedRefusal{
 			sent: sent, at: d.now.unixMillis, release: d.now.unixMillis + ref.waitMillis, counts: d.counts[i],
 		}, resets)
 	}
@@ -183,21 +183,23 @@ func (c *refusalCache) refusedLocally(chain []limit, now time.Time) (a admission
 // cachedCaps is l as the cache decides it: without its token windows, its
 // concurrency cap and its budgets, which the cache leaves to the store.
 func cachedCaps(l limit) limit {
-	for k := range l.each {
+	caps := *l.limitCaps
+	for k := range caps.each {
 		if k.kind() != requests {
-			l.windows[k] = 0
+			caps.windows[k] = 0
 		}
 	}
-	l.capped = l.windows.mask()
-	l.concurrent = concurrencyCap{}
-	l.budgets = budgetCaps{}
+	caps.capped = caps.windows.mask()
+	caps.concurrent = concurrencyCap{}
+	caps.budgets = budgetCaps{}
+	l.limitCaps = &caps
 	return l
 }
 
 // lookup is l's cached refusal if it still holds at now; one that no longer
 // does is deleted.
 func (c *refusalCache) lookup(l limit, now time.Time) (cachedRefusal, bool) {
-	k := refusalKey{l.prefix, l.limitCaps}
+	k := refusalKey{l.prefix, *l.limitCaps}
 	sh := c.shard(l.prefix)
 	sh.mu.RLock()
 	r, ok := sh.byLimit[k]

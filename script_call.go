@@ -74,7 +74,7 @@ func (c *scriptCall) add(chain []limit, reserve tokenCounts) bool {
 	fresh := 0
 	for _, l := range chain {
 		i, ok := c.position[l.prefix]
-		if ok && c.limits[i].limitCaps != l.limitCaps {
+		if ok && *c.limits[i].limitCaps != *l.limitCaps {
 			return false
 		}
 		if !ok {
@@ -226,10 +226,10 @@ func (c *scriptCall) distinctCaps() ([]limitCaps, string) {
 	var caps []limitCaps
 	of := make([]byte, len(c.limits))
 	for i, l := range c.limits {
-		at := slices.Index(caps, l.limitCaps)
+		at := slices.Index(caps, *l.limitCaps)
 		if at < 0 {
 			at = len(caps)
-			caps = append(caps, l.limitCaps)
+			caps = append(caps, *l.limitCaps)
 		}
 		of[i] = byte(at + 1)
 	}

@@ -173,7 +173,10 @@ type limit struct {
 	scope  string // the scope's name, for messages and logs
 	id     string // the id as it appears in keys: digested unless its scope is readable
 	prefix string // "rolter:rl:<scope>:<id>:", to which the store appends "<window>:<bucket>" (bucketKey) or "bkt"
-	limitCaps
+	// The caps, shared by every limit of one line and never changed once
+	// a limit has them: a chain is copied and walked many times a request,
+	// and the caps are most of a limit's size.
+	*limitCaps
 }
 
 // limitCaps are what one limit caps.
@@ -240,7 +243,7 @@ func (c limitCaps) describe(name string) string {
 // "{<root-scope>:<root-id>}:", so that every key of a chain is in one slot;
 // tag is "" elsewhere.
 func newTaggedLimit(tag, scope, id string, caps limitCaps) limit {
-	l := []limit{{scope: scope, id: id, limitCaps: caps}}
+	l := []limit{{scope: scope, id: id, limitCaps: &caps}}
 	tagPrefixes(tag, l)
 	return l[0]
 }
