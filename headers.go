@@ -76,18 +76,27 @@ var (
 	}
 )
 
-// apply removes the families' headers already in h, then sets the set's.
-// The names are canonical, as every key of h is (http.Header's methods and
-// reverse_proxy canonicalize), so delete spares Del's canonicalization.
-func (s headerSet) apply(h http.Header) {
-	for _, f := range [...]struct {
+// sentFamilies are the header names of each family s sends.
+func (s headerSet) sentFamilies() [4][]string {
+	var sent [4][]string
+	for i, f := range [...]struct {
 		sent  bool
 		names []string
 	}{{s.families.openai, openaiHeaders}, {s.families.ietf, ietfHeaders}, {s.families.scg, scgHeaders}, {s.families.anthropic, anthropicHeaders}} {
 		if f.sent {
-			for _, name := range f.names {
-				delete(h, name)
-			}
+			sent[i] = f.names
+		}
+	}
+	return sent
+}
+
+// apply removes the families' headers already in h, then sets the set's.
+// The names are canonical, as every key of h is (http.Header's methods and
+// reverse_proxy canonicalize), so delete spares Del's canonicalization.
+func (s headerSet) apply(h http.Header) {
+	for _, names := range s.sentFamilies() {
+		for _, name := range names {
+			delete(h, name)
 		}
 	}
 	// One array holds every value (a header's own slice is capped, so that
@@ -97,6 +106,37 @@ func (s headerSet) apply(h http.Header) {
 		values[i] = v[1]
 		h[v[0]] = values[i : i+1 : i+1]
 	}
+}
+
+// reapply applies s to h again, unless h holds exactly what s set: each of
+// its headers once, with its value, and no other header of its families
+// (an upstream's own, which reverse_proxy adds beside them, is not).
+func (s headerSet) reapply(h http.Header) {
+	set := 0
+	for _, names := range s.sentFamilies() {
+		for _, name := range names {
+			if vs, ok := h[name]; ok {
+				if len(vs) != 1 || !s.sets(name, vs[0]) {
+					s.apply(h)
+					return
+				}
+				set++
+			}
+		}
+	}
+	if set != len(s.values) {
+		s.apply(h)
+	}
+}
+
+// sets reports whether s sets header name to value.
+func (s headerSet) sets(name, value string) bool {
+	for _, v := range s.values {
+		if v[0] == name {
+			return v[1] == value
+		}
+	}
+	return false
 }
 
 // tightest is, for one kind or window, the limit of the chain with the

@@ -38,7 +38,7 @@ func (w *responseWriter) WriteHeader(status int) {
 	}
 	w.wroteHeader, w.status = true, status
 	h := w.Header()
-	w.headers.apply(h)
+	w.headers.reapply(h)
 	if w.metering && status < 300 {
 		w.meter = &w.meterState
 		w.meter.Start(h)
