@@ -27,9 +27,9 @@ var (
 )
 
 // redisStore keeps the counters in Redis, shared by every replica. Each
-// admission and each token charge is part of one EVALSHA of admit.lua
-// (go-redis's Script loads the script and retries on NOSCRIPT, as after a
-// Redis restart or a failover).
+// admission and each token charge is part of one EVALSHA of admit.lua,
+// which sends the script's source once Redis answers NOSCRIPT, as after a
+// Redis restart or a failover (evalSha; go-redis's Script.Run on Cluster).
 type redisStore struct {
 	lifetime
 	clock   redisClock
@@ -474,11 +474,32 @@ func (s *redisStore) runScript(ctx context.Context, script *redis.Script, keys [
 			}
 		}
 	}
-	reply, err := script.Run(ctx, s.client, keys, args...).Int64Slice()
+	reply, err := evalSha(ctx, s.client, script, keys, args)
 	if replay && isDeadConnection(err) {
 		reply, err = s.replay(ctx, script, keys, args)
 	}
 	return reply, err
+}
+
+// evalSha runs script as go-redis's Script.Run does (EVALSHA, and its
+// source once Redis answers NOSCRIPT, after a restart or a failover),
+// with the keys passed by pointer and the reply read as integers: go-redis
+// writes a *string as its string, and an interface holding a pointer costs
+// no allocation where each key as a string costs one, as would each
+// number of the reply read into an interface. Not on Cluster, whose client
+// routes a call by its first key, read as a string.
+func evalSha(ctx context.Context, c redis.UniversalClient, script *redis.Script, keys []string, args []any) ([]int64, error) {
+	argv := make([]any, 0, 3+len(keys)+len(args))
+	argv = append(argv, "evalsha", script.Hash(), len(keys))
+	for i := range keys {
+		argv = append(argv, &keys[i])
+	}
+	cmd := redis.NewIntSliceCmd(ctx, append(argv, args...)...)
+	err := c.Process(ctx, cmd)
+	if errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT") {
+		return script.Eval(ctx, c, keys, args...).Int64Slice()
+	}
+	return cmd.Result()
 }
 
 // replay runs the admission once more on a connection dialled for it, since
@@ -491,7 +512,7 @@ func (s *redisStore) replay(ctx context.Context, script *redis.Script, keys []st
 		return nil, err
 	}
 	defer fresh.Close()
-	return script.Run(ctx, fresh, keys, args...).Int64Slice()
+	return evalSha(ctx, fresh, script, keys, args)
 }
 
 // isDeadConnection reports an error of a connection that the server or the
