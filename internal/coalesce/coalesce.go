@@ -108,9 +108,10 @@ func Await[T, R any](ctx context.Context, q *Coalescer[T], item T, answer <-chan
 }
 
 // timers are the stopped timers of waits that ended: most calls wait, and
-// a timer and its channel are two allocations. (Since Go 1.23 a timer
-// stopped or reset delivers no stale time, so a timer that fired unread
-// can be reused.)
+// a timer and its channel are two allocations. A timer that fired unread
+// is drained before it is put back: a program built with a go.mod before
+// Go 1.23, or with GODEBUG asynctimerchan=1, keeps the stale time in the
+// channel, which would end the next wait at once.
 var timers sync.Pool
 
 func startTimer(d time.Duration) *time.Timer {
@@ -122,7 +123,12 @@ func startTimer(d time.Duration) *time.Timer {
 }
 
 func stopTimer(t *time.Timer) {
-	t.Stop()
+	if !t.Stop() {
+		select {
+		case <-t.C:
+		default:
+		}
+	}
 	timers.Put(t)
 }
 
