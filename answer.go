@@ -103,8 +103,12 @@ func (h *Handler) answer(w http.ResponseWriter, req *request, a answer) error {
 
 // setOutcome records an admission's outcome in the placeholder and the metrics.
 func setOutcome(repl *caddy.Replacer, outcome string) {
-	repl.Set(placeholderOutcome, outcome)
-	admissionsTotal.WithLabelValues(outcome).Inc()
+	r, ok := outcomeRecords[outcome]
+	if !ok { // an outcome left out of outcomeRecords costs what it did before it
+		r = outcomeRecord{placeholder: outcome, admissions: admissionsTotal.WithLabelValues(outcome)}
+	}
+	repl.Set(placeholderOutcome, r.placeholder)
+	r.admissions.Inc()
 }
 
 // awaitsContinue reports a request whose client still waits for 100

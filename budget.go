@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -121,14 +122,18 @@ type periodSpan struct {
 	name       string
 }
 
-// key is the counter of a budget period, spent or reserved, of the limit
-// with prefix.
-func (s periodSpan) key(prefix string, p budgetPeriod, reserved bool) string {
+// writeKey writes to text the key of the budget period s, spent or
+// reserved, of the limit with prefix.
+func (s periodSpan) writeKey(text *strings.Builder, prefix string, p budgetPeriod, reserved bool) {
 	what := "spent:"
 	if reserved {
 		what = "reserved:"
 	}
-	return prefix + what + p.String() + ":" + s.name
+	text.WriteString(prefix)
+	text.WriteString(what)
+	text.WriteString(p.String())
+	text.WriteByte(':')
+	text.WriteString(s.name)
 }
 
 var calendars sync.Map // zone name → *calendar

@@ -430,3 +430,11 @@ func TestABodyWhoseModelCannotBeReadWhollyIsRefusedUnderABudget(t *testing.T) {
 		t.Fatalf("the upstream saw %d requests, want only the one whose model was read", n)
 	}
 }
+
+// budgetKey is the key of the budget period s, spent or reserved, of the
+// limit with prefix, as admit.lua's calls name it.
+func budgetKey(s periodSpan, prefix string, p budgetPeriod, reserved bool) string {
+	var key strings.Builder
+	s.writeKey(&key, prefix, p, reserved)
+	return key.String()
+}

@@ -112,6 +112,23 @@ const (
 	outcomeRefusedConnections = "refused_connections"
 )
 
+// outcomeRecord is what an outcome sets: its placeholder's value, boxed
+// once, and its series of admissions_total, looked up once. Every request
+// sets one.
+type outcomeRecord struct {
+	placeholder any
+	admissions  prometheus.Counter
+}
+
+var outcomeRecords = func() map[string]outcomeRecord {
+	records := make(map[string]outcomeRecord)
+	for _, o := range []string{outcomeAdmitted, outcomeRefused, outcomeRefusedEmptyScope, outcomeRefusedAmbiguousScope, outcomeRefusedBodyMemory,
+		outcomeRefusedNoPrice, outcomeRefusedBadLimit, outcomeShadowRefused, outcomeFailedOpen, outcomeFailedClosed, outcomeRefusedConnections} {
+		records[o] = outcomeRecord{placeholder: o, admissions: admissionsTotal.WithLabelValues(o)}
+	}
+	return records
+}()
+
 // registerMetrics registers the process's collectors in a config's registry.
 func registerMetrics(reg prometheus.Registerer) error {
 	for _, c := range []prometheus.Collector{admissionsTotal, refusalsTotal, refusalsCachedTotal, tokensChargedTotal, tokensReservedTotal, tokensReturnedTotal, spendReservedTotal, spendChargedTotal, spendReturnedTotal, unmeteredTotal, usageClampedTotal, redisDuration, redisErrorsTotal, sessionsOpen, requestBodyBytes, waitDuration, waitingNow, slotsHeld, memoryCounters} {

@@ -480,7 +480,7 @@ func TestClusterBudgetsAreExactAndSettleInTheirSlot(t *testing.T) {
 		t.Fatalf("admitted %d of 40 admissions of $1 against a month budget of $10, want exactly 10", len(decisions))
 	}
 	month := chain[1].budgets.calendar.span(budgetMonth, at/minuteMillis)
-	spentKey, reservedKey := month.key(chain[1].prefix, budgetMonth, false), month.key(chain[1].prefix, budgetMonth, true)
+	spentKey, reservedKey := budgetKey(month, chain[1].prefix, budgetMonth, false), budgetKey(month, chain[1].prefix, budgetMonth, true)
 	if c.KeySlot(reservedKey) != c.KeySlot(periodKey(chain[0].prefix, rpm, at/minuteMillis)) {
 		t.Fatal("the org's budget keys are outside its chain's slot")
 	}

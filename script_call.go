@@ -7,6 +7,7 @@ import (
 	"math/bits"
 	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 )
 
@@ -26,7 +27,17 @@ type scriptCall struct {
 
 // slotsKey is the key of a limit's slots: a hash of each holder's count and
 // lease.
-func slotsKey(l limit) string { return l.prefix + "slots" }
+func slotsKey(l limit) string {
+	var key strings.Builder
+	writeSlotsKey(&key, l)
+	return key.String()
+}
+
+// writeSlotsKey writes slotsKey(l) to text.
+func writeSlotsKey(text *strings.Builder, l limit) {
+	text.WriteString(l.prefix)
+	text.WriteString("slots")
+}
 
 // slotFrees is what a call frees: the chains whose slots it frees, one
 // slot of each concurrency cap, and the same summed per limit (the frees of
@@ -105,46 +116,79 @@ func (c *scriptCall) add(chain []limit, reserve tokenCounts) bool {
 // the current period and the previous one; then its token bucket; then its
 // slots; then its budgets' spent and reserved keys; then the key of each
 // charge, by charge class: the current period, or a settlement's own; then
-// the slots key of each limit freed.
+// the slots key of each limit freed. They are written into one buffer and
+// cut from one string: two allocations for a call's keys, not one each.
 func (c *scriptCall) keys(atMinute int64) []string {
-	keys := make([]string, 0, 4*len(c.limits)+c.charges.count()+len(c.frees.limits))
-	// Each span's current and previous period, formatted once per call.
-	var names [2][2]string
-	for s, b := range [...]int64{minute: atMinute, day: dayOf(atMinute)} {
-		names[s] = [2]string{strconv.FormatInt(b, 10), strconv.FormatInt(b-1, 10)}
-	}
+	var keys cutText
+	keys.grow(4*len(c.limits)+c.charges.count()+len(c.frees.limits), 64)
+	// Each span's current period.
+	current := [...]int64{minute: atMinute, day: dayOf(atMinute)}
 	for _, l := range c.limits {
 		for k := range l.each {
-			n := &names[k.span()]
-			keys = append(keys, l.prefix+k.keyName()+":"+n[0], l.prefix+k.keyName()+":"+n[1])
+			b := current[k.span()]
+			writePeriodKey(&keys.text, l.prefix, k, b)
+			keys.end()
+			writePeriodKey(&keys.text, l.prefix, k, b-1)
+			keys.end()
 		}
 		if l.bucket.rate > 0 {
-			keys = append(keys, l.prefix+"bkt")
+			keys.text.WriteString(l.prefix)
+			keys.text.WriteString("bkt")
+			keys.end()
 		}
 		if l.concurrent.max > 0 {
-			keys = append(keys, slotsKey(l))
+			writeSlotsKey(&keys.text, l)
+			keys.end()
 		}
 		for p := range l.eachBudget {
 			s := l.budgets.calendar.span(p, atMinute)
-			keys = append(keys, s.key(l.prefix, p, false), s.key(l.prefix, p, true))
+			s.writeKey(&keys.text, l.prefix, p, false)
+			keys.end()
+			s.writeKey(&keys.text, l.prefix, p, true)
+			keys.end()
 		}
 	}
 	for _, classKeys := range c.charges.keys {
 		for _, k := range classKeys {
-			switch {
-			case k.calendar != nil:
-				keys = append(keys, k.calendar.span(k.budget, cmp.Or(k.period, atMinute)).key(k.prefix, k.budget, k.reserved))
-			case k.period == 0:
-				keys = append(keys, k.prefix+k.window.keyName()+":"+names[k.window.span()][0])
-			default:
-				keys = append(keys, periodKey(k.prefix, k.window, k.period))
+			if k.calendar != nil {
+				k.calendar.span(k.budget, cmp.Or(k.period, atMinute)).writeKey(&keys.text, k.prefix, k.budget, k.reserved)
+			} else {
+				writePeriodKey(&keys.text, k.prefix, k.window, cmp.Or(k.period, current[k.window.span()]))
 			}
+			keys.end()
 		}
 	}
 	for _, l := range c.frees.limits {
-		keys = append(keys, slotsKey(l))
+		writeSlotsKey(&keys.text, l)
+		keys.end()
 	}
-	return keys
+	return keys.strings()
+}
+
+// cutText is strings written one after another, then cut from the one
+// string they make.
+type cutText struct {
+	text strings.Builder
+	ends []int // of each string in text
+}
+
+// grow makes room for n strings of about size bytes each.
+func (t *cutText) grow(n, size int) {
+	t.text.Grow(n * size)
+	t.ends = make([]int, 0, n)
+}
+
+// end ends a string, which text now ends with.
+func (t *cutText) end() { t.ends = append(t.ends, t.text.Len()) }
+
+// strings are the strings, cut from one.
+func (t *cutText) strings() []string {
+	all, start := t.text.String(), 0
+	out := make([]string, len(t.ends))
+	for i, end := range t.ends {
+		out[i], start = all[start:end], end
+	}
+	return out
 }
 
 // reserving reports whether an admission of the call reserves tokens.
@@ -172,49 +216,105 @@ func (c *scriptCall) args(clock string, atMinute int64, peek bool, holder string
 	}
 	caps, capsOf := c.distinctCaps()
 	costs := reserving && slices.ContainsFunc(caps, func(l limitCaps) bool { return l.budgets.max != [numBudgetPeriods]int64{} })
-	args := make([]any, 0, 12+c.charges.count()+len(c.frees.slots)+7*len(caps)+5*len(c.chains))
-	args = append(args, clock, numArg(atMinute), mode, numArg(int64(len(c.limits))))
+	var a callArgs
+	a.grow(12+c.charges.count()+len(c.frees.slots)+7*len(caps)+5*len(c.chains), c.charges.count()+len(c.chains)+2*len(caps))
+	a.args = append(a.args, clock)
+	a.hex(atMinute)
+	a.args = append(a.args, mode)
+	a.hex(int64(len(c.limits)))
 	for _, classKeys := range c.charges.keys {
-		args = append(args, numArg(int64(len(classKeys))))
+		a.hex(int64(len(classKeys)))
 	}
-	args = append(args, numArg(int64(len(caps))), numArg(int64(len(c.frees.slots))), holder)
+	a.hex(int64(len(caps)))
+	a.hex(int64(len(c.frees.slots)))
+	a.args = append(a.args, holder)
 	for _, classAmounts := range c.charges.amounts {
 		for _, n := range classAmounts {
-			args = append(args, strconv.FormatInt(n, 10))
+			a.decimal(n)
 		}
 	}
 	for _, n := range c.frees.slots {
-		args = append(args, numArg(n))
+		a.hex(n)
 	}
 	for _, l := range caps {
-		args = append(args, shadowArg(l.shadow), windowKindsArg[l.capped])
+		a.args = append(a.args, shadowArg(l.shadow), windowKindsArg[l.capped])
 		for _, capacity := range l.each {
-			args = append(args, numArg(capacity))
+			a.hex(capacity)
 		}
-		args = append(args, numArg(l.bucket.rate))
+		a.hex(l.bucket.rate)
 		if l.bucket.rate > 0 {
-			args = append(args, numArg(l.bucket.burst), numArg(l.bucket.cost))
+			a.hex(l.bucket.burst)
+			a.hex(l.bucket.cost)
 		}
-		args = append(args, numArg(l.concurrent.max))
+		a.hex(l.concurrent.max)
 		if l.concurrent.max > 0 {
-			args = append(args, numArg(l.concurrent.leaseMillis))
+			a.hex(l.concurrent.leaseMillis)
 		}
-		args = append(args, numArg(l.budgets.max[budgetDay]), numArg(l.budgets.max[budgetMonth]))
+		a.hex(l.budgets.max[budgetDay])
+		a.hex(l.budgets.max[budgetMonth])
 	}
-	args = append(args, capsOf)
+	a.args = append(a.args, capsOf)
 	for m, chain := range c.chains {
 		switch r := c.reserves[m]; {
 		case split:
-			args = append(args, numArg(r.total), numArg(r.input), numArg(r.output))
+			a.hex(r.total)
+			a.hex(r.input)
+			a.hex(r.output)
 		case reserving:
-			args = append(args, numArg(r.total))
+			a.hex(r.total)
 		}
 		if costs {
-			args = append(args, numArg(c.reserves[m].cost))
+			a.hex(c.reserves[m].cost)
 		}
-		args = append(args, chain)
+		a.args = append(a.args, chain)
 	}
-	return args
+	return a.done()
+}
+
+// callArgs builds a call's arguments. Its numbers are hexadecimal (token
+// charges decimal, as INCRBY takes them); the small ones are boxed once,
+// and the others written into one buffer, cut from one string once every
+// argument is in and passed by pointer (go-redis writes a *string as its
+// string): a few allocations for a call's numbers rather than two each.
+type callArgs struct {
+	args    []any
+	numbers cutText
+	at      []int // of each of numbers in args
+}
+
+// grow makes room for n arguments, of which about numbers are written.
+func (a *callArgs) grow(n, numbers int) {
+	a.args, a.at = make([]any, 0, n), make([]int, 0, numbers)
+	a.numbers.grow(numbers, 8)
+}
+
+// hex appends n in hexadecimal.
+func (a *callArgs) hex(n int64) {
+	if n >= 0 && n < int64(len(smallHexArgs)) {
+		a.args = append(a.args, smallHexArgs[n])
+		return
+	}
+	a.written(n, 16)
+}
+
+// decimal appends n in decimal.
+func (a *callArgs) decimal(n int64) { a.written(n, 10) }
+
+// written writes n in base and appends it, in its place.
+func (a *callArgs) written(n int64, base int) {
+	writeInt(&a.numbers.text, n, base)
+	a.numbers.end()
+	a.at = append(a.at, len(a.args))
+	a.args = append(a.args, nil)
+}
+
+// done puts the written numbers in their places and returns the arguments.
+func (a *callArgs) done() []any {
+	numbers := a.numbers.strings()
+	for i := range numbers {
+		a.args[a.at[i]] = &numbers[i]
+	}
+	return a.args
 }
 
 // distinctCaps lists the distinct caps of the call's limits, and for each
@@ -294,17 +394,10 @@ func (c *scriptCall) decode(reply []int64, charged bool) ([]decision, error) {
 // hexArg is a number argument of admit.lua.
 func hexArg(n int64) string { return strconv.FormatInt(n, 16) }
 
-// numArg is hexArg as an argument of a call: most of a call's numbers are
-// small (its counts, most caps' absent parts), and each of those is boxed
-// once, here, rather than formatted and boxed at each call.
-func numArg(n int64) any {
-	if n >= 0 && n < int64(len(smallNumArgs)) {
-		return smallNumArgs[n]
-	}
-	return hexArg(n)
-}
-
-var smallNumArgs = func() (args [256]any) {
+// smallHexArgs are the small numbers, most of a call's (its counts, most
+// caps' absent parts), as arguments of a call: each boxed once, here,
+// rather than formatted and boxed at each call.
+var smallHexArgs = func() (args [256]any) {
 	for n := range args {
 		args[n] = hexArg(int64(n))
 	}

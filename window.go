@@ -333,5 +333,21 @@ var windowKindsArg = func() (args [1 << numWindows]any) {
 
 // periodKey is the key of a limit's window k in period b of its span.
 func periodKey(prefix string, k windowKind, b int64) string {
-	return prefix + k.keyName() + ":" + strconv.FormatInt(b, 10)
+	var key strings.Builder
+	writePeriodKey(&key, prefix, k, b)
+	return key.String()
+}
+
+// writePeriodKey writes periodKey(prefix, k, b) to text.
+func writePeriodKey(text *strings.Builder, prefix string, k windowKind, b int64) {
+	text.WriteString(prefix)
+	text.WriteString(k.keyName())
+	text.WriteByte(':')
+	writeInt(text, b, 10)
+}
+
+// writeInt writes n in base to text.
+func writeInt(text *strings.Builder, n int64, base int) {
+	var digits [64]byte
+	text.Write(strconv.AppendInt(digits[:0], n, base))
 }
