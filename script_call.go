@@ -39,6 +39,12 @@ func writeSlotsKey(text *strings.Builder, l limit) {
 	text.WriteString("slots")
 }
 
+// writeBucketKey writes to text the key of a limit's token bucket.
+func writeBucketKey(text *strings.Builder, l limit) {
+	text.WriteString(l.prefix)
+	text.WriteString("bkt")
+}
+
 // slotFrees is what a call frees: the chains whose slots it frees, one
 // slot of each concurrency cap, and the same summed per limit (the frees of
 // a batch often share their org's).
@@ -132,8 +138,7 @@ func (c *scriptCall) keys(atMinute int64) []string {
 			keys.end()
 		}
 		if l.bucket.rate > 0 {
-			keys.text.WriteString(l.prefix)
-			keys.text.WriteString("bkt")
+			writeBucketKey(&keys.text, l)
 			keys.end()
 		}
 		if l.concurrent.max > 0 {

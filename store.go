@@ -172,7 +172,7 @@ func (l *lifetime) unload(close func()) {
 type limit struct {
 	scope  string // the scope's name, for messages and logs
 	id     string // the id as it appears in keys: digested unless its scope is readable
-	prefix string // "rolter:rl:<scope>:<id>:", to which the store appends "<window>:<bucket>" (bucketKey) or "bkt"
+	prefix string // "rolter:rl:<scope>:<id>:", to which the store appends "<window>:<period>" (periodKey), "bkt" (writeBucketKey), "slots" (slotsKey) or a budget's (periodSpan.writeKey)
 	// The caps, shared by every limit of one line and never changed once
 	// a limit has them: a chain is copied and walked many times a request,
 	// and the caps are most of a limit's size.

@@ -197,7 +197,9 @@ func resetKeys(l limit, now moment) []string {
 		}
 	}
 	if l.bucket.rate > 0 {
-		keys = append(keys, l.prefix+"bkt")
+		var key strings.Builder
+		writeBucketKey(&key, l)
+		keys = append(keys, key.String())
 	}
 	return keys
 }
