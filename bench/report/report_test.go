@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -283,16 +284,83 @@ plain.paced_rps 4500
 		// 160 and 200 us a request; memory 190 and 220 (+30, +20),
 		// memory-rpm 168 and 205 (+8, +5); limited 225 and 250 (+65, +50)
 		// and Redis 50 and 50, shares (65+50)/160 and (50+50)/200.
-		"plain reverse_proxy (its own Caddy CPU)      |        9000 |         1 |     180.0 us |            - |              - | -                                | -",
-		"in process, 4 scopes, rpm only, headers off  |        8550 |     0.950 |      +6.5 us |       0.0 us |          0.038 | <= +10 us                        | yes",
-		"in process, 4 scopes, rpm + tpm reserving    |        8000 |     0.887 |     +25.0 us |       0.0 us |          0.144 | <= +20 us                        | NO",
-		"Redis, 4 scopes, rpm + tpm reserving         |        7600 |     0.850 |     +57.5 us |      50.0 us |          0.609 | share <= 0.30, vs plain >= 0.85  | NO",
+		"plain reverse_proxy (its own Caddy CPU)      |        9000 |         1 |     180.0 us |                 - |            - |              - | -                                | -",
+		"  noise floor: plain2, the same again        |       10000 |     1.126 |     -20.0 us |     -40.0 .. +0.0 |            - |              - | (info)                           | -",
+		"in process, 4 scopes, rpm only, headers off  |        8550 |     0.950 |      +6.5 us |      +5.0 .. +8.0 |       0.0 us |          0.038 | <= +10 us                        | yes",
+		"in process, 4 scopes, rpm + tpm reserving    |        8000 |     0.887 |     +25.0 us |    +20.0 .. +30.0 |       0.0 us |          0.144 | <= +20 us                        | NO",
+		"Redis, 4 scopes, rpm + tpm reserving         |        7600 |     0.850 |     +57.5 us |    +50.0 .. +65.0 |      50.0 us |          0.609 | share <= 0.30, vs plain >= 0.85  | NO",
 		"1000     |                  n/a |             n/a",
 		"- p99 and p50: wrk --latency, 50 connections each waiting 10 ms between requests; achieved 4450 req/s plain,",
 		"  4250 limited (a slower answer slows the pacing a little); diff: the median of the rounds' differences",
 		"- throughput: wrk -t2 -c32 -d5s, POST /v1/chat/completions, over 2 rounds; each round runs",
 		"share the same 2 cores: figures are noisy;",
 		"within ~4% on a quiet machine)",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("no line %q in:\n%s", want, out.String())
+		}
+	}
+	// A run without paired rounds prints no table of them.
+	if strings.Contains(out.String(), "Sites paired") {
+		t.Errorf("a table of paired sites without paired rounds:\n%s", out.String())
+	}
+}
+
+func TestPairedSitesAreEachSetAgainstThePlainProxyLoadedBesideIt(t *testing.T) {
+	// The wrk rounds' figures as in the test above, and two paired rounds:
+	// each site's CPU per request against that of the plain proxy of its
+	// own pair, which differs from pair to pair as the machine drifts.
+	base := `
+threads 2
+connections 32
+duration 5
+rounds 1
+pace_ms 10
+clk_tck 100
+cores 2
+plain.requests 50000
+plain.caddy_ticks 800
+plain.rps 10000
+plain.p99_ms 1.5
+plain.p50_ms 0.5
+plain.paced_rps 4400
+limited.p99_ms 2.25
+limited.p50_ms 0.75
+limited.paced_rps 4300
+`
+	var pairs strings.Builder
+	for _, round := range []struct {
+		site                                  string
+		requests, ticks, redis, plainRequests int
+		plainTicks                            int
+	}{
+		// plain2 146 us beside 150 (-4), then 150 beside 148 (+2).
+		{"plain2", 20000, 292, 0, 20000, 300},
+		{"memory-rpm", 20000, 320, 0, 20000, 300}, // 160 beside 150: +10
+		{"memory", 18000, 306, 0, 20000, 300},     // 170 beside 150: +20
+		{"limited", 16000, 304, 48, 20000, 300},   // 190 beside 150: +40, Redis 30
+		{"plain2", 20000, 300, 0, 20000, 296},
+		{"memory-rpm", 20000, 312, 0, 20000, 296}, // 156 beside 148: +8
+		{"memory", 19000, 304, 0, 20000, 296},     // 160 beside 148: +12
+		{"limited", 17000, 306, 34, 20000, 296},   // 180 beside 148: +32, Redis 20
+	} {
+		fmt.Fprintf(&pairs, "pair.%[1]s.requests %[2]d\npair.%[1]s.caddy_ticks %[3]d\npair.%[1]s.redis_ticks %[4]d\npair.%[1]s.rps %[2]d\n"+
+			"pair.%[1]s.plain.requests %[5]d\npair.%[1]s.plain.caddy_ticks %[6]d\npair.%[1]s.plain.rps %[5]d\n",
+			round.site, round.requests, round.ticks, round.redis, round.plainRequests, round.plainTicks)
+	}
+	measured := writeFiles(t, map[string]string{"measurements.txt": base + pairs.String()})
+	var out strings.Builder
+	if err := run([]string{"results", filepath.Join(measured, "measurements.txt"), t.TempDir()}, &out); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"Sites paired (each in a Caddy of its own, loaded at the same moment as a plain proxy in another",
+		"plain reverse_proxy (its own Caddy CPU)      |       20000 |         1 |     149.0 us |                 - |",
+		"  noise floor: plain2, the same again        |       20000 |     1.000 |      -1.0 us |      -4.0 .. +2.0 |            - |              - | (info)                           | -",
+		"in process, 4 scopes, rpm only, headers off  |       20000 |     1.000 |      +9.0 us |     +8.0 .. +10.0 |       0.0 us |          0.060 | <= +10 us                        | yes",
+		"in process, 4 scopes, rpm + tpm reserving    |       18500 |     0.925 |     +16.0 us |    +12.0 .. +20.0 |       0.0 us |          0.107 | <= +20 us                        | yes",
+		// Shares (40+30)/150 and (32+20)/148; throughput 0.8 and 0.85.
+		"Redis, 4 scopes, rpm + tpm reserving         |       16500 |     0.825 |     +36.0 us |    +32.0 .. +40.0 |      25.0 us |          0.409 | share <= 0.30, vs plain >= 0.85  | NO",
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("no line %q in:\n%s", want, out.String())

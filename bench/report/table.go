@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strings"
 )
 
@@ -174,7 +175,8 @@ func writeResults(w io.Writer, m measurements, b benchmarks) error {
 	t.row("  gateway CPU per waited request (Redis; in-process)", num(b.get("BenchmarkWaiting/redis", "cpu-ns/op")/1000, "%.1f us"),
 		num(b.get("BenchmarkWaiting/memory", "cpu-ns/op")/1000, "%.1f us"), "-", "(info)", "-")
 
-	writeSites(w, m)
+	writeSites(w, m, sitesInRounds)
+	writeSites(w, m, sitesInPairs)
 
 	fmt.Fprintln(w, "\nRedis time by chain length (Go benchmark, each limit with rpm and tpm, 20000 admissions):")
 	t = table{w: w, widths: []int{-6, 20, 26, 22, 15},
@@ -214,45 +216,93 @@ How it was measured:
 	return err
 }
 
+// siteFigures says where a table of sites finds its figures: a site's, and
+// those of the plain proxy it is set against, as prefixes of measurement
+// names.
+type siteFigures struct {
+	title string
+	site  func(name string) string
+	plain func(name string) string
+}
+
+var (
+	// The wrk rounds: every site in one Caddy, one after another, each
+	// against the plain proxy of its round.
+	sitesInRounds = siteFigures{
+		title: "Sites side by side (wrk rounds, each against the plain proxy of its round; CPU added per request over the plain proxy's):",
+		site:  func(name string) string { return name },
+		plain: func(string) string { return "plain" },
+	}
+	// The paired rounds: each site in a Caddy of its own, loaded at the
+	// same moment as a plain proxy in another.
+	sitesInPairs = siteFigures{
+		title: "Sites paired (each in a Caddy of its own, loaded at the same moment as a plain proxy in another; CPU added per request over that proxy's):",
+		site:  func(name string) string { return "pair." + name },
+		plain: func(name string) string { return "pair." + name + ".plain" },
+	}
+)
+
 // writeSites prints the limited sites beside the plain proxy, each figure
 // of a round against the plain proxy's of the same round: throughput, and
-// the CPU each adds per request, Caddy's and Redis's, with their targets.
-// The Redis site's target is a share of what the plain proxy itself costs
-// Caddy per request.
-func writeSites(w io.Writer, m measurements) {
-	plainCaddy := m.cpuPerRequest("caddy", "plain")
-	fmt.Fprintln(w, "\nSites side by side (wrk rounds, each against the plain proxy of its round; CPU added per request over the plain proxy's):")
-	t := table{w: w, widths: []int{-44, 11, 9, 12, 12, 14, -32},
-		rule: "---------------------------------------------+-------------+-----------+--------------+--------------+----------------+----------------------------------+-----"}
-	t.header("site", "req/s", "vs plain", "Caddy CPU +", "Redis CPU", "share of plain", "target", "ok?")
-	t.row("plain reverse_proxy (its own Caddy CPU)", num(m.median("plain.rps"), "%.0f"), "1", num(median(plainCaddy), "%.1f us"),
-		"-", "-", "-", "-")
-	t.row("  noise floor: plain2, the same again", num(m.median("plain2.rps"), "%.0f"), num(rounded(m.pairedMedian("plain2.rps", "plain.rps", ratio)), "%.3f"),
-		num(median(perRound(m.cpuPerRequest("caddy", "plain2"), plainCaddy, diff)), "%+.1f us"), "-", "-", "(info)", "-")
+// the CPU each adds per request, Caddy's and Redis's, with the range of the
+// rounds' differences and their targets. The Redis site's target is a
+// share of what the plain proxy itself costs Caddy per request. Figures
+// that were not measured at all (a run without paired rounds) print no
+// table.
+func writeSites(w io.Writer, m measurements, f siteFigures) {
+	if len(m[f.site("plain2")+".requests"]) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "\n"+f.title)
+	t := table{w: w, widths: []int{-44, 11, 9, 12, 17, 12, 14, -32},
+		rule: "---------------------------------------------+-------------+-----------+--------------+-------------------+--------------+----------------+----------------------------------+-----"}
+	t.header("site", "req/s", "vs plain", "Caddy CPU +", "rounds' range", "Redis CPU", "share of plain", "target", "ok?")
+	plainCaddy := m.cpuPerRequest("caddy", f.plain("plain2"))
+	t.row("plain reverse_proxy (its own Caddy CPU)", num(m.median(f.plain("plain2")+".rps"), "%.0f"), "1", num(median(plainCaddy), "%.1f us"),
+		"-", "-", "-", "-", "-")
 	for _, site := range []struct {
 		name, label, target string
 		meets               func(added, share, vsPlain float64) bool
 	}{
+		{"plain2", "  noise floor: plain2, the same again", "(info)", nil},
 		{"memory-rpm", "in process, 4 scopes, rpm only, headers off", "<= +10 us", func(added, _, _ float64) bool { return added <= 10 }},
 		{"memory", "in process, 4 scopes, rpm + tpm reserving", "<= +20 us", func(added, _, _ float64) bool { return added <= 20 }},
 		{"limited", "Redis, 4 scopes, rpm + tpm reserving", "share <= 0.30, vs plain >= 0.85", func(_, share, vsPlain float64) bool {
 			return share <= 0.30 && vsPlain >= 0.85
 		}},
 	} {
-		added := perRound(m.cpuPerRequest("caddy", site.name), plainCaddy, diff)
-		redis := m.cpuPerRequest("redis", site.name)
+		name, plain := f.site(site.name), f.plain(site.name)
+		plainCaddy := m.cpuPerRequest("caddy", plain)
+		added := perRound(m.cpuPerRequest("caddy", name), plainCaddy, diff)
+		redis := m.cpuPerRequest("redis", name)
 		// What the site adds, Caddy's and Redis's, over what the plain
 		// proxy costs Caddy, in each round.
 		shares := perRound(perRound(added, redis, func(a, r float64) float64 { return a + r }), plainCaddy, ratio)
-		vsPlain, share := rounded(m.pairedMedian(site.name+".rps", "plain.rps", ratio)), rounded(median(shares))
-		ok := "n/a"
-		if a := median(added); !math.IsNaN(a + share + vsPlain) {
-			ok = "NO"
-			if site.meets(a, share, vsPlain) {
-				ok = "yes"
+		vsPlain, share := rounded(m.pairedMedian(name+".rps", plain+".rps", ratio)), rounded(median(shares))
+		ok := "-"
+		if site.meets != nil {
+			ok = "n/a"
+			if a := median(added); !math.IsNaN(a + share + vsPlain) {
+				ok = "NO"
+				if site.meets(a, share, vsPlain) {
+					ok = "yes"
+				}
 			}
 		}
-		t.row(site.label, num(m.median(site.name+".rps"), "%.0f"), num(vsPlain, "%.3f"), num(median(added), "%+.1f us"),
-			num(median(redis), "%.1f us"), num(share, "%.3f"), site.target, ok)
+		redisCell, shareCell := num(median(redis), "%.1f us"), num(share, "%.3f")
+		if site.meets == nil {
+			redisCell, shareCell = "-", "-"
+		}
+		t.row(site.label, num(m.median(name+".rps"), "%.0f"), num(vsPlain, "%.3f"), num(median(added), "%+.1f us"),
+			spread(added), redisCell, shareCell, site.target, ok)
 	}
+}
+
+// spread is the range of the rounds' values, "n/a" when none was measured.
+func spread(xs []float64) string {
+	v := slices.DeleteFunc(slices.Clone(xs), math.IsNaN)
+	if len(v) == 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%+.1f .. %+.1f", slices.Min(v), slices.Max(v))
 }
