@@ -177,54 +177,59 @@ func (f headerFamilies) headersFor(chain []limit, d decision, counted bool) head
 			bkt.consider(tightest{capacity: l.bucket.burst, left: l.bucket.left(c.deficit), bucket: l.bucket})
 		}
 	}
+	// The values' text stays on the stack unless every family's headers
+	// outgrow it.
 	var v headerValues
-	v.text = make([]byte, 0, 256)
+	var buf [256]byte
+	text := buf[:0]
 	if f.openai {
-		byKind[requests].appendOpenAI(&v, openaiHeaders[:3])
-		byKind[tokens].appendOpenAI(&v, openaiHeaders[3:])
+		text = byKind[requests].appendOpenAI(&v, text, openaiHeaders[:3])
+		text = byKind[tokens].appendOpenAI(&v, text, openaiHeaders[3:])
 	}
 	if f.anthropic {
 		for k, t := range byKind {
-			t.appendAnthropic(&v, anthropicHeaders[3*k:3*k+3], d.now.unixMillis)
+			text = t.appendAnthropic(&v, text, anthropicHeaders[3*k:3*k+3], d.now.unixMillis)
 		}
 	}
 	if f.ietf {
-		appendIETF(&v, &byWindow)
+		text = appendIETF(&v, text, &byWindow)
 	}
 	if f.scg && bkt.found {
 		// A refusal shows what the bucket holds, as Spring's script
 		// returns its refilled level unchanged: above 0 when a request
 		// costs more than one token.
-		bkt.appendSCG(&v, bkt.left)
+		text = bkt.appendSCG(&v, text, bkt.left)
 	}
-	return headerSet{families: f, values: v.values()}
+	return headerSet{families: f, values: v.values(text)}
 }
 
-// headerValues collects the values of an answer's headers in one buffer,
-// which becomes one string: one allocation for the numbers of an answer
-// rather than one for each.
+// headerValues collects where the values of an answer's headers end in one
+// text, which becomes one string: one allocation for the numbers of an
+// answer rather than one for each. The text is the caller's, passed along
+// and returned as append does, so that it can stay on the caller's stack.
 type headerValues struct {
-	text  []byte
 	names [maxHeaderValues]string
-	ends  [maxHeaderValues]int // of each value in text
+	ends  [maxHeaderValues]int // of each value in the text
 	n     int
 }
 
 // maxHeaderValues is the most headers an answer has: every family's.
 const maxHeaderValues = 24
 
-// end ends the value of header name, which text now ends with.
-func (v *headerValues) end(name string, text []byte) {
-	v.text, v.names[v.n], v.ends[v.n] = text, name, len(text)
+// end ends the value of header name, which the text now ends with, and
+// returns the text.
+func (v *headerValues) end(name string, text []byte) []byte {
+	v.names[v.n], v.ends[v.n] = name, len(text)
 	v.n++
+	return text
 }
 
-// values are the headers and their values, cut from one string.
-func (v *headerValues) values() [][2]string {
+// values are the headers and their values, cut from one string of text.
+func (v *headerValues) values(text []byte) [][2]string {
 	if v.n == 0 {
 		return nil
 	}
-	all, start := string(v.text), 0
+	all, start := string(text), 0
 	out := make([][2]string, v.n)
 	for i := range v.n {
 		out[i], start = [2]string{v.names[i], all[start:v.ends[i]]}, v.ends[i]
@@ -234,9 +239,9 @@ func (v *headerValues) values() [][2]string {
 
 // appendIETF appends the IETF family's two headers, which list every
 // window capped: its policy and its state.
-func appendIETF(v *headerValues, byWindow *[numWindows]tightest) {
+func appendIETF(v *headerValues, text []byte, byWindow *[numWindows]tightest) []byte {
 	for h, state := range [...]bool{false, true} {
-		text, listed := v.text, false
+		listed := false
 		for k, t := range byWindow {
 			if !t.found {
 				continue
@@ -260,10 +265,11 @@ func appendIETF(v *headerValues, byWindow *[numWindows]tightest) {
 			}
 		}
 		if !listed {
-			return
+			return text
 		}
-		v.end(ietfHeaders[h], text)
+		text = v.end(ietfHeaders[h], text)
 	}
+	return text
 }
 
 // failedOpenHeaders are the headers of a request let through because the
@@ -283,18 +289,17 @@ func (f headerFamilies) failedOpenHeaders(chain []limit) headerSet {
 	}
 	if bkt.found {
 		var v headerValues
-		bkt.appendSCG(&v, -1)
-		s.values = v.values()
+		s.values = v.values(bkt.appendSCG(&v, nil, -1))
 	}
 	return s
 }
 
 // appendSCG appends Spring's four headers of the bucket, with remaining.
-func (t tightest) appendSCG(v *headerValues, remaining int64) {
-	v.end(scgHeaders[0], strconv.AppendInt(v.text, remaining, 10))
-	v.end(scgHeaders[1], strconv.AppendInt(v.text, t.bucket.burst, 10))
-	v.end(scgHeaders[2], append(v.text, t.bucket.rateText...))
-	v.end(scgHeaders[3], strconv.AppendInt(v.text, t.bucket.cost, 10))
+func (t tightest) appendSCG(v *headerValues, text []byte, remaining int64) []byte {
+	text = v.end(scgHeaders[0], strconv.AppendInt(text, remaining, 10))
+	text = v.end(scgHeaders[1], strconv.AppendInt(text, t.bucket.burst, 10))
+	text = v.end(scgHeaders[2], append(text, t.bucket.rateText...))
+	return v.end(scgHeaders[3], strconv.AppendInt(text, t.bucket.cost, 10))
 }
 
 func (t *tightest) consider(candidate tightest) {
@@ -306,13 +311,13 @@ func (t *tightest) consider(candidate tightest) {
 }
 
 // appendOpenAI appends the limit, remaining and reset headers of names.
-func (t tightest) appendOpenAI(v *headerValues, names []string) {
+func (t tightest) appendOpenAI(v *headerValues, text []byte, names []string) []byte {
 	if !t.found {
-		return
+		return text
 	}
-	v.end(names[0], strconv.AppendInt(v.text, t.capacity, 10))
-	v.end(names[1], strconv.AppendInt(v.text, t.left, 10))
-	v.end(names[2], appendMillis(v.text, t.resetMillis))
+	text = v.end(names[0], strconv.AppendInt(text, t.capacity, 10))
+	text = v.end(names[1], strconv.AppendInt(text, t.left, 10))
+	return v.end(names[2], appendMillis(text, t.resetMillis))
 }
 
 // appendMillis appends ms milliseconds as time.Duration's String writes
@@ -348,11 +353,11 @@ func appendMillis(b []byte, ms int64) []byte {
 // appendAnthropic appends the limit, remaining and reset headers of names,
 // as Anthropic's API sends them: reset is the RFC 3339 time at which the
 // limit is fully replenished, from the store's clock now.
-func (t tightest) appendAnthropic(v *headerValues, names []string, now int64) {
+func (t tightest) appendAnthropic(v *headerValues, text []byte, names []string, now int64) []byte {
 	if !t.found {
-		return
+		return text
 	}
-	v.end(names[0], strconv.AppendInt(v.text, t.capacity, 10))
-	v.end(names[1], strconv.AppendInt(v.text, t.left, 10))
-	v.end(names[2], time.UnixMilli(now+t.resetMillis).UTC().AppendFormat(v.text, time.RFC3339))
+	text = v.end(names[0], strconv.AppendInt(text, t.capacity, 10))
+	text = v.end(names[1], strconv.AppendInt(text, t.left, 10))
+	return v.end(names[2], time.UnixMilli(now+t.resetMillis).UTC().AppendFormat(text, time.RFC3339))
 }
