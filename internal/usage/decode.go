@@ -122,15 +122,25 @@ func (s *source) Read(b []byte) (int, error) {
 	return n, nil
 }
 
+// decoding is the state of a compressed body's decoder coroutine.
+type decoding struct {
+	src     source
+	next    func() (struct{}, bool) // resumes the decoder coroutine
+	stop    func()                  // ends it
+	decoded int64                   // decoded bytes so far
+}
+
 // decodeMore hands p to the decoder coroutine, starting it on the first
 // Write, and returns once the decoder has consumed all of p.
 func (m *Meter) decodeMore(p []byte) {
-	if m.next == nil {
-		m.next, m.stop = iter.Pull(m.decode)
+	if m.dec == nil {
+		m.dec = new(decoding)
+		m.dec.next, m.dec.stop = iter.Pull(m.decode)
 	}
-	m.src.p = p
-	_, running := m.next()
-	m.src.p = nil // p is not retained
+	d := m.dec
+	d.src.p = p
+	_, running := d.next()
+	d.src.p = nil // p is not retained
 	if !running {
 		// The decoder ended (its stream's end, an error, or the cap): the
 		// rest of the body is not read. Finish still stops the coroutine.
@@ -141,15 +151,16 @@ func (m *Meter) decodeMore(p []byte) {
 // decode is the decoder coroutine: it decodes the body and feeds the decoded
 // bytes to the scanner until its input ends or fails.
 func (m *Meter) decode(yield func(struct{}) bool) {
-	m.src.yield = yield
+	d := m.dec
+	d.src.yield = yield
 	defer func() {
-		m.src.yield = nil
+		d.src.yield = nil
 		if r := recover(); r != nil {
 			m.panicked = r
 			m.failed = true
 		}
 	}()
-	dec, closeDec, err := newDecoder(m.coding, &m.src)
+	dec, closeDec, err := newDecoder(m.coding, &d.src)
 	if closeDec != nil {
 		defer closeDec()
 	}
@@ -161,8 +172,8 @@ func (m *Meter) decode(yield func(struct{}) bool) {
 	for idle := 0; idle < 100; {
 		n, err := dec.Read(buf)
 		if n > 0 {
-			m.decoded += int64(n)
-			if m.decoded > maxDecodedBody {
+			d.decoded += int64(n)
+			if d.decoded > maxDecodedBody {
 				return // keep what was found: see maxDecodedBody
 			}
 			m.feed(buf[:n])
@@ -185,7 +196,7 @@ func (m *Meter) decode(yield func(struct{}) bool) {
 func (m *Meter) decodeFailed(err error) {
 	switch {
 	case err == io.EOF, errors.Is(err, errStopped):
-	case m.src.eof && errors.Is(err, io.ErrUnexpectedEOF):
+	case m.dec.src.eof && errors.Is(err, io.ErrUnexpectedEOF):
 	case m.coding == codingBrotli && err.Error() == brotliExcessInput:
 		// The brotli stream reached its end: all of it was decoded. The
 		// decoder says so with this error when bytes follow the end, and

@@ -170,7 +170,7 @@ func TestUsageDecompressionBombIsCutOffAtTheDecodedCap(t *testing.T) {
 	if u != (Usage{Total: 3, Input: 3, Output: 0, UncachedInput: 3}) || !metered {
 		t.Fatalf("got (%+v, %v), want ({3 3 0 3}, true): the usage past the cap must not be read", u, metered)
 	}
-	if m.decoded > maxDecodedBody+decodeBuffer {
-		t.Fatalf("decoded %d bytes, cap %d", m.decoded, maxDecodedBody)
+	if m.dec.decoded > maxDecodedBody+decodeBuffer {
+		t.Fatalf("decoded %d bytes, cap %d", m.dec.decoded, maxDecodedBody)
 	}
 }

@@ -42,11 +42,7 @@ type Meter struct {
 	stopped  bool // nothing more is read (Finish was called, or decoding ended)
 	finished bool
 
-	// compressed bodies only
-	src     source
-	next    func() (struct{}, bool) // resumes the decoder coroutine
-	stop    func()                  // ends it
-	decoded int64                   // decoded bytes so far
+	dec *decoding // compressed bodies only: made by their first Write
 }
 
 // NewMeter starts metering a response with the given response header
@@ -136,12 +132,12 @@ func (m *Meter) Finish() (Usage, bool) {
 func (m *Meter) finish() {
 	defer m.recoverFault()
 	m.stopped = true
-	if m.next != nil {
+	if d := m.dec; d != nil && d.next != nil {
 		// Let the decoder see the end of its input and drain what it holds.
-		m.src.eof = true
-		m.next()
-		m.stop()
-		m.next, m.stop = nil, nil
+		d.src.eof = true
+		d.next()
+		d.stop()
+		d.next, d.stop = nil, nil
 	}
 	if m.sse != nil && !m.failed {
 		// An event the stream ended in without its blank line still counts:

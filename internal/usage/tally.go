@@ -235,12 +235,13 @@ type tally struct {
 	seen uint32            // bit f: field f was reported (and not dropped since)
 	snap uint32            // bit f: field f was reported in the usage object being read
 
-	iter iterations
+	// iter is made by the first iterations array, so that the meter of a
+	// response without one (most of them) is smaller.
+	iter *iterations
 }
 
 // iterations sums Anthropic's usage.iterations arrays.
 type iterations struct {
-	seen bool            // an iterations array was opened
 	open bool            // the latest array has not closed (yet, or ever: a cut body)
 	sum  Usage           // the latest closed array's sum; while one is open, the sum it replaces
 	run  Usage           // the open array: the sum of its closed iterations
@@ -291,23 +292,36 @@ func (t *tally) record(f field, n int64) {
 // once it closes. An earlier one that never closed (its event was cut) is
 // what it had summed by then.
 func (t *tally) openIterations() {
-	it := &t.iter
+	if t.iter == nil {
+		t.iter = new(iterations)
+	}
+	it := t.iter
 	it.sum = it.charge()
-	it.seen, it.open = true, true
+	it.open = true
 	it.run, it.cur = Usage{}, anthropicCounts{}
 }
 
+// The scanner opens and closes an iteration, and records its counts, only
+// inside an iterations array, which openIterations made t.iter for; an
+// iteration outside one changes nothing.
+
 func (t *tally) closeIterations() {
-	it := &t.iter
-	it.sum, it.open = it.run, false
+	if it := t.iter; it != nil {
+		it.sum, it.open = it.run, false
+	}
 }
 
-func (t *tally) openIteration() { t.iter.cur = anthropicCounts{} }
+func (t *tally) openIteration() {
+	if it := t.iter; it != nil {
+		it.cur = anthropicCounts{}
+	}
+}
 
 func (t *tally) closeIteration() {
-	it := &t.iter
-	it.run = it.summed().capped()
-	it.cur = anthropicCounts{}
+	if it := t.iter; it != nil {
+		it.run = it.summed().capped()
+		it.cur = anthropicCounts{}
+	}
 }
 
 // recordIteration takes an iteration's count: the latest value of a field in
@@ -318,14 +332,19 @@ func (t *tally) recordIteration(f field, n int64) {
 	switch f {
 	case fieldInputTokens, fieldOutputTokens,
 		fieldCacheCreationInputTokens, fieldCacheReadInputTokens:
-		t.iter.cur[f-fieldInputTokens] = n
+		if t.iter != nil {
+			t.iter.cur[f-fieldInputTokens] = n
+		}
 	}
 }
 
 // charge is the iterations sum to charge: the latest array's, or while it
 // is open, the larger of what it has summed so far and the sum it replaces,
-// count by count.
+// count by count; nothing without an array.
 func (it *iterations) charge() Usage {
+	if it == nil {
+		return Usage{}
+	}
 	if it.open {
 		return it.sum.max(it.summed())
 	}
@@ -393,7 +412,7 @@ func (it *iterations) summed() Usage { return it.run.plus(it.cur.usage()) }
 // largest of the families'. The details objects alone do not make a
 // response metered.
 func (t *tally) usage() (Usage, bool) {
-	if t.seen&^fieldsDetails == 0 && !t.iter.seen {
+	if t.seen&^fieldsDetails == 0 && t.iter == nil {
 		return Usage{}, false
 	}
 	v := &t.v
