@@ -23,6 +23,24 @@ type scriptCall struct {
 	position map[string]int // limit prefix → index in limits, once there are two admissions
 	charges  chargeCall
 	frees    slotFrees
+
+	// decode's room, kept for the next call of a reused batch: the counts
+	// of the call's limits, and its decisions, which the caller reads
+	// before the batch is reused
+	state     []counts
+	decisions []decision
+}
+
+// reset empties c for another call, keeping its room: nothing a call
+// answered refers to it (decode copies what each admission read).
+func (c *scriptCall) reset() {
+	clear(c.limits)
+	clear(c.chains)
+	clear(c.position)
+	clear(c.decisions)
+	c.limits, c.chains, c.reserves = c.limits[:0], c.chains[:0], c.reserves[:0]
+	c.charges.reset()
+	c.frees.reset()
 }
 
 // slotsKey is the key of a limit's slots: a hash of each holder's count and
@@ -52,6 +70,12 @@ type slotFrees struct {
 	chains [][]limit
 	limits []limit
 	slots  []int64 // per limit
+}
+
+func (f *slotFrees) reset() {
+	clear(f.chains)
+	clear(f.limits)
+	f.chains, f.limits, f.slots = f.chains[:0], f.limits[:0], f.slots[:0]
 }
 
 func (f *slotFrees) add(chain []limit) {
@@ -360,7 +384,9 @@ func (c *scriptCall) decode(reply []int64, charged bool) ([]decision, error) {
 		return nil, fmt.Errorf("%w: admission reply of %d values for %d admissions of %d limits", errBadReply, len(reply), k, n)
 	}
 	now := momentAt(reply[1])
-	state := make([]counts, n)
+	c.state = slices.Grow(c.state[:0], n)[:n]
+	state := c.state
+	clear(state)
 	r := reply[2:]
 	for i, l := range c.limits {
 		for k := range l.each {
@@ -375,7 +401,8 @@ func (c *scriptCall) decode(reply []int64, charged bool) ([]decision, error) {
 			state[i].spent[p], state[i].reserved[p], r = r[0], r[1], r[2:]
 		}
 	}
-	ds := make([]decision, k)
+	c.decisions = slices.Grow(c.decisions[:0], k)[:k]
+	ds := c.decisions
 	for m, chain := range c.chains {
 		flag := r[m]
 		if flag != 0 && flag != 1 {
@@ -503,6 +530,14 @@ func (c *chargeCall) addTo(key chargeKey, n int64) {
 	c.amounts[class][i] += n
 }
 
+func (c *chargeCall) reset() {
+	for class := range c.keys {
+		clear(c.keys[class])
+		c.keys[class], c.amounts[class] = c.keys[class][:0], c.amounts[class][:0]
+	}
+	clear(c.position)
+}
+
 // count is how many counters the call charges.
 func (c *chargeCall) count() int {
 	n := 0
@@ -554,9 +589,10 @@ type scriptAnswer struct {
 // applies to each). An admission whose counters are in the call under other
 // caps waits for the next call.
 type scriptBatch struct {
-	store *redisStore
-	call  scriptCall
-	items []*scriptItem
+	store  *redisStore
+	call   scriptCall
+	items  []*scriptItem
+	reused bool // from store.batches, to which Send puts it back
 }
 
 func (b *scriptBatch) Add(item *scriptItem) bool {
@@ -589,5 +625,11 @@ func (b *scriptBatch) Send() {
 			}
 			item.answer <- scriptAnswer{d: d}
 		}
+	}
+	if b.reused {
+		clear(b.items)
+		b.items = b.items[:0]
+		b.call.reset()
+		b.store.batches.Put(b)
 	}
 }

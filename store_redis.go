@@ -57,7 +57,11 @@ type redisStore struct {
 	// freed ends a free, whatever its outcome (a failure is observed, and
 	// mended by the renewal): it releases the store that the admission held
 	// for it. Made once, as every free's callback.
-	freed    func(error)
+	freed func(error)
+	// batches are the coalesced calls' batches, kept between calls with
+	// their slices' and maps' room, which a call of many admissions
+	// otherwise grows anew.
+	batches  sync.Pool
 	stop     chan struct{}
 	renewing sync.WaitGroup
 }
@@ -125,8 +129,9 @@ func newRedisStore(config *RedisConfig, timeout time.Duration, clock redisClock)
 		holder: rand.Text(), held: newHeldSlots(), slotCalls: semaphore.NewWeighted(slotCallsMax), stop: make(chan struct{})}
 	s.freed = func(error) { s.release() }
 	if config.topology() != cluster {
+		s.batches.New = func() any { return &scriptBatch{store: s, reused: true} }
 		s.calls = coalesce.New(callsInFlight, chargeLinger, func(first *scriptItem) coalesce.Batch[*scriptItem] {
-			b := &scriptBatch{store: s}
+			b := s.batches.Get().(*scriptBatch)
 			b.Add(first)
 			return b
 		})
