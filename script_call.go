@@ -627,9 +627,14 @@ func (b *scriptBatch) Send() {
 		}
 	}
 	if b.reused {
-		clear(b.items)
-		b.items = b.items[:0]
-		b.call.reset()
+		b.reset()
 		b.store.batches.Put(b)
 	}
+}
+
+// reset empties b for another call, keeping its room.
+func (b *scriptBatch) reset() {
+	clear(b.items)
+	b.items = b.items[:0]
+	b.call.reset()
 }

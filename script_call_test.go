@@ -240,10 +240,13 @@ func TestCoalescedTokenChargesAddUpExactly(t *testing.T) {
 // some of whose leases have lapsed by the batch; the batch carries frees of
 // some of them and token charges of responses among its admissions, in any
 // order, which the call makes before its admissions read, as one by one
-// they are made first. Both sides' ledgers then hold the same slots.
+// they are made first. Both sides' ledgers then hold the same slots. The
+// trials share one batch, emptied after each call as the store empties the
+// batches it reuses: a reused batch decides as a new one.
 func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 	s := newTestRedisStore(t, redisURLFromEnv(t))
 	ctx := context.Background()
+	batch := &scriptBatch{}
 	var admissions, readSlots, slotRefusals, frees int
 	check := func(err error) { // a charge's or a free's outcome
 		if err != nil {
@@ -307,7 +310,7 @@ func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 		// output tokens on their token windows (up to past the caps), some
 		// none. Frees of requests of the history and token charges ride
 		// among them. The batch is one call, as the coalescer makes it.
-		batch := &scriptBatch{store: pinned(s, at)}
+		batch.store = pinned(s, at)
 		var items []*scriptItem
 		var alone [][]limit
 		var reserves []tokenCounts
@@ -341,6 +344,7 @@ func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 			}
 		}
 		batch.Send()
+		batch.reset()
 		for i, c := range chargedB {
 			settle(t, pinned(s, at), c, charges[i])
 		}
@@ -398,6 +402,87 @@ func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 		}
 	}
 	t.Logf("%d admissions batched, %d of them reading slots in flight, %d refused for want of one; %d frees batched", admissions, readSlots, slotRefusals, frees)
+}
+
+// The store reuses its batches, each emptied after its call: a call made
+// with a reused batch decides, charges and frees as one made with a new
+// batch, whatever the last call held. Twin limits, the same caps under two
+// ids, go in a batch reused call after call on one side and in a new batch
+// each call on the other. An org's limit, shared by most chains, takes
+// another position in each call; each call also charges a finished
+// response's tokens and frees the oldest request holding one of the org's
+// slots; the later admissions are refused for the org's slots and rpm.
+func TestAReusedBatchDecidesAsANewOne(t *testing.T) {
+	s := newTestRedisStore(t, redisURLFromEnv(t))
+	at := pinnedBase() + 1000
+	outcome := func(err error) {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	freed := func(err error) { s.release(); outcome(err) }
+	type side struct {
+		limits []limit
+		held   [][]limit // admitted chains holding a slot of the org, not yet freed
+	}
+	sideOf := func(id string) *side {
+		sd := &side{}
+		for i := range 4 {
+			sd.limits = append(sd.limits, newLimit(fmt.Sprint("s", i), id, 4, 1000))
+		}
+		sd.limits = append(sd.limits, newSlotLimit("org", id, 3, 6, time.Minute))
+		return sd
+	}
+	sides := [2]*side{sideOf(uniqueID(t)), sideOf(uniqueID(t))}
+	reused := &scriptBatch{}
+	for call, chains := range [][][]int{{{0, 4}, {1, 4}}, {{4, 2}, {3}, {4, 0}}, {{2, 4, 1}, {4}, {3, 4}}} {
+		reused.store = pinned(s, at)
+		batches := [2]*scriptBatch{reused, {store: pinned(s, at)}}
+		var items [][2]*scriptItem
+		for _, positions := range chains {
+			var pair [2]*scriptItem
+			for i, sd := range sides {
+				var chain []limit
+				for _, p := range positions {
+					chain = append(chain, sd.limits[p])
+				}
+				pair[i] = &scriptItem{chain: chain, answer: make(chan scriptAnswer, 1)}
+				if !batches[i].Add(pair[i]) {
+					t.Fatalf("call %d: an admission was refused by its call", call)
+				}
+			}
+			items = append(items, pair)
+		}
+		for i, sd := range sides {
+			batches[i].Add(&scriptItem{chain: []limit{sd.limits[call], sd.limits[4]}, charge: charge{tokens: tokenCounts{total: 70 + int64(call)}}, done: outcome})
+			if len(sd.held) > 0 {
+				batches[i].Add(&scriptItem{chain: sd.held[0], free: true, done: freed})
+				sd.held = sd.held[1:]
+			}
+		}
+		reused.Send()
+		reused.reset()
+		batches[1].Send()
+		for m, pair := range items {
+			a, b := <-pair[0].answer, <-pair[1].answer
+			if a.err != nil || b.err != nil {
+				t.Fatal(a.err, b.err)
+			}
+			if got, want := describeDecision(a.d), describeDecision(b.d); got != want {
+				t.Fatalf("call %d, admission %d: the reused batch decided %s, a new one %s", call, m, got, want)
+			}
+			if a.d.admitted && holdsSlots(pair[0].chain) {
+				for i, sd := range sides {
+					sd.held = append(sd.held, pair[i].chain)
+				}
+			}
+		}
+	}
+	for _, sd := range sides {
+		for _, chain := range sd.held {
+			freeAndWait(t, s, chain)
+		}
+	}
 }
 
 func describeDecision(d decision) string {
