@@ -592,7 +592,7 @@ type scriptBatch struct {
 	store  *redisStore
 	call   scriptCall
 	items  []*scriptItem
-	reused bool // from store.batches, to which Send puts it back
+	pooled bool // from store.batches, to which Send puts it back
 }
 
 func (b *scriptBatch) Add(item *scriptItem) bool {
@@ -626,7 +626,7 @@ func (b *scriptBatch) Send() {
 			item.answer <- scriptAnswer{d: d}
 		}
 	}
-	if b.reused {
+	if b.pooled {
 		b.reset()
 		b.store.batches.Put(b)
 	}

@@ -129,7 +129,7 @@ func newRedisStore(config *RedisConfig, timeout time.Duration, clock redisClock)
 		holder: rand.Text(), held: newHeldSlots(), slotCalls: semaphore.NewWeighted(slotCallsMax), stop: make(chan struct{})}
 	s.freed = func(error) { s.release() }
 	if config.topology() != cluster {
-		s.batches.New = func() any { return &scriptBatch{store: s, reused: true} }
+		s.batches.New = func() any { return &scriptBatch{store: s, pooled: true} }
 		s.calls = coalesce.New(callsInFlight, chargeLinger, func(first *scriptItem) coalesce.Batch[*scriptItem] {
 			b := s.batches.Get().(*scriptBatch)
 			b.Add(first)

@@ -52,7 +52,7 @@ func (m measurements) setting(name string) float64 {
 // median is the middle value, or the mean of the two middle ones, of the
 // measured values in xs.
 func median(xs []float64) float64 {
-	v := slices.DeleteFunc(slices.Clone(xs), math.IsNaN)
+	v := measured(xs)
 	if len(v) == 0 {
 		return math.NaN()
 	}
@@ -62,6 +62,9 @@ func median(xs []float64) float64 {
 	}
 	return (v[len(v)/2-1] + v[len(v)/2]) / 2
 }
+
+// measured is the values of xs that were measured, in order.
+func measured(xs []float64) []float64 { return slices.DeleteFunc(slices.Clone(xs), math.IsNaN) }
 
 // perRound is op of each round's a and b: the rounds' own ratios or
 // differences, of runs made next to each other, so that the machine's

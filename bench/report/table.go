@@ -300,7 +300,7 @@ func writeSites(w io.Writer, m measurements, f siteFigures) {
 
 // spread is the range of the rounds' values, "n/a" when none was measured.
 func spread(xs []float64) string {
-	v := slices.DeleteFunc(slices.Clone(xs), math.IsNaN)
+	v := measured(xs)
 	if len(v) == 0 {
 		return "n/a"
 	}
