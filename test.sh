@@ -75,7 +75,10 @@ else
 fi
 
 section "go vet ./..."
-go vet ./...
+# With -race, vet compiles the dependencies as go test -race does, and
+# golangci-lint then reads them too: a new machine compiles them once, not
+# twice.
+go vet -race ./...
 
 section "golangci-lint $GOLANGCI_LINT_VERSION"
 lint="$(go env GOPATH)/bin/golangci-lint"
@@ -83,7 +86,8 @@ if ! "$lint" version 2>/dev/null | grep -q "version ${GOLANGCI_LINT_VERSION#v} "
 	echo "installing golangci-lint $GOLANGCI_LINT_VERSION (a few minutes on a new machine)"
 	go install "github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$GOLANGCI_LINT_VERSION"
 fi
-"$lint" run ./...
+# golangci-lint reads the dependencies' compiled export data: with -race, vet's.
+GOFLAGS="${GOFLAGS:+$GOFLAGS }-race" "$lint" run ./...
 
 section "go test -race -count=1 ./... $*"
 go build -o "$tmp/withredis" ./internal/redistest/cmd/withredis
