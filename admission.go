@@ -25,6 +25,10 @@ type request struct {
 	call llmapi.Call
 	dia  dialect
 	held *heldBody // the memory of its body as read (body.go), given back at the latest when the request ends
+	// unreadableShadow is the scope of the first shadow limit whose cap
+	// per request the request did not give validly: the limit is left out
+	// of its chain, and the request is marked as that limit would refuse it.
+	unreadableShadow string
 }
 
 // newRequest is a value, which the handler's calls take by pointer: it
@@ -57,6 +61,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.answer(w, req, *refused)
 	}
 	if len(chain) == 0 {
+		h.shadowRefused(w, req, chain, decision{})
 		return next.ServeHTTP(w, r)
 	}
 	metering := chainMetersTokens(chain)
@@ -248,7 +253,11 @@ func (h *Handler) chain(req *request) (chain []limit, refused *answer) {
 			continue
 		}
 		caps, bad := spec.capsFor(req)
-		if bad != "" {
+		switch {
+		case bad != "" && spec.line.shadow:
+			h.unreadableShadowLimit(req, s.Name, bad)
+			continue
+		case bad != "":
 			return nil, new(h.badLimit(s.Name, bad))
 		}
 		chain = append(chain, limit{scope: s.Name, id: id, limitCaps: caps})

@@ -69,7 +69,9 @@ func init() {
 //	                                       whose limit cannot be read; on shadow_refused, the
 //	                                       shadow limit's (and so the next three, and the wait)
 //	{http.rolter_ratelimit.refused_kind}   on a refusal by a limit: requests, tokens, input_tokens,
-//	                                       output_tokens, burst, too_large, concurrency or budget
+//	                                       output_tokens, burst, too_large, concurrency or budget;
+//	                                       on shadow_refused also unreadable (a shadow limit's cap
+//	                                       per request not given validly)
 //	{http.rolter_ratelimit.refused_window} on a refusal by a limit's window: minute or day; by a
 //	                                       budget: day or month ("" for a bucket or a concurrency cap)
 //	{http.rolter_ratelimit.refused_limit}  on a refusal by a limit: its cap (a bucket's burst, a

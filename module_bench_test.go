@@ -195,7 +195,7 @@ func BenchmarkCapsFor(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		spec := newLimitSpec(tc.lc, caps)
+		spec := newLimitSpec(tc.lc, caps, lineSettings{})
 		b.Run(tc.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {

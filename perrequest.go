@@ -19,7 +19,8 @@ import (
 // used still counted. A value is checked per request as the config's
 // values are at load. One that resolves empty, or is not valid, never
 // means unlimited: the limit's fallback (else) applies, and without one
-// the request is refused with 503 before any store call.
+// the request is refused with 503 before any store call (a shadow limit,
+// which refuses nothing, is left out of that request instead: shadow.go).
 
 // PerRequestCap is a cap whose value comes with each request.
 type PerRequestCap struct {
@@ -47,6 +48,7 @@ type perRequestCap struct {
 type limitSpec struct {
 	caps       limitCaps
 	perRequest []perRequestCap
+	line       lineSettings
 	config     LimitConfig // the line without its per-request caps
 }
 
@@ -62,18 +64,33 @@ func (h *Handler) specOf(lc LimitConfig, calendar *calendar) (*limitSpec, error)
 	if err != nil {
 		return nil, err
 	}
-	caps.concurrent.leaseMillis = h.slotLease().Milliseconds()
-	caps.shadow = lc.Shadow || h.Shadow
+	line := lineSettings{leaseMillis: h.slotLease().Milliseconds(), calendar: calendar, shadow: lc.Shadow || h.Shadow}
+	line.applyTo(&caps)
+	return newLimitSpec(lc, caps, line), nil
+}
+
+// lineSettings are what a limit's caps take from its line and its handler
+// rather than from the caps' values: they hold for the caps a request
+// brings as for the configured ones, so that a limit built per request is
+// the line's limit in every other respect (a shadow stays a shadow).
+type lineSettings struct {
+	leaseMillis int64     // the slots' lease (slot_lease)
+	calendar    *calendar // the budgets' days and months (budget_timezone)
+	shadow      bool      // shadow, on the line or the handler
+}
+
+// applyTo gives caps the line's settings.
+func (s lineSettings) applyTo(caps *limitCaps) {
+	caps.concurrent.leaseMillis, caps.shadow = s.leaseMillis, s.shadow
 	if caps.budgets.max != [numBudgetPeriods]int64{} {
-		caps.budgets.calendar = calendar
+		caps.budgets.calendar = s.calendar
 	}
-	return newLimitSpec(lc, caps), nil
 }
 
 // newLimitSpec is the spec of a limit line whose caps, as configured, are
-// caps.
-func newLimitSpec(lc LimitConfig, caps limitCaps) *limitSpec {
-	s := &limitSpec{caps: caps, config: lc}
+// caps, with the line's settings.
+func newLimitSpec(lc LimitConfig, caps limitCaps, line lineSettings) *limitSpec {
+	s := &limitSpec{caps: caps, line: line, config: lc}
 	s.config.PerRequest = nil
 	for _, name := range slices.Sorted(maps.Keys(lc.PerRequest)) {
 		p := lc.PerRequest[name]
@@ -104,7 +121,7 @@ func (s *limitSpec) capsFor(req *request) (caps *limitCaps, bad string) {
 	if err != nil {
 		return nil, s.perRequest[0].name
 	}
-	built.concurrent.leaseMillis, built.budgets.calendar = s.caps.concurrent.leaseMillis, s.caps.budgets.calendar
+	s.line.applyTo(&built)
 	return &built, ""
 }
 

@@ -15,7 +15,10 @@ import (
 // shadow mode charges, so that its counters show what the traffic really
 // is: the counters it would enforce if it were. Its slots and reservations
 // are its own keys', so it cannot refuse an enforced limit; it never
-// delays a request, and a request too large for it is not refused. The
+// delays a request, and a request too large for it is not refused. Caps
+// that come with the request keep it a shadow (lineSettings), and a request
+// that does not give one validly passes with the limit left out of its
+// chain, marked as the limit, enforced, would refuse it (unreadable). The
 // rate-limit headers describe the enforced limits only.
 //
 // A request a shadow limit would have refused has the outcome
@@ -34,11 +37,11 @@ const shadowHeader = "X-Ratelimit-Shadow"
 // one would.
 func (h *Handler) shadowRefused(w http.ResponseWriter, req *request, chain []limit, d decision) bool {
 	if !hasShadow(chain) {
-		return false
+		return h.shadowUnreadable(w, req)
 	}
 	ref := shadowRefusalOf(chain, d)
 	if ref.first < 0 {
-		return false
+		return h.shadowUnreadable(w, req)
 	}
 	l, window := chain[ref.first], ref.windowName()
 	setOutcome(req.repl, outcomeShadowRefused)
@@ -63,6 +66,42 @@ func (h *Handler) shadowRefused(w http.ResponseWriter, req *request, chain []lim
 			v += "; retry-after=" + strconv.FormatInt(retry, 10)
 		}
 		w.Header().Set(shadowHeader, v)
+	}
+	return true
+}
+
+// unreadableKind is the refused kind of a request that a shadow limit
+// would refuse because a cap of its that comes with the request is missing
+// or not valid: enforced, that limit would answer 503 (badLimit).
+const unreadableKind = "unreadable"
+
+// unreadableShadowLimit leaves out of the request's chain the shadow limit
+// of scope whose cap per request the request does not give validly (cap):
+// a shadow never refuses, whatever its caps are made of. It logs the
+// mistake as badLimit does, and the request is marked as that limit would
+// refuse it, unless a shadow limit of the chain counted would.
+func (h *Handler) unreadableShadowLimit(req *request, scope, cap string) {
+	h.badLimitWarn.log(h.logger, "a cap of a shadow limit that comes with the request is missing or not valid, and the limit has no fallback (else); the limit is left out of the request, which passes",
+		zap.String("scope", scope), zap.String("cap", cap))
+	if req.unreadableShadow == "" {
+		req.unreadableShadow = scope
+	}
+}
+
+// shadowUnreadable marks a request that a shadow limit left out of its
+// chain would refuse (unreadableShadowLimit), and reports whether there is
+// one.
+func (h *Handler) shadowUnreadable(w http.ResponseWriter, req *request) bool {
+	scope := req.unreadableShadow
+	if scope == "" {
+		return false
+	}
+	setOutcome(req.repl, outcomeShadowRefused)
+	req.repl.Set(placeholderRefusedScope, scope)
+	req.repl.Set(placeholderRefusedKind, unreadableKind)
+	refusalsTotal.WithLabelValues(scope, unreadableKind, "", "true").Inc()
+	if h.ShadowHeader {
+		w.Header().Set(shadowHeader, unreadableKind+"; scope="+scope)
 	}
 	return true
 }

@@ -118,3 +118,74 @@ func TestAShadowRefusalIsLoggedAtInfoWithTheStoredID(t *testing.T) {
 		t.Fatalf("fields %v: want the scope and the stored id only", fields)
 	}
 }
+
+// A shadow limit never refuses, whatever its caps are made of: caps that
+// come with the request (given, at their fallback, or not given validly
+// and without one), and budgets, which an enforced limit would refuse an
+// unpriced model and a request too large for with. Every request passes,
+// marked as the limit would refuse it; the same lines enforced refuse.
+func TestAShadowLimitNeverRefusesWhateverItsCapsAreMadeOf(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		up := newUpstream(t)
+		// send sends n requests, each of which must pass, and returns
+		// their shadow headers.
+		send := func(gw *gateway, n int, body string, headers ...string) []string {
+			t.Helper()
+			marks := make([]string, n)
+			for i := range n {
+				res, got := gw.send(t, "POST", "/v1/chat/completions", body, headers...)
+				if res.StatusCode != http.StatusOK {
+					t.Fatalf("request %d (%s): %d %s, want 200: a shadow limit refused it", i+1, body, res.StatusCode, got)
+				}
+				marks[i] = res.Header.Get(shadowHeader)
+			}
+			return marks
+		}
+		requests := "requests; scope=key; window=minute; retry-after="
+		for _, shadow := range []string{"shadow_header on\nlimit key * rpm {http.request.header.X-Plan-Rpm} else 2 shadow", "shadow_header on\nshadow on\nlimit key * rpm {http.request.header.X-Plan-Rpm} else 2"} {
+			gw := startGateway(t, up.URL, limited(store, "scope key {http.request.header.X-Api-Key}\n"+shadow))
+			marks := send(gw, 4, `{"model":"m"}`, "X-Api-Key: "+uniqueID(t))
+			if marks[1] != "" || !strings.HasPrefix(marks[2], requests) || !strings.HasPrefix(marks[3], requests) {
+				t.Errorf("%q at its fallback of 2: marks %q, want the 3rd and 4th marked", shadow, marks)
+			}
+			marks = send(gw, 2, `{"model":"m"}`, "X-Api-Key: "+uniqueID(t), "X-Plan-Rpm: 1")
+			if marks[0] != "" || !strings.HasPrefix(marks[1], requests) {
+				t.Errorf("%q with a plan of 1: marks %q, want the 2nd marked", shadow, marks)
+			}
+		}
+
+		gw := startGateway(t, up.URL, limited(store, `
+			scope key {http.request.header.X-Api-Key}
+			limit key * rpm {http.request.header.X-Plan-Rpm} shadow
+			shadow_header on`))
+		const unreadable = `caddy_rolter_ratelimit_refusals_total{kind="unreadable",scope="key",shadow="true",window=""}`
+		before := scrape(t)[unreadable]
+		if marks := send(gw, 2, `{"model":"m"}`, "X-Api-Key: "+uniqueID(t), "X-Plan-Rpm: none"); marks[0] != "unreadable; scope=key" || marks[1] != marks[0] {
+			t.Errorf("a plan not valid, and no fallback: marks %q, want each marked unreadable", marks)
+		}
+		if got := scrape(t)[unreadable] - before; got != 2 {
+			t.Errorf("%s rose by %v, want 2", unreadable, got)
+		}
+
+		budget := func(shadow string) *gateway {
+			return startGateway(t, up.URL, limited(store, `
+				scope key {http.request.header.X-Api-Key}
+				limit key * budget_day {http.request.header.X-Budget} else 0.000001 `+shadow+`
+				price priced input 1 output 2
+				shadow_header on`))
+		}
+		gw = budget("shadow")
+		if marks := send(gw, 1, `{"model":"unpriced"}`, "X-Api-Key: "+uniqueID(t)); marks[0] != "" {
+			t.Errorf("an unpriced model under a shadow budget: marked %q, want passed unmarked (it cannot be counted)", marks)
+		}
+		if marks := send(gw, 1, `{"model":"priced"}`, "X-Api-Key: "+uniqueID(t)); !strings.HasPrefix(marks[0], "budget; scope=key; window=day") {
+			t.Errorf("a request too large for a shadow budget of $0.000001: marked %q, want the budget's refusal", marks)
+		}
+		gw = budget("")
+		for body, want := range map[string]int{`{"model":"unpriced"}`: http.StatusBadRequest, `{"model":"priced"}`: http.StatusTooManyRequests} {
+			if res, got := gw.send(t, "POST", "/v1/chat/completions", body, "X-Api-Key: "+uniqueID(t)); res.StatusCode != want {
+				t.Errorf("the budget enforced, %s: %d %s, want %d", body, res.StatusCode, got, want)
+			}
+		}
+	})
+}
