@@ -117,7 +117,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // {vars.max_parallel}) comes with each request: it is checked per request
 // as a value written here is checked when the config loads, and one that
 // resolves empty or is not valid takes the value after else; without else
-// such a request is refused with 503, never let through unlimited.
+// such a request is refused with 503, never let through unlimited. A value
+// whose placeholders are all known when the config loads ({env.*},
+// {file.*}) is resolved then and checked as a value written here, with its
+// else, and fails the load with its line if it is not valid.
 //
 // A budget is a positive number of US dollars, exact to the nano-dollar, of
 // at most 1000000. Requests under a budget are priced by the price lines

@@ -318,6 +318,8 @@ var caddyfileBadCases = append([]caddyfileBadCase{
 	{"reserve_output negative", "rolter_ratelimit {\n\treserve_output -5\n}", `reserve_output must be a positive number of tokens, not "-5"`, 2},
 	{"reserve_output without a value", "rolter_ratelimit {\n\treserve_output\n}", "wrong argument count", 2},
 	{"an id that resolves to nothing", "rolter_ratelimit {\n\tscope key {http.request.header.X-Api-Key}\n\tlimit key {env.ROLTER_TEST_UNSET_ID} rpm 5\n}", `limit for scope "key" id "{env.ROLTER_TEST_UNSET_ID}": the id resolves to nothing when the config loads, so it would limit no request`, 3},
+	{"a cap known at load that resolves to nothing", "rolter_ratelimit {\n\tscope key {http.request.header.X-Api-Key}\n\tlimit key * rpm {env.ROLTER_TEST_UNSET_CAP}\n}", `limit for scope "key" id "*": rpm {env.ROLTER_TEST_UNSET_CAP} is "" when the config loads: rpm must be a positive integer of at most 100000000000, not ""`, 3},
+	{"a cap known at load that is not valid, and its else neither", "rolter_ratelimit {\n\tscope key {http.request.header.X-Api-Key}\n\tlimit key * concurrent {env.ROLTER_TEST_UNSET_CAP}x else 0\n}", `limit for scope "key" id "*": concurrent {env.ROLTER_TEST_UNSET_CAP}x is "x" when the config loads: concurrent must be a positive integer of at most 100000000000, not "0"`, 3},
 	{"body_memory not a size", "rolter_ratelimit {\n\tbody_memory lots\n}", `body_memory must be a size such as 64MiB, not "lots"`, 2},
 	{"body_memory below two bodies", "rolter_ratelimit {\n\tbody_memory 1MiB\n}", "body_memory must be at least 8388608 bytes (8MiB: two bodies of the largest size read), not 1048576", 2},
 	{"slot_lease not a duration", "rolter_ratelimit {\n\tslot_lease long\n}", `slot_lease must be a positive duration such as 30s, not "long"`, 2},
@@ -830,6 +832,8 @@ func TestJSONValidationRejectsEachPerRequestMistake(t *testing.T) {
 			`limit for scope "key" id "*": rpm else: rpm must be a positive integer of at most 100000000000, not "abc"`},
 		{"an else that is a placeholder", `"per_request":{"concurrent":{"value":"{h}","else":"{g}"}}`,
 			`limit for scope "key" id "*": concurrent else: concurrent must be a positive integer of at most 100000000000, not "{g}"`},
+		{"a cap known at load that resolves to nothing", `"per_request":{"tpm":{"value":"{env.ROLTER_TEST_UNSET_CAP}"}}`,
+			`limit for scope "key" id "*": tpm {env.ROLTER_TEST_UNSET_CAP} is "" when the config loads: tpm must be a positive integer of at most 100000000000, not ""`},
 		{"an else rate with four decimals", `"burst":3,"per_request":{"rate":{"value":"{h}","else":"0.0005"}}`,
 			`limit for scope "key" id "*": rate else: rate "0.0005": at most three decimal places`},
 	} {

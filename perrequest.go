@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/caddyserver/caddy/v2"
+
 	"github.com/rolter/caddy-ratelimit/internal/pricing"
 )
 
@@ -27,7 +29,9 @@ type PerRequestCap struct {
 	// Value holds placeholders, resolved per request, such as
 	// {http.request.header.X-Plan-Rpm}; it must then be what the cap takes
 	// in the config (a positive integer; a decimal for rate; US dollars
-	// for budgets) within the same bounds.
+	// for budgets) within the same bounds. A value whose placeholders are
+	// all known when the config loads ({env.*}, {file.*}) is resolved and
+	// checked then, and the config fails to load if it is not valid.
 	Value string `json:"value"`
 	// Else is the cap's value when Value resolves empty or not valid; it
 	// must be valid. Absent: such a request is refused with 503.
@@ -56,6 +60,10 @@ type limitSpec struct {
 // the days and months of calendar: its caps (a cap per request at its
 // fallback, or a stand-in), with the handler's slot lease and shadow.
 func (h *Handler) specOf(lc LimitConfig, calendar *calendar) (*limitSpec, error) {
+	lc, err := lc.resolvedAtLoad()
+	if err != nil {
+		return nil, err
+	}
 	nominal, err := lc.nominal()
 	if err != nil {
 		return nil, err
@@ -247,6 +255,10 @@ func (l LimitConfig) given(name string) bool {
 // error says what is wrong with a cap per request: a cap the line does not
 // also give, with a placeholder in its value, and a valid fallback.
 func (l LimitConfig) nominal() (LimitConfig, error) {
+	l, err := l.resolvedAtLoad()
+	if err != nil {
+		return l, err
+	}
 	nominal := l
 	nominal.PerRequest = nil
 	for _, name := range slices.Sorted(maps.Keys(l.PerRequest)) {
@@ -272,4 +284,55 @@ func (l LimitConfig) nominal() (LimitConfig, error) {
 		}
 	}
 	return nominal, nil
+}
+
+// resolvedAtLoad is the line with each cap per request whose placeholders
+// are all known when the config loads ({env.*}, {file.*}) resolved then
+// and given as a value, as ids are (resolvedID): such a cap is the same for
+// every request, and one that is not valid (an unset variable) fails the
+// load with its line rather than every request with 503. Its else applies
+// when it resolves empty or not valid, as it would per request.
+func (l LimitConfig) resolvedAtLoad() (LimitConfig, error) {
+	var repl *caddy.Replacer
+	for _, name := range slices.Sorted(maps.Keys(l.PerRequest)) {
+		p := l.PerRequest[name]
+		if !knownAtLoad(p.Value) || !slices.Contains(capNames, name) || l.given(name) {
+			continue // not known at load, or a mistake that nominal names
+		}
+		if repl == nil {
+			repl = caddy.NewReplacer()
+			l.PerRequest = maps.Clone(l.PerRequest)
+		}
+		v := repl.ReplaceKnown(p.Value, "")
+		err := l.setCap(name, v)
+		if err != nil && p.Else != "" {
+			err = l.setCap(name, p.Else)
+		}
+		if err != nil {
+			return l, fmt.Errorf("limit for scope %q id %q: %s %s is %q when the config loads: %v", l.Scope, l.ID, name, p.Value, v, err)
+		}
+		delete(l.PerRequest, name)
+	}
+	return l, nil
+}
+
+// knownAtLoad reports whether v holds placeholders, each of them one whose
+// value is known when the config loads: {env.*} or {file.*}.
+func knownAtLoad(v string) bool {
+	found := false
+	for rest := v; ; {
+		open := strings.IndexByte(rest, '{')
+		if open < 0 {
+			return found
+		}
+		length := strings.IndexByte(rest[open:], '}')
+		if length < 0 {
+			return false
+		}
+		name := rest[open+1 : open+length]
+		if !strings.HasPrefix(name, "env.") && !strings.HasPrefix(name, "file.") {
+			return false
+		}
+		found, rest = true, rest[open+length+1:]
+	}
 }

@@ -295,3 +295,26 @@ func TestTheLoadedLimitsLogShowsCapsPerRequestAsConfigured(t *testing.T) {
 		t.Fatalf("%q, want %q", got, want)
 	}
 }
+
+// A cap whose placeholders are all known when the config loads is resolved
+// then and enforced as a value, on both stores: {env.*} of 2 admits 2 a
+// minute, and one unset takes its else; the live view shows the value, not
+// a cap per request. One that is not valid fails the load
+// (TestCaddyfileRejectsEveryMistakeWithItsLine), not every request.
+func TestACapKnownAtLoadIsResolvedThenAndEnforcedAsAValue(t *testing.T) {
+	t.Setenv("ROLTER_TEST_PLAN_RPM", "2")
+	eachStore(t, func(t *testing.T, store string) {
+		up := newUpstream(t)
+		for capLine, want := range map[string]int64{"rpm {env.ROLTER_TEST_PLAN_RPM}": 2, "rpm {env.ROLTER_TEST_UNSET_CAP} else 3": 3} {
+			gw := startGateway(t, up.URL, limited(store, "scope key {http.request.header.X-Api-Key} readable\nlimit key * "+capLine))
+			key := uniqueID(t)
+			if got := admittedOf(t, gw, key, 5, http.StatusTooManyRequests); int64(got) != want {
+				t.Errorf("%s: %d admitted of 5, want %d", capLine, got, want)
+			}
+			v, body := getLiveViewAt(t, caddyAdmin(), "scope=key&id="+key)
+			if len(v.Limits) != 1 || v.Limits[0].RPM == nil || v.Limits[0].RPM.Limit != want || v.Limits[0].PerRequest != nil {
+				t.Errorf("the live view of %s: %s, want an rpm of %d and no cap per request", capLine, body, want)
+			}
+		}
+	})
+}
