@@ -122,7 +122,8 @@ func (h *Handler) peekIfWorthSparing(req *request, chain []limit) (admission, bo
 // says; a request whose model its body names but the limiter could not
 // read wholly (compressed, not JSON, or longer than it reads) has no model
 // it can be sure of: a later "model" key would win upstream, and a
-// client could choose the price it is counted at.
+// client could choose the price it is counted at. Nor has one whose body
+// names it under two spellings of the key, which is refused with 400.
 func (h *Handler) priceOf(chain []limit, req *request, body requestBody) (*pricing.Entry, *answer) {
 	if req.call.Model == "" && !body.complete && req.ContentLength != 0 {
 		if hasBudgets(chain, false) {
@@ -130,7 +131,30 @@ func (h *Handler) priceOf(chain []limit, req *request, body requestBody) (*prici
 		}
 		return nil, nil
 	}
-	return h.price(chain, tokenest.Model(req.call, body.bytes))
+	model, ambiguous := tokenest.Model(req.call, body.bytes)
+	if !ambiguous {
+		return h.price(chain, model)
+	}
+	for _, l := range chain {
+		if hasBudgets([]limit{l}, false) {
+			return nil, new(ambiguousScope(l.scope, twoModelKeys))
+		}
+	}
+	return nil, nil // shadow budgets alone count only what they can price
+}
+
+// twoModelKeys says what a body that names its model under two spellings
+// of the key sends (tokenest.Model): an upstream may read either.
+const twoModelKeys = `its model under two spellings of the key "model" (as "model" and "MODEL")`
+
+// modelScope is the name of the first scope whose value names the model.
+func (h *Handler) modelScope() string {
+	for _, s := range h.Scopes {
+		if strings.Contains(s.Value, "{"+placeholderModel+"}") {
+			return s.Name
+		}
+	}
+	return ""
 }
 
 // price is the price of the model a request under budgets asks for, or
@@ -199,7 +223,11 @@ func (h *Handler) resolve(req *request) (chain []limit, body requestBody, refuse
 		if body, err = readRequestBody(req, h.bodyMemory()); err != nil {
 			return nil, body, new(h.bodyRefusal(err))
 		}
-		req.repl.Set(placeholderModel, tokenest.Model(req.call, body.bytes))
+		model, ambiguous := tokenest.Model(req.call, body.bytes)
+		if ambiguous {
+			return nil, body, new(ambiguousScope(h.modelScope(), twoModelKeys))
+		}
+		req.repl.Set(placeholderModel, model)
 	}
 	chain, refused = h.chain(req)
 	return chain, body, refused

@@ -137,7 +137,7 @@ func TestBudgetOvershootAgainstRecordedUsage(t *testing.T) {
 		}
 		body := []byte(e.Request.Body)
 		call := llmapi.Of(e.APIPath)
-		model := tokenest.Model(call, body)
+		model, _ := tokenest.Model(call, body)
 		price, refused := h.price(chain, model)
 		if refused != nil {
 			if call.API == llmapi.Unknown && model == "" {

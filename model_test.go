@@ -2,7 +2,9 @@ package ratelimit
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 
@@ -146,6 +148,71 @@ func TestABodySentWithAnotherTypeOrMethodGetsItsModelAndItsReservation(t *testin
 				if res, got := gw.send(t, c.method, "/v1/chat/completions", body, "Content-Type: "+c.contentType); res.StatusCode != c.status {
 					t.Fatalf("%s %s %s: %d %s, want %d", c.method, c.contentType, body, res.StatusCode, got, c.status)
 				}
+			}
+		}
+	})
+}
+
+// A body that names its model under two spellings of the key ("model" and
+// "MODEL"), which an upstream decoding into a Go struct reads without
+// regard to case, is refused with 400 before the store counts it, under a
+// model scope or a budget, whichever spelling comes last: the client would
+// choose the pool or the price it is counted at. Where nothing reads the
+// model it passes, and a key repeated as it is spelled is its last value,
+// for every decoder.
+func TestAModelNamedUnderTwoSpellingsOfItsKeyIsRefusedWhereTheModelCounts(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		up := newUpstream(t)
+		f := uniqueID(t)
+		twoSpellings := []string{
+			fmt.Sprintf(`{"model":"%[1]s-cheap","MODEL":"%[1]s-dear"}`, f),
+			fmt.Sprintf(`{"Model":"%[1]s-dear","model":"%[1]s-cheap"}`, f),
+		}
+		refused := func(gw *gateway, scope string, headers ...string) {
+			t.Helper()
+			hits := up.hits.Load()
+			for _, body := range twoSpellings {
+				res, got := gw.send(t, "POST", "/v1/chat/completions", body, headers...)
+				var e openAIError
+				if res.StatusCode != http.StatusBadRequest || json.Unmarshal(got, &e) != nil || e.Error.Code != "rate_limit_scope_ambiguous" ||
+					!strings.Contains(e.Error.Message, `two spellings of the key "model"`) || !strings.Contains(e.Error.Message, `scope "`+scope+`"`) {
+					t.Errorf("%s: %d %s, want 400 rate_limit_scope_ambiguous naming the scope %s", body, res.StatusCode, got, scope)
+				}
+			}
+			if up.hits.Load() != hits {
+				t.Errorf("the upstream saw %d requests refused for their model's spellings", up.hits.Load()-hits)
+			}
+		}
+
+		gw := startGateway(t, up.URL, limited(store, fmt.Sprintf(`
+			scope key {http.request.header.X-Api-Key}
+			scope model {http.rolter_ratelimit.model} readable
+			limit model %[1]s-cheap rpm 100
+			limit model %[1]s-dear rpm 1`, f)))
+		refused(gw, "model", "X-Api-Key: a")
+		repeated := fmt.Sprintf(`{"model":"%[1]s-cheap","model":"%[1]s-dear"}`, f)
+		for i, want := range []int{http.StatusOK, http.StatusTooManyRequests} {
+			if res, got := gw.send(t, "POST", "/v1/chat/completions", repeated, "X-Api-Key: a"); res.StatusCode != want {
+				t.Fatalf("%s, request %d: %d %s, want %d: the last model, dear, with its rpm of 1", repeated, i+1, res.StatusCode, got, want)
+			}
+		}
+
+		gw = startGateway(t, up.URL, limited(store, fmt.Sprintf(`
+			scope team {http.request.header.X-Team}
+			limit team * budget_day 10
+			price %[1]s-cheap input 0.1 output 0.1
+			price %[1]s-dear input 10 output 10`, f)))
+		team := uniqueID(t)
+		refused(gw, "team", "X-Team: "+team)
+		if res, got := gw.send(t, "POST", "/v1/chat/completions", fmt.Sprintf(`{"model":%q}`, f+"-dear"), "X-Team: "+team); res.StatusCode != http.StatusOK {
+			t.Fatalf("one spelling under the budget: %d %s, want 200", res.StatusCode, got)
+		}
+		waitSettled(t, caddyAdmin(), team, 3*10_000+4*10_000) // only that one, priced dear
+
+		gw = startGateway(t, up.URL, limited(store, "scope key {http.request.header.X-Api-Key}\nlimit key * rpm 100"))
+		for _, body := range twoSpellings {
+			if res, got := gw.send(t, "POST", "/v1/chat/completions", body, "X-Api-Key: "+uniqueID(t)); res.StatusCode != http.StatusOK {
+				t.Errorf("%s where nothing reads the model: %d %s, want 200", body, res.StatusCode, got)
 			}
 		}
 	})

@@ -404,9 +404,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	for i, s := range h.Scopes {
 		h.scopeHeaders[i] = scopeHeader(s.Value)
 		readable[s.Name] = s.Readable
-		h.readsModel = h.readsModel || strings.Contains(s.Value, "{"+placeholderModel+"}")
 		h.readsAPIKey = h.readsAPIKey || strings.Contains(s.Value, "{"+placeholderAPIKey+"}")
 	}
+	h.readsModel = h.modelScope() != ""
 	if err := h.loadPrices(repl); err != nil {
 		return err
 	}

@@ -1,6 +1,7 @@
 package tokenest
 
 import (
+	"bytes"
 	"encoding/json"
 	"unicode/utf8"
 
@@ -10,10 +11,14 @@ import (
 // Model is the model a request of the call asks for: the one its path
 // names (Gemini, Vertex AI, Azure OpenAI), else the JSON body's top-level
 // "model" string (OpenAI, Anthropic); "" when there is none or the body is
-// not a JSON object.
-func Model(call llmapi.Call, body []byte) string {
+// not a JSON object. ambiguous reports a body that also has a top-level key
+// that is "model" but for case ("MODEL", "Model"): an upstream that decodes
+// JSON into a Go struct matches keys without regard to case and reads the
+// last of them, where Python and JavaScript read "model" alone, so the
+// client would choose which model a limiter that read one of them counts.
+func Model(call llmapi.Call, body []byte) (model string, ambiguous bool) {
 	if call.Model != "" {
-		return call.Model
+		return call.Model, false
 	}
 	return bodyModel(body)
 }
@@ -23,13 +28,15 @@ func Model(call llmapi.Call, body []byte) string {
 // rest of a body of any size without allocating: encoding/json would take
 // milliseconds over a long conversation. Only a model string with escapes
 // or invalid UTF-8 is decoded by encoding/json, as it would be.
-func bodyModel(body []byte) string {
+func bodyModel(body []byte) (model string, ambiguous bool) {
 	p := parser{b: body}
 	if p.peek() != '{' {
-		return ""
+		return "", false
 	}
-	var model string
 	p.members(func(key word) {
+		// Of the letters of "model", only their ASCII cases fold to one
+		// another, in encoding/json's folding as in Unicode's.
+		ambiguous = ambiguous || string(key.bytes()) != "model" && bytes.EqualFold(key.bytes(), []byte("model"))
 		if string(key.bytes()) != "model" || p.peek() != '"' {
 			if string(key.bytes()) == "model" {
 				model = "" // not a string: no model, as a later key wins
@@ -45,7 +52,7 @@ func bodyModel(body []byte) string {
 		}
 	})
 	if p.bad || p.ws() {
-		return ""
+		return "", false
 	}
-	return model
+	return model, ambiguous
 }

@@ -28,30 +28,62 @@ func TestModelIsReadFromThePathOrTheBodyAsEachAPINamesIt(t *testing.T) {
 		{"/v1/chat/completions", `{"model":"gpt-4o"} trailing`, ""},
 		{"/v1/chat/completions", `{"model":"gpt-4o",}`, ""},
 	} {
-		if got := Model(llmapi.Of(c.path), []byte(c.body)); got != c.want {
-			t.Errorf("Model(llmapi.Of(%q), %s) = %q, want %q", c.path, c.body, got, c.want)
+		if got, ambiguous := Model(llmapi.Of(c.path), []byte(c.body)); got != c.want || ambiguous {
+			t.Errorf("Model(llmapi.Of(%q), %s) = %q, %v, want %q, false", c.path, c.body, got, ambiguous, c.want)
+		}
+	}
+}
+
+// A body that names its model under two spellings of the key, which an
+// upstream decoding into a Go struct reads without regard to case, is
+// ambiguous, whichever comes last and whether or not "model" is one of
+// them; keys of nested objects, and a model the path names, do not count.
+func TestAModelKeySpelledTwoWaysIsAmbiguous(t *testing.T) {
+	for _, c := range []struct {
+		path, body string
+		ambiguous  bool
+	}{
+		{"/v1/chat/completions", `{"model":"cheap","MODEL":"dear"}`, true},
+		{"/v1/chat/completions", `{"Model":"dear","model":"cheap"}`, true},
+		{"/v1/messages", `{"max_tokens":5,"mOdEl":"dear"}`, true},
+		{"/v1/chat/completions", `{"model":"cheap","\u004dodel":"dear"}`, true},
+		{"/v1/chat/completions", `{"model":"cheap","MODEL":null}`, true},
+		{"/v1/chat/completions", `{"model":"cheap","mod\u0065l":"dear"}`, false}, // one key, as every decoder unescapes it
+		{"/v1/chat/completions", `{"model":"cheap","model":"dear"}`, false},      // the last, for every decoder
+		{"/v1/chat/completions", `{"model":"cheap","metadata":{"MODEL":"x"}}`, false},
+		{"/v1/chat/completions", `{"model":"cheap","models":"x","modeI":"y"}`, false},
+		{"/v1beta/models/gemini-2.5-flash:generateContent", `{"MODEL":"x","model":"y"}`, false},
+	} {
+		if _, ambiguous := Model(llmapi.Of(c.path), []byte(c.body)); ambiguous != c.ambiguous {
+			t.Errorf("Model(llmapi.Of(%q), %s): ambiguous %v, want %v", c.path, c.body, ambiguous, c.ambiguous)
 		}
 	}
 }
 
 // The body's model is what encoding/json finds as the top-level "model"
 // string of a valid JSON object (keys matched exactly; the last one wins),
-// and nothing for anything else.
+// and nothing for anything else; it is ambiguous when encoding/json finds
+// another top-level key that is "model" but for case, as a Go struct's
+// field named Model matches.
 func FuzzModelReadsTheBodyAsEncodingJSONDoes(f *testing.F) {
 	f.Add("/v1beta/models/x:generateContent", []byte(`{"model":"m"}`))
 	f.Add("/v1/chat/completions", []byte(`{"model":"a\u00e9\"b","messages":[{"content":"x"}]}`))
 	f.Add("/v1/chat/completions", []byte(`{"model":"a","model":1}`))
+	f.Add("/v1/chat/completions", []byte(`{"model":"a","MODEL":"b"}`))
 	f.Fuzz(func(t *testing.T, path string, body []byte) {
-		got := Model(llmapi.Of("/v1/chat/completions"), body)
-		want := ""
+		got, ambiguous := Model(llmapi.Of("/v1/chat/completions"), body)
+		want, wantAmbiguous := "", false
 		var members map[string]json.RawMessage
 		if json.Unmarshal(body, &members) == nil {
 			if json.Unmarshal(members["model"], &want) != nil {
 				want = ""
 			}
+			for k := range members {
+				wantAmbiguous = wantAmbiguous || k != "model" && strings.EqualFold(k, "model")
+			}
 		}
-		if got != want {
-			t.Fatalf("Model of %q = %q, encoding/json finds %q", body, got, want)
+		if got != want || ambiguous != wantAmbiguous {
+			t.Fatalf("Model of %q = %q, ambiguous %v; encoding/json finds %q, ambiguous %v", body, got, ambiguous, want, wantAmbiguous)
 		}
 		Model(llmapi.Of(path), body) // never panics
 	})
@@ -61,7 +93,7 @@ func BenchmarkModelOfALongConversation(b *testing.B) {
 	body := []byte(`{"messages":[{"role":"user","content":"` + strings.Repeat("a long conversation ", 50_000) + `"}],"model":"gpt-4o"}`)
 	b.SetBytes(int64(len(body)))
 	for b.Loop() {
-		if Model(llmapi.Of("/v1/chat/completions"), body) != "gpt-4o" {
+		if m, _ := Model(llmapi.Of("/v1/chat/completions"), body); m != "gpt-4o" {
 			b.Fatal("no model")
 		}
 	}
