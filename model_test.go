@@ -217,3 +217,31 @@ func TestAModelNamedUnderTwoSpellingsOfItsKeyIsRefusedWhereTheModelCounts(t *tes
 		}
 	})
 }
+
+// The model a path names is read as an upstream that normalises the path
+// reads it (dot segments resolved, repeated slashes dropped), so that a
+// client cannot be counted at one model and served another: Azure's
+// deployment behind "..", and Gemini's model behind "//" or "/.", count in
+// the model's own pool.
+func TestAModelInThePathIsCountedAsANormalisingUpstreamReadsIt(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		f := uniqueID(t)
+		gw := startGateway(t, newUpstream(t).URL, limited(store, fmt.Sprintf(`
+			scope model {http.rolter_ratelimit.model} readable
+			limit model %[1]s-dear rpm 1`, f)))
+		for _, paths := range [][]string{
+			{"/openai/deployments/" + f + "-cheap/../" + f + "-dear/chat/completions", "/openai/deployments/" + f + "-dear/chat/completions"},
+			{"/v1beta/models//" + f + "-dear:generateContent", "/v1beta/models/" + f + "-dear:generateContent/."},
+		} {
+			var got []int
+			for _, path := range paths {
+				res, _ := gw.send(t, "POST", path, `{"messages":[],"contents":[]}`, "Content-Type: application/json")
+				got = append(got, res.StatusCode)
+			}
+			postReset(t, "scope=model&id="+f+"-dear", "")
+			if fmt.Sprint(got) != "[200 429]" {
+				t.Errorf("%q: statuses %v, want the dear pool's 1, then a refusal", paths, got)
+			}
+		}
+	})
+}

@@ -3,8 +3,12 @@
 // them), its token estimate and its model read.
 //
 // The API is told by the end of the path, whatever comes before it (a
-// gateway's mount, Azure's /openai/deployments/<d>); one trailing slash and
-// anything from a '?' are ignored, and segments are compared exactly:
+// gateway's mount, Azure's /openai/deployments/<d>); anything from a '?'
+// is ignored, and segments are compared exactly, once the path is read as
+// a server that normalises it reads it: its dot segments ("." and "..")
+// resolved, repeated slashes and a trailing one dropped. A client that
+// writes /openai/deployments/cheap/../dear/… is then counted at the model
+// such an upstream serves, and one that does not normalise answers 404:
 //
 //	…/chat/completions                      OpenAI chat completions
 //	…/completions (not chat/)               OpenAI legacy completions
@@ -27,7 +31,10 @@
 // priced as their model.
 package llmapi
 
-import "strings"
+import (
+	"path"
+	"strings"
+)
 
 // API is an API a request calls.
 type API uint8
@@ -78,10 +85,10 @@ func (c Call) Provider() Provider {
 	return OpenAI
 }
 
-// Of is the call that path makes.
-func Of(path string) Call {
-	path, _, _ = strings.Cut(path, "?")
-	path = strings.TrimSuffix(path, "/")
+// Of is the call that a request for urlPath makes.
+func Of(urlPath string) Call {
+	urlPath, _, _ = strings.Cut(urlPath, "?")
+	path := path.Clean("/" + urlPath)
 	c := Call{Azure: strings.Contains(path, "/openai/")}
 	if _, rest, ok := strings.Cut(path, "/openai/deployments/"); ok {
 		c.Model, _, _ = strings.Cut(rest, "/")
