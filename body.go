@@ -120,13 +120,13 @@ func (b requestBody) whole() []byte {
 }
 
 // readable reports whether the limiter reads the request's body: one that
-// is not content-encoded, to an API the classifier knows whatever method
+// is not content-encoded (Content-Encoding identity is none), to an API the classifier knows whatever method
 // and type it declares (a client must not escape its model's limits or its
 // reservation by declaring others), or declared JSON. A body that does not
 // parse as the API's JSON reserves the default and names no model.
 func readable(req *request) bool {
 	r := req.Request
-	return hasBody(r) && r.Header.Get("Content-Encoding") == "" &&
+	return hasBody(r) && usage.Unencoded(r.Header) &&
 		(req.call.API != llmapi.Unknown || strings.EqualFold(usage.MediaType(r.Header.Get("Content-Type")), "application/json"))
 }
 

@@ -245,3 +245,22 @@ func TestAModelInThePathIsCountedAsANormalisingUpstreamReadsIt(t *testing.T) {
 		}
 	})
 }
+
+// A body declared Content-Encoding identity, which is no coding at all, is
+// read for its model as any other: the model scope counts it.
+func TestABodyDeclaredIdentityEncodedIsReadForItsModel(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		f := uniqueID(t)
+		gw := startGateway(t, newUpstream(t).URL, limited(store, fmt.Sprintf(`
+			scope model {http.rolter_ratelimit.model} readable
+			limit model %[1]s-dear rpm 1`, f)))
+		var got []int
+		for _, encoding := range []string{"identity", "Identity, identity"} {
+			res, _ := gw.send(t, "POST", "/v1/chat/completions", chatFor(f+"-dear"), "Content-Type: application/json", "Content-Encoding: "+encoding)
+			got = append(got, res.StatusCode)
+		}
+		if fmt.Sprint(got) != "[200 429]" {
+			t.Errorf("statuses %v, want the dear pool's 1, then a refusal", got)
+		}
+	})
+}

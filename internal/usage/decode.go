@@ -95,6 +95,11 @@ func codingOf(h http.Header) coding {
 	return c
 }
 
+// Unencoded reports whether the body of a message with header h has no
+// content coding: no Content-Encoding, or only identity, which a client
+// may write and an upstream reads as none.
+func Unencoded(h http.Header) bool { return codingOf(h) == codingIdentity }
+
 // errStopped is what the decoder's input returns once the meter has
 // stopped the coroutine.
 var errStopped = errors.New("usage meter stopped")
