@@ -25,6 +25,9 @@ type request struct {
 	call llmapi.Call
 	dia  dialect
 	held *heldBody // the memory of its body as read (body.go), given back at the latest when the request ends
+	// session: a WebSocket handshake, whose model is the one its URL
+	// names (call.Model, set by serveSession), never its body's.
+	session bool
 }
 
 // newRequest is a value, which the handler's calls take by pointer: it
@@ -49,6 +52,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	request := h.newRequest(r)
 	req := &request
 	if isWebSocketHandshake(r) {
+		req.session = true
 		return h.serveSession(w, req, next)
 	}
 	defer func() { req.held.release() }()
@@ -176,8 +180,9 @@ func (h *Handler) admitOrAnswer(w http.ResponseWriter, req *request, chain []lim
 // resolve finds the request's chain. What its scopes read must be what the
 // upstream reads (a scope's header sent twice, or two credentials, is
 // refused with 400), and a required scope must have a value (403). When a
-// scope names the model, the body is read first (body); a body that finds
-// no room under body_memory is refused.
+// scope names the model, the body is read first (body), but for a session,
+// whose model its URL names; a body that finds no room under body_memory is
+// refused.
 func (h *Handler) resolve(req *request) (chain []limit, body requestBody, refused *answer) {
 	if i := h.repeatedScopeHeader(req.Request); i >= 0 {
 		return nil, body, new(ambiguousScope(h.Scopes[i].Name, "the header "+h.scopeHeaders[i]+" more than once"))
@@ -190,11 +195,15 @@ func (h *Handler) resolve(req *request) (chain []limit, body requestBody, refuse
 		req.repl.Set(placeholderAPIKey, key)
 	}
 	if h.readsModel {
-		var err error
-		if body, err = readRequestBody(req, h.bodyMemory()); err != nil {
-			return nil, body, new(h.bodyRefusal(err))
+		model := req.call.Model
+		if !req.session {
+			var err error
+			if body, err = readRequestBody(req, h.bodyMemory()); err != nil {
+				return nil, body, new(h.bodyRefusal(err))
+			}
+			model = tokenest.Model(req.call, body.bytes)
 		}
-		req.repl.Set(placeholderModel, tokenest.Model(req.call, body.bytes))
+		req.repl.Set(placeholderModel, model)
 	}
 	chain, refused = h.chain(req)
 	return chain, body, refused

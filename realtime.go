@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"errors"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/rolter/caddy-ratelimit/internal/llmapi"
 	"github.com/rolter/caddy-ratelimit/internal/pricing"
 	"github.com/rolter/caddy-ratelimit/internal/usage"
 )
@@ -124,6 +126,34 @@ func removeDeflateOffer(h http.Header) {
 	}
 }
 
+// sessionModel is the model a session's URL names, which the upstream
+// serves it: its model parameter (OpenAI's, and Azure OpenAI's v1 API's),
+// or on Azure OpenAI its deployment parameter or the deployment its path
+// names. A URL that names it more than once, or whose query the limiter
+// cannot read as every server would (a pair with a ';', which some split
+// at, or a bad escape), is ambiguous (what says how): the upstream may read
+// a model the limiter did not.
+func sessionModel(r *http.Request, call llmapi.Call) (model, ambiguous string) {
+	query, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		return "", "a query the limiter cannot read (a ';' or a bad escape in it)"
+	}
+	named := query["model"]
+	if call.Azure {
+		named = append(named, query["deployment"]...)
+		if call.Model != "" {
+			named = append(named, call.Model)
+		}
+	}
+	if len(named) > 1 {
+		return "", "its model more than once in its URL"
+	}
+	if len(named) == 1 {
+		model = named[0]
+	}
+	return model, ""
+}
+
 // serveSession admits a WebSocket session as a request without a body,
 // once it has a slot under max_connections (checked first, so that a
 // session refused here takes no rpm slot), and meters the frames of an
@@ -135,6 +165,11 @@ func (h *Handler) serveSession(w http.ResponseWriter, req *request, next caddyht
 		return h.answer(w, req, connectionsRefused)
 	}
 	defer closeSession() // ServeHTTP returns when the session is over
+	model, ambiguous := sessionModel(req.Request, req.call)
+	if ambiguous != "" && h.readsModel {
+		return h.answer(w, req, ambiguousScope(placeholderModel, ambiguous))
+	}
+	req.call.Model = model
 	chain, _, refused := h.resolve(req)
 	if refused != nil {
 		return h.answer(w, req, *refused)
@@ -144,8 +179,10 @@ func (h *Handler) serveSession(w http.ResponseWriter, req *request, next caddyht
 	}
 	var price *pricing.Entry
 	if hasBudgets(chain, true) {
-		// The Realtime API names the session's model in the query.
-		if price, refused = h.price(chain, req.URL.Query().Get("model")); refused != nil {
+		if ambiguous != "" {
+			return h.answer(w, req, ambiguousScope(placeholderModel, ambiguous))
+		}
+		if price, refused = h.price(chain, model); refused != nil {
 			return h.answer(w, req, *refused)
 		}
 	}

@@ -87,14 +87,21 @@ func mustDial(t *testing.T, gw *gateway, id ids) *websocket.Conn {
 	return conn
 }
 
-// dial opens a session; it returns the handshake's status when refused.
+// dial opens a session of gpt-realtime; it returns the handshake's status
+// when refused.
 func dial(t *testing.T, gw *gateway, id ids, compress bool) (*websocket.Conn, int, string) {
+	t.Helper()
+	return dialPath(t, gw, "/v1/realtime?model=gpt-realtime", id, compress)
+}
+
+// dialPath opens a session at path (with its query).
+func dialPath(t *testing.T, gw *gateway, path string, id ids, compress bool) (*websocket.Conn, int, string) {
 	t.Helper()
 	d := websocket.Dialer{EnableCompression: compress, HandshakeTimeout: 5 * time.Second}
 	h := http.Header{}
 	h.Set("Authorization", id.key)
 	h.Set("X-Org", id.org)
-	conn, res, err := d.Dial("ws"+strings.TrimPrefix(gw.url, "http")+"/v1/realtime?model=gpt-realtime", h)
+	conn, res, err := d.Dial("ws"+strings.TrimPrefix(gw.url, "http")+path, h)
 	if err != nil {
 		if res == nil {
 			t.Fatal(err)
@@ -357,4 +364,90 @@ func waitSpent(t *testing.T, store string, l limit, p budgetPeriod, want int64) 
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// modelSessionSite limits sessions by the model their URL names, a scope
+// every session must have.
+func modelSessionSite(store string, up *realtimeUpstream) string {
+	return fmt.Sprintf(`
+	rolter_ratelimit {
+		%s
+		scope model {http.rolter_ratelimit.model} readable required
+		limit model * rpm 1
+	}
+	reverse_proxy {upstream}`, store)
+}
+
+// A session's model is the one its URL names, OpenAI's model parameter or
+// Azure's deployment: a required model scope admits it, and the limits of
+// its model apply to it, as they do to a request whose body names it.
+func TestARealtimeSessionIsLimitedByTheModelItsURLNames(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		up := newRealtimeUpstream(t)
+		gw := startGateway(t, up.URL, modelSessionSite(store, up))
+		model := "gpt-4o-" + uniqueID(t)
+		for _, path := range []string{
+			"/v1/realtime?model=" + model,
+			"/openai/realtime?api-version=2024-10-01-preview&deployment=" + model + "-azure",
+			"/openai/v1/realtime?model=" + model + "-azurev1",
+		} {
+			conn, status, body := dialPath(t, gw, path, realtimeIDs(t), false)
+			if status != 101 {
+				t.Fatalf("%s: the first session of its model: %d %s, want 101", path, status, body)
+			}
+			closeAndWait(t, conn)
+			if _, status, body := dialPath(t, gw, path, realtimeIDs(t), false); status != 429 || !strings.Contains(body, `"type":"requests"`) || !strings.Contains(body, "model") {
+				t.Fatalf("%s: a second session of the model over its rpm 1: %d %s, want 429 from the model's limit", path, status, body)
+			}
+		}
+		if _, status, body := dialPath(t, gw, "/v1/realtime?intent=transcription", realtimeIDs(t), false); status != 403 {
+			t.Fatalf("a session whose URL names no model, under a required model scope: %d %s, want 403", status, body)
+		}
+		// A handshake's body names no model the upstream reads.
+		res, body := gw.send(t, "GET", "/v1/realtime", `{"model":"`+model+`-body"}`, "Upgrade: websocket", "Connection: Upgrade",
+			"Sec-WebSocket-Version: 13", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==", "Content-Type: application/json")
+		if res.StatusCode != 403 {
+			t.Fatalf("a handshake whose body names a model and its URL none: %d %s, want 403", res.StatusCode, body)
+		}
+	})
+}
+
+// A session URL that names its model more than once is refused with 400
+// before any store call, as a repeated key header is: the upstream reads one
+// of them, and the limiter must count the one it reads.
+func TestARepeatedModelParameterOfASessionIsRefusedWith400AndMakesNoCounter(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		up := newRealtimeUpstream(t)
+		gw := startGateway(t, up.URL, modelSessionSite(store, up))
+		model := "gpt-4o-" + uniqueID(t)
+		for _, query := range []string{
+			"/v1/realtime?model=" + model + "&model=gpt-4o-other",
+			"/v1/realtime?model=" + model + "&model=" + model,
+			"/v1/realtime?model=" + model + ";model=gpt-4o-other",
+			"/openai/realtime?deployment=" + model + "&deployment=gpt-4o-other",
+			"/openai/realtime?deployment=" + model + "&model=gpt-4o-other",
+		} {
+			if _, status, body := dialPath(t, gw, query, realtimeIDs(t), false); status != 400 || !strings.Contains(body, `"code":"rate_limit_scope_ambiguous"`) {
+				t.Fatalf("%s: %d %s, want 400 rate_limit_scope_ambiguous", query, status, body)
+			}
+		}
+		for _, id := range []string{model, "gpt-4o-other"} {
+			if d := peekInStore(t, store, newTaggedLimit("", "model", id, windowLimitCaps(windowCaps{rpm: 1}))); d.counts[0].w[rpm].cur != 0 {
+				t.Fatalf("the refused sessions counted %d requests against the model %s", d.counts[0].w[rpm].cur, id)
+			}
+		}
+	})
+}
+
+// A session under a budget is priced by the one model its URL names: a
+// URL that names two cannot choose the cheaper.
+func TestARealtimeSessionNamingTwoModelsIsNotPricedAtTheCheaper(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		up := newRealtimeUpstream(t)
+		gw := startGateway(t, up.URL, realtimeSite(store, up, "price gpt-realtime input 4 output 16\n\t\tprice gpt-realtime-mini input 0.01 output 0.01\n\t\tlimit org * budget_day 1", ""))
+		path := "/v1/realtime?model=gpt-realtime-mini&model=gpt-realtime"
+		if _, status, body := dialPath(t, gw, path, realtimeIDs(t), false); status != 400 || !strings.Contains(body, `"code":"rate_limit_scope_ambiguous"`) {
+			t.Fatalf("%s under a budget: %d %s, want 400 rate_limit_scope_ambiguous", path, status, body)
+		}
+	})
 }
