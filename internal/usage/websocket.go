@@ -39,14 +39,16 @@ type RealtimeTap struct {
 	total, input, output                              atomic.Int64
 	uncachedInput, cacheRead, audioInput, audioOutput atomic.Int64
 
-	skips   atomic.Int64 // unmetered messages
-	clamped atomic.Int64 // responses that reported more than perResponse
+	skips     atomic.Int64 // unmetered messages
+	clamped   atomic.Int64 // responses that reported more than perResponse
+	responses atomic.Int64 // response.done events counted, ever
 
 	perResponse Usage // the most one response.done is counted for
 
 	mu         sync.Mutex // serializes Write
 	maxMessage int
 	dead       bool // corrupt framing (or an internal fault): the rest is ignored
+	closed     bool // a close frame began: the server sends no data after it
 	fault      bool // Write recovered from a panic (a bug: see Faulted)
 
 	// The frame being read.
@@ -179,6 +181,21 @@ func (t *RealtimeTap) Unmetered() int64 { return t.skips.Load() }
 // count) and were counted at it.
 func (t *RealtimeTap) Clamped() int64 { return t.clamped.Load() }
 
+// Responses is how many response.done events have been counted, ever. A
+// response is counted once its usage is added: a Take after Responses has
+// read n takes the usage of those n responses, if an earlier Take has not.
+func (t *RealtimeTap) Responses() int64 { return t.responses.Load() }
+
+// Between reports whether the bytes written so far end between two
+// messages: no frame header or payload half-read, no fragmented message
+// begun and not ended, no close frame sent. A message written then, whole,
+// is a message of its own in the stream the client reads.
+func (t *RealtimeTap) Between() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return !t.dead && !t.closed && t.hdrLen == 0 && !t.inPayload && !t.inMessage
+}
+
 // Faulted reports whether Write recovered from a panic, which only a bug
 // causes: tests check that it never does.
 func (t *RealtimeTap) Faulted() bool {
@@ -250,6 +267,7 @@ func (t *RealtimeTap) beginFrame(n int) {
 		return
 	}
 	t.fin, t.data, t.gather = fin, op < 8, false
+	t.closed = t.closed || op == 8
 	t.masked = b1&0x80 != 0
 	if t.masked {
 		copy(t.maskKey[:], t.hdr[n-4:n])
@@ -337,4 +355,5 @@ func (t *RealtimeTap) meter(msg []byte) {
 	t.cacheRead.Add(counted.CacheRead)
 	t.audioInput.Add(counted.AudioInput)
 	t.audioOutput.Add(counted.AudioOutput)
+	t.responses.Add(1)
 }
