@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"io"
@@ -12,6 +11,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/rolter/caddy-ratelimit/internal/wsframe"
 )
 
 // A session is admitted once, at its handshake, and its responses are
@@ -58,14 +59,10 @@ type clientEvents struct {
 	err   error // src's, or corrupt framing; returned once out is read
 
 	// The frame being read.
-	hdr       [14]byte
-	hdrLen    int
-	inPayload bool
-	remaining uint64
-	masked    bool
-	maskKey   [4]byte
-	maskPos   int
-	to        *[]byte // where the frame's bytes go: &out, &held, or nil (dropped)
+	frames  wsframe.Reader
+	fin     bool // the message's last frame
+	control bool
+	to      *[]byte // where the frame's bytes go: &out, &held, or nil (dropped)
 
 	// The data message being read.
 	inMessage bool
@@ -102,112 +99,55 @@ func (c *clientEvents) Read(p []byte) (int, error) {
 
 func (c *clientEvents) parse(b []byte) {
 	for len(b) > 0 && c.err == nil {
-		if !c.inPayload {
-			b = c.readHeader(b)
-			continue
-		}
-		n := int(min(uint64(len(b)), c.remaining))
-		if c.to != nil {
-			*c.to = append(*c.to, b[:n]...)
-		}
+		var into *[]byte
 		if c.to == &c.held {
-			start := len(c.payload)
-			c.payload = append(c.payload, b[:n]...)
-			if c.masked {
-				p := c.payload[start:]
-				for i := range p {
-					p[i] ^= c.maskKey[(c.maskPos+i)&3]
-				}
-			}
+			into = &c.payload
 		}
-		c.maskPos = (c.maskPos + n) & 3
-		c.remaining -= uint64(n)
-		b = b[n:]
-		if c.remaining == 0 {
+		var step wsframe.Step
+		b, step = c.frames.Next(b, into)
+		switch {
+		case step.Begins:
+			c.beginFrame(step.Frame)
+		case c.to != nil:
+			*c.to = append(*c.to, step.Chunk...)
+		}
+		if step.Ends && c.err == nil {
 			c.endFrame()
 		}
 	}
 }
 
-func (c *clientEvents) readHeader(b []byte) []byte {
-	for c.hdrLen < 2 && len(b) > 0 {
-		c.hdr[c.hdrLen] = b[0]
-		c.hdrLen++
-		b = b[1:]
-	}
-	if c.hdrLen < 2 {
-		return b
-	}
-	need := 2
-	switch c.hdr[1] & 0x7f {
-	case 126:
-		need += 2
-	case 127:
-		need += 8
-	}
-	if c.hdr[1]&0x80 != 0 {
-		need += 4
-	}
-	n := copy(c.hdr[c.hdrLen:need], b)
-	c.hdrLen += n
-	if c.hdrLen == need {
-		c.beginFrame(need)
-	}
-	return b[n:]
-}
-
-// beginFrame interprets the complete header of n bytes in hdr, and sends
-// it where the frame goes.
-func (c *clientEvents) beginFrame(n int) {
-	c.hdrLen = 0
-	b0, b1 := c.hdr[0], c.hdr[1]
-	fin, rsv1, op := b0&0x80 != 0, b0&0x40 != 0, b0&0x0f
-	length := uint64(b1 & 0x7f)
-	switch length {
-	case 126:
-		length = uint64(binary.BigEndian.Uint16(c.hdr[2:4]))
-	case 127:
-		length = binary.BigEndian.Uint64(c.hdr[2:10])
-	}
-	switch {
-	case length>>63 != 0, b0&0x30 != 0, op >= 3 && op <= 7, op > 10,
-		op >= 8 && (!fin || length > 125 || rsv1),
-		op == 0 && (!c.inMessage || rsv1),
-		(op == 1 || op == 2) && c.inMessage:
+// beginFrame interprets the complete header of the frame f, and sends it
+// where the frame goes.
+func (c *clientEvents) beginFrame(f wsframe.Frame) {
+	if f.Corrupt(c.inMessage) {
 		c.err = errClientFraming
 		return
 	}
-	c.masked = b1&0x80 != 0
-	if c.masked {
-		copy(c.maskKey[:], c.hdr[n-4:n])
-	}
-	c.maskPos = 0
+	header := c.frames.Header()
 	switch {
-	case op >= 8:
+	case f.Control():
 		c.to = &c.out // control frames go on at once, between fragments if need be
-	case op != 0 && rsv1:
+	case f.Op != wsframe.OpContinuation && f.RSV1:
 		// Compressed (permessage-deflate, which the handler does not
 		// offer): unreadable here.
 		c.inMessage = true
 		c.msgTo = c.decide(nil, false)
-	case op != 0:
+	case f.Op != wsframe.OpContinuation:
 		c.inMessage, c.msgTo = true, &c.held
 		fallthrough
 	default:
-		if c.msgTo == &c.held && uint64(len(c.held)+n)+length > maxHeldEvent {
+		if c.msgTo == &c.held && uint64(len(c.held)+len(header))+f.Length > maxHeldEvent {
 			c.msgTo = c.decide(c.payload, false)
 		}
 	}
-	if op < 8 {
+	if !f.Control() {
 		c.to = c.msgTo
 	}
 	if c.to != nil {
-		*c.to = append(*c.to, c.hdr[:n]...)
+		*c.to = append(*c.to, header...)
 	}
-	c.inPayload, c.remaining = true, length
-	if length == 0 {
-		c.endFrame()
-	}
+	c.fin, c.control = f.Fin, f.Control()
 }
 
 // decide judges the message held so far, whole or not, and passes on what
@@ -233,8 +173,7 @@ func (c *clientEvents) release() {
 }
 
 func (c *clientEvents) endFrame() {
-	c.inPayload = false
-	if c.hdr[0]&0x0f >= 8 || c.hdr[0]&0x80 == 0 { // a control frame, or not the message's last
+	if c.control || !c.fin {
 		return
 	}
 	if c.msgTo == &c.held {
@@ -423,16 +362,7 @@ func errorEvent(a answer, eventID string) []byte {
 		ev.Error.EventID = &eventID
 	}
 	payload, _ := json.Marshal(ev) // strings only: never fails
-	frame := []byte{0x81, 0}
-	switch n := len(payload); {
-	case n <= 125:
-		frame[1] = byte(n)
-	case n <= 0xffff:
-		frame[1] = 126
-		frame = binary.BigEndian.AppendUint16(frame, uint16(n))
-	default:
-		frame[1] = 127
-		frame = binary.BigEndian.AppendUint64(frame, uint64(n))
-	}
+	const finText = 0x81
+	frame := wsframe.AppendHeader(make([]byte, 0, 10+len(payload)), finText, len(payload))
 	return append(frame, payload...)
 }
