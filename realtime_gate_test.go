@@ -1,12 +1,14 @@
 package ratelimit
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
 	"io"
 	"strings"
 	"testing"
 	"testing/iotest"
+	"time"
 
 	"github.com/rolter/caddy-ratelimit/internal/usage"
 	"github.com/rolter/caddy-ratelimit/internal/usage/usagetest"
@@ -117,5 +119,37 @@ func TestAnInjectedMessageWaitsForTheUpstreamsMessageToEnd(t *testing.T) {
 	conn.inject(refusal)
 	if want := usagetest.Stream(frag1, frag2, refusal, closing); !bytes.Equal(sc.out.Bytes(), want) {
 		t.Fatal("a message was written after the close frame")
+	}
+}
+
+// What the client sent before the hijack, which net/http holds buffered,
+// goes through the gate too: the returned Reader holds none of it, which
+// reverse_proxy would write to the upstream itself.
+func TestClientBytesBufferedBeforeTheHijackGoThroughTheGate(t *testing.T) {
+	server, client := tcpConnPair(t)
+	pass, refuse := clientFrame(usagetest.OpText, true, 0, []byte(`{"type":"session.update"}`)), clientFrame(usagetest.OpText, true, 0, createResponse("evt_early", 1))
+	if _, err := client.Write(usagetest.Stream(refuse, pass)); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(server)
+	if _, err := br.Peek(len(refuse) + len(pass)); err != nil {
+		t.Fatal(err)
+	}
+	tap := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{}))
+	spent := &answer{typ: "insufficient_quota", code: "insufficient_quota", message: "spent"}
+	gate := &sessionGate{session: &realtimeSession{tap: tap}, every: time.Hour, lookedAt: time.Now(), refusal: spent}
+	conn, brw := wrapHijacked(server, bufio.NewReadWriter(br, bufio.NewWriter(server)), tap, gate)
+	if n := brw.Reader.Buffered(); n != 0 {
+		t.Fatalf("the returned Reader holds %d bytes, which would reach the upstream past the gate", n)
+	}
+	got := make([]byte, len(pass))
+	if _, err := io.ReadFull(conn, got); err != nil || !bytes.Equal(got, pass) {
+		t.Fatalf("read %q (%v), want only the event the gate passes", got, err)
+	}
+	want := errorEvent(*spent, "evt_early")
+	client.SetReadDeadline(time.Now().Add(5 * time.Second))
+	back := make([]byte, len(want))
+	if _, err := io.ReadFull(client, back); err != nil || !bytes.Equal(back[:20], want[:20]) || !bytes.Contains(back, []byte(`"event_id":"evt_early"`)) {
+		t.Fatalf("the client got %q (%v), want the error event refusing evt_early", back, err)
 	}
 }
