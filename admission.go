@@ -29,6 +29,9 @@ type request struct {
 	// per request the request did not give validly: the limit is left out
 	// of its chain, and the request is marked as that limit would refuse it.
 	unreadableShadow string
+	// session: a WebSocket handshake, whose model is the one its URL
+	// names (call.Model, set by serveSession), never its body's.
+	session bool
 }
 
 // newRequest is a value, which the handler's calls take by pointer: it
@@ -53,6 +56,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	request := h.newRequest(r)
 	req := &request
 	if isWebSocketHandshake(r) {
+		req.session = true
 		return h.serveSession(w, req, next)
 	}
 	defer func() { req.held.release() }()
@@ -205,8 +209,9 @@ func (h *Handler) admitOrAnswer(w http.ResponseWriter, req *request, chain []lim
 // resolve finds the request's chain. What its scopes read must be what the
 // upstream reads (a scope's header sent twice, or two credentials, is
 // refused with 400), and a required scope must have a value (403). When a
-// scope names the model, the body is read first (body); a body that finds
-// no room under body_memory is refused.
+// scope names the model, the body is read first (body), but for a session,
+// whose model its URL names; a body that finds no room under body_memory is
+// refused.
 func (h *Handler) resolve(req *request) (chain []limit, body requestBody, refused *answer) {
 	if i := h.repeatedScopeHeader(req.Request); i >= 0 {
 		return nil, body, new(ambiguousScope(h.Scopes[i].Name, "the header "+h.scopeHeaders[i]+" more than once"))
@@ -219,13 +224,16 @@ func (h *Handler) resolve(req *request) (chain []limit, body requestBody, refuse
 		req.repl.Set(placeholderAPIKey, key)
 	}
 	if h.readsModel {
-		var err error
-		if body, err = readRequestBody(req, h.bodyMemory()); err != nil {
-			return nil, body, new(h.bodyRefusal(err))
-		}
-		model, ambiguous := tokenest.Model(req.call, body.bytes)
-		if ambiguous {
-			return nil, body, new(ambiguousScope(h.modelScope(), twoModelKeys))
+		model := req.call.Model
+		if !req.session {
+			var err error
+			if body, err = readRequestBody(req, h.bodyMemory()); err != nil {
+				return nil, body, new(h.bodyRefusal(err))
+			}
+			var ambiguous bool
+			if model, ambiguous = tokenest.Model(req.call, body.bytes); ambiguous {
+				return nil, body, new(ambiguousScope(h.modelScope(), twoModelKeys))
+			}
 		}
 		req.repl.Set(placeholderModel, model)
 	}

@@ -22,11 +22,11 @@ import (
 type responseWriter struct {
 	caddyhttp.ResponseWriterWrapper
 	headers     headerSet
-	metering    bool               // the chain has a token window: read the body's usage
-	meter       *usage.Meter       // set by WriteHeader for a metered 2xx body: &meterState
-	meterState  usage.Meter        // in the writer's own allocation
-	strip       *usageStripper     // set when the client did not ask for stream usage
-	tap         *usage.RealtimeTap // set for a metered WebSocket session
+	metering    bool             // the chain has a token window: read the body's usage
+	meter       *usage.Meter     // set by WriteHeader for a metered 2xx body: &meterState
+	meterState  usage.Meter      // in the writer's own allocation
+	strip       *usageStripper   // set when the client did not ask for stream usage
+	session     *realtimeSession // set for a metered WebSocket session
 	wroteHeader bool
 	status      int // the final status written, once wroteHeader
 }
@@ -83,13 +83,14 @@ func (w *responseWriter) ReadFrom(r io.Reader) (int64, error) {
 }
 
 // Hijack hands reverse_proxy the client connection of a session, wrapped so
-// that the frames it writes to the client are metered.
+// that the frames it writes to the client are metered, and those the client
+// sends go through the session's gate.
 func (w *responseWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	conn, brw, err := http.NewResponseController(&w.ResponseWriterWrapper).Hijack()
-	if err != nil || w.tap == nil {
+	if err != nil || w.session == nil {
 		return conn, brw, err
 	}
-	conn, brw = wrapHijacked(conn, brw, w.tap)
+	conn, brw = wrapHijacked(conn, brw, w.session.tap, w.session.gate)
 	return conn, brw, nil
 }
 

@@ -18,7 +18,7 @@ var (
 	}, []string{"outcome"})
 	refusalsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "refusals_total",
-		Help: "Refused requests, by the scope name, kind (requests, tokens, input_tokens, output_tokens, burst, too_large, concurrency, budget; for a shadow limit also unreadable: a cap per request not given validly) and window (minute, day, or a budget's day, month; empty for a bucket or a concurrency cap) of the first refusing limit, and shadow: true for a request a shadow limit would have refused, which passed.",
+		Help: "Refused requests (and realtime events a spent budget refuses), by the scope name, kind (requests, tokens, input_tokens, output_tokens, burst, too_large, concurrency, budget; for a shadow limit also unreadable: a cap per request not given validly) and window (minute, day, or a budget's day, month; empty for a bucket or a concurrency cap) of the first refusing limit, and shadow: true for a request a shadow limit would have refused, which passed.",
 	}, []string{"scope", "kind", "window", "shadow"})
 	refusalsCachedTotal = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "refusals_cached_total",

@@ -3,7 +3,9 @@ package ratelimit
 import (
 	"errors"
 	"net/http"
+	"net/url"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -11,6 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/rolter/caddy-ratelimit/internal/llmapi"
 	"github.com/rolter/caddy-ratelimit/internal/pricing"
 	"github.com/rolter/caddy-ratelimit/internal/usage"
 )
@@ -23,7 +26,9 @@ import (
 // sends are read for each finished response's usage (a usage.RealtimeTap, fed
 // by realtime_tap.go), which is charged every flush interval and once more
 // when the session ends. A full window never closes a live session, as it
-// never cuts off a response.
+// never cuts off a response. Under a budget, what the client sends goes
+// through the session's gate (realtime_gate.go): once a budget is spent, the
+// events that make the model respond are refused, and the session goes on.
 type RealtimeConfig struct {
 	// MaxConnections caps the WebSocket sessions open at once through every
 	// rolter_ratelimit handler of this Caddy process, limited or not; the
@@ -124,6 +129,34 @@ func removeDeflateOffer(h http.Header) {
 	}
 }
 
+// sessionModel is the model a session's URL names, which the upstream
+// serves it: its model parameter (OpenAI's, and Azure OpenAI's v1 API's),
+// or on Azure OpenAI its deployment parameter or the deployment its path
+// names. A URL that names it more than once, or whose query the limiter
+// cannot read as every server would (a pair with a ';', which some split
+// at, or a bad escape), is ambiguous (what says how): the upstream may read
+// a model the limiter did not.
+func sessionModel(r *http.Request, call llmapi.Call) (model, ambiguous string) {
+	query, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		return "", "a query the limiter cannot read (a ';' or a bad escape in it)"
+	}
+	named := query["model"]
+	if call.Azure {
+		named = append(named, query["deployment"]...)
+		if call.Model != "" {
+			named = append(named, call.Model)
+		}
+	}
+	if len(named) > 1 {
+		return "", "its model more than once in its URL"
+	}
+	if len(named) == 1 {
+		model = named[0]
+	}
+	return model, ""
+}
+
 // serveSession admits a WebSocket session as a request without a body,
 // once it has a slot under max_connections (checked first, so that a
 // session refused here takes no rpm slot), and meters the frames of an
@@ -135,6 +168,11 @@ func (h *Handler) serveSession(w http.ResponseWriter, req *request, next caddyht
 		return h.answer(w, req, connectionsRefused)
 	}
 	defer closeSession() // ServeHTTP returns when the session is over
+	model, ambiguous := sessionModel(req.Request, req.call)
+	if ambiguous != "" && h.readsModel {
+		return h.answer(w, req, ambiguousScope(placeholderModel, ambiguous))
+	}
+	req.call.Model = model
 	chain, _, refused := h.resolve(req)
 	if refused != nil {
 		return h.answer(w, req, *refused)
@@ -144,15 +182,19 @@ func (h *Handler) serveSession(w http.ResponseWriter, req *request, next caddyht
 	}
 	var price *pricing.Entry
 	if hasBudgets(chain, true) {
-		// The Realtime API names the session's model in the query.
-		if price, refused = h.price(chain, req.URL.Query().Get("model")); refused != nil {
+		if ambiguous != "" {
+			return h.answer(w, req, ambiguousScope(placeholderModel, ambiguous))
+		}
+		if price, refused = h.price(chain, model); refused != nil {
 			return h.answer(w, req, *refused)
 		}
 	}
 	return h.admitOrAnswer(w, req, chain, tokenCounts{}, chainMetersTokens(chain), next, func(rw *responseWriter, d decision) error {
 		removeDeflateOffer(req.Header)
-		rw.tap = usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{}))
-		stop := h.meterSession(rw.tap, chain, price)
+		s := &realtimeSession{h: h, tap: usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{})), chain: chain, price: price}
+		s.gate = newSessionGate(req.Context(), s)
+		rw.session = s
+		stop := s.meter()
 		defer func() {
 			stop()
 			if rw.wroteHeader { // a final status: no switch of protocols
@@ -164,26 +206,38 @@ func (h *Handler) serveSession(w http.ResponseWriter, req *request, next caddyht
 	})
 }
 
-// meterSession charges a session's tokens, and with a price what they cost,
+// realtimeSession is the metering of an admitted session: the usage its
+// tap reads is charged to its chain, and with a price what it costs.
+type realtimeSession struct {
+	h     *Handler
+	tap   *usage.RealtimeTap
+	chain []limit
+	price *pricing.Entry
+	gate  *sessionGate // with budgets: what the client may send
+
+	mu      sync.Mutex // one charge at a time: by the flush interval, or by the gate
+	clamped int64      // the responses the tap had clamped at the last charge
+}
+
+// meter charges the session's tokens, and with a price what they cost,
 // every flush interval and once more when the returned stop is called at
 // the session's end, and then releases the store that ServeHTTP held for
 // it: a session outlives config reloads.
-func (h *Handler) meterSession(tap *usage.RealtimeTap, chain []limit, price *pricing.Entry) (stop func()) {
+func (s *realtimeSession) meter() (stop func()) {
 	done := make(chan struct{})
 	go func() {
-		defer h.store.release()
-		t := time.NewTicker(h.flushInterval())
+		defer s.h.store.release()
+		t := time.NewTicker(s.h.flushInterval())
 		defer t.Stop()
-		var clamped int64
 		for {
 			select {
 			case <-t.C:
-				clamped = h.chargeTaken(tap, chain, price, clamped)
+				s.flush()
 			case <-done:
-				h.chargeTaken(tap, chain, price, clamped)
-				if n := tap.Unmetered(); n > 0 {
+				s.flush()
+				if n := s.tap.Unmetered(); n > 0 {
 					unmeteredTotal.WithLabelValues("realtime_message").Add(float64(n))
-					h.logger.Debug("realtime messages not metered", zap.Int64("messages", n), zap.String("scope", chain[0].scope), zap.String("id", chain[0].id))
+					s.h.logger.Debug("realtime messages not metered", zap.Int64("messages", n), zap.String("scope", s.chain[0].scope), zap.String("id", s.chain[0].id))
 				}
 				return
 			}
@@ -192,13 +246,15 @@ func (h *Handler) meterSession(tap *usage.RealtimeTap, chain []limit, price *pri
 	return func() { close(done) }
 }
 
-// chargeTaken charges what the session's responses reported since the last
-// take, and counts the responses the tap clamped since clamped of them.
-func (h *Handler) chargeTaken(tap *usage.RealtimeTap, chain []limit, price *pricing.Entry, clamped int64) int64 {
-	h.chargeSession(chain, tokensOf(tap.Take(), price), price)
-	n := tap.Clamped()
-	if n > clamped {
-		h.usageClamped(chain, "realtime_response", n-clamped)
+// flush charges what the session's responses reported since the last
+// flush, waiting for the store, and counts the responses the tap clamped
+// since.
+func (s *realtimeSession) flush() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.h.chargeSession(s.chain, tokensOf(s.tap.Take(), s.price), s.price)
+	if n := s.tap.Clamped(); n > s.clamped {
+		s.h.usageClamped(s.chain, "realtime_response", n-s.clamped)
+		s.clamped = n
 	}
-	return n
 }

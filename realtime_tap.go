@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"bufio"
+	"io"
 	"net"
 	"sync"
 
@@ -47,11 +48,36 @@ import (
 //   - Caddy's own responseRecorder (used when the request is access-logged)
 //     wraps the hijacked conn in a type that embeds net.Conn and so has no
 //     CloseWrite; the wrapper forwards only what the conn it is given has.
-func wrapHijacked(conn net.Conn, brw *bufio.ReadWriter, tap *usage.RealtimeTap) (net.Conn, *bufio.ReadWriter) {
+//
+// With a gate (a session under a budget), the read side goes through it
+// too: what the client sent, the bytes brw.Reader holds first, is read as
+// clientEvents, and an event the gate refuses is answered to the client
+// with the gate's error event, written between two of the upstream's
+// messages (see inject). The returned ReadWriter's Reader then holds
+// nothing: reverse_proxy writes what it holds to the upstream itself,
+// past the gate.
+func wrapHijacked(conn net.Conn, brw *bufio.ReadWriter, tap *usage.RealtimeTap, gate *sessionGate) (net.Conn, *bufio.ReadWriter) {
 	if conn == nil || tap == nil {
 		return conn, brw
 	}
 	tc := &tappedConn{Conn: conn, tap: tap}
+	if gate != nil {
+		var src io.Reader = conn
+		if brw != nil && brw.Reader != nil {
+			src = brw.Reader
+		}
+		tc.events = newClientEvents(src, func(msg []byte, whole bool) bool {
+			// The client may answer bytes of a Write not yet tapped: a
+			// response.done it has read is counted before the gate judges.
+			tc.mu.Lock()
+			tc.mu.Unlock() //nolint:staticcheck // an empty critical section: waiting for a Write in progress is the point
+			refusal := gate.judge(msg, whole)
+			if refusal != nil {
+				tc.inject(refusal)
+			}
+			return refusal == nil
+		})
+	}
 	var wrapped net.Conn = tc
 	_, cw := conn.(interface{ CloseWrite() error })
 	_, cr := conn.(interface{ CloseRead() error })
@@ -65,10 +91,17 @@ func wrapHijacked(conn net.Conn, brw *bufio.ReadWriter, tap *usage.RealtimeTap) 
 	}
 
 	if brw == nil {
-		return wrapped, bufio.NewReadWriter(bufio.NewReader(conn), bufio.NewWriter(wrapped))
+		var r io.Reader = conn
+		if tc.events != nil {
+			r = wrapped
+		}
+		return wrapped, bufio.NewReadWriter(bufio.NewReader(r), bufio.NewWriter(wrapped))
 	}
 	r, w := brw.Reader, brw.Writer
-	if r == nil {
+	switch {
+	case tc.events != nil:
+		r = bufio.NewReaderSize(wrapped, 16) // never read: reverse_proxy reads the conn
+	case r == nil:
 		r = bufio.NewReader(conn) // the read side is not tapped
 	}
 	switch {
@@ -97,6 +130,21 @@ type tappedConn struct {
 	// close) in the order they went out. It adds no waiting: the conns a
 	// server hijacks (net.TCPConn, tls.Conn) already serialize Writes.
 	mu sync.Mutex
+	// pending are the gate's messages to the client not yet written: they
+	// wait for the upstream's stream to be between two messages.
+	pending [][]byte
+	events  *clientEvents // the client's frames, through the gate; nil: none
+}
+
+// maxPending bounds the gate's messages that wait for the upstream's
+// stream to end a message; more are dropped.
+const maxPending = 16
+
+func (c *tappedConn) Read(p []byte) (int, error) {
+	if c.events == nil {
+		return c.Conn.Read(p)
+	}
+	return c.events.Read(p)
 }
 
 func (c *tappedConn) Write(p []byte) (int, error) {
@@ -106,7 +154,36 @@ func (c *tappedConn) Write(p []byte) (int, error) {
 	if n > 0 {
 		c.tap.Write(p[:min(n, len(p))])
 	}
+	if err == nil {
+		c.writePending()
+	}
 	return n, err
+}
+
+// inject writes the message msg, a whole frame, to the client as soon as
+// the upstream's stream is between two messages (at once if it is): never
+// inside one of the upstream's frames nor between the fragments of one of
+// its messages, which would corrupt the stream, and never after its close
+// frame.
+func (c *tappedConn) inject(msg []byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.pending) < maxPending {
+		c.pending = append(c.pending, msg)
+	}
+	c.writePending()
+}
+
+func (c *tappedConn) writePending() {
+	for len(c.pending) > 0 && c.tap.Between() {
+		msg := c.pending[0]
+		c.pending = c.pending[1:]
+		if _, err := c.Conn.Write(msg); err != nil {
+			c.pending = nil
+			return
+		}
+		c.tap.Write(msg) // the tap reads the stream the client reads
+	}
 }
 
 type tappedConnCloseWrite struct{ *tappedConn }

@@ -69,7 +69,7 @@ func TestWrapHijackedTCPDeliversBytesIdenticallyTapsThemAndHalfCloses(t *testing
 	server, client := tcpConnPair(t)
 	stream, want := tapSession()
 	tap := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{}))
-	conn, _ := wrapHijacked(server, bufio.NewReadWriter(bufio.NewReader(server), bufio.NewWriter(server)), tap)
+	conn, _ := wrapHijacked(server, bufio.NewReadWriter(bufio.NewReader(server), bufio.NewWriter(server)), tap, nil)
 
 	if _, ok := conn.(io.ReaderFrom); ok {
 		t.Error("the wrapped conn has ReadFrom, which would let io.Copy bypass the tap")
@@ -132,7 +132,7 @@ func TestWrapHijackedBufferedWriterIsTappedAndReaderKeepsClientBytes(t *testing.
 	}
 	brw := bufio.NewReadWriter(br, bufio.NewWriter(server))
 	tap := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{}))
-	conn, wbrw := wrapHijacked(server, brw, tap)
+	conn, wbrw := wrapHijacked(server, brw, tap, nil)
 	if wbrw.Reader != br || wbrw.Reader.Buffered() != len("early client bytes") {
 		t.Fatal("the client bytes buffered before the hijack are not in the returned Reader")
 	}
@@ -175,7 +175,7 @@ func TestWrapHijackedFlushesBytesBufferedBeforeTheHijackUntapped(t *testing.T) {
 	header := "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
 	brw.WriteString(header)
 	tap := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{}))
-	conn, wbrw := wrapHijacked(server, brw, tap)
+	conn, wbrw := wrapHijacked(server, brw, tap, nil)
 	stream, want := tapSession()
 	received := make(chan []byte)
 	go func() {
@@ -214,7 +214,7 @@ func TestWrapHijackedOffersOnlyTheHalfClosesTheConnHas(t *testing.T) {
 	type cw = interface{ CloseWrite() error }
 	type cr = interface{ CloseRead() error }
 
-	plain, _ := wrapHijacked(p, nil, tap) // net.Pipe, or Caddy's access-log hijackedConn: neither
+	plain, _ := wrapHijacked(p, nil, tap, nil) // net.Pipe, or Caddy's access-log hijackedConn: neither
 	if _, ok := plain.(cw); ok {
 		t.Error("CloseWrite offered over a conn without it")
 	}
@@ -223,7 +223,7 @@ func TestWrapHijackedOffersOnlyTheHalfClosesTheConnHas(t *testing.T) {
 	}
 
 	w := &closeWriteConn{Conn: p} // like *tls.Conn
-	wc, _ := wrapHijacked(w, nil, tap)
+	wc, _ := wrapHijacked(w, nil, tap, nil)
 	if _, ok := wc.(cr); ok {
 		t.Error("CloseRead offered over a conn without it")
 	}
@@ -234,7 +234,7 @@ func TestWrapHijackedOffersOnlyTheHalfClosesTheConnHas(t *testing.T) {
 	}
 
 	r := &closeReadConn{Conn: p}
-	rc, _ := wrapHijacked(r, nil, tap)
+	rc, _ := wrapHijacked(r, nil, tap, nil)
 	if _, ok := rc.(cw); ok {
 		t.Error("CloseWrite offered over a conn without it")
 	}
@@ -251,7 +251,7 @@ func TestWrapHijackedOffersOnlyTheHalfClosesTheConnHas(t *testing.T) {
 		b, _ := io.ReadAll(peer)
 		received <- b
 	}()
-	conn, brw := wrapHijacked(p, nil, tap)
+	conn, brw := wrapHijacked(p, nil, tap, nil)
 	brw.Write(stream[:10])
 	brw.Flush()
 	conn.Write(stream[10:])
@@ -286,7 +286,7 @@ func TestWrapHijackedTapsOnlyTheBytesWritten(t *testing.T) {
 	stream := usagetest.Stream(usagetest.Text(usagetest.Done(5, 0)), usagetest.Text(usagetest.Done(6, 0)))
 	sc := &shortConn{shortOnce: 17}
 	tap := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{}))
-	conn, _ := wrapHijacked(sc, nil, tap)
+	conn, _ := wrapHijacked(sc, nil, tap, nil)
 	n, err := conn.Write(stream)
 	if n != 17 || err == nil {
 		t.Fatalf("Write = %d, %v; want the conn's 17 and its error", n, err)
@@ -305,7 +305,7 @@ func TestWrapHijackedTapsOnlyTheBytesWritten(t *testing.T) {
 func TestWrapHijackedConcurrentWritersAreTappedInWireOrder(t *testing.T) {
 	server, client := tcpConnPair(t)
 	tap := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{}))
-	conn, _ := wrapHijacked(server, nil, tap)
+	conn, _ := wrapHijacked(server, nil, tap, nil)
 	received := make(chan []byte)
 	go func() {
 		b, _ := io.ReadAll(client)
@@ -350,7 +350,7 @@ func TestWrapHijackedOverNetHTTPHijackTapsOnlyTheFramesAfterThe101(t *testing.T)
 			t.Error(err)
 			return
 		}
-		conn, brw = wrapHijacked(conn, brw, tap)
+		conn, brw = wrapHijacked(conn, brw, tap, nil)
 		defer conn.Close()
 		if err := brw.Flush(); err != nil {
 			t.Error(err)
@@ -426,7 +426,7 @@ func TestWrapHijackedTapsEachWriteBeforeAnotherWriterCanWrite(t *testing.T) {
 	done := usagetest.Text(usagetest.Done(9, 0))
 	sc := &stallConn{stallAt: 2, stalled: make(chan struct{}), released: make(chan struct{})}
 	tap := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{}))
-	conn, _ := wrapHijacked(sc, nil, tap)
+	conn, _ := wrapHijacked(sc, nil, tap, nil)
 	copier := make(chan struct{})
 	go func() {
 		defer close(copier)

@@ -7,18 +7,29 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/gorilla/websocket"
+
+	"github.com/rolter/caddy-ratelimit/internal/usage/usagetest"
 )
 
-// realtimeUpstream plays the Realtime API: for each client message "respond
-// N" it sends a response.done event whose usage totals N tokens, in frames
-// of at most 64 bytes with a ping between the fragments; "echo" is echoed.
+// realtimeUpstream plays the Realtime API: for each response.create event
+// (createResponse) it sends a response.done event whose usage totals the
+// tokens its metadata asks for, in frames of at most 64 bytes with a ping
+// between the fragments; it echoes any other message.
 type realtimeUpstream struct {
 	*httptest.Server
-	offers chan string // the Sec-WebSocket-Extensions each upgrade carried
+	offers  chan string  // the Sec-WebSocket-Extensions each upgrade carried
+	creates atomic.Int64 // the response.create events it got
+}
+
+// createResponse is a response.create event asking the upstream for a
+// response of n tokens.
+func createResponse(eventID string, n int) []byte {
+	return fmt.Appendf(nil, `{"type":"response.create","event_id":%q,"response":{"metadata":{"tokens":"%d"}}}`, eventID, n)
 }
 
 func newRealtimeUpstream(t *testing.T) *realtimeUpstream {
@@ -36,11 +47,16 @@ func newRealtimeUpstream(t *testing.T) *realtimeUpstream {
 			if err != nil {
 				return
 			}
-			if string(msg) == "echo" {
+			var create struct {
+				Type     string
+				Response struct{ Metadata struct{ Tokens string } }
+			}
+			if json.Unmarshal(msg, &create) != nil || create.Type != "response.create" {
 				conn.WriteMessage(websocket.TextMessage, msg)
 				continue
 			}
-			n, _ := strconv.Atoi(strings.TrimPrefix(string(msg), "respond "))
+			u.creates.Add(1)
+			n, _ := strconv.Atoi(create.Response.Metadata.Tokens)
 			event := fmt.Sprintf(`{"type":"response.done","event_id":"evt_1","response":{"id":"resp_1","object":"realtime.response","status":"completed","output":[{"type":"message","content":[{"type":"audio","transcript":"%s"}]}],"usage":{"total_tokens":%d,"input_tokens":%d,"output_tokens":%d}}}`,
 				strings.Repeat("la ", 100), n, n/2, n-n/2)
 			fw, err := conn.NextWriter(websocket.TextMessage)
@@ -87,14 +103,21 @@ func mustDial(t *testing.T, gw *gateway, id ids) *websocket.Conn {
 	return conn
 }
 
-// dial opens a session; it returns the handshake's status when refused.
+// dial opens a session of gpt-realtime; it returns the handshake's status
+// when refused.
 func dial(t *testing.T, gw *gateway, id ids, compress bool) (*websocket.Conn, int, string) {
+	t.Helper()
+	return dialPath(t, gw, "/v1/realtime?model=gpt-realtime", id, compress)
+}
+
+// dialPath opens a session at path (with its query).
+func dialPath(t *testing.T, gw *gateway, path string, id ids, compress bool) (*websocket.Conn, int, string) {
 	t.Helper()
 	d := websocket.Dialer{EnableCompression: compress, HandshakeTimeout: 5 * time.Second}
 	h := http.Header{}
 	h.Set("Authorization", id.key)
 	h.Set("X-Org", id.org)
-	conn, res, err := d.Dial("ws"+strings.TrimPrefix(gw.url, "http")+"/v1/realtime?model=gpt-realtime", h)
+	conn, res, err := d.Dial("ws"+strings.TrimPrefix(gw.url, "http")+path, h)
 	if err != nil {
 		if res == nil {
 			t.Fatal(err)
@@ -112,7 +135,7 @@ func dial(t *testing.T, gw *gateway, id ids, compress bool) (*websocket.Conn, in
 // respond asks the upstream for a response of n tokens and reads its event.
 func respond(t *testing.T, conn *websocket.Conn, n int) {
 	t.Helper()
-	if err := conn.WriteMessage(websocket.TextMessage, []byte("respond "+strconv.Itoa(n))); err != nil {
+	if err := conn.WriteMessage(websocket.TextMessage, createResponse("evt_"+strconv.Itoa(n), n)); err != nil {
 		t.Fatal(err)
 	}
 	_, msg, err := conn.ReadMessage()
@@ -184,7 +207,7 @@ func TestRealtimeTokensAreChargedPerFlushWhileTheSessionLivesAndAtItsClose(t *te
 		waitCharged(t, store, realtimeLimits(id), 100) // charged by a flush: the session is still open
 		respond(t, conn, 40)
 		respond(t, conn, 2)
-		if err := conn.WriteMessage(websocket.TextMessage, []byte("echo")); err != nil {
+		if err := conn.WriteMessage(websocket.TextMessage, []byte(`{"type":"session.update"}`)); err != nil {
 			t.Fatal(err)
 		}
 		closeAndWait(t, conn)
@@ -357,4 +380,245 @@ func waitSpent(t *testing.T, store string, l limit, p budgetPeriod, want int64) 
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// modelSessionSite limits sessions by the model their URL names, a scope
+// every session must have.
+func modelSessionSite(store string, up *realtimeUpstream) string {
+	return fmt.Sprintf(`
+	rolter_ratelimit {
+		%s
+		scope model {http.rolter_ratelimit.model} readable required
+		limit model * rpm 1
+	}
+	reverse_proxy {upstream}`, store)
+}
+
+// A session's model is the one its URL names, OpenAI's model parameter or
+// Azure's deployment: a required model scope admits it, and the limits of
+// its model apply to it, as they do to a request whose body names it.
+func TestARealtimeSessionIsLimitedByTheModelItsURLNames(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		up := newRealtimeUpstream(t)
+		gw := startGateway(t, up.URL, modelSessionSite(store, up))
+		model := "gpt-4o-" + uniqueID(t)
+		for _, path := range []string{
+			"/v1/realtime?model=" + model,
+			"/openai/realtime?api-version=2024-10-01-preview&deployment=" + model + "-azure",
+			"/openai/v1/realtime?model=" + model + "-azurev1",
+		} {
+			conn, status, body := dialPath(t, gw, path, realtimeIDs(t), false)
+			if status != 101 {
+				t.Fatalf("%s: the first session of its model: %d %s, want 101", path, status, body)
+			}
+			closeAndWait(t, conn)
+			if _, status, body := dialPath(t, gw, path, realtimeIDs(t), false); status != 429 || !strings.Contains(body, `"type":"requests"`) || !strings.Contains(body, "model") {
+				t.Fatalf("%s: a second session of the model over its rpm 1: %d %s, want 429 from the model's limit", path, status, body)
+			}
+		}
+		if _, status, body := dialPath(t, gw, "/v1/realtime?intent=transcription", realtimeIDs(t), false); status != 403 {
+			t.Fatalf("a session whose URL names no model, under a required model scope: %d %s, want 403", status, body)
+		}
+		// A handshake's body names no model the upstream reads.
+		res, body := gw.send(t, "GET", "/v1/realtime", `{"model":"`+model+`-body"}`, "Upgrade: websocket", "Connection: Upgrade",
+			"Sec-WebSocket-Version: 13", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==", "Content-Type: application/json")
+		if res.StatusCode != 403 {
+			t.Fatalf("a handshake whose body names a model and its URL none: %d %s, want 403", res.StatusCode, body)
+		}
+	})
+}
+
+// A session URL that names its model more than once is refused with 400
+// before any store call, as a repeated key header is: the upstream reads one
+// of them, and the limiter must count the one it reads.
+func TestARepeatedModelParameterOfASessionIsRefusedWith400AndMakesNoCounter(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		up := newRealtimeUpstream(t)
+		gw := startGateway(t, up.URL, modelSessionSite(store, up))
+		model := "gpt-4o-" + uniqueID(t)
+		for _, query := range []string{
+			"/v1/realtime?model=" + model + "&model=gpt-4o-other",
+			"/v1/realtime?model=" + model + "&model=" + model,
+			"/v1/realtime?model=" + model + ";model=gpt-4o-other",
+			"/openai/realtime?deployment=" + model + "&deployment=gpt-4o-other",
+			"/openai/realtime?deployment=" + model + "&model=gpt-4o-other",
+		} {
+			if _, status, body := dialPath(t, gw, query, realtimeIDs(t), false); status != 400 || !strings.Contains(body, `"code":"rate_limit_scope_ambiguous"`) {
+				t.Fatalf("%s: %d %s, want 400 rate_limit_scope_ambiguous", query, status, body)
+			}
+		}
+		for _, id := range []string{model, "gpt-4o-other"} {
+			if d := peekInStore(t, store, newTaggedLimit("", "model", id, windowLimitCaps(windowCaps{rpm: 1}))); d.counts[0].w[rpm].cur != 0 {
+				t.Fatalf("the refused sessions counted %d requests against the model %s", d.counts[0].w[rpm].cur, id)
+			}
+		}
+	})
+}
+
+// A session under a budget is priced by the one model its URL names: a
+// URL that names two cannot choose the cheaper.
+func TestARealtimeSessionNamingTwoModelsIsNotPricedAtTheCheaper(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		up := newRealtimeUpstream(t)
+		gw := startGateway(t, up.URL, realtimeSite(store, up, "price gpt-realtime input 4 output 16\n\t\tprice gpt-realtime-mini input 0.01 output 0.01\n\t\tlimit org * budget_day 1", ""))
+		path := "/v1/realtime?model=gpt-realtime-mini&model=gpt-realtime"
+		if _, status, body := dialPath(t, gw, path, realtimeIDs(t), false); status != 400 || !strings.Contains(body, `"code":"rate_limit_scope_ambiguous"`) {
+			t.Fatalf("%s under a budget: %d %s, want 400 rate_limit_scope_ambiguous", path, status, body)
+		}
+	})
+}
+
+// realtimeErrorEvent is the Realtime API's error server event.
+type realtimeErrorEvent struct {
+	Type    string `json:"type"`
+	EventID string `json:"event_id"`
+	Error   struct {
+		Type    string  `json:"type"`
+		Code    string  `json:"code"`
+		Message string  `json:"message"`
+		Param   *string `json:"param"`
+		EventID *string `json:"event_id"`
+	} `json:"error"`
+}
+
+// mustBeRefused reads the next server event, which must be the error event
+// that refuses the client event eventID ("": one that named none) with
+// code.
+func mustBeRefused(t *testing.T, conn *websocket.Conn, what, eventID, code string) realtimeErrorEvent {
+	t.Helper()
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, msg, err := conn.ReadMessage()
+	if err != nil {
+		t.Fatalf("%s: no event came back: %v", what, err)
+	}
+	var ev realtimeErrorEvent
+	if err := json.Unmarshal(msg, &ev); err != nil || ev.Type != "error" || ev.Error.Code != code || !strings.HasPrefix(ev.EventID, "event_") ||
+		(eventID == "") != (ev.Error.EventID == nil) || ev.Error.EventID != nil && *ev.Error.EventID != eventID {
+		t.Fatalf("%s: the session got %s, want the error event refusing %q with %s", what, msg, eventID, code)
+	}
+	return ev
+}
+
+// mustEcho sends msg, which must reach the upstream (that echoes it).
+func mustEcho(t *testing.T, conn *websocket.Conn, what string, msg []byte) {
+	t.Helper()
+	if err := conn.WriteMessage(websocket.TextMessage, msg); err != nil {
+		t.Fatal(err)
+	}
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, got, err := conn.ReadMessage(); err != nil || string(got) != string(msg) {
+		t.Fatalf("%s: got %q (%v), want the upstream's echo of %q", what, got, err, msg)
+	}
+}
+
+// spentSessionSite holds sessions to a day's budget of $0.001, which one
+// response of 1000 tokens spends ten times over ($0.002 in, $0.008 out).
+// The flush interval never comes: what the gate knows, it charged itself.
+func spentSessionSite(store string, up *realtimeUpstream) string {
+	return realtimeSite(store, up, "price gpt-realtime input 4 output 16\n\t\tlimit org * budget_day 0.001", "flush_interval 1h")
+}
+
+// Once a session's budget is spent, its next response.create is answered
+// with the Realtime API's own error event, insufficient_quota, and never
+// reaches the upstream; so is its input audio, which server VAD answers on
+// its own. The session goes on: every other event passes.
+func TestARealtimeSessionWhoseBudgetIsSpentIsRefusedItsNextResponseInTheAPIsErrorEventAndGoesOn(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		up := newRealtimeUpstream(t)
+		gw := startGateway(t, up.URL, spentSessionSite(store, up))
+		id := realtimeIDs(t)
+		conn := mustDial(t, gw, id)
+		respond(t, conn, 1000)
+		if err := conn.WriteMessage(websocket.TextMessage, createResponse("evt_next", 10)); err != nil {
+			t.Fatal(err)
+		}
+		ev := mustBeRefused(t, conn, "response.create with the budget spent", "evt_next", "insufficient_quota")
+		if ev.Error.Type != "insufficient_quota" || !strings.Contains(ev.Error.Message, "Budget reached for org: $0.001 per day") || strings.Contains(ev.Error.Message, id.org) {
+			t.Fatalf("the error event %+v: want insufficient_quota naming the org's budget, never its id", ev.Error)
+		}
+		for _, audio := range []string{`{"type":"input_audio_buffer.append","event_id":"evt_audio","audio":"AAAA"}`, `{"type":"input_audio_buffer.commit","event_id":"evt_audio"}`} {
+			if err := conn.WriteMessage(websocket.TextMessage, []byte(audio)); err != nil {
+				t.Fatal(err)
+			}
+			mustBeRefused(t, conn, audio, "evt_audio", "insufficient_quota")
+		}
+		mustEcho(t, conn, "an event that asks for no response", []byte(`{"type":"conversation.item.create","event_id":"evt_item","item":{"type":"message","role":"user","content":[{"type":"input_text","text":"hi"}]}}`))
+		if n := up.creates.Load(); n != 1 {
+			t.Fatalf("the upstream got %d response.create events, want the 1 made before the budget was spent", n)
+		}
+		closeAndWait(t, conn)
+		org, _ := calendarOf("UTC")
+		waitSpent(t, store, newTaggedLimit("", "org", keyID(false, id.org), limitCaps{budgets: budgetCaps{max: [numBudgetPeriods]int64{budgetDay: 1_000_000}, calendar: org}}), budgetDay, 10_000_000)
+	})
+}
+
+// clientFrame is a frame a client sends: masked.
+func clientFrame(op byte, fin bool, rsv byte, payload []byte) []byte {
+	return usagetest.Frame{Op: op, Fin: fin, RSV: rsv, Mask: []byte{0x5a, 0x0f, 0xf0, 0xa5}, Payload: payload}.Bytes()
+}
+
+// A client cannot slip a response.create past a spent budget: not
+// fragmented around a ping, nor binary, nor compressed, nor spelled with
+// escapes, repeated or differently cased keys, nor after other JSON, nor
+// after more bytes than the gateway holds to read.
+func TestASpentSessionRefusesEveryWayOfSpellingAResponseCreate(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		up := newRealtimeUpstream(t)
+		gw := startGateway(t, up.URL, spentSessionSite(store, up))
+		conn := mustDial(t, gw, realtimeIDs(t))
+		respond(t, conn, 1000)
+		create := createResponse("evt_frag", 10)
+		big := fmt.Appendf(nil, `{"type":"conversation.item.create","pad":"%s","type":"response.create"}`, strings.Repeat("a", maxHeldEvent))
+		for _, c := range []struct {
+			what, eventID string
+			frames        [][]byte
+		}{
+			{"fragmented around a ping", "evt_frag", [][]byte{
+				clientFrame(usagetest.OpText, false, 0, create[:9]), clientFrame(usagetest.OpPing, true, 0, []byte("p")),
+				clientFrame(usagetest.OpCont, false, 0, create[9:30]), clientFrame(usagetest.OpCont, true, 0, create[30:]),
+			}},
+			{"binary", "evt_bin", [][]byte{clientFrame(usagetest.OpBinary, true, 0, createResponse("evt_bin", 10))}},
+			{"compressed", "", [][]byte{clientFrame(usagetest.OpText, true, 0x40, []byte{0x2a, 0xa9, 0x2c, 0x48, 0x55, 0xb2, 0x52})}},
+			{"an escaped key", "evt_esc", [][]byte{clientFrame(usagetest.OpText, true, 0, []byte(`{"typ\u0065":"response.create","event_id":"evt_esc"}`))}},
+			{"an escaped value", "evt_escv", [][]byte{clientFrame(usagetest.OpText, true, 0, []byte(`{"type":"response\u002ecreate","event_id":"evt_escv"}`))}},
+			{"a repeated type", "evt_rep", [][]byte{clientFrame(usagetest.OpText, true, 0, []byte(`{"type":"session.update","event_id":"evt_rep","type":"response.create"}`))}},
+			{"a type of another case after it", "evt_case", [][]byte{clientFrame(usagetest.OpText, true, 0, []byte(`{"type":"response.create","event_id":"evt_case","Type":"session.update"}`))}},
+			{"after another JSON value", "", [][]byte{clientFrame(usagetest.OpText, true, 0, []byte(`{"type":"session.update"} {"type":"response.create"}`))}},
+			{"not JSON", "", [][]byte{clientFrame(usagetest.OpText, true, 0, []byte(`{type: 'response.create'}`))}},
+			{"past what the gateway holds", "", [][]byte{clientFrame(usagetest.OpText, false, 0, big[:100]), clientFrame(usagetest.OpCont, true, 0, big[100:])}},
+		} {
+			for _, f := range c.frames {
+				if _, err := conn.UnderlyingConn().Write(f); err != nil {
+					t.Fatal(err)
+				}
+			}
+			mustBeRefused(t, conn, c.what, c.eventID, "insufficient_quota")
+		}
+		mustEcho(t, conn, "an event that asks for no response, after them", []byte(`{"type":"session.update","event_id":"evt_after"}`))
+		if n := up.creates.Load(); n != 1 {
+			t.Fatalf("the upstream got %d response.create events, want the 1 made before the budget was spent", n)
+		}
+		closeAndWait(t, conn)
+	})
+}
+
+// A session under a budget whose store cannot be read is refused its next
+// response, whatever on_redis_error says: a spend that cannot be counted is
+// never let through. The session goes on.
+func TestARealtimeSessionWhoseBudgetCannotBeReadIsRefusedItsNextResponse(t *testing.T) {
+	srv := startRedis(t)
+	up := newRealtimeUpstream(t)
+	gw := startGateway(t, up.URL, realtimeSite("redis "+srv.URL(), up, "price gpt-realtime input 4 output 16\n\t\tlimit org * budget_day 100", "flush_interval 1h"))
+	conn := mustDial(t, gw, realtimeIDs(t))
+	respond(t, conn, 1000)
+	srv.Stop(t)
+	if err := conn.WriteMessage(websocket.TextMessage, createResponse("evt_down", 10)); err != nil {
+		t.Fatal(err)
+	}
+	mustBeRefused(t, conn, "response.create with the store down", "evt_down", "rate_limiter_unavailable")
+	mustEcho(t, conn, "an event that asks for no response", []byte(`{"type":"session.update"}`))
+	if n := up.creates.Load(); n != 1 {
+		t.Fatalf("the upstream got %d response.create events, want 1", n)
+	}
+	closeAndWait(t, conn)
 }

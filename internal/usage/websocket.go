@@ -2,10 +2,11 @@ package usage
 
 import (
 	"bytes"
-	"encoding/binary"
 	"encoding/json"
 	"sync"
 	"sync/atomic"
+
+	"github.com/rolter/caddy-ratelimit/internal/wsframe"
 )
 
 // The realtime tap reads the WebSocket frames (RFC 6455) that the upstream of
@@ -39,27 +40,23 @@ type RealtimeTap struct {
 	total, input, output                              atomic.Int64
 	uncachedInput, cacheRead, audioInput, audioOutput atomic.Int64
 
-	skips   atomic.Int64 // unmetered messages
-	clamped atomic.Int64 // responses that reported more than perResponse
+	skips     atomic.Int64 // unmetered messages
+	clamped   atomic.Int64 // responses that reported more than perResponse
+	responses atomic.Int64 // response.done events counted, ever
 
 	perResponse Usage // the most one response.done is counted for
 
 	mu         sync.Mutex // serializes Write
 	maxMessage int
 	dead       bool // corrupt framing (or an internal fault): the rest is ignored
+	closed     bool // a close frame began: the server sends no data after it
 	fault      bool // Write recovered from a panic (a bug: see Faulted)
 
 	// The frame being read.
-	hdr       [14]byte // 2 + 8 (length) + 4 (mask key) at most
-	hdrLen    int
-	inPayload bool   // the header is read, remaining payload bytes follow
-	remaining uint64 // payload bytes of the frame not yet read
-	fin       bool
-	data      bool // a data frame (text, binary, continuation), not a control frame
-	gather    bool // its payload goes into buf
-	masked    bool
-	maskKey   [4]byte
-	maskPos   int // payload offset in the frame, modulo 4
+	frames wsframe.Reader
+	fin    bool
+	data   bool // a data frame (text, binary, continuation), not a control frame
+	gather bool // its payload goes into buf
 
 	// The data message being read.
 	inMessage bool
@@ -128,28 +125,16 @@ func (t *RealtimeTap) Write(p []byte) (int, error) {
 		}
 	}()
 	for len(p) > 0 && !t.dead {
-		if !t.inPayload {
-			p = t.readHeader(p)
-			continue
-		}
-		c := len(p)
-		if uint64(c) > t.remaining {
-			c = int(t.remaining)
-		}
+		var into *[]byte
 		if t.gather {
-			start := len(t.buf)
-			t.buf = append(t.buf, p[:c]...) // capacity reserved by beginFrame
-			if t.masked {
-				b := t.buf[start:]
-				for i := range b {
-					b[i] ^= t.maskKey[(t.maskPos+i)&3]
-				}
-			}
+			into = &t.buf // capacity reserved by beginFrame
 		}
-		t.maskPos = (t.maskPos + c) & 3
-		t.remaining -= uint64(c)
-		p = p[c:]
-		if t.remaining == 0 {
+		var step wsframe.Step
+		p, step = t.frames.Next(p, into)
+		if step.Begins {
+			t.beginFrame(step.Frame)
+		}
+		if step.Ends && !t.dead {
 			t.endFrame()
 		}
 	}
@@ -179,6 +164,21 @@ func (t *RealtimeTap) Unmetered() int64 { return t.skips.Load() }
 // count) and were counted at it.
 func (t *RealtimeTap) Clamped() int64 { return t.clamped.Load() }
 
+// Responses is how many response.done events have been counted, ever. A
+// response is counted once its usage is added: a Take after Responses has
+// read n takes the usage of those n responses, if an earlier Take has not.
+func (t *RealtimeTap) Responses() int64 { return t.responses.Load() }
+
+// Between reports whether the bytes written so far end between two
+// messages: no frame header or payload half-read, no fragmented message
+// begun and not ended, no close frame sent. A message written then, whole,
+// is a message of its own in the stream the client reads.
+func (t *RealtimeTap) Between() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return !t.dead && !t.closed && t.frames.Between() && !t.inMessage
+}
+
 // Faulted reports whether Write recovered from a panic, which only a bug
 // causes: tests check that it never does.
 func (t *RealtimeTap) Faulted() bool {
@@ -196,69 +196,19 @@ func (t *RealtimeTap) fail() {
 	t.buf = nil
 }
 
-// readHeader consumes frame header bytes from p and returns the rest.
-func (t *RealtimeTap) readHeader(p []byte) []byte {
-	for t.hdrLen < 2 && len(p) > 0 {
-		t.hdr[t.hdrLen] = p[0]
-		t.hdrLen++
-		p = p[1:]
-	}
-	if t.hdrLen < 2 {
-		return p
-	}
-	need := 2
-	switch t.hdr[1] & 0x7f {
-	case 126:
-		need += 2
-	case 127:
-		need += 8
-	}
-	if t.hdr[1]&0x80 != 0 {
-		need += 4
-	}
-	c := copy(t.hdr[t.hdrLen:need], p)
-	t.hdrLen += c
-	p = p[c:]
-	if t.hdrLen == need {
-		t.beginFrame(need)
-	}
-	return p
-}
-
-// beginFrame interprets the complete header of n bytes in t.hdr.
-func (t *RealtimeTap) beginFrame(n int) {
-	t.hdrLen = 0
-	b0, b1 := t.hdr[0], t.hdr[1]
-	fin, rsv1, op := b0&0x80 != 0, b0&0x40 != 0, b0&0x0f
-	length := uint64(b1 & 0x7f)
-	switch length {
-	case 126:
-		length = uint64(binary.BigEndian.Uint16(t.hdr[2:4]))
-	case 127:
-		length = binary.BigEndian.Uint64(t.hdr[2:10])
-	}
-	// What RFC 6455 (and RFC 7692 for RSV1) tells a client to fail the
-	// connection for: past it, nothing can be trusted to be a frame.
-	switch {
-	case length>>63 != 0, // "the most significant bit MUST be 0"
-		b0&0x30 != 0,                // RSV2, RSV3: no extension defines them
-		op >= 3 && op <= 7, op > 10, // reserved opcodes
-		op >= 8 && (!fin || length > 125 || rsv1), // control frames
-		op == 0 && (!t.inMessage || rsv1),         // continuation of nothing; RSV1 is for first frames
-		(op == 1 || op == 2) && t.inMessage:       // a new message inside one
+// beginFrame interprets the complete header of the frame f.
+func (t *RealtimeTap) beginFrame(f wsframe.Frame) {
+	if f.Corrupt(t.inMessage) {
 		t.fail()
 		return
 	}
-	t.fin, t.data, t.gather = fin, op < 8, false
-	t.masked = b1&0x80 != 0
-	if t.masked {
-		copy(t.maskKey[:], t.hdr[n-4:n])
-	}
-	t.maskPos = 0
-	if op == 1 || op == 2 {
+	op, length := f.Op, f.Length
+	t.fin, t.data, t.gather = f.Fin, !f.Control(), false
+	t.closed = t.closed || op == wsframe.OpClose
+	if op == wsframe.OpText || op == wsframe.OpBinary {
 		t.inMessage = true
-		t.skip = op == 2 // binary messages carry no usage
-		if op == 1 && rsv1 {
+		t.skip = op == wsframe.OpBinary // binary messages carry no usage
+		if op == wsframe.OpText && f.RSV1 {
 			t.skip = true // permessage-deflate: not readable here
 			t.skips.Add(1)
 		}
@@ -272,10 +222,6 @@ func (t *RealtimeTap) beginFrame(n int) {
 			t.reserve(int(length))
 			t.gather = true
 		}
-	}
-	t.inPayload, t.remaining = true, length
-	if length == 0 {
-		t.endFrame()
 	}
 }
 
@@ -292,7 +238,6 @@ func (t *RealtimeTap) reserve(n int) {
 }
 
 func (t *RealtimeTap) endFrame() {
-	t.inPayload = false
 	if !t.data || !t.fin {
 		return
 	}
@@ -337,4 +282,5 @@ func (t *RealtimeTap) meter(msg []byte) {
 	t.cacheRead.Add(counted.CacheRead)
 	t.audioInput.Add(counted.AudioInput)
 	t.audioOutput.Add(counted.AudioOutput)
+	t.responses.Add(1)
 }

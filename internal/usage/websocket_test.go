@@ -477,3 +477,47 @@ func FuzzRealtimeTap(f *testing.F) {
 		}
 	})
 }
+
+// Between is true only where a whole message can go in without landing
+// inside another: between frames, outside a fragmented message, and never
+// after a close frame; Responses counts the response.done events counted.
+func TestRealtimeTapSaysWhenItsStreamIsBetweenMessagesAndCountsResponses(t *testing.T) {
+	done := []byte(usagetest.Done(3, 0))
+	tap := NewRealtimeTap(MaxEvent, noCeiling)
+	check := func(what string, want bool) {
+		t.Helper()
+		if got := tap.Between(); got != want {
+			t.Fatalf("%s: Between() = %v, want %v", what, got, want)
+		}
+	}
+	check("a new stream", true)
+	whole := usagetest.Text(string(done))
+	tap.Write(whole[:1])
+	check("inside a header", false)
+	tap.Write(whole[1:5])
+	check("inside a payload", false)
+	tap.Write(whole[5:])
+	check("after a whole message", true)
+	if n := tap.Responses(); n != 1 {
+		t.Fatalf("Responses() = %d after one response.done, want 1", n)
+	}
+	tap.Write(usagetest.Frame{Op: usagetest.OpText, Payload: done[:4]}.Bytes())
+	check("after a first fragment", false)
+	tap.Write(usagetest.Frame{Op: usagetest.OpPing, Fin: true}.Bytes())
+	check("after a ping inside a fragmented message", false)
+	tap.Write(usagetest.Frame{Op: usagetest.OpCont, Fin: true, Payload: done[4:]}.Bytes())
+	check("after the last fragment", true)
+	if n := tap.Responses(); n != 2 {
+		t.Fatalf("Responses() = %d after two response.done, want 2", n)
+	}
+	tap.Write(usagetest.Frame{Op: usagetest.OpPing, Fin: true}.Bytes())
+	check("after a ping", true)
+	tap.Write([]byte{0x88, 0x02, 0x03, 0xe9})
+	check("after a close frame", false)
+
+	corrupt := NewRealtimeTap(MaxEvent, noCeiling)
+	corrupt.Write([]byte{0x83, 0x00}) // a reserved opcode
+	if corrupt.Between() {
+		t.Fatal("Between() after corrupt framing, want false: no frame boundary is known")
+	}
+}
