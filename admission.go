@@ -55,7 +55,7 @@ func (h *Handler) newRequest(r *http.Request) request {
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	request := h.newRequest(r)
 	req := &request
-	if isWebSocketHandshake(r) {
+	if isWebSocketHandshake(r) || isExtendedConnect(r) {
 		req.session = true
 		return h.serveSession(w, req, next)
 	}

@@ -254,6 +254,13 @@ func (h *Handler) bodyRefusal(err error) answer {
 
 // connectionsRefused is the answer to a WebSocket session over realtime
 // max_connections: 503, without an rpm slot taken.
+// unmeteredSession is the answer to a WebSocket session over HTTP/2 or
+// HTTP/3 whose chain meters tokens or spend: its frames cannot be metered
+// (isExtendedConnect), and a session charged nothing is never let through.
+var unmeteredSession = answer{outcome: outcomeRefusedUnmetered, status: http.StatusBadRequest,
+	message: "This realtime session comes over HTTP/2 or HTTP/3, whose WebSocket frames this gateway cannot meter, and a token limit or a spend budget applies to it: open it over HTTP/1.1.",
+	typ:     "invalid_request_error", code: "rate_limit_session_unmetered"}
+
 var connectionsRefused = answer{outcome: outcomeRefusedConnections, status: http.StatusServiceUnavailable,
 	message: "Too many realtime sessions are open on this gateway; please retry shortly.", typ: "connections", code: "connection_limit_exceeded"}
 

@@ -939,9 +939,16 @@ func startCaddyProcesses(t *testing.T, n int, up *flightUpstream, body string) [
 
 func startCaddyProcess(t *testing.T, bin, upstreamURL, body string) *caddyProcess {
 	t.Helper()
+	return startCaddyProcessWith(t, bin, upstreamURL, "", body)
+}
+
+// startCaddyProcessWith starts a gateway process with global options
+// beside those every one has.
+func startCaddyProcessWith(t *testing.T, bin, upstreamURL, globals, body string) *caddyProcess {
+	t.Helper()
 	dir := t.TempDir()
 	port, admin := freePort(), freePort()
-	config := gatewayCaddyfile(admin, port, "\tpersist_config off\n\tdefault_bind 127.0.0.1", body+"\n\trespond /__ready 200", upstreamURL)
+	config := gatewayCaddyfile(admin, port, "\tpersist_config off\n\tdefault_bind 127.0.0.1\n"+globals, body+"\n\trespond /__ready 200", upstreamURL)
 	file := filepath.Join(dir, "Caddyfile")
 	if err := os.WriteFile(file, []byte(config), 0o600); err != nil {
 		t.Fatal(err)

@@ -14,7 +14,7 @@ import (
 var (
 	admissionsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "admissions_total",
-		Help: "Requests and realtime sessions seen, by outcome: admitted, refused, refused_empty_scope, refused_ambiguous_scope, refused_body_memory, refused_no_price, refused_bad_limit, shadow_refused (admitted, but a shadow limit would have refused it), failed_open, failed_closed, refused_connections.",
+		Help: "Requests and realtime sessions seen, by outcome: admitted, refused, refused_empty_scope, refused_ambiguous_scope, refused_body_memory, refused_no_price, refused_bad_limit, shadow_refused (admitted, but a shadow limit would have refused it), failed_open, failed_closed, refused_connections, refused_unmetered_session (a WebSocket session over HTTP/2 or HTTP/3 whose chain meters tokens or spend).",
 	}, []string{"outcome"})
 	refusalsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "refusals_total",
@@ -110,6 +110,9 @@ const (
 	outcomeFailedOpen         = "failed_open"
 	outcomeFailedClosed       = "failed_closed"
 	outcomeRefusedConnections = "refused_connections"
+	// A WebSocket session over HTTP/2 or HTTP/3 under a chain that meters
+	// tokens or spend: 400.
+	outcomeRefusedUnmetered = "refused_unmetered_session"
 )
 
 // outcomeRecord is what an outcome sets: its placeholder's value, boxed
@@ -123,7 +126,7 @@ type outcomeRecord struct {
 var outcomeRecords = func() map[string]outcomeRecord {
 	records := make(map[string]outcomeRecord)
 	for _, o := range []string{outcomeAdmitted, outcomeRefused, outcomeRefusedEmptyScope, outcomeRefusedAmbiguousScope, outcomeRefusedBodyMemory,
-		outcomeRefusedNoPrice, outcomeRefusedBadLimit, outcomeShadowRefused, outcomeFailedOpen, outcomeFailedClosed, outcomeRefusedConnections} {
+		outcomeRefusedNoPrice, outcomeRefusedBadLimit, outcomeShadowRefused, outcomeFailedOpen, outcomeFailedClosed, outcomeRefusedConnections, outcomeRefusedUnmetered} {
 		records[o] = outcomeRecord{placeholder: o, admissions: admissionsTotal.WithLabelValues(o)}
 	}
 	return records

@@ -51,6 +51,9 @@ func init() {
 //	failed_open          the store failed; passed on unchecked (on_redis_error allow)
 //	failed_closed        the store failed; 503 (on_redis_error deny)
 //	refused_connections  a WebSocket session over realtime max_connections: 503
+//	refused_unmetered_session
+//	                     a WebSocket session over HTTP/2 or HTTP/3, whose frames cannot be
+//	                     metered, under a chain that meters tokens or spend: 400
 //
 // These placeholders are set for those requests, for logs and handle_errors:
 //

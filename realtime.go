@@ -86,11 +86,21 @@ func (h *Handler) flushInterval() time.Duration {
 // isWebSocketHandshake reports an HTTP/1.1 WebSocket opening handshake: a
 // GET asking to upgrade to websocket (RFC 6455 4.1, as reverse_proxy reads
 // it). Any other request with upgrade headers is an ordinary request, reserved and metered
-// as one. (An HTTP/2 WebSocket, an extended CONNECT, has no connection to
-// hijack: it is admitted as an ordinary request and not metered.)
+// as one.
 func isWebSocketHandshake(r *http.Request) bool {
 	return r.Method == http.MethodGet && r.ProtoMajor == 1 && strings.EqualFold(r.Header.Get("Upgrade"), "websocket") &&
 		headerHasToken(r.Header, "Connection", "upgrade")
+}
+
+// isExtendedConnect reports a WebSocket over HTTP/2 or HTTP/3 (RFC 8441,
+// RFC 9220): a CONNECT whose :protocol is websocket, which reverse_proxy
+// passes upstream as an HTTP/1.1 handshake. It is a session, but its
+// frames travel in the request's body and the response's, with no
+// connection to hijack, which the session's tap and budget gate read: a
+// chain that meters tokens or spend refuses it (unmeteredSession).
+func isExtendedConnect(r *http.Request) bool {
+	return r.Method == http.MethodConnect &&
+		(r.ProtoMajor == 2 && r.Header.Get(":protocol") == "websocket" || r.ProtoMajor == 3 && r.Proto == "websocket")
 }
 
 func headerHasToken(h http.Header, name, token string) bool {
@@ -179,6 +189,9 @@ func (h *Handler) serveSession(w http.ResponseWriter, req *request, next caddyht
 	}
 	if len(chain) == 0 {
 		return next.ServeHTTP(w, req.Request)
+	}
+	if isExtendedConnect(req.Request) && chainMetersTokens(chain) {
+		return h.answer(w, req, unmeteredSession)
 	}
 	var price *pricing.Entry
 	if hasBudgets(chain, true) {
