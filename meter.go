@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/rolter/caddy-ratelimit/internal/pricing"
+	"github.com/rolter/caddy-ratelimit/internal/tokenest"
 	"github.com/rolter/caddy-ratelimit/internal/usage"
 )
 
@@ -26,6 +27,7 @@ type responseWriter struct {
 	meter       *usage.Meter       // set by WriteHeader for a metered 2xx body: &meterState
 	meterState  usage.Meter        // in the writer's own allocation
 	strip       *usageStripper     // set when the client did not ask for stream usage
+	asked       tokenest.Estimate  // what the request asks of the model, which bounds its charge (usageCeiling)
 	tap         *usage.RealtimeTap // set for a metered WebSocket session
 	wroteHeader bool
 	status      int // the final status written, once wroteHeader
@@ -105,9 +107,9 @@ func (w *responseWriter) FlushError() error {
 }
 
 // finish ends the response: it writes what a stripper still holds and
-// returns the usage the body reported, at most ceiling (clamped says it
-// was over).
-func (w *responseWriter) finish(ceiling usage.Usage) (used usage.Usage, metered, clamped bool) {
+// returns the usage the body reported, at most its ceiling (clamped says
+// it was over).
+func (w *responseWriter) finish() (used usage.Usage, metered, clamped bool) {
 	if w.strip != nil {
 		// A client that went away is charged all the same: what the
 		// upstream reported is metered below.
@@ -117,27 +119,33 @@ func (w *responseWriter) finish(ceiling usage.Usage) (used usage.Usage, metered,
 		return usage.Usage{}, false, false
 	}
 	u, metered := w.meter.Finish()
-	u, clamped = u.Within(ceiling)
+	u, clamped = u.Within(usageCeiling(w.asked))
 	return u, metered, clamped
 }
 
 // One response is charged at most a ceiling, so that one absurd report (an
 // upstream's bug: 1e20 tokens) cannot lock every limit of its chain for
-// days, shared pools included. The ceiling is far above what any real
-// response uses: its input at most the largest context window a provider
-// serves, and its output at most several times the largest output a model
-// generates in one response, or what the request reserved for its output
-// (its own cap, times its choices) if that is larger; the total at most
-// both together. A realtime session's responses are bounded alike, each.
+// days, shared pools included. Its input at most the largest context
+// window a provider serves (or the request's estimate, if larger). Its
+// output at most what the request caps itself at, its own cap times its
+// choices, since every provider counts reasoning and thinking inside that
+// cap; without one, several times the largest output a model generates in
+// one response, for each choice (of at most maxResponseChoices: a larger n
+// is refused by the providers). The total at most both together. A realtime
+// session's responses are bounded alike, each, by the fixed ceiling.
 const (
-	maxResponseInput  = 10_000_000 // Llama 4 Scout's context window, the largest served
-	maxResponseOutput = 1_000_000  // the largest models write at most 128k tokens in one response
+	maxResponseInput   = 10_000_000 // Llama 4 Scout's context window, the largest served
+	maxResponseOutput  = 1_000_000  // the largest models write at most 128k tokens in one response
+	maxResponseChoices = 128        // OpenAI's largest n; Gemini's candidateCount is at most 8, best_of 20
 )
 
-// usageCeiling is the most a response of a request that reserved reserve
-// is charged, count by count.
-func usageCeiling(reserve tokenCounts) usage.Usage {
-	in, out := max(maxResponseInput, reserve.input), max(maxResponseOutput, reserve.output)
+// usageCeiling is the most a response of a request of estimate est is
+// charged, count by count; the zero estimate's is the fixed ceiling.
+func usageCeiling(est tokenest.Estimate) usage.Usage {
+	in, out := max(maxResponseInput, est.Input), est.Output
+	if !est.Capped {
+		out = maxResponseOutput * min(max(est.Choices, 1), maxResponseChoices)
+	}
 	return usage.Usage{Total: in + out, Input: in, Output: out}
 }
 
@@ -215,7 +223,7 @@ func (h *Handler) chargeSession(chain []limit, tokens tokenCounts, price *pricin
 // reported, or else its reservation). It releases the store that ServeHTTP
 // held for it.
 func (h *Handler) meterResponse(w *responseWriter, chain []limit, d decision, price *pricing.Entry) {
-	u, metered, clamped := w.finish(usageCeiling(d.reserve))
+	u, metered, clamped := w.finish()
 	used := tokensOf(u, price)
 	if clamped {
 		h.usageClamped(chain, "response", 1)

@@ -376,3 +376,68 @@ func TestResponseWithAnEventOverTheCapIsUnmeteredAndUntouched(t *testing.T) {
 		assertNothingCharged(t, store, sentinel, id)
 	})
 }
+
+// absurdUpstream answers every request with a chat completion that reports
+// 1e20 tokens of each kind: an upstream's bug.
+func absurdUpstream(t *testing.T) *httptest.Server {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"object":"chat.completion","usage":{"prompt_tokens":1e20,"completion_tokens":1e20,"total_tokens":1e20}}`)
+	}))
+	t.Cleanup(up.Close)
+	return up
+}
+
+// A response is charged at most the output its request caps itself at,
+// times its choices, since providers count reasoning and thinking inside
+// that cap: a report of 1e20 tokens charges max_tokens 10 as 10 output
+// tokens, and max_completion_tokens 10 with n 3 as 30. A request without a
+// cap is charged at most the fixed ceiling for each of its choices. Each
+// clamp is counted in usage_clamped_total.
+func TestAResponseIsChargedAtMostItsRequestsOwnOutputCapTimesItsChoices(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		up := absurdUpstream(t)
+		gw := startGateway(t, up.URL, limited(store, `
+			scope org {http.request.header.X-Org} readable
+			limit org * tpm 2000000000 itpm 2000000000 otpm 2000000000`))
+		metric := `caddy_rolter_ratelimit_usage_clamped_total{what="response"}`
+		const messages = `"messages":[{"role":"user","content":"hi"}]`
+		for _, c := range []struct {
+			what, body string
+			output     int64
+		}{
+			{"max_tokens 10", `{"model":"gpt-4o","max_tokens":10,` + messages + `}`, 10},
+			{"max_completion_tokens 10 and n 3", `{"model":"gpt-4o","max_completion_tokens":10,"n":3,` + messages + `}`, 30},
+			{"no cap and n 2", `{"model":"gpt-4o","n":2,` + messages + `}`, 2 * maxResponseOutput},
+		} {
+			org := uniqueID(t)
+			clamped := scrape(t)[metric]
+			if res, body := gw.postChat(t, c.body, "X-Org: "+org); res.StatusCode != 200 {
+				t.Fatalf("%s: %d %s", c.what, res.StatusCode, body)
+			}
+			waitMetric(t, metric, clamped+1)
+			waitWindow(t, store, orgTokens(org), otpm, c.output)
+			waitWindow(t, store, orgTokens(org), itpm, maxResponseInput)
+			waitCharged(t, store, orgTokens(org), maxResponseInput+c.output)
+		}
+	})
+}
+
+// A budget is charged what the clamped usage costs: a report of 1e20 tokens
+// for a gpt-4o request capped at 100 output tokens costs its input at the
+// ceiling and 100 output tokens ($25.001), not a million ($35).
+func TestAnAbsurdReportChargesABudgetNoMoreThanTheRequestsOwnOutputCap(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		up := newScriptedUpstream(t)
+		gw := flightGatewayTo(t, up.URL, store, teamLines+`
+			limit team * budget_day 100
+			price gpt-4o input 2.50 output 10`)
+		team := uniqueID(t)
+		answer := up.json(openAIUsage(`{"prompt_tokens":1e20,"completion_tokens":1e20,"total_tokens":1e20}`))
+		if res, body := openAICall("gpt-4o", false).send(t, gw, "X-Team: "+team, answer); res.StatusCode != 200 {
+			t.Fatalf("%d %s", res.StatusCode, body)
+		}
+		waitSettled(t, caddyAdmin(), team, maxResponseInput*2500+budgetMaxTokens*10_000)
+	})
+}

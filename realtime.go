@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/rolter/caddy-ratelimit/internal/pricing"
+	"github.com/rolter/caddy-ratelimit/internal/tokenest"
 	"github.com/rolter/caddy-ratelimit/internal/usage"
 )
 
@@ -151,7 +152,7 @@ func (h *Handler) serveSession(w http.ResponseWriter, req *request, next caddyht
 	}
 	return h.admitOrAnswer(w, req, chain, tokenCounts{}, chainMetersTokens(chain), next, func(rw *responseWriter, d decision) error {
 		removeDeflateOffer(req.Header)
-		rw.tap = usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{}))
+		rw.tap = usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenest.Estimate{}))
 		stop := h.meterSession(rw.tap, chain, price)
 		defer func() {
 			stop()

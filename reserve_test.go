@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -311,6 +312,39 @@ func TestEveryResponseShapeSettlesItsReservationToTheReportedUsage(t *testing.T)
 					waitWindow(t, store, org, otpm, want.output)
 					waitWindow(t, store, org, tpd, want.total)
 				})
+			}
+		}
+	})
+}
+
+// Each choice a request asks for (n, best_of, Gemini's candidateCount) is
+// reserved its output, whether the request names an output cap or not:
+// without one, the default output for each.
+func TestEachChoiceARequestAsksForIsReservedItsOutput(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		up := newAnsweringUpstream(t, 200, 1000)
+		gw := startGateway(t, up.URL, limited(store, `
+			scope org {http.request.header.X-Org} readable
+			limit org * tpm 100000
+			headers openai`))
+		prompt := strings.Repeat("abcd", 100) // 100 tokens
+		chat := `"messages":[{"role":"user","content":"` + prompt + `"}]`
+		for _, c := range []struct {
+			what, path, body string
+			reserved         int64
+		}{
+			{"chat n 8 without a cap", "/v1/chat/completions", `{"model":"gpt-4o","n":8,` + chat + `}`, 100 + 8*defaultReserveOutput},
+			{"chat n 8 with max_tokens 50", "/v1/chat/completions", `{"model":"gpt-4o","n":8,"max_tokens":50,` + chat + `}`, 100 + 8*50},
+			{"completions n 2 best_of 5 without a cap", "/v1/completions", `{"model":"gpt-3.5-turbo-instruct","n":2,"best_of":5,"prompt":"` + prompt + `"}`, 100 + 5*defaultReserveOutput},
+			{"gemini candidateCount 3 without a cap", "/v1beta/models/gemini-2.5-flash:generateContent",
+				`{"contents":[{"parts":[{"text":"` + prompt + `"}]}],"generationConfig":{"candidateCount":3}}`, 100 + 3*defaultReserveOutput},
+		} {
+			res, body := gw.send(t, "POST", c.path, c.body, "Content-Type: application/json", "X-Org: "+uniqueID(t))
+			if res.StatusCode != 200 {
+				t.Fatalf("%s: %d %s", c.what, res.StatusCode, body)
+			}
+			if got, want := res.Header.Get("X-Ratelimit-Remaining-Tokens"), strconv.FormatInt(100000-c.reserved, 10); got != want {
+				t.Errorf("%s: x-ratelimit-remaining-tokens %s, want %s (100000 less %d reserved)", c.what, got, want, c.reserved)
 			}
 		}
 	})

@@ -60,7 +60,8 @@
 // # Output
 //
 // Capped says whether the request names its own cap; Output is it, times the
-// choices asked for:
+// choices asked for (Choices, read with or without a cap, and 1 where the
+// API has no multiplier):
 //
 //	chat         max_completion_tokens, else max_tokens; × n
 //	completions  max_tokens × max(n, best_of)

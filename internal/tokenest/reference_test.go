@@ -56,7 +56,7 @@ func refEstimate(path string, m map[string]any) Estimate {
 		r = refGemini(m)
 	}
 	in := (r.t.chars+3)/4 + r.t.tokens + r.t.media*MediaTokens
-	e := Estimate{Input: min(in, limit), Known: true}
+	e := Estimate{Input: min(in, limit), Known: true, Choices: max(r.mult, 1)}
 	switch {
 	case call.NoOutput:
 		e.Capped = true

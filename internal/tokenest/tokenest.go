@@ -14,6 +14,11 @@ type Estimate struct {
 	// Capped says whether the request names its own output cap (an
 	// embeddings request is capped at 0: it produces no output tokens).
 	Capped bool
+	// Choices is the number of choices the request asks for (n, the
+	// larger of n and best_of, candidateCount), at least 1, whether it
+	// names an output cap or not: each choice is generated, and billed,
+	// up to the cap. 0 when not Known.
+	Choices int64
 	// Known says whether the body was JSON of an API this package reads;
 	// when false, Input and Output are 0 and Capped is false.
 	Known bool
@@ -41,7 +46,7 @@ func Of(call llmapi.Call, body []byte) Estimate {
 	}
 	// Each count is of distinct bytes of the body, so the sum cannot
 	// overflow; only the product with MediaTokens and the caps can pass limit.
-	e := Estimate{Known: true}
+	e := Estimate{Known: true, Choices: r.choices}
 	e.Input = inputOf(r.tally)
 	switch {
 	case call.NoOutput:
@@ -57,12 +62,13 @@ func Of(call llmapi.Call, body []byte) Estimate {
 // (a string cut short counts up to the cut), so that a body longer than the
 // limit is estimated at least as what was read of it. Its output cap is not
 // known: a cap written after the cut would be missed, so Capped is false.
+// Its Choices are those the bytes name, if any.
 func OfPrefix(call llmapi.Call, prefix []byte) Estimate {
 	r, ok := read(call, prefix, true)
 	if !ok {
 		return Estimate{}
 	}
-	return Estimate{Known: true, Input: inputOf(r.tally)}
+	return Estimate{Known: true, Input: inputOf(r.tally), Choices: r.choices}
 }
 
 func inputOf(t tally) int64 {
@@ -94,6 +100,7 @@ func read(call llmapi.Call, body []byte, prefix bool) (r reading, ok bool) {
 	if !prefix && (p.bad || p.ws()) {
 		return reading{}, false
 	}
+	r.choices = max(r.choices, 1)
 	return r, true
 }
 
@@ -110,15 +117,19 @@ func (t *tally) add(u tally) {
 	t.media += u.media
 }
 
-// reading is what a request sends the model and the output it caps itself at.
+// reading is what a request sends the model, the output it caps itself
+// at and the choices it asks for.
 type reading struct {
 	tally
-	out    int64
-	capped bool
+	out     int64
+	capped  bool
+	choices int64
 }
 
-// setCap caps the reading at c times mult choices, if c is a count.
+// setCap reads mult choices, and caps the reading at c times them if c is
+// a count.
 func (r *reading) setCap(c opt, mult opt) {
+	r.choices = mult.or1()
 	if c.ok {
 		r.capped = true
 		r.out = mul(c.v, mult.or1())
