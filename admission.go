@@ -103,7 +103,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			spendReservedTotal.WithLabelValues(price.Name).Add(float64(d.reserve.cost))
 		}
 		defer h.meterResponse(rw, chain, d, price)
-		return next.ServeHTTP(rw, r)
+		rw.failed = next.ServeHTTP(rw, r)
+		return rw.failed
 	})
 }
 

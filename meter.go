@@ -2,11 +2,13 @@ package ratelimit
 
 import (
 	"bufio"
+	"errors"
 	"io"
 	"net"
 	"net/http"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
 
 	"github.com/rolter/caddy-ratelimit/internal/pricing"
@@ -30,7 +32,8 @@ type responseWriter struct {
 	asked       tokenest.Estimate  // what the request asks of the model, which bounds its charge (usageCeiling)
 	tap         *usage.RealtimeTap // set for a metered WebSocket session
 	wroteHeader bool
-	status      int // the final status written, once wroteHeader
+	status      int   // the final status written, once wroteHeader
+	failed      error // what the handlers after this one returned, once they have
 }
 
 func (w *responseWriter) WriteHeader(status int) {
@@ -217,11 +220,11 @@ func (h *Handler) chargeSession(chain []limit, tokens tokenCounts, price *pricin
 // tokens (at most its ceiling), and with a price what they cost, without
 // waiting for the store, so that the client's last bytes are not held back
 // by a round trip. A reservation made at admission (d) is settled in its
-// own period: the usage reported replaces it; without usage, an upstream
-// error gives it all back (the provider charged nothing) and any other
-// response keeps it as its charge (a response cut short keeps what it
-// reported, or else its reservation). It releases the store that ServeHTTP
-// held for it.
+// own period: the usage reported replaces it; without usage, a request the
+// provider cannot have processed gives it all back (unprocessed) and any
+// other response keeps it as its charge (a response cut short keeps what
+// it reported, or else its reservation). It releases the store that
+// ServeHTTP held for it.
 func (h *Handler) meterResponse(w *responseWriter, chain []limit, d decision, price *pricing.Entry) {
 	u, metered, clamped := w.finish()
 	used := tokensOf(u, price)
@@ -239,7 +242,7 @@ func (h *Handler) meterResponse(w *responseWriter, chain []limit, d decision, pr
 		c.minute, c.unreserve = d.now.minute, d.reserve.cost
 		switch {
 		case metered:
-		case w.status >= 400:
+		case w.unprocessed():
 			charged = tokenCounts{}
 		default:
 			charged = d.reserve
@@ -256,6 +259,27 @@ func (h *Handler) meterResponse(w *responseWriter, chain []limit, d decision, pr
 		h.settled(c, charged, price, err)
 		h.store.release()
 	})
+}
+
+// statusClientClosed is the status reverse_proxy writes when the client
+// went away before the upstream's response headers (nginx's "client closed
+// request").
+const statusClientClosed = 499
+
+// unprocessed reports whether the provider cannot have processed the
+// request, so that it charged nothing: the upstream answered with an error
+// status of its own, or was never reached (reverse_proxy could not connect
+// to it, or had no upstream available: its 503). A client that left before
+// the headers (499) or an upstream that failed or timed out once it had
+// the request (reverse_proxy's other 502s, its 504) may have had its
+// prompt processed.
+func (w *responseWriter) unprocessed() bool {
+	if w.wroteHeader {
+		return w.status >= 400 && w.status != statusClientClosed
+	}
+	var dial reverseproxy.DialError
+	var status caddyhttp.HandlerError
+	return errors.As(w.failed, &dial) || errors.As(w.failed, &status) && status.StatusCode == http.StatusServiceUnavailable
 }
 
 // settled counts a charge once the store has it, or logs its failure: the

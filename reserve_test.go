@@ -1,7 +1,9 @@
 package ratelimit
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -194,6 +196,82 @@ func TestAnUpstreamErrorGivesTheReservationBack(t *testing.T) {
 		}
 		waitCharged(t, store, orgTokens(org), 0)
 		waitMetric(t, `caddy_rolter_ratelimit_tokens_returned_total{kind="total"}`, before+1000)
+	})
+}
+
+// A client that leaves before the response headers is charged its
+// reservation: the provider has its prompt, and reverse_proxy's 499
+// (client closed request) is no error of the upstream's.
+func TestAClientThatLeavesBeforeTheResponseHeadersIsChargedItsReservation(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		arrived, canceled := make(chan struct{}), make(chan struct{})
+		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			io.Copy(io.Discard, r.Body)
+			close(arrived)
+			<-r.Context().Done() // the gateway gives the request up once its client has left
+			close(canceled)
+		}))
+		t.Cleanup(up.Close)
+		gw := startGateway(t, up.URL, limited(store, orgTPM10500))
+		org := uniqueID(t)
+		charged := scrape(t)[`caddy_rolter_ratelimit_tokens_charged_total{kind="total"}`]
+		ctx, cancel := context.WithCancel(context.Background())
+		req, err := http.NewRequestWithContext(ctx, "POST", gw.url+"/v1/chat/completions", strings.NewReader(chatAbout1000))
+		if err != nil {
+			t.Fatal(err)
+		}
+		setHeaders(req, []string{"Content-Type: application/json", "X-Org: " + org})
+		done := make(chan error, 1)
+		go func() {
+			res, err := gw.tester.Client.Do(req)
+			if err == nil {
+				res.Body.Close()
+			}
+			done <- err
+		}()
+		<-arrived
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Fatalf("the client's request ended with %v, want it canceled", err)
+		}
+		<-canceled
+		waitMetric(t, `caddy_rolter_ratelimit_tokens_charged_total{kind="total"}`, charged+1000)
+		waitCharged(t, store, orgTokens(org), 1000)
+	})
+}
+
+// An upstream that cannot be reached never had the prompt: the reservation
+// is given back.
+func TestAnUpstreamThatCannotBeReachedGivesTheReservationBack(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		gone := httptest.NewServer(http.NotFoundHandler())
+		gone.Close() // its port now refuses connections
+		gw := startGateway(t, gone.URL, limited(store, orgTPM10500))
+		org := uniqueID(t)
+		returned := scrape(t)[`caddy_rolter_ratelimit_tokens_returned_total{kind="total"}`]
+		if res, body := gw.postChat(t, chatAbout1000, "X-Org: "+org); res.StatusCode != http.StatusBadGateway {
+			t.Fatalf("%d %s, want reverse_proxy's 502", res.StatusCode, body)
+		}
+		waitMetric(t, `caddy_rolter_ratelimit_tokens_returned_total{kind="total"}`, returned+1000)
+		waitCharged(t, store, orgTokens(org), 0)
+	})
+}
+
+// An upstream that took the request but sent no headers in time (504) may
+// have processed the prompt: the reservation stays charged.
+func TestAnUpstreamThatTimesOutBeforeItsHeadersIsChargedTheReservation(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		up := newHeldUpstream(t, 200, 10)
+		site := strings.Replace(limited(store, orgTPM10500), "reverse_proxy {upstream}",
+			"reverse_proxy {upstream} {\n\t\ttransport http {\n\t\t\tresponse_header_timeout 100ms\n\t\t}\n\t}", 1)
+		gw := startGateway(t, up.URL, site)
+		org := uniqueID(t)
+		charged := scrape(t)[`caddy_rolter_ratelimit_tokens_charged_total{kind="total"}`]
+		if res, body := gw.postChat(t, chatAbout1000, "X-Org: "+org); res.StatusCode != http.StatusGatewayTimeout {
+			t.Fatalf("%d %s, want reverse_proxy's 504", res.StatusCode, body)
+		}
+		waitMetric(t, `caddy_rolter_ratelimit_tokens_charged_total{kind="total"}`, charged+1000)
+		waitCharged(t, store, orgTokens(org), 1000)
 	})
 }
 
