@@ -111,19 +111,19 @@ func (w *responseWriter) FlushError() error {
 
 // finish ends the response: it writes what a stripper still holds and
 // returns the usage the body reported, at most its ceiling (clamped says
-// it was over).
-func (w *responseWriter) finish() (used usage.Usage, metered, clamped bool) {
+// it was over), and whether that was its final report.
+func (w *responseWriter) finish() (used usage.Usage, metered, final, clamped bool) {
 	if w.strip != nil {
 		// A client that went away is charged all the same: what the
 		// upstream reported is metered below.
 		_ = w.strip.flushTail(&w.ResponseWriterWrapper)
 	}
 	if w.meter == nil {
-		return usage.Usage{}, false, false
+		return usage.Usage{}, false, false, false
 	}
 	u, metered := w.meter.Finish()
 	u, clamped = u.Within(usageCeiling(w.asked))
-	return u, metered, clamped
+	return u, metered, w.meter.Final(), clamped
 }
 
 // One response is charged at most a ceiling, so that one absurd report (an
@@ -220,13 +220,14 @@ func (h *Handler) chargeSession(chain []limit, tokens tokenCounts, price *pricin
 // tokens (at most its ceiling), and with a price what they cost, without
 // waiting for the store, so that the client's last bytes are not held back
 // by a round trip. A reservation made at admission (d) is settled in its
-// own period: the usage reported replaces it; without usage, a request the
-// provider cannot have processed gives it all back (unprocessed) and any
-// other response keeps it as its charge (a response cut short keeps what
-// it reported, or else its reservation). It releases the store that
+// own period: the response's final report replaces it; a request the
+// provider cannot have processed gives it all back (unprocessed); any
+// other response (one cut short before its final report, or that reports
+// nothing) is charged at least the reservation: what it reported where
+// that is more, count by count (atLeast). It releases the store that
 // ServeHTTP held for it.
 func (h *Handler) meterResponse(w *responseWriter, chain []limit, d decision, price *pricing.Entry) {
-	u, metered, clamped := w.finish()
+	u, metered, final, clamped := w.finish()
 	used := tokensOf(u, price)
 	if clamped {
 		h.usageClamped(chain, "response", 1)
@@ -241,11 +242,11 @@ func (h *Handler) meterResponse(w *responseWriter, chain []limit, d decision, pr
 	if !d.reserve.isZero() {
 		c.minute, c.unreserve = d.now.minute, d.reserve.cost
 		switch {
-		case metered:
+		case final:
 		case w.unprocessed():
 			charged = tokenCounts{}
 		default:
-			charged = d.reserve
+			charged = used.atLeast(d.reserve)
 		}
 		// The windows take the difference; the budgets the cost charged
 		// beside the reservation they give back.
@@ -259,6 +260,15 @@ func (h *Handler) meterResponse(w *responseWriter, chain []limit, d decision, pr
 		h.settled(c, charged, price, err)
 		h.store.release()
 	})
+}
+
+// atLeast is t with each count, and its cost, at least r's, and its total
+// at least its input and output together: the charge of a response whose
+// reservation r bounds what it may have used better than the report t it
+// was cut before finishing.
+func (t tokenCounts) atLeast(r tokenCounts) tokenCounts {
+	in, out := max(t.input, r.input), max(t.output, r.output)
+	return tokenCounts{total: max(t.total, r.total, in+out), input: in, output: out, cost: max(t.cost, r.cost)}
 }
 
 // statusClientClosed is the status reverse_proxy writes when the client
