@@ -103,8 +103,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			spendReservedTotal.WithLabelValues(price.Name).Add(float64(d.reserve.cost))
 		}
 		defer h.meterResponse(rw, chain, d, price)
-		rw.failed = next.ServeHTTP(rw, r)
-		return rw.failed
+		err := next.ServeHTTP(rw, r)
+		rw.unreached = unreached(err)
+		return err
 	})
 }
 

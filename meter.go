@@ -32,8 +32,8 @@ type responseWriter struct {
 	asked       tokenest.Estimate  // what the request asks of the model, which bounds its charge (usageCeiling)
 	tap         *usage.RealtimeTap // set for a metered WebSocket session
 	wroteHeader bool
-	status      int   // the final status written, once wroteHeader
-	failed      error // what the handlers after this one returned, once they have
+	unreached   bool // the handlers after this one failed without reaching the upstream (unreached)
+	status      int  // the final status written, once wroteHeader
 }
 
 func (w *responseWriter) WriteHeader(status int) {
@@ -278,18 +278,27 @@ const statusClientClosed = 499
 
 // unprocessed reports whether the provider cannot have processed the
 // request, so that it charged nothing: the upstream answered with an error
-// status of its own, or was never reached (reverse_proxy could not connect
-// to it, or had no upstream available: its 503). A client that left before
-// the headers (499) or an upstream that failed or timed out once it had
-// the request (reverse_proxy's other 502s, its 504) may have had its
-// prompt processed.
+// status of its own, or was never reached. A client that left before the
+// headers (499) may have had its prompt processed.
 func (w *responseWriter) unprocessed() bool {
 	if w.wroteHeader {
 		return w.status >= 400 && w.status != statusClientClosed
 	}
+	return w.unreached
+}
+
+// unreached reports whether err, what the handlers after this one returned
+// without writing a response, says the upstream was never reached:
+// reverse_proxy could not connect to it, or had no upstream available (its
+// 503). An upstream that failed or timed out once it had the request
+// (reverse_proxy's other 502s, its 504) may have processed it.
+func unreached(err error) bool {
+	if err == nil {
+		return false // and errors.As's targets escape: spare a response its allocations
+	}
 	var dial reverseproxy.DialError
 	var status caddyhttp.HandlerError
-	return errors.As(w.failed, &dial) || errors.As(w.failed, &status) && status.StatusCode == http.StatusServiceUnavailable
+	return errors.As(err, &dial) || errors.As(err, &status) && status.StatusCode == http.StatusServiceUnavailable
 }
 
 // settled counts a charge once the store has it, or logs its failure: the

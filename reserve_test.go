@@ -247,13 +247,7 @@ func TestAnUpstreamThatCannotBeReachedGivesTheReservationBack(t *testing.T) {
 		gone := httptest.NewServer(http.NotFoundHandler())
 		gone.Close() // its port now refuses connections
 		gw := startGateway(t, gone.URL, limited(store, orgTPM10500))
-		org := uniqueID(t)
-		returned := scrape(t)[`caddy_rolter_ratelimit_tokens_returned_total{kind="total"}`]
-		if res, body := gw.postChat(t, chatAbout1000, "X-Org: "+org); res.StatusCode != http.StatusBadGateway {
-			t.Fatalf("%d %s, want reverse_proxy's 502", res.StatusCode, body)
-		}
-		waitMetric(t, `caddy_rolter_ratelimit_tokens_returned_total{kind="total"}`, returned+1000)
-		waitCharged(t, store, orgTokens(org), 0)
+		settlesAfterAFailure(t, store, gw, http.StatusBadGateway, "returned", 0)
 	})
 }
 
@@ -265,14 +259,24 @@ func TestAnUpstreamThatTimesOutBeforeItsHeadersIsChargedTheReservation(t *testin
 		site := strings.Replace(limited(store, orgTPM10500), "reverse_proxy {upstream}",
 			"reverse_proxy {upstream} {\n\t\ttransport http {\n\t\t\tresponse_header_timeout 100ms\n\t\t}\n\t}", 1)
 		gw := startGateway(t, up.URL, site)
-		org := uniqueID(t)
-		charged := scrape(t)[`caddy_rolter_ratelimit_tokens_charged_total{kind="total"}`]
-		if res, body := gw.postChat(t, chatAbout1000, "X-Org: "+org); res.StatusCode != http.StatusGatewayTimeout {
-			t.Fatalf("%d %s, want reverse_proxy's 504", res.StatusCode, body)
-		}
-		waitMetric(t, `caddy_rolter_ratelimit_tokens_charged_total{kind="total"}`, charged+1000)
-		waitCharged(t, store, orgTokens(org), 1000)
+		settlesAfterAFailure(t, store, gw, http.StatusGatewayTimeout, "charged", 1000)
 	})
+}
+
+// settlesAfterAFailure sends chatAbout1000 (1000 tokens reserved) through
+// gw, which answers it with reverse_proxy's status, and waits until its
+// settlement has counted the 1000 in tokens_<how>_total and the org's
+// tpm holds tpm.
+func settlesAfterAFailure(t *testing.T, store string, gw *gateway, status int, how string, tpm int64) {
+	t.Helper()
+	org := uniqueID(t)
+	metric := `caddy_rolter_ratelimit_tokens_` + how + `_total{kind="total"}`
+	before := scrape(t)[metric]
+	if res, body := gw.postChat(t, chatAbout1000, "X-Org: "+org); res.StatusCode != status {
+		t.Fatalf("%d %s, want reverse_proxy's %d", res.StatusCode, body, status)
+	}
+	waitMetric(t, metric, before+1000)
+	waitCharged(t, store, orgTokens(org), tpm)
 }
 
 // A request whose reservation alone is over a tpm can never be admitted: it

@@ -11,14 +11,14 @@ type Estimate struct {
 	// Output is the output the request caps itself at, times the number of
 	// choices it asks for; meaningful only when Capped.
 	Output int64
-	// Capped says whether the request names its own output cap (an
-	// embeddings request is capped at 0: it produces no output tokens).
-	Capped bool
 	// Choices is the number of choices the request asks for (n, the
 	// larger of n and best_of, candidateCount), at least 1, whether it
 	// names an output cap or not: each choice is generated, and billed,
 	// up to the cap. 0 when not Known.
 	Choices int64
+	// Capped says whether the request names its own output cap (an
+	// embeddings request is capped at 0: it produces no output tokens).
+	Capped bool
 	// Known says whether the body was JSON of an API this package reads;
 	// when false, Input and Output are 0 and Capped is false.
 	Known bool

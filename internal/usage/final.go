@@ -38,18 +38,20 @@ const (
 )
 
 // documentMarks are what the scanner noted of a document, which tell
-// whether it is a final report.
-type documentMarks struct {
-	terminalType bool // its "type" is a terminal one
-	usage        bool // it has a usage object at its top level
-	choices      bool // it has choices (or candidates)
-	finished     bool // one of them has a finish reason
-}
+// whether it is a final report: bits, so that a meter stays small.
+type documentMarks uint8
+
+const (
+	markedTerminalType documentMarks = 1 << iota // its "type" is a terminal one
+	markedUsage                                  // it has a usage object at its top level
+	markedChoices                                // it has choices (or candidates)
+	markedFinished                               // one of them has a finish reason
+)
 
 // terminal reports whether a document with these marks is its API's
 // terminal event.
 func (d documentMarks) terminal() bool {
-	return d.terminalType || d.usage && (!d.choices || d.finished)
+	return d&markedTerminalType != 0 || d&markedUsage != 0 && (d&markedChoices == 0 || d&markedFinished != 0)
 }
 
 // isTerminalType reports whether a document's "type" names its API's

@@ -65,12 +65,10 @@ const (
 // tallied stays). Keys are compared as written: an escaped key never matches.
 type jsonScanner struct {
 	tally *tally
-	whole bool // the text is a whole body, not an event's data: its top-level value read whole is final
-
-	doc documentMarks // of the document being read
 
 	state jsonState
 	stack [6]role // the containers followed, outermost first
+	whole bool    // the text is a whole body, not an event's data: its top-level value read whole is final
 	n     int     // len(stack) in use
 	skip  int     // depth of skipped containers (jsonSkip and strings in them)
 
@@ -82,6 +80,10 @@ type jsonScanner struct {
 	valDetails details // which details object the value about to start is, if roleDetails
 	valMark    mark    // what the value about to start marks of its document, if a string
 	details    details // the details object open, if any (they do not nest)
+
+	doc      documentMarks // of the document being read
+	reported bool          // the document being read reported a count
+	final    bool          // the latest count was a final report's, read whole (final.go)
 
 	num  [32]byte
 	numN int // bytes in num; -1 once it is too long to be a count
@@ -192,16 +194,15 @@ func (s *jsonScanner) push(r role) {
 		return
 	}
 	if r == roleUsage && s.top() == roleRoot {
-		s.doc.usage = true
+		s.doc |= markedUsage
 	}
 	s.stack[s.n] = r
 	s.n++
 	switch r {
 	case roleRoot:
-		s.doc = documentMarks{}
-		s.tally.openDocument()
+		s.doc, s.reported = 0, false
 	case roleChoice:
-		s.doc.choices = true
+		s.doc |= markedChoices
 	case roleUsage:
 		s.tally.openUsage()
 	case roleDetails:
@@ -219,7 +220,7 @@ func (s *jsonScanner) pop() {
 	s.n--
 	switch s.stack[s.n] {
 	case roleRoot:
-		s.tally.closeDocument(s.doc.terminal())
+		s.final = s.final || s.reported && s.doc.terminal()
 	case roleUsage:
 		s.tally.closeUsage()
 	case roleIterations:
@@ -228,7 +229,7 @@ func (s *jsonScanner) pop() {
 		s.tally.closeIteration()
 	}
 	if s.n == 0 && s.whole {
-		s.tally.closeBody()
+		s.final = true
 	}
 	s.valueDone()
 }
@@ -292,7 +293,9 @@ func (s *jsonScanner) write(p []byte) {
 				s.state = jsonType
 			case c == '"':
 				i++
-				s.doc.finished = s.doc.finished || s.valMark == markFinished
+				if s.valMark == markFinished {
+					s.doc |= markedFinished
+				}
 				s.state = jsonString
 			case scalarTable[c]:
 				s.numN = 0
@@ -321,6 +324,9 @@ func (s *jsonScanner) write(p []byte) {
 						} else {
 							s.tally.record(s.valField, v)
 						}
+						// Until its document closes as a final report, the
+						// response's report is not final.
+						s.final, s.reported = false, true
 					}
 				}
 				s.valueDone()
@@ -347,10 +353,13 @@ func (s *jsonScanner) write(p []byte) {
 			s.state = jsonKey
 		case jsonType:
 			i = s.readKey(p, i)
-			if s.state == jsonColon { // the string closed
-				s.doc.terminalType = s.keyN > 0 && isTerminalType(s.key[:s.keyN])
+			switch s.state {
+			case jsonColon: // the string closed
+				if s.keyN > 0 && isTerminalType(s.key[:s.keyN]) {
+					s.doc |= markedTerminalType
+				}
 				s.valueDone()
-			} else if s.state == jsonKeyEsc { // escaped: it names no type
+			case jsonKeyEsc: // escaped: it names no type
 				s.state = jsonStringEsc
 			}
 		case jsonColon:

@@ -136,7 +136,7 @@ func (m *Meter) Finish() (Usage, bool) {
 // reported nothing.
 func (m *Meter) Final() bool {
 	_, metered := m.Finish()
-	return metered && m.tally.final
+	return metered && m.json.final
 }
 
 func (m *Meter) finish() {

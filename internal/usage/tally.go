@@ -235,9 +235,6 @@ type tally struct {
 	seen uint32            // bit f: field f was reported (and not dropped since)
 	snap uint32            // bit f: field f was reported in the usage object being read
 
-	final    bool // the latest report was a final one, read whole (final.go)
-	reported bool // the document being read reported a count
-
 	// iter is made by the first iterations array, so that the meter of a
 	// response without one (most of them) is smaller.
 	iter *iterations
@@ -262,25 +259,6 @@ type anthropicCounts [4]int64
 func (c anthropicCounts) usage() Usage {
 	return Usage{Total: c[0] + c[1] + c[2] + c[3], Input: c[0] + c[2], Output: c[1], UncachedInput: c[0], CacheWrite: c[2], CacheRead: c[3]}
 }
-
-// openDocument starts a document.
-func (t *tally) openDocument() { t.reported = false }
-
-// closeDocument ends a document read whole: if it reported a count and is
-// a final report, so is the response's.
-func (t *tally) closeDocument(final bool) {
-	if final && t.reported {
-		t.final = true
-	}
-}
-
-// closeBody ends a whole body (not an event's data) read whole: what it
-// reported is final.
-func (t *tally) closeBody() { t.final = true }
-
-// report notes that a count was read: until its document closes as a final
-// report, the response's report is not final.
-func (t *tally) report() { t.final, t.reported = false, true }
 
 // openUsage starts a usage object.
 func (t *tally) openUsage() { t.snap = 0 }
@@ -308,7 +286,6 @@ func (t *tally) record(f field, n int64) {
 	t.seen |= 1 << f
 	t.snap |= 1 << f
 	t.v[f] = n
-	t.report()
 }
 
 // openIterations starts an iterations array, which replaces any earlier one
@@ -357,7 +334,6 @@ func (t *tally) recordIteration(f field, n int64) {
 		fieldCacheCreationInputTokens, fieldCacheReadInputTokens:
 		if t.iter != nil {
 			t.iter.cur[f-fieldInputTokens] = n
-			t.report()
 		}
 	}
 }
