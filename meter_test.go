@@ -393,8 +393,9 @@ func absurdUpstream(t *testing.T) *httptest.Server {
 // times its choices, since providers count reasoning and thinking inside
 // that cap: a report of 1e20 tokens charges max_tokens 10 as 10 output
 // tokens, and max_completion_tokens 10 with n 3 as 30. A request without a
-// cap is charged at most the fixed ceiling for each of its choices. Each
-// clamp is counted in usage_clamped_total.
+// cap, or whose choices are not a count, is charged at most the fixed
+// ceiling for each of its choices. Each clamp is counted in
+// usage_clamped_total.
 func TestAResponseIsChargedAtMostItsRequestsOwnOutputCapTimesItsChoices(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		up := absurdUpstream(t)
@@ -410,6 +411,9 @@ func TestAResponseIsChargedAtMostItsRequestsOwnOutputCapTimesItsChoices(t *testi
 			{"max_tokens 10", `{"model":"gpt-4o","max_tokens":10,` + messages + `}`, 10},
 			{"max_completion_tokens 10 and n 3", `{"model":"gpt-4o","max_completion_tokens":10,"n":3,` + messages + `}`, 30},
 			{"no cap and n 2", `{"model":"gpt-4o","n":2,` + messages + `}`, 2 * maxResponseOutput},
+			// An n the gateway cannot read as a count may be read as one
+			// upstream: the request's output is unknown.
+			{"max_tokens 10 and n \"3\"", `{"model":"gpt-4o","max_tokens":10,"n":"3",` + messages + `}`, maxResponseOutput},
 		} {
 			org := uniqueID(t)
 			clamped := scrape(t)[metric]

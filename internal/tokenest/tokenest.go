@@ -127,29 +127,44 @@ type reading struct {
 }
 
 // setCap reads mult choices, and caps the reading at c times them if c is
-// a count.
+// a count and mult is not given as something else: an upstream may read a
+// multiplier of "8" or 1e1 as a count (protobuf's JSON does), and a cap
+// times a multiplier this package cannot read would be less than what the
+// request asks for.
 func (r *reading) setCap(c opt, mult opt) {
 	r.choices = mult.or1()
-	if c.ok {
+	if c.ok && !mult.odd {
 		r.capped = true
 		r.out = mul(c.v, mult.or1())
 	}
 }
 
-// opt is a count that may be absent.
+// opt is a count that may be absent (or null), or given as something else
+// (odd).
 type opt struct {
-	v  int64
-	ok bool
+	v   int64
+	ok  bool
+	odd bool
 }
 
-func (o *opt) read(p *parser) { o.v, o.ok = p.count() }
+func (o *opt) read(p *parser) {
+	null := p.peek() == 'n'
+	o.v, o.ok = p.count()
+	o.odd = !o.ok && !null
+}
 
-// or is o, else d.
+// or is o if it is given, else d.
 func (o opt) or(d opt) opt {
-	if o.ok {
+	if o.ok || o.odd {
 		return o
 	}
 	return d
+}
+
+// larger is the larger of two multipliers, given as something else if
+// either is.
+func larger(a, b opt) opt {
+	return opt{v: max(a.or1(), b.or1()), ok: true, odd: a.odd || b.odd}
 }
 
 func (o opt) or1() int64 {
@@ -179,7 +194,7 @@ func chat(p *parser) (r reading) {
 func completions(p *parser) (r reading) {
 	var c [3]opt
 	r.tally = p.object(completionsMembers, c[:])
-	r.setCap(c[0], opt{max(c[1].or1(), c[2].or1()), true})
+	r.setCap(c[0], larger(c[1], c[2]))
 	return r
 }
 

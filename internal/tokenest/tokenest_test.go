@@ -297,14 +297,17 @@ func TestACapThatIsNotAPositiveIntegerIsNoCap(t *testing.T) {
 				t.Errorf("%s %s: %+v, want known and not capped", c.path, c.body, e)
 			}
 		}
-		// A multiplier that is not one is 1.
+		// A multiplier given as something else than a count (an upstream
+		// may read "8" or 1e1 as one) leaves the output unknown: no cap. A
+		// null one is no multiplier.
 		for _, c := range []struct{ path, body string }{
 			{chatPath, `{"max_tokens":10,"n":` + v + `}`},
-			{completionsPath, `{"max_tokens":10,"n":` + v + `,"best_of":` + v + `}`},
+			{completionsPath, `{"max_tokens":10,"n":` + v + `}`},
+			{completionsPath, `{"max_tokens":10,"best_of":` + v + `}`},
 			{geminiPath, `{"generationConfig":{"maxOutputTokens":10,"candidateCount":` + v + `}}`},
 		} {
-			if e := ofPath(c.path, []byte(c.body)); !e.Capped || e.Output != 10 {
-				t.Errorf("%s %s: %+v, want Output 10", c.path, c.body, e)
+			if e := ofPath(c.path, []byte(c.body)); v == `null` && (!e.Capped || e.Output != 10) || v != `null` && (e.Capped || e.Choices != 1) {
+				t.Errorf("%s %s: %+v, want Output 10 for a null multiplier and no cap, one choice for any other", c.path, c.body, e)
 			}
 		}
 	}
