@@ -69,6 +69,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return next.ServeHTTP(w, r)
 	}
 	metering := chainMetersTokens(chain)
+	var est tokenest.Estimate
 	var reserve tokenCounts
 	var price *pricing.Entry // with budgets: what the request's tokens cost
 	if metering {
@@ -91,9 +92,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				return h.answer(w, req, *refused)
 			}
 		}
+		est = estimate(req.call, body)
 		if h.reserving() {
 			var over tooLargeFor
-			if reserve, over = h.reservation(req.call, body, chain, price); over.limit >= 0 {
+			if reserve, over = h.reservation(est, chain, price); over.limit >= 0 {
 				return h.answer(w, req, h.tooLarge(req, chain, over, reserve))
 			}
 		}
@@ -102,6 +104,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		if h.EnsureStreamUsage == nil || *h.EnsureStreamUsage {
 			rw.strip = requestStreamUsage(req, body.whole())
 		}
+		rw.asked = est
 		// Deferred: reverse_proxy ends a response cut short (the client or
 		// the upstream went away mid-stream) with panic(http.ErrAbortHandler),
 		// and what was reported by then is still charged.
@@ -109,7 +112,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			spendReservedTotal.WithLabelValues(price.Name).Add(float64(d.reserve.cost))
 		}
 		defer h.meterResponse(rw, chain, d, price)
-		return next.ServeHTTP(rw, r)
+		err := next.ServeHTTP(rw, r)
+		rw.unreached = unreached(err)
+		return err
 	})
 }
 

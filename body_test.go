@@ -47,7 +47,7 @@ func TestABodyOverTheReadLimitReservesNoLessThanOneUnderIt(t *testing.T) {
 		if read.complete != (len(body) <= maxReadBody) {
 			t.Fatalf("a body of %d bytes read complete: %v", len(body), read.complete)
 		}
-		reserved, _ := h.reservation(llmapi.Of(r.URL.Path), read, chain, nil)
+		reserved, _ := h.reservation(estimate(llmapi.Of(r.URL.Path), read), chain, nil)
 		if forwarded, err := io.ReadAll(r.Body); err != nil || string(forwarded) != body {
 			t.Fatalf("a body of %d bytes forwarded as %d bytes (%v)", len(body), len(forwarded), err)
 		}

@@ -455,12 +455,13 @@ func TestCachedInputAndCacheWritesArePricedAsEachProviderReportsThem(t *testing.
 			cost   int64
 		}{{
 			// gpt-4o: input 2.5e-06 (2500 n$), cache read 1.25e-06
-			// (1250), output 1e-05 (10_000); the 128 reasoning tokens
-			// are output, at its price.
+			// (1250), output 1e-05 (10_000); the 28 reasoning tokens
+			// are output, at its price. Each answer's output is within
+			// the request's max_tokens 100, as a provider's is.
 			name: "OpenAI", call: openAICall("gpt-4o", false),
-			answer: up.json(openAIUsage(`{"prompt_tokens":2006,"completion_tokens":300,"total_tokens":2306,"prompt_tokens_details":{"cached_tokens":1920,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":128,"audio_tokens":0}}`)),
+			answer: up.json(openAIUsage(`{"prompt_tokens":2006,"completion_tokens":100,"total_tokens":2106,"prompt_tokens_details":{"cached_tokens":1920,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":28,"audio_tokens":0}}`)),
 			ends:   `"audio_tokens":0}}}`,
-			cost:   (2006-1920)*2500 + 1920*1250 + 300*10_000, // 5_615_000
+			cost:   (2006-1920)*2500 + 1920*1250 + 100*10_000, // 3_615_000
 		}, {
 			// gpt-4o-mini: input 1.5e-07 (150), cache read 7.5e-08
 			// (75), output 6e-07 (600).
@@ -476,9 +477,9 @@ func TestCachedInputAndCacheWritesArePricedAsEachProviderReportsThem(t *testing.
 			// 3.75e-06 (3750), cache read 3e-07 (300), output 1.5e-05
 			// (15_000).
 			name: "Anthropic", call: anthropicCall("claude-sonnet-4-5", false),
-			answer: up.json(`{"id":"msg_1","type":"message","role":"assistant","model":"claude-sonnet-4-5","content":[{"type":"text","text":"Hi"}],"stop_reason":"end_turn","usage":{"input_tokens":21,"cache_creation_input_tokens":1800,"cache_read_input_tokens":2400,"output_tokens":150}}`),
-			ends:   `"output_tokens":150}}`,
-			cost:   21*3000 + 1800*3750 + 2400*300 + 150*15_000, // 9_783_000
+			answer: up.json(`{"id":"msg_1","type":"message","role":"assistant","model":"claude-sonnet-4-5","content":[{"type":"text","text":"Hi"}],"stop_reason":"end_turn","usage":{"input_tokens":21,"cache_creation_input_tokens":1800,"cache_read_input_tokens":2400,"output_tokens":100}}`),
+			ends:   `"output_tokens":100}}`,
+			cost:   21*3000 + 1800*3750 + 2400*300 + 100*15_000, // 9_033_000
 		}, {
 			// claude-haiku-4-5: input 1e-06 (1000), cache write
 			// 1.25e-06 (1250), cache read 1e-07 (100), output 5e-06
@@ -495,11 +496,11 @@ func TestCachedInputAndCacheWritesArePricedAsEachProviderReportsThem(t *testing.
 			// gemini-2.5-pro: input 1.25e-06 (1250), cache read
 			// 3.125e-07 (312.5), output 1e-05 (10_000); the output is
 			// the candidates and the thoughts. 98 × 1250 + 4003 × 312.5
-			// + 300 × 10_000 is 4_373_437.5, rounded up once.
+			// + 100 × 10_000 is 2_373_437.5, rounded up once.
 			name: "Gemini", call: geminiCall("gemini-2.5-pro", false),
-			answer: up.json(`{"candidates":[{"content":{"parts":[{"text":"Hi"}],"role":"model"},"finishReason":"STOP"}],"usageMetadata":{"promptTokenCount":4101,"candidatesTokenCount":210,"totalTokenCount":4401,"thoughtsTokenCount":90,"cachedContentTokenCount":4003},"modelVersion":"gemini-2.5-pro"}`),
+			answer: up.json(`{"candidates":[{"content":{"parts":[{"text":"Hi"}],"role":"model"},"finishReason":"STOP"}],"usageMetadata":{"promptTokenCount":4101,"candidatesTokenCount":70,"totalTokenCount":4201,"thoughtsTokenCount":30,"cachedContentTokenCount":4003},"modelVersion":"gemini-2.5-pro"}`),
 			ends:   `"modelVersion":"gemini-2.5-pro"}`,
-			cost:   4_373_438,
+			cost:   2_373_438,
 		}, {
 			// gemini-2.5-flash: input 3e-07 (300), cache read 7.5e-08
 			// (75), output 2.5e-06 (2500); each chunk's usageMetadata
@@ -507,9 +508,9 @@ func TestCachedInputAndCacheWritesArePricedAsEachProviderReportsThem(t *testing.
 			name: "Gemini stream", call: geminiCall("gemini-2.5-flash", true),
 			answer: up.sse(
 				`data: {"candidates":[{"content":{"parts":[{"text":"Hi"}],"role":"model"}}],"usageMetadata":{"promptTokenCount":3000,"candidatesTokenCount":1,"totalTokenCount":3001,"cachedContentTokenCount":2048}}`,
-				`data: {"candidates":[{"content":{"parts":[{"text":" there"}],"role":"model"},"finishReason":"STOP"}],"usageMetadata":{"promptTokenCount":3000,"candidatesTokenCount":120,"totalTokenCount":3120,"cachedContentTokenCount":2048}}`),
+				`data: {"candidates":[{"content":{"parts":[{"text":" there"}],"role":"model"},"finishReason":"STOP"}],"usageMetadata":{"promptTokenCount":3000,"candidatesTokenCount":100,"totalTokenCount":3100,"cachedContentTokenCount":2048}}`),
 			ends: `"cachedContentTokenCount":2048}}` + "\n\n",
-			cost: (3000-2048)*300 + 2048*75 + 120*2500, // 739_200
+			cost: (3000-2048)*300 + 2048*75 + 100*2500, // 689_200
 		}} {
 			t.Run(c.name, func(t *testing.T) {
 				team := uniqueID(t)

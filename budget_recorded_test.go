@@ -154,7 +154,8 @@ func TestBudgetOvershootAgainstRecordedUsage(t *testing.T) {
 			t.Errorf("%s: the request's tools: %v", e.File, err)
 			continue
 		}
-		reserve, over := h.reservation(call, requestBody{bytes: body, complete: true}, chain, price)
+		est := estimate(call, requestBody{bytes: body, complete: true})
+		reserve, over := h.reservation(est, chain, price)
 		if over.limit >= 0 {
 			t.Errorf("%s: too large for a budget of $%s", e.File, pricing.FormatUSD(pricing.MaxBudget))
 			continue
@@ -168,7 +169,7 @@ func TestBudgetOvershootAgainstRecordedUsage(t *testing.T) {
 			t.Logf("%-52s no usage: charged its reservation", e.File)
 			continue
 		}
-		u, _ = u.Within(usageCeiling(reserve))
+		u, _ = u.Within(usageCeiling(est))
 		cost := costOf(price.Price, u)
 
 		// The bound: the input and output beyond what was reserved, each at

@@ -119,9 +119,10 @@
 // chooses, is read only when the admission needs it, after every refusal
 // that needs no body, in memory that grows with the bytes that arrive and
 // is capped per process (body.go). A response's reported usage, which the
-// upstream chooses, is charged at most a ceiling far above any real
-// response (usageCeiling), so that one absurd report cannot lock a shared
-// pool.
+// upstream chooses, is charged at most a ceiling (usageCeiling): its output
+// at most the request's own output cap times its choices, or without one
+// far above any real response, so that one absurd report cannot lock a
+// shared pool.
 //
 // # Secrets
 //

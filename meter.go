@@ -2,14 +2,17 @@ package ratelimit
 
 import (
 	"bufio"
+	"errors"
 	"io"
 	"net"
 	"net/http"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
 
 	"github.com/rolter/caddy-ratelimit/internal/pricing"
+	"github.com/rolter/caddy-ratelimit/internal/tokenest"
 	"github.com/rolter/caddy-ratelimit/internal/usage"
 )
 
@@ -22,13 +25,15 @@ import (
 type responseWriter struct {
 	caddyhttp.ResponseWriterWrapper
 	headers     headerSet
-	metering    bool             // the chain has a token window: read the body's usage
-	meter       *usage.Meter     // set by WriteHeader for a metered 2xx body: &meterState
-	meterState  usage.Meter      // in the writer's own allocation
-	strip       *usageStripper   // set when the client did not ask for stream usage
-	session     *realtimeSession // set for a metered WebSocket session
+	metering    bool              // the chain has a token window: read the body's usage
+	meter       *usage.Meter      // set by WriteHeader for a metered 2xx body: &meterState
+	meterState  usage.Meter       // in the writer's own allocation
+	strip       *usageStripper    // set when the client did not ask for stream usage
+	asked       tokenest.Estimate // what the request asks of the model, which bounds its charge (usageCeiling)
+	session     *realtimeSession  // set for a metered WebSocket session
 	wroteHeader bool
-	status      int // the final status written, once wroteHeader
+	unreached   bool // the handlers after this one failed without reaching the upstream (unreached)
+	status      int  // the final status written, once wroteHeader
 }
 
 func (w *responseWriter) WriteHeader(status int) {
@@ -106,39 +111,45 @@ func (w *responseWriter) FlushError() error {
 }
 
 // finish ends the response: it writes what a stripper still holds and
-// returns the usage the body reported, at most ceiling (clamped says it
-// was over).
-func (w *responseWriter) finish(ceiling usage.Usage) (used usage.Usage, metered, clamped bool) {
+// returns the usage the body reported, at most its ceiling (clamped says
+// it was over), and whether that was its final report.
+func (w *responseWriter) finish() (used usage.Usage, metered, final, clamped bool) {
 	if w.strip != nil {
 		// A client that went away is charged all the same: what the
 		// upstream reported is metered below.
 		_ = w.strip.flushTail(&w.ResponseWriterWrapper)
 	}
 	if w.meter == nil {
-		return usage.Usage{}, false, false
+		return usage.Usage{}, false, false, false
 	}
 	u, metered := w.meter.Finish()
-	u, clamped = u.Within(ceiling)
-	return u, metered, clamped
+	u, clamped = u.Within(usageCeiling(w.asked))
+	return u, metered, w.meter.Final(), clamped
 }
 
 // One response is charged at most a ceiling, so that one absurd report (an
 // upstream's bug: 1e20 tokens) cannot lock every limit of its chain for
-// days, shared pools included. The ceiling is far above what any real
-// response uses: its input at most the largest context window a provider
-// serves, and its output at most several times the largest output a model
-// generates in one response, or what the request reserved for its output
-// (its own cap, times its choices) if that is larger; the total at most
-// both together. A realtime session's responses are bounded alike, each.
+// days, shared pools included. Its input at most the largest context
+// window a provider serves (or the request's estimate, if larger). Its
+// output at most what the request caps itself at, its own cap times its
+// choices, since every provider counts reasoning and thinking inside that
+// cap; without one, several times the largest output a model generates in
+// one response, for each choice (of at most maxResponseChoices: a larger n
+// is refused by the providers). The total at most both together. A realtime
+// session's responses are bounded alike, each, by the fixed ceiling.
 const (
-	maxResponseInput  = 10_000_000 // Llama 4 Scout's context window, the largest served
-	maxResponseOutput = 1_000_000  // the largest models write at most 128k tokens in one response
+	maxResponseInput   = 10_000_000 // Llama 4 Scout's context window, the largest served
+	maxResponseOutput  = 1_000_000  // the largest models write at most 128k tokens in one response
+	maxResponseChoices = 128        // OpenAI's largest n; Gemini's candidateCount is at most 8, best_of 20
 )
 
-// usageCeiling is the most a response of a request that reserved reserve
-// is charged, count by count.
-func usageCeiling(reserve tokenCounts) usage.Usage {
-	in, out := max(maxResponseInput, reserve.input), max(maxResponseOutput, reserve.output)
+// usageCeiling is the most a response of a request of estimate est is
+// charged, count by count; the zero estimate's is the fixed ceiling.
+func usageCeiling(est tokenest.Estimate) usage.Usage {
+	in, out := max(maxResponseInput, est.Input), est.Output
+	if !est.Capped {
+		out = maxResponseOutput * min(max(est.Choices, 1), maxResponseChoices)
+	}
 	return usage.Usage{Total: in + out, Input: in, Output: out}
 }
 
@@ -210,13 +221,14 @@ func (h *Handler) chargeSession(chain []limit, tokens tokenCounts, price *pricin
 // tokens (at most its ceiling), and with a price what they cost, without
 // waiting for the store, so that the client's last bytes are not held back
 // by a round trip. A reservation made at admission (d) is settled in its
-// own period: the usage reported replaces it; without usage, an upstream
-// error gives it all back (the provider charged nothing) and any other
-// response keeps it as its charge (a response cut short keeps what it
-// reported, or else its reservation). It releases the store that ServeHTTP
-// held for it.
+// own period: the response's final report replaces it; a request the
+// provider cannot have processed gives it all back (unprocessed); any
+// other response (one cut short before its final report, or that reports
+// nothing) is charged at least the reservation: what it reported where
+// that is more, count by count (atLeast). It releases the store that
+// ServeHTTP held for it.
 func (h *Handler) meterResponse(w *responseWriter, chain []limit, d decision, price *pricing.Entry) {
-	u, metered, clamped := w.finish(usageCeiling(d.reserve))
+	u, metered, final, clamped := w.finish()
 	used := tokensOf(u, price)
 	if clamped {
 		h.usageClamped(chain, "response", 1)
@@ -231,11 +243,11 @@ func (h *Handler) meterResponse(w *responseWriter, chain []limit, d decision, pr
 	if !d.reserve.isZero() {
 		c.minute, c.unreserve = d.now.minute, d.reserve.cost
 		switch {
-		case metered:
-		case w.status >= 400:
+		case final:
+		case w.unprocessed():
 			charged = tokenCounts{}
 		default:
-			charged = d.reserve
+			charged = used.atLeast(d.reserve)
 		}
 		// The windows take the difference; the budgets the cost charged
 		// beside the reservation they give back.
@@ -249,6 +261,45 @@ func (h *Handler) meterResponse(w *responseWriter, chain []limit, d decision, pr
 		h.settled(c, charged, price, err)
 		h.store.release()
 	})
+}
+
+// atLeast is t with each count, and its cost, at least r's, and its total
+// at least its input and output together: the charge of a response whose
+// reservation r bounds what it may have used better than the report t it
+// was cut before finishing.
+func (t tokenCounts) atLeast(r tokenCounts) tokenCounts {
+	in, out := max(t.input, r.input), max(t.output, r.output)
+	return tokenCounts{total: max(t.total, r.total, in+out), input: in, output: out, cost: max(t.cost, r.cost)}
+}
+
+// statusClientClosed is the status reverse_proxy writes when the client
+// went away before the upstream's response headers (nginx's "client closed
+// request").
+const statusClientClosed = 499
+
+// unprocessed reports whether the provider cannot have processed the
+// request, so that it charged nothing: the upstream answered with an error
+// status of its own, or was never reached. A client that left before the
+// headers (499) may have had its prompt processed.
+func (w *responseWriter) unprocessed() bool {
+	if w.wroteHeader {
+		return w.status >= 400 && w.status != statusClientClosed
+	}
+	return w.unreached
+}
+
+// unreached reports whether err, what the handlers after this one returned
+// without writing a response, says the upstream was never reached:
+// reverse_proxy could not connect to it, or had no upstream available (its
+// 503). An upstream that failed or timed out once it had the request
+// (reverse_proxy's other 502s, its 504) may have processed it.
+func unreached(err error) bool {
+	if err == nil {
+		return false // and errors.As's targets escape: spare a response its allocations
+	}
+	var dial reverseproxy.DialError
+	var status caddyhttp.HandlerError
+	return errors.As(err, &dial) || errors.As(err, &status) && status.StatusCode == http.StatusServiceUnavailable
 }
 
 // settled counts a charge once the store has it, or logs its failure: the

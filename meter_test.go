@@ -376,3 +376,192 @@ func TestResponseWithAnEventOverTheCapIsUnmeteredAndUntouched(t *testing.T) {
 		assertNothingCharged(t, store, sentinel, id)
 	})
 }
+
+// absurdUpstream answers every request with a chat completion that reports
+// 1e20 tokens of each kind: an upstream's bug.
+func absurdUpstream(t *testing.T) *httptest.Server {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"object":"chat.completion","usage":{"prompt_tokens":1e20,"completion_tokens":1e20,"total_tokens":1e20}}`)
+	}))
+	t.Cleanup(up.Close)
+	return up
+}
+
+// A response is charged at most the output its request caps itself at,
+// times its choices, since providers count reasoning and thinking inside
+// that cap: a report of 1e20 tokens charges max_tokens 10 as 10 output
+// tokens, and max_completion_tokens 10 with n 3 as 30. A request without a
+// cap, or whose choices are not a count, is charged at most the fixed
+// ceiling for each of its choices. Each clamp is counted in
+// usage_clamped_total.
+func TestAResponseIsChargedAtMostItsRequestsOwnOutputCapTimesItsChoices(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		up := absurdUpstream(t)
+		gw := startGateway(t, up.URL, limited(store, `
+			scope org {http.request.header.X-Org} readable
+			limit org * tpm 2000000000 itpm 2000000000 otpm 2000000000`))
+		metric := `caddy_rolter_ratelimit_usage_clamped_total{what="response"}`
+		const messages = `"messages":[{"role":"user","content":"hi"}]`
+		for _, c := range []struct {
+			what, body string
+			output     int64
+		}{
+			{"max_tokens 10", `{"model":"gpt-4o","max_tokens":10,` + messages + `}`, 10},
+			{"max_completion_tokens 10 and n 3", `{"model":"gpt-4o","max_completion_tokens":10,"n":3,` + messages + `}`, 30},
+			{"no cap and n 2", `{"model":"gpt-4o","n":2,` + messages + `}`, 2 * maxResponseOutput},
+			// An n the gateway cannot read as a count may be read as one
+			// upstream: the request's output is unknown.
+			{"max_tokens 10 and n \"3\"", `{"model":"gpt-4o","max_tokens":10,"n":"3",` + messages + `}`, maxResponseOutput},
+		} {
+			org := uniqueID(t)
+			clamped := scrape(t)[metric]
+			if res, body := gw.postChat(t, c.body, "X-Org: "+org); res.StatusCode != 200 {
+				t.Fatalf("%s: %d %s", c.what, res.StatusCode, body)
+			}
+			waitMetric(t, metric, clamped+1)
+			waitWindow(t, store, orgTokens(org), otpm, c.output)
+			waitWindow(t, store, orgTokens(org), itpm, maxResponseInput)
+			waitCharged(t, store, orgTokens(org), maxResponseInput+c.output)
+		}
+	})
+}
+
+// A budget is charged what the clamped usage costs: a report of 1e20 tokens
+// for a gpt-4o request capped at 100 output tokens costs its input at the
+// ceiling and 100 output tokens ($25.001), not a million ($35).
+func TestAnAbsurdReportChargesABudgetNoMoreThanTheRequestsOwnOutputCap(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		up := newScriptedUpstream(t)
+		gw := flightGatewayTo(t, up.URL, store, teamLines+`
+			limit team * budget_day 100
+			price gpt-4o input 2.50 output 10`)
+		team := uniqueID(t)
+		answer := up.json(openAIUsage(`{"prompt_tokens":1e20,"completion_tokens":1e20,"total_tokens":1e20}`))
+		if res, body := openAICall("gpt-4o", false).send(t, gw, "X-Team: "+team, answer); res.StatusCode != 200 {
+			t.Fatalf("%d %s", res.StatusCode, body)
+		}
+		waitSettled(t, caddyAdmin(), team, maxResponseInput*2500+budgetMaxTokens*10_000)
+	})
+}
+
+// cutStream is a stream the upstream sends up to a point and then holds
+// until its client has gone: the events are sent, and once the client has
+// read the line last, it leaves.
+type cutStream struct {
+	path, body string
+	events     []string // each event's lines, without the blank line that ends it
+	last       string   // the last line the client reads before it leaves
+}
+
+// leaveAt sends s through gw with the header lines, reads the answer up to
+// s.last, leaves, and returns once the upstream has seen the gateway give
+// the request up.
+func (s cutStream) leaveAt(t *testing.T, gw *gateway, upstreamGone <-chan struct{}, headers ...string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, "POST", gw.url+s.path, strings.NewReader(s.body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	setHeaders(req, append([]string{"Content-Type: application/json"}, headers...))
+	res, err := gw.tester.Client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := bufio.NewReader(res.Body)
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatalf("the stream ended (%v) before the client read %q", err, s.last)
+		}
+		if strings.TrimRight(line, "\r\n") == s.last {
+			break
+		}
+	}
+	cancel() // the client goes away
+	res.Body.Close()
+	<-upstreamGone
+}
+
+// cutStreamUpstream streams the events of the cutStream that each request
+// names by its path, then holds until the gateway gives the request up;
+// gone gets a value once it has.
+func cutStreamUpstream(t *testing.T, streams ...cutStream) (up *httptest.Server, gone <-chan struct{}) {
+	g := make(chan struct{}, 1)
+	up = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		for _, s := range streams {
+			if s.path == r.URL.Path {
+				for _, ev := range s.events {
+					io.WriteString(w, ev+"\n\n")
+				}
+			}
+		}
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+		g <- struct{}{}
+	}))
+	t.Cleanup(up.Close)
+	return up, g
+}
+
+// A stream the client leaves before its final report (each API's terminal
+// event) is charged, count by count, the larger of what it reported and
+// what it reserved: an Anthropic stream read to its last text but not to
+// message_delta (message_start's output_tokens 1 is no final count), and a
+// Gemini stream whose chunks so far carry only the prompt's count. What a
+// client reads and leaves is charged at least its reservation, on every
+// window: tpm, itpm and otpm.
+func TestAStreamTheClientLeavesBeforeItsFinalReportIsChargedAtLeastItsReservation(t *testing.T) {
+	const prompt = `"Price every token of this prompt exactly"` // 10 tokens
+	anthropic := cutStream{
+		path: "/v1/messages",
+		body: `{"model":"claude-sonnet-4-5","max_tokens":500,"stream":true,"messages":[{"role":"user","content":` + prompt + `}]}`,
+		events: []string{
+			"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}",
+			"event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}",
+			"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"All the answer the client wants.\"}}",
+			"event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}",
+		},
+		last: `data: {"type":"content_block_stop","index":0}`,
+	}
+	gemini := cutStream{
+		path: "/v1beta/models/gemini-2.5-flash:streamGenerateContent",
+		body: `{"contents":[{"parts":[{"text":` + prompt + `}]}],"generationConfig":{"maxOutputTokens":300}}`,
+		events: []string{
+			`data: {"candidates":[{"content":{"parts":[{"text":"All the"}],"role":"model"}}],"usageMetadata":{"promptTokenCount":15,"totalTokenCount":15}}`,
+			`data: {"candidates":[{"content":{"parts":[{"text":" answer."}],"role":"model"}}],"usageMetadata":{"promptTokenCount":15,"totalTokenCount":15}}`,
+		},
+		last: `data: {"candidates":[{"content":{"parts":[{"text":" answer."}],"role":"model"}}],"usageMetadata":{"promptTokenCount":15,"totalTokenCount":15}}`,
+	}
+	eachStore(t, func(t *testing.T, store string) {
+		up, gone := cutStreamUpstream(t, anthropic, gemini)
+		gw := startGateway(t, up.URL, limited(store, `
+			scope org {http.request.header.X-Org} readable
+			limit org * tpm 100000 itpm 100000 otpm 100000`))
+		for _, c := range []struct {
+			what                 string
+			stream               cutStream
+			total, input, output int64
+		}{
+			// input: the 25 reported over the 10 estimated; output: the
+			// 500 of max_tokens over the 1 reported.
+			{"anthropic", anthropic, 25 + 500, 25, 500},
+			// input: the 15 reported over the 10 estimated; output: the
+			// 300 of maxOutputTokens.
+			{"gemini", gemini, 15 + 300, 15, 300},
+		} {
+			org := uniqueID(t)
+			charged := scrape(t)[`caddy_rolter_ratelimit_tokens_charged_total{kind="total"}`]
+			c.stream.leaveAt(t, gw, gone, "X-Org: "+org)
+			waitMetric(t, `caddy_rolter_ratelimit_tokens_charged_total{kind="total"}`, charged+float64(c.total))
+			waitCharged(t, store, orgTokens(org), c.total)
+			waitWindow(t, store, orgTokens(org), itpm, c.input)
+			waitWindow(t, store, orgTokens(org), otpm, c.output)
+		}
+	})
+}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/rolter/caddy-ratelimit/internal/llmapi"
 	"github.com/rolter/caddy-ratelimit/internal/pricing"
+	"github.com/rolter/caddy-ratelimit/internal/tokenest"
 	"github.com/rolter/caddy-ratelimit/internal/usage"
 )
 
@@ -204,7 +205,7 @@ func (h *Handler) serveSession(w http.ResponseWriter, req *request, next caddyht
 	}
 	return h.admitOrAnswer(w, req, chain, tokenCounts{}, chainMetersTokens(chain), next, func(rw *responseWriter, d decision) error {
 		removeDeflateOffer(req.Header)
-		s := &realtimeSession{h: h, tap: usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{})), chain: chain, price: price}
+		s := &realtimeSession{h: h, tap: usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenest.Estimate{})), chain: chain, price: price}
 		s.gate = newSessionGate(req.Context(), s)
 		rw.session = s
 		stop := s.meter()

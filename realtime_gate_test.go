@@ -10,6 +10,7 @@ import (
 	"testing/iotest"
 	"time"
 
+	"github.com/rolter/caddy-ratelimit/internal/tokenest"
 	"github.com/rolter/caddy-ratelimit/internal/usage"
 	"github.com/rolter/caddy-ratelimit/internal/usage/usagetest"
 )
@@ -101,7 +102,7 @@ func TestAnInjectedMessageWaitsForTheUpstreamsMessageToEnd(t *testing.T) {
 	frag2 := usagetest.Frame{Op: usagetest.OpCont, Fin: true, Payload: done[20:]}.Bytes()
 	refusal := errorEvent(answer{typ: "insufficient_quota", code: "insufficient_quota", message: "spent"}, "evt")
 	sc := &shortConn{}
-	tap := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{}))
+	tap := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenest.Estimate{}))
 	conn := &tappedConn{Conn: sc, tap: tap}
 	conn.Write(frag1[:3])
 	conn.inject(refusal)
@@ -135,7 +136,7 @@ func TestClientBytesBufferedBeforeTheHijackGoThroughTheGate(t *testing.T) {
 	if _, err := br.Peek(len(refuse) + len(pass)); err != nil {
 		t.Fatal(err)
 	}
-	tap := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{}))
+	tap := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenest.Estimate{}))
 	spent := &answer{typ: "insufficient_quota", code: "insufficient_quota", message: "spent"}
 	gate := &sessionGate{session: &realtimeSession{tap: tap}, every: time.Hour, lookedAt: time.Now(), refusal: spent}
 	conn, brw := wrapHijacked(server, bufio.NewReadWriter(br, bufio.NewWriter(server)), tap, gate)

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rolter/caddy-ratelimit/internal/tokenest"
 	"github.com/rolter/caddy-ratelimit/internal/usage"
 	"github.com/rolter/caddy-ratelimit/internal/usage/usagetest"
 )
@@ -68,7 +69,7 @@ type onlyReader struct{ io.Reader }
 func TestWrapHijackedTCPDeliversBytesIdenticallyTapsThemAndHalfCloses(t *testing.T) {
 	server, client := tcpConnPair(t)
 	stream, want := tapSession()
-	tap := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{}))
+	tap := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenest.Estimate{}))
 	conn, _ := wrapHijacked(server, bufio.NewReadWriter(bufio.NewReader(server), bufio.NewWriter(server)), tap, nil)
 
 	if _, ok := conn.(io.ReaderFrom); ok {
@@ -131,7 +132,7 @@ func TestWrapHijackedBufferedWriterIsTappedAndReaderKeepsClientBytes(t *testing.
 		t.Fatal(err)
 	}
 	brw := bufio.NewReadWriter(br, bufio.NewWriter(server))
-	tap := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{}))
+	tap := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenest.Estimate{}))
 	conn, wbrw := wrapHijacked(server, brw, tap, nil)
 	if wbrw.Reader != br || wbrw.Reader.Buffered() != len("early client bytes") {
 		t.Fatal("the client bytes buffered before the hijack are not in the returned Reader")
@@ -174,7 +175,7 @@ func TestWrapHijackedFlushesBytesBufferedBeforeTheHijackUntapped(t *testing.T) {
 	brw := bufio.NewReadWriter(bufio.NewReader(server), bufio.NewWriter(server))
 	header := "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
 	brw.WriteString(header)
-	tap := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{}))
+	tap := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenest.Estimate{}))
 	conn, wbrw := wrapHijacked(server, brw, tap, nil)
 	stream, want := tapSession()
 	received := make(chan []byte)
@@ -210,7 +211,7 @@ func TestWrapHijackedOffersOnlyTheHalfClosesTheConnHas(t *testing.T) {
 	p, peer := net.Pipe()
 	defer p.Close()
 	defer peer.Close()
-	tap := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{}))
+	tap := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenest.Estimate{}))
 	type cw = interface{ CloseWrite() error }
 	type cr = interface{ CloseRead() error }
 
@@ -285,7 +286,7 @@ func (c *shortConn) Write(p []byte) (int, error) {
 func TestWrapHijackedTapsOnlyTheBytesWritten(t *testing.T) {
 	stream := usagetest.Stream(usagetest.Text(usagetest.Done(5, 0)), usagetest.Text(usagetest.Done(6, 0)))
 	sc := &shortConn{shortOnce: 17}
-	tap := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{}))
+	tap := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenest.Estimate{}))
 	conn, _ := wrapHijacked(sc, nil, tap, nil)
 	n, err := conn.Write(stream)
 	if n != 17 || err == nil {
@@ -304,7 +305,7 @@ func TestWrapHijackedTapsOnlyTheBytesWritten(t *testing.T) {
 // tap reads the bytes in the order the client receives them.
 func TestWrapHijackedConcurrentWritersAreTappedInWireOrder(t *testing.T) {
 	server, client := tcpConnPair(t)
-	tap := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{}))
+	tap := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenest.Estimate{}))
 	conn, _ := wrapHijacked(server, nil, tap, nil)
 	received := make(chan []byte)
 	go func() {
@@ -330,7 +331,7 @@ func TestWrapHijackedConcurrentWritersAreTappedInWireOrder(t *testing.T) {
 	got := <-received
 	usagetest.CheckTap(t, tap, doneUsage(400, 400), 0)
 	// The client's bytes, parsed alone, say the same.
-	parsed := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{}))
+	parsed := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenest.Estimate{}))
 	usagetest.Feed(parsed, got)
 	usagetest.CheckTap(t, parsed, doneUsage(400, 400), 0)
 }
@@ -339,7 +340,7 @@ func TestWrapHijackedConcurrentWritersAreTappedInWireOrder(t *testing.T) {
 // inside Hijack, before the wrap, so the tap reads frames from the first byte.
 func TestWrapHijackedOverNetHTTPHijackTapsOnlyTheFramesAfterThe101(t *testing.T) {
 	stream, want := tapSession()
-	tap := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{}))
+	tap := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenest.Estimate{}))
 	fromClient := make(chan string, 1)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Upgrade", "websocket")
@@ -425,7 +426,7 @@ func (c *stallConn) Write(p []byte) (int, error) {
 func TestWrapHijackedTapsEachWriteBeforeAnotherWriterCanWrite(t *testing.T) {
 	done := usagetest.Text(usagetest.Done(9, 0))
 	sc := &stallConn{stallAt: 2, stalled: make(chan struct{}), released: make(chan struct{})}
-	tap := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenCounts{}))
+	tap := usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenest.Estimate{}))
 	conn, _ := wrapHijacked(sc, nil, tap, nil)
 	copier := make(chan struct{})
 	go func() {

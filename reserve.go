@@ -34,21 +34,26 @@ type tooLargeFor struct {
 	budget     budgetPeriod
 }
 
-// reservation is what the request of the call with body (nil when it was
-// not read; the estimate of what was read when it is longer than that)
-// reserves on the token windows of chain (its input on input caps, its
-// output on output caps, both on tpm and tpd), and the first window that
-// this alone exceeds, if any. A request that names no output cap reserves
-// the default for it, and at most each token cap of chain: it is never too
-// large for a window because of the default. With a price (its chain has
+// estimate is what the request of the call with body (nil when it was not
+// read; what was read when it is longer than that) asks of the model: its
+// input, its output cap and its choices.
+func estimate(call llmapi.Call, body requestBody) tokenest.Estimate {
+	if !body.complete {
+		return tokenest.OfPrefix(call, body.bytes)
+	}
+	return tokenest.Of(call, body.bytes)
+}
+
+// reservation is what a request of estimate est reserves on the token
+// windows of chain (its input on input caps, its output on output caps,
+// both on tpm and tpd), and the first window that this alone exceeds, if
+// any. A request that names no output cap reserves the default for each of
+// its choices, and at most each token cap of chain: it is never too large
+// for a window because of the default. With a price (its chain has
 // budgets), it reserves on them the most its estimated input and its output
 // may cost (pricing.MaxCost), and a budget that this alone exceeds is the
 // one it is too large for.
-func (h *Handler) reservation(call llmapi.Call, body requestBody, chain []limit, price *pricing.Entry) (tokenCounts, tooLargeFor) {
-	est := tokenest.Of(call, body.bytes)
-	if !body.complete {
-		est = tokenest.OfPrefix(call, body.bytes)
-	}
+func (h *Handler) reservation(est tokenest.Estimate, chain []limit, price *pricing.Entry) (tokenCounts, tooLargeFor) {
 	r, over := h.tokenReservation(est, chain)
 	if price == nil || over.limit >= 0 {
 		return r, over
@@ -72,7 +77,7 @@ func (h *Handler) reservation(call llmapi.Call, body requestBody, chain []limit,
 func (h *Handler) tokenReservation(est tokenest.Estimate, chain []limit) (tokenCounts, tooLargeFor) {
 	in, out := est.Input, est.Output
 	if !est.Capped {
-		out = h.reserveOutput()
+		out = timesChoices(h.reserveOutput(), est.Choices)
 		// One pass suffices: in only decreases, which keeps every earlier
 		// bound on out. A shadow limit bounds nothing.
 		for _, l := range chain {
@@ -105,4 +110,18 @@ func (h *Handler) tokenReservation(est tokenest.Estimate, chain []limit) (tokenC
 		}
 	}
 	return r, tooLargeFor{limit: -1}
+}
+
+// maxCount bounds a count made of a request's choices, as tokenest bounds
+// the counts it reads, so that sums of them cannot overflow.
+const maxCount = 1 << 40
+
+// timesChoices is n tokens for each of choices (at least one), at most
+// maxCount.
+func timesChoices(n, choices int64) int64 {
+	choices = max(choices, 1)
+	if n > maxCount/choices {
+		return maxCount
+	}
+	return n * choices
 }

@@ -60,7 +60,8 @@
 // # Output
 //
 // Capped says whether the request names its own cap; Output is it, times the
-// choices asked for:
+// choices asked for (Choices, read with or without a cap, and 1 where the
+// API has no multiplier):
 //
 //	chat         max_completion_tokens, else max_tokens; × n
 //	completions  max_tokens × max(n, best_of)
@@ -72,8 +73,11 @@
 // completion without max_tokens is not capped, although OpenAI then stops at
 // 16: the gateway's default applies. A cap or multiplier is a count: a JSON
 // number of whole value at least 1 without an exponent (256 and 256.0, not
-// 0, -5, 1.5, 1e3, "256" or null). A cap that is not a count is no cap, and
-// a multiplier that is not one is 1. Every count saturates at 1<<40.
+// 0, -5, 1.5, 1e3 or "256"); null is as absent. A cap that is not a count
+// is no cap. A multiplier given as anything else than a count leaves the
+// request uncapped, its Choices 1: an upstream may read "8" or 1e1 as a
+// count (protobuf's JSON does), and the cap times a multiplier unread would
+// be less than what the request asks for. Every count saturates at 1<<40.
 //
 // # Reading
 //

@@ -56,7 +56,7 @@ func refEstimate(path string, m map[string]any) Estimate {
 		r = refGemini(m)
 	}
 	in := (r.t.chars+3)/4 + r.t.tokens + r.t.media*MediaTokens
-	e := Estimate{Input: min(in, limit), Known: true}
+	e := Estimate{Input: min(in, limit), Known: true, Choices: max(r.mult, 1)}
 	switch {
 	case call.NoOutput:
 		e.Capped = true
@@ -77,15 +77,26 @@ type refReading struct {
 	capped    bool
 }
 
-// refCap caps r at the first of caps that is a count, times mult.
-func (r *refReading) refCap(mult int64, caps ...any) {
-	r.mult = mult
+// refCap caps r at the first of caps given (not null), times mult, if it
+// is a count and mult is not given as something else.
+func (r *refReading) refCap(mult refMultiplier, caps ...any) {
+	r.mult = mult.n
 	for _, c := range caps {
-		if n, ok := refCount(c); ok {
-			r.cap, r.capped = n, true
-			return
+		if c == nil {
+			continue
 		}
+		if n, ok := refCount(c); ok && !mult.odd {
+			r.cap, r.capped = n, true
+		}
+		return
 	}
+}
+
+// refMultiplier is a number of choices, and whether one was given as
+// something else than a count.
+type refMultiplier struct {
+	n   int64
+	odd bool
 }
 
 var countRE = regexp.MustCompile(`^([0-9]+)(\.0+)?$`)
@@ -106,14 +117,17 @@ func refCount(v any) (int64, bool) {
 	return min(c, limit), c > 0
 }
 
-func refMult(vs ...any) int64 {
-	best := int64(1)
+// refMult is the largest of the multipliers vs, 1 if none is a count.
+func refMult(vs ...any) refMultiplier {
+	m := refMultiplier{n: 1}
 	for _, v := range vs {
 		if n, ok := refCount(v); ok {
-			best = max(best, n)
+			m.n = max(m.n, n)
+		} else if v != nil {
+			m.odd = true
 		}
 	}
-	return best
+	return m
 }
 
 func refText(v any) int64 {
@@ -219,7 +233,7 @@ func refResponses(m map[string]any) (r refReading) {
 		r.t = refSum(m["input"], refItem)
 	}
 	r.t.chars += refText(m["instructions"]) + refJSONEach(m["tools"])
-	r.refCap(1, m["max_output_tokens"])
+	r.refCap(refMult(), m["max_output_tokens"])
 	return r
 }
 
@@ -227,7 +241,7 @@ func refMessages(m map[string]any) (r refReading) {
 	r.t = refContent(m["system"])
 	r.t.add(refSum(m["messages"], refMessage))
 	r.t.chars += refJSONEach(m["tools"])
-	r.refCap(1, m["max_tokens"])
+	r.refCap(refMult(), m["max_tokens"])
 	return r
 }
 
@@ -245,10 +259,10 @@ func refGemini(m map[string]any) (r refReading) {
 	}
 	r.t.chars += refJSONEach(m["tools"])
 	camel, snake := refObject(m["generationConfig"]), refObject(m["generation_config"])
-	mult := int64(1)
+	mult := refMult()
 	for _, c := range []any{camel["candidateCount"], camel["candidate_count"], snake["candidateCount"], snake["candidate_count"]} {
-		if n, ok := refCount(c); ok {
-			mult = n
+		if c != nil {
+			mult = refMult(c)
 			break
 		}
 	}

@@ -11,6 +11,11 @@ type Estimate struct {
 	// Output is the output the request caps itself at, times the number of
 	// choices it asks for; meaningful only when Capped.
 	Output int64
+	// Choices is the number of choices the request asks for (n, the
+	// larger of n and best_of, candidateCount), at least 1, whether it
+	// names an output cap or not: each choice is generated, and billed,
+	// up to the cap. 0 when not Known.
+	Choices int64
 	// Capped says whether the request names its own output cap (an
 	// embeddings request is capped at 0: it produces no output tokens).
 	Capped bool
@@ -41,7 +46,7 @@ func Of(call llmapi.Call, body []byte) Estimate {
 	}
 	// Each count is of distinct bytes of the body, so the sum cannot
 	// overflow; only the product with MediaTokens and the caps can pass limit.
-	e := Estimate{Known: true}
+	e := Estimate{Known: true, Choices: r.choices}
 	e.Input = inputOf(r.tally)
 	switch {
 	case call.NoOutput:
@@ -57,12 +62,13 @@ func Of(call llmapi.Call, body []byte) Estimate {
 // (a string cut short counts up to the cut), so that a body longer than the
 // limit is estimated at least as what was read of it. Its output cap is not
 // known: a cap written after the cut would be missed, so Capped is false.
+// Its Choices are those the bytes name, if any.
 func OfPrefix(call llmapi.Call, prefix []byte) Estimate {
 	r, ok := read(call, prefix, true)
 	if !ok {
 		return Estimate{}
 	}
-	return Estimate{Known: true, Input: inputOf(r.tally)}
+	return Estimate{Known: true, Input: inputOf(r.tally), Choices: r.choices}
 }
 
 func inputOf(t tally) int64 {
@@ -94,6 +100,7 @@ func read(call llmapi.Call, body []byte, prefix bool) (r reading, ok bool) {
 	if !prefix && (p.bad || p.ws()) {
 		return reading{}, false
 	}
+	r.choices = max(r.choices, 1)
 	return r, true
 }
 
@@ -110,35 +117,54 @@ func (t *tally) add(u tally) {
 	t.media += u.media
 }
 
-// reading is what a request sends the model and the output it caps itself at.
+// reading is what a request sends the model, the output it caps itself
+// at and the choices it asks for.
 type reading struct {
 	tally
-	out    int64
-	capped bool
+	out     int64
+	capped  bool
+	choices int64
 }
 
-// setCap caps the reading at c times mult choices, if c is a count.
+// setCap reads mult choices, and caps the reading at c times them if c is
+// a count and mult is not given as something else: an upstream may read a
+// multiplier of "8" or 1e1 as a count (protobuf's JSON does), and a cap
+// times a multiplier this package cannot read would be less than what the
+// request asks for.
 func (r *reading) setCap(c opt, mult opt) {
-	if c.ok {
+	r.choices = mult.or1()
+	if c.ok && !mult.odd {
 		r.capped = true
 		r.out = mul(c.v, mult.or1())
 	}
 }
 
-// opt is a count that may be absent.
+// opt is a count that may be absent (or null), or given as something else
+// (odd).
 type opt struct {
-	v  int64
-	ok bool
+	v   int64
+	ok  bool
+	odd bool
 }
 
-func (o *opt) read(p *parser) { o.v, o.ok = p.count() }
+func (o *opt) read(p *parser) {
+	null := p.peek() == 'n'
+	o.v, o.ok = p.count()
+	o.odd = !o.ok && !null
+}
 
-// or is o, else d.
+// or is o if it is given, else d.
 func (o opt) or(d opt) opt {
-	if o.ok {
+	if o.ok || o.odd {
 		return o
 	}
 	return d
+}
+
+// larger is the larger of two multipliers, given as something else if
+// either is.
+func larger(a, b opt) opt {
+	return opt{v: max(a.or1(), b.or1()), ok: true, odd: a.odd || b.odd}
 }
 
 func (o opt) or1() int64 {
@@ -168,7 +194,7 @@ func chat(p *parser) (r reading) {
 func completions(p *parser) (r reading) {
 	var c [3]opt
 	r.tally = p.object(completionsMembers, c[:])
-	r.setCap(c[0], opt{max(c[1].or1(), c[2].or1()), true})
+	r.setCap(c[0], larger(c[1], c[2]))
 	return r
 }
 

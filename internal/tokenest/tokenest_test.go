@@ -252,6 +252,37 @@ func TestEachAPIsOutputCapIsReadFromItsOwnField(t *testing.T) {
 	}
 }
 
+// The choices a request asks for (n, the larger of n and best_of, Gemini's
+// candidateCount) are read whether it names an output cap or not: a request
+// without one is reserved the default for each choice.
+func TestTheChoicesARequestAsksForAreReadWithOrWithoutAnOutputCap(t *testing.T) {
+	for _, c := range []struct {
+		path, body string
+		choices    int64
+	}{
+		{chatPath, `{"messages":[],"n":8}`, 8},
+		{chatPath, `{"messages":[],"max_tokens":10,"n":8}`, 8},
+		{chatPath, `{"messages":[]}`, 1},
+		{chatPath, `{"messages":[],"n":0}`, 1},
+		{chatPath, `{"messages":[],"n":"8"}`, 1},
+		{completionsPath, `{"prompt":"x","n":2,"best_of":5}`, 5},
+		{completionsPath, `{"prompt":"x","n":3}`, 3},
+		{responsesPath, `{"input":"x","n":4}`, 1},
+		{messagesPath, `{"messages":[],"n":4}`, 1},
+		{geminiPath, `{"generationConfig":{"candidateCount":3}}`, 3},
+		{geminiPath, `{"generation_config":{"candidate_count":2}}`, 2},
+		{chatPath, `{"n":1099511627777}`, 1 << 40},
+	} {
+		if e := ofPath(c.path, []byte(c.body)); !e.Known || e.Choices != c.choices {
+			t.Errorf("%s %s: %+v, want Choices %d", c.path, c.body, e, c.choices)
+		}
+	}
+	// A body cut short counts the choices it names before the cut.
+	if e := OfPrefix(llmapi.Of(chatPath), []byte(`{"n":8,"messages":[{"content":"abc`)); e.Choices != 8 || e.Capped {
+		t.Errorf("a prefix naming n 8: %+v, want Choices 8 and no cap", e)
+	}
+}
+
 func TestACapThatIsNotAPositiveIntegerIsNoCap(t *testing.T) {
 	for _, v := range []string{`0`, `-5`, `-0`, `1.5`, `100.01`, `1e3`, `1E3`, `"100"`, `null`, `true`, `[100]`, `{"n":100}`} {
 		for _, c := range []struct{ path, body string }{
@@ -266,14 +297,17 @@ func TestACapThatIsNotAPositiveIntegerIsNoCap(t *testing.T) {
 				t.Errorf("%s %s: %+v, want known and not capped", c.path, c.body, e)
 			}
 		}
-		// A multiplier that is not one is 1.
+		// A multiplier given as something else than a count (an upstream
+		// may read "8" or 1e1 as one) leaves the output unknown: no cap. A
+		// null one is no multiplier.
 		for _, c := range []struct{ path, body string }{
 			{chatPath, `{"max_tokens":10,"n":` + v + `}`},
-			{completionsPath, `{"max_tokens":10,"n":` + v + `,"best_of":` + v + `}`},
+			{completionsPath, `{"max_tokens":10,"n":` + v + `}`},
+			{completionsPath, `{"max_tokens":10,"best_of":` + v + `}`},
 			{geminiPath, `{"generationConfig":{"maxOutputTokens":10,"candidateCount":` + v + `}}`},
 		} {
-			if e := ofPath(c.path, []byte(c.body)); !e.Capped || e.Output != 10 {
-				t.Errorf("%s %s: %+v, want Output 10", c.path, c.body, e)
+			if e := ofPath(c.path, []byte(c.body)); v == `null` && (!e.Capped || e.Output != 10) || v != `null` && (e.Capped || e.Choices != 1) {
+				t.Errorf("%s %s: %+v, want Output 10 for a null multiplier and no cap, one choice for any other", c.path, c.body, e)
 			}
 		}
 	}

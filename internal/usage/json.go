@@ -9,22 +9,27 @@ type role uint8
 
 const (
 	roleNone       role = iota // nothing in it matters: it is skipped
-	roleRoot                   // a document: its usage, usageMetadata, message and response keys matter
+	roleRoot                   // a document: its usage, usageMetadata, message, response, type, choices and candidates keys matter
 	roleWrapper                // a root's "message" or "response": its usage key matters
 	roleUsage                  // a usage object: its numeric members are tallied, its iterations and details keys followed
 	roleDetails                // one of a usage object's details objects: its numeric members are tallied as parts
 	roleList                   // a top-level array: its objects are documents
 	roleIterations             // a usage object's "iterations" array: its objects are iterations
 	roleIteration              // one of them: its numeric members are summed
+	roleChoices                // a root's "choices" or "candidates" array: its objects are choices
+	roleChoice                 // one of them: its finish reason matters
 )
 
 // isList reports whether a followed container is an array.
-func (r role) isList() bool { return r == roleList || r == roleIterations }
+func (r role) isList() bool { return r == roleList || r == roleIterations || r == roleChoices }
 
 // elem is what a followed array's elements are.
 func (r role) elem() role {
-	if r == roleIterations {
+	switch r {
+	case roleIterations:
 		return roleIteration
+	case roleChoices:
+		return roleChoice
 	}
 	return roleRoot
 }
@@ -37,6 +42,7 @@ const (
 	jsonKeyOrEnd                   // in a followed object, before a key or '}'
 	jsonKey                        // in a key
 	jsonKeyEsc                     // after a backslash in a key
+	jsonType                       // in a document's "type" string, which is read as a key is
 	jsonColon                      // after a key, before ':'
 	jsonAfter                      // after a value in a followed container, before ',' or its end
 	jsonString                     // in a string that is skipped
@@ -51,9 +57,10 @@ const (
 // follows (at most six deep: list, document, wrapper, usage, iterations,
 // iteration; or list, document, wrapper, usage, details), a depth count of
 // the containers it skips, and the current key or number (at most 32 bytes
-// each). It tells the tally where usage objects,
-// iterations arrays and iterations open and close, since what a report
-// replaces depends on them. Skipped strings and containers are crossed with
+// each). It tells the tally where documents, usage objects, iterations
+// arrays and iterations open and close, since what a report replaces
+// depends on them, and whether a document is its response's final report
+// (terminal). Skipped strings and containers are crossed with
 // bytes.IndexByte and a lookup table. Malformed JSON stops the scan (what was
 // tallied stays). Keys are compared as written: an escaped key never matches.
 type jsonScanner struct {
@@ -61,6 +68,7 @@ type jsonScanner struct {
 
 	state jsonState
 	stack [6]role // the containers followed, outermost first
+	whole bool    // the text is a whole body, not an event's data: its top-level value read whole is final
 	n     int     // len(stack) in use
 	skip  int     // depth of skipped containers (jsonSkip and strings in them)
 
@@ -70,7 +78,12 @@ type jsonScanner struct {
 	valRole    role    // what the value about to start is, if a container
 	valField   field   // which count the value about to start is, if a number
 	valDetails details // which details object the value about to start is, if roleDetails
+	valMark    mark    // what the value about to start marks of its document, if a string
 	details    details // the details object open, if any (they do not nest)
+
+	doc      documentMarks // of the document being read
+	reported bool          // the document being read reported a count
+	final    bool          // the latest count was a final report's, read whole (final.go)
 
 	num  [32]byte
 	numN int // bytes in num; -1 once it is too long to be a count
@@ -83,6 +96,7 @@ func (s *jsonScanner) reset() {
 	s.skip = 0
 	s.valRole = roleRoot
 	s.valField = fieldNone
+	s.valMark = markNone
 }
 
 // skipTable marks the bytes that matter inside skipped containers.
@@ -116,6 +130,7 @@ func (s *jsonScanner) top() role {
 
 // valueDone moves on after a value at a followed level.
 func (s *jsonScanner) valueDone() {
+	s.valMark = markNone
 	if s.n == 0 {
 		s.state = jsonValue
 		s.valRole = roleRoot
@@ -127,7 +142,7 @@ func (s *jsonScanner) valueDone() {
 
 // keyDone decides what the coming value is, from the key and its object.
 func (s *jsonScanner) keyDone() {
-	s.valRole, s.valField = roleNone, fieldNone
+	s.valRole, s.valField, s.valMark = roleNone, fieldNone, markNone
 	if s.keyN <= 0 {
 		return
 	}
@@ -139,6 +154,15 @@ func (s *jsonScanner) keyDone() {
 			s.valRole = roleUsage
 		case "message", "response":
 			s.valRole = roleWrapper
+		case "choices", "candidates":
+			s.valRole = roleChoices
+		case "type":
+			s.valMark = markType
+		}
+	case roleChoice:
+		switch string(k) {
+		case "finish_reason", "finishReason":
+			s.valMark = markFinished
 		}
 	case roleWrapper:
 		switch string(k) {
@@ -169,9 +193,16 @@ func (s *jsonScanner) push(r role) {
 		s.state = jsonDead // cannot happen: roles nest at most six deep
 		return
 	}
+	if r == roleUsage && s.top() == roleRoot {
+		s.doc |= markedUsage
+	}
 	s.stack[s.n] = r
 	s.n++
 	switch r {
+	case roleRoot:
+		s.doc, s.reported = 0, false
+	case roleChoice:
+		s.doc |= markedChoices
 	case roleUsage:
 		s.tally.openUsage()
 	case roleDetails:
@@ -188,12 +219,17 @@ func (s *jsonScanner) push(r role) {
 func (s *jsonScanner) pop() {
 	s.n--
 	switch s.stack[s.n] {
+	case roleRoot:
+		s.final = s.final || s.reported && s.doc.terminal()
 	case roleUsage:
 		s.tally.closeUsage()
 	case roleIterations:
 		s.tally.closeIterations()
 	case roleIteration:
 		s.tally.closeIteration()
+	}
+	if s.n == 0 && s.whole {
+		s.final = true
 	}
 	s.valueDone()
 }
@@ -228,7 +264,7 @@ func (s *jsonScanner) write(p []byte) {
 			case c == '{':
 				i++
 				switch s.valRole {
-				case roleRoot, roleWrapper, roleUsage, roleDetails, roleIteration:
+				case roleRoot, roleWrapper, roleUsage, roleDetails, roleIteration, roleChoice:
 					s.state = jsonKeyOrEnd
 					s.push(s.valRole)
 				default:
@@ -241,9 +277,9 @@ func (s *jsonScanner) write(p []byte) {
 				case s.n == 0:
 					s.push(roleList)
 					s.valRole, s.valField = roleRoot, fieldNone
-				case s.valRole == roleIterations:
-					s.push(roleIterations)
-					s.valRole, s.valField = roleIteration, fieldNone
+				case s.valRole == roleIterations, s.valRole == roleChoices:
+					s.push(s.valRole)
+					s.valRole, s.valField = s.valRole.elem(), fieldNone
 				default:
 					s.skip = 1
 					s.state = jsonSkip
@@ -251,8 +287,15 @@ func (s *jsonScanner) write(p []byte) {
 			case c == ']' && s.top().isList(): // [] or a trailing comma
 				i++
 				s.pop()
+			case c == '"' && s.valMark == markType:
+				i++
+				s.keyN = 0
+				s.state = jsonType
 			case c == '"':
 				i++
+				if s.valMark == markFinished {
+					s.doc |= markedFinished
+				}
 				s.state = jsonString
 			case scalarTable[c]:
 				s.numN = 0
@@ -281,6 +324,9 @@ func (s *jsonScanner) write(p []byte) {
 						} else {
 							s.tally.record(s.valField, v)
 						}
+						// Until its document closes as a final report, the
+						// response's report is not final.
+						s.final, s.reported = false, true
 					}
 				}
 				s.valueDone()
@@ -301,30 +347,21 @@ func (s *jsonScanner) write(p []byte) {
 				s.state = jsonDead
 			}
 		case jsonKey:
-			for i < len(p) {
-				c := p[i]
-				i++
-				if c == '"' {
-					s.state = jsonColon
-					break
-				}
-				if c == '\\' {
-					s.keyN = -1
-					s.state = jsonKeyEsc
-					break
-				}
-				if s.keyN >= 0 {
-					if s.keyN < len(s.key) {
-						s.key[s.keyN] = c
-						s.keyN++
-					} else {
-						s.keyN = -1
-					}
-				}
-			}
+			i = s.readKey(p, i)
 		case jsonKeyEsc:
 			i++
 			s.state = jsonKey
+		case jsonType:
+			i = s.readKey(p, i)
+			switch s.state {
+			case jsonColon: // the string closed
+				if s.keyN > 0 && isTerminalType(s.key[:s.keyN]) {
+					s.doc |= markedTerminalType
+				}
+				s.valueDone()
+			case jsonKeyEsc: // escaped: it names no type
+				s.state = jsonStringEsc
+			}
 		case jsonColon:
 			c := p[i]
 			switch {
@@ -361,6 +398,34 @@ func (s *jsonScanner) write(p []byte) {
 			return
 		}
 	}
+}
+
+// readKey reads a key's bytes from p[i] into s.key, and returns where it
+// stopped: at the end of p, or after the closing quote (then in
+// jsonColon) or a backslash (then in jsonKeyEsc, the key unmatchable).
+func (s *jsonScanner) readKey(p []byte, i int) int {
+	for i < len(p) {
+		c := p[i]
+		i++
+		if c == '"' {
+			s.state = jsonColon
+			return i
+		}
+		if c == '\\' {
+			s.keyN = -1
+			s.state = jsonKeyEsc
+			return i
+		}
+		if s.keyN >= 0 {
+			if s.keyN < len(s.key) {
+				s.key[s.keyN] = c
+				s.keyN++
+			} else {
+				s.keyN = -1
+			}
+		}
+	}
+	return i
 }
 
 // skipContainers crosses skipped containers from p[i] and returns where it

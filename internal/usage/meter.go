@@ -63,6 +63,7 @@ func (m *Meter) Start(h http.Header) {
 		m.body = bodyNone
 	}
 	m.json.tally = &m.tally
+	m.json.whole = m.body == bodyJSON
 	m.json.reset()
 	if m.body == bodySSE {
 		m.sse = NewSSEScanner(MaxEvent, m.onEvent)
@@ -127,6 +128,15 @@ func (m *Meter) Finish() (Usage, bool) {
 		return Usage{}, false
 	}
 	return m.tally.usage()
+}
+
+// Final ends the body as Finish does, and reports whether the usage Finish
+// returns is the response's final report (see final.go): false for a
+// stream cut before it, whatever it reported by then, and for a body that
+// reported nothing.
+func (m *Meter) Final() bool {
+	_, metered := m.Finish()
+	return metered && m.json.final
 }
 
 func (m *Meter) finish() {

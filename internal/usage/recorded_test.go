@@ -254,3 +254,27 @@ func partsOf(provider string, f map[string]float64, iterations []any) Usage {
 	}
 	return Usage{}
 }
+
+// Every recorded body (identity-encoded; the realtime sessions aside) that
+// reports usage is final exactly from the end of its terminal event on,
+// cut at every line end and at every byte around its final report: a
+// recorded stream cut earlier is charged by the gateway at least what it
+// reserved.
+func TestRecordedResponsesAreFinalOnlyFromTheirTerminalEvent(t *testing.T) {
+	entries, read := usagetest.Recorded(t)
+	for _, e := range entries {
+		if e.Expected == nil || strings.HasSuffix(e.File, ".gz") || strings.HasSuffix(e.File, ".jsonl") {
+			continue
+		}
+		body := read(e.File)
+		stream := strings.EqualFold(MediaType(e.ContentType), "text/event-stream")
+		first, last := finalAt(body, stream)
+		cuts := []int{len(body)}
+		for i, c := range body {
+			if c == '\n' || i >= first-64 && i <= last+64 {
+				cuts = append(cuts, i, i+1)
+			}
+		}
+		checkFinalFromItsTerminalEvent(t, e.File, e.ContentType, body, cuts)
+	}
+}

@@ -73,6 +73,10 @@ var Goldens = []Golden{
 	{"unknown_shape.json", 0, 0, 0, false}, // "usage" only below the top level
 }
 
+// CutShort are the goldens that end before their final report (see
+// usage.Meter.Final): an error event after message_start.
+var CutShort = map[string]bool{"anthropic_stream_error.sse": true}
+
 // Parts are the parts of a charge that are priced apart: the
 // usage.Usage fields beside Total, Input and Output (see package usage).
 type Parts struct {
