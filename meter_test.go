@@ -414,6 +414,10 @@ func TestAResponseIsChargedAtMostItsRequestsOwnOutputCapTimesItsChoices(t *testi
 			// An n the gateway cannot read as a count may be read as one
 			// upstream: the request's output is unknown.
 			{"max_tokens 10 and n \"3\"", `{"model":"gpt-4o","max_tokens":10,"n":"3",` + messages + `}`, maxResponseOutput},
+			// A cap given in two ways may be read either way upstream (a Go
+			// struct reads MAX_TOKENS as max_tokens, and the last of them).
+			{"max_tokens 10 beside MAX_TOKENS 4096", `{"model":"gpt-4o","max_tokens":10,"MAX_TOKENS":4096,` + messages + `}`, maxResponseOutput},
+			{"max_tokens 10 beside max_completion_tokens 4096", `{"model":"gpt-4o","max_tokens":10,"max_completion_tokens":4096,` + messages + `}`, maxResponseOutput},
 		} {
 			org := uniqueID(t)
 			clamped := scrape(t)[metric]

@@ -88,7 +88,10 @@ func (c Call) Provider() Provider {
 // Of is the call that a request for urlPath makes.
 func Of(urlPath string) Call {
 	urlPath, _, _ = strings.Cut(urlPath, "?")
-	path := path.Clean("/" + urlPath)
+	if !strings.HasPrefix(urlPath, "/") {
+		urlPath = "/" + urlPath
+	}
+	path := path.Clean(urlPath) // a clean path, as most are, is not copied
 	c := Call{Azure: strings.Contains(path, "/openai/")}
 	if _, rest, ok := strings.Cut(path, "/openai/deployments/"); ok {
 		c.Model, _, _ = strings.Cut(rest, "/")

@@ -59,3 +59,13 @@ func TestEachAPIIsItsProvidersAndAnUnknownOneOpenAIs(t *testing.T) {
 		}
 	}
 }
+
+// Telling a call costs no allocation when its path is clean, as nearly
+// every request's is: it runs on every request.
+func TestACleanPathIsToldWithoutAllocating(t *testing.T) {
+	for _, path := range []string{"/v1/chat/completions", "/v1/chat/completions/", "/v1beta/models/gemini-2.5-pro:streamGenerateContent?alt=sse"} {
+		if n := testing.AllocsPerRun(20, func() { Of(path) }); n != 0 {
+			t.Errorf("Of(%q): %v allocations a call", path, n)
+		}
+	}
+}

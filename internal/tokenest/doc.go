@@ -63,7 +63,7 @@
 // choices asked for (Choices, read with or without a cap, and 1 where the
 // API has no multiplier):
 //
-//	chat         max_completion_tokens, else max_tokens; × n
+//	chat         max_completion_tokens or max_tokens (not both); × n
 //	completions  max_tokens × max(n, best_of)
 //	responses    max_output_tokens
 //	messages     max_tokens
@@ -77,7 +77,14 @@
 // is no cap. A multiplier given as anything else than a count leaves the
 // request uncapped, its Choices 1: an upstream may read "8" or 1e1 as a
 // count (protobuf's JSON does), and the cap times a multiplier unread would
-// be less than what the request asks for. Every count saturates at 1<<40.
+// be less than what the request asks for. So does a cap or a multiplier
+// given in two ways: under two spellings of its key that an upstream
+// decoding into a Go struct reads alike (MAX_TOKENS beside max_tokens:
+// encoding/json matches keys without regard to case, and reads the last),
+// both Gemini spellings (maxOutputTokens and max_output_tokens, or both
+// generationConfig and generation_config giving one), or both of a chat's
+// caps: which one the upstream reads, this package cannot know, and a cap
+// it did not read would bound the charge. Every count saturates at 1<<40.
 //
 // # Reading
 //

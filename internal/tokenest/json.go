@@ -3,6 +3,8 @@ package tokenest
 import (
 	"encoding/binary"
 	"math/bits"
+	"unicode"
+	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -264,7 +266,7 @@ func escape(b []byte) (rune, int) {
 }
 
 // word is a string that is compared, not counted (a key, a type),
-// unescaped. Past its length, or with anything but ASCII escaped, it is
+// unescaped, in UTF-8. Past its length, or with a surrogate escaped, it is
 // empty: no name compared is either.
 type word struct {
 	b [32]byte
@@ -287,7 +289,12 @@ func (p *parser) short() (w word) {
 			var r rune
 			r, size = escape(raw[i:])
 			if r >= utf8.RuneSelf {
-				return word{}
+				if utf16.IsSurrogate(r) || int(w.n)+utf8.RuneLen(r) > len(w.b) {
+					return word{}
+				}
+				w.n += uint8(utf8.EncodeRune(w.b[w.n:], r))
+				i += size
+				continue
 			}
 			c = byte(r)
 		}
@@ -506,4 +513,39 @@ func (p *parser) key(count bool) int64 {
 	}
 	p.i++
 	return n + 3
+}
+
+// sameFolded reports whether key is name but for case, as encoding/json
+// matches a key to a Go struct's field: rune by rune, in Unicode's simple
+// folding (so the Kelvin sign is a k, and the long s an s). name is ASCII.
+func sameFolded(key []byte, name string) bool {
+	if len(key) < len(name) || len(key) > utf8.UTFMax*len(name) {
+		return false
+	}
+	for j := range len(name) {
+		r, size := utf8.DecodeRune(key)
+		if size == 0 || foldRune(r) != foldRune(rune(name[j])) {
+			return false
+		}
+		key = key[size:]
+	}
+	return len(key) == 0
+}
+
+// foldRune is the smallest rune of r's case folding orbit, as
+// encoding/json folds the runes of keys.
+func foldRune(r rune) rune {
+	if r < utf8.RuneSelf && r != 'k' && r != 'K' && r != 's' && r != 'S' {
+		if 'a' <= r && r <= 'z' {
+			r -= 'a' - 'A'
+		}
+		return r
+	}
+	for {
+		next := unicode.SimpleFold(r)
+		if next <= r {
+			return next
+		}
+		r = next
+	}
 }

@@ -1,7 +1,6 @@
 package tokenest
 
 import (
-	"bytes"
 	"encoding/json"
 	"unicode/utf8"
 
@@ -34,9 +33,7 @@ func bodyModel(body []byte) (model string, ambiguous bool) {
 		return "", false
 	}
 	p.members(func(key word) {
-		// Of the letters of "model", only their ASCII cases fold to one
-		// another, in encoding/json's folding as in Unicode's.
-		ambiguous = ambiguous || string(key.bytes()) != "model" && bytes.EqualFold(key.bytes(), []byte("model"))
+		ambiguous = ambiguous || string(key.bytes()) != "model" && sameFolded(key.bytes(), "model")
 		if string(key.bytes()) != "model" || p.peek() != '"' {
 			if string(key.bytes()) == "model" {
 				model = "" // not a string: no model, as a later key wins

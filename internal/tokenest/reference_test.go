@@ -6,6 +6,7 @@ import (
 	"io"
 	"regexp"
 	"strconv"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/rolter/caddy-ratelimit/internal/llmapi"
@@ -78,18 +79,36 @@ type refReading struct {
 }
 
 // refCap caps r at the first of caps given (not null), times mult, if it
-// is a count and mult is not given as something else.
-func (r *refReading) refCap(mult refMultiplier, caps ...any) {
+// is a count, no other of caps is given, respelled is false (one is given
+// under another spelling of its key too) and mult is not odd.
+func (r *refReading) refCap(mult refMultiplier, respelled bool, caps ...any) {
 	r.mult = mult.n
+	given := 0
+	var first any
 	for _, c := range caps {
-		if c == nil {
-			continue
+		if c != nil {
+			if given == 0 {
+				first = c
+			}
+			given++
 		}
-		if n, ok := refCount(c); ok && !mult.odd {
-			r.cap, r.capped = n, true
-		}
-		return
 	}
+	if n, ok := refCount(first); ok && given == 1 && !respelled && !mult.odd {
+		r.cap, r.capped = n, true
+	}
+}
+
+// refRespelled reports whether m gives one of keys under another spelling
+// too, as a Go struct's field matches it without regard to case.
+func refRespelled(m map[string]any, keys ...string) bool {
+	for k := range m {
+		for _, key := range keys {
+			if k != key && strings.EqualFold(k, key) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // refMultiplier is a number of choices, and whether one was given as
@@ -215,14 +234,18 @@ func refPrompt(v any) (t tally) {
 func refChat(m map[string]any) (r refReading) {
 	r.t = refSum(m["messages"], refMessage)
 	r.t.chars += refJSONEach(m["tools"]) + refJSONEach(m["functions"])
-	r.refCap(refMult(m["n"]), m["max_completion_tokens"], m["max_tokens"])
+	mult := refMult(m["n"])
+	mult.odd = mult.odd || refRespelled(m, "n")
+	r.refCap(mult, refRespelled(m, "max_completion_tokens", "max_tokens"), m["max_completion_tokens"], m["max_tokens"])
 	return r
 }
 
 func refCompletions(m map[string]any) (r refReading) {
 	r.t = refPrompt(m["prompt"])
 	r.t.chars += refText(m["suffix"])
-	r.refCap(refMult(m["n"], m["best_of"]), m["max_tokens"])
+	mult := refMult(m["n"], m["best_of"])
+	mult.odd = mult.odd || refRespelled(m, "n", "best_of")
+	r.refCap(mult, refRespelled(m, "max_tokens"), m["max_tokens"])
 	return r
 }
 
@@ -233,7 +256,7 @@ func refResponses(m map[string]any) (r refReading) {
 		r.t = refSum(m["input"], refItem)
 	}
 	r.t.chars += refText(m["instructions"]) + refJSONEach(m["tools"])
-	r.refCap(refMult(), m["max_output_tokens"])
+	r.refCap(refMult(), refRespelled(m, "max_output_tokens"), m["max_output_tokens"])
 	return r
 }
 
@@ -241,7 +264,7 @@ func refMessages(m map[string]any) (r refReading) {
 	r.t = refContent(m["system"])
 	r.t.add(refSum(m["messages"], refMessage))
 	r.t.chars += refJSONEach(m["tools"])
-	r.refCap(refMult(), m["max_tokens"])
+	r.refCap(refMult(), refRespelled(m, "max_tokens"), m["max_tokens"])
 	return r
 }
 
@@ -259,14 +282,19 @@ func refGemini(m map[string]any) (r refReading) {
 	}
 	r.t.chars += refJSONEach(m["tools"])
 	camel, snake := refObject(m["generationConfig"]), refObject(m["generation_config"])
-	mult := refMult()
+	config := refRespelled(m, "generationConfig", "generation_config")
+	mult, given := refMult(), 0
 	for _, c := range []any{camel["candidateCount"], camel["candidate_count"], snake["candidateCount"], snake["candidate_count"]} {
 		if c != nil {
-			mult = refMult(c)
-			break
+			if given == 0 {
+				mult = refMult(c)
+			}
+			given++
 		}
 	}
-	r.refCap(mult, camel["maxOutputTokens"], camel["max_output_tokens"], snake["maxOutputTokens"], snake["max_output_tokens"])
+	mult.odd = mult.odd || given > 1 || config || refRespelled(camel, "candidateCount", "candidate_count") || refRespelled(snake, "candidateCount", "candidate_count")
+	respelled := config || refRespelled(camel, "maxOutputTokens", "max_output_tokens") || refRespelled(snake, "maxOutputTokens", "max_output_tokens")
+	r.refCap(mult, respelled, camel["maxOutputTokens"], camel["max_output_tokens"], snake["maxOutputTokens"], snake["max_output_tokens"])
 	return r
 }
 

@@ -133,14 +133,14 @@ type reading struct {
 // request asks for.
 func (r *reading) setCap(c opt, mult opt) {
 	r.choices = mult.or1()
-	if c.ok && !mult.odd {
+	if c.ok && !c.odd && !mult.odd {
 		r.capped = true
 		r.out = mul(c.v, mult.or1())
 	}
 }
 
 // opt is a count that may be absent (or null), or given as something else
-// (odd).
+// or in two ways (odd: see respelled and oneOf).
 type opt struct {
 	v   int64
 	ok  bool
@@ -153,12 +153,24 @@ func (o *opt) read(p *parser) {
 	o.odd = !o.ok && !null
 }
 
-// or is o if it is given, else d.
-func (o opt) or(d opt) opt {
-	if o.ok || o.odd {
-		return o
+// oneOf is the first of the spellings of one count that is given,
+// given in two ways (odd) if another is given too: the spellings of a
+// field that protobuf's JSON reads alike (maxOutputTokens and
+// max_output_tokens), or OpenAI's two caps of a chat's output, which a
+// limiter that read one would trust where the upstream may read the other.
+func oneOf(spellings ...opt) opt {
+	var first opt
+	given := 0
+	for _, o := range spellings {
+		if o.ok || o.odd {
+			if given == 0 {
+				first = o
+			}
+			given++
+		}
 	}
-	return d
+	first.odd = first.odd || given > 1
+	return first
 }
 
 // larger is the larger of two multipliers, given as something else if
@@ -186,7 +198,7 @@ func mul(a, b int64) int64 {
 func chat(p *parser) (r reading) {
 	var c [3]opt
 	r.tally = p.object(chatMembers, c[:])
-	r.setCap(c[0].or(c[1]), c[2])
+	r.setCap(oneOf(c[0], c[1]), c[2])
 	return r
 }
 
@@ -222,11 +234,12 @@ func messages(p *parser) (r reading) {
 
 // gemini reads a Gemini generateContent or countTokens request. Its counts
 // are those of generationConfig (0 to 3) and of generation_config (4 to 7),
-// and of each the camelCase one is read first.
+// each under its camelCase and its snake_case spelling: a count given under
+// two of them is not one it can be sure of (oneOf).
 func gemini(p *parser) (r reading) {
 	var c [8]opt
 	r.tally = p.object(geminiMembers, c[:])
-	r.setCap(c[0].or(c[1]).or(c[4]).or(c[5]), c[2].or(c[3]).or(c[6]).or(c[7]))
+	r.setCap(oneOf(c[0], c[1], c[4], c[5]), oneOf(c[2], c[3], c[6], c[7]))
 	return r
 }
 
@@ -352,9 +365,11 @@ const maxMembers = 16
 // is summed at the end.
 func (p *parser) object(members []member, counts []opt) tally {
 	var each [maxMembers]tally
+	var respelled uint16 // bit at: counts[at] is given under another spelling of its key too
 	p.members(func(k word) {
 		for i, m := range members {
 			if string(k.bytes()) != m.key {
+				respelled |= m.respelled(k.bytes())
 				continue
 			}
 			switch m.shape {
@@ -371,11 +386,32 @@ func (p *parser) object(members []member, counts []opt) tally {
 		}
 		p.skip()
 	})
+	for at := range counts {
+		counts[at].odd = counts[at].odd || respelled&(1<<at) != 0
+	}
 	var t tally
 	for _, u := range each[:len(members)] {
 		t.add(u)
 	}
 	return t
+}
+
+// respelled is the counts that key gives under another spelling of m's key
+// ("MAX_TOKENS" for max_tokens), as bits of their positions, if it does:
+// an upstream that decodes JSON into a Go struct matches keys without
+// regard to case and reads the last of them, where this package reads m's
+// key alone, so such a count is not one it can be sure of.
+func (m member) respelled(key []byte) uint16 {
+	if !sameFolded(key, m.key) {
+		return 0
+	}
+	switch m.shape {
+	case shapeCount:
+		return 1 << m.at
+	case shapeGeminiConfig:
+		return 0xf << m.at
+	}
+	return 0
 }
 
 // shaped reads a value of the shape.

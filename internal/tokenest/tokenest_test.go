@@ -216,7 +216,7 @@ type outputCase struct {
 var outputCases = []outputCase{
 	{"chat max_completion_tokens", chatPath, `{"messages":[],"max_completion_tokens":300}`, 300, true},
 	{"chat max_tokens", chatPath, `{"messages":[],"max_tokens":200}`, 200, true},
-	{"chat max_completion_tokens before max_tokens", chatPath, `{"max_tokens":200,"max_completion_tokens":300}`, 300, true},
+	{"chat with both caps has none it can trust", chatPath, `{"max_tokens":200,"max_completion_tokens":300}`, 0, false},
 	{"chat max_tokens when max_completion_tokens is null", chatPath, `{"max_completion_tokens":null,"max_tokens":200}`, 200, true},
 	{"chat times n", chatPath, `{"max_tokens":200,"n":3}`, 600, true},
 	{"chat n alone is no cap", chatPath, `{"messages":[],"n":3}`, 0, false},
@@ -413,12 +413,57 @@ func TestAMemberGivenTwiceCountsItsLastValue(t *testing.T) {
 	}
 }
 
-func TestGeminiReadsBothSpellingsAndPrefersCamelCase(t *testing.T) {
+// Gemini's fields are read under both their spellings, camelCase and
+// snake_case, as protobuf's JSON reads them: text under both counts, and a
+// count given under two of them is no cap this package can trust.
+func TestGeminiReadsBothSpellingsAndTrustsNoCountGivenUnderTwo(t *testing.T) {
 	body := `{"generation_config":{"maxOutputTokens":7},"generationConfig":{"max_output_tokens":5,"candidate_count":2,"candidateCount":3},` +
 		`"systemInstruction":{"parts":[{"text":"ab"}]},"system_instruction":{"parts":[{"text":"cd"}]}}`
 	e := ofPath(geminiPath, []byte(body))
-	if r, _ := read(llmapi.Of(geminiPath), []byte(body), false); r.chars != 4 || e.Output != 15 {
-		t.Errorf("%d characters, Output %d; want 4 (both instructions) and 15 (generationConfig's 5 × candidateCount 3)", r.chars, e.Output)
+	if r, _ := read(llmapi.Of(geminiPath), []byte(body), false); r.chars != 4 || e.Capped {
+		t.Errorf("%d characters, %+v; want 4 (both instructions), and no cap", r.chars, e)
+	}
+	body = `{"generation_config":{"max_output_tokens":7,"candidate_count":2}}`
+	if e := ofPath(geminiPath, []byte(body)); !e.Capped || e.Output != 14 {
+		t.Errorf("snake_case alone: %+v, want Output 14", e)
+	}
+}
+
+// A cap or a multiplier given under two spellings of its key, which an
+// upstream decoding JSON into a Go struct matches without regard to case
+// (and, as encoding/json folds them, the Kelvin sign as a k and the long s
+// as an s), reading the last, is not one this package can be sure of: the
+// request is not capped, so that no ceiling of a cap the upstream did not
+// read bounds what it is charged.
+func TestACountGivenUnderAnotherSpellingOfItsKeyIsNoCap(t *testing.T) {
+	for _, c := range []struct{ path, body string }{
+		{chatPath, `{"max_tokens":10,"MAX_TOKENS":4096}`},
+		{chatPath, `{"Max_Tokens":4096,"max_tokens":10}`},
+		{chatPath, `{"max_completion_tokens":10,"max_completion_Tokens":4096}`},
+		{chatPath, `{"max_tokens":10,"N":8}`},
+		{chatPath, `{"max_tokens":10,"max_to\u212Aens":4096}`},     // escaped
+		{chatPath, "{\"max_tokens\":10,\"max_to\u212Aens\":4096}"}, // in UTF-8
+		{chatPath, "{\"max_tokens\":10,\"max_token\u017f\":4096}"},
+		{completionsPath, `{"max_tokens":10,"Best_Of":8}`},
+		{"/v1/responses", `{"max_output_tokens":10,"MAX_OUTPUT_TOKENS":4096}`},
+		{"/v1/messages", `{"max_tokens":10,"max_Tokens":4096}`},
+		{geminiPath, `{"generationConfig":{"maxOutputTokens":10,"maxoutputtokens":4096}}`},
+		{geminiPath, `{"generationConfig":{"maxOutputTokens":10,"CandidateCount":8}}`},
+		{geminiPath, `{"generationConfig":{"maxOutputTokens":10},"GenerationConfig":{"maxOutputTokens":4096}}`},
+		{geminiPath, `{"generationConfig":{"maxOutputTokens":10},"generationconfig":{}}`},
+	} {
+		if e := ofPath(c.path, []byte(c.body)); !e.Known || e.Capped {
+			t.Errorf("%s %s: %+v, want a request that names no cap", c.path, c.body, e)
+		}
+	}
+	for _, c := range []struct{ path, body string }{
+		{chatPath, `{"max_tokens":10,"metadata":{"MAX_TOKENS":4096}}`},
+		{chatPath, `{"max_tokens":10,"max_tokens2":4096,"max_token":1}`},
+		{chatPath, `{"max_tokens":10,"max_tokens":10}`},
+	} {
+		if e := ofPath(c.path, []byte(c.body)); !e.Capped || e.Output != 10 {
+			t.Errorf("%s %s: %+v, want Output 10", c.path, c.body, e)
+		}
 	}
 }
 
