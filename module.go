@@ -193,8 +193,9 @@ type Handler struct {
 	Wait caddy.Duration `json:"wait,omitempty"`
 
 	// MaxWaiting caps the requests waiting at once in this Caddy process,
-	// across its handlers; past it a request is refused at once. Default
-	// 1000.
+	// across its handlers; past it a request is refused at once. A request
+	// reads its body before it takes a place, so that a client slow to
+	// send it holds none. Default 1000.
 	MaxWaiting int64 `json:"max_waiting,omitempty"`
 
 	// Shadow makes every limit a shadow limit (LimitConfig.Shadow).

@@ -45,25 +45,27 @@ func (h *Handler) waitFor(ref refusal, waited time.Duration) (time.Duration, boo
 // beginWaiting takes a place among the process's waiting requests, unless
 // max_waiting of them wait already or the request's body cannot be held
 // whole while it waits (heldWhole: its client's departure would go
-// unnoticed), by the time by if it is not zero: a refused request whose
-// client is slow to send its body holds no place for longer than a wait.
-// A body that found no room under body_memory is an error: its request
-// must not go on.
+// unnoticed), by the time by if it is not zero. The body is read before
+// the place is taken: a client slow to send it, or that never does, holds
+// no place meanwhile, and a refused one is answered by the end of its
+// wait. A body that found no room under body_memory is an error: its
+// request must not go on.
 func (h *Handler) beginWaiting(req *request, by time.Time) (bool, error) {
+	if waitingRequests.Load() >= h.maxWaiting() {
+		return false, nil // its body is not worth reading
+	}
+	if whole, err := heldWhole(req, h.bodyMemory(), by); !whole {
+		return false, err
+	}
 	for {
 		n := waitingRequests.Load()
 		if n >= h.maxWaiting() {
 			return false, nil
 		}
 		if waitingRequests.CompareAndSwap(n, n+1) {
-			break
+			return true, nil
 		}
 	}
-	if whole, err := heldWhole(req, h.bodyMemory(), by); !whole {
-		waitingRequests.Add(-1)
-		return false, err
-	}
-	return true, nil
 }
 
 // errClientGone ends the wait of a request whose client went away.
