@@ -18,9 +18,11 @@ import (
 
 // request is what the handler reads of a request before its body: where to
 // set placeholders, the API its path calls (llmapi, the one classifier)
-// and the dialect the handler answers it in.
+// and the dialect the handler answers it in; and the writer of its answer,
+// whose read deadline ends the read of its body (body.go).
 type request struct {
 	*http.Request
+	w    http.ResponseWriter
 	repl *caddy.Replacer
 	call llmapi.Call
 	dia  dialect
@@ -36,9 +38,9 @@ type request struct {
 
 // newRequest is a value, which the handler's calls take by pointer: it
 // stays on ServeHTTP's stack.
-func (h *Handler) newRequest(r *http.Request) request {
+func (h *Handler) newRequest(w http.ResponseWriter, r *http.Request) request {
 	call := llmapi.Of(r.URL.Path)
-	return request{Request: r, repl: r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer), call: call, dia: dialectOf(h.Dialect, call)}
+	return request{Request: r, w: w, repl: r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer), call: call, dia: dialectOf(h.Dialect, call)}
 }
 
 // ServeHTTP admits or refuses the request, then passes it on. Its steps:
@@ -53,7 +55,7 @@ func (h *Handler) newRequest(r *http.Request) request {
 //     on, the response metered by the writer that wraps it (admitted), and
 //     the slots it takes freed when it ends.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	request := h.newRequest(r)
+	request := h.newRequest(w, r)
 	req := &request
 	if isWebSocketHandshake(r) || isExtendedConnect(r) {
 		req.session = true
@@ -189,10 +191,12 @@ func (h *Handler) price(chain []limit, model string) (*pricing.Entry, *answer) {
 // that ends (a deferred call: reverse_proxy ends a response cut short with
 // a panic).
 func (h *Handler) admitOrAnswer(w http.ResponseWriter, req *request, chain []limit, reserve tokenCounts, metering bool, next caddyhttp.Handler, pass func(*responseWriter, decision) error) error {
-	a, err := h.admitWaiting(w, req, chain, reserve)
+	a, err := h.admitWaiting(req, chain, reserve)
 	switch {
 	case errors.Is(err, errClientGone):
 		return h.answer(w, req, answer{message: "the client went away while its request waited", clientGone: true})
+	case errors.Is(err, errBodyMemory):
+		return h.answer(w, req, h.bodyRefusal(err))
 	case err != nil:
 		return h.storeFailed(w, req, chain, err, next)
 	case !a.admitted:

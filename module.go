@@ -158,11 +158,12 @@ type Handler struct {
 	// BodyMemory caps, in bytes, the memory held at once by the request
 	// bodies that the limiters of this Caddy process are reading (to
 	// estimate their tokens and find their model), so that clients cannot
-	// make the gateway buffer what they please: a body grows its buffer
-	// only as its bytes arrive, and one that would pass the cap waits up
-	// to a second for room, then is answered 503. Default 64 MiB; at least
-	// 8 MiB. The first 4 MiB of a body are read; the rest passes on
-	// unread.
+	// make the gateway buffer what they please: a body holds none until its
+	// first byte arrives and grows its buffer only as its bytes arrive, and
+	// one that would pass the cap takes the room of a body that stalls or
+	// of the client address holding the most, else waits up to a second
+	// for room, then is answered 503. Default 64 MiB; at least 8 MiB. The
+	// first 4 MiB of a body are read; the rest passes on unread.
 	BodyMemory int64 `json:"body_memory,omitempty"`
 
 	// SlotLease is how long the slots of requests in flight (Concurrent)
@@ -197,8 +198,9 @@ type Handler struct {
 	Wait caddy.Duration `json:"wait,omitempty"`
 
 	// MaxWaiting caps the requests waiting at once in this Caddy process,
-	// across its handlers; past it a request is refused at once. Default
-	// 1000.
+	// across its handlers; past it a request is refused at once. A request
+	// reads its body before it takes a place, so that a client slow to
+	// send it holds none. Default 1000.
 	MaxWaiting int64 `json:"max_waiting,omitempty"`
 
 	// Shadow makes every limit a shadow limit (LimitConfig.Shadow).

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"net/http"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -46,23 +45,27 @@ func (h *Handler) waitFor(ref refusal, waited time.Duration) (time.Duration, boo
 // beginWaiting takes a place among the process's waiting requests, unless
 // max_waiting of them wait already or the request's body cannot be held
 // whole while it waits (heldWhole: its client's departure would go
-// unnoticed), by the time by if it is not zero: a refused request whose
-// client is slow to send its body holds no place for longer than a wait.
-func (h *Handler) beginWaiting(w http.ResponseWriter, req *request, by time.Time) bool {
+// unnoticed), by the time by if it is not zero. The body is read before
+// the place is taken: a client slow to send it, or that never does, holds
+// no place meanwhile, and a refused one is answered by the end of its
+// wait. A body that found no room under body_memory is an error: its
+// request must not go on.
+func (h *Handler) beginWaiting(req *request, by time.Time) (bool, error) {
+	if waitingRequests.Load() >= h.maxWaiting() {
+		return false, nil // its body is not worth reading
+	}
+	if whole, err := heldWhole(req, h.bodyMemory(), by); !whole {
+		return false, err
+	}
 	for {
 		n := waitingRequests.Load()
 		if n >= h.maxWaiting() {
-			return false
+			return false, nil
 		}
 		if waitingRequests.CompareAndSwap(n, n+1) {
-			break
+			return true, nil
 		}
 	}
-	if !heldWhole(w, req, h.bodyMemory(), by) {
-		waitingRequests.Add(-1)
-		return false
-	}
-	return true
 }
 
 // errClientGone ends the wait of a request whose client went away.
@@ -75,7 +78,7 @@ var errClientGone = errors.New("rolter_ratelimit: the client went away while its
 // admitted or gives up; a request of a chain with a line in this process
 // joins it before it tries at all, so that new requests do not overtake
 // those waiting.
-func (h *Handler) admitWaiting(w http.ResponseWriter, req *request, chain []limit, reserve tokenCounts) (admission, error) {
+func (h *Handler) admitWaiting(req *request, chain []limit, reserve tokenCounts) (admission, error) {
 	if h.Wait <= 0 {
 		return h.store.admit(req.Context(), chain, reserve)
 	}
@@ -96,8 +99,12 @@ func (h *Handler) admitWaiting(w http.ResponseWriter, req *request, chain []limi
 	end := start.Add(time.Duration(h.Wait))
 	// Not yet refused, it reads its body without a deadline: one cut short
 	// could not be passed on if it were then admitted.
-	if key, ok := waitLines.lineOf(chain); ok && h.beginWaiting(w, req, time.Time{}) {
-		waiting, place = true, waitLines.join(key)
+	if key, ok := waitLines.lineOf(chain); ok {
+		if waits, err := h.beginWaiting(req, time.Time{}); err != nil {
+			return admission{}, err
+		} else if waits {
+			waiting, place = true, waitLines.join(key)
+		}
 	}
 	for {
 		if place != nil {
@@ -114,8 +121,15 @@ func (h *Handler) admitWaiting(w http.ResponseWriter, req *request, chain []limi
 		}
 		d, ok := h.waitFor(a.refusal, time.Since(start))
 		release = time.Now().Add(d)
-		if !ok || !waiting && !h.beginWaiting(w, req, end) {
+		if !ok {
 			return a, nil
+		}
+		if !waiting {
+			// A body that found no room is refused as it would be
+			// without wait.
+			if waits, _ := h.beginWaiting(req, end); !waits {
+				return a, nil
+			}
 		}
 		waiting = true
 		if key := a.limits[a.refusal.first].prefix; place == nil || place.key != key {

@@ -641,3 +641,28 @@ func TestAClientSlowToSendItsBodyIsRefusedAtTheEndOfWait(t *testing.T) {
 		waitUntil(t, "no request waits", func() bool { return waitingRequests.Load() == 0 })
 	})
 }
+
+// A waiting place is held only while its request waits: requests of a key
+// that has a line of waiters, whose clients send their headers and then
+// nothing of their bodies, are asked for their bodies but hold no place
+// among max_waiting meanwhile, whether they found the line before any
+// refusal or not.
+func TestAnIdleUploadHoldsNoWaitingPlace(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		gw := startGateway(t, newArrivals(t).URL, limited(store, `
+			scope key {http.request.header.X-Api-Key}
+			limit key * rate 0.5 burst 1
+			wait 3s
+			max_waiting 4`))
+		key := spentKey(t, gw)
+		before := waitingRequests.Load()
+		hangUp := sendWaiting(t, gw, key, "")
+		defer hangUp()
+		for range 3 {
+			startUpload(t, gw, "127.0.0.1", key, 0).askedForBody(t)
+		}
+		if n := waitingRequests.Load() - before; n != 1 {
+			t.Fatalf("%d requests hold waiting places, want the one that waits: uploads that send nothing hold %d", n, n-1)
+		}
+	})
+}
