@@ -93,11 +93,13 @@
 -- A slots key is a hash: per holder, "<slots>:<lease end, unix ms>". A
 -- limit's requests in flight are the slots of the holders whose lease has
 -- not ended; a request fits while they are below the cap. An admission adds
--- one to its holder's slots and starts a lease; a free takes one away, and
--- renew.lua writes a holder's slots anew (slots.go). A holding whose lease
--- has ended is removed when it is read; the key lives twice the lease past
--- the last write that started a holding or renewed one. store_memory.go
--- does the same with one holder.
+-- one to its holder's slots and starts a lease, never ending sooner than
+-- the holding's (another handler's lease may be longer); a free takes one
+-- away, and renew.lua writes a holder's slots anew (slots.go). A holding
+-- whose lease has ended is removed when it is read; the key lives at least
+-- twice the lease past the last write that started a holding or renewed
+-- one, whoever's: a holder of a shorter lease never shortens its life.
+-- store_memory.go does the same with one holder.
 --
 -- Reply: {1, now_ms, then per limit, for each window it caps, the current
 -- and previous count, then its bucket's deficit, then if it caps requests
@@ -173,21 +175,28 @@ local function free_slots(first_key, first_arg, frees, holder, now)
 end
 
 -- Returns the slots of every holder of key whose lease has not ended, and
--- holder's own; the holdings whose lease has ended are removed, unless the
--- call only reads (clean is false).
+-- holder's own with the end of their lease (0 for none); the holdings whose
+-- lease has ended are removed, unless the call only reads (clean is false).
 local function read_slots(key, holder, now, clean)
   local holdings = redis.call('HGETALL', key)
-  local in_flight, own = 0, 0
+  local in_flight, own, own_end = 0, 0, 0
   for h = 1, #holdings, 2 do
     local slots, lease_end = match(holdings[h + 1], '^(%d+):(%d+)$')
     if slots and lease_end + 0 > now then
       in_flight = in_flight + slots
-      if holdings[h] == holder then own = slots + 0 end
+      if holdings[h] == holder then own, own_end = slots + 0, lease_end + 0 end
     elseif clean then
       redis.call('HDEL', key, holdings[h])
     end
   end
-  return in_flight, own
+  return in_flight, own, own_end
+end
+
+-- Makes key live at least ttl milliseconds more, never less than it does:
+-- another holder's lease may be longer. (A key without an expiry has a
+-- PTTL of -1.)
+local function expire_at_least(key, ttl)
+  if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
 end
 
 -- Returns the distinct caps read from ARGV[at] on: each is {windows, rate,
@@ -225,10 +234,11 @@ local function read_caps(at, count)
 end
 
 -- Adds each limit's admissions to its request windows, its bucket and its
--- holder's slots, walking the keys in the order KEYS declares them. Only
--- the increment that creates a key sets its expiry. (INCR spares the
--- conversion of a number argument to a string.)
-local function write_requests(limit_count, requests_added, caps, caps_of, buckets, own_slots, holder, now)
+-- holder's slots (own_slots, whose lease ends at own_ends), walking the
+-- keys in the order KEYS declares them. Only the increment that creates a
+-- key sets its expiry. (INCR spares the conversion of a number argument to
+-- a string.)
+local function write_requests(limit_count, requests_added, caps, caps_of, buckets, own_slots, own_ends, holder, now)
   local key_index = 1
   for limit = 1, limit_count do
     local windows = caps[caps_of[limit]][1]
@@ -254,10 +264,12 @@ local function write_requests(limit_count, requests_added, caps, caps_of, bucket
     if own then
       if admitted > 0 then
         local lease = caps[caps_of[limit]][6]
-        redis.call('HSET', KEYS[key_index], holder, format('%d:%d', own + admitted, now + lease))
+        local lease_end = now + lease
+        if own_ends[limit] > lease_end then lease_end = own_ends[limit] end
+        redis.call('HSET', KEYS[key_index], holder, format('%d:%d', own + admitted, lease_end))
         -- A holder's renewals keep the key alive while it holds slots:
-        -- only the write that starts a holding sets the key's expiry.
-        if own == 0 then redis.call('PEXPIRE', KEYS[key_index], 2 * lease) end
+        -- only the write that starts a holding makes it live longer.
+        if own == 0 then expire_at_least(KEYS[key_index], 2 * lease) end
       end
       key_index = key_index + 1
     end
@@ -317,8 +329,9 @@ local caps, caps_of, budgeted, admissions_at = read_caps(FIXED_ARGS + charges + 
 -- bucket holds and the slots free of its cap on requests in flight;
 -- requests_added, the requests the call admitted; buckets, its token
 -- bucket's {ttl, since, deficit, cost}, nil where it has none; own_slots,
--- the slots its holder holds, nil where it has no such cap.
-local requests_left, requests_added, buckets, own_slots = {}, {}, {}, {}
+-- the slots its holder holds, nil where it has no such cap, and own_ends,
+-- when their lease ends.
+local requests_left, requests_added, buckets, own_slots, own_ends = {}, {}, {}, {}, {}
 -- With reservations, each token window, and each budget, has a room of
 -- its own too, in flat arrays rather than a table per window: token_room,
 -- in its span's units times its length, token_scale (the length; a
@@ -390,9 +403,9 @@ for limit = 1, limit_count do
   reply[reply_len] = deficit
   local slots = limit_caps[5]
   if slots > 0 then
-    local in_flight, own = read_slots(KEYS[key_index], holder, now, charging)
+    local in_flight, own, own_end = read_slots(KEYS[key_index], holder, now, charging)
     if slots - in_flight < room then room = slots - in_flight end
-    own_slots[limit] = own
+    own_slots[limit], own_ends[limit] = own, own_end
     reply_len = reply_len + 1
     reply[reply_len] = in_flight
     key_index = key_index + 1
@@ -481,7 +494,7 @@ for at = admissions_at, #ARGV, admission_args do
 end
 
 if charging then
-  write_requests(limit_count, requests_added, caps, caps_of, buckets, own_slots, holder, now)
+  write_requests(limit_count, requests_added, caps, caps_of, buckets, own_slots, own_ends, holder, now)
   if reserving then write_reservations(token_windows, token_reserved, token_key, token_ttl) end
 end
 return reply

@@ -201,6 +201,43 @@ func runSlotConformance(t *testing.T, kit storeKit) {
 			t.Fatalf("%d slots held once all 3 ended, want 0", n)
 		}
 	})
+	t.Run("ASlotsLeaseIsTheLongestItsHoldersAskedFor", func(t *testing.T) {
+		// Two handlers, or a config and its reload, may give one limit two
+		// slot_lease values: its slots are then held as long as the longer.
+		s := kit.replicas(t, 1)[0]
+		id := uniqueID(t)
+		short := []limit{newSlotLimit("key", id, 2, 0, lease)}
+		long := []limit{newSlotLimit("key", id, 2, 0, 10*lease)}
+		for _, order := range [][2][]limit{{long, short}, {short, long}} {
+			at := pinnedBase() + 1000
+			fill(t, s, order[0], at, 1)
+			fill(t, s, order[1], at+1, 1)
+			if n := inFlight(t, s, short, 0, at+1+lease.Milliseconds()); n != 2 {
+				t.Fatalf("taken under the %v lease, then the %v: %d in flight once the shorter lease passed, want 2",
+					time.Duration(order[0][0].concurrent.leaseMillis)*time.Millisecond, time.Duration(order[1][0].concurrent.leaseMillis)*time.Millisecond, n)
+			}
+			if admitOrFail(t, s, short, at+1+lease.Milliseconds()).admitted {
+				t.Fatal("a third admitted under concurrent 2 once the shorter lease passed")
+			}
+			renewed := at + 2000
+			renewSlots(s, renewed)
+			if n := inFlight(t, s, short, 0, renewed+lease.Milliseconds()); n != 2 {
+				t.Fatalf("%d in flight a shorter lease after a renewal, want 2: the renewal renews with the longest lease of the slots' holders", n)
+			}
+			// Once the request of the longer lease has ended, the renewal
+			// renews the other with its own.
+			freeAndWait(t, pinned(s, renewed), long)
+			renewSlots(s, renewed)
+			if n := inFlight(t, s, short, 0, renewed+lease.Milliseconds()-1); n != 1 {
+				t.Fatalf("%d in flight 1 ms before the shorter lease of the one left ends, want 1", n)
+			}
+			if n := inFlight(t, s, short, 0, renewed+lease.Milliseconds()); n != 0 {
+				t.Fatalf("%d in flight once the shorter lease of the one left lapsed unrenewed, want 0", n)
+			}
+			freeAndWait(t, pinned(s, renewed), short)
+			renewSlots(s, renewed)
+		}
+	})
 	t.Run("AFreeOfALapsedLeaseFreesNothingTwice", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
 		at := pinnedBase() + 1000
@@ -462,4 +499,63 @@ func TestARenewalAfterARedisRestartLoadsItsScriptAndHoldsTheSlotsAgain(t *testin
 	}
 	freeAndWait(t, s, chain)
 	freeAndWait(t, s, chain)
+}
+
+// A limit already in the ledger, taken under a shorter lease than the one
+// the renewal waits out (another handler's slot_lease, or a reload's), is
+// renewed before its own lease ends: a slot of it may be the only one held.
+func TestALimitHeldTakenUnderAShorterLeaseIsRenewedBeforeItsLeaseEnds(t *testing.T) {
+	const long, short = 30 * time.Second, 600 * time.Millisecond
+	h := newHeldSlots()
+	id := uniqueID(t)
+	h.take([]limit{newSlotLimit("key", id, 1, 0, long)}, 1)
+	<-h.taken // the renewal starts with a limit held
+	// Its request ended; the renewal has yet to drop it.
+	h.take([]limit{newSlotLimit("key", id, 1, 0, long)}, -1)
+	renewed := make(chan time.Time, 16)
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		h.renewEvery(func() { renewed <- time.Now() }, stop)
+	}()
+	defer func() {
+		close(stop)
+		<-done
+	}()
+	waitBlockedInSelect(t, "(*heldSlots).renewEvery") // waiting to renew the long lease
+	taken := time.Now()
+	h.take([]limit{newSlotLimit("key", id, 1, 0, short)}, 1)
+	select {
+	case at := <-renewed:
+		if took := at.Sub(taken); took > short {
+			t.Fatalf("renewed %v after a slot of lease %v was taken", took, short)
+		}
+	case <-time.After(short):
+		t.Fatalf("not renewed within the lease (%v) of a slot taken of a limit the ledger held under %v", short, long)
+	}
+}
+
+// A slots key outlives the holding of every holder: a holder of a shorter
+// lease (another process, whose handler or config has a shorter
+// slot_lease) never shortens the key's life under another's longer one.
+func TestASlotsKeyOutlivesTheLongestLeaseOfItsHolders(t *testing.T) {
+	url := redisURLFromEnv(t)
+	longHolder, shortHolder := newTestRedisStore(t, url), newTestRedisStore(t, url)
+	const long, short = 30 * time.Second, time.Second
+	id := uniqueID(t)
+	longChain, shortChain := []limit{newSlotLimit("key", id, 3, 0, long)}, []limit{newSlotLimit("key", id, 3, 0, short)}
+	at := pinnedBase() + 1000
+	fill(t, longHolder, longChain, at, 1)
+	fill(t, shortHolder, shortChain, at, 1)
+	renewSlots(shortHolder, at)
+	c := redisClient(t, url)
+	ttl, err := c.PTTL(context.Background(), slotsKey(longChain[0])).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ttl < long {
+		t.Fatalf("the slots key expires in %v, before the lease of %v that a holder's slots hold", ttl, long)
+	}
+	freeAndWait(t, pinned(longHolder, at), longChain)
+	freeAndWait(t, pinned(shortHolder, at), shortChain)
 }

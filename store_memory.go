@@ -441,7 +441,7 @@ func (c *memoryCounter) write(l limit, at [2]position, before, after counts, now
 		c.bkt = bucketState{deficit: after.deficit, at: since, fullAt: since + ceilDiv(after.deficit, l.bucket.rate)}
 	}
 	if after.slots > before.slots {
-		c.slots = slotHolding{n: after.slots, expiry: now.unixMillis + l.concurrent.leaseMillis}
+		c.slots = c.slots.taken(after.slots, now.unixMillis, l.concurrent.leaseMillis)
 	}
 	for p := range l.eachBudget {
 		if n := after.reserved[p] - before.reserved[p]; n != 0 {
@@ -472,7 +472,8 @@ func (s *memoryStore) renew() {
 		c := s.lockedCounter(l.prefix)
 		// Read under the counter's lock, which every admission and free of
 		// it holds while it changes the ledger.
-		c.slots = slotHolding{n: s.held.renewed(l.prefix), expiry: now + l.concurrent.leaseMillis}
+		r := s.held.renewed(l)
+		c.slots = slotHolding{n: r.n, expiry: now + r.leaseMillis}
 		c.mu.Unlock()
 	}
 }

@@ -387,13 +387,13 @@ func (s *redisStore) renewStep(limits []limit) bool {
 		return false
 	}
 	defer s.slotCalls.Release(slotCallsMax)
-	byRoot := make(map[string][]heldLimit)
+	byRoot := make(map[string][]slotRenewal)
 	for _, l := range limits {
 		root := ""
 		if s.config.topology() == cluster {
 			root = hashTag(l.prefix)
 		}
-		byRoot[root] = append(byRoot[root], heldLimit{limit: l, n: s.held.renewed(l.prefix)})
+		byRoot[root] = append(byRoot[root], s.held.renewed(l))
 	}
 	clock := s.clock.script(s.clock.gateway())
 	renewAll := func() error {
@@ -418,12 +418,12 @@ func (s *redisStore) renewStep(limits []limit) bool {
 }
 
 // renewalOf is renew.lua's keys and arguments for the limits held.
-func renewalOf(held []heldLimit, clock, holder string) (keys []string, args []any) {
+func renewalOf(held []slotRenewal, clock, holder string) (keys []string, args []any) {
 	keys, args = make([]string, len(held)), make([]any, 0, 2+2*len(held))
 	args = append(args, clock, holder)
-	for i, e := range held {
-		keys[i] = slotsKey(e.limit)
-		args = append(args, hexArg(e.n), hexArg(e.concurrent.leaseMillis))
+	for i, r := range held {
+		keys[i] = slotsKey(r.limit)
+		args = append(args, hexArg(r.n), hexArg(r.leaseMillis))
 	}
 	return keys, args
 }

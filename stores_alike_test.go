@@ -116,7 +116,8 @@ const (
 // clocks, gets the same answers. A history is admissions of random chains
 // of 1 to 4 limits from a pool of six with random caps (every kind of
 // window, token buckets, caps on requests in flight with leases of a few
-// seconds, and day and month budgets in three time zones; some of them
+// seconds (now and then one taken under two leases, as two handlers
+// sharing its counters do), and day and month budgets in three time zones; some of them
 // shadow limits, which count and never refuse), with and
 // without reservations of tokens and costs; settlements of the
 // reservations, which give tokens back or charge more in the reservation's
@@ -233,6 +234,14 @@ func (h *alikeHistory) run() {
 	for i := range alikePool {
 		h.pool = append(h.pool, newTaggedLimit("", fmt.Sprint("s", i), id, randomCaps(h.t, h.rng)))
 	}
+	// Now and then the last limit is another handler's of one before it:
+	// its counters, its cap on requests in flight under another lease (two
+	// slot_lease values: slots.go).
+	if i := slices.IndexFunc(h.pool, func(l limit) bool { return l.concurrent.max > 0 }); i >= 0 && i < alikePool-1 && h.rng.IntN(2) == 0 {
+		caps := *h.pool[i].limitCaps
+		caps.concurrent.leaseMillis = 3000 + h.rng.Int64N(3001)
+		h.pool[alikePool-1] = newTaggedLimit("", h.pool[i].scope, id, caps)
+	}
 	h.now = nextDay() + h.rng.Int64N(dayMinutes*minuteMillis)
 	for range alikeSteps {
 		switch n := h.rng.IntN(24); {
@@ -259,10 +268,14 @@ func (h *alikeHistory) run() {
 	}
 }
 
+// chain is a random chain of limits of the pool, each of its counters
+// once, as a handler's.
 func (h *alikeHistory) chain() []limit {
 	var chain []limit
 	for _, i := range randomChain(h.rng, alikePool, 4) {
-		chain = append(chain, h.pool[i])
+		if !slices.ContainsFunc(chain, func(l limit) bool { return l.prefix == h.pool[i].prefix }) {
+			chain = append(chain, h.pool[i])
+		}
 	}
 	return chain
 }
@@ -521,11 +534,12 @@ func (h *alikeHistory) holding(l limit) int64 {
 }
 
 // leased notes that an admission of chain wrote its concurrency caps'
-// slots now, for a lease.
+// slots now, for a lease, which never ends a live one's sooner.
 func (h *alikeHistory) leased(chain []limit) {
 	for _, l := range chain {
 		if l.concurrent.max > 0 {
-			h.leaseEnds[h.poolIndex(l)] = h.now + l.concurrent.leaseMillis
+			end := &h.leaseEnds[h.poolIndex(l)]
+			*end = max(*end, h.now+l.concurrent.leaseMillis)
 		}
 	}
 }
