@@ -574,6 +574,31 @@ func TestASlotIsFreedWhenTheClientHangsUpTheUpstreamCutsTheStreamOrAnswers500(t 
 	})
 }
 
+// twoLeasesGateway starts an in-process gateway on store whose two
+// handlers cap the key scope's requests in flight at concurrent: one for
+// the requests with the header X-Lease: long, under the default lease
+// (30 s), and one for the others, under slot_lease 1s.
+func twoLeasesGateway(t *testing.T, up *flightUpstream, store string, concurrent int) *gateway {
+	t.Helper()
+	return startGatewayWith(t, up.URL, "\tdefault_bind 127.0.0.1", fmt.Sprintf(`
+	@long header X-Lease long
+	@short not header X-Lease long
+	rolter_ratelimit @long {
+		%[1]s
+		scope key {http.request.header.X-Api-Key}
+		limit key * concurrent %[2]d
+		on_redis_error deny
+	}
+	rolter_ratelimit @short {
+		%[1]s
+		scope key {http.request.header.X-Api-Key}
+		limit key * concurrent %[2]d
+		slot_lease 1s
+		on_redis_error deny
+	}
+	reverse_proxy {upstream}`, flightStore(store), concurrent), freePort())
+}
+
 // A stream that lasts three leases keeps its slot all along: the store
 // renews it every third of a lease, even while it holds a slot of another
 // handler's longer lease (the default 30s), which it renews ten times less
@@ -582,23 +607,7 @@ func TestAStreamLastingThreeLeasesKeepsItsSlotAllAlong(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		const lease = time.Second
 		up := newFlightUpstream(t)
-		gw := startGatewayWith(t, up.URL, "\tdefault_bind 127.0.0.1", fmt.Sprintf(`
-	@long header X-Lease long
-	@short not header X-Lease long
-	rolter_ratelimit @long {
-		%[1]s
-		scope key {http.request.header.X-Api-Key}
-		limit key * concurrent 1
-		on_redis_error deny
-	}
-	rolter_ratelimit @short {
-		%[1]s
-		scope key {http.request.header.X-Api-Key}
-		limit key * concurrent 1
-		slot_lease 1s
-		on_redis_error deny
-	}
-	reverse_proxy {upstream}`, flightStore(store)), freePort())
+		gw := twoLeasesGateway(t, up, store, 1)
 		c := flightClient(t)
 		key := "sk-" + uniqueID(t)
 		header := "X-Api-Key: " + key
@@ -1061,23 +1070,7 @@ func TestTwoHandlersOfDifferentSlotLeasesSharingALimitNeverPutMoreThanItsCapInFl
 	eachStore(t, func(t *testing.T, store string) {
 		const short = time.Second
 		up := newFlightUpstream(t)
-		gw := startGatewayWith(t, up.URL, "\tdefault_bind 127.0.0.1", fmt.Sprintf(`
-	@long header X-Lease long
-	@short not header X-Lease long
-	rolter_ratelimit @long {
-		%[1]s
-		scope key {http.request.header.X-Api-Key}
-		limit key * concurrent 2
-		on_redis_error deny
-	}
-	rolter_ratelimit @short {
-		%[1]s
-		scope key {http.request.header.X-Api-Key}
-		limit key * concurrent 2
-		slot_lease 1s
-		on_redis_error deny
-	}
-	reverse_proxy {upstream}`, flightStore(store)), freePort())
+		gw := twoLeasesGateway(t, up, store, 2)
 		c := flightClient(t)
 		key := "sk-" + uniqueID(t)
 		header := "X-Api-Key: " + key

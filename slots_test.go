@@ -434,9 +434,29 @@ func holdSlots(b *testing.B, s store, n int, chainOf func(int) []limit) {
 // process may hold slots of handlers with different slot_lease values, or
 // of the config before a reload that shortened it.
 func TestASlotOfAShorterLeaseThanThoseHeldIsRenewedBeforeItsLeaseEnds(t *testing.T) {
-	const long, short = 30 * time.Second, 600 * time.Millisecond
 	h := newHeldSlots()
-	h.take([]limit{newSlotLimit("key", "long", 1, 0, long)}, 1)
+	h.take([]limit{newSlotLimit("key", "long", 1, 0, 30*time.Second)}, 1)
+	checkRenewedWithinItsLease(t, h, newSlotLimit("key", "short", 1, 0, 600*time.Millisecond), "another limit")
+}
+
+// A limit already in the ledger, taken under a shorter lease than the one
+// the renewal waits out (another handler's slot_lease, or a reload's), is
+// renewed before its own lease ends: a slot of it may be the only one held.
+func TestALimitHeldTakenUnderAShorterLeaseIsRenewedBeforeItsLeaseEnds(t *testing.T) {
+	h := newHeldSlots()
+	id := uniqueID(t)
+	h.take([]limit{newSlotLimit("key", id, 1, 0, 30*time.Second)}, 1)
+	// Its request ended; the renewal has yet to drop it.
+	h.take([]limit{newSlotLimit("key", id, 1, 0, 30*time.Second)}, -1)
+	checkRenewedWithinItsLease(t, h, newSlotLimit("key", id, 1, 0, 600*time.Millisecond), "the same limit")
+}
+
+// checkRenewedWithinItsLease starts the renewal of what h holds (a slot of
+// a 30 s lease), and once it waits out that lease's period, takes a slot
+// of short, of what (the same limit or another): the renewal must come
+// within short's lease.
+func checkRenewedWithinItsLease(t *testing.T, h *heldSlots, short limit, what string) {
+	t.Helper()
 	<-h.taken // the renewal starts with a limit held
 	renewed := make(chan time.Time, 16)
 	stop, done := make(chan struct{}), make(chan struct{})
@@ -449,15 +469,16 @@ func TestASlotOfAShorterLeaseThanThoseHeldIsRenewedBeforeItsLeaseEnds(t *testing
 		<-done
 	}()
 	waitBlockedInSelect(t, "(*heldSlots).renewEvery") // waiting to renew the long lease
+	lease := time.Duration(short.concurrent.leaseMillis) * time.Millisecond
 	taken := time.Now()
-	h.take([]limit{newSlotLimit("key", "short", 1, 0, short)}, 1)
+	h.take([]limit{short}, 1)
 	select {
 	case at := <-renewed:
-		if took := at.Sub(taken); took > short {
-			t.Fatalf("renewed %v after a slot of lease %v was taken", took, short)
+		if took := at.Sub(taken); took > lease {
+			t.Fatalf("renewed %v after a slot of lease %v was taken", took, lease)
 		}
-	case <-time.After(short):
-		t.Fatalf("not renewed within the lease (%v) of the slot taken while the ledger held one of %v", short, long)
+	case <-time.After(lease):
+		t.Fatalf("not renewed within the lease (%v) of a slot of %s taken while the ledger held one of 30s", lease, what)
 	}
 }
 
@@ -499,40 +520,6 @@ func TestARenewalAfterARedisRestartLoadsItsScriptAndHoldsTheSlotsAgain(t *testin
 	}
 	freeAndWait(t, s, chain)
 	freeAndWait(t, s, chain)
-}
-
-// A limit already in the ledger, taken under a shorter lease than the one
-// the renewal waits out (another handler's slot_lease, or a reload's), is
-// renewed before its own lease ends: a slot of it may be the only one held.
-func TestALimitHeldTakenUnderAShorterLeaseIsRenewedBeforeItsLeaseEnds(t *testing.T) {
-	const long, short = 30 * time.Second, 600 * time.Millisecond
-	h := newHeldSlots()
-	id := uniqueID(t)
-	h.take([]limit{newSlotLimit("key", id, 1, 0, long)}, 1)
-	<-h.taken // the renewal starts with a limit held
-	// Its request ended; the renewal has yet to drop it.
-	h.take([]limit{newSlotLimit("key", id, 1, 0, long)}, -1)
-	renewed := make(chan time.Time, 16)
-	stop, done := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		h.renewEvery(func() { renewed <- time.Now() }, stop)
-	}()
-	defer func() {
-		close(stop)
-		<-done
-	}()
-	waitBlockedInSelect(t, "(*heldSlots).renewEvery") // waiting to renew the long lease
-	taken := time.Now()
-	h.take([]limit{newSlotLimit("key", id, 1, 0, short)}, 1)
-	select {
-	case at := <-renewed:
-		if took := at.Sub(taken); took > short {
-			t.Fatalf("renewed %v after a slot of lease %v was taken", took, short)
-		}
-	case <-time.After(short):
-		t.Fatalf("not renewed within the lease (%v) of a slot taken of a limit the ledger held under %v", short, long)
-	}
 }
 
 // A slots key outlives the holding of every holder: a holder of a shorter
