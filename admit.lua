@@ -5,7 +5,10 @@
 -- A call also charges the tokens of responses that ended before it, and
 -- frees the slots of requests that ended, first, so that its admissions read
 -- them; a charge that settles a reservation may be negative, and gives back
--- at most what its period holds.
+-- at most what its period holds. Before the charges, a call adds back to
+-- the windows of a limit reset since (reset.lua) what the settlements of
+-- reservations admitted before the reset reserved: the reset took it from
+-- them, and the settlement then charges what its request used.
 --
 -- KEYS      for each distinct limit of the call, in order: for each window
 --           it caps, in windowKind order (window.go: rpm, tpm, itpm, otpm,
@@ -16,7 +19,9 @@
 --           current period holds spent, then reserved. Then, for each
 --           charge, the key it charges: the minute windows' charges first,
 --           then the day windows', the day budgets' and the month
---           budgets'; a settlement's are its reservation's periods. Then
+--           budgets'; a settlement's are its reservation's periods. Then,
+--           for each restore, the key of the window period it may add to
+--           and its limit's reset key: the minute windows' first. Then
 --           the slots key of each limit whose slots the call frees.
 --           Every key the script touches is declared,
 --           so that Redis Cluster routes, redirects and migrates the call by
@@ -46,8 +51,12 @@
 --           "p").
 -- ARGV[11]  the holder: the gateway process whose slots the call takes and
 --           frees.
+-- ARGV[12]  the number of restores of minute windows, ARGV[13] of day
+--           windows (0 with "p").
 -- then      per charge, what to add to its key, a decimal: tokens, or
 --           nano-dollars (negative for a settlement that gives some back);
+--           then per restore, the admission of the reservations it adds
+--           back (unix milliseconds) and what they reserved, a decimal;
 --           then per limit freed, how many of the holder's slots it frees.
 -- then      per distinct caps: whether they are a shadow limit's ("1": counted
 --           as the others, never refusing), then the windows it caps, one argument of a byte
@@ -129,8 +138,8 @@ local KINDS, REQUESTS, TOKENS, INPUT, OUTPUT, COST = 4, 0, 1, 2, 3, 4
 -- A token bucket counts micro-tokens: its rate, in milli-tokens per
 -- second, then refills a whole number of them each millisecond.
 local MICRO = 1000000
--- ARGV[1] to ARGV[11], before the charges.
-local FIXED_ARGS = 11
+-- ARGV[1] to ARGV[13], before the charges.
+local FIXED_ARGS = 13
 
 -- The functions take the call's state as arguments: Redis runs the
 -- script's body on each call, which makes its closures anew, and each local
@@ -152,6 +161,31 @@ local function charge_counters(first_key, first_arg, class_charges)
       local total = redis.call('INCRBY', key, amount)
       if total == amount + 0 then redis.call('EXPIRE', key, ttl) end
       if total < 0 then redis.call('SET', key, 0, 'KEEPTTL') end
+    end
+  end
+end
+
+-- Restores come before the charges: a limit reset after the admission of
+-- reservations (its reset key, which holds when, is older) has lost them
+-- from its windows, and their settlements' charges would take from what
+-- others hold; class_restores[c] is how many there are of minute (1) and
+-- day (2) windows, in order, each with two keys and two arguments.
+local function restore_reservations(first_key, first_arg, class_restores)
+  local resets, restore = {}, 0
+  for class = 1, 2 do
+    for _ = 1, class_restores[class] do
+      local at = 2 * restore
+      local key, reset_key = KEYS[first_key + at + 1], KEYS[first_key + at + 2]
+      local reset = resets[reset_key]
+      if not reset then
+        reset = tonumber(redis.call('GET', reset_key) or 0)
+        resets[reset_key] = reset
+      end
+      local amount = ARGV[first_arg + at + 2]
+      if reset > tonumber(ARGV[first_arg + at + 1], 16) and redis.call('INCRBY', key, amount) == amount + 0 then
+        redis.call('EXPIRE', key, CHARGE_TTL[class])
+      end
+      restore = restore + 1
     end
   end
 end
@@ -314,12 +348,15 @@ local charging = reserving or ARGV[3] == 'a'
 local limit_count, caps_count, frees, holder = tonumber(ARGV[4], 16), tonumber(ARGV[9], 16), tonumber(ARGV[10], 16), ARGV[11]
 local class_charges = {tonumber(ARGV[5], 16), tonumber(ARGV[6], 16), tonumber(ARGV[7], 16), tonumber(ARGV[8], 16)}
 local charges = class_charges[1] + class_charges[2] + class_charges[3] + class_charges[4]
-local limit_keys = #KEYS - charges - frees
+local class_restores = {tonumber(ARGV[12], 16), tonumber(ARGV[13], 16)}
+local restores = class_restores[1] + class_restores[2]
+local limit_keys = #KEYS - charges - 2 * restores - frees
 
+if restores > 0 then restore_reservations(limit_keys + charges, FIXED_ARGS + charges, class_restores) end
 if charges > 0 then charge_counters(limit_keys, FIXED_ARGS, class_charges) end
-if frees > 0 then free_slots(limit_keys + charges, FIXED_ARGS + charges, frees, holder, now) end
+if frees > 0 then free_slots(limit_keys + charges + 2 * restores, FIXED_ARGS + charges + 2 * restores, frees, holder, now) end
 local counters = limit_keys > 0 and redis.call('MGET', unpack(KEYS, 1, limit_keys)) or {}
-local caps, caps_of, budgeted, admissions_at = read_caps(FIXED_ARGS + charges + frees + 1, caps_count)
+local caps, caps_of, budgeted, admissions_at = read_caps(FIXED_ARGS + charges + 2 * restores + frees + 1, caps_count)
 
 -- Per limit: requests_left, the whole requests that still fit (a request
 -- takes 1), so that deciding an admission is one comparison per limit: the
