@@ -5,7 +5,10 @@
 -- A call also charges the tokens of responses that ended before it, and
 -- frees the slots of requests that ended, first, so that its admissions read
 -- them; a charge that settles a reservation may be negative, and gives back
--- at most what its period holds.
+-- at most what its period holds. Before the charges, a call adds back to
+-- the windows of a limit reset since (reset.lua) what the settlements of
+-- reservations admitted before the reset reserved: the reset took it from
+-- them, and the settlement then charges what its request used.
 --
 -- KEYS      for each distinct limit of the call, in order: for each window
 --           it caps, in windowKind order (window.go: rpm, tpm, itpm, otpm,
@@ -16,7 +19,9 @@
 --           current period holds spent, then reserved. Then, for each
 --           charge, the key it charges: the minute windows' charges first,
 --           then the day windows', the day budgets' and the month
---           budgets'; a settlement's are its reservation's periods. Then
+--           budgets'; a settlement's are its reservation's periods. Then,
+--           for each restore, the key of the window period it may add to
+--           and its limit's reset key: the minute windows' first. Then
 --           the slots key of each limit whose slots the call frees.
 --           Every key the script touches is declared,
 --           so that Redis Cluster routes, redirects and migrates the call by
@@ -46,8 +51,12 @@
 --           "p").
 -- ARGV[11]  the holder: the gateway process whose slots the call takes and
 --           frees.
+-- ARGV[12]  the number of restores of minute windows, ARGV[13] of day
+--           windows (0 with "p").
 -- then      per charge, what to add to its key, a decimal: tokens, or
 --           nano-dollars (negative for a settlement that gives some back);
+--           then per restore, the admission of the reservations it adds
+--           back (unix milliseconds) and what they reserved, a decimal;
 --           then per limit freed, how many of the holder's slots it frees.
 -- then      per distinct caps: whether they are a shadow limit's ("1": counted
 --           as the others, never refusing), then the windows it caps, one argument of a byte
@@ -93,11 +102,13 @@
 -- A slots key is a hash: per holder, "<slots>:<lease end, unix ms>". A
 -- limit's requests in flight are the slots of the holders whose lease has
 -- not ended; a request fits while they are below the cap. An admission adds
--- one to its holder's slots and starts a lease; a free takes one away, and
--- renew.lua writes a holder's slots anew (slots.go). A holding whose lease
--- has ended is removed when it is read; the key lives twice the lease past
--- the last write that started a holding or renewed one. store_memory.go
--- does the same with one holder.
+-- one to its holder's slots and starts a lease, never ending sooner than
+-- the holding's (another handler's lease may be longer); a free takes one
+-- away, and renew.lua writes a holder's slots anew (slots.go). A holding
+-- whose lease has ended is removed when it is read; the key lives at least
+-- twice the lease past the last write that started a holding or renewed
+-- one, whoever's: a holder of a shorter lease never shortens its life.
+-- store_memory.go does the same with one holder.
 --
 -- Reply: {1, now_ms, then per limit, for each window it caps, the current
 -- and previous count, then its bucket's deficit, then if it caps requests
@@ -127,8 +138,8 @@ local KINDS, REQUESTS, TOKENS, INPUT, OUTPUT, COST = 4, 0, 1, 2, 3, 4
 -- A token bucket counts micro-tokens: its rate, in milli-tokens per
 -- second, then refills a whole number of them each millisecond.
 local MICRO = 1000000
--- ARGV[1] to ARGV[11], before the charges.
-local FIXED_ARGS = 11
+-- ARGV[1] to ARGV[13], before the charges.
+local FIXED_ARGS = 13
 
 -- The functions take the call's state as arguments: Redis runs the
 -- script's body on each call, which makes its closures anew, and each local
@@ -154,6 +165,31 @@ local function charge_counters(first_key, first_arg, class_charges)
   end
 end
 
+-- Restores come before the charges: a limit reset after the admission of
+-- reservations (its reset key, which holds when, is older) has lost them
+-- from its windows, and their settlements' charges would take from what
+-- others hold; class_restores[c] is how many there are of minute (1) and
+-- day (2) windows, in order, each with two keys and two arguments.
+local function restore_reservations(first_key, first_arg, class_restores)
+  local resets, restore = {}, 0
+  for class = 1, 2 do
+    for _ = 1, class_restores[class] do
+      local at = 2 * restore
+      local key, reset_key = KEYS[first_key + at + 1], KEYS[first_key + at + 2]
+      local reset = resets[reset_key]
+      if not reset then
+        reset = tonumber(redis.call('GET', reset_key) or 0)
+        resets[reset_key] = reset
+      end
+      local amount = ARGV[first_arg + at + 2]
+      if reset > tonumber(ARGV[first_arg + at + 1], 16) and redis.call('INCRBY', key, amount) == amount + 0 then
+        redis.call('EXPIRE', key, CHARGE_TTL[class])
+      end
+      restore = restore + 1
+    end
+  end
+end
+
 -- Frees holder's slots, before the reads, so that the call's admissions
 -- can take them. A holding whose lease has ended holds nothing to free.
 local function free_slots(first_key, first_arg, frees, holder, now)
@@ -173,21 +209,28 @@ local function free_slots(first_key, first_arg, frees, holder, now)
 end
 
 -- Returns the slots of every holder of key whose lease has not ended, and
--- holder's own; the holdings whose lease has ended are removed, unless the
--- call only reads (clean is false).
+-- holder's own with the end of their lease (0 for none); the holdings whose
+-- lease has ended are removed, unless the call only reads (clean is false).
 local function read_slots(key, holder, now, clean)
   local holdings = redis.call('HGETALL', key)
-  local in_flight, own = 0, 0
+  local in_flight, own, own_end = 0, 0, 0
   for h = 1, #holdings, 2 do
     local slots, lease_end = match(holdings[h + 1], '^(%d+):(%d+)$')
     if slots and lease_end + 0 > now then
       in_flight = in_flight + slots
-      if holdings[h] == holder then own = slots + 0 end
+      if holdings[h] == holder then own, own_end = slots + 0, lease_end + 0 end
     elseif clean then
       redis.call('HDEL', key, holdings[h])
     end
   end
-  return in_flight, own
+  return in_flight, own, own_end
+end
+
+-- Makes key live at least ttl milliseconds more, never less than it does:
+-- another holder's lease may be longer. (A key without an expiry has a
+-- PTTL of -1.)
+local function expire_at_least(key, ttl)
+  if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
 end
 
 -- Returns the distinct caps read from ARGV[at] on: each is {windows, rate,
@@ -225,10 +268,11 @@ local function read_caps(at, count)
 end
 
 -- Adds each limit's admissions to its request windows, its bucket and its
--- holder's slots, walking the keys in the order KEYS declares them. Only
--- the increment that creates a key sets its expiry. (INCR spares the
--- conversion of a number argument to a string.)
-local function write_requests(limit_count, requests_added, caps, caps_of, buckets, own_slots, holder, now)
+-- holder's slots (own_slots, whose lease ends at own_ends), walking the
+-- keys in the order KEYS declares them. Only the increment that creates a
+-- key sets its expiry. (INCR spares the conversion of a number argument to
+-- a string.)
+local function write_requests(limit_count, requests_added, caps, caps_of, buckets, own_slots, own_ends, holder, now)
   local key_index = 1
   for limit = 1, limit_count do
     local windows = caps[caps_of[limit]][1]
@@ -254,10 +298,12 @@ local function write_requests(limit_count, requests_added, caps, caps_of, bucket
     if own then
       if admitted > 0 then
         local lease = caps[caps_of[limit]][6]
-        redis.call('HSET', KEYS[key_index], holder, format('%d:%d', own + admitted, now + lease))
+        local lease_end = now + lease
+        if own_ends[limit] > lease_end then lease_end = own_ends[limit] end
+        redis.call('HSET', KEYS[key_index], holder, format('%d:%d', own + admitted, lease_end))
         -- A holder's renewals keep the key alive while it holds slots:
-        -- only the write that starts a holding sets the key's expiry.
-        if own == 0 then redis.call('PEXPIRE', KEYS[key_index], 2 * lease) end
+        -- only the write that starts a holding makes it live longer.
+        if own == 0 then expire_at_least(KEYS[key_index], 2 * lease) end
       end
       key_index = key_index + 1
     end
@@ -302,12 +348,15 @@ local charging = reserving or ARGV[3] == 'a'
 local limit_count, caps_count, frees, holder = tonumber(ARGV[4], 16), tonumber(ARGV[9], 16), tonumber(ARGV[10], 16), ARGV[11]
 local class_charges = {tonumber(ARGV[5], 16), tonumber(ARGV[6], 16), tonumber(ARGV[7], 16), tonumber(ARGV[8], 16)}
 local charges = class_charges[1] + class_charges[2] + class_charges[3] + class_charges[4]
-local limit_keys = #KEYS - charges - frees
+local class_restores = {tonumber(ARGV[12], 16), tonumber(ARGV[13], 16)}
+local restores = class_restores[1] + class_restores[2]
+local limit_keys = #KEYS - charges - 2 * restores - frees
 
+if restores > 0 then restore_reservations(limit_keys + charges, FIXED_ARGS + charges, class_restores) end
 if charges > 0 then charge_counters(limit_keys, FIXED_ARGS, class_charges) end
-if frees > 0 then free_slots(limit_keys + charges, FIXED_ARGS + charges, frees, holder, now) end
+if frees > 0 then free_slots(limit_keys + charges + 2 * restores, FIXED_ARGS + charges + 2 * restores, frees, holder, now) end
 local counters = limit_keys > 0 and redis.call('MGET', unpack(KEYS, 1, limit_keys)) or {}
-local caps, caps_of, budgeted, admissions_at = read_caps(FIXED_ARGS + charges + frees + 1, caps_count)
+local caps, caps_of, budgeted, admissions_at = read_caps(FIXED_ARGS + charges + 2 * restores + frees + 1, caps_count)
 
 -- Per limit: requests_left, the whole requests that still fit (a request
 -- takes 1), so that deciding an admission is one comparison per limit: the
@@ -317,8 +366,9 @@ local caps, caps_of, budgeted, admissions_at = read_caps(FIXED_ARGS + charges + 
 -- bucket holds and the slots free of its cap on requests in flight;
 -- requests_added, the requests the call admitted; buckets, its token
 -- bucket's {ttl, since, deficit, cost}, nil where it has none; own_slots,
--- the slots its holder holds, nil where it has no such cap.
-local requests_left, requests_added, buckets, own_slots = {}, {}, {}, {}
+-- the slots its holder holds, nil where it has no such cap, and own_ends,
+-- when their lease ends.
+local requests_left, requests_added, buckets, own_slots, own_ends = {}, {}, {}, {}, {}
 -- With reservations, each token window, and each budget, has a room of
 -- its own too, in flat arrays rather than a table per window: token_room,
 -- in its span's units times its length, token_scale (the length; a
@@ -390,9 +440,9 @@ for limit = 1, limit_count do
   reply[reply_len] = deficit
   local slots = limit_caps[5]
   if slots > 0 then
-    local in_flight, own = read_slots(KEYS[key_index], holder, now, charging)
+    local in_flight, own, own_end = read_slots(KEYS[key_index], holder, now, charging)
     if slots - in_flight < room then room = slots - in_flight end
-    own_slots[limit] = own
+    own_slots[limit], own_ends[limit] = own, own_end
     reply_len = reply_len + 1
     reply[reply_len] = in_flight
     key_index = key_index + 1
@@ -481,7 +531,7 @@ for at = admissions_at, #ARGV, admission_args do
 end
 
 if charging then
-  write_requests(limit_count, requests_added, caps, caps_of, buckets, own_slots, holder, now)
+  write_requests(limit_count, requests_added, caps, caps_of, buckets, own_slots, own_ends, holder, now)
   if reserving then write_reservations(token_windows, token_reserved, token_key, token_ttl) end
 end
 return reply

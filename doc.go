@@ -83,7 +83,9 @@
 // whose slots live under a lease that it renews, every third of the lease,
 // by writing the count its ledger holds: a holder that dies frees its slots
 // within a lease, and a free that was lost, or slots a restarted Redis
-// lost, are mended by the next renewal (slots.go).
+// lost, are mended by the next renewal (slots.go). A limit taken under two
+// leases (two handlers' slot_lease, or a reload's) is held under the
+// longer.
 //
 // # Tokens are reserved, then settled
 //
@@ -96,7 +98,8 @@
 // are in flight. The response body is teed, unchanged, into the usage
 // extractor (internal/usage), and the usage reported replaces the
 // reservation, each kind in its windows, in the minute and day it was made
-// in.
+// in; where a reset (reset.go) took the reservation since, its usage is
+// added whole.
 // With reserve_tokens off, and for realtime sessions, tokens are reactive:
 // charged once reported, so that requests admitted together before a window
 // fills can overshoot it by their own usage.

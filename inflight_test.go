@@ -574,6 +574,31 @@ func TestASlotIsFreedWhenTheClientHangsUpTheUpstreamCutsTheStreamOrAnswers500(t 
 	})
 }
 
+// twoLeasesGateway starts an in-process gateway on store whose two
+// handlers cap the key scope's requests in flight at concurrent: one for
+// the requests with the header X-Lease: long, under the default lease
+// (30 s), and one for the others, under slot_lease 1s.
+func twoLeasesGateway(t *testing.T, up *flightUpstream, store string, concurrent int) *gateway {
+	t.Helper()
+	return startGatewayWith(t, up.URL, "\tdefault_bind 127.0.0.1", fmt.Sprintf(`
+	@long header X-Lease long
+	@short not header X-Lease long
+	rolter_ratelimit @long {
+		%[1]s
+		scope key {http.request.header.X-Api-Key}
+		limit key * concurrent %[2]d
+		on_redis_error deny
+	}
+	rolter_ratelimit @short {
+		%[1]s
+		scope key {http.request.header.X-Api-Key}
+		limit key * concurrent %[2]d
+		slot_lease 1s
+		on_redis_error deny
+	}
+	reverse_proxy {upstream}`, flightStore(store), concurrent), freePort())
+}
+
 // A stream that lasts three leases keeps its slot all along: the store
 // renews it every third of a lease, even while it holds a slot of another
 // handler's longer lease (the default 30s), which it renews ten times less
@@ -582,23 +607,7 @@ func TestAStreamLastingThreeLeasesKeepsItsSlotAllAlong(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		const lease = time.Second
 		up := newFlightUpstream(t)
-		gw := startGatewayWith(t, up.URL, "\tdefault_bind 127.0.0.1", fmt.Sprintf(`
-	@long header X-Lease long
-	@short not header X-Lease long
-	rolter_ratelimit @long {
-		%[1]s
-		scope key {http.request.header.X-Api-Key}
-		limit key * concurrent 1
-		on_redis_error deny
-	}
-	rolter_ratelimit @short {
-		%[1]s
-		scope key {http.request.header.X-Api-Key}
-		limit key * concurrent 1
-		slot_lease 1s
-		on_redis_error deny
-	}
-	reverse_proxy {upstream}`, flightStore(store)), freePort())
+		gw := twoLeasesGateway(t, up, store, 1)
 		c := flightClient(t)
 		key := "sk-" + uniqueID(t)
 		header := "X-Api-Key: " + key
@@ -1056,5 +1065,50 @@ func TestASlotIsFreedWhenTheRequestEndsInHandleErrors(t *testing.T) {
 			}
 			waitSlotsHeld(t, caddyAdmin(), "key", 0)
 		}
+	})
+}
+
+// Two handlers that cap one key's requests in flight alike but with
+// different slot_lease values (1 s and the default 30 s) share its slots:
+// whichever lease a request took its slot under, the slots held last as
+// long as the longest of them, so that no more than the cap are ever in
+// flight, however long the requests run past the shorter lease.
+func TestTwoHandlersOfDifferentSlotLeasesSharingALimitNeverPutMoreThanItsCapInFlight(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		const short = time.Second
+		up := newFlightUpstream(t)
+		gw := twoLeasesGateway(t, up, store, 2)
+		c := flightClient(t)
+		key := "sk-" + uniqueID(t)
+		header := "X-Api-Key: " + key
+		// One request of each lease in flight: the longer lease's first.
+		var finishes []func() []flightAnswer
+		for _, lease := range []string{"long", "short"} {
+			refused, finish := heldBurst(t, c, []string{gw.url}, up, 1, header, "X-Lease: "+lease)
+			if len(refused) != 0 {
+				t.Fatalf("the request of the %s lease: %d %s", lease, refused[0].status, refused[0].body)
+			}
+			finishes = append(finishes, finish)
+		}
+		started := time.Now()
+		// Waiting on the clock is the point: slots whose lease were cut to
+		// the shorter one would be free after 1 s, as the store renews them
+		// only every third of the longer one.
+		for _, at := range []time.Duration{short / 2, short + short/4, 2 * short, 3 * short} {
+			time.Sleep(time.Until(started.Add(at)))
+			for _, lease := range []string{"long", "short"} {
+				mustBeConcurrencyRefusal(t, fmt.Sprintf("a request of the %s lease %v after both were in flight", lease, at),
+					post(c, gw.url, header, "X-Lease: "+lease, "X-Upstream: "+upstreamFast), "key", 2, key)
+			}
+		}
+		for _, finish := range finishes {
+			if got := statuses(finish()); got[200] != 1 {
+				t.Fatalf("a held request: %v", got)
+			}
+		}
+		if peak := up.peak.Load(); peak != 2 {
+			t.Fatalf("the upstream had %d requests open at once, want at most concurrent 2", peak)
+		}
+		waitSlotsHeld(t, caddyAdmin(), "key", 0)
 	})
 }

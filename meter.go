@@ -241,7 +241,7 @@ func (h *Handler) meterResponse(w *responseWriter, chain []limit, d decision, pr
 	}
 	c, charged := charge{tokens: used}, used
 	if !d.reserve.isZero() {
-		c.minute, c.unreserve = d.now.minute, d.reserve.cost
+		c = c.settling(d)
 		switch {
 		case final:
 		case w.unprocessed():

@@ -8,10 +8,12 @@
 -- ARGV[1]   a pinned clock in unix milliseconds, or "" for Redis TIME.
 -- ARGV[2]   the holder.
 -- then      per key, in hexadecimal: the slots the holder holds (0: the
---           holding is removed), and the lease in milliseconds.
+--           holding is removed), and their lease in milliseconds (the
+--           longest their requests asked for: slots.go).
 --
 -- A slots key is a hash: per holder, "<slots>:<lease end, unix ms>". The key
--- lives twice the lease past its last write, as admit.lua sets it.
+-- lives at least twice the lease past its last write, as admit.lua sets it:
+-- never less than it does, as another holder's lease may be longer.
 
 local now = tonumber(ARGV[1], 16)
 if not now then
@@ -23,7 +25,7 @@ for i = 1, #KEYS do
   local slots, lease = tonumber(ARGV[1 + 2 * i], 16), tonumber(ARGV[2 + 2 * i], 16)
   if slots > 0 then
     redis.call('HSET', KEYS[i], holder, string.format('%d:%d', slots, now + lease))
-    redis.call('PEXPIRE', KEYS[i], 2 * lease)
+    if redis.call('PTTL', KEYS[i]) < 2 * lease then redis.call('PEXPIRE', KEYS[i], 2 * lease) end
   else
     redis.call('HDEL', KEYS[i], holder)
   end

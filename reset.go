@@ -47,6 +47,16 @@ import (
 //     settlements take them back, so clearing them would let those
 //     settlements under-count what is reserved for the others.
 //
+// A request in flight across the reset keeps its charge: the reset took
+// its reservation from the windows, and its settlement then charges what it
+// used, whole, in its reservation's minute and day (charge.windowTokens; on
+// Redis, the limit's reset key tells a settlement from any process that its
+// reservation is gone). A request admitted after the reset settles as
+// usual. The one request that can be mistaken is one admitted in the very
+// millisecond of the reset, by the store's clock, before it: it is taken as
+// admitted after, and charged only what it used beyond its reservation.
+// Nothing is ever charged twice.
+//
 // The in-process store is this process's own: a reset on one gateway
 // process leaves the counts of the others (each its own store) as they are.
 //

@@ -527,3 +527,86 @@ func TestRefusalCacheResetForgetsOneLimitsRefusalsAndRecordsNoneSentBeforeIt(t *
 		t.Fatal("a refusal of an admission sent after the reset was not recorded")
 	}
 }
+
+// A reset keeps the usage of a request in flight: the reset took its
+// reservation from the windows, and its settlement, from another replica
+// on Redis, charges what it used, in its reservation's minute and day,
+// whether that minute is still the current one or the previous one; a
+// request admitted after the reset settles as usual. Nothing is charged
+// twice.
+func TestStoreResetKeepsTheUsageOfARequestInFlight(t *testing.T) {
+	t.Run("memory", func(t *testing.T) { checkResetKeepsUsageInFlight(t, memoryKit()) })
+	t.Run("redis", func(t *testing.T) { checkResetKeepsUsageInFlight(t, redisKit(redisURLFromEnv(t))) })
+}
+
+func checkResetKeepsUsageInFlight(t *testing.T, kit storeKit) {
+	stores := kit.replicas(t, 2)
+	admitting, resetting := stores[0], stores[1]
+	ctx := context.Background()
+	for _, settledIn := range []int64{0, minuteMillis} {
+		at := pinnedBase() + 10_000
+		chain := []limit{newTaggedLimit("", "key", uniqueID(t), windowLimitCaps(windowCaps{tpm: 10_000, itpm: 10_000, tpd: 100_000}))}
+		reserve := tokenCounts{total: 1000, input: 400, output: 600}
+		admit := func(at int64) decision {
+			t.Helper()
+			a, err := pinned(admitting, at).admit(ctx, chain, reserve)
+			if err != nil || !a.admitted {
+				t.Fatalf("admission: %+v %v", a, err)
+			}
+			return a.decision
+		}
+		inFlight := admit(at)
+		if _, err := pinned(resetting, at+1).reset(ctx, chain[0]); err != nil {
+			t.Fatal(err)
+		}
+		admittedAfter := admit(at + 2)
+		end := at + 3 + settledIn
+		settle(t, pinned(admitting, end), chain, charge{tokens: tokenCounts{total: 300, input: 250}.minus(reserve)}.settling(inFlight))
+		settle(t, pinned(admitting, end), chain, charge{tokens: tokenCounts{total: 200, input: 100}.minus(reserve)}.settling(admittedAfter))
+		d, err := pinned(admitting, end).peek(ctx, chain)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w, minute := d.counts[0].w, window{cur: 500}
+		if settledIn > 0 {
+			minute = window{prev: 500}
+		}
+		if w[tpm] != minute || w[itpm] != (window{cur: minute.cur * 350 / 500, prev: minute.prev * 350 / 500}) || w[tpd].cur != 500 {
+			t.Fatalf("settled %d ms into the reservations' minute: tpm %+v itpm %+v tpd %+v, want 500 tokens (300 used by the request in flight across the reset, 200 by the one after), 350 of them input, in the reservations' minute and day",
+				end-floorDiv(at, minuteMillis)*minuteMillis, w[tpm], w[itpm], w[tpd])
+		}
+	}
+}
+
+// Through Caddy: a request in flight across a reset is charged the tokens
+// its response reports, as the reset's answer promises.
+func TestAResetDuringARequestKeepsTheTokensItsResponseReports(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		up := newFlightUpstream(t) // reports 3 input and 4 output tokens: 19,000 n$ at these prices
+		gw := flightGatewayTo(t, up.URL, store, teamLines+`
+			limit team * tpm 100000 budget_day 1
+			price m input 1 output 4`)
+		c := flightClient(t)
+		team := uniqueID(t)
+		call := openAICall("m", false)
+		clearOfMinuteEnd(t, 10*time.Second)
+		_, finish := heldBurstOf(t, []string{gw.url}, up, 1, func(url string) flightAnswer {
+			return postTo(c, url, call.path, call.body, "X-Team: "+team)
+		})
+		if before := teamLimit(t, caddyAdmin(), team); before.TPM.Estimate == 0 {
+			t.Fatalf("before the reset: tpm %+v, want the request's reservation", before.TPM)
+		}
+		if a, body := postReset(t, "scope=team&id="+team, ""); clearedOf(a) != storeKind(store)+" cleared [tpm] kept [budget_day]" {
+			t.Fatalf("the reset answered %s", body)
+		}
+		if after := teamLimit(t, caddyAdmin(), team); after.TPM.Estimate != 0 {
+			t.Fatalf("right after the reset: tpm %+v, want 0", after.TPM)
+		}
+		if answers := finish(); answers[0].status != 200 {
+			t.Fatalf("the request in flight: %d %s %v", answers[0].status, answers[0].body, answers[0].err)
+		}
+		if settled := waitSettled(t, caddyAdmin(), team, 19_000); settled.TPM.Estimate != 7 {
+			t.Fatalf("once the request in flight across the reset was settled: tpm %+v, want the 7 tokens its response reported", settled.TPM)
+		}
+	})
+}

@@ -57,6 +57,13 @@ func writeSlotsKey(text *strings.Builder, l limit) {
 	text.WriteString("slots")
 }
 
+// writeResetKey writes to text the key of the moment the windows of the
+// limit with prefix were last reset (reset.lua).
+func writeResetKey(text *strings.Builder, prefix string) {
+	text.WriteString(prefix)
+	text.WriteString("reset")
+}
+
 // writeBucketKey writes to text the key of a limit's token bucket.
 func writeBucketKey(text *strings.Builder, l limit) {
 	text.WriteString(l.prefix)
@@ -146,11 +153,12 @@ func (c *scriptCall) add(chain []limit, reserve tokenCounts) bool {
 // the current period and the previous one; then its token bucket; then its
 // slots; then its budgets' spent and reserved keys; then the key of each
 // charge, by charge class: the current period, or a settlement's own; then
-// the slots key of each limit freed. They are written into one buffer and
+// the key of each restore, minute windows first, with its limit's reset
+// key; then the slots key of each limit freed. They are written into one buffer and
 // cut from one string: two allocations for a call's keys, not one each.
 func (c *scriptCall) keys(atMinute int64) []string {
 	var keys cutText
-	keys.grow(4*len(c.limits)+c.charges.count()+len(c.frees.limits), 64)
+	keys.grow(4*len(c.limits)+c.charges.count()+c.charges.restoreCount()+len(c.frees.limits), 64)
 	// Each span's current period.
 	current := [...]int64{minute: atMinute, day: dayOf(atMinute)}
 	for _, l := range c.limits {
@@ -184,6 +192,14 @@ func (c *scriptCall) keys(atMinute int64) []string {
 			} else {
 				writePeriodKey(&keys.text, k.prefix, k.window, cmp.Or(k.period, current[k.window.span()]))
 			}
+			keys.end()
+		}
+	}
+	for _, spanKeys := range c.charges.restores {
+		for _, k := range spanKeys {
+			writePeriodKey(&keys.text, k.prefix, k.window, k.period)
+			keys.end()
+			writeResetKey(&keys.text, k.prefix)
 			keys.end()
 		}
 	}
@@ -246,7 +262,8 @@ func (c *scriptCall) args(clock string, atMinute int64, peek bool, holder string
 	caps, capsOf := c.distinctCaps()
 	costs := reserving && slices.ContainsFunc(caps, func(l limitCaps) bool { return l.budgets.max != [numBudgetPeriods]int64{} })
 	var a callArgs
-	a.grow(12+c.charges.count()+len(c.frees.slots)+7*len(caps)+5*len(c.chains), c.charges.count()+len(c.chains)+2*len(caps))
+	restores := 2 * c.charges.restoreCount()
+	a.grow(14+c.charges.count()+restores+len(c.frees.slots)+7*len(caps)+5*len(c.chains), c.charges.count()+restores+len(c.chains)+2*len(caps))
 	a.args = append(a.args, clock)
 	a.hex(atMinute)
 	a.args = append(a.args, mode)
@@ -257,9 +274,18 @@ func (c *scriptCall) args(clock string, atMinute int64, peek bool, holder string
 	a.hex(int64(len(caps)))
 	a.hex(int64(len(c.frees.slots)))
 	a.args = append(a.args, holder)
+	for _, spanKeys := range c.charges.restores {
+		a.hex(int64(len(spanKeys)))
+	}
 	for _, classAmounts := range c.charges.amounts {
 		for _, n := range classAmounts {
 			a.decimal(n)
+		}
+	}
+	for span, spanKeys := range c.charges.restores {
+		for i, k := range spanKeys {
+			a.hex(k.admitted)
+			a.decimal(c.charges.restored[span][i])
 		}
 	}
 	for _, n := range c.frees.slots {
@@ -447,11 +473,15 @@ func shadowArg(shadow bool) any {
 // chargeCall is what one call charges: tokens per period of a token window,
 // and nano-dollars per period of a budget, spent or reserved, summed over
 // the charges of a batch. A sum of settlements that is negative gives back
-// at most what the period holds.
+// at most what the period holds. Before them, the script adds back what
+// settlements reserved to each window whose limit was reset after their
+// admission (restores: charge.windowTokens).
 type chargeCall struct {
 	keys     [numChargeClasses][]chargeKey // the script takes them class by class
 	amounts  [numChargeClasses][]int64
-	position map[chargeKey]int // index in keys[its class]
+	restores [2][]chargeKey // by span: minute windows', then day windows'
+	restored [2][]int64
+	position map[chargeKey]int // index in keys[its class], or a restore's in restores[its span]
 }
 
 // chargeClass is what a charged key counts, which decides how long it
@@ -470,7 +500,8 @@ const (
 // chargeKey is a counter a call charges: the period of a limit's token
 // window, or, with a calendar, of a budget's spent or reserved count.
 // Period 0 is the call's current one; a budget's period is named by any
-// minute period in it.
+// minute period in it. A restore's is the period of a token window and
+// the admission of the reservations it adds back.
 type chargeKey struct {
 	prefix   string
 	window   windowKind
@@ -478,6 +509,8 @@ type chargeKey struct {
 	budget   budgetPeriod
 	reserved bool
 	period   int64
+	restore  bool
+	admitted int64 // unix milliseconds
 }
 
 func (k chargeKey) class() chargeClass {
@@ -493,8 +526,16 @@ func (k chargeKey) class() chargeClass {
 func (c *chargeCall) add(chain []limit, ch charge, now moment) {
 	for _, l := range chain {
 		for k := range l.each {
-			if k.kind() != requests && ch.settles(k, now) {
-				c.addTo(chargeKey{prefix: l.prefix, window: k, period: ch.periodIn(k.span())}, ch.tokens.of(k.kind()))
+			if k.kind() == requests || !ch.settles(k, now) {
+				continue
+			}
+			key := chargeKey{prefix: l.prefix, window: k, period: ch.periodIn(k.span())}
+			if n := ch.tokens.of(k.kind()); n != 0 {
+				c.addTo(key, n)
+			}
+			if n := ch.reserved.of(k.kind()); n != 0 {
+				key.restore, key.admitted = true, ch.admitted
+				c.addTo(key, n)
 			}
 		}
 		for p := range l.eachBudget {
@@ -517,17 +558,20 @@ func (c *chargeCall) add(chain []limit, ch charge, now moment) {
 
 // addTo adds n to what the call adds to key.
 func (c *chargeCall) addTo(key chargeKey, n int64) {
-	class := key.class()
+	keys, amounts := &c.keys[key.class()], &c.amounts[key.class()]
+	if key.restore {
+		keys, amounts = &c.restores[key.window.span()], &c.restored[key.window.span()]
+	}
 	i, ok := c.position[key]
 	if !ok {
 		if c.position == nil {
 			c.position = make(map[chargeKey]int)
 		}
-		i = len(c.keys[class])
+		i = len(*keys)
 		c.position[key] = i
-		c.keys[class], c.amounts[class] = append(c.keys[class], key), append(c.amounts[class], 0)
+		*keys, *amounts = append(*keys, key), append(*amounts, 0)
 	}
-	c.amounts[class][i] += n
+	(*amounts)[i] += n
 }
 
 func (c *chargeCall) reset() {
@@ -535,17 +579,25 @@ func (c *chargeCall) reset() {
 		clear(c.keys[class])
 		c.keys[class], c.amounts[class] = c.keys[class][:0], c.amounts[class][:0]
 	}
+	for span := range c.restores {
+		clear(c.restores[span])
+		c.restores[span], c.restored[span] = c.restores[span][:0], c.restored[span][:0]
+	}
 	clear(c.position)
 }
 
-// count is how many counters the call charges.
+// count is how many counters the call charges, or may restore: a call of
+// them is never replayed.
 func (c *chargeCall) count() int {
-	n := 0
+	n := c.restoreCount()
 	for _, keys := range c.keys {
 		n += len(keys)
 	}
 	return n
 }
+
+// restoreCount is how many restores the call makes.
+func (c *chargeCall) restoreCount() int { return len(c.restores[minute]) + len(c.restores[day]) }
 
 // scriptItem is one request's part of a call of admit.lua: its admission
 // (and its reservation); or, once it has ended, the token charge of its

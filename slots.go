@@ -1,6 +1,8 @@
 package ratelimit
 
 import (
+	"cmp"
+	"slices"
 	"sync"
 	"time"
 
@@ -20,14 +22,25 @@ import (
 // with the moment its lease on them ends. A holder that stops renewing (a
 // process killed, a crash, a lost network) loses its slots once that lease
 // has passed: a limit counts only its holders' slots whose lease has not.
-// Each store renews everything it holds, every third of the shortest lease,
-// in steps of a call each (renewalStep limits; on Redis Cluster, a pipeline
-// of a call per chain root), writing the count it knows it holds: that
-// count is the truth, so a free that never reached the store, or a Redis
-// that restarted empty, is mended by the next renewal instead of leaking or
-// being counted twice. No call that takes or frees slots is in flight while
-// a step is (redisStore.slotCalls), so its counts are exact. Lease times
-// are the store's clock (Redis TIME), as every window's.
+// Each store renews everything it holds, in steps of a call each
+// (renewalStep limits; on Redis Cluster, a pipeline of a call per chain
+// root), writing the count it knows it holds: that count is the truth, so
+// a free that never reached the store, or a Redis that restarted empty, is
+// mended by the next renewal instead of leaking or being counted twice. No
+// call that takes or frees slots is in flight while a step is
+// (redisStore.slotCalls), so its counts are exact. Lease times are the
+// store's clock (Redis TIME), as every window's.
+//
+// One limit may be taken under several leases: two handlers, or a config
+// and its reload, that cap the same scope id alike but with other
+// slot_lease values. A holding's lease is then the longest its requests
+// asked for: an admission never moves the end of a live holding closer,
+// and the renewal writes the longest lease of the slots still held (a
+// lease cut to a shorter one, renewed only every third of the longer,
+// would let the slots lapse under requests still running). The renewal
+// comes every third of the shortest of those leases, over every limit
+// held, and at once when a slot is taken under a shorter lease than the
+// one it waits out.
 
 // concurrencyCap is a limit's cap on requests in flight.
 type concurrencyCap struct {
@@ -52,6 +65,17 @@ func (h slotHolding) at(now int64) int64 {
 		return h.n
 	}
 	return 0
+}
+
+// taken is the holding of n slots once some are taken at now, under a
+// lease: a live holding's end, which another handler's longer lease may
+// have set, is never moved closer.
+func (h slotHolding) taken(n, now, lease int64) slotHolding {
+	expiry := now + lease
+	if h.at(now) > 0 {
+		expiry = max(expiry, h.expiry)
+	}
+	return slotHolding{n, expiry}
 }
 
 // freed is the holding once one slot is freed at now: a lapsed lease
@@ -80,15 +104,33 @@ func holdsSlots(chain []limit) bool {
 type heldSlots struct {
 	mu       sync.Mutex
 	byPrefix map[string]*heldLimit
-	shortest int64         // the lease the renewal's period was last figured from, in milliseconds
-	taken    chan struct{} // wakes the renewal when the ledger was empty, or a limit of a shorter lease is taken
+	shortest int64         // the lease the renewal's period was last figured from, in milliseconds; 0: nothing was held
+	taken    chan struct{} // wakes the renewal when the ledger was empty, or a slot of a shorter lease is taken
 }
 
-// heldLimit is how many slots of a limit the store holds.
+// heldLimit is how many slots of a limit the store holds, in all and by
+// the lease their takers asked for.
 type heldLimit struct {
 	limit
-	n     int64
-	gauge prometheus.Gauge // slots_held of the limit's scope, looked up once
+	n      int64
+	leases []heldLease      // a lease whose slots were all freed stays until the next renewal
+	gauge  prometheus.Gauge // slots_held of the limit's scope, looked up once
+}
+
+// heldLease is how many slots of a limit the store holds under one lease.
+type heldLease struct{ millis, n int64 }
+
+// lease is the limit's lease for its renewal: the longest of the slots it
+// holds, or, once it holds none, of those it held since the last renewal.
+func (e *heldLimit) lease() int64 {
+	longest, held := int64(0), int64(0)
+	for _, l := range e.leases {
+		longest = max(longest, l.millis)
+		if l.n > 0 {
+			held = max(held, l.millis)
+		}
+	}
+	return cmp.Or(held, longest)
 }
 
 func newHeldSlots() *heldSlots {
@@ -105,10 +147,11 @@ func (h *heldSlots) take(chain []limit, n int64) {
 	}
 }
 
-// takeOne adds n to the slots held of l.
+// takeOne adds n to the slots held of l, under l's lease.
 func (h *heldSlots) takeOne(l limit, n int64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	lease := l.concurrent.leaseMillis
 	e := h.byPrefix[l.prefix]
 	if e == nil {
 		if n < 0 {
@@ -116,16 +159,25 @@ func (h *heldSlots) takeOne(l limit, n int64) {
 		}
 		e = &heldLimit{limit: l, gauge: slotsHeld.WithLabelValues(l.scope)}
 		h.byPrefix[l.prefix] = e
-		if len(h.byPrefix) == 1 || l.concurrent.leaseMillis < h.shortest {
-			select {
-			case h.taken <- struct{}{}:
-			default:
-			}
+	}
+	i := slices.IndexFunc(e.leases, func(x heldLease) bool { return x.millis == lease })
+	if i < 0 {
+		if n < 0 {
+			return
+		}
+		i, e.leases = len(e.leases), append(e.leases, heldLease{millis: lease})
+	}
+	if n > 0 && (h.shortest == 0 || lease < h.shortest) {
+		select {
+		case h.taken <- struct{}{}:
+		default:
 		}
 	}
-	after := max(e.n+n, 0)
-	e.gauge.Add(float64(after - e.n))
-	e.n = after
+	held := &e.leases[i]
+	after := max(held.n+n, 0)
+	e.gauge.Add(float64(after - held.n))
+	e.n += after - held.n
+	held.n = after
 }
 
 // limits lists the limits the store holds slots of, or held some of
@@ -140,31 +192,41 @@ func (h *heldSlots) limits() []limit {
 	return out
 }
 
-// renewed is how many slots of the limit with prefix the store holds, for
-// its renewal: a limit it holds none of any more is dropped from the
-// ledger, as the renewal removes its holding.
-func (h *heldSlots) renewed(prefix string) int64 {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	e := h.byPrefix[prefix]
-	if e == nil {
-		return 0
-	}
-	if e.n == 0 {
-		delete(h.byPrefix, prefix)
-	}
-	return e.n
+// slotRenewal is what a renewal writes of a limit: the slots the store
+// holds, for a lease from now.
+type slotRenewal struct {
+	limit
+	n, leaseMillis int64
 }
 
-// period is a third of the shortest lease of the limits held; ok is false
-// when nothing is held.
+// renewed is what the renewal writes of l: a limit the store holds no
+// slots of any more is dropped from the ledger, as the renewal removes its
+// holding, and so is a lease it holds none under.
+func (h *heldSlots) renewed(l limit) slotRenewal {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	e := h.byPrefix[l.prefix]
+	if e == nil {
+		return slotRenewal{limit: l}
+	}
+	r := slotRenewal{limit: l, n: e.n, leaseMillis: e.lease()}
+	if e.n == 0 {
+		delete(h.byPrefix, l.prefix)
+	} else {
+		e.leases = slices.DeleteFunc(e.leases, func(x heldLease) bool { return x.n == 0 })
+	}
+	return r
+}
+
+// period is a third of the shortest lease of the limits held, each at its
+// longest; ok is false when nothing is held.
 func (h *heldSlots) period() (every time.Duration, ok bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	shortest := int64(0)
 	for _, e := range h.byPrefix {
-		if shortest == 0 || e.concurrent.leaseMillis < shortest {
-			shortest = e.concurrent.leaseMillis
+		if lease := e.lease(); shortest == 0 || lease < shortest {
+			shortest = lease
 		}
 	}
 	h.shortest = shortest
@@ -172,7 +234,7 @@ func (h *heldSlots) period() (every time.Duration, ok bool) {
 }
 
 // renewEvery calls renew every third of the shortest lease held, while
-// anything is held, until stop is closed. A limit taken with a shorter
+// anything is held, until stop is closed. A slot taken under a shorter
 // lease than that of the period it waits out makes it figure the period
 // again, from the last renewal.
 func (h *heldSlots) renewEvery(renew func(), stop <-chan struct{}) {

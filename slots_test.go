@@ -201,6 +201,43 @@ func runSlotConformance(t *testing.T, kit storeKit) {
 			t.Fatalf("%d slots held once all 3 ended, want 0", n)
 		}
 	})
+	t.Run("ASlotsLeaseIsTheLongestItsHoldersAskedFor", func(t *testing.T) {
+		// Two handlers, or a config and its reload, may give one limit two
+		// slot_lease values: its slots are then held as long as the longer.
+		s := kit.replicas(t, 1)[0]
+		id := uniqueID(t)
+		short := []limit{newSlotLimit("key", id, 2, 0, lease)}
+		long := []limit{newSlotLimit("key", id, 2, 0, 10*lease)}
+		for _, order := range [][2][]limit{{long, short}, {short, long}} {
+			at := pinnedBase() + 1000
+			fill(t, s, order[0], at, 1)
+			fill(t, s, order[1], at+1, 1)
+			if n := inFlight(t, s, short, 0, at+1+lease.Milliseconds()); n != 2 {
+				t.Fatalf("taken under the %v lease, then the %v: %d in flight once the shorter lease passed, want 2",
+					time.Duration(order[0][0].concurrent.leaseMillis)*time.Millisecond, time.Duration(order[1][0].concurrent.leaseMillis)*time.Millisecond, n)
+			}
+			if admitOrFail(t, s, short, at+1+lease.Milliseconds()).admitted {
+				t.Fatal("a third admitted under concurrent 2 once the shorter lease passed")
+			}
+			renewed := at + 2000
+			renewSlots(s, renewed)
+			if n := inFlight(t, s, short, 0, renewed+lease.Milliseconds()); n != 2 {
+				t.Fatalf("%d in flight a shorter lease after a renewal, want 2: the renewal renews with the longest lease of the slots' holders", n)
+			}
+			// Once the request of the longer lease has ended, the renewal
+			// renews the other with its own.
+			freeAndWait(t, pinned(s, renewed), long)
+			renewSlots(s, renewed)
+			if n := inFlight(t, s, short, 0, renewed+lease.Milliseconds()-1); n != 1 {
+				t.Fatalf("%d in flight 1 ms before the shorter lease of the one left ends, want 1", n)
+			}
+			if n := inFlight(t, s, short, 0, renewed+lease.Milliseconds()); n != 0 {
+				t.Fatalf("%d in flight once the shorter lease of the one left lapsed unrenewed, want 0", n)
+			}
+			freeAndWait(t, pinned(s, renewed), short)
+			renewSlots(s, renewed)
+		}
+	})
 	t.Run("AFreeOfALapsedLeaseFreesNothingTwice", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
 		at := pinnedBase() + 1000
@@ -397,9 +434,29 @@ func holdSlots(b *testing.B, s store, n int, chainOf func(int) []limit) {
 // process may hold slots of handlers with different slot_lease values, or
 // of the config before a reload that shortened it.
 func TestASlotOfAShorterLeaseThanThoseHeldIsRenewedBeforeItsLeaseEnds(t *testing.T) {
-	const long, short = 30 * time.Second, 600 * time.Millisecond
 	h := newHeldSlots()
-	h.take([]limit{newSlotLimit("key", "long", 1, 0, long)}, 1)
+	h.take([]limit{newSlotLimit("key", "long", 1, 0, 30*time.Second)}, 1)
+	checkRenewedWithinItsLease(t, h, newSlotLimit("key", "short", 1, 0, 600*time.Millisecond), "another limit")
+}
+
+// A limit already in the ledger, taken under a shorter lease than the one
+// the renewal waits out (another handler's slot_lease, or a reload's), is
+// renewed before its own lease ends: a slot of it may be the only one held.
+func TestALimitHeldTakenUnderAShorterLeaseIsRenewedBeforeItsLeaseEnds(t *testing.T) {
+	h := newHeldSlots()
+	id := uniqueID(t)
+	h.take([]limit{newSlotLimit("key", id, 1, 0, 30*time.Second)}, 1)
+	// Its request ended; the renewal has yet to drop it.
+	h.take([]limit{newSlotLimit("key", id, 1, 0, 30*time.Second)}, -1)
+	checkRenewedWithinItsLease(t, h, newSlotLimit("key", id, 1, 0, 600*time.Millisecond), "the same limit")
+}
+
+// checkRenewedWithinItsLease starts the renewal of what h holds (a slot of
+// a 30 s lease), and once it waits out that lease's period, takes a slot
+// of short, of what (the same limit or another): the renewal must come
+// within short's lease.
+func checkRenewedWithinItsLease(t *testing.T, h *heldSlots, short limit, what string) {
+	t.Helper()
 	<-h.taken // the renewal starts with a limit held
 	renewed := make(chan time.Time, 16)
 	stop, done := make(chan struct{}), make(chan struct{})
@@ -412,15 +469,16 @@ func TestASlotOfAShorterLeaseThanThoseHeldIsRenewedBeforeItsLeaseEnds(t *testing
 		<-done
 	}()
 	waitBlockedInSelect(t, "(*heldSlots).renewEvery") // waiting to renew the long lease
+	lease := time.Duration(short.concurrent.leaseMillis) * time.Millisecond
 	taken := time.Now()
-	h.take([]limit{newSlotLimit("key", "short", 1, 0, short)}, 1)
+	h.take([]limit{short}, 1)
 	select {
 	case at := <-renewed:
-		if took := at.Sub(taken); took > short {
-			t.Fatalf("renewed %v after a slot of lease %v was taken", took, short)
+		if took := at.Sub(taken); took > lease {
+			t.Fatalf("renewed %v after a slot of lease %v was taken", took, lease)
 		}
-	case <-time.After(short):
-		t.Fatalf("not renewed within the lease (%v) of the slot taken while the ledger held one of %v", short, long)
+	case <-time.After(lease):
+		t.Fatalf("not renewed within the lease (%v) of a slot of %s taken while the ledger held one of 30s", lease, what)
 	}
 }
 
@@ -462,4 +520,29 @@ func TestARenewalAfterARedisRestartLoadsItsScriptAndHoldsTheSlotsAgain(t *testin
 	}
 	freeAndWait(t, s, chain)
 	freeAndWait(t, s, chain)
+}
+
+// A slots key outlives the holding of every holder: a holder of a shorter
+// lease (another process, whose handler or config has a shorter
+// slot_lease) never shortens the key's life under another's longer one.
+func TestASlotsKeyOutlivesTheLongestLeaseOfItsHolders(t *testing.T) {
+	url := redisURLFromEnv(t)
+	longHolder, shortHolder := newTestRedisStore(t, url), newTestRedisStore(t, url)
+	const long, short = 30 * time.Second, time.Second
+	id := uniqueID(t)
+	longChain, shortChain := []limit{newSlotLimit("key", id, 3, 0, long)}, []limit{newSlotLimit("key", id, 3, 0, short)}
+	at := pinnedBase() + 1000
+	fill(t, longHolder, longChain, at, 1)
+	fill(t, shortHolder, shortChain, at, 1)
+	renewSlots(shortHolder, at)
+	c := redisClient(t, url)
+	ttl, err := c.PTTL(context.Background(), slotsKey(longChain[0])).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ttl < long {
+		t.Fatalf("the slots key expires in %v, before the lease of %v that a holder's slots hold", ttl, long)
+	}
+	freeAndWait(t, pinned(longHolder, at), longChain)
+	freeAndWait(t, pinned(shortHolder, at), shortChain)
 }

@@ -79,20 +79,49 @@ type storeDescription struct {
 // they hold spent. A settlement never takes a counter below zero, and
 // changes nothing in a window whose period it is out of (older than the
 // previous minute, or the previous day), nor in a budget period that has
-// ended.
+// ended. A reset of a limit after the reservation's admission took the
+// reservation from its windows (reset.go): a settlement then adds its
+// reservation back to them with the difference, which charges what the
+// request used (windowTokens).
 type charge struct {
 	tokens    tokenCounts // tokens.cost is added to what the budgets hold spent
 	unreserve int64       // nano-dollars the budgets hold reserved for the request
 	minute    int64       // the reservation's minute period (unix_seconds / 60), and its day; 0: the current ones
+	// A settlement's reservation: when it was admitted (unix milliseconds,
+	// by the store's clock), and what it reserved on the token windows.
+	admitted int64
+	reserved tokenCounts
 }
 
-// settles reports whether c changes a counter of window k at now: it has
-// tokens of k's kind, and its period is still in k's window.
+// settling is c as the settlement of the reservation that the admission d
+// made: in its periods, giving back its reserved cost.
+func (c charge) settling(d decision) charge {
+	c.minute, c.admitted, c.reserved, c.unreserve = d.now.minute, d.now.unixMillis, d.reserve, d.reserve.cost
+	return c
+}
+
+// settles reports whether c may change a counter of window k at now: it
+// has tokens of k's kind, or reserved some, and its period is still in k's
+// window.
 func (c charge) settles(k windowKind, now moment) bool {
-	if c.tokens.of(k.kind()) == 0 {
+	if c.tokens.of(k.kind()) == 0 && c.reserved.of(k.kind()) == 0 {
 		return false
 	}
 	return c.minute == 0 || c.periodIn(k.span()) >= now.in(k.span()).period-1
+}
+
+// windowTokens is what c adds to a window that counts k, whose limit was
+// last reset at resetAt (unix milliseconds; 0: never): the difference, and
+// what the reservation held if the reset came after its admission. A
+// request admitted in the very millisecond of the reset, before it, is
+// taken as admitted after it: its settlement charges only what it used
+// beyond its reservation, and never anything twice.
+func (c charge) windowTokens(k kind, resetAt int64) int64 {
+	n := c.tokens.of(k)
+	if resetAt > c.admitted {
+		n += c.reserved.of(k)
+	}
+	return n
 }
 
 // changes reports whether c changes a counter of chain at now.
@@ -197,8 +226,11 @@ func windowLimitCaps(w windowCaps) limitCaps { return limitCaps{windows: w, capp
 // meters reports whether a token window or a budget is capped: the
 // request's usage is then metered.
 func (c *limitCaps) meters() bool {
-	return c.capped&^(1<<rpm|1<<rpd) != 0 || c.budgets.max != [numBudgetPeriods]int64{}
+	return c.capsTokens() || c.budgets.max != [numBudgetPeriods]int64{}
 }
+
+// capsTokens reports whether a token window is capped.
+func (c *limitCaps) capsTokens() bool { return c.capped&^(1<<rpm|1<<rpd) != 0 }
 
 // each yields the windows the limit caps, in windowKind order, with their
 // caps: most limits cap two of the eight, and a request walks them a few

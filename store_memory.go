@@ -55,19 +55,45 @@ type counterTable []atomic.Pointer[memoryCounter]
 // slots of its requests in flight; and its budgets' current periods. The
 // windows most limits cap, rpm and tpm, are in the counter; the others,
 // and the budgets, are allocated when a limit first caps one, which keeps
-// a counter of those two at the size it had before there were others.
+// a counter of those two at the size it had before there were others, as
+// is the moment of a reset, which few counters see.
 type memoryCounter struct {
 	prefix  string // the limit's: what the counter is looked up by
 	hash    uint64 // of prefix: its low bits pick the shard, the next ones the list
 	next    atomic.Pointer[memoryCounter]
 	mu      sync.Mutex
-	order   uint64                          // lock order
-	dead    bool                            // swept: look it up again
-	minute  [2][2]periodCount               // rpm, tpm
-	others  *[numWindows - 2][2]periodCount // itpm, otpm, then the day windows
+	order   uint64            // lock order
+	dead    bool              // swept: look it up again
+	minute  [2][2]periodCount // rpm, tpm
+	others  *otherCounts      // itpm, otpm, the day windows, and the last reset
 	bkt     bucketState
 	slots   slotHolding                             // the requests in flight it holds (slots.go)
 	budgets *[numBudgetPeriods][2]budgetPeriodCount // by budgetPeriod: the latest period written, and the one before it
+}
+
+// otherCounts are the parts of a counter that fewer limits use.
+type otherCounts struct {
+	windows [numWindows - 2][2]periodCount // itpm, otpm, then the day windows
+	// resetAt is when the counter's windows were last reset (reset.go), in
+	// unix milliseconds: a settlement of a reservation admitted before it
+	// finds the reservation gone (charge.windowTokens).
+	resetAt int64
+}
+
+// other is c's other counts, under c.mu, made on first use.
+func (c *memoryCounter) other() *otherCounts {
+	if c.others == nil {
+		c.others = new(otherCounts)
+	}
+	return c.others
+}
+
+// resetAt is when c's windows were last reset, under c.mu; 0: never.
+func (c *memoryCounter) resetAt() int64 {
+	if c.others == nil {
+		return 0
+	}
+	return c.others.resetAt
 }
 
 // budgetPeriodCount is what a budget holds spent and reserved in one of
@@ -155,10 +181,7 @@ func (c *memoryCounter) periods(k windowKind) *[2]periodCount {
 	if k < itpm {
 		return &c.minute[k]
 	}
-	if c.others == nil {
-		c.others = new([numWindows - 2][2]periodCount)
-	}
-	return &c.others[k-itpm]
+	return &c.other().windows[k-itpm]
 }
 
 // readAt reports whether an admission at now may still read a period of
@@ -366,13 +389,19 @@ func (s *memoryStore) describe() storeDescription { return storeDescription{kind
 // reset zeroes, under the counter's lock, every period it holds of each
 // window l caps, and l's token bucket, which is then full; it keeps the
 // slots and the budgets (reset.go). An admission after it finds the
-// windows empty, whatever period the clock is in; a settlement of a
-// response admitted before it still lands, and takes nothing below zero.
+// windows empty, whatever period the clock is in. A settlement of a
+// response admitted before it still lands, in a period the counter keeps
+// while it may: it charges what the request used, as the reset took its
+// reservation (resetAt).
 func (s *memoryStore) reset(_ context.Context, l limit) ([]string, error) {
 	c := s.lockedCounter(l.prefix)
 	defer c.mu.Unlock()
 	for k := range l.each {
-		*c.periods(k) = [2]periodCount{}
+		periods := c.periods(k)
+		periods[0].n, periods[1].n = 0, 0
+	}
+	if l.capsTokens() {
+		c.other().resetAt = s.now()
 	}
 	if l.bucket.rate > 0 {
 		c.bkt = bucketState{}
@@ -441,7 +470,7 @@ func (c *memoryCounter) write(l limit, at [2]position, before, after counts, now
 		c.bkt = bucketState{deficit: after.deficit, at: since, fullAt: since + ceilDiv(after.deficit, l.bucket.rate)}
 	}
 	if after.slots > before.slots {
-		c.slots = slotHolding{n: after.slots, expiry: now.unixMillis + l.concurrent.leaseMillis}
+		c.slots = c.slots.taken(after.slots, now.unixMillis, l.concurrent.leaseMillis)
 	}
 	for p := range l.eachBudget {
 		if n := after.reserved[p] - before.reserved[p]; n != 0 {
@@ -472,7 +501,8 @@ func (s *memoryStore) renew() {
 		c := s.lockedCounter(l.prefix)
 		// Read under the counter's lock, which every admission and free of
 		// it holds while it changes the ledger.
-		c.slots = slotHolding{n: s.held.renewed(l.prefix), expiry: now + l.concurrent.leaseMillis}
+		r := s.held.renewed(l)
+		c.slots = slotHolding{n: r.n, expiry: now + r.leaseMillis}
 		c.mu.Unlock()
 	}
 }
@@ -511,7 +541,7 @@ func (s *memoryStore) add(chain []limit, ch charge) {
 				if b == 0 {
 					b = now.in(k.span()).period
 				}
-				add(c.periods(k), b, ch.tokens.of(k.kind()))
+				add(c.periods(k), b, ch.windowTokens(k.kind(), c.resetAt()))
 			}
 		}
 		for p := range l.eachBudget {

@@ -164,22 +164,35 @@ func (s *redisStore) describe() storeDescription {
 
 func (s *redisStore) release() { s.lifetime.release(s.closeClient) }
 
+//go:embed reset.lua
+var resetLua string
+
+var resetScript = redis.NewScript(resetLua)
+
 // reset deletes l's window keys in the periods around the gateway's clock
-// and its bucket's key, in one DEL: every key of a limit shares its prefix,
-// and on Redis Cluster its hash tag, so they are in one slot. It keeps the
-// slots and budget keys (reset.go). Then, whatever became of the DEL (a
-// timeout may hide one that ran), it forgets this process's cached
+// and its bucket's key, and writes when in its reset key if it caps a token
+// window, in one call of reset.lua: every key of a limit shares its
+// prefix, and on Redis Cluster its hash tag, so they are in one slot. It
+// keeps the slots and budget keys (reset.go). Then, whatever became of the
+// call (a timeout may hide one that ran), it forgets this process's cached
 // refusals of l, and any refusal of an admission sent before that.
 func (s *redisStore) reset(ctx context.Context, l limit) ([]string, error) {
 	defer s.refusals.forgetLimit(l.prefix)
-	keys := resetKeys(l, s.gatewayMoment())
+	now := s.clock.gateway()
+	keys := resetKeys(l, momentAt(now.UnixMilli()))
 	if len(keys) == 0 {
 		return resetNames(l), nil
+	}
+	marks := "0"
+	if l.capsTokens() {
+		var key strings.Builder
+		writeResetKey(&key, l.prefix)
+		keys, marks = append(keys, key.String()), "1"
 	}
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	err := s.client.Del(ctx, keys...).Err()
+	err := resetScript.Run(ctx, s.client, keys, s.clock.script(now), marks).Err()
 	observeRedis("reset", start, err)
 	if err != nil {
 		return nil, err
@@ -387,13 +400,13 @@ func (s *redisStore) renewStep(limits []limit) bool {
 		return false
 	}
 	defer s.slotCalls.Release(slotCallsMax)
-	byRoot := make(map[string][]heldLimit)
+	byRoot := make(map[string][]slotRenewal)
 	for _, l := range limits {
 		root := ""
 		if s.config.topology() == cluster {
 			root = hashTag(l.prefix)
 		}
-		byRoot[root] = append(byRoot[root], heldLimit{limit: l, n: s.held.renewed(l.prefix)})
+		byRoot[root] = append(byRoot[root], s.held.renewed(l))
 	}
 	clock := s.clock.script(s.clock.gateway())
 	renewAll := func() error {
@@ -418,12 +431,12 @@ func (s *redisStore) renewStep(limits []limit) bool {
 }
 
 // renewalOf is renew.lua's keys and arguments for the limits held.
-func renewalOf(held []heldLimit, clock, holder string) (keys []string, args []any) {
+func renewalOf(held []slotRenewal, clock, holder string) (keys []string, args []any) {
 	keys, args = make([]string, len(held)), make([]any, 0, 2+2*len(held))
 	args = append(args, clock, holder)
-	for i, e := range held {
-		keys[i] = slotsKey(e.limit)
-		args = append(args, hexArg(e.n), hexArg(e.concurrent.leaseMillis))
+	for i, r := range held {
+		keys[i] = slotsKey(r.limit)
+		args = append(args, hexArg(r.n), hexArg(r.leaseMillis))
 	}
 	return keys, args
 }

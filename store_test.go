@@ -45,7 +45,7 @@ func memoryKit() storeKit {
 				c.mu.Lock()
 				fmt.Fprintf(&out, "%s %v %v\n", l.prefix, c.minute, c.bkt)
 				if c.others != nil {
-					fmt.Fprintf(&out, "%v\n", *c.others)
+					fmt.Fprintf(&out, "%v\n", c.others.windows)
 				}
 				c.mu.Unlock()
 			}

@@ -116,12 +116,14 @@ const (
 // clocks, gets the same answers. A history is admissions of random chains
 // of 1 to 4 limits from a pool of six with random caps (every kind of
 // window, token buckets, caps on requests in flight with leases of a few
-// seconds, and day and month budgets in three time zones; some of them
+// seconds (now and then one taken under two leases, as two handlers
+// sharing its counters do), and day and month budgets in three time zones; some of them
 // shadow limits, which count and never refuse), with and
 // without reservations of tokens and costs; settlements of the
 // reservations, which give tokens back or charge more in the reservation's
-// buckets, and replace reserved costs by real ones in their periods; token
-// and cost charges of responses; frees of the slots of admitted requests,
+// buckets, and replace reserved costs by real ones in their periods (and
+// charge what they used where a reset since took their reservation); resets
+// of a limit's windows and bucket; token and cost charges of responses; frees of the slots of admitted requests,
 // each once, whether their lease is live or has lapsed; renewals of every
 // slot a store holds, on both at the same moment; peeks; and clock steps
 // of milliseconds to hours, some onto minute and day boundaries, some onto
@@ -190,15 +192,15 @@ func runAlikeHistories(t *testing.T, seed uint64, redisURL string) {
 	}
 	close(seeds)
 	workers.Wait()
-	t.Logf("%d histories of %d steps from seed %d in %v: %d admissions, %d admitted, %d refused by Redis's cache, %d refused for want of a slot, %d by a budget; %d settlements, %d frees (%d of a lapsed lease), %d renewals",
+	t.Logf("%d histories of %d steps from seed %d in %v: %d admissions, %d admitted, %d refused by Redis's cache, %d refused for want of a slot, %d by a budget; %d settlements, %d frees (%d of a lapsed lease), %d renewals, %d resets",
 		n, alikeSteps, seed, time.Since(start), tally.admissions.Load(), tally.admitted.Load(), tally.cached.Load(), tally.slotRefusals.Load(), tally.budgetRefusals.Load(),
-		tally.settlements.Load(), tally.frees.Load(), tally.lapsedFrees.Load(), tally.renewals.Load())
+		tally.settlements.Load(), tally.frees.Load(), tally.lapsedFrees.Load(), tally.renewals.Load(), tally.resets.Load())
 }
 
 // alikeTally is what the histories did, so that a run shows what it
 // compared.
 type alikeTally struct {
-	admissions, admitted, cached, slotRefusals, budgetRefusals, settlements, frees, lapsedFrees, renewals atomic.Int64
+	admissions, admitted, cached, slotRefusals, budgetRefusals, settlements, frees, lapsedFrees, renewals, resets atomic.Int64
 }
 
 // alikeHistory is one random history, run through the in-process store and
@@ -223,8 +225,7 @@ type alikeHistory struct {
 
 type reservation struct {
 	chain    []limit
-	reserved tokenCounts
-	minute   int64
+	decision decision // the admission's: its reservation, and its clock
 }
 
 func (h *alikeHistory) run() {
@@ -233,9 +234,17 @@ func (h *alikeHistory) run() {
 	for i := range alikePool {
 		h.pool = append(h.pool, newTaggedLimit("", fmt.Sprint("s", i), id, randomCaps(h.t, h.rng)))
 	}
+	// Now and then the last limit is another handler's of one before it:
+	// its counters, its cap on requests in flight under another lease (two
+	// slot_lease values: slots.go).
+	if i := slices.IndexFunc(h.pool, func(l limit) bool { return l.concurrent.max > 0 }); i >= 0 && i < alikePool-1 && h.rng.IntN(2) == 0 {
+		caps := *h.pool[i].limitCaps
+		caps.concurrent.leaseMillis = 3000 + h.rng.Int64N(3001)
+		h.pool[alikePool-1] = newTaggedLimit("", h.pool[i].scope, id, caps)
+	}
 	h.now = nextDay() + h.rng.Int64N(dayMinutes*minuteMillis)
 	for range alikeSteps {
-		switch n := h.rng.IntN(24); {
+		switch n := h.rng.IntN(25); {
 		case n < 9:
 			h.admit()
 		case n < 12:
@@ -248,6 +257,8 @@ func (h *alikeHistory) run() {
 			h.free()
 		case n < 19:
 			h.renew()
+		case n < 20:
+			h.reset()
 		default:
 			h.tick()
 		}
@@ -259,10 +270,14 @@ func (h *alikeHistory) run() {
 	}
 }
 
+// chain is a random chain of limits of the pool, each of its counters
+// once, as a handler's.
 func (h *alikeHistory) chain() []limit {
 	var chain []limit
 	for _, i := range randomChain(h.rng, alikePool, 4) {
-		chain = append(chain, h.pool[i])
+		if !slices.ContainsFunc(chain, func(l limit) bool { return l.prefix == h.pool[i].prefix }) {
+			chain = append(chain, h.pool[i])
+		}
 	}
 	return chain
 }
@@ -312,7 +327,7 @@ func (h *alikeHistory) admit() {
 	if a.admitted {
 		h.tally.admitted.Add(1)
 		if !reserve.isZero() {
-			h.open = append(h.open, reservation{chain: chain, reserved: reserve, minute: a.now.minute})
+			h.open = append(h.open, reservation{chain: chain, decision: a.decision})
 		}
 		if holdsSlots(chain) {
 			h.inFlight = append(h.inFlight, chain)
@@ -394,19 +409,36 @@ func (h *alikeHistory) settle() {
 		r = h.open[i]
 		h.open = slices.Delete(h.open, i, i+1)
 	} else {
-		r = reservation{chain: h.chain(), reserved: randomReservation(h.rng), minute: floorDiv(h.now, minuteMillis) - h.rng.Int64N(3)}
+		reserved := randomReservation(h.rng)
+		admitted := h.now - h.rng.Int64N(3*minuteMillis)
+		r = reservation{chain: h.chain(), decision: decision{now: momentAt(admitted), reserve: reserved}}
 	}
 	var used tokenCounts
 	if h.rng.IntN(4) > 0 {
 		used = randomUsage(h.rng)
 	}
-	c := charge{tokens: used.minus(r.reserved), unreserve: r.reserved.cost, minute: r.minute}
+	c := charge{tokens: used.minus(r.decision.reserve)}.settling(r.decision)
 	c.tokens.cost = used.cost
 	h.tally.settlements.Add(1)
-	h.log("settle %s of minute %+d by %+v", scopesOf(r.chain), r.minute-floorDiv(h.now, minuteMillis), c.tokens)
+	h.log("settle %s admitted %v before by %+v", scopesOf(r.chain), time.Duration(h.now-r.decision.now.unixMillis)*time.Millisecond, c.tokens)
 	settle(h.t, pinned(h.memory, h.now), r.chain, c)
 	if h.redis != nil {
 		settle(h.t, pinned(h.redis, h.now), r.chain, c)
+	}
+}
+
+// reset resets a limit of the pool on both stores: its windows and its
+// bucket. The settlements of the reservations admitted before it, still
+// open, then charge what they used.
+func (h *alikeHistory) reset() {
+	l := h.pool[h.rng.IntN(alikePool)]
+	h.log("reset %s", l.scope)
+	h.tally.resets.Add(1)
+	_, err := pinned(h.memory, h.now).reset(context.Background(), l)
+	h.must(err)
+	if h.redis != nil {
+		_, err := pinned(h.redis, h.now).reset(context.Background(), l)
+		h.must(err)
 	}
 }
 
@@ -521,11 +553,12 @@ func (h *alikeHistory) holding(l limit) int64 {
 }
 
 // leased notes that an admission of chain wrote its concurrency caps'
-// slots now, for a lease.
+// slots now, for a lease, which never ends a live one's sooner.
 func (h *alikeHistory) leased(chain []limit) {
 	for _, l := range chain {
 		if l.concurrent.max > 0 {
-			h.leaseEnds[h.poolIndex(l)] = h.now + l.concurrent.leaseMillis
+			end := &h.leaseEnds[h.poolIndex(l)]
+			*end = max(*end, h.now+l.concurrent.leaseMillis)
 		}
 	}
 }
