@@ -225,10 +225,7 @@ func TestAModelNamedUnderTwoSpellingsOfItsKeyIsRefusedWhereTheModelCounts(t *tes
 // the model's own pool.
 func TestAModelInThePathIsCountedAsANormalisingUpstreamReadsIt(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		f := uniqueID(t)
-		gw := startGateway(t, newUpstream(t).URL, limited(store, fmt.Sprintf(`
-			scope model {http.rolter_ratelimit.model} readable
-			limit model %[1]s-dear rpm 1`, f)))
+		gw, f := dearPoolGateway(t, store)
 		for _, paths := range [][]string{
 			{"/openai/deployments/" + f + "-cheap/../" + f + "-dear/chat/completions", "/openai/deployments/" + f + "-dear/chat/completions"},
 			{"/v1beta/models//" + f + "-dear:generateContent", "/v1beta/models/" + f + "-dear:generateContent/."},
@@ -250,10 +247,7 @@ func TestAModelInThePathIsCountedAsANormalisingUpstreamReadsIt(t *testing.T) {
 // read for its model as any other: the model scope counts it.
 func TestABodyDeclaredIdentityEncodedIsReadForItsModel(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		f := uniqueID(t)
-		gw := startGateway(t, newUpstream(t).URL, limited(store, fmt.Sprintf(`
-			scope model {http.rolter_ratelimit.model} readable
-			limit model %[1]s-dear rpm 1`, f)))
+		gw, f := dearPoolGateway(t, store)
 		var got []int
 		for _, encoding := range []string{"identity", "Identity, identity"} {
 			res, _ := gw.send(t, "POST", "/v1/chat/completions", chatFor(f+"-dear"), "Content-Type: application/json", "Content-Encoding: "+encoding)
@@ -263,4 +257,14 @@ func TestABodyDeclaredIdentityEncodedIsReadForItsModel(t *testing.T) {
 			t.Errorf("statuses %v, want the dear pool's 1, then a refusal", got)
 		}
 	})
+}
+
+// dearPoolGateway is a gateway on store whose model scope gives the model
+// f-dear, f a name of the test's own, a pool of one request a minute.
+func dearPoolGateway(t *testing.T, store string) (gw *gateway, f string) {
+	t.Helper()
+	f = uniqueID(t)
+	return startGateway(t, newUpstream(t).URL, limited(store, fmt.Sprintf(`
+		scope model {http.rolter_ratelimit.model} readable
+		limit model %s-dear rpm 1`, f))), f
 }
