@@ -566,7 +566,8 @@ func TestSecretIDsLeaveNoTraceWhateverTheirScopeIsCalled(t *testing.T) {
 }
 
 // Caddy's access log records request headers, redacting only Authorization
-// and cookies: the README's filter deletes the others that carry keys.
+// and cookies: the filter of docs/operating.md (Secrets) deletes the others
+// that carry keys, as Caddyfile.example does.
 func TestTheREADMEsLogFilterKeepsAPIKeysOutOfTheAccessLog(t *testing.T) {
 	logFile := t.TempDir() + "/access.log"
 	up := newUpstream(t)

@@ -252,9 +252,10 @@ func TestAnUnreadableLimitIsLoggedWithItsScopeAndCapNeverItsID(t *testing.T) {
 	}
 }
 
-// The README's map pattern: forward_auth attaches a plan's name, and map
-// turns it into the caps; a key whose plan map does not know gets the
-// fallback, never unlimited, and a plan the client claims is dropped.
+// The map pattern of docs/tenants-and-shadow.md: forward_auth attaches a
+// plan's name, and map turns it into the caps; a key whose plan map does not
+// know gets the fallback, never unlimited, and a plan the client claims is
+// dropped.
 func TestAPlanNameMappedToCapsByMap(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		prefix := uniqueID(t) + "-"
