@@ -19,19 +19,7 @@ import (
 	"github.com/rolter/caddy-ratelimit/internal/usage"
 )
 
-// A request's body is read to estimate the tokens it reserves, to find the
-// model it asks for and to add the stream option. Reading it costs memory
-// that a client chooses, so it is read only when the admission needs it,
-// after whatever can be refused without it, and in memory the client cannot
-// inflate: a body holds none until its first byte arrives, its buffer then
-// grows with the bytes that arrive, never with what Content-Length claims,
-// and the bytes held by every body being read in this process are capped
-// (body_memory). A body the cap has no room for takes the room of a body
-// being read that gives way to it (bodyMemory.victimFor): one that has sent
-// nothing for a while, or one of a client address that holds more than its
-// own would; failing that it waits briefly for room, then is answered 503:
-// it is never admitted unreserved. So one client cannot keep the memory
-// from the others, whether it holds bodies back or stalls them half sent.
+// The design of reading request bodies is in the package doc, section "What the client and the upstream choose".
 
 // maxReadBody caps the bytes of one request body that are read; the rest of
 // a larger one passes on unread, and it reserves the estimate of what was

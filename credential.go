@@ -5,13 +5,7 @@ import (
 	"strings"
 )
 
-// A scope id must be what the upstream reads, or a client could vary what
-// the upstream ignores and be counted afresh each time. Two ways in are
-// closed here: a header sent twice (a limiter that joins the values counts
-// "K,x" while the upstream reads K), and a credential sent in another
-// provider's header, which the upstream of this API never reads. The
-// credential placeholder is the key as the request's API reads it, and
-// nothing else.
+// The design of the credential placeholder and repeated headers is in the package doc, section "What the client and the upstream choose".
 
 // credentialSource is one place an API reads its caller's credential from.
 type credentialSource struct {

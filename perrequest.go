@@ -13,16 +13,7 @@ import (
 	"github.com/rolter/caddy-ratelimit/internal/pricing"
 )
 
-// Caps per request. A cap's value may be a placeholder, or hold one,
-// resolved for each request (a plan's rpm in a header that forward_auth
-// copies from an auth service's answer): the limit's counters are its
-// scope id's as ever, and the cap that applies to them is the request's,
-// so that a plan raised takes effect at the next request, with what was
-// used still counted. A value is checked per request as the config's
-// values are at load. One that resolves empty, or is not valid, never
-// means unlimited: the limit's fallback (else) applies, and without one
-// the request is refused with 503 before any store call (a shadow limit,
-// which refuses nothing, is left out of that request instead: shadow.go).
+// The design of caps per request is in the package doc, section "Caps per request".
 
 // PerRequestCap is a cap whose value comes with each request.
 type PerRequestCap struct {

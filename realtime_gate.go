@@ -15,13 +15,7 @@ import (
 	"github.com/rolter/caddy-ratelimit/internal/wsframe"
 )
 
-// A session is admitted once, at its handshake, and its responses are
-// charged as their usage arrives. Once a budget of its chain is spent, the
-// session goes on, but the events that make the model respond are refused:
-// the gateway answers each with the Realtime API's own error event, on the
-// same WebSocket, and never passes it to the upstream. That takes reading
-// what the client sends: clientEvents holds each message the client sends
-// until it is whole, and sessionGate judges it.
+// The design of a realtime session's budget gate is in the package doc, section "Realtime sessions".
 
 // respondingEvents are the client events that make the model respond:
 // response.create asks for a response, and the input audio buffer is what

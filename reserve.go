@@ -8,13 +8,7 @@ import (
 	"github.com/rolter/caddy-ratelimit/internal/tokenest"
 )
 
-// Token reservation: a request whose chain caps tokens reserves, when it is
-// admitted, what it may cost (its input estimate and its output cap, read
-// from its body by tokenest), in the same atomic step as the rest of its
-// admission; the response's reported usage then replaces the reservation
-// in the periods it was made in (meterResponse). Concurrent requests thus
-// hold a token cap however many are in flight, as the providers count tokens up
-// front.
+// The design of token reservation is in the package doc, section "Tokens are reserved, then settled".
 
 // defaultReserveOutput is the output reserved for a request that names no
 // output cap: enough for a typical answer, and at most each cap of the chain.

@@ -8,24 +8,7 @@ import (
 	"go.uber.org/zap"
 )
 
-// Shadow limits. A limit marked shadow (or every limit, with shadow on) is
-// tried before it refuses anyone: it is read, decided and charged in the
-// same atomic step as the enforced limits of the request's chain, but a
-// request it would refuse passes. It is charged all the same, as Envoy's
-// shadow mode charges, so that its counters show what the traffic really
-// is: the counters it would enforce if it were. Its slots and reservations
-// are its own keys', so it cannot refuse an enforced limit; it never
-// delays a request, and a request too large for it is not refused. Caps
-// that come with the request keep it a shadow (lineSettings), and a request
-// that does not give one validly passes with the limit left out of its
-// chain, marked as the limit, enforced, would refuse it (unreadable). The
-// rate-limit headers describe the enforced limits only.
-//
-// A request a shadow limit would have refused has the outcome
-// shadow_refused, with the would-be refusal's scope, kind, window and wait
-// in the refusal placeholders; it counts in refusals_total with shadow
-// "true", is logged at info (rate-limited, naming the scope and the id as
-// stored), and with shadow_header on carries X-Ratelimit-Shadow.
+// The design of shadow limits is in the package doc, section "Shadow limits".
 
 // shadowHeader is the header that tells the caller what a shadow limit
 // would have done.

@@ -10,18 +10,7 @@ import (
 	"time"
 )
 
-// Waiting instead of refusing. With wait set, a request refused by a window
-// or a bucket whose exact wait (the refusal's, from the store's own
-// arithmetic) is within what is left of wait is held until then and
-// admitted again through the normal atomic admission; refused again (others
-// took the room meanwhile), it waits again while the total stays within
-// wait, and otherwise gets the refusal then true. A refusal by a budget, by
-// a cap on requests in flight (no wait is known), too large, a missing
-// scope or a store failure never waits. A waiting request holds nothing
-// in the store: no slot, reservation or spend. The requests waiting in one
-// process are capped (max_waiting); past the cap a request is refused at
-// once. One whose client goes away ends its wait, charged nothing: its body
-// is read whole before it waits, or it does not wait (heldWhole).
+// The design of waiting is in the package doc, section "Waiting instead of refusing".
 
 // defaultMaxWaiting is how many requests may wait at once in a process by
 // default.
