@@ -235,8 +235,8 @@ type UsageCounter struct {
 	// Limit is the cap per minute or per day (x-ratelimit-limit-*).
 	Limit int64 `json:"limit"`
 	// Estimate is the sliding-window estimate of the trailing minute (or
-	// day), current + previous × (60 s − time into the current minute) /
-	// 60 s, rounded to three decimals.
+	// day), current + previous × (length − time into the current period) /
+	// length, the length 60 s (or 24 h), rounded to three decimals.
 	Estimate float64 `json:"estimate"`
 	// Remaining is Limit − Estimate rounded down, at least 0
 	// (x-ratelimit-remaining-*). The requests header of an admitted

@@ -27,9 +27,10 @@ type answer struct {
 	typ, code string // OpenAI's error type and code; the other dialects derive theirs from status
 	// scope is the refusing scope's name, for the placeholder; "" for none.
 	scope string
-	// byLimit describes a refusal by a limit: its kind (requests, …,
-	// too_large), window and cap, for the placeholders, the metric and the
-	// debug log; kind is "" for any other answer.
+	// kind, window and capacity describe a refusal by a limit: its kind
+	// (requests, …, too_large, concurrency, budget), window and cap, for the
+	// placeholders, the metric and the debug log; kind is "" for any other
+	// answer.
 	kind, window string
 	capacity     string // the cap: a number, or a budget in dollars
 	id           string // the refusing limit's id as stored, for the debug log
@@ -54,9 +55,9 @@ const (
 	placeholderOutcome       = "http.rolter_ratelimit.outcome" // the outcomes of metrics.go
 	placeholderRefusedScope  = "http.rolter_ratelimit.refused_scope"
 	placeholderRefusedKind   = "http.rolter_ratelimit.refused_kind"   // kind.String()
-	placeholderRefusedWindow = "http.rolter_ratelimit.refused_window" // minute or day; "" for a bucket
+	placeholderRefusedWindow = "http.rolter_ratelimit.refused_window" // minute or day, a budget's day or month; "" for a bucket or a concurrency cap
 	placeholderRefusedLimit  = "http.rolter_ratelimit.refused_limit"
-	placeholderRetryAfter    = "http.rolter_ratelimit.retry_after" // seconds
+	placeholderRetryAfter    = "http.rolter_ratelimit.retry_after" // seconds, on an answer that announces a wait
 	placeholderModel         = "http.rolter_ratelimit.model"
 	placeholderAPIKey        = "http.rolter_ratelimit.api_key"
 	placeholderWaitedMillis  = "http.rolter_ratelimit.waited_ms"
@@ -252,8 +253,6 @@ func (h *Handler) bodyRefusal(err error) answer {
 		typ:     "server_error", code: "request_body_memory_exhausted", retryMillis: 1000, closeConn: true}
 }
 
-// connectionsRefused is the answer to a WebSocket session over realtime
-// max_connections: 503, without an rpm slot taken.
 // unmeteredSession is the answer to a WebSocket session over HTTP/2 or
 // HTTP/3 whose chain meters tokens or spend: its frames cannot be metered
 // (isExtendedConnect), and a session charged nothing is never let through.
@@ -261,6 +260,8 @@ var unmeteredSession = answer{outcome: outcomeRefusedUnmetered, status: http.Sta
 	message: "This realtime session comes over HTTP/2 or HTTP/3, whose WebSocket frames this gateway cannot meter, and a token limit or a spend budget applies to it: open it over HTTP/1.1.",
 	typ:     "invalid_request_error", code: "rate_limit_session_unmetered"}
 
+// connectionsRefused is the answer to a WebSocket session over realtime
+// max_connections: 503, without an rpm slot taken.
 var connectionsRefused = answer{outcome: outcomeRefusedConnections, status: http.StatusServiceUnavailable,
 	message: "Too many realtime sessions are open on this gateway; please retry shortly.", typ: "connections", code: "connection_limit_exceeded"}
 

@@ -95,17 +95,19 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // required, an empty value leaves the scope out of the request's chain. A
 // request that sends the one header a scope's value names more than once is
 // refused with 400 before any store call, unless the scope is joined (the
-// header is a list: its values joined by commas are the id). A
-// limit needs a window cap, a token bucket, or any of them together, in any
-// order, and a scope line for its scope, which may come before or after it in
-// the block. Window caps are positive integers of at most 10^11; a day window
-// is the trailing 24 hours, estimated from day periods as a minute window is
-// from minute periods. Token caps count the tokens the response's usage
-// reports: tpm and tpd all of them, itpm and itpd the input (prompt) tokens,
-// otpm and otpd the output (completion) tokens. burst and cost are positive
-// integers; a bucket is rate (tokens per second, a
-// decimal with at most three places, such as 0.5) with burst (its capacity),
-// and cost (what a request takes, default 1) at most the burst. <id> and <value> are kept verbatim:
+// header is a list: its values joined by commas are the id). A chain has at
+// most 255 scopes. A limit needs a window cap, a token bucket, a cap on
+// requests in flight, a budget, or any of them together, in any order, each
+// once, and a scope line for its scope, which may come before or after it in
+// the block. Window caps and concurrent are positive integers of at most
+// 10^11; a day window is the trailing 24 hours, estimated from day periods
+// as a minute window is from minute periods. Token caps count the tokens the
+// response's usage reports: tpm and tpd all of them, itpm and itpd the input
+// (prompt) tokens, otpm and otpd the output (completion) tokens. A bucket is
+// rate (tokens per second, a decimal with at most three places, such as 0.5,
+// of at most 1000000) with burst (its capacity, a positive integer of at
+// most 10^9), and cost (what a request takes, a positive integer, default 1)
+// at most the burst. <id> and <value> are kept verbatim:
 // placeholders such as {env.VIP_KEY} or {http.request.header.X-Api-Key} are
 // resolved when the config loads (ids) or per request (values); the
 // placeholders {http.rolter_ratelimit.model}, the model the request asks

@@ -24,9 +24,11 @@ func init() {
 
 // Handler enforces caps on requests and tokens (all of them, input or output)
 // per minute and per day, token buckets, caps on requests in flight, and
-// spend budgets per calendar day and month, over a chain of scopes. A request is admitted only if every limit
-// of its chain fits, in one atomic step; a refused request gets a 429 that
-// LLM client SDKs understand and never reaches the next handler.
+// spend budgets per calendar day and month, over a chain of scopes. A
+// request is admitted only if every limit of its chain fits, in one atomic
+// step; a refused request gets a 429 that LLM client SDKs understand and
+// never reaches the next handler. The repository's docs/ folder is its
+// manual; docs/http.md has the answers' bodies in every dialect.
 //
 // Each request that a limit applies to (or whose required scope is empty,
 // or that is a WebSocket session the connection cap refuses) ends in one of
@@ -45,8 +47,10 @@ func init() {
 //	                     the refusal placeholders describe what it would have done
 //	refused_empty_scope  a required scope is empty: 403, before any store call
 //	refused_ambiguous_scope
-//	                     a scope's one header sent more than once, or two different
-//	                     credentials for api_key: 400, before any store call
+//	                     a scope's one header sent more than once, two different
+//	                     credentials for api_key, or a model named twice (a body's
+//	                     "model" under two spellings, a session URL's model
+//	                     parameter): 400, before any store call
 //	refused_body_memory  the body found no room under body_memory in time: 503
 //	failed_open          the store failed; passed on unchecked (on_redis_error allow)
 //	failed_closed        the store failed; 503 (on_redis_error deny)
@@ -58,8 +62,9 @@ func init() {
 // These placeholders are set for those requests, for logs and handle_errors:
 //
 //	{http.rolter_ratelimit.model}          the model the request asks for (the JSON body's
-//	                                       "model", or Gemini's and Azure OpenAI's path
-//	                                       segment), set before the chain is resolved when a
+//	                                       "model", Gemini's and Azure OpenAI's path
+//	                                       segment, or a realtime session's URL model
+//	                                       parameter), set before the chain is resolved when a
 //	                                       scope's value names it, so that scopes can be
 //	                                       per model: "" when there is none
 //	{http.rolter_ratelimit.api_key}        the credential the request's API reads, as its
@@ -106,36 +111,51 @@ type Handler struct {
 	// budget is answered 503 either way: its spend could not be counted.
 	OnRedisError string `json:"on_redis_error,omitempty"`
 
-	// OnRefusal is "respond" (the default: the handler writes the 429 itself)
-	// or "error" (it returns a handler error with status 429, for handle_errors).
+	// OnRefusal is "respond" (the default: the handler writes its answers
+	// itself) or "error": it returns a handler error with the answer's
+	// status (429, or Status, for a refusal by a limit), for handle_errors,
+	// with the headers and placeholders already set. A store failure's 503
+	// (on_redis_error deny, or under a budget) is always written.
 	OnRefusal string `json:"on_refusal,omitempty"`
 
 	// Status is the HTTP status of a refusal by any limit, of any kind
-	// (400 to 599; default 429). The 503 of on_redis_error deny and of the
-	// realtime session cap are not refusals by a limit and keep theirs.
+	// (400 to 599; default 429). The handler's other answers are not
+	// refusals by a limit and keep their status: the 503 of a store failure,
+	// of the realtime session cap, of body_memory and of a cap per request
+	// that cannot be read, the 403 of an empty required scope and the 400s.
 	Status int `json:"status,omitempty"`
 
-	// Headers lists the rate-limit header families to send: "openai" (the
-	// default: x-ratelimit-*), "ietf" (RateLimit-Policy and RateLimit),
-	// "scg" (Spring Cloud Gateway's X-RateLimit-Remaining,
-	// -Burst-Capacity, -Replenish-Rate and -Requested-Tokens, for token
-	// buckets), or "off" alone for none.
+	// Headers lists the rate-limit header families to send: "openai"
+	// (x-ratelimit-*), "anthropic" (anthropic-ratelimit-requests-*,
+	// -tokens-*, -input-tokens-* and -output-tokens-*), "ietf"
+	// (RateLimit-Policy and RateLimit), "scg" (Spring Cloud Gateway's
+	// X-RateLimit-Remaining, -Burst-Capacity, -Replenish-Rate and
+	// -Requested-Tokens, for token buckets), several of them, or "off" alone
+	// for none. Default: the dialect's, "anthropic" for a request in
+	// Anthropic's dialect, else "openai". The families sent replace the
+	// upstream's headers of the same families.
 	Headers []string `json:"headers,omitempty"`
 
 	// EnsureStreamUsage adds stream_options.include_usage to OpenAI streaming
 	// chat-completions requests that lack it, so that their tokens can be
 	// charged, and removes the usage chunk it adds from what the client
-	// receives. Default true. Only requests whose chain caps tokens are touched.
+	// receives. Default true. Only requests whose chain caps tokens or spend
+	// are touched.
 	EnsureStreamUsage *bool `json:"ensure_stream_usage,omitempty"`
 
 	// Realtime configures WebSocket sessions (realtime.go). Every WebSocket
-	// upgrade that the handler's matcher covers is a session.
+	// handshake that the handler's matcher covers is a session: a GET
+	// upgrading to websocket over HTTP/1.1, or an extended CONNECT over
+	// HTTP/2 or HTTP/3 (refused where its tokens or spend would go
+	// uncounted).
 	Realtime *RealtimeConfig `json:"realtime,omitempty"`
 
 	// Dialect is the API shape of the handler's own answers (refusals and
 	// errors): "openai", "anthropic" or "gemini". Default: the API the
-	// request's path names (Anthropic's …/v1/messages, Gemini's
-	// …/models/<model>:generateContent and its siblings), else OpenAI.
+	// request's path names (Anthropic's …/v1/messages and its models on
+	// Vertex AI, Gemini's …/models/<model>:generateContent and its
+	// siblings), else OpenAI. It also names the API whose credential the
+	// api_key placeholder reads.
 	Dialect string `json:"dialect,omitempty"`
 
 	// ReserveTokens reserves, when a request is admitted, the tokens it may
@@ -150,9 +170,9 @@ type Handler struct {
 	// are always reactive.
 	ReserveTokens *bool `json:"reserve_tokens,omitempty"`
 
-	// ReserveOutput is the output reserved for a request that names no
-	// output cap, default 1024; that request's reservation is then at most
-	// each cap of its chain.
+	// ReserveOutput is the output reserved for each choice of a request that
+	// names no output cap: a positive number of tokens, default 1024; that
+	// request's reservation is then at most each cap of its chain.
 	ReserveOutput int64 `json:"reserve_output,omitempty"`
 
 	// BodyMemory caps, in bytes, the memory held at once by the request
@@ -194,13 +214,15 @@ type Handler struct {
 
 	// Wait holds a request refused by a window or a bucket whose exact wait
 	// is within it until then, and admits it again, rather than refusing
-	// it (wait.go). Default 0: refuse at once.
+	// it (wait.go); a refusal by a budget or a cap on requests in flight
+	// never waits. A duration ("2s", or an integer of nanoseconds). Default
+	// 0: refuse at once.
 	Wait caddy.Duration `json:"wait,omitempty"`
 
 	// MaxWaiting caps the requests waiting at once in this Caddy process,
 	// across its handlers; past it a request is refused at once. A request
 	// reads its body before it takes a place, so that a client slow to
-	// send it holds none. Default 1000.
+	// send it holds none. A positive integer; default 1000.
 	MaxWaiting int64 `json:"max_waiting,omitempty"`
 
 	// Shadow makes every limit a shadow limit (LimitConfig.Shadow).
@@ -261,17 +283,21 @@ type Scope struct {
 
 // LimitConfig caps one id of a scope, every id that starts with a prefix
 // ("gpt-4o*"), or every id of it ("*"): per minute, per day, with a token
-// bucket, in flight, or any of these; every cap must admit a request. Each window cap is
-// a positive integer of at most 10^11. Tokens are those the response's usage
-// reports: TPM and TPD count all of them, ITPM and ITPD its input (prompt)
-// tokens, OTPM and OTPD its output (completion) tokens; the README's table
-// names the usage fields of each provider that each counts.
+// bucket, in flight, in US dollars spent, or any of these; every cap must
+// admit a request. Each window cap is a positive integer of at most 10^11.
+// Tokens are those the response's usage reports: TPM and TPD count all of
+// them, ITPM and ITPD its input (prompt) tokens, OTPM and OTPD its output
+// (completion) tokens; the table of docs/tokens.md names the usage fields
+// of each provider that each counts.
 type LimitConfig struct {
 	// Scope names a scope of the chain.
 	Scope string `json:"scope"`
 	// ID is the id as it appears in requests (placeholders such as
-	// {env.VIP_KEY} are resolved when the config loads), or "*" for the
-	// default of every id of the scope that has no limit of its own.
+	// {env.VIP_KEY} are resolved when the config loads, and one that
+	// resolves to nothing fails the load); "<prefix>*" for every id that
+	// starts with the prefix, as one pool (the longest prefix wins, and an
+	// exact id beats it); or "*" for the default of every id of the scope
+	// that has no limit of its own.
 	ID string `json:"id"`
 	// RPM caps requests per minute; 0 or absent: no cap (so for each
 	// window).
@@ -294,18 +320,20 @@ type LimitConfig struct {
 	// OTPD caps output tokens per day.
 	OTPD int64 `json:"otpd,omitempty"`
 	// Rate is the refill of a token bucket, in tokens per second: a positive
-	// decimal with at most three places, such as 10 or 0.5, refilled from
-	// elapsed time at millisecond precision. Absent: no bucket.
+	// decimal with at most three places, such as 10 or 0.5, of at most
+	// 1000000, refilled from elapsed time at millisecond precision. Absent:
+	// no bucket.
 	Rate json.Number `json:"rate,omitempty"`
 	// Burst is the bucket's capacity in tokens, required with Rate: a full
-	// bucket admits that many requests at once.
+	// bucket admits that many requests at once. At most 10^9.
 	Burst int64 `json:"burst,omitempty"`
 	// Cost is the tokens an admitted request takes from the bucket; default
 	// 1, at most Burst.
 	Cost int64 `json:"cost,omitempty"`
 	// Concurrent caps the requests of the id in flight at once, a WebSocket
-	// session counting for its whole life; 0 or absent: no cap. A request
-	// refused by it is answered without a wait (none is known).
+	// session counting for its whole life: a positive integer of at most
+	// 10^11; 0 or absent: no cap. A request refused by it is answered
+	// without a wait (none is known). Its slots are leased (SlotLease).
 	Concurrent int64 `json:"concurrent,omitempty"`
 	// BudgetDay caps what the id spends per calendar day, in US dollars:
 	// a positive decimal such as 20 or 2.50, exact to the nano-dollar, of
