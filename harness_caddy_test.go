@@ -391,8 +391,16 @@ func startCaddyProcess(t *testing.T, bin, upstreamURL, body string) *caddyProces
 // besides those every gateway has, and returns once it serves its site.
 func startCaddyProcessWith(t *testing.T, bin, upstreamURL, globals, body string) *caddyProcess {
 	t.Helper()
+	return startCaddyProcessOn(t, freePort, bin, upstreamURL, globals, body)
+}
+
+// startCaddyProcessOn is startCaddyProcessWith on the ports pick chooses
+// (its site's, then its admin endpoint's), or on other free ones if one was
+// taken.
+func startCaddyProcessOn(t *testing.T, pick func() int, bin, upstreamURL, globals, body string) *caddyProcess {
+	t.Helper()
 	var p *caddyProcess
-	onFreePorts(t, freePort, func(pick func() int) error {
+	onFreePorts(t, pick, func(pick func() int) error {
 		var err error
 		port, admin := pick(), pick()
 		p, err = tryCaddyProcess(t, bin, port, admin, gatewayCaddyfile(admin, port, globals, body, upstreamURL))

@@ -57,7 +57,8 @@ func waitCount(t testing.TB, what string, count func() int64, want int64) {
 }
 
 // A gateway whose port another socket takes between freePort's probe and
-// Caddy's bind starts on another port, and serves there.
+// Caddy's bind starts on another port, and serves there: in this process,
+// and as a process of its own.
 func TestAGatewayWhosePortIsTakenBeforeItBindsStartsOnAnother(t *testing.T) {
 	taken, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -65,12 +66,29 @@ func TestAGatewayWhosePortIsTakenBeforeItBindsStartsOnAnother(t *testing.T) {
 	}
 	defer taken.Close()
 	port := taken.Addr().(*net.TCPAddr).Port
-	up := newUpstream(t)
-	gw := startGatewayOn(t, func() int { return port }, up.URL, "", "\treverse_proxy {upstream}")
-	if gw.port == port {
-		t.Fatalf("the gateway says it serves on %d, the port another socket holds", port)
+	takenFirst := func() func() int {
+		first := true
+		return func() int {
+			if first {
+				first = false
+				return port
+			}
+			return freePort()
+		}
 	}
-	if res, body := gw.do(t); res.StatusCode != 200 || body != chatCompletion || up.hits.Load() != 1 {
-		t.Fatalf("the gateway on its new port answered %d %s, and the upstream saw %d requests", res.StatusCode, body, up.hits.Load())
+	up := newUpstream(t)
+	gw := startGatewayOn(t, takenFirst(), up.URL, "", "\treverse_proxy {upstream}")
+	p := startCaddyProcessOn(t, takenFirst(), caddyBinary(t), up.URL, "", "\treverse_proxy {upstream}")
+	c := flightClient(t)
+	for _, url := range []string{gw.url, p.url} {
+		if url == fmt.Sprintf("http://127.0.0.1:%d", port) {
+			t.Fatalf("a gateway says it serves on %d, the port another socket holds", port)
+		}
+		if a := post(c, url); a.err != nil || a.status != 200 || a.body != chatCompletion {
+			t.Fatalf("the gateway at %s answered %d %s %v", url, a.status, a.body, a.err)
+		}
+	}
+	if n := up.hits.Load(); n != 2 {
+		t.Fatalf("the upstream saw %d requests, want one from each gateway", n)
 	}
 }
