@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"slices"
 	"strconv"
@@ -47,16 +46,7 @@ func adminAt(t *testing.T, admin int, method, path, query, form string) (*http.R
 	if form != "" {
 		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	}
-	res, err := adminClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
-	got, err := io.ReadAll(res.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return res, got
+	return mustDo(t, adminClient, req)
 }
 
 // adminAnswer is the JSON answer of a route of the admin endpoint, which
@@ -101,17 +91,15 @@ func waitLiveView(t *testing.T, query string, done func(UsageView) bool) UsageVi
 // port admin.
 func waitLiveViewAt(t *testing.T, admin int, query string, done func(UsageView) bool) UsageView {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		v, body := getLiveViewAt(t, admin, query)
-		if done(v) {
-			return v
+	var v UsageView
+	eventually(t, func() error {
+		var body []byte
+		if v, body = getLiveViewAt(t, admin, query); !done(v) {
+			return fmt.Errorf("the live view has not reached the expected state: %s", body)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the live view never reached the expected state: %s", body)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
+	return v
 }
 
 // apiError is the error answer of Caddy's admin API.
@@ -523,27 +511,12 @@ func TestAdminLiveViewReadsEachHandlersStoredFormOfTheID(t *testing.T) {
 // one more for each request admitted, one less as each ends.
 func TestAdminLiveViewShowsTheSlotsHeldOfACapOnRequestsInFlight(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		arrived, release := make(chan struct{}, 2), make(chan struct{})
-		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-			arrived <- struct{}{}
-			<-release
-			w.Header().Set("Content-Type", "application/json")
-			_, _ = io.WriteString(w, `{"object":"chat.completion"}`)
-		}))
-		t.Cleanup(up.Close)
+		up := newUpstream(t)
 		team := uniqueID(t)
 		gw := startGateway(t, up.URL, limited(store, `
 			scope team {http.request.header.X-Team} readable
 			limit team * concurrent 3`))
-		done := make(chan struct{})
-		for range 2 {
-			go func() {
-				defer func() { done <- struct{}{} }()
-				gw.do(t, "X-Team: "+team)
-			}()
-		}
-		<-arrived
-		<-arrived
+		_, finish := heldBurst(t, flightClient(t), []string{gw.url}, up, 2, "X-Team: "+team)
 		v, body := getLiveView(t, "scope=team&id="+team)
 		if len(v.Limits) != 1 || v.Limits[0].Store != storeKind(store) {
 			t.Fatalf("%s", body)
@@ -551,9 +524,7 @@ func TestAdminLiveViewShowsTheSlotsHeldOfACapOnRequestsInFlight(t *testing.T) {
 		if c := v.Limits[0].Concurrent; c == nil || *c != (UsageSlots{Limit: 3, InFlight: 2, Remaining: 1}) || !v.Limits[0].Admits {
 			t.Fatalf("with 2 of 3 requests in flight: %s", body)
 		}
-		close(release)
-		<-done
-		<-done
+		finish()
 		waitLiveView(t, "scope=team&id="+team, func(v UsageView) bool {
 			return *v.Limits[0].Concurrent == UsageSlots{Limit: 3, InFlight: 0, Remaining: 3}
 		})

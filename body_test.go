@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -180,7 +181,7 @@ func stallAll(t *testing.T, gw *gateway, from string, n, sent int) []*upload {
 	for i := range uploads {
 		uploads[i] = startUpload(t, gw, from, "", sent)
 	}
-	waitUntil(t, "the stalled bodies hold all of body_memory", func() bool { return bodiesHeld.bytesHeld() == 8<<20 })
+	waitBodiesHeld(t, 8<<20)
 	return uploads
 }
 
@@ -227,27 +228,27 @@ func postPaced(t *testing.T, gw *gateway, size int) (*http.Response, []byte) {
 }
 
 // answered503 waits until one of uploads is answered 503, as a body that
-// gave way is.
+// gave way is: the first answer of any of them must be that 503.
 func answered503(t *testing.T, uploads []*upload) {
 	t.Helper()
-	deadline := time.After(10 * time.Second)
-	for {
-		for _, u := range uploads {
-			select {
-			case line := <-u.lines:
-				if !strings.HasPrefix(line, "HTTP/1.1 503") {
-					t.Fatalf("a stalled body was answered %q, want 503", line)
-				}
-				return
-			default:
-			}
-		}
-		select {
-		case <-deadline:
-			t.Fatal("no stalled body gave way (503)")
-		case <-time.After(5 * time.Millisecond):
-		}
+	cases := []reflect.SelectCase{{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(time.After(waitBound))}}
+	for _, u := range uploads {
+		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(u.lines)})
 	}
+	chosen, line, _ := reflect.Select(cases)
+	if chosen == 0 {
+		t.Fatal("no stalled body gave way (503)")
+	}
+	if !strings.HasPrefix(line.String(), "HTTP/1.1 503") {
+		t.Fatalf("a stalled body was answered %q, want 503", line)
+	}
+}
+
+// waitBodiesHeld waits until the bodies being read hold want bytes of
+// body_memory.
+func waitBodiesHeld(t *testing.T, want int64) {
+	t.Helper()
+	waitCount(t, "bytes held by the bodies being read", bodiesHeld.bytesHeld, want)
 }
 
 // One client cannot keep body_memory from another: four connections each
@@ -270,7 +271,7 @@ func TestStalledBodiesGiveWayToABodySentAtANormalPace(t *testing.T) {
 			for _, u := range stalled {
 				u.conn.Close()
 			}
-			waitUntil(t, "the stalled bodies' memory is given back", func() bool { return bodiesHeld.bytesHeld() == 0 })
+			waitBodiesHeld(t, 0)
 		}
 	})
 }
@@ -284,7 +285,7 @@ func TestStalledHTTP2StreamsGiveWayToAnotherClientsBody(t *testing.T) {
 		gw := startGatewayWith(t, newUpstream(t).URL, "\tservers {\n\t\tprotocols h1 h2c\n\t}", limited(store, `
 			scope key {http.request.header.X-Api-Key}
 			limit key * tpm 100000000
-			body_memory 8MiB`), freePort())
+			body_memory 8MiB`), 0)
 		var protocols http.Protocols
 		protocols.SetUnencryptedHTTP2(true)
 		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}}
@@ -311,7 +312,7 @@ func TestStalledHTTP2StreamsGiveWayToAnotherClientsBody(t *testing.T) {
 				statuses <- res.StatusCode
 			}()
 		}
-		waitUntil(t, "the stalled streams hold all of body_memory", func() bool { return bodiesHeld.bytesHeld() == 8<<20 })
+		waitBodiesHeld(t, 8<<20)
 		if res, got := postPaced(t, gw, 512<<10); res.StatusCode != http.StatusOK {
 			t.Fatalf("a body sent at a normal pace while another address's stalled streams held body_memory: %d %s", res.StatusCode, got)
 		}

@@ -18,16 +18,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -94,65 +90,6 @@ func (c budgetCall) send(t *testing.T, gw *gateway, headers ...string) (*http.Re
 	t.Helper()
 	c.checkEstimate(t)
 	return gw.send(t, "POST", c.path, c.body, headers...)
-}
-
-// scriptedUpstream plays the providers: it answers each request with the
-// answer a test scripted for it, which the request names in its X-Answer
-// header, and counts the requests that reach it.
-type scriptedUpstream struct {
-	*httptest.Server
-	hits    atomic.Int64
-	mu      sync.Mutex
-	answers []scriptedAnswer
-}
-
-type scriptedAnswer struct {
-	status      int
-	contentType string
-	body        string
-}
-
-func newScriptedUpstream(t *testing.T) *scriptedUpstream {
-	u := &scriptedUpstream{}
-	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		u.hits.Add(1)
-		io.Copy(io.Discard, r.Body)
-		n, err := strconv.Atoi(r.Header.Get("X-Answer"))
-		u.mu.Lock()
-		known := err == nil && n >= 0 && n < len(u.answers)
-		var a scriptedAnswer
-		if known {
-			a = u.answers[n]
-		}
-		u.mu.Unlock()
-		if !known {
-			http.Error(w, "no answer scripted for X-Answer "+r.Header.Get("X-Answer"), http.StatusTeapot)
-			return
-		}
-		w.Header().Set("Content-Type", a.contentType)
-		w.WriteHeader(a.status)
-		writeInFlushedChunks(w, []byte(a.body), 97)
-	}))
-	t.Cleanup(u.Close)
-	return u
-}
-
-// script scripts an answer and returns the header line that asks for it.
-func (u *scriptedUpstream) script(status int, contentType, body string) string {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	u.answers = append(u.answers, scriptedAnswer{status, contentType, body})
-	return "X-Answer: " + strconv.Itoa(len(u.answers)-1)
-}
-
-// json scripts a 200 with a JSON body.
-func (u *scriptedUpstream) json(body string) string {
-	return u.script(http.StatusOK, "application/json", body)
-}
-
-// sse scripts a 200 that streams the server-sent events.
-func (u *scriptedUpstream) sse(events ...string) string {
-	return u.script(http.StatusOK, "text/event-stream", strings.Join(events, "\n\n")+"\n\n")
 }
 
 // openAIUsage is an OpenAI chat completion that reports usage.
@@ -303,7 +240,7 @@ price m-budget input 1 output 4 cache_read 0.10 cache_write 1.25`, usdText(10*fo
 // the ten real costs spent, and nothing reserved. Then what the
 // settlements gave back is budget again, at once: it fits nine largest
 // costs, and of twelve more requests exactly nine are admitted.
-func fortyAgainstTen(t *testing.T, urls []string, admin int, up *flightUpstream, redisURL string) {
+func fortyAgainstTen(t *testing.T, urls []string, admin int, up *fakeUpstream, redisURL string) {
 	t.Helper()
 	team := uniqueID(t)
 	call := openAICall("m-budget", false)
@@ -320,7 +257,7 @@ func fortyAgainstTen(t *testing.T, urls []string, admin int, up *flightUpstream,
 		t.Helper()
 		sent := clock()
 		refused, finish := heldBurstOf(t, urls, up, n, func(url string) flightAnswer {
-			return postTo(c, url, call.path, call.body, "X-Team: "+team)
+			return postTo(c, url, call.path, call.body, "X-Team: "+team, "X-Upstream: "+upstreamHeld)
 		})
 		received := clock()
 		if open := up.open.Load(); open != int64(admitted) || len(refused) != n-admitted {
@@ -367,7 +304,7 @@ func fortyAgainstTen(t *testing.T, urls []string, admin int, up *flightUpstream,
 
 func TestFortyConcurrentRequestsAgainstABudgetOfTenLargestCostsAdmitExactlyTen(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		up := newFlightUpstream(t)
+		up := newUpstream(t)
 		gw := flightGatewayOn(t, up, store, fortyLines)
 		fortyAgainstTen(t, []string{gw.url}, caddyAdmin(), up, strings.TrimPrefix(store, "redis "))
 	})
@@ -375,7 +312,7 @@ func TestFortyConcurrentRequestsAgainstABudgetOfTenLargestCostsAdmitExactlyTen(t
 
 func TestThreeGatewayProcessesOnRedisAdmitExactlyTenOfFortyRequestsUnderOneBudget(t *testing.T) {
 	url := redisURLFromEnv(t)
-	up := newFlightUpstream(t)
+	up := newUpstream(t)
 	gws := startCaddyProcesses(t, 3, up, limited(flightStore("redis "+url), fortyLines+"\non_redis_error deny"))
 	fortyAgainstTen(t, urlsOf(gws), gws[0].admin, up, url)
 }
@@ -387,7 +324,7 @@ func TestThreeGatewayProcessesOnRedisAdmitExactlyTenOfFortyRequestsUnderOneBudge
 // reservation back, and a success without usage keeps it as its cost.
 func TestSettlementLeavesTheBudgetSpentAtExactlyTheSumOfTheCostsTheUpstreamReported(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		up := newScriptedUpstream(t)
+		up := newUpstream(t)
 		gw := flightGatewayTo(t, up.URL, store, teamLines+`
 			limit team * budget_day 1 budget_month 5
 			price gpt-4o input 2.50 output 10 cache_read 1.25`)
@@ -443,7 +380,7 @@ func TestCachedInputAndCacheWritesArePricedAsEachProviderReportsThem(t *testing.
 		t.Fatal(err)
 	}
 	eachStore(t, func(t *testing.T, store string) {
-		up := newScriptedUpstream(t)
+		up := newUpstream(t)
 		gw := flightGatewayTo(t, up.URL, store, teamLines+`
 			limit team * budget_day 100 budget_month 1000
 			prices `+prices)
@@ -576,8 +513,8 @@ func noPriceSite(store string) string {
 // at that price.
 func TestAModelWithoutAPriceIsRefusedWith400BeforeAnyStoreCallAndAStarPriceAdmitsIt(t *testing.T) {
 	check := func(t *testing.T, store string, storeCalls func(team string) string) {
-		up := newScriptedUpstream(t)
-		gw := startGatewayWith(t, up.URL, "\tdefault_bind 127.0.0.1", noPriceSite(store), freePort())
+		up := newUpstream(t)
+		gw := startGatewayWith(t, up.URL, "", noPriceSite(store), 0)
 		team := uniqueID(t)
 		model := "mystery-" + uniqueID(t)
 		const refusedNoPrice = `caddy_rolter_ratelimit_admissions_total{outcome="refused_no_price"}`
@@ -628,8 +565,8 @@ func TestAModelWithoutAPriceIsRefusedWith400BeforeAnyStoreCallAndAStarPriceAdmit
 	})
 	t.Run("redis down", func(t *testing.T) {
 		redisURLFromEnv(t) // the Redis tests' switch, though no Redis is asked
-		up := newScriptedUpstream(t)
-		gw := startGatewayWith(t, up.URL, "\tdefault_bind 127.0.0.1", noPriceSite(fmt.Sprintf("redis redis://127.0.0.1:%d", freePort())), freePort())
+		up := newUpstream(t)
+		gw := startGatewayWith(t, up.URL, "", noPriceSite(fmt.Sprintf("redis redis://127.0.0.1:%d", freePort())), 0)
 		team := "X-Team: " + uniqueID(t)
 		if res, body := openAICall("mystery", false).send(t, gw, team); res.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "model_not_priced") {
 			t.Fatalf("an unpriced model, Redis down: %d %s, want 400 without asking the store", res.StatusCode, body)
@@ -661,7 +598,7 @@ type anthropicError struct {
 // large.
 func TestARequestTooLargeForItsBudgetIsRefusedAndChargesNothing(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		up := newScriptedUpstream(t)
+		up := newUpstream(t)
 		// big: $10 and $30 per million, so at most 10 × 10_000 + 100 ×
 		// 30_000 = 3_100_000 n$ a request. Every team has a day budget
 		// of a nano-dollar less; the team exact has exactly that.
@@ -712,7 +649,7 @@ func TestARequestTooLargeForItsBudgetIsRefusedAndChargesNothing(t *testing.T) {
 // own.
 func TestSpendMetricsMoveByTheExactAmountsUnderTheConfiguredPriceName(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		up := newScriptedUpstream(t)
+		up := newUpstream(t)
 		family := uniqueID(t) + "-gpt" // a prefix entry of this test's own: a new series
 		gw := flightGatewayTo(t, up.URL, store, teamLines+fmt.Sprintf(`
 			limit team * budget_day 10
@@ -755,7 +692,7 @@ func TestSpendMetricsMoveByTheExactAmountsUnderTheConfiguredPriceName(t *testing
 // and is charged at the file's new prices.
 func TestAReloadRereadsThePriceFileAndTheNextRequestIsPricedAtItsNewPrices(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		up := newScriptedUpstream(t)
+		up := newUpstream(t)
 		file := filepath.Join(t.TempDir(), "prices.json")
 		writePrices := func(input, output string) {
 			t.Helper()
@@ -765,9 +702,8 @@ func TestAReloadRereadsThePriceFileAndTheNextRequestIsPricedAtItsNewPrices(t *te
 			}
 		}
 		writePrices("1e-06", "2e-06")
-		port, globals := freePort(), "\tdefault_bind 127.0.0.1"
 		site := limited(flightStore(store), teamLines+"limit team * budget_day 10\nprices "+file+"\non_redis_error deny")
-		gw := startGatewayWith(t, up.URL, globals, site, port)
+		gw := startGatewayWith(t, up.URL, "", site, 0)
 		team := uniqueID(t)
 		reserved := `caddy_rolter_ratelimit_spend_reserved_nanodollars_total{price="reload-model"}`
 		used := up.json(openAIUsage(`{"prompt_tokens":10,"completion_tokens":20,"total_tokens":30}`))
@@ -778,7 +714,7 @@ func TestAReloadRereadsThePriceFileAndTheNextRequestIsPricedAtItsNewPrices(t *te
 		}{{"1e-06", "2e-06", 1000, 2000}, {"3e-06", "5e-06", 3000, 5000}} {
 			if i > 0 {
 				writePrices(p.input, p.output)
-				if code, body, err := postLoad(caddyAdmin(), gatewayCaddyfile(caddyAdmin(), port, globals, site, up.URL)); err != nil || code != 200 {
+				if code, body, err := postLoad(caddyAdmin(), gatewayCaddyfile(caddyAdmin(), gw.port, "", site, up.URL), true); err != nil || code != 200 {
 					t.Fatalf("POST /load: %d %s %v", code, body, err)
 				}
 				// The old config's server closes the connections it kept:
@@ -810,7 +746,7 @@ func TestASpentBudgetIsRefusedAsEachProvidersQuotaErrorUntilItRenews(t *testing.
 		t.Fatal(err)
 	}
 	eachStore(t, func(t *testing.T, store string) {
-		up := newScriptedUpstream(t)
+		up := newUpstream(t)
 		// quota-model: $1 and $2 per million; a request reserves 10 × 1000
 		// + 100 × 2000 = 210_000 n$, the whole day budget.
 		const largest = budgetInput*1000 + budgetMaxTokens*2000

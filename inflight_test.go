@@ -2,258 +2,51 @@ package ratelimit
 
 // Requests in flight (concurrent, slot_lease: slots.go), end to end: a real
 // Caddy over real HTTP in front of an upstream that holds its requests open
-// and measures how many it had open at once. The in-process Caddy of
-// module_test.go serves the tests of one gateway; the tests of several
-// gateways, or of one killed with SIGKILL, run each gateway as a Caddy
-// process of its own (./cmd/caddy, built once per run of the test binary),
-// every one with its own Redis client, on loopback.
-//
-// Identifiers of this file other than the tests are prefixed with "flight"
-// where a plain name could meet one of the package's other test files.
+// (X-Upstream: held) and measures how many it had open at once. The tests
+// of several gateways, or of one killed with SIGKILL, run each gateway as a
+// Caddy process of its own (harness_caddy_test.go).
 
 import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"os"
-	"os/exec"
-	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/gorilla/websocket"
 
+	"github.com/rolter/caddy-ratelimit/internal/poll"
 	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
 
-// TestMain removes the Caddy binary the process tests built.
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if flightCaddy.dir != "" {
-		os.RemoveAll(flightCaddy.dir)
-	}
-	os.Exit(code)
-}
-
-// flightWait bounds every wait of these tests for something that happens
-// at once on an idle machine (a request answered, a free counted).
-const flightWait = 10 * time.Second
-
-// How the flight upstream answers a request, by its X-Upstream header.
-const (
-	upstreamHeld = ""     // holds it until the test releases it, then answers a chat completion
-	upstreamFast = "fast" // answers a chat completion at once
-	upstream500  = "500"  // answers 500 at once
-	upstreamSSE  = "sse"  // streams events until released, or for X-Hold
-	upstreamCut  = "cut"  // sends the first event, then closes the connection
-)
-
-// flightUpstream plays an LLM API whose answers take as long as the test
-// says, and measures the largest number of requests it had open at once.
-// A WebSocket handshake opens a session that echoes every message.
-type flightUpstream struct {
-	*httptest.Server
-	open, peak atomic.Int64
-	// arrived gets one value for each held request (upstreamHeld) once it
-	// has reached the upstream.
-	arrived chan struct{}
-	mu      sync.Mutex
-	gate    chan struct{} // closed by release: the held requests that saw it answer
-	closed  chan struct{} // the test is over: nothing is held any more
-}
-
-func newFlightUpstream(t *testing.T) *flightUpstream {
-	u := &flightUpstream{arrived: make(chan struct{}, 1024), gate: make(chan struct{}), closed: make(chan struct{})}
-	u.Server = httptest.NewServer(http.HandlerFunc(u.serve))
-	t.Cleanup(func() {
-		close(u.closed)
-		u.Close()
-	})
-	return u
-}
-
-// release answers every request held so far; later ones are held again.
-func (u *flightUpstream) release() {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	close(u.gate)
-	u.gate = make(chan struct{})
-}
-
-func (u *flightUpstream) currentGate() chan struct{} {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	return u.gate
-}
-
-const flightChunk = `data: {"object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hi"}}]}` + "\n\n"
-
-func (u *flightUpstream) serve(w http.ResponseWriter, r *http.Request) {
-	n := u.open.Add(1)
-	defer u.open.Add(-1)
-	for p := u.peak.Load(); n > p && !u.peak.CompareAndSwap(p, n); p = u.peak.Load() {
-	}
-	if isWebSocketHandshake(r) {
-		u.echo(w, r)
-		return
-	}
-	io.Copy(io.Discard, r.Body)
-	safety := time.NewTimer(2 * flightWait) // nothing is held forever
-	defer safety.Stop()
-	mode := r.Header.Get("X-Upstream")
-	switch mode {
-	case upstreamHeld:
-		gate := u.currentGate()
-		u.arrived <- struct{}{}
-		select {
-		case <-gate:
-		case <-r.Context().Done():
-			return
-		case <-u.closed:
-		case <-safety.C:
-		}
-	case upstream500:
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusInternalServerError)
-		io.WriteString(w, `{"error":{"message":"upstream failed","type":"server_error"}}`)
-		return
-	case upstreamSSE, upstreamCut:
-		w.Header().Set("Content-Type", "text/event-stream")
-		rc := http.NewResponseController(w)
-		io.WriteString(w, flightChunk)
-		rc.Flush()
-		if mode == upstreamCut {
-			if conn, _, err := rc.Hijack(); err == nil {
-				conn.Close()
-			}
-			return
-		}
-		var hold <-chan time.Time
-		if d, err := time.ParseDuration(r.Header.Get("X-Hold")); err == nil {
-			timer := time.NewTimer(d)
-			defer timer.Stop()
-			hold = timer.C
-		}
-		gate, tick := u.currentGate(), time.NewTicker(250*time.Millisecond)
-		defer tick.Stop()
-	stream:
-		for {
-			select {
-			case <-tick.C:
-				io.WriteString(w, flightChunk)
-				rc.Flush()
-			case <-hold:
-				break stream
-			case <-gate:
-				break stream
-			case <-r.Context().Done():
-				return
-			case <-u.closed:
-				return
-			case <-safety.C:
-				return
-			}
-		}
-		io.WriteString(w, "data: [DONE]\n\n")
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	io.WriteString(w, `{"object":"chat.completion","usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}`)
-}
-
-// echo serves a WebSocket session that echoes every message until either
-// side closes it.
-func (u *flightUpstream) echo(w http.ResponseWriter, r *http.Request) {
-	conn, err := (&websocket.Upgrader{}).Upgrade(w, r, nil)
-	if err != nil {
-		return
-	}
-	defer conn.Close()
-	for {
-		kind, msg, err := conn.ReadMessage()
-		if err != nil || conn.WriteMessage(kind, msg) != nil {
-			return
-		}
-	}
-}
-
-// flightAnswer is one request's answer as its client got it; err is set
-// when it got none, or not all of it.
-type flightAnswer struct {
-	status int
-	header http.Header
-	body   string
-	err    error
-}
-
-// flightClient keeps a connection per request that may be in flight at
-// once, so that no request waits for a connection.
-func flightClient(t *testing.T) *http.Client {
-	tr := &http.Transport{MaxIdleConnsPerHost: 100, DisableCompression: true}
-	t.Cleanup(tr.CloseIdleConnections)
-	return &http.Client{Transport: tr, Timeout: 3 * flightWait}
-}
-
-// post sends a chat completion to the gateway at url with the given header
-// lines ("Name: value") and reads the whole answer. It may run in any
-// goroutine: it reports what went wrong in the answer.
-func post(c *http.Client, url string, headers ...string) flightAnswer {
-	return postTo(c, url, "/v1/chat/completions", `{"model":"m"}`, headers...)
-}
-
-// postTo is post of body to path.
-func postTo(c *http.Client, url, path, body string, headers ...string) flightAnswer {
-	req, err := http.NewRequest("POST", url+path, strings.NewReader(body))
-	if err != nil {
-		return flightAnswer{err: err}
-	}
-	req.Header.Set("Content-Type", "application/json")
-	setHeaders(req, headers)
-	res, err := c.Do(req)
-	if err != nil {
-		return flightAnswer{err: err}
-	}
-	defer res.Body.Close()
-	answer, err := io.ReadAll(res.Body)
-	return flightAnswer{status: res.StatusCode, header: res.Header, body: string(answer), err: err}
-}
-
-// mustPost sends a request that must be answered with want.
-func mustPost(t *testing.T, c *http.Client, url string, want int, what string, headers ...string) flightAnswer {
+// heldBurst sends n requests at once that the upstream holds, spread over
+// the gateways at urls, and returns once every one of them has either been
+// answered or reached the upstream: refused holds the answers so far (the
+// refused requests'). finish releases the upstream and returns all n
+// answers.
+func heldBurst(t *testing.T, c *http.Client, urls []string, up *fakeUpstream, n int, headers ...string) (refused []flightAnswer, finish func() []flightAnswer) {
 	t.Helper()
-	a := post(c, url, headers...)
-	if a.err != nil || a.status != want {
-		t.Fatalf("%s: %d %s %v, want %d", what, a.status, a.body, a.err, want)
-	}
-	return a
-}
-
-// heldBurst sends n held requests at once, spread over the gateways at
-// urls, and returns once every one of them has either been answered or
-// reached the upstream: refused holds the answers so far (the refused
-// requests'). finish releases the upstream and returns all n answers.
-func heldBurst(t *testing.T, c *http.Client, urls []string, up *flightUpstream, n int, headers ...string) (refused []flightAnswer, finish func() []flightAnswer) {
-	t.Helper()
+	headers = append(slices.Clone(headers), "X-Upstream: "+upstreamHeld)
 	return heldBurstOf(t, urls, up, n, func(url string) flightAnswer { return post(c, url, headers...) })
 }
 
 // heldBurstOf is heldBurst of the requests that send sends to the gateway
-// at url (from any goroutine).
-func heldBurstOf(t *testing.T, urls []string, up *flightUpstream, n int, send func(url string) flightAnswer) (refused []flightAnswer, finish func() []flightAnswer) {
+// at url (from any goroutine), which must ask the upstream to hold them.
+func heldBurstOf(t *testing.T, urls []string, up *fakeUpstream, n int, send func(url string) flightAnswer) (refused []flightAnswer, finish func() []flightAnswer) {
 	t.Helper()
 	answers := make(chan flightAnswer, n)
 	for i := range n {
 		go func() { answers <- send(urls[i%len(urls)]) }()
 	}
-	deadline := time.NewTimer(flightWait)
+	deadline := time.NewTimer(waitBound)
 	defer deadline.Stop()
 	for arrived := 0; arrived+len(refused) < n; {
 		select {
@@ -262,38 +55,25 @@ func heldBurstOf(t *testing.T, urls []string, up *flightUpstream, n int, send fu
 		case a := <-answers:
 			refused = append(refused, a)
 		case <-deadline.C:
-			t.Fatalf("%d of %d requests reached the upstream or were answered within %v", arrived+len(refused), n, flightWait)
+			t.Fatalf("%d of %d requests reached the upstream or were answered within %v", arrived+len(refused), n, waitBound)
 		}
 	}
 	return refused, func() []flightAnswer {
 		t.Helper()
 		up.release()
 		all := append([]flightAnswer(nil), refused...)
-		deadline := time.NewTimer(flightWait)
+		deadline := time.NewTimer(waitBound)
 		defer deadline.Stop()
 		for len(all) < n {
 			select {
 			case a := <-answers:
 				all = append(all, a)
 			case <-deadline.C:
-				t.Fatalf("%d of %d requests answered within %v of their release", len(all), n, flightWait)
+				t.Fatalf("%d of %d requests answered within %v of their release", len(all), n, waitBound)
 			}
 		}
 		return all
 	}
-}
-
-// statuses counts the answers by status, 0 for a request that got none.
-func statuses(answers []flightAnswer) map[int]int {
-	out := map[int]int{}
-	for _, a := range answers {
-		if a.err != nil {
-			out[0]++
-		} else {
-			out[a.status]++
-		}
-	}
-	return out
 }
 
 // concurrencyRefusalProblem says what is wrong with a, which must be a
@@ -340,17 +120,12 @@ const slotsHeldMetric = `caddy_rolter_ratelimit_slots_held{scope="%s"}`
 func waitSlotsHeld(t *testing.T, admin int, scope string, want float64) {
 	t.Helper()
 	name := fmt.Sprintf(slotsHeldMetric, scope)
-	deadline := time.Now().Add(flightWait)
-	for {
-		got := scrapeAt(t, admin)[name]
-		if got == want {
-			return
+	eventually(t, func() error {
+		if got := scrapeAt(t, admin)[name]; got != want {
+			return fmt.Errorf("the gateway with admin port %d holds %v slots of %s, want %v", admin, got, scope, want)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the gateway with admin port %d holds %v slots of %s, want %v", admin, got, scope, want)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // slotHoldings reads a slots hash of Redis at addr: holder → "n:lease end".
@@ -384,17 +159,12 @@ func heldInHash(t *testing.T, holdings map[string]string) int64 {
 // nothing: every free has reached Redis.
 func waitSlotsKeyEmpty(t *testing.T, addr, key string) {
 	t.Helper()
-	deadline := time.Now().Add(flightWait)
-	for {
-		h := slotHoldings(t, addr, key)
-		if len(h) == 0 {
-			return
+	eventually(t, func() error {
+		if h := slotHoldings(t, addr, key); len(h) != 0 {
+			return fmt.Errorf("%s still holds %v once every request ended", key, h)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s still holds %v once every request ended", key, h)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // redisAddr is the host:port of a redis line's URL.
@@ -410,22 +180,9 @@ func slotsOf(id string) string {
 	return slotsKey(newTaggedLimit("", "key", keyID(false, id), limitCaps{}))
 }
 
-// flightStore is the store line of the gateways of these tests: on Redis,
-// a client that waits for Redis up to 2 s. Under -race on a loaded machine
-// a call can take longer than the default 100 ms, and on_redis_error would
-// then answer for the store: these tests' gateways set it to deny, so that
-// a store failure is a 503, never an admission unchecked that would look
-// like a cap overshot.
-func flightStore(store string) string {
-	if store == "" {
-		return ""
-	}
-	return store + " {\n\ttimeout 2s\n}"
-}
-
 // flightGatewayOn starts an in-process gateway on loopback whose routes are
 // those of limited, on store's flightStore, with on_redis_error deny.
-func flightGatewayOn(t *testing.T, up *flightUpstream, store, lines string, after ...string) *gateway {
+func flightGatewayOn(t *testing.T, up *fakeUpstream, store, lines string, after ...string) *gateway {
 	t.Helper()
 	return flightGatewayTo(t, up.URL, store, lines, after...)
 }
@@ -434,7 +191,7 @@ func flightGatewayOn(t *testing.T, up *flightUpstream, store, lines string, afte
 // upstreamURL.
 func flightGatewayTo(t *testing.T, upstreamURL, store, lines string, after ...string) *gateway {
 	t.Helper()
-	return startGatewayWith(t, upstreamURL, "\tdefault_bind 127.0.0.1", limited(flightStore(store), lines+"\non_redis_error deny", after...), freePort())
+	return startGatewayWith(t, upstreamURL, "", limited(flightStore(store), lines+"\non_redis_error deny", after...), 0)
 }
 
 // capOf5 is the limiter of the tests of concurrent 5 on one key.
@@ -448,7 +205,7 @@ const capOf5 = `
 // the slots key, "" for the in-process store), and checks that exactly 5
 // were in flight, that the others were refused as they should be, and that
 // every slot is free once all have ended.
-func sixtyAgainstFive(t *testing.T, urls []string, admins []int, up *flightUpstream, redisAt, slots, key string, more ...string) {
+func sixtyAgainstFive(t *testing.T, urls []string, admins []int, up *fakeUpstream, redisAt, slots, key string, more ...string) {
 	t.Helper()
 	c := flightClient(t)
 	headers := append([]string{"X-Api-Key: " + key}, more...)
@@ -505,7 +262,7 @@ func sixtyAgainstFive(t *testing.T, urls []string, admins []int, up *flightUpstr
 
 func TestSixtyRequestsAgainstConcurrent5PutExactly5InFlightAndFreeEverySlot(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		up := newFlightUpstream(t)
+		up := newUpstream(t)
 		gw := flightGatewayOn(t, up, store, capOf5)
 		key := "sk-" + uniqueID(t)
 		addr := ""
@@ -518,7 +275,7 @@ func TestSixtyRequestsAgainstConcurrent5PutExactly5InFlightAndFreeEverySlot(t *t
 
 func TestThreeGatewayProcessesOnRedisPutExactly5Of60InFlightAndFreeEverySlot(t *testing.T) {
 	url := redisURLFromEnv(t)
-	up := newFlightUpstream(t)
+	up := newUpstream(t)
 	gws := startCaddyProcesses(t, 3, up, limited(flightStore("redis "+url), capOf5+"\non_redis_error deny"))
 	key := "sk-" + uniqueID(t)
 	sixtyAgainstFive(t, urlsOf(gws), adminsOf(gws), up, redisAddr(t, url), slotsOf(key), key)
@@ -529,7 +286,7 @@ func TestThreeGatewayProcessesOnRedisPutExactly5Of60InFlightAndFreeEverySlot(t *
 // upstream 500.
 func TestASlotIsFreedWhenTheClientHangsUpTheUpstreamCutsTheStreamOrAnswers500(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		up := newFlightUpstream(t)
+		up := newUpstream(t)
 		gw := flightGatewayOn(t, up, store, `
 			scope key {http.request.header.X-Api-Key}
 			limit key * concurrent 1`)
@@ -578,9 +335,9 @@ func TestASlotIsFreedWhenTheClientHangsUpTheUpstreamCutsTheStreamOrAnswers500(t 
 // handlers cap the key scope's requests in flight at concurrent: one for
 // the requests with the header X-Lease: long, under the default lease
 // (30 s), and one for the others, under slot_lease 1s.
-func twoLeasesGateway(t *testing.T, up *flightUpstream, store string, concurrent int) *gateway {
+func twoLeasesGateway(t *testing.T, up *fakeUpstream, store string, concurrent int) *gateway {
 	t.Helper()
-	return startGatewayWith(t, up.URL, "\tdefault_bind 127.0.0.1", fmt.Sprintf(`
+	return startGatewayWith(t, up.URL, "", fmt.Sprintf(`
 	@long header X-Lease long
 	@short not header X-Lease long
 	rolter_ratelimit @long {
@@ -596,7 +353,7 @@ func twoLeasesGateway(t *testing.T, up *flightUpstream, store string, concurrent
 		slot_lease 1s
 		on_redis_error deny
 	}
-	reverse_proxy {upstream}`, flightStore(store), concurrent), freePort())
+	reverse_proxy {upstream}`, flightStore(store), concurrent), 0)
 }
 
 // A stream that lasts three leases keeps its slot all along: the store
@@ -606,7 +363,7 @@ func twoLeasesGateway(t *testing.T, up *flightUpstream, store string, concurrent
 func TestAStreamLastingThreeLeasesKeepsItsSlotAllAlong(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		const lease = time.Second
-		up := newFlightUpstream(t)
+		up := newUpstream(t)
 		gw := twoLeasesGateway(t, up, store, 1)
 		c := flightClient(t)
 		key := "sk-" + uniqueID(t)
@@ -650,7 +407,7 @@ func TestAStreamLastingThreeLeasesKeepsItsSlotAllAlong(t *testing.T) {
 			if err != nil || !strings.HasSuffix(string(rest), "data: [DONE]\n\n") {
 				t.Fatalf("the stream ended with %q %v", rest, err)
 			}
-		case <-time.After(flightWait):
+		case <-time.After(waitBound):
 			t.Fatal("the stream did not end")
 		}
 		t.Logf("the stream lasted %v", time.Since(started).Round(time.Millisecond))
@@ -668,7 +425,7 @@ func TestAGatewayKilledWhileHoldingSlotsLosesThemWithinALease(t *testing.T) {
 	const lease = time.Second
 	url := redisURLFromEnv(t)
 	addr := redisAddr(t, url)
-	up := newFlightUpstream(t)
+	up := newUpstream(t)
 	gws := startCaddyProcesses(t, 2, up, limited(flightStore("redis "+url), capOf5+"\nslot_lease 1s\non_redis_error deny"))
 	killed, survivor := gws[0], gws[1]
 	c := flightClient(t)
@@ -687,24 +444,25 @@ func TestAGatewayKilledWhileHoldingSlotsLosesThemWithinALease(t *testing.T) {
 	at := killed.kill(t)
 	a := post(c, survivor.url, header, "X-Upstream: "+upstreamFast)
 	mustBeConcurrencyRefusal(t, "the first request to the other gateway after the kill", a, "key", 5, key)
-	for {
+	var took time.Duration
+	err := poll.Until(5*lease-time.Since(at), pollEvery, func() error {
 		sent := time.Now()
 		a = post(c, survivor.url, header, "X-Upstream: "+upstreamFast)
 		if a.err == nil && a.status == 200 {
-			took := sent.Sub(at)
-			t.Logf("the killed gateway's 5 slots were free %v after the kill (slot_lease %v)", took.Round(time.Millisecond), lease)
-			if took > lease+lease/2 {
-				t.Errorf("the killed gateway's slots held %v after the kill, want at most the lease and a margin (%v)", took, lease+lease/2)
-			}
-			break
+			took = sent.Sub(at)
+			return nil
 		}
 		if p := concurrencyRefusalProblem(a, "key", 5, key); p != "" {
 			t.Fatalf("a request to the other gateway after the kill: %s", p)
 		}
-		if time.Since(at) > 5*lease {
-			t.Fatalf("the killed gateway's slots still held %v after the kill", time.Since(at))
-		}
-		time.Sleep(20 * time.Millisecond)
+		return errors.New("refused")
+	})
+	if err != nil {
+		t.Fatalf("the killed gateway's slots still held %v after the kill", time.Since(at))
+	}
+	t.Logf("the killed gateway's 5 slots were free %v after the kill (slot_lease %v)", took.Round(time.Millisecond), lease)
+	if took > lease+lease/2 {
+		t.Errorf("the killed gateway's slots held %v after the kill, want at most the lease and a margin (%v)", took, lease+lease/2)
 	}
 	if got := statuses(finish()); got[0] != 5 {
 		t.Fatalf("the killed gateway's clients got %v, want 5 without an answer", got)
@@ -725,7 +483,7 @@ func TestAGatewayKilledWhileHoldingSlotsLosesThemWithinALease(t *testing.T) {
 func TestARealtimeSessionHoldsOneSlotUntilItCloses(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		waitOpenSessions(t, 0)
-		up := newFlightUpstream(t)
+		up := newUpstream(t)
 		gw := flightGatewayOn(t, up, store, `
 			scope key {http.request.header.Authorization}
 			limit key * concurrent 1`)
@@ -782,7 +540,7 @@ func peekInStore(t *testing.T, storeLine string, l limit) decision {
 // slot.
 func TestARefusalByTheSlotTakesNoRPMAndARefusalByRPMTakesNoSlot(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		up := newFlightUpstream(t)
+		up := newUpstream(t)
 		gw := flightGatewayOn(t, up, store, `
 			scope key {http.request.header.X-Api-Key}
 			limit key * rpm 2 concurrent 1`)
@@ -824,7 +582,7 @@ func TestARefusalByTheSlotTakesNoRPMAndARefusalByRPMTakesNoSlot(t *testing.T) {
 // exactly.
 func TestOnRedisClusterSlotsLiveInTheChainRootsSlotAndThreeGatewaysCapExactly(t *testing.T) {
 	c := startRedisCluster(t, 3)
-	up := newFlightUpstream(t)
+	up := newUpstream(t)
 	gws := startCaddyProcesses(t, 3, up, limited(flightStore("redis cluster "+strings.Join(c.URLs(), " ")), `
 			scope key {http.request.header.X-Api-Key}
 			scope org {http.request.header.X-Org} readable
@@ -845,9 +603,9 @@ func TestOnRedisClusterSlotsLiveInTheChainRootsSlotAndThreeGatewaysCapExactly(t 
 // are in flight, and none once they have ended.
 func TestAConcurrencyRefusalSetsItsPlaceholdersMetricAndLogLineAndSlotsHeldFollowsRequestsInFlight(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		up := newFlightUpstream(t)
+		up := newUpstream(t)
 		logFile := t.TempDir() + "/caddy.log"
-		gw := startGatewayWith(t, up.URL, fmt.Sprintf("\tdefault_bind 127.0.0.1\n\tlog {\n\t\toutput file %s\n\t\tlevel DEBUG\n\t}", logFile),
+		gw := startGatewayWith(t, up.URL, fmt.Sprintf("\tlog {\n\t\toutput file %s\n\t\tlevel DEBUG\n\t}", logFile),
 			limited(flightStore(store), `
 			scope key {http.request.header.X-Api-Key}
 			limit key * concurrent 3
@@ -856,7 +614,7 @@ func TestAConcurrencyRefusalSetsItsPlaceholdersMetricAndLogLineAndSlotsHeldFollo
 	handle_errors {
 		header X-Refused-Kind {http.rolter_ratelimit.refused_kind}
 		respond "{http.rolter_ratelimit.outcome} by {http.rolter_ratelimit.refused_scope} on {http.rolter_ratelimit.refused_kind}, cap {http.rolter_ratelimit.refused_limit}" {err.status_code}
-	}`), freePort())
+	}`), 0)
 		const refusals = `caddy_rolter_ratelimit_refusals_total{kind="concurrency",scope="key",shadow="false",window=""}`
 		slotsHeld := fmt.Sprintf(slotsHeldMetric, "key")
 		waitSlotsHeld(t, caddyAdmin(), "key", 0)
@@ -893,169 +651,16 @@ func TestAConcurrencyRefusalSetsItsPlaceholdersMetricAndLogLineAndSlotsHeldFollo
 	})
 }
 
-// flightCaddy is ./cmd/caddy, built once per run of the test binary, in a
-// directory TestMain removes.
-var flightCaddy struct {
-	once      sync.Once
-	dir, path string
-	err       error
-}
-
-// caddyBinary builds ./cmd/caddy on its first call; a failed build fails
-// every test that needs it.
-func caddyBinary(t *testing.T) string {
-	t.Helper()
-	flightCaddy.once.Do(func() {
-		flightCaddy.dir, flightCaddy.err = os.MkdirTemp("", "rolter-inflight-caddy-")
-		if flightCaddy.err != nil {
-			return
-		}
-		path := filepath.Join(flightCaddy.dir, "caddy")
-		out, err := exec.Command("go", "build", "-o", path, "./cmd/caddy").CombinedOutput()
-		if err != nil {
-			flightCaddy.err = fmt.Errorf("go build ./cmd/caddy: %v\n%s", err, out)
-			return
-		}
-		flightCaddy.path = path
-	})
-	if flightCaddy.err != nil {
-		t.Fatal(flightCaddy.err)
-	}
-	return flightCaddy.path
-}
-
-// caddyProcess is a gateway in a Caddy process of its own, on loopback,
-// with its admin endpoint on a port of its own.
-type caddyProcess struct {
-	url    string
-	admin  int
-	cmd    *exec.Cmd
-	exited chan struct{}
-}
-
-// startCaddyProcesses starts n gateway processes whose routes are body,
-// with the upstream's address for {upstream}, and stops them in
-// t.Cleanup.
-func startCaddyProcesses(t *testing.T, n int, up *flightUpstream, body string) []*caddyProcess {
-	t.Helper()
-	bin := caddyBinary(t)
-	out := make([]*caddyProcess, n)
-	for i := range out {
-		out[i] = startCaddyProcess(t, bin, up.URL, body)
-	}
-	return out
-}
-
-func startCaddyProcess(t *testing.T, bin, upstreamURL, body string) *caddyProcess {
-	t.Helper()
-	return startCaddyProcessWith(t, bin, upstreamURL, "", body)
-}
-
-// startCaddyProcessWith starts a gateway process with global options
-// beside those every one has.
-func startCaddyProcessWith(t *testing.T, bin, upstreamURL, globals, body string) *caddyProcess {
-	t.Helper()
-	dir := t.TempDir()
-	port, admin := freePort(), freePort()
-	config := gatewayCaddyfile(admin, port, "\tpersist_config off\n\tdefault_bind 127.0.0.1\n"+globals, body+"\n\trespond /__ready 200", upstreamURL)
-	file := filepath.Join(dir, "Caddyfile")
-	if err := os.WriteFile(file, []byte(config), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	logFile, err := os.Create(filepath.Join(dir, "caddy.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logFile.Close() // the process has its own descriptor
-	cmd := exec.Command(bin, "run", "--config", file, "--adapter", "caddyfile")
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+dir, "XDG_DATA_HOME="+dir, "HOME="+dir)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = diesWithTheTest()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &caddyProcess{url: fmt.Sprintf("http://127.0.0.1:%d", port), admin: admin, cmd: cmd, exited: make(chan struct{})}
-	go func() {
-		cmd.Wait()
-		close(p.exited)
-	}()
-	t.Cleanup(func() {
-		p.kill(t)
-		if t.Failed() {
-			log, _ := os.ReadFile(logFile.Name())
-			t.Logf("log of the gateway process on %s:\n%s", p.url, log)
-		}
-	})
-	// Ready once its site answers.
-	c := &http.Client{Timeout: time.Second}
-	for deadline := time.Now().Add(flightWait); ; {
-		res, err := c.Get(p.url + "/__ready")
-		if err == nil {
-			res.Body.Close()
-			if res.StatusCode == 200 {
-				return p
-			}
-		}
-		select {
-		case <-p.exited:
-			log, _ := os.ReadFile(logFile.Name())
-			t.Fatalf("the gateway process exited: %v\n%s", cmd.ProcessState, log)
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the gateway process on %s did not answer within %v (%v)", p.url, flightWait, err)
-		}
-	}
-}
-
-// kill kills the process with SIGKILL (kill -9) and returns when it did,
-// once it has exited.
-func (p *caddyProcess) kill(t *testing.T) time.Time {
-	t.Helper()
-	at := time.Now()
-	select {
-	case <-p.exited:
-		return at
-	default:
-	}
-	if err := p.cmd.Process.Kill(); err != nil {
-		t.Errorf("killing the gateway process on %s: %v", p.url, err)
-	}
-	select {
-	case <-p.exited:
-	case <-time.After(flightWait):
-		t.Errorf("the gateway process on %s did not exit", p.url)
-	}
-	return at
-}
-
-func urlsOf(gws []*caddyProcess) []string {
-	out := make([]string, len(gws))
-	for i, g := range gws {
-		out[i] = g.url
-	}
-	return out
-}
-
-func adminsOf(gws []*caddyProcess) []int {
-	out := make([]int, len(gws))
-	for i, g := range gws {
-		out[i] = g.admin
-	}
-	return out
-}
-
 // A request whose upstream cannot be reached ends in handle_errors, and
 // its slot is free by then: the next request reaches handle_errors too,
 // not a refusal.
 func TestASlotIsFreedWhenTheRequestEndsInHandleErrors(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		dead := fmt.Sprintf("http://127.0.0.1:%d", freePort()) // nothing listens
-		gw := startGatewayWith(t, dead, "\tdefault_bind 127.0.0.1", limited(flightStore(store), `
+		gw := startGatewayWith(t, dead, "", limited(flightStore(store), `
 			scope key {http.request.header.X-Api-Key}
 			limit key * concurrent 1
-			on_redis_error deny`, "\thandle_errors {\n\t\trespond \"upstream unreachable\" 502\n\t}"), freePort())
+			on_redis_error deny`, "\thandle_errors {\n\t\trespond \"upstream unreachable\" 502\n\t}"), 0)
 		c := flightClient(t)
 		header := "X-Api-Key: sk-" + uniqueID(t)
 		for i := range 3 {
@@ -1076,7 +681,7 @@ func TestASlotIsFreedWhenTheRequestEndsInHandleErrors(t *testing.T) {
 func TestTwoHandlersOfDifferentSlotLeasesSharingALimitNeverPutMoreThanItsCapInFlight(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		const short = time.Second
-		up := newFlightUpstream(t)
+		up := newUpstream(t)
 		gw := twoLeasesGateway(t, up, store, 2)
 		c := flightClient(t)
 		key := "sk-" + uniqueID(t)

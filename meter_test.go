@@ -5,10 +5,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"io"
+	"fmt"
 	"net/http"
-	"net/http/httptest"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -16,33 +14,6 @@ import (
 	"github.com/rolter/caddy-ratelimit/internal/usage"
 	"github.com/rolter/caddy-ratelimit/internal/usage/usagetest"
 )
-
-// sampleUpstream serves the golden samples of usagetest as an LLM
-// provider would: GET /samples/<file>?coding=<coding>, SSE in small flushed
-// writes.
-func sampleUpstream(t *testing.T) *httptest.Server {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		file := strings.TrimPrefix(r.URL.Path, "/samples/")
-		coding := r.URL.Query().Get("coding")
-		body := usagetest.Encode(t, coding, usagetest.Read(t, file))
-		w.Header().Set("Content-Type", usagetest.ContentType(file))
-		if coding != "identity" {
-			w.Header().Set("Content-Encoding", usagetest.EncodingHeader(coding))
-		}
-		writeInFlushedChunks(w, body, 97)
-	}))
-	t.Cleanup(srv.Close)
-	return srv
-}
-
-func writeInFlushedChunks(w http.ResponseWriter, body []byte, size int) {
-	for len(body) > 0 {
-		n := min(size, len(body))
-		w.Write(body[:n])
-		w.(http.Flusher).Flush()
-		body = body[n:]
-	}
-}
 
 // meteredChain is a gateway site on store whose chain of three scopes all
 // have a tpm, charged reactively: what the tests of metering look at is
@@ -108,19 +79,14 @@ func waitCharged(t *testing.T, store string, chain []limit, want int64) {
 // waitWindow waits until window k of every limit of chain holds want.
 func waitWindow(t *testing.T, store string, chain []limit, k windowKind, want int64) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for _, l := range chain {
-		for {
-			got := windowHolds(t, store, l, k)
-			if got == want {
-				break
+	eventually(t, func() error {
+		for _, l := range chain {
+			if got := windowHolds(t, store, l, k); got != want {
+				return fmt.Errorf("scope %s: %s holds %d, want %d", l.scope, k, got, want)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("scope %s: %s holds %d, want %d", l.scope, k, got, want)
-			}
-			time.Sleep(10 * time.Millisecond)
 		}
-	}
+		return nil
+	})
 }
 
 // assertNothingCharged sends a metered sentinel request on the same chain,
@@ -140,7 +106,7 @@ func (g *gateway) get(t *testing.T, path string, headers ...string) (*http.Respo
 
 func TestEveryResponseShapeChargesEveryScopeAndReachesTheClientByteForByte(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		up := sampleUpstream(t)
+		up := newFakeUpstream(t, answerSamples(t))
 		gw := meteredChain(t, store, up.URL)
 		for _, g := range usagetest.Goldens {
 			codings := []string{"identity", "gzip"}
@@ -170,7 +136,7 @@ func TestEveryResponseShapeChargesEveryScopeAndReachesTheClientByteForByte(t *te
 
 func TestTPMCapRefusesWithTypeTokensOnceChargedUsageFillsIt(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		up := sampleUpstream(t)
+		up := newFakeUpstream(t, answerSamples(t))
 		gw := startGateway(t, up.URL, limited(store, `
 			scope org {http.request.header.X-Org} readable
 			limit org * rpm 100 tpm 1000`))
@@ -192,20 +158,11 @@ func TestTPMCapRefusesWithTypeTokensOnceChargedUsageFillsIt(t *testing.T) {
 
 func TestClientLeavingMidStreamIsChargedWhatTheStreamReportedByThen(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		leave := make(chan struct{})
-		upstreamDone := make(chan struct{})
-		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			defer close(upstreamDone)
-			w.Header().Set("Content-Type", "text/event-stream")
-			io.WriteString(w, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\n\n")
-			w.(http.Flusher).Flush()
-			select { // the rest of the answer never comes before the client leaves
-			case <-r.Context().Done():
-			case <-leave:
-			}
-		}))
-		t.Cleanup(up.Close)
-		t.Cleanup(func() { close(leave) })
+		// The rest of the answer never comes before the client leaves.
+		mode, gone := answerCutStreams(cutStream{path: "/v1/messages", events: []string{
+			"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}",
+		}})
+		up := newFakeUpstream(t, mode)
 		gw := meteredChain(t, store, up.URL)
 		id := newIDs(t)
 		ctx, cancel := context.WithCancel(context.Background())
@@ -221,7 +178,7 @@ func TestClientLeavingMidStreamIsChargedWhatTheStreamReportedByThen(t *testing.T
 		}
 		cancel() // the client goes away mid-stream
 		res.Body.Close()
-		<-upstreamDone
+		<-gone
 		waitCharged(t, store, id.limits(), 26)
 	})
 }
@@ -229,7 +186,7 @@ func TestClientLeavingMidStreamIsChargedWhatTheStreamReportedByThen(t *testing.T
 func TestStreamUsageIsRequestedUpstreamAndItsChunkHiddenFromAClientThatDidNotAsk(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		sample := usagetest.Read(t, "openai_chat_stream.sse")
-		up, received := chatStreamUpstream(t, sample, false)
+		up := newFakeUpstream(t, answerStream(sample, 61, false))
 		gw := meteredChain(t, store, up.URL)
 		includesUsage := func(r upstreamRequest) bool {
 			var req struct {
@@ -244,7 +201,7 @@ func TestStreamUsageIsRequestedUpstreamAndItsChunkHiddenFromAClientThatDidNotAsk
 		// A client that did not ask: usage requested, the chunk removed.
 		id := newIDs(t)
 		_, got := gw.postChat(t, `{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"<b>hi</b> & bye"}]}`, id.headers()...)
-		up1 := <-received
+		up1 := up.lastRequest(t)
 		if !includesUsage(up1) || up1.header.Get("Accept-Encoding") != "identity" || up1.contentLength != int64(len(up1.body)) {
 			t.Fatalf("upstream saw %s (Accept-Encoding %q, Content-Length %d): want include_usage, identity and a correct Content-Length",
 				up1.body, up1.header.Get("Accept-Encoding"), up1.contentLength)
@@ -257,7 +214,7 @@ func TestStreamUsageIsRequestedUpstreamAndItsChunkHiddenFromAClientThatDidNotAsk
 		// A client that asked gets the stream as it is.
 		id = newIDs(t)
 		_, got = gw.postChat(t, `{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true},"messages":[]}`, id.headers()...)
-		if !includesUsage(<-received) {
+		if !includesUsage(up.lastRequest(t)) {
 			t.Fatal("the client's own include_usage did not reach the upstream")
 		}
 		if !bytes.Equal(got, sample) {
@@ -271,7 +228,7 @@ func TestStreamUsageIsRequestedUpstreamAndItsChunkHiddenFromAClientThatDidNotAsk
 // twice, whitespace, numbers and escapes as sent, plus only the option.
 func TestUpstreamReceivesTheClientsBytesPlusOnlyTheStreamUsageOption(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		up, received := chatStreamUpstream(t, usagetest.Read(t, "openai_chat_stream.sse"), false)
+		up := newFakeUpstream(t, answerStream(usagetest.Read(t, "openai_chat_stream.sse"), 61, false))
 		gw := meteredChain(t, store, up.URL)
 		// A conversation indented, with "stream" twice, the last one escaped.
 		conversation := `{
@@ -288,7 +245,7 @@ func TestUpstreamReceivesTheClientsBytesPlusOnlyTheStreamUsageOption(t *testing.
 				`{"stream":true, "stream_options": {"include_usage": true, "include_usage" :true, "x":[]},"model":"gpt-4o","messages":[]}`},
 		} {
 			gw.postChat(t, c.sent, newIDs(t).headers()...)
-			if got := (<-received).body; string(got) != c.want {
+			if got := up.lastRequest(t).body; string(got) != c.want {
 				t.Fatalf("the client sent\n%s\nthe upstream got\n%s\nwant\n%s", c.sent, got, c.want)
 			}
 		}
@@ -300,7 +257,7 @@ func TestUpstreamReceivesTheClientsBytesPlusOnlyTheStreamUsageOption(t *testing.
 func TestStrippedStreamReachesTheClientWholeWhenTheUpstreamSentAContentLength(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		sample := usagetest.Read(t, "openai_chat_stream.sse")
-		up, _ := chatStreamUpstream(t, sample, true)
+		up := newFakeUpstream(t, answerStream(sample, 61, true))
 		gw := meteredChain(t, store, up.URL)
 		id := newIDs(t)
 		res, got := gw.postChat(t, `{"model":"gpt-4o","stream":true,"messages":[]}`, id.headers()...) // fails on a body cut short
@@ -312,32 +269,6 @@ func TestStrippedStreamReachesTheClientWholeWhenTheUpstreamSentAContentLength(t 
 		}
 		waitCharged(t, store, id.limits(), 31)
 	})
-}
-
-// upstreamRequest is a request as a test upstream received it.
-type upstreamRequest struct {
-	header        http.Header
-	contentLength int64
-	body          []byte
-}
-
-// chatStreamUpstream answers every request with stream, an OpenAI
-// chat-completions stream, in small flushed writes: chunked, or with
-// contentLength under a Content-Length, as some backends send it. It sends
-// each request it receives on the channel, which holds a test's few.
-func chatStreamUpstream(t *testing.T, stream []byte, contentLength bool) (*httptest.Server, <-chan upstreamRequest) {
-	received := make(chan upstreamRequest, 4)
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		received <- upstreamRequest{r.Header, r.ContentLength, body}
-		w.Header().Set("Content-Type", "text/event-stream")
-		if contentLength {
-			w.Header().Set("Content-Length", strconv.Itoa(len(stream)))
-		}
-		writeInFlushedChunks(w, stream, 61)
-	}))
-	t.Cleanup(up.Close)
-	return up, received
 }
 
 // withoutUsageChunk is the stream minus the bytes of its usage-only event.
@@ -360,11 +291,7 @@ func TestResponseWithAnEventOverTheCapIsUnmeteredAndUntouched(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		padding := strings.Repeat("x", usage.MaxEvent+1024)
 		stream := []byte("event: message_delta\ndata: {\"type\":\"message_delta\",\"pad\":\"" + padding + "\",\"usage\":{\"input_tokens\":5,\"output_tokens\":7}}\n\n")
-		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			w.Header().Set("Content-Type", "text/event-stream")
-			writeInFlushedChunks(w, stream, 32<<10)
-		}))
-		t.Cleanup(up.Close)
+		up := newFakeUpstream(t, answerStream(stream, 32<<10, false))
 		gw := meteredChain(t, store, up.URL)
 		id := newIDs(t)
 		_, body := gw.get(t, "/v1/messages", id.headers()...)
@@ -372,21 +299,9 @@ func TestResponseWithAnEventOverTheCapIsUnmeteredAndUntouched(t *testing.T) {
 			t.Fatalf("client got %d bytes, want the upstream's %d unchanged", len(body), len(stream))
 		}
 		// The sentinel goes to a sample upstream on the same chain.
-		sentinel := meteredChain(t, store, sampleUpstream(t).URL)
+		sentinel := meteredChain(t, store, newFakeUpstream(t, answerSamples(t)).URL)
 		assertNothingCharged(t, store, sentinel, id)
 	})
-}
-
-// absurdUpstream answers every request with a chat completion that reports
-// 1e20 tokens of each kind: an upstream's bug.
-func absurdUpstream(t *testing.T) *httptest.Server {
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		io.WriteString(w, `{"object":"chat.completion","usage":{"prompt_tokens":1e20,"completion_tokens":1e20,"total_tokens":1e20}}`)
-	}))
-	t.Cleanup(up.Close)
-	return up
 }
 
 // A response is charged at most the output its request caps itself at,
@@ -398,7 +313,8 @@ func absurdUpstream(t *testing.T) *httptest.Server {
 // usage_clamped_total.
 func TestAResponseIsChargedAtMostItsRequestsOwnOutputCapTimesItsChoices(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		up := absurdUpstream(t)
+		up := newUpstream(t)
+		absurd := up.json(absurdCompletion)
 		gw := startGateway(t, up.URL, limited(store, `
 			scope org {http.request.header.X-Org} readable
 			limit org * tpm 2000000000 itpm 2000000000 otpm 2000000000`))
@@ -421,7 +337,7 @@ func TestAResponseIsChargedAtMostItsRequestsOwnOutputCapTimesItsChoices(t *testi
 		} {
 			org := uniqueID(t)
 			clamped := scrape(t)[metric]
-			if res, body := gw.postChat(t, c.body, "X-Org: "+org); res.StatusCode != 200 {
+			if res, body := gw.postChat(t, c.body, "X-Org: "+org, absurd); res.StatusCode != 200 {
 				t.Fatalf("%s: %d %s", c.what, res.StatusCode, body)
 			}
 			waitMetric(t, metric, clamped+1)
@@ -437,7 +353,7 @@ func TestAResponseIsChargedAtMostItsRequestsOwnOutputCapTimesItsChoices(t *testi
 // ceiling and 100 output tokens ($25.001), not a million ($35).
 func TestAnAbsurdReportChargesABudgetNoMoreThanTheRequestsOwnOutputCap(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		up := newScriptedUpstream(t)
+		up := newUpstream(t)
 		gw := flightGatewayTo(t, up.URL, store, teamLines+`
 			limit team * budget_day 100
 			price gpt-4o input 2.50 output 10`)
@@ -490,29 +406,6 @@ func (s cutStream) leaveAt(t *testing.T, gw *gateway, upstreamGone <-chan struct
 	<-upstreamGone
 }
 
-// cutStreamUpstream streams the events of the cutStream that each request
-// names by its path, then holds until the gateway gives the request up;
-// gone gets a value once it has.
-func cutStreamUpstream(t *testing.T, streams ...cutStream) (up *httptest.Server, gone <-chan struct{}) {
-	g := make(chan struct{}, 1)
-	up = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "text/event-stream")
-		for _, s := range streams {
-			if s.path == r.URL.Path {
-				for _, ev := range s.events {
-					io.WriteString(w, ev+"\n\n")
-				}
-			}
-		}
-		w.(http.Flusher).Flush()
-		<-r.Context().Done()
-		g <- struct{}{}
-	}))
-	t.Cleanup(up.Close)
-	return up, g
-}
-
 // A stream the client leaves before its final report (each API's terminal
 // event) is charged, count by count, the larger of what it reported and
 // what it reserved: an Anthropic stream read to its last text but not to
@@ -543,7 +436,8 @@ func TestAStreamTheClientLeavesBeforeItsFinalReportIsChargedAtLeastItsReservatio
 		last: `data: {"candidates":[{"content":{"parts":[{"text":" answer."}],"role":"model"}}],"usageMetadata":{"promptTokenCount":15,"totalTokenCount":15}}`,
 	}
 	eachStore(t, func(t *testing.T, store string) {
-		up, gone := cutStreamUpstream(t, anthropic, gemini)
+		mode, gone := answerCutStreams(anthropic, gemini)
+		up := newFakeUpstream(t, mode)
 		gw := startGateway(t, up.URL, limited(store, `
 			scope org {http.request.header.X-Org} readable
 			limit org * tpm 100000 itpm 100000 otpm 100000`))

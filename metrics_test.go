@@ -2,7 +2,6 @@ package ratelimit
 
 import (
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -19,15 +18,11 @@ func metricsText(t *testing.T) string {
 // endpoint is on port admin (a gateway process of its own, say).
 func metricsTextAt(t *testing.T, admin int) string {
 	t.Helper()
-	res, err := http.Get(fmt.Sprintf("http://localhost:%d/metrics", admin))
+	req, err := http.NewRequest("GET", fmt.Sprintf("http://localhost:%d/metrics", admin), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer res.Body.Close()
-	body, err := io.ReadAll(res.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, body := mustDo(t, http.DefaultClient, req)
 	return string(body)
 }
 
@@ -64,8 +59,7 @@ func TestMetricsCountOutcomesRefusalsAndTokensAndKeepCountingAcrossAReload(t *te
 // checkMetrics runs the metrics test on a Redis of its own, srv, which it
 // stops to see a request fail open, or on the in-process store (srv nil).
 func checkMetrics(t *testing.T, srv *testRedis) {
-	up := sampleUpstream(t)
-	port := freePort()
+	up := newFakeUpstream(t, answerSamples(t))
 	store := ""
 	if srv != nil {
 		store = "redis " + srv.URL()
@@ -83,7 +77,7 @@ func checkMetrics(t *testing.T, srv *testRedis) {
 	}
 	reverse_proxy {upstream}`, comment, store)
 	}
-	gw := startGatewayWith(t, up.URL, "", site("first"), port)
+	gw := startGatewayWith(t, up.URL, "", site("first"), 0)
 	before := scrape(t)
 	key := "Authorization: Bearer sk-" + uniqueID(t)
 	org := "X-Org: " + uniqueID(t)
@@ -132,7 +126,7 @@ func checkMetrics(t *testing.T, srv *testRedis) {
 	if srv != nil {
 		srv.Start(t)
 	}
-	startGatewayWith(t, up.URL, "", site("second"), port)
+	startGatewayWith(t, up.URL, "", site("second"), gw.port)
 	reloaded := scrape(t)
 	name := `caddy_rolter_ratelimit_admissions_total{outcome="admitted"}`
 	if reloaded[name] < after[name] {

@@ -5,43 +5,12 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 )
-
-// planAuth is a small auth service for forward_auth: it answers each
-// request 200 with the X-Plan-Rpm of its key's plan, or none for a key
-// without a plan, as a real one would attach a tenant's limits.
-type planAuth struct {
-	*httptest.Server
-	mu    sync.Mutex
-	plans map[string]string // by X-Api-Key
-}
-
-func newPlanAuth(t *testing.T, plans map[string]string) *planAuth {
-	a := &planAuth{plans: plans}
-	a.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		a.mu.Lock()
-		plan, ok := a.plans[r.Header.Get("X-Api-Key")]
-		a.mu.Unlock()
-		if ok {
-			w.Header().Set("X-Plan-Rpm", plan)
-		}
-	}))
-	t.Cleanup(a.Close)
-	return a
-}
-
-// setPlan changes a key's plan, as a signup or an upgrade does.
-func (a *planAuth) setPlan(key, plan string) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.plans[key] = plan
-}
 
 // planSite is a gateway whose keys' rpm comes from the auth service
 // through forward_auth's copy_headers, with lines beside it.
@@ -78,7 +47,7 @@ func admittedOf(t *testing.T, gw *gateway, key string, n, want int, headers ...s
 func TestEachKeyIsAdmittedExactlyItsPlansRPMFromForwardAuth(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		keys := map[string]string{"k2-" + uniqueID(t): "2", "k5-" + uniqueID(t): "5", "k10-" + uniqueID(t): "10"}
-		auth := newPlanAuth(t, map[string]string{})
+		auth := newPlanAuth(t, "X-Plan-Rpm", map[string]string{})
 		for key, plan := range keys {
 			auth.setPlan(key, plan)
 		}
@@ -96,7 +65,7 @@ func TestEachKeyIsAdmittedExactlyItsPlansRPMFromForwardAuth(t *testing.T) {
 func TestAPlanRaisedMidMinuteAdmitsExactlyTheDifference(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		key := uniqueID(t)
-		auth := newPlanAuth(t, map[string]string{key: "5"})
+		auth := newPlanAuth(t, "X-Plan-Rpm", map[string]string{key: "5"})
 		gw := startGateway(t, newUpstream(t).URL, planSite(store, auth, "limit key * rpm {http.request.header.X-Plan-Rpm}"))
 		if got := admittedOf(t, gw, key, 7, http.StatusTooManyRequests); got != 5 {
 			t.Fatalf("plan 5: %d admitted of 7", got)
@@ -114,7 +83,7 @@ func TestAPlanRaisedMidMinuteAdmitsExactlyTheDifference(t *testing.T) {
 func TestAMissingOrInvalidPlanIsRefusedOrGetsItsFallbackNeverUnlimited(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		bad := []string{"", "abc", "0", "-1", "1e3", "2.5", "99999999999999"}
-		auth, run := newPlanAuth(t, map[string]string{}), uniqueID(t)
+		auth, run := newPlanAuth(t, "X-Plan-Rpm", map[string]string{}), uniqueID(t)
 		keyOf := func(plan string) string { return run + " plan=" + plan }
 		for _, plan := range bad {
 			if plan != "" {
@@ -148,7 +117,7 @@ func TestAMissingOrInvalidPlanIsRefusedOrGetsItsFallbackNeverUnlimited(t *testin
 func TestAClientSuppliedPlanHeaderIsDroppedByForwardAuth(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		key := uniqueID(t)
-		auth := newPlanAuth(t, map[string]string{})
+		auth := newPlanAuth(t, "X-Plan-Rpm", map[string]string{})
 		gw := startGateway(t, newUpstream(t).URL, planSite(store, auth, "limit key * rpm {http.request.header.X-Plan-Rpm} else 2"))
 		if got := admittedOf(t, gw, key, 5, http.StatusTooManyRequests, "X-Plan-Rpm: 1000"); got != 2 {
 			t.Fatalf("a client claiming 1000 rpm: %d admitted of 5, want the fallback's 2", got)
@@ -162,7 +131,7 @@ func TestAClientSuppliedPlanHeaderIsDroppedByForwardAuth(t *testing.T) {
 func TestHeadersReportTheRequestsCapAndTheLiveViewSaysItComesPerRequest(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		key, org := uniqueID(t), uniqueID(t)
-		auth := newPlanAuth(t, map[string]string{key: "7"})
+		auth := newPlanAuth(t, "X-Plan-Rpm", map[string]string{key: "7"})
 		gw := startGateway(t, newUpstream(t).URL, planSite(store, auth, `scope org {http.request.header.X-Org} readable
 		limit key * rpm {http.request.header.X-Plan-Rpm} else 2
 		limit org * rpm 100 shadow`))
@@ -259,12 +228,7 @@ func TestAnUnreadableLimitIsLoggedWithItsScopeAndCapNeverItsID(t *testing.T) {
 func TestAPlanNameMappedToCapsByMap(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		prefix := uniqueID(t) + "-"
-		auth := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if plan := strings.TrimPrefix(r.Header.Get("X-Api-Key"), prefix); plan != "none" {
-				w.Header().Set("X-Plan", plan)
-			}
-		}))
-		t.Cleanup(auth.Close)
+		auth := newPlanAuth(t, "X-Plan", map[string]string{prefix + "free": "free", prefix + "pro": "pro", prefix + "gold": "gold"})
 		gw := startGateway(t, newUpstream(t).URL, limited(store, `
 			scope key {http.request.header.X-Api-Key}
 			limit key * rpm {plan_rpm} else 1`, fmt.Sprintf(`

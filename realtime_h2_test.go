@@ -20,7 +20,7 @@ import (
 // serving HTTP/2 in clear, with Go's extended CONNECT on.
 func TestAWebSocketOverHTTP2IsRefusedWhereItsTokensOrSpendWouldGoUncounted(t *testing.T) {
 	t.Setenv("GODEBUG", "http2xconnect=1") // for the gateway process
-	up := newFlightUpstream(t)
+	up := newUpstream(t)
 	for lines, want := range map[string]string{
 		"limit key * tpm 100000":                                 "400",
 		"limit key * budget_day 5\n\t\tprice * input 1 output 2": "400",
@@ -39,12 +39,12 @@ func TestAWebSocketOverHTTP2IsRefusedWhereItsTokensOrSpendWouldGoUncounted(t *te
 // value pairs, and returns the answer's status and the start of its body.
 func extendedConnect(t *testing.T, addr, path string, headers ...string) (status, body string) {
 	t.Helper()
-	conn, err := net.DialTimeout("tcp", addr, flightWait)
+	conn, err := net.DialTimeout("tcp", addr, waitBound)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	if err := conn.SetDeadline(time.Now().Add(flightWait)); err != nil {
+	if err := conn.SetDeadline(time.Now().Add(waitBound)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := io.WriteString(conn, http2.ClientPreface); err != nil {

@@ -4,10 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,68 +14,7 @@ import (
 	"github.com/rolter/caddy-ratelimit/internal/usage/usagetest"
 )
 
-// realtimeUpstream plays the Realtime API: for each response.create event
-// (createResponse) it sends a response.done event whose usage totals the
-// tokens its metadata asks for, in frames of at most 64 bytes with a ping
-// between the fragments; it echoes any other message.
-type realtimeUpstream struct {
-	*httptest.Server
-	offers  chan string  // the Sec-WebSocket-Extensions each upgrade carried
-	creates atomic.Int64 // the response.create events it got
-}
-
-// createResponse is a response.create event asking the upstream for a
-// response of n tokens.
-func createResponse(eventID string, n int) []byte {
-	return fmt.Appendf(nil, `{"type":"response.create","event_id":%q,"response":{"metadata":{"tokens":"%d"}}}`, eventID, n)
-}
-
-func newRealtimeUpstream(t *testing.T) *realtimeUpstream {
-	u := &realtimeUpstream{offers: make(chan string, 16)}
-	upgrader := websocket.Upgrader{WriteBufferSize: 64, EnableCompression: true}
-	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		u.offers <- r.Header.Get("Sec-WebSocket-Extensions")
-		conn, err := upgrader.Upgrade(w, r, nil)
-		if err != nil {
-			return
-		}
-		defer conn.Close()
-		for {
-			_, msg, err := conn.ReadMessage()
-			if err != nil {
-				return
-			}
-			var create struct {
-				Type     string
-				Response struct{ Metadata struct{ Tokens string } }
-			}
-			if json.Unmarshal(msg, &create) != nil || create.Type != "response.create" {
-				conn.WriteMessage(websocket.TextMessage, msg)
-				continue
-			}
-			u.creates.Add(1)
-			n, _ := strconv.Atoi(create.Response.Metadata.Tokens)
-			event := fmt.Sprintf(`{"type":"response.done","event_id":"evt_1","response":{"id":"resp_1","object":"realtime.response","status":"completed","output":[{"type":"message","content":[{"type":"audio","transcript":"%s"}]}],"usage":{"total_tokens":%d,"input_tokens":%d,"output_tokens":%d}}}`,
-				strings.Repeat("la ", 100), n, n/2, n-n/2)
-			fw, err := conn.NextWriter(websocket.TextMessage)
-			if err != nil {
-				return
-			}
-			for i, part := range strings.Split(event, ",") { // fragments, with pings between them
-				if i > 0 {
-					fw.Write([]byte(","))
-				}
-				fw.Write([]byte(part))
-				conn.WriteControl(websocket.PingMessage, []byte("p"), time.Now().Add(time.Second))
-			}
-			fw.Close()
-		}
-	}))
-	t.Cleanup(u.Close)
-	return u
-}
-
-func realtimeSite(store string, up *realtimeUpstream, limits, realtime string) string {
+func realtimeSite(store string, up *fakeUpstream, limits, realtime string) string {
 	return fmt.Sprintf(`
 	rolter_ratelimit /v1/realtime* {
 		%s
@@ -166,13 +103,7 @@ func closeAndWait(t *testing.T, conn *websocket.Conn) {
 
 func waitOpenSessions(t *testing.T, want int64) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for openSessions.Load() != want {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d sessions open, want %d", openSessions.Load(), want)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitCount(t, "sessions open", openSessions.Load, want)
 }
 
 func realtimeIDs(t *testing.T) ids {
@@ -185,7 +116,7 @@ func realtimeLimits(id ids) []limit {
 
 func TestRealtimeSessionCostsOneRequestAndASecondOverRPMIsRefused(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		up := newRealtimeUpstream(t)
+		up := newFakeUpstream(t, answerRealtime)
 		gw := startGateway(t, up.URL, realtimeSite(store, up, "limit key * rpm 1 tpm 100000\n\t\tlimit org * rpm 100 tpm 100000", ""))
 		id := realtimeIDs(t)
 		conn := mustDial(t, gw, id)
@@ -199,7 +130,7 @@ func TestRealtimeSessionCostsOneRequestAndASecondOverRPMIsRefused(t *testing.T) 
 
 func TestRealtimeTokensAreChargedPerFlushWhileTheSessionLivesAndAtItsClose(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		up := newRealtimeUpstream(t)
+		up := newFakeUpstream(t, answerRealtime)
 		gw := startGateway(t, up.URL, realtimeSite(store, up, "limit key * rpm 100 tpm 100000\n\t\tlimit org * tpm 100000", "flush_interval 100ms"))
 		id := realtimeIDs(t)
 		conn := mustDial(t, gw, id)
@@ -217,14 +148,15 @@ func TestRealtimeTokensAreChargedPerFlushWhileTheSessionLivesAndAtItsClose(t *te
 
 func TestRealtimeDeflateOfferIsRemovedSoTheSessionIsMetered(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		up := newRealtimeUpstream(t)
+		up := newFakeUpstream(t, answerRealtime)
 		gw := startGateway(t, up.URL, realtimeSite(store, up, "limit key * rpm 100 tpm 100000\n\t\tlimit org * tpm 100000", "flush_interval 1h"))
 		id := realtimeIDs(t)
 		conn, status, _ := dial(t, gw, id, true) // the client offers permessage-deflate
 		if status != 101 {
 			t.Fatalf("session: %d", status)
 		}
-		if offer := <-up.offers; strings.Contains(offer, "permessage-deflate") {
+		// The upgrade reached the upstream before its 101 came back.
+		if offer := up.lastRequest(t).header.Get("Sec-WebSocket-Extensions"); strings.Contains(offer, "permessage-deflate") {
 			t.Fatalf("the upstream was offered %q", offer)
 		}
 		respond(t, conn, 77)
@@ -236,7 +168,7 @@ func TestRealtimeDeflateOfferIsRemovedSoTheSessionIsMetered(t *testing.T) {
 func TestRealtimeMaxConnectionsRefusalTakesNoRPMSlot(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		waitOpenSessions(t, 0)
-		up := newRealtimeUpstream(t)
+		up := newFakeUpstream(t, answerRealtime)
 		gw := startGateway(t, up.URL, realtimeSite(store, up, "limit key * rpm 2", "max_connections 1"))
 		id := realtimeIDs(t)
 		first := mustDial(t, gw, id)
@@ -258,7 +190,7 @@ func TestRealtimeMaxConnectionsRefusalTakesNoRPMSlot(t *testing.T) {
 
 func TestRealtimeWhileTPMIsFullANewSessionIsRefusedAndAnOpenOneGoesOn(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		up := newRealtimeUpstream(t)
+		up := newFakeUpstream(t, answerRealtime)
 		gw := startGateway(t, up.URL, realtimeSite(store, up, "limit org * tpm 100", "flush_interval 50ms"))
 		id := realtimeIDs(t)
 		conn := mustDial(t, gw, id)
@@ -275,14 +207,13 @@ func TestRealtimeWhileTPMIsFullANewSessionIsRefusedAndAnOpenOneGoesOn(t *testing
 
 func TestRealtimeSessionOutlivesAConfigReloadAndStillMeters(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		up := newRealtimeUpstream(t)
-		port := freePort()
+		up := newFakeUpstream(t, answerRealtime)
 		site := realtimeSite(store, up, "limit key * rpm 100 tpm 100000\n\t\tlimit org * tpm 100000", "flush_interval 1h")
-		gw := startGatewayWith(t, up.URL, "", site, port)
+		gw := startGatewayWith(t, up.URL, "", site, 0)
 		id := realtimeIDs(t)
 		conn := mustDial(t, gw, id)
 		respond(t, conn, 30)
-		startGatewayWith(t, up.URL, "\tdebug", site, port) // a reload; stream_close_delay keeps the session
+		startGatewayWith(t, up.URL, "\tdebug", site, gw.port) // a reload; stream_close_delay keeps the session
 		respond(t, conn, 12)
 		closeAndWait(t, conn)
 		waitCharged(t, store, realtimeLimits(id), 42)
@@ -293,7 +224,7 @@ func TestRealtimeSessionOutlivesAConfigReloadAndStillMeters(t *testing.T) {
 // response, and it is metered as one: its usage is charged.
 func TestAHandshakeAnsweredWithoutSwitchingProtocolsIsMeteredAsAResponse(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		up := newUpstream(t) // answers every request with a chat completion of 7 tokens
+		up := newFakeUpstream(t, answerUsage(200, 7)) // answers every request, a handshake too, with a chat completion of 7 tokens
 		gw := startGateway(t, up.URL, limited(store, `
 			scope key {http.request.header.X-Api-Key}
 			limit key * tpm 1000`))
@@ -312,7 +243,7 @@ func TestAHandshakeAnsweredWithoutSwitchingProtocolsIsMeteredAsAResponse(t *test
 func TestASessionOverMaxConnectionsIsAnsweredInItsDialectAndHonoursOnRefusal(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		waitOpenSessions(t, 0)
-		up := newRealtimeUpstream(t)
+		up := newFakeUpstream(t, answerRealtime)
 		gw := startGateway(t, up.URL, realtimeSite(store, up, "limit key * rpm 10\n\t\tdialect anthropic", "max_connections 1"))
 		id := realtimeIDs(t)
 		first := mustDial(t, gw, id)
@@ -339,7 +270,7 @@ func TestASessionOverMaxConnectionsIsAnsweredInItsDialectAndHonoursOnRefusal(t *
 // price is refused before any store call.
 func TestRealtimeSessionsChargeEachResponsesCostToTheirBudgets(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		up := newRealtimeUpstream(t)
+		up := newFakeUpstream(t, answerRealtime)
 		// A response of 100 tokens is 50 in and 50 out: $0.0002 + $0.0008.
 		gw := startGateway(t, up.URL, realtimeSite(store, up, "price gpt-realtime input 4 output 16\n\t\tlimit org * budget_day 0.002",
 			"flush_interval 100ms"))
@@ -369,22 +300,17 @@ func TestRealtimeSessionsChargeEachResponsesCostToTheirBudgets(t *testing.T) {
 // store, and nothing reserved. Charges run in the background: poll for it.
 func waitSpent(t *testing.T, store string, l limit, p budgetPeriod, want int64) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		c := peekInStore(t, store, l).counts[0]
-		if c.spent[p] == want && c.reserved[p] == 0 {
-			return
+	eventually(t, func() error {
+		if c := peekInStore(t, store, l).counts[0]; c.spent[p] != want || c.reserved[p] != 0 {
+			return fmt.Errorf("scope %s: the %s budget holds %d spent and %d reserved, want %d and 0", l.scope, p, c.spent[p], c.reserved[p], want)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("scope %s: the %s budget holds %d spent and %d reserved, want %d and 0", l.scope, p, c.spent[p], c.reserved[p], want)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // modelSessionSite limits sessions by the model their URL names, a scope
 // every session must have.
-func modelSessionSite(store string, up *realtimeUpstream) string {
+func modelSessionSite(store string, up *fakeUpstream) string {
 	return fmt.Sprintf(`
 	rolter_ratelimit {
 		%s
@@ -399,7 +325,7 @@ func modelSessionSite(store string, up *realtimeUpstream) string {
 // its model apply to it, as they do to a request whose body names it.
 func TestARealtimeSessionIsLimitedByTheModelItsURLNames(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		up := newRealtimeUpstream(t)
+		up := newFakeUpstream(t, answerRealtime)
 		gw := startGateway(t, up.URL, modelSessionSite(store, up))
 		model := "gpt-4o-" + uniqueID(t)
 		for _, path := range []string{
@@ -433,7 +359,7 @@ func TestARealtimeSessionIsLimitedByTheModelItsURLNames(t *testing.T) {
 // of them, and the limiter must count the one it reads.
 func TestARepeatedModelParameterOfASessionIsRefusedWith400AndMakesNoCounter(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		up := newRealtimeUpstream(t)
+		up := newFakeUpstream(t, answerRealtime)
 		gw := startGateway(t, up.URL, modelSessionSite(store, up))
 		model := "gpt-4o-" + uniqueID(t)
 		for _, query := range []string{
@@ -459,7 +385,7 @@ func TestARepeatedModelParameterOfASessionIsRefusedWith400AndMakesNoCounter(t *t
 // URL that names two cannot choose the cheaper.
 func TestARealtimeSessionNamingTwoModelsIsNotPricedAtTheCheaper(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		up := newRealtimeUpstream(t)
+		up := newFakeUpstream(t, answerRealtime)
 		gw := startGateway(t, up.URL, realtimeSite(store, up, "price gpt-realtime input 4 output 16\n\t\tprice gpt-realtime-mini input 0.01 output 0.01\n\t\tlimit org * budget_day 1", ""))
 		path := "/v1/realtime?model=gpt-realtime-mini&model=gpt-realtime"
 		if _, status, body := dialPath(t, gw, path, realtimeIDs(t), false); status != 400 || !strings.Contains(body, `"code":"rate_limit_scope_ambiguous"`) {
@@ -514,7 +440,7 @@ func mustEcho(t *testing.T, conn *websocket.Conn, what string, msg []byte) {
 // spentSessionSite holds sessions to a day's budget of $0.001, which one
 // response of 1000 tokens spends ten times over ($0.002 in, $0.008 out).
 // The flush interval never comes: what the gate knows, it charged itself.
-func spentSessionSite(store string, up *realtimeUpstream) string {
+func spentSessionSite(store string, up *fakeUpstream) string {
 	return realtimeSite(store, up, "price gpt-realtime input 4 output 16\n\t\tlimit org * budget_day 0.001", "flush_interval 1h")
 }
 
@@ -524,7 +450,7 @@ func spentSessionSite(store string, up *realtimeUpstream) string {
 // its own. The session goes on: every other event passes.
 func TestARealtimeSessionWhoseBudgetIsSpentIsRefusedItsNextResponseInTheAPIsErrorEventAndGoesOn(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		up := newRealtimeUpstream(t)
+		up := newFakeUpstream(t, answerRealtime)
 		gw := startGateway(t, up.URL, spentSessionSite(store, up))
 		id := realtimeIDs(t)
 		conn := mustDial(t, gw, id)
@@ -563,7 +489,7 @@ func clientFrame(op byte, fin bool, rsv byte, payload []byte) []byte {
 // after more bytes than the gateway holds to read.
 func TestASpentSessionRefusesEveryWayOfSpellingAResponseCreate(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		up := newRealtimeUpstream(t)
+		up := newFakeUpstream(t, answerRealtime)
 		gw := startGateway(t, up.URL, spentSessionSite(store, up))
 		conn := mustDial(t, gw, realtimeIDs(t))
 		respond(t, conn, 1000)
@@ -607,7 +533,7 @@ func TestASpentSessionRefusesEveryWayOfSpellingAResponseCreate(t *testing.T) {
 // never let through. The session goes on.
 func TestARealtimeSessionWhoseBudgetCannotBeReadIsRefusedItsNextResponse(t *testing.T) {
 	srv := startRedis(t)
-	up := newRealtimeUpstream(t)
+	up := newFakeUpstream(t, answerRealtime)
 	gw := startGateway(t, up.URL, realtimeSite("redis "+srv.URL(), up, "price gpt-realtime input 4 output 16\n\t\tlimit org * budget_day 100", "flush_interval 1h"))
 	conn := mustDial(t, gw, realtimeIDs(t))
 	respond(t, conn, 1000)

@@ -30,6 +30,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/rolter/caddy-ratelimit/internal/poll"
 	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
 
@@ -74,7 +75,7 @@ func TestTwentyReloadsUnderLoadLoseNoRequestAndKeepAdmissionExact(t *testing.T) 
 	probe := newConnProbe(t, srv)
 	up := newUpstream(t)
 	warmOrg, bigOrg, smallOrg := uniqueID(t), uniqueID(t), uniqueID(t)
-	admin, port := caddyAdmin(), freePort()
+	admin := caddyAdmin()
 	logFile := t.TempDir() + "/caddy.log"
 	globals := fmt.Sprintf("\tlog {\n\t\toutput file %s\n\t\tlevel INFO\n\t}", logFile)
 
@@ -102,20 +103,17 @@ func TestTwentyReloadsUnderLoadLoseNoRequestAndKeepAdmissionExact(t *testing.T) 
 		}
 	}`, k, k-k%2, srv.URL(), smallOrg, smallOrgRPM, int64(busyOrgRPM), upstreamIdle)
 	}
-	// The whole Caddyfile, as startGatewayWith writes it (same globals, same
-	// admin address, same site address), for POST /load.
-	caddyfile := func(k int) string {
-		return gatewayCaddyfile(caddyAdmin(), port, globals, site(k), up.URL)
-	}
 	// The timeout of 2s is there so that a CPU-starved admission under -race
 	// is not mistaken for a Redis failure; on_redis_error deny makes any
 	// store failure a visible 503 rather than an uncounted 200. The short
 	// upstream keepalive is explained at upstreamIdle.
-	gw := startGatewayWith(t, up.URL, globals, site(0), port)
+	gw := startGatewayWith(t, up.URL, globals, site(0), 0)
 	reloads := 0 // loads through POST /load after the first
 	reload := func(k int) (int, string, error) {
 		reloads++
-		return postLoad(admin, caddyfile(k))
+		// The whole Caddyfile, as startGatewayWith writes it (same globals,
+		// same admin address, same site address), even if unchanged.
+		return postLoad(admin, gatewayCaddyfile(admin, gw.port, globals, site(k), up.URL), true)
 	}
 
 	// Our own client: one idle connection kept per client goroutine, and no
@@ -131,13 +129,14 @@ func TestTwentyReloadsUnderLoadLoseNoRequestAndKeepAdmissionExact(t *testing.T) 
 	// no reason to open one.
 	warmStart := time.Now()
 	warm := load.run(reloadClients, func(int) string { return warmOrg }, func(stop func() bool) {
-		deadline := time.Now().Add(8 * time.Second)
-		for time.Since(warmStart) < time.Second || probe.others(t) < reloadClients {
-			if time.Now().After(deadline) {
-				t.Logf("warm-up: the Redis pool reached %d connections, not %d", probe.others(t), reloadClients)
-				break
+		err := poll.Until(8*time.Second, pollEvery, func() error {
+			if n := probe.others(t); time.Since(warmStart) < time.Second || n < reloadClients {
+				return fmt.Errorf("the Redis pool reached %d connections, not %d", n, reloadClients)
 			}
-			time.Sleep(20 * time.Millisecond)
+			return nil
+		})
+		if err != nil {
+			t.Logf("warm-up: %v", err)
 		}
 	})
 	warm.mustAllBe(t, "warm-up", "", 200)
@@ -187,13 +186,15 @@ func TestTwentyReloadsUnderLoadLoseNoRequestAndKeepAdmissionExact(t *testing.T) 
 			results = append(results, reloadResult{code, body, err, time.Since(t0)})
 			small.Add(smallOrgPerRound - 3)
 			done := load.completed(bigOrg)
-			deadline := time.Now().Add(10 * time.Second)
-			for small.Load() > 0 || load.completed(bigOrg) < done+reloadClients {
-				if time.Now().After(deadline) || stop() {
-					t.Errorf("reload %d: the load stalled (%d capped-org requests not sent)", i, small.Load())
-					return
+			stalled := poll.Until(waitBound, pollEvery, func() error {
+				if n := small.Load(); n > 0 || load.completed(bigOrg) < done+reloadClients {
+					return fmt.Errorf("the load stalled (%d capped-org requests not sent)", n)
 				}
-				time.Sleep(time.Millisecond)
+				return nil
+			})
+			if stalled != nil {
+				t.Errorf("reload %d: %v", i, stalled)
+				return
 			}
 		}
 	})
@@ -284,26 +285,6 @@ func TestTwentyReloadsUnderLoadLoseNoRequestAndKeepAdmissionExact(t *testing.T) 
 	}
 	t.Logf("after the reloads: %d goroutines (warm-up %d), %d Redis connections (warm-up %d); test took %v",
 		g, baseG, probe.others(t), baseRedis, time.Since(started).Round(time.Millisecond))
-}
-
-// postLoad loads a Caddyfile through the admin API, forcing a reload even
-// if its JSON is unchanged. Each load replaces the admin server, so each
-// POST uses a connection of its own.
-func postLoad(admin int, caddyfile string) (int, string, error) {
-	req, err := http.NewRequest("POST", fmt.Sprintf("http://localhost:%d/load", admin), strings.NewReader(caddyfile))
-	if err != nil {
-		return 0, "", err
-	}
-	req.Header.Set("Content-Type", "text/caddyfile")
-	req.Header.Set("Cache-Control", "must-revalidate")
-	c := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	res, err := c.Do(req)
-	if err != nil {
-		return 0, "", err
-	}
-	defer res.Body.Close()
-	body, _ := io.ReadAll(res.Body)
-	return res.StatusCode, string(body), nil
 }
 
 // loadResult sends chat completions in a loop from several goroutines and
@@ -594,17 +575,18 @@ func settledGoroutines(t *testing.T, tr *http.Transport) (int, map[string]int) {
 	// idle connections to the admin server would otherwise count until that
 	// server is replaced by the next load.
 	http.DefaultTransport.(*http.Transport).CloseIdleConnections()
-	deadline := time.Now().Add(10 * time.Second)
 	last, since := runtime.NumGoroutine(), time.Now()
-	for time.Since(since) < stillFor {
-		if time.Now().After(deadline) {
-			t.Logf("goroutines still changing after 10 s: %d", last)
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
+	err := poll.Until(waitBound, pollEvery, func() error {
 		if g := runtime.NumGoroutine(); g != last {
 			last, since = g, time.Now()
 		}
+		if time.Since(since) < stillFor {
+			return fmt.Errorf("goroutines still changing: %d", last)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Logf("after %v: %v", waitBound, err)
 	}
 	return last, goroutineStacks()
 }
@@ -614,10 +596,12 @@ func settledGoroutines(t *testing.T, tr *http.Transport) (int, map[string]int) {
 func settleGoroutinesTo(t *testing.T, tr *http.Transport, want int) (int, map[string]int) {
 	t.Helper()
 	tr.CloseIdleConnections()
-	deadline := time.Now().Add(10 * time.Second)
-	for runtime.NumGoroutine() > want && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
+	poll.Until(waitBound, pollEvery, func() error {
+		if g := runtime.NumGoroutine(); g > want {
+			return fmt.Errorf("%d goroutines, want at most %d", g, want)
+		}
+		return nil
+	})
 	return settledGoroutines(t, tr)
 }
 

@@ -5,60 +5,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
-	"net/http/httptest"
-	"runtime"
+	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/rolter/caddy-ratelimit/internal/usage/usagetest"
 )
-
-// heldUpstream answers chat completions reporting usage tokens, each once
-// release is closed, so that every admitted request is in flight at once;
-// arrived counts the requests that reached it.
-type heldUpstream struct {
-	*httptest.Server
-	arrived atomic.Int64
-	release chan struct{}
-}
-
-func newHeldUpstream(t *testing.T, status int, usage int64) *heldUpstream {
-	u := &heldUpstream{release: make(chan struct{})}
-	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		u.arrived.Add(1)
-		io.Copy(io.Discard, r.Body)
-		<-u.release
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(status)
-		if status >= 400 {
-			io.WriteString(w, `{"error":{"message":"upstream failed","type":"server_error"}}`)
-			return
-		}
-		fmt.Fprintf(w, `{"object":"chat.completion","usage":{"prompt_tokens":%d,"completion_tokens":0,"total_tokens":%d}}`, usage, usage)
-	}))
-	t.Cleanup(func() {
-		select {
-		case <-u.release:
-		default:
-			close(u.release)
-		}
-		u.Close()
-	})
-	return u
-}
-
-// newAnsweringUpstream is a heldUpstream that answers at once.
-func newAnsweringUpstream(t *testing.T, status int, usage int64) *heldUpstream {
-	u := newHeldUpstream(t, status, usage)
-	close(u.release)
-	return u
-}
 
 // orgTPM10500 caps a readable org scope at tpm 10500, the reservation tests'
 // limit; orgTokens is that limit's counters for an org.
@@ -78,34 +33,16 @@ func (g *gateway) postChat(t *testing.T, body string, headers ...string) (*http.
 // characters of input (100 tokens) and max_tokens 900.
 var chatAbout1000 = `{"model":"gpt-4o","max_tokens":900,"messages":[{"role":"user","content":"` + strings.Repeat("abcd", 100) + `"}]}`
 
-// sendAll sends n copies of body at once and returns their statuses, once
-// every refused one has answered and the admitted ones have reached up:
-// then it releases up and waits for the rest.
-func sendAll(t *testing.T, gws []*gateway, up *heldUpstream, n int, body string, headers ...string) map[int]int {
+// sendAll sends n copies of body at once to the gateways at urls, which up
+// holds, and returns their statuses, once every refused one has answered
+// and the admitted ones have reached up: then it releases up and waits for
+// the rest.
+func sendAll(t *testing.T, urls []string, up *fakeUpstream, n int, body string, headers ...string) map[int]int {
 	t.Helper()
-	statuses := make(map[int]int)
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	var refused atomic.Int64
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			res, _ := gws[i%len(gws)].postChat(t, body, headers...)
-			if res.StatusCode != 200 {
-				refused.Add(1)
-			}
-			mu.Lock()
-			statuses[res.StatusCode]++
-			mu.Unlock()
-		}()
-	}
-	for up.arrived.Load()+refused.Load() < int64(n) {
-		runtime.Gosched()
-	}
-	close(up.release)
-	wg.Wait()
-	return statuses
+	c := flightClient(t)
+	headers = append(slices.Clone(headers), "X-Upstream: "+upstreamHeld)
+	_, finish := heldBurstOf(t, urls, up, n, func(url string) flightAnswer { return postTo(c, url, "/v1/chat/completions", body, headers...) })
+	return statuses(finish())
 }
 
 // Reservations hold a tpm under concurrency: 40 requests in flight at once,
@@ -113,10 +50,10 @@ func sendAll(t *testing.T, gws []*gateway, up *heldUpstream, n int, body string,
 // responses the token windows hold exactly the usage they reported.
 func TestConcurrentReservationsHoldTheTPMAndSettleToTheReportedUsage(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		up := newHeldUpstream(t, 200, 800)
+		up := newFakeUpstream(t, answerUsage(200, 800))
 		gw := startGateway(t, up.URL, limited(store, orgTPM10500))
 		org := uniqueID(t)
-		statuses := sendAll(t, []*gateway{gw}, up, 40, chatAbout1000, "X-Org: "+org)
+		statuses := sendAll(t, []string{gw.url}, up, 40, chatAbout1000, "X-Org: "+org)
 		if statuses[200] != 10 || statuses[429] != 30 {
 			t.Fatalf("statuses %v, want exactly 10 admitted and 30 refused", statuses)
 		}
@@ -128,7 +65,7 @@ func TestConcurrentReservationsHoldTheTPMAndSettleToTheReportedUsage(t *testing.
 // exactly what one would.
 func TestThreeGatewaysSharingRedisReserveAsOne(t *testing.T) {
 	url := redisURLFromEnv(t)
-	up := newHeldUpstream(t, 200, 1000)
+	up := newFakeUpstream(t, answerUsage(200, 1000))
 	site := ""
 	for i, path := range []string{"/a", "/b", "/c"} {
 		// A timeout of its own gives each handler its own Redis client:
@@ -147,8 +84,7 @@ func TestThreeGatewaysSharingRedisReserveAsOne(t *testing.T) {
 	}
 	gw := startGateway(t, up.URL, site)
 	org := uniqueID(t)
-	gws := []*gateway{{tester: gw.tester, url: gw.url + "/a"}, {tester: gw.tester, url: gw.url + "/b"}, {tester: gw.tester, url: gw.url + "/c"}}
-	statuses := sendAll(t, gws, up, 40, chatAbout1000, "X-Org: "+org)
+	statuses := sendAll(t, []string{gw.url + "/a", gw.url + "/b", gw.url + "/c"}, up, 40, chatAbout1000, "X-Org: "+org)
 	if statuses[200] != 10 {
 		t.Fatalf("statuses %v across three gateways, want exactly 10 admitted", statuses)
 	}
@@ -159,8 +95,8 @@ func TestThreeGatewaysSharingRedisReserveAsOne(t *testing.T) {
 // exactly 4 more requests of 1000 fit.
 func TestUsageBelowTheReservationGivesTheRestBack(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		used := newAnsweringUpstream(t, 200, 600)
-		held := newHeldUpstream(t, 200, 1000)
+		used := newFakeUpstream(t, answerUsage(200, 600))
+		held := newFakeUpstream(t, answerUsage(200, 1000))
 		limiter := limited(store, orgTPM10500)
 		gw := startGateway(t, used.URL, fmt.Sprintf(`
 	handle_path /used* {
@@ -176,7 +112,7 @@ func TestUsageBelowTheReservationGivesTheRestBack(t *testing.T) {
 			}
 		}
 		waitCharged(t, store, orgTokens(org), 10*600)
-		statuses := sendAll(t, []*gateway{{tester: gw.tester, url: gw.url + "/held"}}, held, 6, chatAbout1000, "X-Org: "+org)
+		statuses := sendAll(t, []string{gw.url + "/held"}, held, 6, chatAbout1000, "X-Org: "+org)
 		if statuses[200] != 4 {
 			t.Fatalf("statuses %v of 6 requests of 1000 in flight with 6000 of 10500 used, want exactly 4 admitted", statuses)
 		}
@@ -187,7 +123,7 @@ func TestUsageBelowTheReservationGivesTheRestBack(t *testing.T) {
 // whole reservation is given back.
 func TestAnUpstreamErrorGivesTheReservationBack(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		up := newAnsweringUpstream(t, 500, 0)
+		up := newFakeUpstream(t, answerUsage(500, 0))
 		gw := startGateway(t, up.URL, limited(store, orgTPM10500))
 		org := uniqueID(t)
 		before := scrape(t)[`caddy_rolter_ratelimit_tokens_returned_total{kind="total"}`]
@@ -204,14 +140,7 @@ func TestAnUpstreamErrorGivesTheReservationBack(t *testing.T) {
 // (client closed request) is no error of the upstream's.
 func TestAClientThatLeavesBeforeTheResponseHeadersIsChargedItsReservation(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		arrived, canceled := make(chan struct{}), make(chan struct{})
-		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			io.Copy(io.Discard, r.Body)
-			close(arrived)
-			<-r.Context().Done() // the gateway gives the request up once its client has left
-			close(canceled)
-		}))
-		t.Cleanup(up.Close)
+		up := newUpstream(t) // holds the request (X-Upstream: held) until the gateway gives it up
 		gw := startGateway(t, up.URL, limited(store, orgTPM10500))
 		org := uniqueID(t)
 		charged := scrape(t)[`caddy_rolter_ratelimit_tokens_charged_total{kind="total"}`]
@@ -220,7 +149,7 @@ func TestAClientThatLeavesBeforeTheResponseHeadersIsChargedItsReservation(t *tes
 		if err != nil {
 			t.Fatal(err)
 		}
-		setHeaders(req, []string{"Content-Type: application/json", "X-Org: " + org})
+		setHeaders(req, []string{"Content-Type: application/json", "X-Org: " + org, "X-Upstream: " + upstreamHeld})
 		done := make(chan error, 1)
 		go func() {
 			res, err := gw.tester.Client.Do(req)
@@ -229,12 +158,12 @@ func TestAClientThatLeavesBeforeTheResponseHeadersIsChargedItsReservation(t *tes
 			}
 			done <- err
 		}()
-		<-arrived
+		<-up.arrived
 		cancel()
 		if err := <-done; !errors.Is(err, context.Canceled) {
 			t.Fatalf("the client's request ended with %v, want it canceled", err)
 		}
-		<-canceled
+		<-up.abandoned
 		waitMetric(t, `caddy_rolter_ratelimit_tokens_charged_total{kind="total"}`, charged+1000)
 		waitCharged(t, store, orgTokens(org), 1000)
 	})
@@ -244,9 +173,8 @@ func TestAClientThatLeavesBeforeTheResponseHeadersIsChargedItsReservation(t *tes
 // is given back.
 func TestAnUpstreamThatCannotBeReachedGivesTheReservationBack(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		gone := httptest.NewServer(http.NotFoundHandler())
-		gone.Close() // its port now refuses connections
-		gw := startGateway(t, gone.URL, limited(store, orgTPM10500))
+		nowhere := fmt.Sprintf("http://127.0.0.1:%d", freePort()) // nothing listens
+		gw := startGateway(t, nowhere, limited(store, orgTPM10500))
 		settlesAfterAFailure(t, store, gw, http.StatusBadGateway, "returned", 0)
 	})
 }
@@ -255,24 +183,24 @@ func TestAnUpstreamThatCannotBeReachedGivesTheReservationBack(t *testing.T) {
 // have processed the prompt: the reservation stays charged.
 func TestAnUpstreamThatTimesOutBeforeItsHeadersIsChargedTheReservation(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		up := newHeldUpstream(t, 200, 10)
+		up := newFakeUpstream(t, answerUsage(200, 10))
 		site := strings.Replace(limited(store, orgTPM10500), "reverse_proxy {upstream}",
 			"reverse_proxy {upstream} {\n\t\ttransport http {\n\t\t\tresponse_header_timeout 100ms\n\t\t}\n\t}", 1)
 		gw := startGateway(t, up.URL, site)
-		settlesAfterAFailure(t, store, gw, http.StatusGatewayTimeout, "charged", 1000)
+		settlesAfterAFailure(t, store, gw, http.StatusGatewayTimeout, "charged", 1000, "X-Upstream: "+upstreamHeld)
 	})
 }
 
 // settlesAfterAFailure sends chatAbout1000 (1000 tokens reserved) through
 // gw, which answers it with reverse_proxy's status, and waits until its
 // settlement has counted the 1000 in tokens_<how>_total and the org's
-// tpm holds tpm.
-func settlesAfterAFailure(t *testing.T, store string, gw *gateway, status int, how string, tpm int64) {
+// tpm holds tpm; headers go with the request.
+func settlesAfterAFailure(t *testing.T, store string, gw *gateway, status int, how string, tpm int64, headers ...string) {
 	t.Helper()
 	org := uniqueID(t)
 	metric := `caddy_rolter_ratelimit_tokens_` + how + `_total{kind="total"}`
 	before := scrape(t)[metric]
-	if res, body := gw.postChat(t, chatAbout1000, "X-Org: "+org); res.StatusCode != status {
+	if res, body := gw.postChat(t, chatAbout1000, append([]string{"X-Org: " + org}, headers...)...); res.StatusCode != status {
 		t.Fatalf("%d %s, want reverse_proxy's %d", res.StatusCode, body, status)
 	}
 	waitMetric(t, metric, before+1000)
@@ -284,7 +212,7 @@ func settlesAfterAFailure(t *testing.T, store string, gw *gateway, status int, h
 // x-should-retry false and no wait, and charges nothing.
 func TestARequestTooLargeForItsTPMIsRefusedAtOnceAndNotToBeRetried(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		up := newAnsweringUpstream(t, 200, 10)
+		up := newFakeUpstream(t, answerUsage(200, 10))
 		gw := startGateway(t, up.URL, limited(store, `
 			scope key {http.request.header.Authorization}
 			scope org {http.request.header.X-Org} readable
@@ -301,7 +229,7 @@ func TestARequestTooLargeForItsTPMIsRefusedAtOnceAndNotToBeRetried(t *testing.T)
 		if res.Header.Get("X-Should-Retry") != "false" || res.Header.Get("Retry-After") != "" || res.Header.Get("Retry-After-Ms") != "" {
 			t.Fatalf("headers %v: want x-should-retry false and no wait", res.Header)
 		}
-		if up.arrived.Load() != 0 {
+		if up.hits.Load() != 0 {
 			t.Fatal("the upstream saw the request")
 		}
 		if n := storeCount(t, store, newLimit("key", keyID(false, "Bearer sk-"+org), 0, 0).prefix, rpm, nowMinute()); n != 0 {
@@ -314,11 +242,11 @@ func TestARequestTooLargeForItsTPMIsRefusedAtOnceAndNotToBeRetried(t *testing.T)
 // reserve_tokens off is the reactive behaviour: all 40 are admitted.
 func TestReserveTokensOffAdmitsWhatTheWindowHasRoomForReactively(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		up := newHeldUpstream(t, 200, 1000)
+		up := newFakeUpstream(t, answerUsage(200, 1000))
 		gw := startGateway(t, up.URL, limited(store, orgTPM10500+`
 			reserve_tokens off`))
 		org := uniqueID(t)
-		if statuses := sendAll(t, []*gateway{gw}, up, 40, chatAbout1000, "X-Org: "+org); statuses[200] != 40 {
+		if statuses := sendAll(t, []string{gw.url}, up, 40, chatAbout1000, "X-Org: "+org); statuses[200] != 40 {
 			t.Fatalf("statuses %v, want all 40 admitted", statuses)
 		}
 		waitCharged(t, store, orgTokens(org), 40*1000)
@@ -328,7 +256,7 @@ func TestReserveTokensOffAdmitsWhatTheWindowHasRoomForReactively(t *testing.T) {
 // The tokens headers of an admission count its reservation.
 func TestAdmittedHeadersCountTheRequestsReservation(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		up := newAnsweringUpstream(t, 200, 1000)
+		up := newFakeUpstream(t, answerUsage(200, 1000))
 		gw := startGateway(t, up.URL, limited(store, orgTPM10500+`
 			headers openai ietf`))
 		res, _ := gw.postChat(t, chatAbout1000, "X-Org: "+uniqueID(t))
@@ -347,17 +275,12 @@ func nowMinute() int64 { return time.Now().UnixMilli() / minuteMillis }
 // their metrics, land after the response.
 func waitMetric(t *testing.T, name string, want float64) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		got := scrape(t)[name]
-		if got == want {
-			return
+	eventually(t, func() error {
+		if got := scrape(t)[name]; got != want {
+			return fmt.Errorf("%s = %v, want %v", name, got, want)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s = %v, want %v", name, got, want)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // Every response shape settles its reservation: each window then holds
@@ -369,7 +292,7 @@ func waitMetric(t *testing.T, name string, want float64) {
 // least it.
 func TestEveryResponseShapeSettlesItsReservationToTheReportedUsage(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		up := sampleUpstream(t)
+		up := newFakeUpstream(t, answerSamples(t))
 		gw := startGateway(t, up.URL, limited(store, `
 			scope key {http.request.header.Authorization}
 			scope team {http.request.header.X-Team}
@@ -409,7 +332,7 @@ func TestEveryResponseShapeSettlesItsReservationToTheReportedUsage(t *testing.T)
 // without one, the default output for each.
 func TestEachChoiceARequestAsksForIsReservedItsOutput(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		up := newAnsweringUpstream(t, 200, 1000)
+		up := newFakeUpstream(t, answerUsage(200, 1000))
 		gw := startGateway(t, up.URL, limited(store, `
 			scope org {http.request.header.X-Org} readable
 			limit org * tpm 100000

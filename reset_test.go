@@ -199,7 +199,7 @@ func TestResetAnswersWhatItClearedAndKeptAndTheLiveViewShowsItsCountersAtZero(t 
 
 func TestResetKeepsTheSlotsOfRequestsInFlightAndABudgetsSpendAndReservations(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		up := newFlightUpstream(t) // reports 3 input and 4 output tokens: 19,000 n$ at these prices
+		up := newUpstream(t) // reports 3 input and 4 output tokens: 19,000 n$ at these prices
 		gw := flightGatewayTo(t, up.URL, store, teamLines+`
 			limit team * rpm 100 concurrent 1 budget_day 1
 			price m input 1 output 4`)
@@ -213,7 +213,7 @@ func TestResetKeepsTheSlotsOfRequestsInFlightAndABudgetsSpendAndReservations(t *
 			t.Fatalf("a first request: %d %s %v", a.status, a.body, a.err)
 		}
 		waitSettled(t, caddyAdmin(), team, 19_000)
-		refused, finish := heldBurstOf(t, []string{gw.url}, up, 1, func(string) flightAnswer { return send() })
+		refused, finish := heldBurstOf(t, []string{gw.url}, up, 1, func(string) flightAnswer { return send("X-Upstream: " + upstreamHeld) })
 		if len(refused) != 0 {
 			t.Fatalf("the held request was answered: %+v", refused)
 		}
@@ -264,7 +264,7 @@ func TestResetRefusesOtherMethodsAndBadParametersAndNeverEchoesTheID(t *testing.
 		scope team {http.request.header.X-Team}
 		limit key * rpm 5
 	}
-	reverse_proxy {upstream}`, freePort())
+	reverse_proxy {upstream}`, 0)
 	if res, body := gw.do(t, "X-Api-Key: "+secret); res.StatusCode != 200 {
 		t.Fatalf("%d %s", res.StatusCode, body)
 	}
@@ -582,7 +582,7 @@ func checkResetKeepsUsageInFlight(t *testing.T, kit storeKit) {
 // its response reports, as the reset's answer promises.
 func TestAResetDuringARequestKeepsTheTokensItsResponseReports(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		up := newFlightUpstream(t) // reports 3 input and 4 output tokens: 19,000 n$ at these prices
+		up := newUpstream(t) // reports 3 input and 4 output tokens: 19,000 n$ at these prices
 		gw := flightGatewayTo(t, up.URL, store, teamLines+`
 			limit team * tpm 100000 budget_day 1
 			price m input 1 output 4`)
@@ -591,7 +591,7 @@ func TestAResetDuringARequestKeepsTheTokensItsResponseReports(t *testing.T) {
 		call := openAICall("m", false)
 		clearOfMinuteEnd(t, 10*time.Second)
 		_, finish := heldBurstOf(t, []string{gw.url}, up, 1, func(url string) flightAnswer {
-			return postTo(c, url, call.path, call.body, "X-Team: "+team)
+			return postTo(c, url, call.path, call.body, "X-Team: "+team, "X-Upstream: "+upstreamHeld)
 		})
 		if before := teamLimit(t, caddyAdmin(), team); before.TPM.Estimate == 0 {
 			t.Fatalf("before the reset: tpm %+v, want the request's reservation", before.TPM)

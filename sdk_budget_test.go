@@ -26,7 +26,7 @@ import (
 // without waiting for one.
 func TestEachProvidersSDKReadsASpentBudgetAsItsQuotaErrorAndRetriesNeitherItNorAnUnpricedModel(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		up := providersUpstream(t)
+		up := newFakeUpstream(t, answerAsEachAPI)
 		now := time.Now()
 		zone, loc := zoneFarFromMidnight(t, now)
 		y, m, d := now.In(loc).Date()

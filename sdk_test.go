@@ -2,16 +2,17 @@ package ratelimit
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
+
+	"github.com/rolter/caddy-ratelimit/internal/poll"
 )
 
 // sdkDir holds the providers' SDKs (testdata/sdk/package.json), which
@@ -46,34 +47,13 @@ func runSDK(t *testing.T, script, gateway, key string, report any) {
 	}
 }
 
-// providersUpstream answers each API in its own success shape, and counts
-// the requests that reach it.
-func providersUpstream(t *testing.T) *upstream {
-	u := &upstream{}
-	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		u.hits.Add(1)
-		io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		switch {
-		case strings.HasSuffix(r.URL.Path, "/v1/messages"):
-			io.WriteString(w, `{"id":"msg_1","type":"message","role":"assistant","model":"claude-sonnet-4-5","content":[{"type":"text","text":"ok"}],"stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":3,"output_tokens":1}}`)
-		case strings.HasSuffix(r.URL.Path, ":generateContent"):
-			io.WriteString(w, `{"candidates":[{"content":{"parts":[{"text":"ok"}],"role":"model"},"finishReason":"STOP","index":0}],"usageMetadata":{"promptTokenCount":3,"candidatesTokenCount":1,"totalTokenCount":4}}`)
-		default:
-			io.WriteString(w, `{"id":"c1","object":"chat.completion","model":"gpt-4o","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`)
-		}
-	}))
-	t.Cleanup(u.Close)
-	return u
-}
-
 // The providers' own SDKs read the gateway's refusals in their dialects:
 // Anthropic's as its RateLimitError, retried after retry-after-ms; Google's
 // as an ApiError of status 429 with RESOURCE_EXHAUSTED and a RetryInfo
 // delay, after which a call succeeds; OpenAI's refusal of a request too
 // large as a RateLimitError it does not retry.
 func TestEachProvidersSDKReadsTheRefusalAsItsRateLimitError(t *testing.T) {
-	up := providersUpstream(t)
+	up := newFakeUpstream(t, answerAsEachAPI)
 	// A bucket that refills in 2 s (a wide margin for a slow machine) for Anthropic's and Gemini's
 	// paths; a tpm for OpenAI's, where a request can be too large.
 	gw := startGateway(t, up.URL, `
@@ -126,17 +106,8 @@ func TestEachProvidersSDKReadsTheRefusalAsItsRateLimitError(t *testing.T) {
 // retries it on its own backoff (about half a second, then a second),
 // getting through once the request that held the slot has ended.
 func TestOpenAIsSDKRetriesARefusalByACapOnRequestsInFlightOnItsOwnBackoff(t *testing.T) {
-	arrived, release := make(chan struct{}, 1), make(chan struct{})
-	up := providersUpstream(t)
-	holding := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("X-Hold") != "" {
-			arrived <- struct{}{}
-			<-release
-		}
-		up.Config.Handler.ServeHTTP(w, r)
-	}))
-	t.Cleanup(holding.Close)
-	gw := startGateway(t, holding.URL, `
+	up := newFakeUpstream(t, answerAsEachAPI)
+	gw := startGateway(t, up.URL, `
 	rolter_ratelimit {
 		scope sdk_in_flight {http.request.header.Authorization}
 		limit sdk_in_flight * concurrent 1
@@ -151,7 +122,7 @@ func TestOpenAIsSDKRetriesARefusalByACapOnRequestsInFlightOnItsOwnBackoff(t *tes
 			res.Body.Close()
 		}
 	}()
-	<-arrived
+	<-up.arrived
 	refusals := func() string {
 		res, err := http.Get(fmt.Sprintf("http://localhost:%d/metrics", caddyAdmin()))
 		if err != nil {
@@ -169,10 +140,13 @@ func TestOpenAIsSDKRetriesARefusalByACapOnRequestsInFlightOnItsOwnBackoff(t *tes
 	before := refusals()
 	go func() {
 		// The held request ends once the SDK's first try was refused.
-		for deadline := time.Now().Add(20 * time.Second); refusals() == before && time.Now().Before(deadline); {
-			time.Sleep(10 * time.Millisecond)
-		}
-		close(release)
+		poll.Until(2*waitBound, pollEvery, func() error {
+			if refusals() == before {
+				return errors.New("no refusal yet")
+			}
+			return nil
+		})
+		up.release()
 	}()
 	var report struct {
 		Answered                           bool
@@ -195,7 +169,7 @@ func TestOpenAIsSDKRetriesARefusalByACapOnRequestsInFlightOnItsOwnBackoff(t *tes
 }
 
 // heldRequest is a chat completion request to url with the Authorization
-// header auth, which the test upstream holds (X-Hold).
+// header auth, which the test upstream holds (X-Upstream: held).
 func heldRequest(t *testing.T, url, auth string) *http.Request {
 	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(`{"model":"gpt-4o","messages":[{"role":"user","content":"hold"}]}`))
 	if err != nil {
@@ -203,6 +177,6 @@ func heldRequest(t *testing.T, url, auth string) *http.Request {
 	}
 	req.Header.Set("Authorization", auth)
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("X-Hold", "1")
+	req.Header.Set("X-Upstream", upstreamHeld)
 	return req
 }

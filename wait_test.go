@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/http/httptest"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,25 +16,6 @@ import (
 
 	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
-
-// arrivals is an upstream that notes when each request reaches it.
-type arrivals struct {
-	*httptest.Server
-	mu    sync.Mutex
-	times []time.Time
-}
-
-func newArrivals(t *testing.T) *arrivals {
-	a := &arrivals{}
-	a.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		a.mu.Lock()
-		a.times = append(a.times, time.Now())
-		a.mu.Unlock()
-		w.Write([]byte(`{"ok":true}`))
-	}))
-	t.Cleanup(a.Close)
-	return a
-}
 
 // burstOf sends n requests of key at once and returns their answers.
 func burstOf(t *testing.T, gw *gateway, key string, n int) []*http.Response {
@@ -65,7 +44,7 @@ func TestOnAClusterWaitingRequestsAreAdmittedAsTheBucketAllows(t *testing.T) {
 // head that is admitted hands the next refill's moment on, and the next
 // sleeps until then before its call.
 func admittedAsTheBucketAllows(t *testing.T, store string) {
-	up := newArrivals(t)
+	up := newFakeUpstream(t, answerWithoutUsage)
 	gw := startGateway(t, up.URL, limited(flightStore(store), `
 		scope key {http.request.header.X-Api-Key}
 		limit key * rate 10 burst 1
@@ -82,10 +61,7 @@ func admittedAsTheBucketAllows(t *testing.T, store string) {
 			t.Fatalf("request %d: %d, want every one admitted after its wait", i, res.StatusCode)
 		}
 	}
-	up.mu.Lock()
-	times := slices.Clone(up.times)
-	up.mu.Unlock()
-	slices.SortFunc(times, func(a, b time.Time) int { return a.Compare(b) })
+	times := up.arrivals()
 	for i, at := range times {
 		// The bucket holds one token and refills one each 100 ms: the
 		// i-th admission cannot come before i of them have refilled
@@ -163,7 +139,7 @@ func TestAClientThatHangsUpWhileWaitingIsChargedNothing(t *testing.T) {
 				if err := hangUp(); err == nil {
 					t.Fatal("the hung-up request was answered")
 				}
-				waitUntil(t, "no request waits", func() bool { return waitingRequests.Load() == 0 })
+				waitWaiting(t, 0)
 				if c := peekInStore(t, store, l).counts[0]; c.deficit > first.deficit || c.w[tpm] != first.w[tpm] {
 					t.Fatalf("after the hang-up the key holds %+v, before it %+v: want the first request alone", c, first)
 				}
@@ -177,7 +153,7 @@ func TestAClientThatHangsUpWhileWaitingIsChargedNothing(t *testing.T) {
 // that fails answers 503, not an uncounted admission.
 func waitingGateway(t *testing.T, store, caps, wait string) *gateway {
 	t.Helper()
-	return startGateway(t, newArrivals(t).URL, limited(flightStore(store), `
+	return startGateway(t, newFakeUpstream(t, answerWithoutUsage).URL, limited(flightStore(store), `
 		scope key {http.request.header.X-Api-Key}
 		limit key * `+caps+`
 		wait `+wait+`
@@ -194,17 +170,11 @@ func spentKey(t *testing.T, gw *gateway) string {
 	return key
 }
 
-// waitUntil waits for cond, which a background goroutine makes true, for
-// 5 s at most.
-func waitUntil(t *testing.T, what string, cond func() bool) {
+// waitWaiting waits until want requests wait, as the goroutines that send
+// them make them.
+func waitWaiting(t *testing.T, want int64) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitCount(t, "requests waiting", waitingRequests.Load, want)
 }
 
 // sendWaiting sends a request of key that must wait, its body with the
@@ -228,7 +198,7 @@ func sendWaiting(t *testing.T, gw *gateway, key, encoding string) (hangUp func()
 		}
 		done <- err
 	}()
-	waitUntil(t, "the request waits", func() bool { return waitingRequests.Load() == before+1 })
+	waitWaiting(t, before+1)
 	return func() error {
 		cancel()
 		return <-done
@@ -241,7 +211,7 @@ func sendWaiting(t *testing.T, gw *gateway, key, encoding string) (hangUp func()
 // (its client's departure would go unnoticed while it waited).
 func TestPastMaxWaitingOrTooLargeARequestIsRefusedAtOnce(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		gw := startGateway(t, newArrivals(t).URL, limited(store, `
+		gw := startGateway(t, newFakeUpstream(t, answerWithoutUsage).URL, limited(store, `
 			scope key {http.request.header.X-Api-Key}
 			scope team {http.request.header.X-Team}
 			limit key * rate 0.1 burst 1
@@ -322,7 +292,7 @@ func TestNewRequestsStandInLineBehindOneThatWaits(t *testing.T) {
 			})
 		}
 		send("waiter")
-		waitUntil(t, "the first waits", func() bool { return waitingRequests.Load() == 1 })
+		waitWaiting(t, 1)
 		for range 5 {
 			send("flood")
 		}
@@ -397,7 +367,7 @@ func TestAMinuteWindowsRefusalIsHeldExactlyItsRetryAfter(t *testing.T) {
 				`+wait))
 		}
 	}
-	gw := startGateway(t, newArrivals(t).URL, site.String())
+	gw := startGateway(t, newFakeUpstream(t, answerWithoutUsage).URL, site.String())
 	// Each subject is a request of one id: of a key, counted in requests,
 	// and of a team, reserving 90 tokens (no input, its max_tokens).
 	type subject struct{ store, header, body string }
@@ -476,7 +446,7 @@ func TestAMinuteWindowsRefusalIsHeldExactlyItsRetryAfter(t *testing.T) {
 // processes' number, never one per waiter.
 func TestThreeGatewayProcessesWithWaitOnOneRedisAdmitExactlyWhatTheBucketAllows(t *testing.T) {
 	redis := startRedis(t)
-	up := newArrivals(t)
+	up := newFakeUpstream(t, answerWithoutUsage)
 	bin := caddyBinary(t)
 	site := limited(flightStore("redis "+redis.URL()), `
 		scope key {http.request.header.X-Api-Key}
@@ -513,10 +483,7 @@ func TestThreeGatewayProcessesWithWaitOnOneRedisAdmitExactlyWhatTheBucketAllows(
 			t.Fatalf("a request got %d: want all %d admitted within wait", status, len(gws)*perGateway)
 		}
 	}
-	up.mu.Lock()
-	times := slices.Clone(up.times)
-	up.mu.Unlock()
-	slices.SortFunc(times, func(a, b time.Time) int { return a.Compare(b) })
+	times := up.arrivals()
 	for i := 1; i < len(times); i++ {
 		if gap := times[i].Sub(times[i-1]); gap < 90*time.Millisecond {
 			t.Fatalf("requests %d and %d reached the upstream %v apart: the bucket allows one each 100 ms", i-1, i, gap)
@@ -554,7 +521,7 @@ func TestAnAdmittedHeadHandsOnWhenItsLimitAdmitsTheNext(t *testing.T) {
 // refused; one admitted at once waited 0 ms.
 func TestAWaitedRequestSaysHowLongItWaitedAndEndsAdmittedOrRefused(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		gw := startGateway(t, newArrivals(t).URL, `
+		gw := startGateway(t, newFakeUpstream(t, answerWithoutUsage).URL, `
 	header >X-Outcome "{http.rolter_ratelimit.outcome} waited {http.rolter_ratelimit.waited_ms}"
 `+limited(flightStore(store), `
 			scope key {http.request.header.X-Api-Key}
@@ -638,7 +605,7 @@ func TestAClientSlowToSendItsBodyIsRefusedAtTheEndOfWait(t *testing.T) {
 		if took := time.Since(start); res.StatusCode != http.StatusTooManyRequests || took < 1900*time.Millisecond || took > 3*time.Second {
 			t.Fatalf("%d after %v: want a 429 at the end of wait 2s", res.StatusCode, took)
 		}
-		waitUntil(t, "no request waits", func() bool { return waitingRequests.Load() == 0 })
+		waitWaiting(t, 0)
 	})
 }
 
@@ -649,7 +616,7 @@ func TestAClientSlowToSendItsBodyIsRefusedAtTheEndOfWait(t *testing.T) {
 // refusal or not.
 func TestAnIdleUploadHoldsNoWaitingPlace(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		gw := startGateway(t, newArrivals(t).URL, limited(store, `
+		gw := startGateway(t, newFakeUpstream(t, answerWithoutUsage).URL, limited(store, `
 			scope key {http.request.header.X-Api-Key}
 			limit key * rate 0.5 burst 1
 			wait 3s

@@ -236,16 +236,8 @@ func TestHeaderOnlyConnectionsClaimingLargeBodiesHoldNoBodyMemory(t *testing.T) 
 // the next tenant is admitted, and the clamp is counted.
 func TestAnAbsurdUsageReportChargesAtMostTheCeilingAndTheSharedPoolGoesOn(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			io.Copy(io.Discard, r.Body)
-			w.Header().Set("Content-Type", "application/json")
-			if r.Header.Get("X-Absurd") != "" {
-				io.WriteString(w, `{"object":"chat.completion","usage":{"prompt_tokens":1e20,"completion_tokens":1e20,"total_tokens":1e20}}`)
-				return
-			}
-			io.WriteString(w, `{"object":"chat.completion","usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}`)
-		}))
-		t.Cleanup(up.Close)
+		up := newUpstream(t)
+		absurd := up.json(absurdCompletion)
 		gw := startGateway(t, up.URL, limited(store, `
 			scope key {http.request.header.X-Api-Key}
 			scope model {http.rolter_ratelimit.model} readable
@@ -253,7 +245,7 @@ func TestAnAbsurdUsageReportChargesAtMostTheCeilingAndTheSharedPoolGoesOn(t *tes
 		metric := `caddy_rolter_ratelimit_usage_clamped_total{what="response"}`
 		clamped := scrape(t)[metric]
 		const chat = `{"model":"gpt-4o","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}`
-		if res, body := gw.postChat(t, chat, "X-Api-Key: "+uniqueID(t), "X-Absurd: 1"); res.StatusCode != 200 {
+		if res, body := gw.postChat(t, chat, "X-Api-Key: "+uniqueID(t), absurd); res.StatusCode != 200 {
 			t.Fatalf("the absurd tenant's request: %d %s", res.StatusCode, body)
 		}
 		pool := []limit{newLimit("model", "gpt-4o", 0, 1)}

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/rolter/caddy-ratelimit/internal/poll"
 )
 
 // topologyReadyTimeout bounds how long a cluster or a sentinel set may take
@@ -83,7 +85,7 @@ func NewCluster(t testing.TB, primaries int) *Cluster {
 	}
 
 	want := strconv.Itoa(primaries)
-	err := poll(topologyReadyTimeout, func() error {
+	err := poll.Until(topologyReadyTimeout, pollEvery, func() error {
 		for _, n := range c.nodes {
 			v, err := do(n.Addr(), "CLUSTER", "INFO")
 			if err != nil {

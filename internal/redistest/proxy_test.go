@@ -11,6 +11,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
+
+	"github.com/rolter/caddy-ratelimit/internal/poll"
 )
 
 // TestResetProxyKillsConnectionAtNextCommand checks the proxy against go-redis
@@ -79,11 +81,13 @@ func checkResetProxy(t *testing.T, redisAddr string, protocol int, wantErr error
 	if id2 == id1 {
 		t.Fatalf("still on connection %d after the reset, want a new one", id1)
 	}
-	deadline := time.Now().Add(2 * time.Second)
-	for p.Connections() != 1 {
-		if time.Now().After(deadline) {
-			t.Fatalf("proxy has %d connections after the reset, want 1", p.Connections())
+	err = poll.Until(2*time.Second, pollEvery, func() error {
+		if n := p.Connections(); n != 1 {
+			return fmt.Errorf("proxy has %d connections after the reset, want 1", n)
 		}
-		time.Sleep(5 * time.Millisecond)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }

@@ -94,18 +94,5 @@ func infoField(addr, section, field string) (string, error) {
 	return "", fmt.Errorf("no %s in INFO %s of %s", field, section, addr)
 }
 
-// pollEvery is the period of poll.
+// pollEvery is how often this package's waits (poll.Until) ask again.
 const pollEvery = 50 * time.Millisecond
-
-// poll calls check every pollEvery until it returns nil or timeout passes,
-// and returns check's last error (nil on success).
-func poll(timeout time.Duration, check func() error) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		err := check()
-		if err == nil || time.Now().After(deadline) {
-			return err
-		}
-		time.Sleep(pollEvery)
-	}
-}

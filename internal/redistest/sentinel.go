@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/rolter/caddy-ratelimit/internal/poll"
 )
 
 const (
@@ -48,7 +50,7 @@ func NewSentinel(t testing.TB) *Sentinel {
 		slices.Concat(noDelay, []string{"--replicaof", "127.0.0.1", strconv.Itoa(primary.port)}), nil)
 	s.data = []*Server{primary, replica}
 
-	err := poll(topologyReadyTimeout, func() error {
+	err := poll.Until(topologyReadyTimeout, pollEvery, func() error {
 		st, err := infoField(replica.Addr(), "replication", "master_link_status")
 		if err == nil && st != "up" {
 			err = fmt.Errorf("replica %s: master_link_status:%s", replica.Addr(), st)
@@ -72,7 +74,7 @@ func NewSentinel(t testing.TB) *Sentinel {
 			func() error { return os.WriteFile(file, []byte(conf), 0o600) }))
 	}
 
-	err = poll(topologyReadyTimeout, func() error {
+	err = poll.Until(topologyReadyTimeout, pollEvery, func() error {
 		for _, sn := range s.sentinels {
 			for _, x := range []struct {
 				what string
@@ -164,7 +166,7 @@ func (s *Sentinel) KillPrimary(t testing.TB) string {
 func (s *Sentinel) WaitFailover(t testing.TB, old string) string {
 	t.Helper()
 	var primary string
-	err := poll(failoverTimeout, func() error {
+	err := poll.Until(failoverTimeout, pollEvery, func() error {
 		primary = ""
 		seen := map[string][]string{}
 		for _, sn := range s.sentinels {

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rolter/caddy-ratelimit/internal/poll"
 )
 
 // answers reports whether something accepts connections on addr.
@@ -171,7 +173,7 @@ func TestServerDiesWithTheProcessThatStartedIt(t *testing.T) {
 	}
 	_ = owner.Process.Kill()
 	_ = owner.Wait()
-	if err := poll(5*time.Second, func() error {
+	if err := poll.Until(5*time.Second, pollEvery, func() error {
 		if answers(addr) {
 			return fmt.Errorf("%s still answers", addr)
 		}

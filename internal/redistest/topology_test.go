@@ -8,6 +8,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
+
+	"github.com/rolter/caddy-ratelimit/internal/poll"
 )
 
 func TestTopologyHelpersStartAClusterAndFailOverASentinelSet(t *testing.T) {
@@ -121,7 +123,7 @@ func TestTopologyHelpersStartAClusterAndFailOverASentinelSet(t *testing.T) {
 		if got := s.Count(t, key); got != 5 {
 			t.Fatalf("Count on the new primary = %d, want 5", got)
 		}
-		err = poll(10*time.Second, func() error { return fc.Incr(ctx, key).Err() })
+		err = poll.Until(10*time.Second, pollEvery, func() error { return fc.Incr(ctx, key).Err() })
 		if err != nil {
 			t.Fatalf("INCR through the failover client after the failover: %v", err)
 		}

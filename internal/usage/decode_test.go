@@ -2,6 +2,7 @@ package usage
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"math/rand/v2"
 	"runtime"
@@ -15,6 +16,7 @@ import (
 	"github.com/klauspost/compress/zlib"
 	"github.com/klauspost/compress/zstd"
 
+	"github.com/rolter/caddy-ratelimit/internal/poll"
 	"github.com/rolter/caddy-ratelimit/internal/usage/usagetest"
 )
 
@@ -104,11 +106,12 @@ func TestUsageNoGoroutineOutlivesFinish(t *testing.T) {
 	raw := usagetest.Read(t, "openai_chat_stream.sse")
 	waitFor := func(want int) int {
 		var n int
-		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-			if n = runtime.NumGoroutine(); n <= want {
-				break
+		poll.Until(5*time.Second, 10*time.Millisecond, func() error {
+			if n = runtime.NumGoroutine(); n > want {
+				return errors.New("more goroutines than wanted")
 			}
-		}
+			return nil
+		})
 		return n
 	}
 	time.Sleep(50 * time.Millisecond) // let goroutines of earlier tests end
