@@ -263,9 +263,9 @@ var digestRE = regexp.MustCompile(`^#[0-9a-f]{32}$`)
 type usageGroup struct {
 	storeKind, where string
 	id, tag          string          // the id as stored; the hash tag on Redis Cluster, else ""
-	caps             limitCaps       // a cap per request at its fallback, or a nominal value
+	caps             Caps            // a cap per request at its fallback, or a nominal value
 	perRequest       []perRequestCap // the caps that come with each request
-	store            store
+	store            Store
 	own, byDefault   bool
 	handlers         int
 	chains           [][]string
@@ -283,7 +283,7 @@ func (a askedID) stored(readable bool) string {
 	if a.digest != "" {
 		return a.digest
 	}
-	return keyID(readable, a.raw)
+	return KeyID(readable, a.raw)
 }
 
 // readsScope reports whether h has the scope, and whether it declares it
@@ -372,7 +372,7 @@ func findLimits(q url.Values) (askedLimits, error) {
 	}
 	groups := groupLimits(handlers, scope, id, root)
 	for _, g := range groups {
-		if g.store.describe().tagged && g.tag == "" {
+		if g.store.Describe().Tagged && g.tag == "" {
 			return bad(errors.New(
 				"on Redis Cluster a counter lives under its chain's root: add root=<scope>:<id> (the outermost scope with a value in the requests, e.g. root=org:acme)"))
 		}
@@ -427,7 +427,7 @@ func unknownScope(scope string, known map[string]bool) error {
 func groupLimits(handlers []*Handler, scope string, asked askedID, root rootRef) []*usageGroup {
 	type groupKey struct {
 		kind, where, id, tag, perRequest string
-		caps                             limitCaps
+		caps                             Caps
 	}
 	byKey := make(map[groupKey]*usageGroup)
 	var groups []*usageGroup
@@ -445,10 +445,10 @@ func groupLimits(handlers []*Handler, scope string, asked askedID, root rootRef)
 			continue
 		}
 		caps, perRequest := spec.caps, fmt.Sprint(spec.perRequest)
-		described := h.store.describe()
-		kind, where := described.kind, described.where
+		described := h.store.Describe()
+		kind, where := described.Kind, described.Where
 		tag := ""
-		if described.tagged {
+		if described.Tagged {
 			tag = root.tag(h)
 		}
 		key := groupKey{kind, where, id, tag, perRequest, caps}
@@ -468,10 +468,10 @@ func groupLimits(handlers []*Handler, scope string, asked askedID, root rootRef)
 	}
 	slices.SortFunc(groups, func(a, b *usageGroup) int {
 		return cmp.Or(cmp.Compare(a.storeKind, b.storeKind), cmp.Compare(a.where, b.where), cmp.Compare(a.id, b.id), cmp.Compare(a.tag, b.tag),
-			slices.Compare(a.caps.windows[:], b.caps.windows[:]),
-			cmp.Compare(a.caps.bucket.rate, b.caps.bucket.rate), cmp.Compare(a.caps.bucket.burst, b.caps.bucket.burst),
-			cmp.Compare(a.caps.bucket.cost, b.caps.bucket.cost), cmp.Compare(a.caps.bucket.rateText, b.caps.bucket.rateText),
-			cmp.Compare(a.caps.concurrent.max, b.caps.concurrent.max), slices.Compare(a.caps.budgets.max[:], b.caps.budgets.max[:]))
+			slices.Compare(a.caps.Windows[:], b.caps.Windows[:]),
+			cmp.Compare(a.caps.Bucket.Rate, b.caps.Bucket.Rate), cmp.Compare(a.caps.Bucket.Burst, b.caps.Bucket.Burst),
+			cmp.Compare(a.caps.Bucket.Cost, b.caps.Bucket.Cost), cmp.Compare(a.caps.Bucket.RateText, b.caps.Bucket.RateText),
+			cmp.Compare(a.caps.Concurrent.Max, b.caps.Concurrent.Max), slices.Compare(a.caps.Budgets.Max[:], b.caps.Budgets.Max[:]))
 	})
 	for _, g := range groups {
 		slices.SortFunc(g.chains, slices.Compare)
@@ -507,74 +507,74 @@ func (r rootRef) tag(h *Handler) string {
 		return ""
 	}
 	_, readable := readsScope(h, r.scope)
-	return chainTag(r.scope, r.id.stored(readable))
+	return ChainTag(r.scope, r.id.stored(readable))
 }
 
 // read peeks at the group's counters, on a chain of this one limit.
 func (g *usageGroup) read(r *http.Request, scope string) (UsageLimit, error) {
-	l := newTaggedLimit(g.tag, scope, g.id, g.caps)
-	g.store.hold() // a reload may unload the store meanwhile
-	d, err := g.store.peek(r.Context(), []limit{l})
-	g.store.release()
-	if err == nil && len(d.counts) != 1 {
-		err = errBadReply
+	l := NewLimit(g.tag, scope, g.id, g.caps)
+	g.store.Hold() // a reload may unload the store meanwhile
+	d, err := g.store.Peek(r.Context(), []Limit{l})
+	g.store.Release()
+	if err == nil && len(d.Counts) != 1 {
+		err = ErrBadReply
 	}
 	if err != nil {
 		return UsageLimit{}, fmt.Errorf("the rate limit store (%s) cannot be read: %v", g.name(), err)
 	}
 	entry := UsageLimit{
 		AppliedLimit: g.applied(),
-		At:           time.UnixMilli(d.now.unixMillis).UTC().Format("2006-01-02T15:04:05.000Z07:00"),
-		Admits:       d.admitted,
+		At:           time.UnixMilli(d.Now.UnixMillis).UTC().Format("2006-01-02T15:04:05.000Z07:00"),
+		Admits:       d.Admitted,
 	}
-	if l.shadow {
-		entry.Shadow, entry.Admits = true, shadowRefusalOf([]limit{l}, d).first < 0
+	if l.Shadow {
+		entry.Shadow, entry.Admits = true, ShadowRefusalOf([]Limit{l}, d).First < 0
 	}
-	windows := [numWindows]**UsageCounter{rpm: &entry.RPM, tpm: &entry.TPM, itpm: &entry.ITPM, otpm: &entry.OTPM,
-		rpd: &entry.RPD, tpd: &entry.TPD, itpd: &entry.ITPD, otpd: &entry.OTPD}
-	for k, capacity := range l.each {
-		*windows[k] = usageCounter(d.counts[0].w[k], capacity, d.now.in(k.span()))
+	windows := [NumWindows]**UsageCounter{RPM: &entry.RPM, TPM: &entry.TPM, ITPM: &entry.ITPM, OTPM: &entry.OTPM,
+		RPD: &entry.RPD, TPD: &entry.TPD, ITPD: &entry.ITPD, OTPD: &entry.OTPD}
+	for k, capacity := range l.Each {
+		*windows[k] = usageCounter(d.Counts[0].Window[k], capacity, d.Now.In(k.Span()))
 	}
 	for _, p := range g.perRequest {
 		if entry.PerRequest == nil {
 			entry.PerRequest = make(map[string]string, len(g.perRequest))
 		}
 		entry.PerRequest[p.name] = p.describe()
-		if k := windowKindNamed(p.name); k < numWindows && p.fallback == "" {
+		if k := WindowKindNamed(p.name); k < NumWindows && p.fallback == "" {
 			(*windows[k]).Limit, (*windows[k]).Remaining = 0, 0
 		}
 	}
-	if b := l.bucket; b.rate > 0 {
-		deficit := d.counts[0].deficit
-		full := ceilDiv(deficit, b.rate)
+	if b := l.Bucket; b.Rate > 0 {
+		deficit := d.Counts[0].Deficit
+		full := CeilDiv(deficit, b.Rate)
 		entry.Bucket = &UsageBucket{
-			BurstCapacity:   b.burst,
-			ReplenishRate:   b.rateText,
-			RequestedTokens: b.cost,
-			Tokens:          float64(max(b.burst*microTokens-deficit, 0)/1000) / 1000,
-			Remaining:       b.left(deficit),
+			BurstCapacity:   b.Burst,
+			ReplenishRate:   b.RateText,
+			RequestedTokens: b.Cost,
+			Tokens:          float64(max(b.Burst*MicroTokens-deficit, 0)/1000) / 1000,
+			Remaining:       b.Left(deficit),
 			Full:            (time.Duration(full) * time.Millisecond).String(),
 			FullMillis:      full,
 		}
 	}
-	if m := l.concurrent.max; m > 0 {
-		held := d.counts[0].slots
+	if m := l.Concurrent.Max; m > 0 {
+		held := d.Counts[0].Slots
 		entry.Concurrent = &UsageSlots{Limit: m, InFlight: held, Remaining: max(m-held, 0)}
 	}
-	budgets := [numBudgetPeriods]**UsageBudget{budgetDay: &entry.BudgetDay, budgetMonth: &entry.BudgetMonth}
-	for p, budget := range l.eachBudget {
-		*budgets[p] = usageBudget(d, l.budgets.calendar, p, budget)
+	budgets := [NumBudgetPeriods]**UsageBudget{BudgetDay: &entry.BudgetDay, BudgetMonth: &entry.BudgetMonth}
+	for p, budget := range l.EachBudget {
+		*budgets[p] = usageBudget(d, l.Budgets.Calendar, p, budget)
 	}
 	return entry, nil
 }
 
-func usageBudget(d decision, c *calendar, p budgetPeriod, budget int64) *UsageBudget {
-	spent, reserved, s := d.counts[0].spent[p], d.counts[0].reserved[p], c.spanAt(p, d.now)
-	at := func(unixMillis int64) string { return time.UnixMilli(unixMillis).In(c.loc).Format(time.RFC3339) }
+func usageBudget(d Decision, c *Calendar, p BudgetPeriod, budget int64) *UsageBudget {
+	spent, reserved, s := d.Counts[0].Spent[p], d.Counts[0].Reserved[p], c.SpanAt(p, d.Now)
+	at := func(unixMillis int64) string { return time.UnixMilli(unixMillis).In(c.Location).Format(time.RFC3339) }
 	return &UsageBudget{
 		Limit: pricing.FormatUSD(budget), Spent: pricing.FormatUSD(spent), Reserved: pricing.FormatUSD(reserved),
 		Remaining: pricing.FormatUSD(max(budget-spent-reserved, 0)),
-		Timezone:  c.name, Start: at(s.start), Renews: at(s.end), RenewsInMillis: s.end - d.now.unixMillis,
+		Timezone:  c.Name, Start: at(s.Start), Renews: at(s.End), RenewsInMillis: s.End - d.Now.UnixMillis,
 	}
 }
 
@@ -593,12 +593,12 @@ func (g *usageGroup) source() string {
 	return "default"
 }
 
-func usageCounter(w window, capacity int64, p position) *UsageCounter {
-	reset := resetIn(w, p)
+func usageCounter(w Window, capacity int64, p Position) *UsageCounter {
+	reset := ResetIn(w, p)
 	return &UsageCounter{
 		Limit:       capacity,
-		Estimate:    math.Round(w.estimate(p)*1000) / 1000,
-		Remaining:   remaining(w, capacity, p),
+		Estimate:    math.Round(w.Estimate(p)*1000) / 1000,
+		Remaining:   Remaining(w, capacity, p),
 		Reset:       (time.Duration(reset) * time.Millisecond).String(),
 		ResetMillis: reset,
 	}

@@ -253,7 +253,7 @@ func TestAdminLiveViewDigestsAKeyIDAndNeverEchoesIt(t *testing.T) {
 				t.Fatalf("%d %s", res.StatusCode, body)
 			}
 		}
-		digest := keyID(false, raw)
+		digest := KeyID(false, raw)
 		v, body := getLiveView(t, "scope=key&id="+url.QueryEscape(raw))
 		for _, s := range []string{secret, "SECRET", "Bearer", "sk-live"} {
 			if strings.Contains(string(body), s) {
@@ -277,9 +277,9 @@ func TestAdminLiveViewDigestsAKeyIDAndNeverEchoesIt(t *testing.T) {
 		// Outside the key scope, an id that is not a short plain token is
 		// digested too, as in the store's keys.
 		v, body = getLiveView(t, "scope=team&id="+url.QueryEscape(team))
-		if v.ID != keyID(false, team) || !digestRE.MatchString(v.ID) || strings.Contains(string(body), "with spaces") ||
+		if v.ID != KeyID(false, team) || !digestRE.MatchString(v.ID) || strings.Contains(string(body), "with spaces") ||
 			len(v.Limits) != 1 || v.Limits[0].RPM.Estimate != 2 {
-			t.Fatalf("team view %s: want the digest %q and the team's 2 requests", body, keyID(false, team))
+			t.Fatalf("team view %s: want the digest %q and the team's 2 requests", body, KeyID(false, team))
 		}
 
 		// Errors never repeat the id either.
@@ -496,7 +496,7 @@ func TestAdminLiveViewReadsEachHandlersStoredFormOfTheID(t *testing.T) {
 			t.Fatalf("%s: %d %s", path, res.StatusCode, body)
 		}
 	}
-	digest := keyID(false, org)
+	digest := KeyID(false, org)
 	v, body := getLiveView(t, "scope=org&id="+org)
 	got := fmt.Sprint(v.ID == digest, len(v.Limits))
 	for _, e := range v.Limits {

@@ -67,19 +67,19 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.answer(w, req, *refused)
 	}
 	if len(chain) == 0 {
-		h.shadowRefused(w, req, chain, decision{})
+		h.shadowRefused(w, req, chain, Decision{})
 		return next.ServeHTTP(w, r)
 	}
 	metering := chainMetersTokens(chain)
 	var est tokenest.Estimate
-	var reserve tokenCounts
+	var reserve TokenCounts
 	var price *pricing.Entry // with budgets: what the request's tokens cost
 	if metering {
 		if !h.readsModel && readable(req) {
 			// Asked only when there is a body worth sparing: the
 			// admission consults the same record of refusals.
 			if a, refused := h.peekIfWorthSparing(req, chain); refused {
-				if _, waits := h.waitFor(a.refusal, 0); !waits {
+				if _, waits := h.waitFor(a.Refusal, 0); !waits {
 					return h.answer(w, req, h.limitRefusal(req, a))
 				}
 			}
@@ -88,7 +88,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				return h.answer(w, req, h.bodyRefusal(err))
 			}
 		}
-		if hasBudgets(chain, true) {
+		if HasBudgets(chain, true) {
 			var refused *answer
 			if price, refused = h.priceOf(chain, req, body); refused != nil {
 				return h.answer(w, req, *refused)
@@ -102,7 +102,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			}
 		}
 	}
-	return h.admitOrAnswer(w, req, chain, reserve, metering, next, func(rw *responseWriter, d decision) error {
+	return h.admitOrAnswer(w, req, chain, reserve, metering, next, func(rw *responseWriter, d Decision) error {
 		if h.EnsureStreamUsage == nil || *h.EnsureStreamUsage {
 			rw.strip = requestStreamUsage(req, body.whole())
 		}
@@ -111,7 +111,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		// the upstream went away mid-stream) with panic(http.ErrAbortHandler),
 		// and what was reported by then is still charged.
 		if price != nil {
-			spendReservedTotal.WithLabelValues(price.Name).Add(float64(d.reserve.cost))
+			spendReservedTotal.WithLabelValues(price.Name).Add(float64(d.Reserve.Cost))
 		}
 		defer h.meterResponse(rw, chain, d, price)
 		err := next.ServeHTTP(rw, r)
@@ -122,11 +122,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 // peekIfWorthSparing is the store's refusal of chain before the body is
 // read, when the body is worth sparing.
-func (h *Handler) peekIfWorthSparing(req *request, chain []limit) (admission, bool) {
+func (h *Handler) peekIfWorthSparing(req *request, chain []Limit) (Admission, bool) {
 	if !worthSparing(req.Request) {
-		return admission{}, false
+		return Admission{}, false
 	}
-	return h.store.refusedUnread(chain)
+	return h.store.RefusedUnread(chain)
 }
 
 // priceOf is the price of the model of a request under budgets, as price
@@ -135,9 +135,9 @@ func (h *Handler) peekIfWorthSparing(req *request, chain []limit) (admission, bo
 // it can be sure of: a later "model" key would win upstream, and a
 // client could choose the price it is counted at. Nor has one whose body
 // names it under two spellings of the key, which is refused with 400.
-func (h *Handler) priceOf(chain []limit, req *request, body requestBody) (*pricing.Entry, *answer) {
+func (h *Handler) priceOf(chain []Limit, req *request, body requestBody) (*pricing.Entry, *answer) {
 	if req.call.Model == "" && !body.complete && req.ContentLength != 0 {
-		if hasBudgets(chain, false) {
+		if HasBudgets(chain, false) {
 			return nil, new(modelUnread())
 		}
 		return nil, nil
@@ -147,8 +147,8 @@ func (h *Handler) priceOf(chain []limit, req *request, body requestBody) (*prici
 		return h.price(chain, model)
 	}
 	for _, l := range chain {
-		if hasBudgets([]limit{l}, false) {
-			return nil, new(ambiguousScope(l.scope, twoModelKeys))
+		if HasBudgets([]Limit{l}, false) {
+			return nil, new(ambiguousScope(l.Scope, twoModelKeys))
 		}
 	}
 	return nil, nil // shadow budgets alone count only what they can price
@@ -172,12 +172,12 @@ func (h *Handler) modelScope() string {
 // the answer that refuses it when there is none: a budget never counts a
 // request at $0 because its price is unknown. Shadow budgets, which
 // refuse nothing, count only the requests they can price.
-func (h *Handler) price(chain []limit, model string) (*pricing.Entry, *answer) {
+func (h *Handler) price(chain []Limit, model string) (*pricing.Entry, *answer) {
 	e, ok := h.prices.Lookup(model)
 	switch {
 	case ok:
 		return &e, nil
-	case hasBudgets(chain, false):
+	case HasBudgets(chain, false):
 		return nil, new(noPrice(model))
 	}
 	return nil, nil
@@ -190,7 +190,7 @@ func (h *Handler) price(chain []limit, model string) (*pricing.Entry, *answer) {
 // an admitted request takes are freed once it has been passed on, however
 // that ends (a deferred call: reverse_proxy ends a response cut short with
 // a panic).
-func (h *Handler) admitOrAnswer(w http.ResponseWriter, req *request, chain []limit, reserve tokenCounts, metering bool, next caddyhttp.Handler, pass func(*responseWriter, decision) error) error {
+func (h *Handler) admitOrAnswer(w http.ResponseWriter, req *request, chain []Limit, reserve TokenCounts, metering bool, next caddyhttp.Handler, pass func(*responseWriter, Decision) error) error {
 	a, err := h.admitWaiting(req, chain, reserve)
 	switch {
 	case errors.Is(err, errClientGone):
@@ -199,19 +199,19 @@ func (h *Handler) admitOrAnswer(w http.ResponseWriter, req *request, chain []lim
 		return h.answer(w, req, h.bodyRefusal(err))
 	case err != nil:
 		return h.storeFailed(w, req, chain, err, next)
-	case !a.admitted:
+	case !a.Admitted:
 		return h.answer(w, req, h.limitRefusal(req, a))
 	}
-	if holdsSlots(chain) {
-		defer h.store.free(chain)
+	if HoldsSlots(chain) {
+		defer h.store.Free(chain)
 	}
-	switch rw := h.admitted(w, req, chain, a.decision, metering); {
+	switch rw := h.admitted(w, req, chain, a.Decision, metering); {
 	case rw == nil:
 		return next.ServeHTTP(w, req.Request)
 	case !metering:
 		return next.ServeHTTP(rw, req.Request)
 	default:
-		return pass(rw, a.decision)
+		return pass(rw, a.Decision)
 	}
 }
 
@@ -221,7 +221,7 @@ func (h *Handler) admitOrAnswer(w http.ResponseWriter, req *request, chain []lim
 // scope names the model, the body is read first (body), but for a session,
 // whose model its URL names; a body that finds no room under body_memory is
 // refused.
-func (h *Handler) resolve(req *request) (chain []limit, body requestBody, refused *answer) {
+func (h *Handler) resolve(req *request) (chain []Limit, body requestBody, refused *answer) {
 	if i := h.repeatedScopeHeader(req.Request); i >= 0 {
 		return nil, body, new(ambiguousScope(h.Scopes[i].Name, "the header "+h.scopeHeaders[i]+" more than once"))
 	}
@@ -252,9 +252,9 @@ func (h *Handler) resolve(req *request) (chain []limit, body requestBody, refuse
 
 // chainMetersTokens reports whether a limit of chain caps a token window or
 // a budget: the response's usage is then metered.
-func chainMetersTokens(chain []limit) bool {
+func chainMetersTokens(chain []Limit) bool {
 	for _, l := range chain {
-		if l.meters() {
+		if l.Meters() {
 			return true
 		}
 	}
@@ -267,17 +267,17 @@ func chainMetersTokens(chain []limit) bool {
 // (503). On Redis Cluster every key carries the hash tag of the chain's
 // root: its outermost scope whose value is not empty, so that the whole
 // chain is one slot.
-func (h *Handler) chain(req *request) (chain []limit, refused *answer) {
+func (h *Handler) chain(req *request) (chain []Limit, refused *answer) {
 	tag := ""
 	if h.Redis != nil && h.Redis.topology() == cluster {
 		for i, s := range slices.Backward(h.Scopes) {
 			if v := h.scopeValue(i, req); v != "" {
-				tag = chainTag(s.Name, keyID(s.Readable, v))
+				tag = ChainTag(s.Name, KeyID(s.Readable, v))
 				break
 			}
 		}
 	}
-	chain = make([]limit, 0, len(h.Scopes))
+	chain = make([]Limit, 0, len(h.Scopes))
 	for i, s := range h.Scopes {
 		sl, limited := h.limits[s.Name]
 		if !limited && !s.Required {
@@ -293,7 +293,7 @@ func (h *Handler) chain(req *request) (chain []limit, refused *answer) {
 		if !limited {
 			continue
 		}
-		id, spec, _ := sl.resolve(value, keyID(s.Readable, value))
+		id, spec, _ := sl.resolve(value, KeyID(s.Readable, value))
 		if spec == nil {
 			continue
 		}
@@ -305,9 +305,9 @@ func (h *Handler) chain(req *request) (chain []limit, refused *answer) {
 		case bad != "":
 			return nil, new(h.badLimit(s.Name, bad))
 		}
-		chain = append(chain, limit{scope: s.Name, id: id, limitCaps: caps})
+		chain = append(chain, Limit{Scope: s.Name, ID: id, Caps: caps})
 	}
-	tagPrefixes(tag, chain)
+	TagPrefixes(tag, chain)
 	return chain, nil
 }
 
@@ -341,12 +341,12 @@ func scopeHeader(value string) string {
 // answer to a failed store: X-RateLimit-Remaining -1 beside the bucket's
 // configuration. A request under a budget is answered 503 whatever
 // on_redis_error says: spend that cannot be counted is never let through.
-func (h *Handler) storeFailed(w http.ResponseWriter, req *request, chain []limit, err error, next caddyhttp.Handler) error {
+func (h *Handler) storeFailed(w http.ResponseWriter, req *request, chain []Limit, err error, next caddyhttp.Handler) error {
 	if h.OnRedisError == "deny" {
 		h.warn.log(h.logger, "rate limit store unavailable; refusing requests with 503 (on_redis_error deny)", zap.Error(err))
 		return h.answer(w, req, storeUnavailable)
 	}
-	if hasBudgets(chain, false) {
+	if HasBudgets(chain, false) {
 		h.warn.log(h.logger, "rate limit store unavailable; refusing requests under a budget with 503 (their spend cannot be counted)", zap.Error(err))
 		return h.answer(w, req, storeUnavailable)
 	}

@@ -85,7 +85,7 @@ func (h *Handler) answer(w http.ResponseWriter, req *request, a answer) error {
 	}
 	a.headers.apply(hdr)
 	if a.retryMillis > 0 {
-		seconds := ceilSeconds(a.retryMillis, 1)
+		seconds := CeilSeconds(a.retryMillis, 1)
 		req.repl.Set(placeholderRetryAfter, seconds)
 		hdr.Set("Retry-After", strconv.FormatInt(seconds, 10))
 		hdr.Set("Retry-After-Ms", strconv.FormatInt(a.retryMillis, 10))
@@ -130,21 +130,21 @@ func (req *request) awaitsContinue() bool {
 // wait, and then none is announced: the clients' SDKs back off on their own.
 // A wait longer than maxSDKRetryWait comes with x-should-retry false. A
 // spent budget is each dialect's quota error.
-func (h *Handler) limitRefusal(req *request, a admission) answer {
-	ref, l := a.refusal, a.limits[a.refusal.first]
-	retryMillis := max(ref.waitMillis, 1)
-	if !ref.knowsWait() {
+func (h *Handler) limitRefusal(req *request, a Admission) answer {
+	ref, l := a.Refusal, a.Limits[a.Refusal.First]
+	retryMillis := max(ref.WaitMillis, 1)
+	if !ref.KnowsWait() {
 		retryMillis = 0
 	}
 	ans := answer{
-		outcome: outcomeRefused, status: cmp.Or(h.Status, http.StatusTooManyRequests), message: ref.message(a.limits),
-		typ: ref.kind.errorType(), code: "rate_limit_exceeded",
-		scope: l.scope, kind: ref.kind.String(), window: ref.windowName(), capacity: strconv.FormatInt(ref.capacity, 10), id: l.id,
-		retryMillis: retryMillis, headers: h.families(req.dia).headersFor(a.limits, a.decision, false),
+		outcome: outcomeRefused, status: cmp.Or(h.Status, http.StatusTooManyRequests), message: ref.message(a.Limits),
+		typ: ref.Kind.ErrorType(), code: "rate_limit_exceeded",
+		scope: l.Scope, kind: ref.Kind.String(), window: ref.WindowName(), capacity: strconv.FormatInt(ref.Capacity, 10), id: l.ID,
+		retryMillis: retryMillis, headers: h.families(req.dia).headersFor(a.Limits, a.Decision, false),
 		noRetry: retryMillis > maxSDKRetryWait,
 	}
-	if ref.kind == budget {
-		ans.code, ans.capacity, ans.quota = "insufficient_quota", pricing.FormatUSD(ref.capacity), true
+	if ref.Kind == Budget {
+		ans.code, ans.capacity, ans.quota = "insufficient_quota", pricing.FormatUSD(ref.Capacity), true
 	}
 	return ans
 }
@@ -161,26 +161,26 @@ const maxSDKRetryWait = 60_000
 // ("Request too large"), with x-should-retry false and no Retry-After.
 // Nothing is charged; its headers are the chain's as they stand, when the
 // store can read them.
-func (h *Handler) tooLarge(req *request, chain []limit, over tooLargeFor, reserve tokenCounts) answer {
+func (h *Handler) tooLarge(req *request, chain []Limit, over tooLargeFor, reserve TokenCounts) answer {
 	l, k := chain[over.limit], over.window
-	capacity, requested := l.windows[k], reserve.of(k.kind())
+	capacity, requested := l.Windows[k], reserve.Of(k.Kind())
 	a := answer{
 		outcome: outcomeRefused, status: cmp.Or(h.Status, http.StatusTooManyRequests),
 		message: fmt.Sprintf("Request too large for %s on %s per %s (%s): Limit %d, Requested %d. The input or output tokens must be reduced in order to run successfully.",
-			l.scope, k.noun(), spans[k.span()].per, k.unit(), capacity, requested),
-		typ: tooLarge.errorType(), code: "rate_limit_exceeded",
-		scope: l.scope, kind: tooLarge.String(), window: spans[k.span()].name, capacity: strconv.FormatInt(capacity, 10), id: l.id, requested: requested,
+			l.Scope, k.Noun(), Spans[k.Span()].Per, k.Unit(), capacity, requested),
+		typ: TooLarge.ErrorType(), code: "rate_limit_exceeded",
+		scope: l.Scope, kind: TooLarge.String(), window: Spans[k.Span()].Name, capacity: strconv.FormatInt(capacity, 10), id: l.ID, requested: requested,
 		noRetry: true,
 	}
 	if over.overBudget {
 		p := over.budget
-		capacity, requested = l.budgets.max[p], reserve.cost
+		capacity, requested = l.Budgets.Max[p], reserve.Cost
 		a.message = fmt.Sprintf("Request too large for the budget of %s per %s: Budget $%s, largest cost of this request $%s. The input or output tokens (max_tokens) must be reduced in order to run successfully.",
-			l.scope, p, pricing.FormatUSD(capacity), pricing.FormatUSD(requested))
+			l.Scope, p, pricing.FormatUSD(capacity), pricing.FormatUSD(requested))
 		a.window, a.capacity, a.requested = p.String(), pricing.FormatUSD(capacity), requested
 	}
 	if families := h.families(req.dia); families.any() {
-		if d, err := h.store.peek(req.Context(), chain); err == nil {
+		if d, err := h.store.Peek(req.Context(), chain); err == nil {
 			a.headers = families.headersFor(chain, d, false)
 		}
 	}

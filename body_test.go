@@ -40,8 +40,8 @@ func readWhole(t *testing.T, r *http.Request) []byte {
 // alike; it still reaches the upstream whole.
 func TestABodyOverTheReadLimitReservesNoLessThanOneUnderIt(t *testing.T) {
 	h := &Handler{}
-	chain := []limit{newLimit("org", "o", 0, maxCap)}
-	reserve := func(content int) tokenCounts {
+	chain := []Limit{newLimit("org", "o", 0, MaxCap)}
+	reserve := func(content int) TokenCounts {
 		body := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("a", content) + `"}]}`
 		r := httptest.NewRequest("POST", "/v1/chat/completions", strings.NewReader(body))
 		r.Header.Set("Content-Type", "application/json")
@@ -59,8 +59,8 @@ func TestABodyOverTheReadLimitReservesNoLessThanOneUnderIt(t *testing.T) {
 		return reserved
 	}
 	under, over := reserve(maxReadBody-100), reserve(maxReadBody+100)
-	if over.input < under.input || under.input < (maxReadBody-100)/4 {
-		t.Fatalf("a body over the read limit reserves %d input tokens, one under it %d", over.input, under.input)
+	if over.Input < under.Input || under.Input < (maxReadBody-100)/4 {
+		t.Fatalf("a body over the read limit reserves %d input tokens, one under it %d", over.Input, under.Input)
 	}
 }
 

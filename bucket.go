@@ -8,11 +8,11 @@ import (
 
 const (
 	// microTokens is one token in the unit of a bucket's deficit.
-	microTokens = 1_000_000
+	MicroTokens = 1_000_000
 	// maxRateMilli and maxBurst bound a bucket so that its arithmetic stays
 	// exact in Lua: a million tokens per second, a billion tokens.
 	maxRateMilli = 1_000_000_000
-	maxBurst     = 1_000_000_000
+	MaxBurst     = 1_000_000_000
 )
 
 // tokenBucket is one limit's bucket; rate 0 is none. Beside the minute and
@@ -29,16 +29,16 @@ const (
 // does not depend on the capacity, so a bucket read under another burst still
 // means the same thing. admit.lua does the same arithmetic with Lua's doubles,
 // exact below 2^53: with burst ≤ 10^9 every deficit is below 10^15.
-type tokenBucket struct {
-	rate     int64  // milli-tokens per second, i.e. micro-tokens per millisecond
-	burst    int64  // capacity, in tokens
-	cost     int64  // tokens an admitted request takes
-	rateText string // the rate as configured, for X-RateLimit-Replenish-Rate
+type TokenBucket struct {
+	Rate     int64  // milli-tokens per second, i.e. micro-tokens per millisecond
+	Burst    int64  // capacity, in tokens
+	Cost     int64  // tokens an admitted request takes
+	RateText string // the rate as configured, for X-RateLimit-Replenish-Rate
 }
 
 // parseRate reads a rate of tokens per second: a positive decimal with at
 // most three places, such as 10, 0.5 or 2.125.
-func parseRate(s string) (milli int64, err error) {
+func ParseRate(s string) (milli int64, err error) {
 	whole, frac, dotted := strings.Cut(s, ".")
 	if whole == "" || dotted && frac == "" || !allDigits(whole) || !allDigits(frac) {
 		return 0, fmt.Errorf("rate %q: want tokens per second as a decimal such as 10 or 0.5", s)
@@ -69,31 +69,31 @@ func allDigits(s string) bool {
 
 // refilled is the deficit at now of a bucket that had deficit at the moment
 // at. A clock that went back refills nothing.
-func (b tokenBucket) refilled(deficit, at, now int64) int64 {
+func (b TokenBucket) refilled(deficit, at, now int64) int64 {
 	elapsed := now - at
 	if elapsed <= 0 {
 		return deficit
 	}
-	if elapsed >= ceilDiv(deficit, b.rate) { // also keeps elapsed × rate small
+	if elapsed >= CeilDiv(deficit, b.Rate) { // also keeps elapsed × rate small
 		return 0
 	}
-	return deficit - elapsed*b.rate
+	return deficit - elapsed*b.Rate
 }
 
 // fits reports whether cost tokens are in a bucket with this deficit.
-func (b tokenBucket) fits(deficit int64) bool {
-	return deficit <= (b.burst-b.cost)*microTokens
+func (b TokenBucket) fits(deficit int64) bool {
+	return deficit <= (b.Burst-b.Cost)*MicroTokens
 }
 
 // releaseIn is how many milliseconds until cost tokens are back: the
 // earliest whole millisecond at which fits holds, absent traffic.
-func (b tokenBucket) releaseIn(deficit int64) int64 {
-	return ceilDiv(max(deficit-(b.burst-b.cost)*microTokens, 0), b.rate)
+func (b TokenBucket) releaseIn(deficit int64) int64 {
+	return CeilDiv(max(deficit-(b.Burst-b.Cost)*MicroTokens, 0), b.Rate)
 }
 
 // left is the whole tokens in a bucket with this deficit, never negative.
-func (b tokenBucket) left(deficit int64) int64 {
-	return max(b.burst*microTokens-deficit, 0) / microTokens
+func (b TokenBucket) Left(deficit int64) int64 {
+	return max(b.Burst*MicroTokens-deficit, 0) / MicroTokens
 }
 
-func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
+func CeilDiv(a, b int64) int64 { return (a + b - 1) / b }

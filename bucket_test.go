@@ -15,21 +15,21 @@ import (
 
 func TestRateIsReadAsAnExactDecimal(t *testing.T) {
 	for in, want := range map[string]int64{"1": 1000, "0.5": 500, "0.001": 1, "2.125": 2125, "10.50": 10500, "1000000": 1_000_000_000, "007": 7000} {
-		if got, err := parseRate(in); err != nil || got != want {
+		if got, err := ParseRate(in); err != nil || got != want {
 			t.Errorf("parseRate(%q) = %d, %v; want %d milli-tokens per second", in, got, err, want)
 		}
 	}
 	for _, in := range []string{"", "0", "0.0", "0.0001", "-1", "+1", ".5", "5.", "1e3", "1_000", "0x10", "1000000.001", " 1", "NaN"} {
-		if got, err := parseRate(in); err == nil {
+		if got, err := ParseRate(in); err == nil {
 			t.Errorf("parseRate(%q) = %d, want an error", in, got)
 		}
 	}
 }
 
 func TestBucketArithmeticIsExactAtTheMillisecond(t *testing.T) {
-	b := tokenBucket{rate: 1500, burst: 4, cost: 2} // 1.5 tokens per second
-	full := int64(4 * microTokens)
-	if !b.fits(2*microTokens) || b.fits(2*microTokens+1) {
+	b := TokenBucket{Rate: 1500, Burst: 4, Cost: 2} // 1.5 tokens per second
+	full := int64(4 * MicroTokens)
+	if !b.fits(2*MicroTokens) || b.fits(2*MicroTokens+1) {
 		t.Fatal("cost 2 must fit exactly while 2 tokens are left")
 	}
 	if got := b.releaseIn(full); got != 1334 {
@@ -47,7 +47,7 @@ func TestBucketArithmeticIsExactAtTheMillisecond(t *testing.T) {
 	if got := b.refilled(full, 0, 1<<62); got != 0 {
 		t.Fatalf("after an age the deficit is %d, want 0", got)
 	}
-	if got := b.left(full + microTokens); got != 0 {
+	if got := b.Left(full + MicroTokens); got != 0 {
 		t.Fatalf("an overdrawn bucket has %d left, want 0", got)
 	}
 }
@@ -98,7 +98,7 @@ func TestSCGHeadersAndCustomStatusOnBucketAndRPMRefusals(t *testing.T) {
 			t.Fatalf("Retry-After %q, want the 1000 s a token takes at 0.001 per second", res.Header.Get("Retry-After"))
 		}
 		// The live view shows the empty bucket with the headers' definitions.
-		v, view := getLiveView(t, "scope=key&digest="+url.QueryEscape(keyID(false, "Bearer sk-a-"+org)))
+		v, view := getLiveView(t, "scope=key&digest="+url.QueryEscape(KeyID(false, "Bearer sk-a-"+org)))
 		if len(v.Limits) != 1 || v.Limits[0].Admits || v.Limits[0].Bucket == nil {
 			t.Fatalf("live view %s: want one limit, refusing, with its bucket", view)
 		}

@@ -48,30 +48,30 @@ import (
 // few days past their period for the settlements of long responses.
 
 // budgetPeriod is what a budget covers: a calendar day or month.
-type budgetPeriod uint8
+type BudgetPeriod uint8
 
 const (
-	budgetDay budgetPeriod = iota
-	budgetMonth
-	numBudgetPeriods
+	BudgetDay BudgetPeriod = iota
+	BudgetMonth
+	NumBudgetPeriods
 )
 
 // String is the period's name in placeholders, metrics, messages and keys.
-func (p budgetPeriod) String() string { return [...]string{"day", "month"}[p] }
+func (p BudgetPeriod) String() string { return [...]string{"day", "month"}[p] }
 
 // capName is the budget's name in the config.
-func (p budgetPeriod) capName() string { return "budget_" + p.String() }
+func (p BudgetPeriod) CapName() string { return "budget_" + p.String() }
 
 // budgetCaps are a limit's spend budgets.
-type budgetCaps struct {
-	max      [numBudgetPeriods]int64 // nano-dollars, by budgetPeriod; 0: none
-	calendar *calendar               // whose days and months they cover; set with a budget
+type BudgetCaps struct {
+	Max      [NumBudgetPeriods]int64 // nano-dollars, by budgetPeriod; 0: none
+	Calendar *Calendar               // whose days and months they cover; set with a budget
 }
 
 // eachBudget yields the budgets the limit caps, in budgetPeriod order.
-func (c *limitCaps) eachBudget(yield func(budgetPeriod, int64) bool) {
-	for p, budget := range c.budgets.max {
-		if budget > 0 && !yield(budgetPeriod(p), budget) {
+func (c *Caps) EachBudget(yield func(BudgetPeriod, int64) bool) {
+	for p, budget := range c.Budgets.Max {
+		if budget > 0 && !yield(BudgetPeriod(p), budget) {
 			return
 		}
 	}
@@ -79,9 +79,9 @@ func (c *limitCaps) eachBudget(yield func(budgetPeriod, int64) bool) {
 
 // hasBudgets reports whether a limit of chain has a budget, an enforced
 // one unless shadows count: its requests then need a price.
-func hasBudgets(chain []limit, shadows bool) bool {
+func HasBudgets(chain []Limit, shadows bool) bool {
 	for _, l := range chain {
-		if l.budgets.max != [numBudgetPeriods]int64{} && (shadows || !l.shadow) {
+		if l.Budgets.Max != [NumBudgetPeriods]int64{} && (shadows || !l.Shadow) {
 			return true
 		}
 	}
@@ -101,9 +101,9 @@ func fitsBudget(spent, reserved, budget, cost int64) bool {
 
 // calendar is the days and months of one time zone. Calendars are shared
 // by name, so that the caps of handlers with the same zone compare equal.
-type calendar struct {
-	name string
-	loc  *time.Location
+type Calendar struct {
+	Name     string
+	Location *time.Location
 	// spans caches the periods of the last minute asked for: every
 	// admission of a chain with budgets asks.
 	spans atomic.Pointer[calendarMinute]
@@ -112,19 +112,19 @@ type calendar struct {
 // calendarMinute is the periods that hold one minute period.
 type calendarMinute struct {
 	minute int64
-	spans  [numBudgetPeriods]periodSpan
+	spans  [NumBudgetPeriods]periodSpan
 }
 
 // periodSpan is a budget period: its start and its end, in unix
 // milliseconds, and the start in unix seconds as its keys name it.
 type periodSpan struct {
-	start, end int64
+	Start, End int64
 	name       string
 }
 
 // writeKey writes to text the key of the budget period s, spent or
 // reserved, of the limit with prefix.
-func (s periodSpan) writeKey(text *strings.Builder, prefix string, p budgetPeriod, reserved bool) {
+func (s periodSpan) writeKey(text *strings.Builder, prefix string, p BudgetPeriod, reserved bool) {
 	what := "spent:"
 	if reserved {
 		what = "reserved:"
@@ -140,12 +140,12 @@ var calendars sync.Map // zone name → *calendar
 
 // calendarOf is the calendar of the IANA time zone name ("" is UTC). Local
 // is refused: gateways in different zones would disagree on the periods.
-func calendarOf(name string) (*calendar, error) {
+func CalendarOf(name string) (*Calendar, error) {
 	if name == "" {
 		name = "UTC"
 	}
 	if c, ok := calendars.Load(name); ok {
-		return c.(*calendar), nil
+		return c.(*Calendar), nil
 	}
 	if name == "Local" {
 		return nil, fmt.Errorf("budget_timezone must name an IANA time zone such as Europe/Paris, not Local: every gateway must agree on when a day starts")
@@ -154,20 +154,20 @@ func calendarOf(name string) (*calendar, error) {
 	if err != nil {
 		return nil, fmt.Errorf("budget_timezone %q is not an IANA time zone such as Europe/Paris or America/New_York", name)
 	}
-	c, _ := calendars.LoadOrStore(name, &calendar{name: name, loc: loc})
-	return c.(*calendar), nil
+	c, _ := calendars.LoadOrStore(name, &Calendar{Name: name, Location: loc})
+	return c.(*Calendar), nil
 }
 
 // span is the period p that holds the minute period minute.
-func (c *calendar) span(p budgetPeriod, minute int64) periodSpan {
+func (c *Calendar) Span(p BudgetPeriod, minute int64) periodSpan {
 	if m := c.spans.Load(); m != nil && m.minute == minute {
 		return m.spans[p]
 	}
 	m := &calendarMinute{minute: minute}
-	t := time.UnixMilli(minute * minuteMillis).In(c.loc)
+	t := time.UnixMilli(minute * MinuteMillis).In(c.Location)
 	y, mo, d := t.Date()
-	m.spans[budgetDay] = c.between(time.Date(y, mo, d, 0, 0, 0, 0, c.loc), time.Date(y, mo, d+1, 0, 0, 0, 0, c.loc))
-	m.spans[budgetMonth] = c.between(time.Date(y, mo, 1, 0, 0, 0, 0, c.loc), time.Date(y, mo+1, 1, 0, 0, 0, 0, c.loc))
+	m.spans[BudgetDay] = c.between(time.Date(y, mo, d, 0, 0, 0, 0, c.Location), time.Date(y, mo, d+1, 0, 0, 0, 0, c.Location))
+	m.spans[BudgetMonth] = c.between(time.Date(y, mo, 1, 0, 0, 0, 0, c.Location), time.Date(y, mo+1, 1, 0, 0, 0, 0, c.Location))
 	c.spans.Store(m)
 	return m.spans[p]
 }
@@ -176,9 +176,9 @@ func (c *calendar) span(p budgetPeriod, minute int64) periodSpan {
 // local date: where a change of clocks skips midnight, time.Date gives the
 // moment an hour before it, in the previous date, and the date starts
 // when that zone ends.
-func (c *calendar) between(start, end time.Time) periodSpan {
+func (c *Calendar) between(start, end time.Time) periodSpan {
 	first := firstMoment(start)
-	return periodSpan{start: first, end: firstMoment(end), name: strconv.FormatInt(floorDiv(first, 1000), 10)}
+	return periodSpan{Start: first, End: firstMoment(end), name: strconv.FormatInt(FloorDiv(first, 1000), 10)}
 }
 
 func firstMoment(t time.Time) int64 {
@@ -190,22 +190,22 @@ func firstMoment(t time.Time) int64 {
 }
 
 // spanAt is the period p of c that holds the moment now.
-func (c *calendar) spanAt(p budgetPeriod, now moment) periodSpan { return c.span(p, now.minute) }
+func (c *Calendar) SpanAt(p BudgetPeriod, now moment) periodSpan { return c.Span(p, now.Minute) }
 
 // renewsIn is how many milliseconds after now the period p that holds it
 // ends: when a budget exhausted in it renews.
-func (c *calendar) renewsIn(p budgetPeriod, now moment) int64 {
-	return c.spanAt(p, now).end - now.unixMillis
+func (c *Calendar) renewsIn(p BudgetPeriod, now moment) int64 {
+	return c.SpanAt(p, now).End - now.UnixMillis
 }
 
 // settlesBudget reports whether ch changes a budget of period p of c at
 // now: it has a cost to add or a reservation to take back, and it is for
 // the current period or the one before it.
-func (ch charge) settlesBudget(c *calendar, p budgetPeriod, now moment) bool {
-	if ch.tokens.cost == 0 && ch.unreserve == 0 {
+func (ch Charge) settlesBudget(c *Calendar, p BudgetPeriod, now moment) bool {
+	if ch.Tokens.Cost == 0 && ch.Unreserve == 0 {
 		return false
 	}
-	return ch.minute == 0 || c.span(p, ch.minute).end >= c.spanAt(p, now).start
+	return ch.Minute == 0 || c.Span(p, ch.Minute).End >= c.SpanAt(p, now).Start
 }
 
 // pricedTokens are the tokens of a response's usage by how they are

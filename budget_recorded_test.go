@@ -120,7 +120,7 @@ func TestBudgetOvershootAgainstRecordedUsage(t *testing.T) {
 	if h.prices, err = pricing.NewTable(inline, nil); err != nil {
 		t.Fatal(err)
 	}
-	chain := []limit{newBudgetLimit(t, "team", "recorded", 0, pricing.MaxBudget, 0, "UTC")}
+	chain := []Limit{newBudgetLimit(t, "team", "recorded", 0, pricing.MaxBudget, 0, "UTC")}
 
 	type class struct {
 		n, over int
@@ -175,23 +175,23 @@ func TestBudgetOvershootAgainstRecordedUsage(t *testing.T) {
 		// The bound: the input and output beyond what was reserved, each at
 		// the highest price a token of its side may have.
 		used := pricedTokens(u)
-		inputBeyond := max(used.Input+used.CacheRead+used.CacheWrite-reserve.input, 0)
-		outputBeyond := max(used.Output-reserve.output, 0)
+		inputBeyond := max(used.Input+used.CacheRead+used.CacheWrite-reserve.Input, 0)
+		outputBeyond := max(used.Output-reserve.Output, 0)
 		bound := pricing.MaxCost(price.Price, inputBeyond, 0) + pricing.MaxCost(price.Price, 0, outputBeyond)
-		overshoot := cost - reserve.cost
+		overshoot := cost - reserve.Cost
 		if overshoot > bound+1 { // two roundings up against one
 			t.Errorf("%s: overshoot %d nano-dollars beyond its bound %d (input %d beyond the estimate, output %d beyond the %d reserved)",
-				e.File, overshoot, bound, inputBeyond, outputBeyond, reserve.output)
+				e.File, overshoot, bound, inputBeyond, outputBeyond, reserve.Output)
 		}
 		if inputBeyond == 0 && outputBeyond == 0 && overshoot > 0 {
 			t.Errorf("%s: within its estimate and its reserved output, it costs %d nano-dollars over its reservation", e.File, overshoot)
 		}
-		tightReserve := pricing.MaxCost(price.Price, reserve.input, used.Output)
+		tightReserve := pricing.MaxCost(price.Price, reserve.Input, used.Output)
 		tight := cost - tightReserve
 
 		t.Logf("%-52s %-17s %-19s in %5d (+%5d) out %5d (+%4d): reserved $%-11s cost $%-11s over by $%-11s %+.3f; reserving the output used: $%-11s %+.3f",
-			e.File, tools, price.Name, reserve.input, inputBeyond, reserve.output, outputBeyond,
-			pricing.FormatUSD(reserve.cost), pricing.FormatUSD(cost), pricing.FormatUSD(max(overshoot, 0)), ratio(overshoot, reserve.cost),
+			e.File, tools, price.Name, reserve.Input, inputBeyond, reserve.Output, outputBeyond,
+			pricing.FormatUSD(reserve.Cost), pricing.FormatUSD(cost), pricing.FormatUSD(max(overshoot, 0)), ratio(overshoot, reserve.Cost),
 			pricing.FormatUSD(max(tight, 0)), ratio(tight, tightReserve))
 		c := &classes[tools]
 		c.n++
@@ -199,7 +199,7 @@ func TestBudgetOvershootAgainstRecordedUsage(t *testing.T) {
 			c.over++
 		}
 		c.usd.note(float64(overshoot)/pricing.NanoPerUSD, e.File)
-		c.fraction.note(ratio(overshoot, reserve.cost), e.File)
+		c.fraction.note(ratio(overshoot, reserve.Cost), e.File)
 		c.tightUSD.note(float64(tight)/pricing.NanoPerUSD, e.File)
 		c.tightFraction.note(ratio(tight, tightReserve), e.File)
 	}

@@ -18,15 +18,15 @@ import (
 // newBudgetLimit is a limit without a hash tag with a day and a month
 // budget in nano-dollars (0: none) in the calendar of zone, and requests
 // per minute at perMinute (0: no cap).
-func newBudgetLimit(t testing.TB, scope, id string, day, month, perMinute int64, zone string) limit {
+func newBudgetLimit(t testing.TB, scope, id string, day, month, perMinute int64, zone string) Limit {
 	t.Helper()
-	c, err := calendarOf(zone)
+	c, err := CalendarOf(zone)
 	if err != nil {
 		t.Fatal(err)
 	}
-	caps := windowLimitCaps(windowCaps{rpm: perMinute})
-	caps.budgets = budgetCaps{max: [numBudgetPeriods]int64{budgetDay: day, budgetMonth: month}, calendar: c}
-	return newTaggedLimit("", scope, id, caps)
+	caps := CapsOfWindows(WindowCaps{RPM: perMinute})
+	caps.Budgets = BudgetCaps{Max: [NumBudgetPeriods]int64{BudgetDay: day, BudgetMonth: month}, Calendar: c}
+	return NewLimit("", scope, id, caps)
 }
 
 // localMillis is the unix milliseconds of a wall-clock time in zone.
@@ -41,9 +41,9 @@ func localMillis(t testing.TB, zone string, year int, month time.Month, day, hou
 
 // admitCost admits chain on s at the pinned time, reserving cost
 // nano-dollars (and a token, so that the admission reserves).
-func admitCost(t *testing.T, s store, chain []limit, at, cost int64) admission {
+func admitCost(t *testing.T, s Store, chain []Limit, at, cost int64) Admission {
 	t.Helper()
-	a, err := pinned(s, at).admit(context.Background(), chain, tokenCounts{total: 1, cost: cost})
+	a, err := pinned(s, at).Admit(context.Background(), chain, TokenCounts{Total: 1, Cost: cost})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,19 +52,19 @@ func admitCost(t *testing.T, s store, chain []limit, at, cost int64) admission {
 
 // budgetState is what budget p of the chain's i-th limit holds at the
 // pinned time, as an admission reads it.
-func budgetState(t *testing.T, s store, chain []limit, i int, p budgetPeriod, at int64) (spent, reserved int64) {
+func budgetState(t *testing.T, s Store, chain []Limit, i int, p BudgetPeriod, at int64) (spent, reserved int64) {
 	t.Helper()
-	d, err := pinned(s, at).peek(context.Background(), chain)
+	d, err := pinned(s, at).Peek(context.Background(), chain)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return d.counts[i].spent[p], d.counts[i].reserved[p]
+	return d.Counts[i].Spent[p], d.Counts[i].Reserved[p]
 }
 
 // settlement is the charge that settles an admission d that reserved
 // reserved at a real cost of cost.
-func settlement(d decision, cost int64) charge {
-	return charge{tokens: tokenCounts{total: 1 - d.reserve.total, cost: cost}, unreserve: d.reserve.cost, minute: d.now.minute}
+func settlement(d Decision, cost int64) Charge {
+	return Charge{Tokens: TokenCounts{Total: 1 - d.Reserve.Total, Cost: cost}, Unreserve: d.Reserve.Cost, Minute: d.Now.Minute}
 }
 
 const usd = pricing.NanoPerUSD
@@ -74,24 +74,24 @@ func runBudgetConformance(t *testing.T, kit storeKit) {
 		s := kit.replicas(t, 1)[0]
 		const zone = "Europe/Paris"
 		at := localMillis(t, zone, 2026, time.March, 10, 15, 0, 0, 0)
-		chain := []limit{newBudgetLimit(t, "team", uniqueID(t), 10*usd, 0, 0, zone)}
+		chain := []Limit{newBudgetLimit(t, "team", uniqueID(t), 10*usd, 0, 0, zone)}
 		for i := range 10 {
-			if a := admitCost(t, s, chain, at, usd); !a.admitted {
+			if a := admitCost(t, s, chain, at, usd); !a.Admitted {
 				t.Fatalf("admission %d of 10 of $1 under $10 refused", i+1)
 			}
 		}
 		a := admitCost(t, s, chain, at, 1)
-		if a.admitted {
+		if a.Admitted {
 			t.Fatal("a request was admitted beyond a budget full of reservations")
 		}
 		renews := localMillis(t, zone, 2026, time.March, 11, 0, 0, 0, 0)
-		if a.refusal.kind != budget || a.refusal.budget != budgetDay || a.refusal.waitMillis != renews-at || a.refusal.used != 10*usd {
-			t.Fatalf("refusal %+v, want a day budget's, of $10 used, renewing in %d ms", a.refusal, renews-at)
+		if a.Refusal.Kind != Budget || a.Refusal.budget != BudgetDay || a.Refusal.WaitMillis != renews-at || a.Refusal.used != 10*usd {
+			t.Fatalf("refusal %+v, want a day budget's, of $10 used, renewing in %d ms", a.Refusal, renews-at)
 		}
-		if a := admitCost(t, s, chain, renews-1, 1); a.admitted {
+		if a := admitCost(t, s, chain, renews-1, 1); a.Admitted {
 			t.Fatal("admitted 1 ms before the day renews")
 		}
-		if a := admitCost(t, s, chain, renews, 10*usd); !a.admitted {
+		if a := admitCost(t, s, chain, renews, 10*usd); !a.Admitted {
 			t.Fatal("the next day's first request, of the whole budget, was refused")
 		}
 	})
@@ -99,17 +99,17 @@ func runBudgetConformance(t *testing.T, kit storeKit) {
 	t.Run("ConcurrentAdmissionsAcrossReplicasAdmitExactlyWhatTheBudgetHolds", func(t *testing.T) {
 		stores := kit.replicas(t, 3)
 		at := pinnedBase()
-		chain := []limit{newBudgetLimit(t, "key", uniqueID(t), 0, 10*(usd/4), 0, "UTC")}
+		chain := []Limit{newBudgetLimit(t, "key", uniqueID(t), 0, 10*(usd/4), 0, "UTC")}
 		var admitted atomic.Int64
 		var wg sync.WaitGroup
 		for i := range 40 {
 			s := pinned(stores[i%len(stores)], at)
 			wg.Go(func() {
-				a, err := s.admit(context.Background(), chain, tokenCounts{total: 1, cost: usd / 4})
+				a, err := s.Admit(context.Background(), chain, TokenCounts{Total: 1, Cost: usd / 4})
 				if err != nil {
 					t.Error(err)
 				}
-				if a.admitted {
+				if a.Admitted {
 					admitted.Add(1)
 				}
 			})
@@ -118,7 +118,7 @@ func runBudgetConformance(t *testing.T, kit storeKit) {
 		if n := admitted.Load(); n != 10 {
 			t.Fatalf("%d of 40 concurrent requests admitted against a budget that holds exactly 10", n)
 		}
-		if spent, reserved := budgetState(t, stores[0], chain, 0, budgetMonth, at); spent != 0 || reserved != 10*(usd/4) {
+		if spent, reserved := budgetState(t, stores[0], chain, 0, BudgetMonth, at); spent != 0 || reserved != 10*(usd/4) {
 			t.Fatalf("spent %d, reserved %d; want 0 and the 10 reservations", spent, reserved)
 		}
 	})
@@ -126,23 +126,23 @@ func runBudgetConformance(t *testing.T, kit storeKit) {
 	t.Run("ASettlementReplacesTheReservationByTheRealCostAndNeverGoesBelowZero", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
 		at := pinnedBase()
-		chain := []limit{newBudgetLimit(t, "key", uniqueID(t), 5*usd, 50*usd, 0, "UTC")}
-		var ds []decision
+		chain := []Limit{newBudgetLimit(t, "key", uniqueID(t), 5*usd, 50*usd, 0, "UTC")}
+		var ds []Decision
 		for range 3 {
-			ds = append(ds, admitCost(t, s, chain, at, usd).decision)
+			ds = append(ds, admitCost(t, s, chain, at, usd).Decision)
 		}
 		pinned(s, at+1000)
 		settle(t, s, chain, settlement(ds[0], 300_000_001))
 		settle(t, s, chain, settlement(ds[1], 0))
-		for _, p := range []budgetPeriod{budgetDay, budgetMonth} {
+		for _, p := range []BudgetPeriod{BudgetDay, BudgetMonth} {
 			if spent, reserved := budgetState(t, s, chain, 0, p, at+2000); spent != 300_000_001 || reserved != usd {
 				t.Fatalf("%s: spent %d, reserved %d; want 300000001 and one reservation of $1 left", p, spent, reserved)
 			}
 		}
 		// A settlement taking back more than is reserved (a reservation
 		// its period lost) leaves it at zero.
-		settle(t, s, chain, charge{tokens: tokenCounts{cost: 7}, unreserve: 100 * usd, minute: ds[2].now.minute})
-		if spent, reserved := budgetState(t, s, chain, 0, budgetDay, at+3000); spent != 300_000_008 || reserved != 0 {
+		settle(t, s, chain, Charge{Tokens: TokenCounts{Cost: 7}, Unreserve: 100 * usd, Minute: ds[2].Now.Minute})
+		if spent, reserved := budgetState(t, s, chain, 0, BudgetDay, at+3000); spent != 300_000_008 || reserved != 0 {
 			t.Fatalf("spent %d, reserved %d; want 300000008 and 0", spent, reserved)
 		}
 	})
@@ -151,45 +151,45 @@ func runBudgetConformance(t *testing.T, kit storeKit) {
 		s := kit.replicas(t, 1)[0]
 		at := pinnedBase()
 		id := uniqueID(t)
-		chain := []limit{newLimit("key", id, 5, 0), newBudgetLimit(t, "team", id, usd, usd, 0, "UTC")}
-		if a := admitCost(t, s, chain, at, usd+1); a.admitted || a.refusal.kind != budget || a.refusal.first != 1 {
-			t.Fatalf("admitted %v, refusal %+v; want the team's budget to refuse", a.admitted, a.refusal)
+		chain := []Limit{newLimit("key", id, 5, 0), newBudgetLimit(t, "team", id, usd, usd, 0, "UTC")}
+		if a := admitCost(t, s, chain, at, usd+1); a.Admitted || a.Refusal.Kind != Budget || a.Refusal.First != 1 {
+			t.Fatalf("admitted %v, refusal %+v; want the team's budget to refuse", a.Admitted, a.Refusal)
 		}
-		d, err := pinned(s, at).peek(context.Background(), chain)
+		d, err := pinned(s, at).Peek(context.Background(), chain)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if d.counts[0].w[rpm].cur != 0 || d.counts[1].reserved != [numBudgetPeriods]int64{} {
-			t.Fatalf("a refused request was charged: %+v", d.counts)
+		if d.Counts[0].Window[RPM].Cur != 0 || d.Counts[1].Reserved != [NumBudgetPeriods]int64{} {
+			t.Fatalf("a refused request was charged: %+v", d.Counts)
 		}
 	})
 
 	t.Run("ARequestWithoutAReservationIsAdmittedWhileTheBudgetIsNotSpentAndChargedAfter", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
 		at := pinnedBase()
-		chain := []limit{newBudgetLimit(t, "key", uniqueID(t), usd, 0, 0, "UTC")}
+		chain := []Limit{newBudgetLimit(t, "key", uniqueID(t), usd, 0, 0, "UTC")}
 		for range 2 {
-			if !admitOrFail(t, s, chain, at).admitted {
+			if !admitOrFail(t, s, chain, at).Admitted {
 				t.Fatal("a request reserving nothing was refused by a budget not yet spent")
 			}
 			pinned(s, at)
-			settle(t, s, chain, charge{tokens: tokenCounts{total: 10, cost: usd / 2}})
+			settle(t, s, chain, Charge{Tokens: TokenCounts{Total: 10, Cost: usd / 2}})
 		}
-		a, err := pinned(s, at).admit(context.Background(), chain, tokenCounts{})
+		a, err := pinned(s, at).Admit(context.Background(), chain, TokenCounts{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if a.admitted || a.refusal.kind != budget {
-			t.Fatalf("admitted %v with the budget spent", a.admitted)
+		if a.Admitted || a.Refusal.Kind != Budget {
+			t.Fatalf("admitted %v with the budget spent", a.Admitted)
 		}
 	})
 
 	t.Run("AReservationSettledAfterMidnightLandsInItsOwnDayAndMonth", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
 		const zone = "America/New_York"
-		chain := []limit{newBudgetLimit(t, "key", uniqueID(t), 10*usd, 100*usd, 0, zone)}
+		chain := []Limit{newBudgetLimit(t, "key", uniqueID(t), 10*usd, 100*usd, 0, zone)}
 		// holds checks what budget p holds at the moment at.
-		holds := func(what string, p budgetPeriod, at, spent, reserved int64) {
+		holds := func(what string, p BudgetPeriod, at, spent, reserved int64) {
 			t.Helper()
 			if gotSpent, gotReserved := budgetState(t, s, chain, 0, p, at); gotSpent != spent || gotReserved != reserved {
 				t.Fatalf("%s: spent %d, reserved %d; want %d and %d", what, gotSpent, gotReserved, spent, reserved)
@@ -197,42 +197,42 @@ func runBudgetConformance(t *testing.T, kit storeKit) {
 		}
 		reserved := localMillis(t, zone, 2026, time.March, 9, 23, 59, 58, 0)
 		settled := localMillis(t, zone, 2026, time.March, 10, 0, 0, 2, 0)
-		d := admitCost(t, s, chain, reserved, 4*usd).decision
-		if !admitCost(t, s, chain, settled, usd).admitted {
+		d := admitCost(t, s, chain, reserved, 4*usd).Decision
+		if !admitCost(t, s, chain, settled, usd).Admitted {
 			t.Fatal("the new day's first request was refused")
 		}
 		pinned(s, settled)
 		settle(t, s, chain, settlement(d, 3*usd))
-		holds("the day of the reservation", budgetDay, reserved, 3*usd, 0)
-		holds("the new day", budgetDay, settled, 0, usd)
-		holds("the month", budgetMonth, settled, 3*usd, usd)
+		holds("the day of the reservation", BudgetDay, reserved, 3*usd, 0)
+		holds("the new day", BudgetDay, settled, 0, usd)
+		holds("the month", BudgetMonth, settled, 3*usd, usd)
 		// Across a month's end, the old month takes it, the new one not.
 		monthEnd := localMillis(t, zone, 2026, time.March, 31, 23, 59, 58, 0)
 		nextMonth := localMillis(t, zone, 2026, time.April, 1, 0, 0, 2, 0)
-		d = admitCost(t, s, chain, monthEnd, 4*usd).decision
+		d = admitCost(t, s, chain, monthEnd, 4*usd).Decision
 		pinned(s, nextMonth)
 		settle(t, s, chain, settlement(d, 3*usd))
-		holds("the old month", budgetMonth, monthEnd, 6*usd, usd)
-		holds("the new month", budgetMonth, nextMonth, 0, 0)
-		holds("the new month's first day", budgetDay, nextMonth, 0, 0)
+		holds("the old month", BudgetMonth, monthEnd, 6*usd, usd)
+		holds("the new month", BudgetMonth, nextMonth, 0, 0)
+		holds("the new month's first day", BudgetDay, nextMonth, 0, 0)
 	})
 
 	t.Run("AMonthRenewsAtTheFirstMomentOfTheNextMonthInItsTimeZone", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
 		const zone = "Asia/Kolkata" // UTC+05:30: the month starts at 18:30 UTC
-		chain := []limit{newBudgetLimit(t, "org", uniqueID(t), 0, 2*usd, 0, zone)}
+		chain := []Limit{newBudgetLimit(t, "org", uniqueID(t), 0, 2*usd, 0, zone)}
 		last := localMillis(t, zone, 2026, time.January, 31, 23, 59, 59, 999)
-		if !admitCost(t, s, chain, last-10_000, 2*usd).admitted {
+		if !admitCost(t, s, chain, last-10_000, 2*usd).Admitted {
 			t.Fatal("the month's whole budget was refused")
 		}
 		a := admitCost(t, s, chain, last, 1)
-		if a.admitted || a.refusal.waitMillis != 1 {
-			t.Fatalf("at the month's last millisecond: admitted %v, wait %d ms; want refused, renewing in 1 ms", a.admitted, a.refusal.waitMillis)
+		if a.Admitted || a.Refusal.WaitMillis != 1 {
+			t.Fatalf("at the month's last millisecond: admitted %v, wait %d ms; want refused, renewing in 1 ms", a.Admitted, a.Refusal.WaitMillis)
 		}
 		if time.UnixMilli(last+1).UTC().Format(time.RFC3339) != "2026-01-31T18:30:00Z" {
 			t.Fatal("the test's zone does not start its months at 18:30 UTC")
 		}
-		if !admitCost(t, s, chain, last+1, 2*usd).admitted {
+		if !admitCost(t, s, chain, last+1, 2*usd).Admitted {
 			t.Fatal("the next month's first millisecond refused its whole budget")
 		}
 	})
@@ -243,23 +243,23 @@ func TestCalendarPeriodsTileTimeInEveryZoneAcrossChangesOfClocks(t *testing.T) {
 	// Lord Howe moves by half an hour; Kolkata and Kathmandu are off UTC
 	// by half and three quarters of an hour.
 	for _, zone := range []string{"UTC", "America/Santiago", "America/Havana", "Australia/Lord_Howe", "Asia/Kolkata", "Asia/Kathmandu", "Europe/Paris"} {
-		c, err := calendarOf(zone)
+		c, err := CalendarOf(zone)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, p := range []budgetPeriod{budgetDay, budgetMonth} {
+		for _, p := range []BudgetPeriod{BudgetDay, BudgetMonth} {
 			at := localMillis(t, zone, 2025, time.January, 1, 12, 0, 0, 0)
-			prev := c.span(p, floorDiv(at, minuteMillis))
+			prev := c.Span(p, FloorDiv(at, MinuteMillis))
 			for range 400 {
-				next := c.span(p, floorDiv(prev.end, minuteMillis))
-				if next.start != prev.end || next.end <= next.start {
+				next := c.Span(p, FloorDiv(prev.End, MinuteMillis))
+				if next.Start != prev.End || next.End <= next.Start {
 					t.Fatalf("%s %s: %v does not follow %v", zone, p, next, prev)
 				}
-				local := time.UnixMilli(next.start).In(c.loc)
-				if p == budgetMonth && local.Day() != 1 || local.Add(-time.Millisecond).Day() == local.Day() {
+				local := time.UnixMilli(next.Start).In(c.Location)
+				if p == BudgetMonth && local.Day() != 1 || local.Add(-time.Millisecond).Day() == local.Day() {
 					t.Fatalf("%s %s: a period starts at %s, not on the first moment of a date", zone, p, local)
 				}
-				if next.start%minuteMillis != 0 {
+				if next.Start%MinuteMillis != 0 {
 					t.Fatalf("%s %s: a period starts at %s, not on a whole minute", zone, p, local)
 				}
 				prev = next
@@ -270,12 +270,12 @@ func TestCalendarPeriodsTileTimeInEveryZoneAcrossChangesOfClocks(t *testing.T) {
 
 func TestABudgetTimezoneMustBeAnIANAZone(t *testing.T) {
 	for _, zone := range []string{"Local", "Mars/Olympus_Mons", "+05:00"} {
-		if _, err := calendarOf(zone); err == nil {
+		if _, err := CalendarOf(zone); err == nil {
 			t.Errorf("budget_timezone %q accepted", zone)
 		}
 	}
-	a, _ := calendarOf("Europe/Paris")
-	b, _ := calendarOf("Europe/Paris")
+	a, _ := CalendarOf("Europe/Paris")
+	b, _ := CalendarOf("Europe/Paris")
 	if a != b {
 		t.Error("two calendars of one zone: the caps of handlers with the same zone would differ")
 	}
@@ -342,19 +342,19 @@ func TestABudgetRefusalIsEachDialectsQuotaError(t *testing.T) {
 func TestABudgetRefusalSaysWhichBudgetAndWhenItRenews(t *testing.T) {
 	const zone = "Europe/Paris"
 	at := localMillis(t, zone, 2026, time.March, 10, 15, 0, 0, 0)
-	chain := []limit{newLimit("key", "secret-key", 100, 0), newBudgetLimit(t, "team", "search", 10*usd, 0, 0, zone)}
-	d := decision{now: momentAt(at), counts: make([]counts, 2), reserve: tokenCounts{total: 10, cost: 2}}
-	d.counts[1].spent[budgetDay], d.counts[1].reserved[budgetDay] = 9*usd, usd-1
-	ref := refusalOf(chain, d)
-	if ref.first != 1 || ref.kind != budget || ref.windowName() != "day" || ref.waitMillis != 9*3600_000 || !ref.knowsWait() {
+	chain := []Limit{newLimit("key", "secret-key", 100, 0), newBudgetLimit(t, "team", "search", 10*usd, 0, 0, zone)}
+	d := Decision{Now: MomentAt(at), Counts: make([]Counts, 2), Reserve: TokenCounts{Total: 10, Cost: 2}}
+	d.Counts[1].Spent[BudgetDay], d.Counts[1].Reserved[BudgetDay] = 9*usd, usd-1
+	ref := RefusalOf(chain, d)
+	if ref.First != 1 || ref.Kind != Budget || ref.WindowName() != "day" || ref.WaitMillis != 9*3600_000 || !ref.KnowsWait() {
 		t.Fatalf("refusal %+v, want the team's day budget, renewing in 9 hours", ref)
 	}
 	want := "Budget reached for team: $10.00 per day, of which $9.999999999 is spent or reserved. It renews at 2026-03-11T00:00:00+01:00 (Europe/Paris); please try again then."
 	if got := ref.message(chain); got != want {
 		t.Fatalf("message\n%s\nwant\n%s", got, want)
 	}
-	d.reserve.cost = 1
-	if ref := refusalOf(chain, d); ref.first >= 0 {
+	d.Reserve.Cost = 1
+	if ref := RefusalOf(chain, d); ref.First >= 0 {
 		t.Fatalf("a cost that fits exactly was refused: %+v", ref)
 	}
 }
@@ -433,7 +433,7 @@ func TestABodyWhoseModelCannotBeReadWhollyIsRefusedUnderABudget(t *testing.T) {
 
 // budgetKey is the key of the budget period s, spent or reserved, of the
 // limit with prefix, as admit.lua's calls name it.
-func budgetKey(s periodSpan, prefix string, p budgetPeriod, reserved bool) string {
+func budgetKey(s periodSpan, prefix string, p BudgetPeriod, reserved bool) string {
 	var key strings.Builder
 	s.writeKey(&key, prefix, p, reserved)
 	return key.String()

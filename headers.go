@@ -145,7 +145,7 @@ type tightest struct {
 	found          bool
 	capacity, left int64
 	resetMillis    int64       // windows
-	bucket         tokenBucket // token buckets
+	bucket         TokenBucket // token buckets
 }
 
 // headersFor computes the headers of an answer. counted says whether the
@@ -153,28 +153,28 @@ type tightest struct {
 // a kind (requests, tokens, input and output tokens) describe its tightest
 // window, a minute or a day: the one with the least remaining, which will
 // refuse first; the IETF family lists every window.
-func (f headerFamilies) headersFor(chain []limit, d decision, counted bool) headerSet {
-	at := [...]position{d.now.in(minute), d.now.in(day)}
+func (f headerFamilies) headersFor(chain []Limit, d Decision, counted bool) headerSet {
+	at := [...]Position{d.Now.In(Minute), d.Now.In(Day)}
 	var byKind [4]tightest
-	var byWindow [numWindows]tightest
+	var byWindow [NumWindows]tightest
 	var bkt tightest
 	for i, l := range chain {
-		if l.shadow { // tried, not enforced: the caller's limits are the others
+		if l.Shadow { // tried, not enforced: the caller's limits are the others
 			continue
 		}
-		c := d.counts[i]
+		c := d.Counts[i]
 		if counted {
-			c = d.countsAfter(l, c)
+			c = d.CountsAfter(l, c)
 		}
-		for k, capacity := range l.each {
-			w := c.w[k]
-			p := at[k.span()]
-			t := tightest{capacity: capacity, left: remaining(w, capacity, p), resetMillis: resetIn(w, p)}
-			byKind[k.kind()].consider(t)
+		for k, capacity := range l.Each {
+			w := c.Window[k]
+			p := at[k.Span()]
+			t := tightest{capacity: capacity, left: Remaining(w, capacity, p), resetMillis: ResetIn(w, p)}
+			byKind[k.Kind()].consider(t)
 			byWindow[k].consider(t)
 		}
-		if l.bucket.rate > 0 {
-			bkt.consider(tightest{capacity: l.bucket.burst, left: l.bucket.left(c.deficit), bucket: l.bucket})
+		if l.Bucket.Rate > 0 {
+			bkt.consider(tightest{capacity: l.Bucket.Burst, left: l.Bucket.Left(c.Deficit), bucket: l.Bucket})
 		}
 	}
 	// The values' text stays on the stack unless every family's headers
@@ -183,12 +183,12 @@ func (f headerFamilies) headersFor(chain []limit, d decision, counted bool) head
 	var buf [256]byte
 	text := buf[:0]
 	if f.openai {
-		text = byKind[requests].appendOpenAI(&v, text, openaiHeaders[:3])
-		text = byKind[tokens].appendOpenAI(&v, text, openaiHeaders[3:])
+		text = byKind[Requests].appendOpenAI(&v, text, openaiHeaders[:3])
+		text = byKind[Tokens].appendOpenAI(&v, text, openaiHeaders[3:])
 	}
 	if f.anthropic {
 		for k, t := range byKind {
-			text = t.appendAnthropic(&v, text, anthropicHeaders[3*k:3*k+3], d.now.unixMillis)
+			text = t.appendAnthropic(&v, text, anthropicHeaders[3*k:3*k+3], d.Now.UnixMillis)
 		}
 	}
 	if f.ietf {
@@ -239,7 +239,7 @@ func (v *headerValues) values(text []byte) [][2]string {
 
 // appendIETF appends the IETF family's two headers, which list every
 // window capped: its policy and its state.
-func appendIETF(v *headerValues, text []byte, byWindow *[numWindows]tightest) []byte {
+func appendIETF(v *headerValues, text []byte, byWindow *[NumWindows]tightest) []byte {
 	for h, state := range [...]bool{false, true} {
 		listed := false
 		for k, t := range byWindow {
@@ -250,18 +250,18 @@ func appendIETF(v *headerValues, text []byte, byWindow *[numWindows]tightest) []
 				text = append(text, ", "...)
 			}
 			listed = true
-			wk := windowKind(k)
+			wk := WindowKind(k)
 			text = append(text, '"')
-			text = append(text, wk.kind().String()...)
-			if wk.span() == day {
+			text = append(text, wk.Kind().String()...)
+			if wk.Span() == Day {
 				text = append(text, "_per_day"...)
 			}
-			if u := spans[wk.span()]; state {
+			if u := Spans[wk.Span()]; state {
 				text = strconv.AppendInt(append(text, `";r=`...), t.left, 10)
-				text = strconv.AppendInt(append(text, ";t="...), ceilSeconds(t.resetMillis, 0), 10)
+				text = strconv.AppendInt(append(text, ";t="...), CeilSeconds(t.resetMillis, 0), 10)
 			} else {
 				text = strconv.AppendInt(append(text, `";q=`...), t.capacity, 10)
-				text = strconv.AppendInt(append(text, ";w="...), u.length*u.unitMillis/1000, 10)
+				text = strconv.AppendInt(append(text, ";w="...), u.Length*u.UnitMillis/1000, 10)
 			}
 		}
 		if !listed {
@@ -276,15 +276,15 @@ func appendIETF(v *headerValues, text []byte, byWindow *[numWindows]tightest) []
 // store failed: with scg, Spring Cloud Gateway's X-RateLimit-Remaining -1
 // beside the configuration of the bucket the chain's headers describe when
 // every bucket is full; no other family has an answer without counters.
-func (f headerFamilies) failedOpenHeaders(chain []limit) headerSet {
+func (f headerFamilies) failedOpenHeaders(chain []Limit) headerSet {
 	s := headerSet{families: headerFamilies{scg: f.scg}}
 	if !f.scg {
 		return s
 	}
 	var bkt tightest
 	for _, l := range chain {
-		if b := l.bucket; b.rate > 0 && !l.shadow {
-			bkt.consider(tightest{left: b.burst - b.cost, bucket: b})
+		if b := l.Bucket; b.Rate > 0 && !l.Shadow {
+			bkt.consider(tightest{left: b.Burst - b.Cost, bucket: b})
 		}
 	}
 	if bkt.found {
@@ -297,9 +297,9 @@ func (f headerFamilies) failedOpenHeaders(chain []limit) headerSet {
 // appendSCG appends Spring's four headers of the bucket, with remaining.
 func (t tightest) appendSCG(v *headerValues, text []byte, remaining int64) []byte {
 	text = v.end(scgHeaders[0], strconv.AppendInt(text, remaining, 10))
-	text = v.end(scgHeaders[1], strconv.AppendInt(text, t.bucket.burst, 10))
-	text = v.end(scgHeaders[2], append(text, t.bucket.rateText...))
-	return v.end(scgHeaders[3], strconv.AppendInt(text, t.bucket.cost, 10))
+	text = v.end(scgHeaders[1], strconv.AppendInt(text, t.bucket.Burst, 10))
+	text = v.end(scgHeaders[2], append(text, t.bucket.RateText...))
+	return v.end(scgHeaders[3], strconv.AppendInt(text, t.bucket.Cost, 10))
 }
 
 func (t *tightest) consider(candidate tightest) {

@@ -155,11 +155,11 @@ func usageCeiling(est tokenest.Estimate) usage.Usage {
 
 // usageClamped counts n responses whose usage was over their ceiling, and
 // warns, naming the chain's scopes only: their ids may be secrets.
-func (h *Handler) usageClamped(chain []limit, what string, n int64) {
+func (h *Handler) usageClamped(chain []Limit, what string, n int64) {
 	usageClampedTotal.WithLabelValues(what).Add(float64(n))
 	scopes := make([]string, len(chain))
 	for i, l := range chain {
-		scopes[i] = l.scope
+		scopes[i] = l.Scope
 	}
 	h.usageWarn.log(h.logger, "an upstream reported more tokens than one response can use; charged at the ceiling",
 		zap.String("what", what), zap.Strings("scopes", scopes), zap.Int64("responses", n))
@@ -167,10 +167,10 @@ func (h *Handler) usageClamped(chain []limit, what string, n int64) {
 
 // tokensOf is the tokens of u, and with a price (a chain with budgets),
 // what they cost.
-func tokensOf(u usage.Usage, price *pricing.Entry) tokenCounts {
-	t := tokenCounts{total: u.Total, input: u.Input, output: u.Output}
+func tokensOf(u usage.Usage, price *pricing.Entry) TokenCounts {
+	t := TokenCounts{Total: u.Total, Input: u.Input, Output: u.Output}
 	if price != nil {
-		t.cost = costOf(price.Price, u)
+		t.Cost = costOf(price.Price, u)
 	}
 	return t
 }
@@ -181,11 +181,11 @@ func tokensOf(u usage.Usage, price *pricing.Entry) tokenCounts {
 // metering of its body (the caller then meters the response or the
 // session), holding the store for the charge. It returns nil when the
 // response needs no wrapping.
-func (h *Handler) admitted(w http.ResponseWriter, req *request, chain []limit, d decision, metering bool) *responseWriter {
+func (h *Handler) admitted(w http.ResponseWriter, req *request, chain []Limit, d Decision, metering bool) *responseWriter {
 	if !h.shadowRefused(w, req, chain, d) {
 		setOutcome(req.repl, outcomeAdmitted)
 	}
-	tokensReserved.add(d.reserve)
+	tokensReserved.add(d.Reserve)
 	families := h.families(req.dia)
 	if !families.any() && !metering {
 		return nil
@@ -198,7 +198,7 @@ func (h *Handler) admitted(w http.ResponseWriter, req *request, chain []limit, d
 	if metering {
 		// The store stays usable for this request's charge even if a
 		// reload unloads it meanwhile; the charge releases it.
-		h.store.hold()
+		h.store.Hold()
 	}
 	return rw
 }
@@ -207,13 +207,13 @@ func (h *Handler) admitted(w http.ResponseWriter, req *request, chain []limit, d
 // chain, and what they cost, in the current periods, and waits for the
 // outcome, so that a session's last charge lands before its store is
 // released.
-func (h *Handler) chargeSession(chain []limit, tokens tokenCounts, price *pricing.Entry) {
-	if tokens.isZero() {
+func (h *Handler) chargeSession(chain []Limit, tokens TokenCounts, price *pricing.Entry) {
+	if tokens.IsZero() {
 		return
 	}
-	c := charge{tokens: tokens}
+	c := Charge{Tokens: tokens}
 	done := make(chan error, 1)
-	h.store.charge(chain, c, func(err error) { done <- err })
+	h.store.Charge(chain, c, func(err error) { done <- err })
 	h.settled(c, tokens, price, <-done)
 }
 
@@ -227,7 +227,7 @@ func (h *Handler) chargeSession(chain []limit, tokens tokenCounts, price *pricin
 // nothing) is charged at least the reservation: what it reported where
 // that is more, count by count (atLeast). It releases the store that
 // ServeHTTP held for it.
-func (h *Handler) meterResponse(w *responseWriter, chain []limit, d decision, price *pricing.Entry) {
+func (h *Handler) meterResponse(w *responseWriter, chain []Limit, d Decision, price *pricing.Entry) {
 	u, metered, final, clamped := w.finish()
 	used := tokensOf(u, price)
 	if clamped {
@@ -236,30 +236,30 @@ func (h *Handler) meterResponse(w *responseWriter, chain []limit, d decision, pr
 	if !metered {
 		unmeteredTotal.WithLabelValues("response").Inc()
 		if h.logger.Core().Enabled(zap.DebugLevel) {
-			h.logger.Debug("response not metered: no usage found", zap.String("scope", chain[0].scope), zap.String("id", chain[0].id))
+			h.logger.Debug("response not metered: no usage found", zap.String("scope", chain[0].Scope), zap.String("id", chain[0].ID))
 		}
 	}
-	c, charged := charge{tokens: used}, used
-	if !d.reserve.isZero() {
-		c = c.settling(d)
+	c, charged := Charge{Tokens: used}, used
+	if !d.Reserve.IsZero() {
+		c = c.Settling(d)
 		switch {
 		case final:
 		case w.unprocessed():
-			charged = tokenCounts{}
+			charged = TokenCounts{}
 		default:
-			charged = used.atLeast(d.reserve)
+			charged = used.atLeast(d.Reserve)
 		}
 		// The windows take the difference; the budgets the cost charged
 		// beside the reservation they give back.
-		c.tokens = charged.minus(d.reserve)
-		c.tokens.cost = charged.cost
+		c.Tokens = charged.Minus(d.Reserve)
+		c.Tokens.Cost = charged.Cost
 	} else if !metered {
-		h.store.release()
+		h.store.Release()
 		return
 	}
-	h.store.charge(chain, c, func(err error) {
+	h.store.Charge(chain, c, func(err error) {
 		h.settled(c, charged, price, err)
-		h.store.release()
+		h.store.Release()
 	})
 }
 
@@ -267,9 +267,9 @@ func (h *Handler) meterResponse(w *responseWriter, chain []limit, d decision, pr
 // at least its input and output together: the charge of a response whose
 // reservation r bounds what it may have used better than the report t it
 // was cut before finishing.
-func (t tokenCounts) atLeast(r tokenCounts) tokenCounts {
-	in, out := max(t.input, r.input), max(t.output, r.output)
-	return tokenCounts{total: max(t.total, r.total, in+out), input: in, output: out, cost: max(t.cost, r.cost)}
+func (t TokenCounts) atLeast(r TokenCounts) TokenCounts {
+	in, out := max(t.Input, r.Input), max(t.Output, r.Output)
+	return TokenCounts{Total: max(t.Total, r.Total, in+out), Input: in, Output: out, Cost: max(t.Cost, r.Cost)}
 }
 
 // statusClientClosed is the status reverse_proxy writes when the client
@@ -304,17 +304,17 @@ func unreached(err error) bool {
 
 // settled counts a charge once the store has it, or logs its failure: the
 // tokens and the cost finally charged, and what a settlement gave back.
-func (h *Handler) settled(c charge, charged tokenCounts, price *pricing.Entry, err error) {
+func (h *Handler) settled(c Charge, charged TokenCounts, price *pricing.Entry, err error) {
 	if err != nil {
-		h.chargeWarn.log(h.logger, "recording tokens failed; they are not charged", zap.Error(err), zap.Int64("tokens", charged.total),
-			zap.String("cost_usd", pricing.FormatUSD(charged.cost)))
+		h.chargeWarn.log(h.logger, "recording tokens failed; they are not charged", zap.Error(err), zap.Int64("tokens", charged.Total),
+			zap.String("cost_usd", pricing.FormatUSD(charged.Cost)))
 		return
 	}
 	tokensCharged.add(charged)
-	tokensReturned.add(tokenCounts{total: max(-c.tokens.total, 0), input: max(-c.tokens.input, 0), output: max(-c.tokens.output, 0)})
+	tokensReturned.add(TokenCounts{Total: max(-c.Tokens.Total, 0), Input: max(-c.Tokens.Input, 0), Output: max(-c.Tokens.Output, 0)})
 	if price != nil {
-		spendChargedTotal.WithLabelValues(price.Name).Add(float64(charged.cost))
-		spendReturnedTotal.WithLabelValues(price.Name).Add(float64(max(c.unreserve-charged.cost, 0)))
+		spendChargedTotal.WithLabelValues(price.Name).Add(float64(charged.Cost))
+		spendReturnedTotal.WithLabelValues(price.Name).Add(float64(max(c.Unreserve-charged.Cost, 0)))
 	}
 }
 

@@ -40,17 +40,17 @@ func (i ids) headers() []string {
 	return []string{"Authorization: " + i.key, "X-Team: " + i.team, "X-Org: " + i.org}
 }
 
-func (i ids) limits() []limit {
-	return []limit{
-		newLimit("key", keyID(false, i.key), 0, 1),
-		newLimit("team", keyID(false, i.team), 0, 1),
-		newLimit("org", keyID(false, i.org), 0, 1),
+func (i ids) limits() []Limit {
+	return []Limit{
+		newLimit("key", KeyID(false, i.key), 0, 1),
+		newLimit("team", KeyID(false, i.team), 0, 1),
+		newLimit("org", KeyID(false, i.org), 0, 1),
 	}
 }
 
 // storeCount reads one period directly from the store that gateways on
 // store (a redis line, or "" for the in-process store) use.
-func storeCount(t *testing.T, store, prefix string, k windowKind, period int64) int64 {
+func storeCount(t *testing.T, store, prefix string, k WindowKind, period int64) int64 {
 	if store == "" {
 		s, release, err := acquireMemoryStore()
 		if err != nil {
@@ -64,25 +64,25 @@ func storeCount(t *testing.T, store, prefix string, k windowKind, period int64) 
 
 // windowHolds is what l's window k holds in its current period and the last
 // (a charge may land just before a period boundary).
-func windowHolds(t *testing.T, store string, l limit, k windowKind) int64 {
-	b := momentAt(time.Now().UnixMilli()).in(k.span()).period
-	return storeCount(t, store, l.prefix, k, b) + storeCount(t, store, l.prefix, k, b-1)
+func windowHolds(t *testing.T, store string, l Limit, k WindowKind) int64 {
+	b := MomentAt(time.Now().UnixMilli()).In(k.Span()).Period
+	return storeCount(t, store, l.Prefix, k, b) + storeCount(t, store, l.Prefix, k, b-1)
 }
 
 // waitCharged waits until every limit's token windows hold want tokens in
 // store. The charge runs after the response, in the background: poll for it.
-func waitCharged(t *testing.T, store string, chain []limit, want int64) {
+func waitCharged(t *testing.T, store string, chain []Limit, want int64) {
 	t.Helper()
-	waitWindow(t, store, chain, tpm, want)
+	waitWindow(t, store, chain, TPM, want)
 }
 
 // waitWindow waits until window k of every limit of chain holds want.
-func waitWindow(t *testing.T, store string, chain []limit, k windowKind, want int64) {
+func waitWindow(t *testing.T, store string, chain []Limit, k WindowKind, want int64) {
 	t.Helper()
 	eventually(t, func() error {
 		for _, l := range chain {
 			if got := windowHolds(t, store, l, k); got != want {
-				return fmt.Errorf("scope %s: %s holds %d, want %d", l.scope, k, got, want)
+				return fmt.Errorf("scope %s: %s holds %d, want %d", l.Scope, k, got, want)
 			}
 		}
 		return nil
@@ -144,7 +144,7 @@ func TestTPMCapRefusesWithTypeTokensOnceChargedUsageFillsIt(t *testing.T) {
 		if res, _ := gw.get(t, "/samples/openai_chat.json?coding=gzip", "X-Org: "+org); res.StatusCode != 200 {
 			t.Fatalf("first request %d", res.StatusCode)
 		}
-		waitCharged(t, store, []limit{newLimit("org", org, 0, 1)}, 1163)
+		waitCharged(t, store, []Limit{newLimit("org", org, 0, 1)}, 1163)
 		res, body := gw.get(t, "/samples/openai_chat.json?coding=gzip", "X-Org: "+org)
 		if res.StatusCode != 429 {
 			t.Fatalf("with 1163 of tpm 1000 charged: %d, want 429", res.StatusCode)
@@ -341,8 +341,8 @@ func TestAResponseIsChargedAtMostItsRequestsOwnOutputCapTimesItsChoices(t *testi
 				t.Fatalf("%s: %d %s", c.what, res.StatusCode, body)
 			}
 			waitMetric(t, metric, clamped+1)
-			waitWindow(t, store, orgTokens(org), otpm, c.output)
-			waitWindow(t, store, orgTokens(org), itpm, maxResponseInput)
+			waitWindow(t, store, orgTokens(org), OTPM, c.output)
+			waitWindow(t, store, orgTokens(org), ITPM, maxResponseInput)
 			waitCharged(t, store, orgTokens(org), maxResponseInput+c.output)
 		}
 	})
@@ -458,8 +458,8 @@ func TestAStreamTheClientLeavesBeforeItsFinalReportIsChargedAtLeastItsReservatio
 			c.stream.leaveAt(t, gw, gone, "X-Org: "+org)
 			waitMetric(t, `caddy_rolter_ratelimit_tokens_charged_total{kind="total"}`, charged+float64(c.total))
 			waitCharged(t, store, orgTokens(org), c.total)
-			waitWindow(t, store, orgTokens(org), itpm, c.input)
-			waitWindow(t, store, orgTokens(org), otpm, c.output)
+			waitWindow(t, store, orgTokens(org), ITPM, c.input)
+			waitWindow(t, store, orgTokens(org), OTPM, c.output)
 		}
 	})
 }

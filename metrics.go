@@ -153,8 +153,8 @@ func tokenCountersOf(c *prometheus.CounterVec) tokenCounters {
 }
 
 // add adds the tokens of each kind that t has.
-func (c tokenCounters) add(t tokenCounts) {
-	for i, n := range [...]int64{t.total, t.input, t.output} {
+func (c tokenCounters) add(t TokenCounts) {
+	for i, n := range [...]int64{t.Total, t.Input, t.Output} {
 		if n > 0 {
 			c[i].Add(float64(n))
 		}

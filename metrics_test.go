@@ -85,7 +85,7 @@ func checkMetrics(t *testing.T, srv *testRedis) {
 		gw.get(t, "/samples/openai_chat.json?coding=identity", key, org)
 	}
 	gw.get(t, "/samples/openai_error.json?coding=identity", "Authorization: Bearer sk-"+uniqueID(t), org) // admitted, not metered
-	waitCharged(t, store, []limit{newLimit("org", strings.TrimPrefix(org, "X-Org: "), 0, 1)}, 2*1163)
+	waitCharged(t, store, []Limit{newLimit("org", strings.TrimPrefix(org, "X-Org: "), 0, 1)}, 2*1163)
 	want := map[string]float64{
 		`caddy_rolter_ratelimit_admissions_total{outcome="admitted"}`:                                       3,
 		`caddy_rolter_ratelimit_admissions_total{outcome="refused"}`:                                        1,

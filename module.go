@@ -234,7 +234,7 @@ type Handler struct {
 	// tried would do. Default off.
 	ShadowHeader bool `json:"shadow_header,omitempty"`
 
-	store   store
+	store   Store
 	prices  *pricing.Table // Prices and PriceFile
 	release func() error   // gives the store back to its pool
 	limits  map[string]scopeLimits
@@ -443,7 +443,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.loadPrices(repl); err != nil {
 		return err
 	}
-	calendar, err := calendarOf(h.BudgetTimezone)
+	calendar, err := CalendarOf(h.BudgetTimezone)
 	if err != nil {
 		return err
 	}
@@ -464,13 +464,13 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		case lc.ID == "*":
 			sl.byDefault = spec
 		case isPrefix:
-			id = prefixKeyID(readable[lc.Scope], prefix)
+			id = PrefixKeyID(readable[lc.Scope], prefix)
 			sl.byPrefix = append(sl.byPrefix, prefixLimit{prefix: prefix, id: id, spec: spec})
 		default:
 			if sl.byID == nil {
 				sl.byID = make(map[string]*limitSpec)
 			}
-			id = keyID(readable[lc.Scope], raw)
+			id = KeyID(readable[lc.Scope], raw)
 			sl.byID[id] = spec
 		}
 		h.limits[lc.Scope] = sl
@@ -530,7 +530,7 @@ func (h *Handler) inlinePrices() ([]pricing.Entry, error) {
 }
 
 func (h *Handler) slotLease() time.Duration {
-	return cmp.Or(time.Duration(h.SlotLease), defaultSlotLease)
+	return cmp.Or(time.Duration(h.SlotLease), DefaultSlotLease)
 }
 
 func (h *Handler) timeout() time.Duration {
@@ -561,8 +561,8 @@ var errBudgetWithoutPrice = errors.New("a limit has a budget, but no price is gi
 // Validate checks the configuration, as the Caddyfile parser does line by
 // line, so that a JSON config gets the same errors.
 func (h *Handler) Validate() error {
-	if len(h.Scopes) > maxCallLimits {
-		return fmt.Errorf("%d scopes: a chain has at most %d", len(h.Scopes), maxCallLimits)
+	if len(h.Scopes) > MaxCallLimits {
+		return fmt.Errorf("%d scopes: a chain has at most %d", len(h.Scopes), MaxCallLimits)
 	}
 	scopes := make(map[string]bool, len(h.Scopes))
 	for _, s := range h.Scopes {
@@ -622,7 +622,7 @@ func (h *Handler) Validate() error {
 	if _, err := h.inlinePrices(); err != nil {
 		return err
 	}
-	if _, err := calendarOf(h.BudgetTimezone); err != nil {
+	if _, err := CalendarOf(h.BudgetTimezone); err != nil {
 		return err
 	}
 	if h.Wait < 0 {
@@ -631,8 +631,8 @@ func (h *Handler) Validate() error {
 	if h.MaxWaiting < 0 {
 		return fmt.Errorf("max_waiting must be a positive number of requests, not %d", h.MaxWaiting)
 	}
-	if h.SlotLease != 0 && time.Duration(h.SlotLease) < minSlotLease {
-		return fmt.Errorf("slot_lease must be at least %s, not %s", minSlotLease, time.Duration(h.SlotLease))
+	if h.SlotLease != 0 && time.Duration(h.SlotLease) < MinSlotLease {
+		return fmt.Errorf("slot_lease must be at least %s, not %s", MinSlotLease, time.Duration(h.SlotLease))
 	}
 	if h.BodyMemory != 0 && h.BodyMemory < minBodyMemory {
 		return fmt.Errorf("body_memory must be at least %d bytes (8MiB: two bodies of the largest size read), not %d", minBodyMemory, h.BodyMemory)
@@ -665,15 +665,15 @@ func (l LimitConfig) validate() error {
 	if l.Burst < 0 || l.Cost < 0 {
 		return fmt.Errorf("limit for scope %q id %q: burst and cost must be positive integers", l.Scope, l.ID)
 	}
-	if l.Concurrent < 0 || l.Concurrent > maxCap {
-		return fmt.Errorf("limit for scope %q id %q: concurrent must be a positive integer of at most %d, not %d", l.Scope, l.ID, int64(maxCap), l.Concurrent)
+	if l.Concurrent < 0 || l.Concurrent > MaxCap {
+		return fmt.Errorf("limit for scope %q id %q: concurrent must be a positive integer of at most %d, not %d", l.Scope, l.ID, int64(MaxCap), l.Concurrent)
 	}
 	for k, n := range l.windowCaps() {
-		if n < 0 || n > maxCap {
-			return fmt.Errorf("limit for scope %q id %q: %s must be a positive integer of at most %d, not %d", l.Scope, l.ID, windowKind(k), int64(maxCap), n)
+		if n < 0 || n > MaxCap {
+			return fmt.Errorf("limit for scope %q id %q: %s must be a positive integer of at most %d, not %d", l.Scope, l.ID, WindowKind(k), int64(MaxCap), n)
 		}
 	}
-	if l.windowCaps() == (windowCaps{}) && l.Rate == "" && l.Burst == 0 && l.Cost == 0 && l.Concurrent == 0 && l.BudgetDay == "" && l.BudgetMonth == "" && len(l.PerRequest) == 0 {
+	if l.windowCaps() == (WindowCaps{}) && l.Rate == "" && l.Burst == 0 && l.Cost == 0 && l.Concurrent == 0 && l.BudgetDay == "" && l.BudgetMonth == "" && len(l.PerRequest) == 0 {
 		return fmt.Errorf("limit for scope %q id %q sets no cap: give rpm, tpm, itpm, otpm, rpd, tpd, itpd, otpd, rate and burst, concurrent, budget_day or budget_month", l.Scope, l.ID)
 	}
 	nominal, err := l.nominal()
@@ -700,20 +700,20 @@ func (l LimitConfig) resolvedID(repl *caddy.Replacer) (string, error) {
 }
 
 // windowCapFields are the limit's window caps, by windowKind.
-func (l *LimitConfig) windowCapFields() [numWindows]*int64 {
-	return [numWindows]*int64{rpm: &l.RPM, tpm: &l.TPM, itpm: &l.ITPM, otpm: &l.OTPM, rpd: &l.RPD, tpd: &l.TPD, itpd: &l.ITPD, otpd: &l.OTPD}
+func (l *LimitConfig) windowCapFields() [NumWindows]*int64 {
+	return [NumWindows]*int64{RPM: &l.RPM, TPM: &l.TPM, ITPM: &l.ITPM, OTPM: &l.OTPM, RPD: &l.RPD, TPD: &l.TPD, ITPD: &l.ITPD, OTPD: &l.OTPD}
 }
 
 // windowCap is the field of the window cap called name (windowKind.String).
 func (l *LimitConfig) windowCap(name string) *int64 {
-	if k := windowKindNamed(name); k < numWindows {
+	if k := WindowKindNamed(name); k < NumWindows {
 		return l.windowCapFields()[k]
 	}
 	return nil
 }
 
 // windowCaps are the limit's window caps, by windowKind.
-func (l LimitConfig) windowCaps() (w windowCaps) {
+func (l LimitConfig) windowCaps() (w WindowCaps) {
 	for k, f := range l.windowCapFields() {
 		w[k] = *f
 	}
@@ -722,10 +722,10 @@ func (l LimitConfig) windowCaps() (w windowCaps) {
 
 // caps reads the limit's caps, their slots' lease and their budgets'
 // calendar aside; its error is a configuration mistake.
-func (l LimitConfig) caps() (limitCaps, error) {
-	caps := windowLimitCaps(l.windowCaps())
-	caps.concurrent.max = l.Concurrent
-	for p, usd := range [numBudgetPeriods]json.Number{budgetDay: l.BudgetDay, budgetMonth: l.BudgetMonth} {
+func (l LimitConfig) caps() (Caps, error) {
+	caps := CapsOfWindows(l.windowCaps())
+	caps.Concurrent.Max = l.Concurrent
+	for p, usd := range [NumBudgetPeriods]json.Number{BudgetDay: l.BudgetDay, BudgetMonth: l.BudgetMonth} {
 		if usd == "" {
 			continue
 		}
@@ -734,9 +734,9 @@ func (l LimitConfig) caps() (limitCaps, error) {
 			err = errors.New("a budget of 0 would refuse every request")
 		}
 		if err != nil {
-			return caps, fmt.Errorf("limit for scope %q id %q: %s: %v", l.Scope, l.ID, budgetPeriod(p).capName(), err)
+			return caps, fmt.Errorf("limit for scope %q id %q: %s: %v", l.Scope, l.ID, BudgetPeriod(p).CapName(), err)
 		}
-		caps.budgets.max[p] = budget
+		caps.Budgets.Max[p] = budget
 	}
 	switch {
 	case l.Rate == "" && l.Burst == 0 && l.Cost == 0:
@@ -745,16 +745,16 @@ func (l LimitConfig) caps() (limitCaps, error) {
 		return caps, fmt.Errorf("limit for scope %q id %q: a token bucket needs a rate (tokens per second) with its burst", l.Scope, l.ID)
 	case l.Burst == 0:
 		return caps, fmt.Errorf("limit for scope %q id %q: a token bucket needs a burst (its capacity) with its rate", l.Scope, l.ID)
-	case l.Burst > maxBurst:
-		return caps, fmt.Errorf("limit for scope %q id %q: burst %d is above the largest, %d", l.Scope, l.ID, l.Burst, maxBurst)
+	case l.Burst > MaxBurst:
+		return caps, fmt.Errorf("limit for scope %q id %q: burst %d is above the largest, %d", l.Scope, l.ID, l.Burst, MaxBurst)
 	case l.Cost > l.Burst:
 		return caps, fmt.Errorf("limit for scope %q id %q: cost %d is above the burst %d, so no request would ever be admitted", l.Scope, l.ID, l.Cost, l.Burst)
 	}
-	rate, err := parseRate(string(l.Rate))
+	rate, err := ParseRate(string(l.Rate))
 	if err != nil {
 		return caps, fmt.Errorf("limit for scope %q id %q: %v", l.Scope, l.ID, err)
 	}
-	caps.bucket = tokenBucket{rate: rate, burst: l.Burst, cost: max(l.Cost, 1), rateText: string(l.Rate)}
+	caps.Bucket = TokenBucket{Rate: rate, Burst: l.Burst, Cost: max(l.Cost, 1), RateText: string(l.Rate)}
 	return caps, nil
 }
 

@@ -351,7 +351,7 @@ func TestSecretIDsLeaveNoTraceWhateverTheirScopeIsCalled(t *testing.T) {
 			bodies.WriteString(body)
 		}
 		answers := []string{bodies.String()}
-		digests := map[string]string{"apikey": keyID(false, apiKey), "user": keyID(false, email), "customer": keyID(false, customer)}
+		digests := map[string]string{"apikey": KeyID(false, apiKey), "user": KeyID(false, email), "customer": KeyID(false, customer)}
 		for scope, digest := range digests {
 			raw := map[string]string{"apikey": apiKey, "user": email, "customer": customer}[scope]
 			v, body := getLiveView(t, "scope="+scope+"&id="+url.QueryEscape(raw))

@@ -41,7 +41,7 @@ type perRequestCap struct {
 // that come with each request are left out (0), and the line itself, for
 // those.
 type limitSpec struct {
-	caps       limitCaps
+	caps       Caps
 	perRequest []perRequestCap
 	line       lineSettings
 	config     LimitConfig // the line without its per-request caps
@@ -50,7 +50,7 @@ type limitSpec struct {
 // specOf is the spec of the handler's limit line lc, whose budgets cover
 // the days and months of calendar: its caps (a cap per request at its
 // fallback, or a stand-in), with the handler's slot lease and shadow.
-func (h *Handler) specOf(lc LimitConfig, calendar *calendar) (*limitSpec, error) {
+func (h *Handler) specOf(lc LimitConfig, calendar *Calendar) (*limitSpec, error) {
 	lc, err := lc.resolvedAtLoad()
 	if err != nil {
 		return nil, err
@@ -74,21 +74,21 @@ func (h *Handler) specOf(lc LimitConfig, calendar *calendar) (*limitSpec, error)
 // the line's limit in every other respect (a shadow stays a shadow).
 type lineSettings struct {
 	leaseMillis int64     // the slots' lease (slot_lease)
-	calendar    *calendar // the budgets' days and months (budget_timezone)
+	calendar    *Calendar // the budgets' days and months (budget_timezone)
 	shadow      bool      // shadow, on the line or the handler
 }
 
 // applyTo gives caps the line's settings.
-func (s lineSettings) applyTo(caps *limitCaps) {
-	caps.concurrent.leaseMillis, caps.shadow = s.leaseMillis, s.shadow
-	if caps.budgets.max != [numBudgetPeriods]int64{} {
-		caps.budgets.calendar = s.calendar
+func (s lineSettings) applyTo(caps *Caps) {
+	caps.Concurrent.LeaseMillis, caps.Shadow = s.leaseMillis, s.shadow
+	if caps.Budgets.Max != [NumBudgetPeriods]int64{} {
+		caps.Budgets.Calendar = s.calendar
 	}
 }
 
 // newLimitSpec is the spec of a limit line whose caps, as configured, are
 // caps, with the line's settings.
-func newLimitSpec(lc LimitConfig, caps limitCaps, line lineSettings) *limitSpec {
+func newLimitSpec(lc LimitConfig, caps Caps, line lineSettings) *limitSpec {
 	s := &limitSpec{caps: caps, line: line, config: lc}
 	s.config.PerRequest = nil
 	for _, name := range slices.Sorted(maps.Keys(lc.PerRequest)) {
@@ -105,7 +105,7 @@ func newLimitSpec(lc LimitConfig, caps limitCaps, line lineSettings) *limitSpec 
 // names a cap per request that the request does not give validly and
 // that has no fallback, or that makes the caps inconsistent (a cost
 // above the burst).
-func (s *limitSpec) capsFor(req *request) (caps *limitCaps, bad string) {
+func (s *limitSpec) capsFor(req *request) (caps *Caps, bad string) {
 	if len(s.perRequest) == 0 {
 		return &s.caps, ""
 	}
@@ -128,7 +128,7 @@ func (s *limitSpec) capsFor(req *request) (caps *limitCaps, bad string) {
 // request as configured, not at their stand-in values.
 func (s *limitSpec) describe(name string) string {
 	if len(s.perRequest) == 0 {
-		return s.caps.describe(name)
+		return s.caps.Describe(name)
 	}
 	caps := s.caps // the stand-in values left out
 	var per strings.Builder
@@ -136,19 +136,19 @@ func (s *limitSpec) describe(name string) string {
 		fmt.Fprintf(&per, " %s %s", p.name, p.describe())
 		switch p.name {
 		case "rate", "burst", "cost":
-			caps.bucket = tokenBucket{}
+			caps.Bucket = TokenBucket{}
 		case "concurrent":
-			caps.concurrent.max = 0
+			caps.Concurrent.Max = 0
 		case "budget_day":
-			caps.budgets.max[budgetDay] = 0
+			caps.Budgets.Max[BudgetDay] = 0
 		case "budget_month":
-			caps.budgets.max[budgetMonth] = 0
+			caps.Budgets.Max[BudgetMonth] = 0
 		default:
-			caps.windows[windowKindNamed(p.name)] = 0
+			caps.Windows[WindowKindNamed(p.name)] = 0
 		}
 	}
-	caps.capped = caps.windows.mask()
-	return caps.describe(name) + per.String()
+	caps.Capped = caps.Windows.Mask()
+	return caps.Describe(name) + per.String()
 }
 
 // describe is the cap's value as configured, with its fallback.
@@ -177,7 +177,7 @@ var capNames = []string{"rpm", "tpm", "itpm", "otpm", "rpd", "tpd", "itpd", "otp
 func (l *LimitConfig) setCap(name, v string) error {
 	switch name {
 	case "rate":
-		if _, err := parseRate(v); err != nil {
+		if _, err := ParseRate(v); err != nil {
 			return err
 		}
 		l.Rate = json.Number(v)
@@ -202,9 +202,9 @@ func (l *LimitConfig) setCap(name, v string) error {
 		return fmt.Errorf("unknown cap %q", name)
 	}
 	v64, err := strconv.ParseUint(v, 10, 63)
-	most := uint64(maxCap)
+	most := uint64(MaxCap)
 	if name == "burst" {
-		most = maxBurst
+		most = MaxBurst
 	}
 	if err != nil || v64 == 0 || v64 > most {
 		return fmt.Errorf("%s must be a positive integer of at most %d, not %q", name, most, v)
@@ -267,7 +267,7 @@ func (l LimitConfig) nominal() (LimitConfig, error) {
 		if v == "" {
 			v = "1"
 			if name == "burst" {
-				v = strconv.Itoa(maxBurst)
+				v = strconv.Itoa(MaxBurst)
 			}
 		}
 		if err := nominal.setCap(name, v); err != nil {

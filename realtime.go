@@ -195,7 +195,7 @@ func (h *Handler) serveSession(w http.ResponseWriter, req *request, next caddyht
 		return h.answer(w, req, unmeteredSession)
 	}
 	var price *pricing.Entry
-	if hasBudgets(chain, true) {
+	if HasBudgets(chain, true) {
 		if ambiguous != "" {
 			return h.answer(w, req, ambiguousScope(placeholderModel, ambiguous))
 		}
@@ -203,7 +203,7 @@ func (h *Handler) serveSession(w http.ResponseWriter, req *request, next caddyht
 			return h.answer(w, req, *refused)
 		}
 	}
-	return h.admitOrAnswer(w, req, chain, tokenCounts{}, chainMetersTokens(chain), next, func(rw *responseWriter, d decision) error {
+	return h.admitOrAnswer(w, req, chain, TokenCounts{}, chainMetersTokens(chain), next, func(rw *responseWriter, d Decision) error {
 		removeDeflateOffer(req.Header)
 		s := &realtimeSession{h: h, tap: usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenest.Estimate{})), chain: chain, price: price}
 		s.gate = newSessionGate(req.Context(), s)
@@ -212,7 +212,7 @@ func (h *Handler) serveSession(w http.ResponseWriter, req *request, next caddyht
 		defer func() {
 			stop()
 			if rw.wroteHeader { // a final status: no switch of protocols
-				h.store.hold()
+				h.store.Hold()
 				h.meterResponse(rw, chain, d, price)
 			}
 		}()
@@ -225,7 +225,7 @@ func (h *Handler) serveSession(w http.ResponseWriter, req *request, next caddyht
 type realtimeSession struct {
 	h     *Handler
 	tap   *usage.RealtimeTap
-	chain []limit
+	chain []Limit
 	price *pricing.Entry
 	gate  *sessionGate // with budgets: what the client may send
 
@@ -240,7 +240,7 @@ type realtimeSession struct {
 func (s *realtimeSession) meter() (stop func()) {
 	done := make(chan struct{})
 	go func() {
-		defer s.h.store.release()
+		defer s.h.store.Release()
 		t := time.NewTicker(s.h.flushInterval())
 		defer t.Stop()
 		for {
@@ -251,7 +251,7 @@ func (s *realtimeSession) meter() (stop func()) {
 				s.flush()
 				if n := s.tap.Unmetered(); n > 0 {
 					unmeteredTotal.WithLabelValues("realtime_message").Add(float64(n))
-					s.h.logger.Debug("realtime messages not metered", zap.Int64("messages", n), zap.String("scope", s.chain[0].scope), zap.String("id", s.chain[0].id))
+					s.h.logger.Debug("realtime messages not metered", zap.Int64("messages", n), zap.String("scope", s.chain[0].Scope), zap.String("id", s.chain[0].ID))
 				}
 				return
 			}

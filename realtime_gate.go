@@ -247,7 +247,7 @@ func (ev clientEvent) responds(ok bool) bool {
 // the last look said.
 type sessionGate struct {
 	session *realtimeSession
-	budgets []limit // the chain's enforced budgets, alone
+	budgets []Limit // the chain's enforced budgets, alone
 	every   time.Duration
 	ctx     context.Context
 
@@ -260,13 +260,13 @@ type sessionGate struct {
 // newSessionGate is the gate of an admitted session whose chain has
 // budgets, or nil; ctx bounds its looks.
 func newSessionGate(ctx context.Context, s *realtimeSession) *sessionGate {
-	var budgets []limit
+	var budgets []Limit
 	for _, l := range s.chain {
-		if l.shadow || l.budgets.max == [numBudgetPeriods]int64{} {
+		if l.Shadow || l.Budgets.Max == [NumBudgetPeriods]int64{} {
 			continue
 		}
-		caps := limitCaps{budgets: l.budgets}
-		l.limitCaps = &caps
+		caps := Caps{Budgets: l.Budgets}
+		l.Caps = &caps
 		budgets = append(budgets, l)
 	}
 	if len(budgets) == 0 {
@@ -308,7 +308,7 @@ func (g *sessionGate) judge(msg []byte, whole bool) []byte {
 func (g *sessionGate) look() {
 	g.seen = g.session.tap.Responses() // before the charge, which takes at least their usage
 	g.session.flush()
-	d, err := g.session.h.store.peek(g.ctx, g.budgets)
+	d, err := g.session.h.store.Peek(g.ctx, g.budgets)
 	g.lookedAt = time.Now()
 	if err != nil {
 		g.session.h.warn.log(g.session.h.logger, "rate limit store unavailable; refusing the responses of realtime sessions under a budget (their spend cannot be counted)", zap.Error(err))
@@ -316,10 +316,10 @@ func (g *sessionGate) look() {
 		return
 	}
 	g.refusal = nil
-	if ref := refusalOf(g.budgets, d); ref.first >= 0 {
-		l := g.budgets[ref.first]
-		g.refusal = &answer{message: ref.message(g.budgets), typ: budget.errorType(), code: "insufficient_quota",
-			scope: l.scope, kind: budget.String(), window: ref.windowName(), id: l.id}
+	if ref := RefusalOf(g.budgets, d); ref.First >= 0 {
+		l := g.budgets[ref.First]
+		g.refusal = &answer{message: ref.message(g.budgets), typ: Budget.ErrorType(), code: "insufficient_quota",
+			scope: l.Scope, kind: Budget.String(), window: ref.WindowName(), id: l.ID}
 	}
 }
 

@@ -110,8 +110,8 @@ func realtimeIDs(t *testing.T) ids {
 	return ids{key: "Bearer sk-" + uniqueID(t), org: uniqueID(t)}
 }
 
-func realtimeLimits(id ids) []limit {
-	return []limit{newLimit("key", keyID(false, id.key), 0, 1), newLimit("org", keyID(false, id.org), 0, 1)}
+func realtimeLimits(id ids) []Limit {
+	return []Limit{newLimit("key", KeyID(false, id.key), 0, 1), newLimit("org", KeyID(false, id.org), 0, 1)}
 }
 
 func TestRealtimeSessionCostsOneRequestAndASecondOverRPMIsRefused(t *testing.T) {
@@ -234,7 +234,7 @@ func TestAHandshakeAnsweredWithoutSwitchingProtocolsIsMeteredAsAResponse(t *test
 		if res.StatusCode != 200 {
 			t.Fatalf("handshake answered %d %s by the upstream, want its 200", res.StatusCode, body)
 		}
-		waitCharged(t, store, []limit{newLimit("key", keyID(false, key), 0, 1000)}, 7)
+		waitCharged(t, store, []Limit{newLimit("key", KeyID(false, key), 0, 1000)}, 7)
 	})
 }
 
@@ -275,14 +275,14 @@ func TestRealtimeSessionsChargeEachResponsesCostToTheirBudgets(t *testing.T) {
 		gw := startGateway(t, up.URL, realtimeSite(store, up, "price gpt-realtime input 4 output 16\n\t\tlimit org * budget_day 0.002",
 			"flush_interval 100ms"))
 		id := realtimeIDs(t)
-		org, _ := calendarOf("UTC")
-		budgetLimit := newTaggedLimit("", "org", keyID(false, id.org), limitCaps{budgets: budgetCaps{max: [numBudgetPeriods]int64{budgetDay: 2_000_000}, calendar: org}})
+		org, _ := CalendarOf("UTC")
+		budgetLimit := NewLimit("", "org", KeyID(false, id.org), Caps{Budgets: BudgetCaps{Max: [NumBudgetPeriods]int64{BudgetDay: 2_000_000}, Calendar: org}})
 		conn := mustDial(t, gw, id)
 		respond(t, conn, 100)
-		waitSpent(t, store, budgetLimit, budgetDay, 1_000_000) // by a flush: the session is still open
+		waitSpent(t, store, budgetLimit, BudgetDay, 1_000_000) // by a flush: the session is still open
 		respond(t, conn, 100)
 		closeAndWait(t, conn)
-		waitSpent(t, store, budgetLimit, budgetDay, 2_000_000)
+		waitSpent(t, store, budgetLimit, BudgetDay, 2_000_000)
 		if _, status, body := dial(t, gw, id, false); status != 429 || !strings.Contains(body, `"insufficient_quota"`) {
 			t.Fatalf("a session with the budget spent: %d %s, want 429 insufficient_quota", status, body)
 		}
@@ -298,11 +298,11 @@ func TestRealtimeSessionsChargeEachResponsesCostToTheirBudgets(t *testing.T) {
 
 // waitSpent waits until budget p of l holds want nano-dollars spent in
 // store, and nothing reserved. Charges run in the background: poll for it.
-func waitSpent(t *testing.T, store string, l limit, p budgetPeriod, want int64) {
+func waitSpent(t *testing.T, store string, l Limit, p BudgetPeriod, want int64) {
 	t.Helper()
 	eventually(t, func() error {
-		if c := peekInStore(t, store, l).counts[0]; c.spent[p] != want || c.reserved[p] != 0 {
-			return fmt.Errorf("scope %s: the %s budget holds %d spent and %d reserved, want %d and 0", l.scope, p, c.spent[p], c.reserved[p], want)
+		if c := peekInStore(t, store, l).Counts[0]; c.Spent[p] != want || c.Reserved[p] != 0 {
+			return fmt.Errorf("scope %s: the %s budget holds %d spent and %d reserved, want %d and 0", l.Scope, p, c.Spent[p], c.Reserved[p], want)
 		}
 		return nil
 	})
@@ -374,8 +374,8 @@ func TestARepeatedModelParameterOfASessionIsRefusedWith400AndMakesNoCounter(t *t
 			}
 		}
 		for _, id := range []string{model, "gpt-4o-other"} {
-			if d := peekInStore(t, store, newTaggedLimit("", "model", id, windowLimitCaps(windowCaps{rpm: 1}))); d.counts[0].w[rpm].cur != 0 {
-				t.Fatalf("the refused sessions counted %d requests against the model %s", d.counts[0].w[rpm].cur, id)
+			if d := peekInStore(t, store, NewLimit("", "model", id, CapsOfWindows(WindowCaps{RPM: 1}))); d.Counts[0].Window[RPM].Cur != 0 {
+				t.Fatalf("the refused sessions counted %d requests against the model %s", d.Counts[0].Window[RPM].Cur, id)
 			}
 		}
 	})
@@ -473,8 +473,8 @@ func TestARealtimeSessionWhoseBudgetIsSpentIsRefusedItsNextResponseInTheAPIsErro
 			t.Fatalf("the upstream got %d response.create events, want the 1 made before the budget was spent", n)
 		}
 		closeAndWait(t, conn)
-		org, _ := calendarOf("UTC")
-		waitSpent(t, store, newTaggedLimit("", "org", keyID(false, id.org), limitCaps{budgets: budgetCaps{max: [numBudgetPeriods]int64{budgetDay: 1_000_000}, calendar: org}}), budgetDay, 10_000_000)
+		org, _ := CalendarOf("UTC")
+		waitSpent(t, store, NewLimit("", "org", KeyID(false, id.org), Caps{Budgets: BudgetCaps{Max: [NumBudgetPeriods]int64{BudgetDay: 1_000_000}, Calendar: org}}), BudgetDay, 10_000_000)
 	})
 }
 

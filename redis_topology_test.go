@@ -15,8 +15,8 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-func clusterStores(t *testing.T, c *testCluster, n int) []store {
-	stores := make([]store, n)
+func clusterStores(t *testing.T, c *testCluster, n int) []Store {
+	stores := make([]Store, n)
 	for i := range stores {
 		stores[i] = newTestRedisStoreOf(t, &RedisConfig{Cluster: c.URLs()}, time.Second)
 	}
@@ -25,12 +25,12 @@ func clusterStores(t *testing.T, c *testCluster, n int) []store {
 
 // orgChain is a key/team/org chain rooted at its org, as Handler.chain
 // builds it on a cluster.
-func orgChain(org, key, team string, keyRPM, orgRPM int64) []limit {
-	tag := chainTag("org", org)
-	return []limit{
-		newTaggedLimit(tag, "key", keyID(false, key), windowLimitCaps(windowCaps{rpm: keyRPM})),
-		newTaggedLimit(tag, "team", team, windowLimitCaps(windowCaps{tpm: 1000})),
-		newTaggedLimit(tag, "org", org, windowLimitCaps(windowCaps{rpm: orgRPM, tpm: 1000})),
+func orgChain(org, key, team string, keyRPM, orgRPM int64) []Limit {
+	tag := ChainTag("org", org)
+	return []Limit{
+		NewLimit(tag, "key", KeyID(false, key), CapsOfWindows(WindowCaps{RPM: keyRPM})),
+		NewLimit(tag, "team", team, CapsOfWindows(WindowCaps{TPM: 1000})),
+		NewLimit(tag, "org", org, CapsOfWindows(WindowCaps{RPM: orgRPM, TPM: 1000})),
 	}
 }
 
@@ -43,13 +43,13 @@ func TestClusterReservationsHoldTheTPMAndSettleInTheirSlot(t *testing.T) {
 	stores := clusterStores(t, c, 3)
 	at := pinnedBase() + 1000
 	org := "org-" + uniqueID(t)
-	tag := chainTag("org", org)
-	chain := []limit{newTaggedLimit(tag, "key", "k", windowLimitCaps(windowCaps{tpm: 1 << 30})), newTaggedLimit(tag, "org", org, windowLimitCaps(windowCaps{tpm: 10_500}))}
+	tag := ChainTag("org", org)
+	chain := []Limit{NewLimit(tag, "key", "k", CapsOfWindows(WindowCaps{TPM: 1 << 30})), NewLimit(tag, "org", org, CapsOfWindows(WindowCaps{TPM: 10_500}))}
 	if got := raceReservations(t, stores, chain, 40, 1000, at); got != 10 {
 		t.Fatalf("admitted %d of 40 reservations of 1000 against tpm 10500, want exactly 10", got)
 	}
-	settle(t, pinned(stores[1], at+5_000), chain, charge{tokens: totalTokens(-10_000), minute: at / minuteMillis})
-	if n := c.Count(t, periodKey(chain[1].prefix, tpm, at/minuteMillis)); n != 0 {
+	settle(t, pinned(stores[1], at+5_000), chain, Charge{Tokens: totalTokens(-10_000), Minute: at / MinuteMillis})
+	if n := c.Count(t, PeriodKey(chain[1].Prefix, TPM, at/MinuteMillis)); n != 0 {
 		t.Fatalf("the org's token window holds %d after every reservation was given back", n)
 	}
 }
@@ -63,20 +63,20 @@ func TestClusterDayWindowsAreExactAndSettleInTheirSlot(t *testing.T) {
 	stores := clusterStores(t, c, 3)
 	at := pinnedBase() + 1000
 	org := "org-" + uniqueID(t)
-	tag := chainTag("org", org)
-	chain := []limit{
-		newTaggedLimit(tag, "key", "k", windowLimitCaps(windowCaps{rpd: 1000})),
-		newTaggedLimit(tag, "org", org, windowLimitCaps(windowCaps{tpd: 10_500, rpd: 1000})),
+	tag := ChainTag("org", org)
+	chain := []Limit{
+		NewLimit(tag, "key", "k", CapsOfWindows(WindowCaps{RPD: 1000})),
+		NewLimit(tag, "org", org, CapsOfWindows(WindowCaps{TPD: 10_500, RPD: 1000})),
 	}
 	if got := raceReservations(t, stores, chain, 40, 1000, at); got != 10 {
 		t.Fatalf("admitted %d of 40 reservations of 1000 against tpd 10500, want exactly 10", got)
 	}
-	day := dayOf(at / minuteMillis)
-	if n := c.Count(t, periodKey(chain[1].prefix, rpd, day)); n != 10 {
+	day := DayOf(at / MinuteMillis)
+	if n := c.Count(t, PeriodKey(chain[1].Prefix, RPD, day)); n != 10 {
 		t.Fatalf("the org's day request window holds %d, want 10", n)
 	}
-	settle(t, pinned(stores[2], at+3*minuteMillis), chain, charge{tokens: totalTokens(-4_000), minute: at / minuteMillis})
-	if n := c.Count(t, periodKey(chain[1].prefix, tpd, day)); n != 6_000 {
+	settle(t, pinned(stores[2], at+3*MinuteMillis), chain, Charge{Tokens: totalTokens(-4_000), Minute: at / MinuteMillis})
+	if n := c.Count(t, PeriodKey(chain[1].Prefix, TPD, day)); n != 6_000 {
 		t.Fatalf("the org's day token bucket holds %d after 4000 were given back, want 6000", n)
 	}
 }
@@ -107,7 +107,7 @@ func TestClusterAdmissionIsExactForOrgsOnDifferentShardsAcrossThreeLimiters(t *t
 			t.Errorf("%s: admitted %d of 48 against rpm 5, want exactly 5", org, admitted[i])
 		}
 		chain := orgChain(org, "sk-"+org, "team", 100, 5)
-		if n := c.Count(t, periodKey(chain[2].prefix, rpm, at/minuteMillis)); n != 5 {
+		if n := c.Count(t, PeriodKey(chain[2].Prefix, RPM, at/MinuteMillis)); n != 5 {
 			t.Errorf("%s: counted %d on its shard, want exactly 5", org, n)
 		}
 	}
@@ -127,12 +127,12 @@ func TestClusterOrgCapIsSharedExactlyByItsKeysAndTeams(t *testing.T) {
 			defer wg.Done()
 			start.Wait()
 			chain := orgChain(org, fmt.Sprintf("sk-%d", i%6), fmt.Sprintf("team%d", i%3), 100, 10)
-			d, err := pinned(stores[i%3], at).admit(context.Background(), chain, tokenCounts{})
+			d, err := pinned(stores[i%3], at).Admit(context.Background(), chain, TokenCounts{})
 			if err != nil {
 				t.Error(err)
 				return
 			}
-			if d.admitted {
+			if d.Admitted {
 				admitted.Add(1)
 			}
 		}()
@@ -143,7 +143,7 @@ func TestClusterOrgCapIsSharedExactlyByItsKeysAndTeams(t *testing.T) {
 		t.Fatalf("admitted %d requests of 6 keys and 3 teams against the org's rpm 10, want exactly 10", admitted.Load())
 	}
 	orgLimit := orgChain(org, "", "", 0, 10)[2]
-	if n := c.Count(t, periodKey(orgLimit.prefix, rpm, at/minuteMillis)); n != 10 {
+	if n := c.Count(t, PeriodKey(orgLimit.Prefix, RPM, at/MinuteMillis)); n != 10 {
 		t.Fatalf("org counted %d, want 10", n)
 	}
 }
@@ -173,7 +173,7 @@ func TestClusterChainIsTaggedWithItsOutermostPresentScope(t *testing.T) {
 	}{
 		{map[string]string{"Authorization": "Bearer sk-1", "X-Team": "ml", "X-Org": "acme"}, "{org:acme}:"}, // org has no limit, yet it is the root
 		{map[string]string{"Authorization": "Bearer sk-1", "X-Team": "ml"}, "{team:ml}:"},
-		{map[string]string{"Authorization": "Bearer sk-1"}, "{key:" + keyID(false, "Bearer sk-1") + "}:"},
+		{map[string]string{"Authorization": "Bearer sk-1"}, "{key:" + KeyID(false, "Bearer sk-1") + "}:"},
 	} {
 		r, _ := http.NewRequest("GET", "/", nil)
 		for k, v := range tc.headers {
@@ -188,8 +188,8 @@ func TestClusterChainIsTaggedWithItsOutermostPresentScope(t *testing.T) {
 		})
 		chain, _ := h.chain(&request{Request: r, repl: repl})
 		for _, l := range chain {
-			if want := "rolter:rl:" + tc.tag + l.scope + ":"; l.prefix[:len(want)] != want {
-				t.Errorf("%v: prefix %s, want it under %s", tc.headers, l.prefix, tc.tag)
+			if want := "rolter:rl:" + tc.tag + l.Scope + ":"; l.Prefix[:len(want)] != want {
+				t.Errorf("%v: prefix %s, want it under %s", tc.headers, l.Prefix, tc.tag)
 			}
 		}
 	}
@@ -214,16 +214,16 @@ func TestClusterSlotMigrationIsRetriedThenFollowedWithExactCounts(t *testing.T) 
 		}
 	}
 	m := c.BeginSlotMigration(t, c.KeySlot(tag), to)
-	m.MoveKeys(t, periodKey(chain[0].prefix, rpm, at/minuteMillis)) // the key's counter moves, the org's stays
-	if _, err := pinned(s, at).admit(context.Background(), chain, tokenCounts{}); err == nil {
+	m.MoveKeys(t, PeriodKey(chain[0].Prefix, RPM, at/MinuteMillis)) // the key's counter moves, the org's stays
+	if _, err := pinned(s, at).Admit(context.Background(), chain, TokenCounts{}); err == nil {
 		t.Fatal("admitted while the chain's keys were split between two shards")
 	}
 	m.Finish(t)
 	fill(t, s, chain, at, 2)
-	if admitOrFail(t, s, chain, at).admitted {
+	if admitOrFail(t, s, chain, at).Admitted {
 		t.Fatal("admitted over the org's rpm 4 after the move")
 	}
-	if n := c.Count(t, periodKey(chain[2].prefix, rpm, at/minuteMillis)); n != 4 {
+	if n := c.Count(t, PeriodKey(chain[2].Prefix, RPM, at/MinuteMillis)); n != 4 {
 		t.Fatalf("org counted %d on its new shard, want exactly 4", n)
 	}
 }
@@ -235,7 +235,7 @@ func TestSentinelFailoverResumesExactAdmissionOnTheNewPrimary(t *testing.T) {
 	set := startRedisSentinel(t)
 	s := newTestRedisStoreOf(t, &RedisConfig{Sentinel: &SentinelConfig{Master: set.MasterName(), URLs: sentinelURLs(set)}}, 200*time.Millisecond)
 	ctx := context.Background()
-	inFlightChain := []limit{newSlotLimit("key", uniqueID(t), 3, 0, 30*time.Second)}
+	inFlightChain := []Limit{newSlotLimit("key", uniqueID(t), 3, 0, 30*time.Second)}
 	fill(t, s, inFlightChain, 0, 2)
 
 	// Steady traffic through the failover.
@@ -244,7 +244,7 @@ func TestSentinelFailoverResumesExactAdmissionOnTheNewPrimary(t *testing.T) {
 	traffic := make(chan struct{})
 	go func() {
 		defer close(traffic)
-		chain := []limit{newLimit("org", "steady-"+uniqueID(t), 1_000_000, 0)}
+		chain := []Limit{newLimit("org", "steady-"+uniqueID(t), 1_000_000, 0)}
 		pace := time.NewTicker(time.Millisecond) // steady, not a busy loop
 		defer pace.Stop()
 		for {
@@ -254,21 +254,21 @@ func TestSentinelFailoverResumesExactAdmissionOnTheNewPrimary(t *testing.T) {
 			case <-pace.C:
 			}
 			during.Add(1)
-			if _, err := s.admit(ctx, chain, tokenCounts{}); err != nil {
+			if _, err := s.Admit(ctx, chain, TokenCounts{}); err != nil {
 				failed.Add(1) // on_redis_error applies during the gap
 			}
 		}
 	}()
 	old := set.KillPrimary(t)
 	set.WaitFailover(t, old)
-	chain := []limit{newLimit("org", uniqueID(t), 3, 0)}
+	chain := []Limit{newLimit("org", uniqueID(t), 3, 0)}
 	waitNewPrimary(t, s, chain)
 	close(stop)
 	<-traffic
 	t.Logf("%d admissions during the failover, %d failed (on_redis_error)", during.Load(), failed.Load())
 	admitted := 0
 	for i := 0; i < 10; i++ {
-		if d := admitOrFail(t, s, chain, 0); d.admitted {
+		if d := admitOrFail(t, s, chain, 0); d.Admitted {
 			admitted++
 		}
 	}
@@ -280,7 +280,7 @@ func TestSentinelFailoverResumesExactAdmissionOnTheNewPrimary(t *testing.T) {
 		t.Fatalf("%d in flight on the new primary after the renewal, want the 2 still running", n)
 	}
 	fill(t, s, inFlightChain, 0, 1)
-	if admitOrFail(t, s, inFlightChain, 0).admitted {
+	if admitOrFail(t, s, inFlightChain, 0).Admitted {
 		t.Fatal("a fourth admitted under concurrent 3 on the new primary")
 	}
 	for range 3 {
@@ -291,10 +291,10 @@ func TestSentinelFailoverResumesExactAdmissionOnTheNewPrimary(t *testing.T) {
 // waitNewPrimary waits until s reads chain again after a failover: the
 // client finds the new primary only by asking the sentinels again after a
 // failed call, so it is asked until it does.
-func waitNewPrimary(t *testing.T, s store, chain []limit) {
+func waitNewPrimary(t *testing.T, s Store, chain []Limit) {
 	t.Helper()
 	eventually(t, func() error {
-		if _, err := s.peek(context.Background(), chain); err != nil {
+		if _, err := s.Peek(context.Background(), chain); err != nil {
 			return fmt.Errorf("the store does not read on the new primary: %w", err)
 		}
 		return nil
@@ -320,23 +320,23 @@ func BenchmarkAdmissionsSingleNodeVersusCluster(b *testing.B) {
 		config *RedisConfig
 	}{{"single", &RedisConfig{URL: single.URL()}}, {"cluster3", &RedisConfig{Cluster: c.URLs()}}} {
 		b.Run(tc.name, func(b *testing.B) {
-			s, err := newRedisStore(tc.config, time.Second, systemRedisClock)
+			s, err := NewRedisStore(tc.config, time.Second, SystemRedisClock)
 			if err != nil {
 				b.Fatal(err)
 			}
 			defer s.Destruct()
-			chains := make([][]limit, 1000)
+			chains := make([][]Limit, 1000)
 			for i := range chains {
 				org := fmt.Sprintf("org%d", i)
 				tag := ""
 				if tc.config.topology() == cluster {
-					tag = chainTag("org", org)
+					tag = ChainTag("org", org)
 				}
-				chains[i] = []limit{
-					newTaggedLimit(tag, "key", fmt.Sprintf("k%d", i), windowLimitCaps(windowCaps{rpm: maxCap, tpm: maxCap})),
-					newTaggedLimit(tag, "project", "p", windowLimitCaps(windowCaps{rpm: maxCap, tpm: maxCap})),
-					newTaggedLimit(tag, "team", "t", windowLimitCaps(windowCaps{rpm: maxCap, tpm: maxCap})),
-					newTaggedLimit(tag, "org", org, windowLimitCaps(windowCaps{rpm: maxCap, tpm: maxCap})),
+				chains[i] = []Limit{
+					NewLimit(tag, "key", fmt.Sprintf("k%d", i), CapsOfWindows(WindowCaps{RPM: MaxCap, TPM: MaxCap})),
+					NewLimit(tag, "project", "p", CapsOfWindows(WindowCaps{RPM: MaxCap, TPM: MaxCap})),
+					NewLimit(tag, "team", "t", CapsOfWindows(WindowCaps{RPM: MaxCap, TPM: MaxCap})),
+					NewLimit(tag, "org", org, CapsOfWindows(WindowCaps{RPM: MaxCap, TPM: MaxCap})),
 				}
 			}
 			var next atomic.Int64
@@ -345,7 +345,7 @@ func BenchmarkAdmissionsSingleNodeVersusCluster(b *testing.B) {
 			start := time.Now()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
-					if _, err := s.admit(context.Background(), chains[next.Add(1)%int64(len(chains))], tokenCounts{}); err != nil {
+					if _, err := s.Admit(context.Background(), chains[next.Add(1)%int64(len(chains))], TokenCounts{}); err != nil {
 						b.Error(err)
 						return
 					}
@@ -403,30 +403,30 @@ func TestClusterSlotsAreExactAndRenewedInEachChainsSlot(t *testing.T) {
 	at := pinnedBase() + 1000
 	const lease = 30 * time.Second
 	org := "org-" + uniqueID(t)
-	tag := chainTag("org", org)
-	chain := []limit{
-		newTaggedLimit(tag, "key", "k", windowLimitCaps(windowCaps{rpm: 1 << 30})),
-		newTaggedLimit(tag, "org", org, *newSlotLimit("org", org, 5, 0, lease).limitCaps),
+	tag := ChainTag("org", org)
+	chain := []Limit{
+		NewLimit(tag, "key", "k", CapsOfWindows(WindowCaps{RPM: 1 << 30})),
+		NewLimit(tag, "org", org, *newSlotLimit("org", org, 5, 0, lease).Caps),
 	}
 	if got := raceAdmissions(t, stores, chain, 30, at); got != 5 {
 		t.Fatalf("admitted %d of 30 racing requests against concurrent 5, want exactly 5", got)
 	}
-	if c.KeySlot(slotsKey(chain[1])) != c.KeySlot(periodKey(chain[0].prefix, rpm, at/minuteMillis)) {
+	if c.KeySlot(SlotsKey(chain[1])) != c.KeySlot(PeriodKey(chain[0].Prefix, RPM, at/MinuteMillis)) {
 		t.Fatal("the org's slots key is outside its chain's slot")
 	}
 
 	// One limiter holds a slot under each of 8 roots; their slots keys are
 	// lost (as by a node restarted empty), and its renewal writes them all.
-	var chains [][]limit
+	var chains [][]Limit
 	for i := range 8 {
 		root := fmt.Sprintf("org-%d-%s", i, uniqueID(t))
-		chains = append(chains, []limit{newTaggedLimit(chainTag("org", root), "org", root, *newSlotLimit("org", root, 1, 0, lease).limitCaps)})
+		chains = append(chains, []Limit{NewLimit(ChainTag("org", root), "org", root, *newSlotLimit("org", root, 1, 0, lease).Caps)})
 		fill(t, stores[0], chains[i], at, 1)
 	}
 	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
 	t.Cleanup(func() { client.Close() })
 	for _, ch := range chains {
-		if err := client.Del(context.Background(), slotsKey(ch[0])).Err(); err != nil {
+		if err := client.Del(context.Background(), SlotsKey(ch[0])).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -448,24 +448,24 @@ func TestClusterBudgetsAreExactAndSettleInTheirSlot(t *testing.T) {
 	stores := clusterStores(t, c, 3)
 	at := pinnedBase() + 1000
 	org := "org-" + uniqueID(t)
-	tag := chainTag("org", org)
-	chain := []limit{
-		newTaggedLimit(tag, "key", "k", windowLimitCaps(windowCaps{rpm: 1 << 30})),
-		newTaggedLimit(tag, "org", org, *newBudgetLimit(t, "org", org, 0, 10*usd, 0, "Europe/Paris").limitCaps),
+	tag := ChainTag("org", org)
+	chain := []Limit{
+		NewLimit(tag, "key", "k", CapsOfWindows(WindowCaps{RPM: 1 << 30})),
+		NewLimit(tag, "org", org, *newBudgetLimit(t, "org", org, 0, 10*usd, 0, "Europe/Paris").Caps),
 	}
-	var decisions []decision
+	var decisions []Decision
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for i := range 40 {
 		s := pinned(stores[i%3], at)
 		wg.Go(func() {
-			a, err := s.admit(context.Background(), chain, tokenCounts{total: 1, cost: usd})
+			a, err := s.Admit(context.Background(), chain, TokenCounts{Total: 1, Cost: usd})
 			if err != nil {
 				t.Error(err)
 			}
-			if a.admitted {
+			if a.Admitted {
 				mu.Lock()
-				decisions = append(decisions, a.decision)
+				decisions = append(decisions, a.Decision)
 				mu.Unlock()
 			}
 		})
@@ -474,9 +474,9 @@ func TestClusterBudgetsAreExactAndSettleInTheirSlot(t *testing.T) {
 	if len(decisions) != 10 {
 		t.Fatalf("admitted %d of 40 admissions of $1 against a month budget of $10, want exactly 10", len(decisions))
 	}
-	month := chain[1].budgets.calendar.span(budgetMonth, at/minuteMillis)
-	spentKey, reservedKey := budgetKey(month, chain[1].prefix, budgetMonth, false), budgetKey(month, chain[1].prefix, budgetMonth, true)
-	if c.KeySlot(reservedKey) != c.KeySlot(periodKey(chain[0].prefix, rpm, at/minuteMillis)) {
+	month := chain[1].Budgets.Calendar.Span(BudgetMonth, at/MinuteMillis)
+	spentKey, reservedKey := budgetKey(month, chain[1].Prefix, BudgetMonth, false), budgetKey(month, chain[1].Prefix, BudgetMonth, true)
+	if c.KeySlot(reservedKey) != c.KeySlot(PeriodKey(chain[0].Prefix, RPM, at/MinuteMillis)) {
 		t.Fatal("the org's budget keys are outside its chain's slot")
 	}
 	for _, d := range decisions {
@@ -493,9 +493,9 @@ func TestSentinelBudgetsHoldAcrossAFailover(t *testing.T) {
 	set := startRedisSentinel(t)
 	s := newTestRedisStoreOf(t, &RedisConfig{Sentinel: &SentinelConfig{Master: set.MasterName(), URLs: sentinelURLs(set)}}, 200*time.Millisecond)
 	at := pinnedBase()
-	chain := []limit{newBudgetLimit(t, "team", uniqueID(t), 3*usd, 0, 0, "UTC")}
+	chain := []Limit{newBudgetLimit(t, "team", uniqueID(t), 3*usd, 0, 0, "UTC")}
 	for range 2 {
-		d := admitCost(t, s, chain, at, usd).decision
+		d := admitCost(t, s, chain, at, usd).Decision
 		settle(t, pinned(s, at), chain, settlement(d, usd))
 	}
 	// The replica must have the spend before the primary dies.
@@ -508,11 +508,11 @@ func TestSentinelBudgetsHoldAcrossAFailover(t *testing.T) {
 	old := set.KillPrimary(t)
 	set.WaitFailover(t, old)
 	waitNewPrimary(t, pinned(s, at), chain)
-	if !admitCost(t, s, chain, at, usd).admitted {
+	if !admitCost(t, s, chain, at, usd).Admitted {
 		t.Fatal("the third dollar of a $3 budget was refused on the new primary")
 	}
-	if a := admitCost(t, s, chain, at, 1); a.admitted || a.refusal.kind != budget {
-		t.Fatalf("a request beyond the budget was admitted on the new primary (refusal %+v)", a.refusal)
+	if a := admitCost(t, s, chain, at, 1); a.Admitted || a.Refusal.Kind != Budget {
+		t.Fatalf("a request beyond the budget was admitted on the new primary (refusal %+v)", a.Refusal)
 	}
 }
 
@@ -526,20 +526,20 @@ func TestClusterShadowLimitsCountAndRefuseNothingAndCapsVaryOnOneCounter(t *test
 	stores := clusterStores(t, c, 3)
 	at := pinnedBase() + 1000
 	org := "org-" + uniqueID(t)
-	tag := chainTag("org", org)
-	shadow := windowLimitCaps(windowCaps{rpm: 3})
-	shadow.shadow = true
-	chain := []limit{
-		newTaggedLimit(tag, "key", "k", windowLimitCaps(windowCaps{rpm: 10})),
-		newTaggedLimit(tag, "org", org, shadow),
+	tag := ChainTag("org", org)
+	shadow := CapsOfWindows(WindowCaps{RPM: 3})
+	shadow.Shadow = true
+	chain := []Limit{
+		NewLimit(tag, "key", "k", CapsOfWindows(WindowCaps{RPM: 10})),
+		NewLimit(tag, "org", org, shadow),
 	}
 	if got := raceAdmissions(t, stores, chain, 30, at); got != 10 {
 		t.Fatalf("admitted %d of 30 against an enforced rpm 10 and a shadow rpm 3, want exactly 10", got)
 	}
-	if n := c.Count(t, periodKey(chain[1].prefix, rpm, at/minuteMillis)); n != 10 {
+	if n := c.Count(t, PeriodKey(chain[1].Prefix, RPM, at/MinuteMillis)); n != 10 {
 		t.Fatalf("the shadow limit counted %d, want the 10 admitted", n)
 	}
-	raised := []limit{newTaggedLimit(tag, "key", "k", windowLimitCaps(windowCaps{rpm: 12}))}
+	raised := []Limit{NewLimit(tag, "key", "k", CapsOfWindows(WindowCaps{RPM: 12}))}
 	if got := raceAdmissions(t, stores, raised, 5, at); got != 2 {
 		t.Fatalf("a plan raised from 10 to 12 admitted %d more, want 2", got)
 	}

@@ -66,7 +66,7 @@ type refusalShard struct {
 // and the id as stored) and its caps.
 type refusalKey struct {
 	prefix string
-	caps   limitCaps
+	caps   Caps
 }
 
 // cachedRefusal is one limit's refusal by the store.
@@ -74,7 +74,7 @@ type cachedRefusal struct {
 	sent    time.Time // just before the admission was sent, with a monotonic reading
 	at      int64     // the store's clock when it refused, unix milliseconds
 	release int64     // when the limit would admit again, by the store's clock
-	counts  counts    // the limit's counters as the store read them
+	counts  Counts    // the limit's counters as the store read them
 }
 
 func newRefusalCache() *refusalCache {
@@ -101,14 +101,14 @@ func (c *refusalCache) resetsSoFar() uint64 { return c.resets.Load() }
 // its answer arrive after the reset forgot the limit's refusals, which it
 // would then bring back. (A reset of any limit skips the refusals in
 // flight of all of them, which cost a Redis call each: resets are rare.)
-func (c *refusalCache) record(chain []limit, d decision, sent time.Time, resets uint64) {
+func (c *refusalCache) record(chain []Limit, d Decision, sent time.Time, resets uint64) {
 	for i, l := range chain {
-		ref := refusalOf([]limit{cachedCaps(l)}, decision{now: d.now, counts: d.counts[i : i+1]})
-		if ref.first < 0 {
+		ref := RefusalOf([]Limit{cachedCaps(l)}, Decision{Now: d.Now, Counts: d.Counts[i : i+1]})
+		if ref.First < 0 {
 			continue
 		}
-		c.put(refusalKey{l.prefix, *l.limitCaps}, cachedRefusal{
-			sent: sent, at: d.now.unixMillis, release: d.now.unixMillis + ref.waitMillis, counts: d.counts[i],
+		c.put(refusalKey{l.Prefix, *l.Caps}, cachedRefusal{
+			sent: sent, at: d.Now.UnixMillis, release: d.Now.UnixMillis + ref.WaitMillis, counts: d.Counts[i],
 		}, resets)
 	}
 }
@@ -149,8 +149,8 @@ func (sh *refusalShard) makeRoom(now time.Time) {
 // the latest moment the store's clock can read (the earliest of their
 // bounds), and its refusal names the first of them and waits for the last
 // release.
-func (c *refusalCache) refusedLocally(chain []limit, now time.Time) (a admission, ok bool) {
-	var sub []limit
+func (c *refusalCache) refusedLocally(chain []Limit, now time.Time) (a Admission, ok bool) {
+	var sub []Limit
 	var found []cachedRefusal
 	for _, l := range chain {
 		if r, ok := c.lookup(l, now); ok {
@@ -158,49 +158,49 @@ func (c *refusalCache) refusedLocally(chain []limit, now time.Time) (a admission
 		}
 	}
 	if len(found) == 0 {
-		return admission{}, false
+		return Admission{}, false
 	}
 	latest := found[0].storeClockBound(now)
 	for _, r := range found[1:] {
 		latest = min(latest, r.storeClockBound(now))
 	}
-	d := decision{now: momentAt(latest), counts: make([]counts, len(found))}
+	d := Decision{Now: MomentAt(latest), Counts: make([]Counts, len(found))}
 	for i, r := range found {
 		if latest < r.at {
 			// The store's clock went back between two refusals: no bound
 			// holds for sure.
-			return admission{}, false
+			return Admission{}, false
 		}
-		d.counts[i] = r.countsAt(sub[i], d.now)
+		d.Counts[i] = r.countsAt(sub[i], d.Now)
 	}
-	cached := make([]limit, len(sub))
+	cached := make([]Limit, len(sub))
 	for i, l := range sub {
 		cached[i] = cachedCaps(l)
 	}
-	return admission{decision: d, limits: sub, refusal: refusalOf(cached, d)}, true
+	return Admission{Decision: d, Limits: sub, Refusal: RefusalOf(cached, d)}, true
 }
 
 // cachedCaps is l as the cache decides it: without its token windows, its
 // concurrency cap and its budgets, which the cache leaves to the store.
-func cachedCaps(l limit) limit {
-	caps := *l.limitCaps
-	for k := range caps.each {
-		if k.kind() != requests {
-			caps.windows[k] = 0
+func cachedCaps(l Limit) Limit {
+	caps := *l.Caps
+	for k := range caps.Each {
+		if k.Kind() != Requests {
+			caps.Windows[k] = 0
 		}
 	}
-	caps.capped = caps.windows.mask()
-	caps.concurrent = concurrencyCap{}
-	caps.budgets = budgetCaps{}
-	l.limitCaps = &caps
+	caps.Capped = caps.Windows.Mask()
+	caps.Concurrent = concurrencyCap{}
+	caps.Budgets = BudgetCaps{}
+	l.Caps = &caps
 	return l
 }
 
 // lookup is l's cached refusal if it still holds at now; one that no longer
 // does is deleted.
-func (c *refusalCache) lookup(l limit, now time.Time) (cachedRefusal, bool) {
-	k := refusalKey{l.prefix, *l.limitCaps}
-	sh := c.shard(l.prefix)
+func (c *refusalCache) lookup(l Limit, now time.Time) (cachedRefusal, bool) {
+	k := refusalKey{l.Prefix, *l.Caps}
+	sh := c.shard(l.Prefix)
 	sh.mu.RLock()
 	r, ok := sh.byLimit[k]
 	sh.mu.RUnlock()
@@ -262,26 +262,26 @@ func (r cachedRefusal) refusesAt(now time.Time) bool {
 // countsAt is the limit's cached counters carried to the store's clock t,
 // absent traffic: its windows slide into later periods and its token bucket
 // refills.
-func (r cachedRefusal) countsAt(l limit, t moment) counts {
+func (r cachedRefusal) countsAt(l Limit, t moment) Counts {
 	c := r.counts
-	at := momentAt(r.at)
-	for k := range c.w {
-		s := windowKind(k).span()
-		c.w[k] = slid(c.w[k], t.in(s).period-at.in(s).period)
+	at := MomentAt(r.at)
+	for k := range c.Window {
+		s := WindowKind(k).Span()
+		c.Window[k] = slid(c.Window[k], t.In(s).Period-at.In(s).Period)
 	}
-	if l.bucket.rate > 0 {
-		c.deficit = l.bucket.refilled(c.deficit, r.at, t.unixMillis)
+	if l.Bucket.Rate > 0 {
+		c.Deficit = l.Bucket.refilled(c.Deficit, r.at, t.UnixMillis)
 	}
 	return c
 }
 
 // slid is w as read the given number of periods later.
-func slid(w window, periods int64) window {
+func slid(w Window, periods int64) Window {
 	switch periods {
 	case 0:
 		return w
 	case 1:
-		return window{prev: w.cur}
+		return Window{Prev: w.Cur}
 	}
-	return window{}
+	return Window{}
 }

@@ -22,38 +22,38 @@ import (
 // settlement may give tokens back): its release is its refusal.
 type refusalCase struct {
 	name     string
-	chain    func(t *testing.T) []limit
-	fill     func(t *testing.T, s store, chain []limit, base int64)
+	chain    func(t *testing.T) []Limit
+	fill     func(t *testing.T, s Store, chain []Limit, base int64)
 	at       int64
 	reserve  int64 // the tokens the refused request reserves
 	releases []int64
 }
 
 // fillUnder admits n requests on l's counters under a cap they never reach.
-func fillUnder(t *testing.T, s store, l limit, at int64, n int) {
+func fillUnder(t *testing.T, s Store, l Limit, at int64, n int) {
 	t.Helper()
-	fill(t, s, []limit{newLimit(l.scope, l.id, 1000, 0)}, at, n)
+	fill(t, s, []Limit{newLimit(l.Scope, l.ID, 1000, 0)}, at, n)
 }
 
-func chargeTokens(t *testing.T, s store, l limit, at, tokens int64) {
+func chargeTokens(t *testing.T, s Store, l Limit, at, tokens int64) {
 	t.Helper()
-	settle(t, pinned(s, at), []limit{l}, charge{tokens: totalTokens(tokens)})
+	settle(t, pinned(s, at), []Limit{l}, Charge{Tokens: totalTokens(tokens)})
 }
 
 var refusalCases = []refusalCase{{
 	// rpm 10, previous period 12, current 3: fits once 3 + 12×(60−t)/60 ≤ 9.
 	name:  "RPMReleasedByThePreviousPeriodsWeightWithinTheMinute",
-	chain: func(t *testing.T) []limit { return []limit{newLimit("key", uniqueID(t), 10, 0)} },
-	fill: func(t *testing.T, s store, chain []limit, base int64) {
-		fillUnder(t, s, chain[0], base-minuteMillis, 12)
+	chain: func(t *testing.T) []Limit { return []Limit{newLimit("key", uniqueID(t), 10, 0)} },
+	fill: func(t *testing.T, s Store, chain []Limit, base int64) {
+		fillUnder(t, s, chain[0], base-MinuteMillis, 12)
 		fillUnder(t, s, chain[0], base, 3)
 	},
 	at: 10_000, releases: []int64{30_000},
 }, {
 	// rpm 4, current 6: fits in the next minute once 6×(60−t)/60 ≤ 3.
 	name:  "RPMReleasedOnlyInTheNextMinute",
-	chain: func(t *testing.T) []limit { return []limit{newLimit("key", uniqueID(t), 4, 0)} },
-	fill: func(t *testing.T, s store, chain []limit, base int64) {
+	chain: func(t *testing.T) []Limit { return []Limit{newLimit("key", uniqueID(t), 4, 0)} },
+	fill: func(t *testing.T, s Store, chain []Limit, base int64) {
 		fillUnder(t, s, chain[0], base, 6)
 	},
 	at: 20_000, releases: []int64{90_000},
@@ -61,17 +61,17 @@ var refusalCases = []refusalCase{{
 	// tpm 1000, previous 1200, current 400: Redis admits once
 	// 400 + 1200×(60−t)/60 < 1000, at 30.001 s; the cache never refuses it.
 	name:  "TPMRefusalIsLeftToRedis",
-	chain: func(t *testing.T) []limit { return []limit{newLimit("key", uniqueID(t), 0, 1000)} },
-	fill: func(t *testing.T, s store, chain []limit, base int64) {
-		chargeTokens(t, s, chain[0], base-minuteMillis, 1200)
+	chain: func(t *testing.T) []Limit { return []Limit{newLimit("key", uniqueID(t), 0, 1000)} },
+	fill: func(t *testing.T, s Store, chain []Limit, base int64) {
+		chargeTokens(t, s, chain[0], base-MinuteMillis, 1200)
 		chargeTokens(t, s, chain[0], base, 400)
 	},
 	at: 1000, releases: []int64{1000},
 }, {
 	// 1.5 tokens per second and a cost of 2: 1333.3 ms.
 	name:  "BucketWithAFractionalRateAndCost",
-	chain: func(t *testing.T) []limit { return []limit{newBucketLimit(t, "key", uniqueID(t), "1.5", 4, 2)} },
-	fill: func(t *testing.T, s store, chain []limit, base int64) {
+	chain: func(t *testing.T) []Limit { return []Limit{newBucketLimit(t, "key", uniqueID(t), "1.5", 4, 2)} },
+	fill: func(t *testing.T, s Store, chain []Limit, base int64) {
 		fill(t, s, chain, base+1500, 2)
 	},
 	at: 1500, releases: []int64{1500 + 1334},
@@ -79,10 +79,10 @@ var refusalCases = []refusalCase{{
 	// The key's bucket refills in 2 s; the org's 30 requests weigh 9 or
 	// less from 42 s into the next minute.
 	name: "TwoLimitsOfAChainWithDifferentReleases",
-	chain: func(t *testing.T) []limit {
-		return []limit{newBucketLimit(t, "key", uniqueID(t), "0.5", 2, 0), newLimit("org", uniqueID(t), 10, 0)}
+	chain: func(t *testing.T) []Limit {
+		return []Limit{newBucketLimit(t, "key", uniqueID(t), "0.5", 2, 0), newLimit("org", uniqueID(t), 10, 0)}
 	},
-	fill: func(t *testing.T, s store, chain []limit, base int64) {
+	fill: func(t *testing.T, s Store, chain []Limit, base int64) {
 		fillUnder(t, s, chain[1], base, 30)
 		fill(t, s, chain[:1], base+20_000, 2)
 	},
@@ -90,9 +90,9 @@ var refusalCases = []refusalCase{{
 }, {
 	// One limit refusing on both kinds: the later release is the limit's.
 	name:  "OneLimitRefusingOnTwoKinds",
-	chain: func(t *testing.T) []limit { return []limit{newLimit("key", uniqueID(t), 4, 1000)} },
-	fill: func(t *testing.T, s store, chain []limit, base int64) {
-		chargeTokens(t, s, chain[0], base-minuteMillis, 1200)
+	chain: func(t *testing.T) []Limit { return []Limit{newLimit("key", uniqueID(t), 4, 1000)} },
+	fill: func(t *testing.T, s Store, chain []Limit, base int64) {
+		chargeTokens(t, s, chain[0], base-MinuteMillis, 1200)
 		chargeTokens(t, s, chain[0], base, 400)
 		fillUnder(t, s, chain[0], base, 6)
 	},
@@ -101,8 +101,8 @@ var refusalCases = []refusalCase{{
 	// rpm 10, full a millisecond before the minute ends: the next minute
 	// weighs the 10 as 9 from 6 s in.
 	name:  "RefusalAMillisecondBeforeAMinuteBoundary",
-	chain: func(t *testing.T) []limit { return []limit{newLimit("key", uniqueID(t), 10, 0)} },
-	fill: func(t *testing.T, s store, chain []limit, base int64) {
+	chain: func(t *testing.T) []Limit { return []Limit{newLimit("key", uniqueID(t), 10, 0)} },
+	fill: func(t *testing.T, s Store, chain []Limit, base int64) {
 		fill(t, s, chain, base+59_000, 10)
 	},
 	at: 59_999, releases: []int64{66_000},
@@ -110,16 +110,16 @@ var refusalCases = []refusalCase{{
 	// rpm 4, current 6, refused while reserving 5000 of a tpm with room:
 	// a requests refusal, cached whatever the reservation's size.
 	name:  "RPMRefusalOfAReservation",
-	chain: func(t *testing.T) []limit { return []limit{newLimit("key", uniqueID(t), 4, 100_000)} },
-	fill: func(t *testing.T, s store, chain []limit, base int64) {
+	chain: func(t *testing.T) []Limit { return []Limit{newLimit("key", uniqueID(t), 4, 100_000)} },
+	fill: func(t *testing.T, s Store, chain []Limit, base int64) {
 		fillUnder(t, s, chain[0], base, 6)
 	},
 	at: 20_000, reserve: 5_000, releases: []int64{90_000},
 }, {
 	// tpm 10000 with 9000 reserved, refused a reservation of 2000.
 	name:  "ReservationOverTheRoomIsLeftToRedis",
-	chain: func(t *testing.T) []limit { return []limit{newLimit("key", uniqueID(t), 0, 10_000)} },
-	fill: func(t *testing.T, s store, chain []limit, base int64) {
+	chain: func(t *testing.T) []Limit { return []Limit{newLimit("key", uniqueID(t), 0, 10_000)} },
+	fill: func(t *testing.T, s Store, chain []Limit, base int64) {
 		fillReserving(t, s, chain, base+1_000, 9_000)
 	},
 	at: 1_000, reserve: 2_000, releases: []int64{1_000},
@@ -145,7 +145,7 @@ func TestCachedRefusalNeverRefusesWhatRedisWouldAdmit(t *testing.T) {
 			c.fill(t, s, chain, base)
 			at := base + c.at
 			d := admitReserving(t, s, chain, at, c.reserve)
-			if d.admitted {
+			if d.Admitted {
 				t.Fatal("admitted, want a refusal")
 			}
 			cache := newRefusalCache()
@@ -156,13 +156,13 @@ func TestCachedRefusalNeverRefusesWhatRedisWouldAdmit(t *testing.T) {
 				// At every moment whose elapsed time since sent rounds up
 				// to x ms, and the store's cache at redisAt.
 				end := sent.Add(time.Duration(x) * time.Millisecond)
-				caches := []func([]limit) (admission, bool){
-					func(chain []limit) (admission, bool) { return cache.refusedLocally(chain, end.Add(1-time.Millisecond)) },
-					func(chain []limit) (admission, bool) { return cache.refusedLocally(chain, end) },
-					pinned(s, redisAt).refusedUnread,
+				caches := []func([]Limit) (Admission, bool){
+					func(chain []Limit) (Admission, bool) { return cache.refusedLocally(chain, end.Add(1-time.Millisecond)) },
+					func(chain []Limit) (Admission, bool) { return cache.refusedLocally(chain, end) },
+					pinned(s, redisAt).RefusedUnread,
 				}
 				for i, l := range chain {
-					if refused := assertCacheAgreesWithRedis(t, s, caches, []limit{l}, redisAt); refused != (redisAt < base+c.releases[i]) {
+					if refused := assertCacheAgreesWithRedis(t, s, caches, []Limit{l}, redisAt); refused != (redisAt < base+c.releases[i]) {
 						t.Fatalf("limit %d at release%+d ms: cached refusal %v", i, redisAt-base-c.releases[i], refused)
 					}
 				}
@@ -181,7 +181,7 @@ func refusalProbes(c refusalCase) []int64 {
 		xs = append(xs, x)
 	}
 	near := slices.Clone(c.releases)
-	for b := int64(minuteMillis); b < c.at+last; b += minuteMillis {
+	for b := int64(MinuteMillis); b < c.at+last; b += MinuteMillis {
 		near = append(near, b)
 	}
 	for _, n := range near {
@@ -195,7 +195,7 @@ func refusalProbes(c refusalCase) []int64 {
 	return slices.Compact(xs)
 }
 
-func refusesLocally(cache *refusalCache, chain []limit, now time.Time) bool {
+func refusesLocally(cache *refusalCache, chain []Limit, now time.Time) bool {
 	_, ok := cache.refusedLocally(chain, now)
 	return ok
 }
@@ -203,50 +203,50 @@ func refusesLocally(cache *refusalCache, chain []limit, now time.Time) bool {
 // assertCacheAgreesWithRedis checks that each of the caches refuses chain
 // exactly when Redis refuses it at redisAt, and then with the decision that
 // Redis reads for the refusing limits; it reports whether they refuse.
-func assertCacheAgreesWithRedis(t *testing.T, s store, caches []func([]limit) (admission, bool), chain []limit, redisAt int64) bool {
+func assertCacheAgreesWithRedis(t *testing.T, s Store, caches []func([]Limit) (Admission, bool), chain []Limit, redisAt int64) bool {
 	t.Helper()
-	whole, err := pinned(s, redisAt).peek(context.Background(), chain)
+	whole, err := pinned(s, redisAt).Peek(context.Background(), chain)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cacheable := make([]limit, len(chain))
+	cacheable := make([]Limit, len(chain))
 	for i, l := range chain {
 		cacheable[i] = cachedCaps(l)
 	}
-	redisRefuses := refusalOf(cacheable, whole).first >= 0
-	var part decision
+	redisRefuses := RefusalOf(cacheable, whole).First >= 0
+	var part Decision
 	for _, refusedLocally := range caches {
 		a, ok := refusedLocally(chain)
-		if ok && whole.admitted {
-			t.Fatalf("at %d ms into the minute: the cache refuses what Redis admits", redisAt%minuteMillis)
+		if ok && whole.Admitted {
+			t.Fatalf("at %d ms into the minute: the cache refuses what Redis admits", redisAt%MinuteMillis)
 		}
 		if ok != redisRefuses {
-			t.Fatalf("at %d ms into the minute: the cache refuses %v, Redis refuses on requests or a bucket %v", redisAt%minuteMillis, ok, redisRefuses)
+			t.Fatalf("at %d ms into the minute: the cache refuses %v, Redis refuses on requests or a bucket %v", redisAt%MinuteMillis, ok, redisRefuses)
 		}
 		if !ok {
 			continue
 		}
-		sub, d, ref := a.limits, a.decision, a.refusal
-		if part.counts == nil {
-			if part, err = pinned(s, redisAt).peek(context.Background(), sub); err != nil {
+		sub, d, ref := a.Limits, a.Decision, a.Refusal
+		if part.Counts == nil {
+			if part, err = pinned(s, redisAt).Peek(context.Background(), sub); err != nil {
 				t.Fatal(err)
 			}
 		}
-		if d.now != part.now || !reflect.DeepEqual(d.counts, part.counts) {
+		if d.Now != part.Now || !reflect.DeepEqual(d.Counts, part.Counts) {
 			t.Fatalf("the cache answers %+v, Redis reads %+v", d, part)
 		}
-		var refusing []limit // what Redis refuses on, which the headers describe
+		var refusing []Limit // what Redis refuses on, which the headers describe
 		for i, l := range chain {
-			if refusalOf(cacheable[i:i+1], decision{now: whole.now, counts: whole.counts[i : i+1]}).first >= 0 {
+			if RefusalOf(cacheable[i:i+1], Decision{Now: whole.Now, Counts: whole.Counts[i : i+1]}).First >= 0 {
 				refusing = append(refusing, l)
 			}
 		}
 		if !slices.Equal(sub, refusing) {
 			t.Fatalf("the cache refuses on %v, Redis on %v", sub, refusing)
 		}
-		want := refusalOf(cacheable, whole)
-		if sub[ref.first].prefix != chain[want.first].prefix || ref.kind != want.kind || ref.waitMillis != want.waitMillis {
-			t.Fatalf("the cache's refusal %+v of %s, Redis's %+v of %s", ref, sub[ref.first].prefix, want, chain[want.first].prefix)
+		want := RefusalOf(cacheable, whole)
+		if sub[ref.First].Prefix != chain[want.First].Prefix || ref.Kind != want.Kind || ref.WaitMillis != want.WaitMillis {
+			t.Fatalf("the cache's refusal %+v of %s, Redis's %+v of %s", ref, sub[ref.First].Prefix, want, chain[want.First].Prefix)
 		}
 	}
 	return redisRefuses
@@ -256,34 +256,34 @@ func TestCachedOrgRefusalAnswersEveryKeyOfTheOrgAndNothingElse(t *testing.T) {
 	s := newTestRedisStore(t, redisURLFromEnv(t))
 	at := pinnedBase() + 5000
 	org := newLimit("org", uniqueID(t), 2, 0)
-	key := func() limit { return newLimit("key", keyID(false, "sk-"+uniqueID(t)), 100, 0) }
+	key := func() Limit { return newLimit("key", KeyID(false, "sk-"+uniqueID(t)), 100, 0) }
 
-	first := []limit{key(), org}
+	first := []Limit{key(), org}
 	fill(t, s, first, at, 2)
 	if size := cachedRefusals(s.refusals); size != 0 {
 		t.Fatalf("%d refusals cached after two admissions", size)
 	}
-	second := []limit{key(), org}
-	if admitOrFail(t, s, second, at).admitted {
+	second := []Limit{key(), org}
+	if admitOrFail(t, s, second, at).Admitted {
 		t.Fatal("admitted over the org's rpm 2")
 	}
 	if size := cachedRefusals(s.refusals); size != 1 {
 		t.Fatalf("%d refusals cached, want the org's alone: its key fits", size)
 	}
 
-	third := []limit{key(), org}
-	a, _ := pinned(s, at).refusedUnread(third)
-	sub, ref := a.limits, a.refusal
-	if ref.first != 0 || len(sub) != 1 || sub[0] != org || ref.kind != requests {
+	third := []Limit{key(), org}
+	a, _ := pinned(s, at).RefusedUnread(third)
+	sub, ref := a.Limits, a.Refusal
+	if ref.First != 0 || len(sub) != 1 || sub[0] != org || ref.Kind != Requests {
 		t.Fatalf("another key of the org: refusal %+v by %v, want the org's rpm", ref, sub)
 	}
-	for name, chain := range map[string][]limit{
+	for name, chain := range map[string][]Limit{
 		"the key alone":                 third[:1],
 		"the key in another org":        {third[0], newLimit("org", uniqueID(t), 2, 0)},
-		"the org under another rpm cap": {third[0], newLimit("org", org.id, 3, 0)},
-		"the org with a tpm cap added":  {newTaggedLimit("", "org", org.id, windowLimitCaps(windowCaps{rpm: 2, tpm: 100}))},
+		"the org under another rpm cap": {third[0], newLimit("org", org.ID, 3, 0)},
+		"the org with a tpm cap added":  {NewLimit("", "org", org.ID, CapsOfWindows(WindowCaps{RPM: 2, TPM: 100}))},
 	} {
-		if _, refused := pinned(s, at).refusedUnread(chain); refused {
+		if _, refused := pinned(s, at).RefusedUnread(chain); refused {
 			t.Errorf("%s is refused from the cache", name)
 		}
 	}
@@ -293,9 +293,9 @@ func TestRefusalCacheStaysWithinItsBound(t *testing.T) {
 	cache := newRefusalCache()
 	const capacity = refusalShards * refusalsPerShard
 	sent := time.Now()
-	refused := decision{now: momentAt(pinnedBase()), counts: []counts{{w: [numWindows]window{rpm: {cur: 1}}}}}
+	refused := Decision{Now: MomentAt(pinnedBase()), Counts: []Counts{{Window: [NumWindows]Window{RPM: {Cur: 1}}}}}
 	for i := 0; i < 2*capacity; i++ {
-		cache.record([]limit{newLimit("key", fmt.Sprint(i), 1, 0)}, refused, sent, cache.resetsSoFar())
+		cache.record([]Limit{newLimit("key", fmt.Sprint(i), 1, 0)}, refused, sent, cache.resetsSoFar())
 	}
 	for i := range cache.shards {
 		if n := len(cache.shards[i].byLimit); n > refusalsPerShard {
@@ -309,10 +309,10 @@ func TestRefusalCacheStaysWithinItsBound(t *testing.T) {
 	// without dropping any that still holds.
 	later := sent.Add(2 * time.Minute)
 	for i := 0; i < capacity/2; i++ {
-		cache.record([]limit{newLimit("org", fmt.Sprint(i), 1, 0)}, refused, later, cache.resetsSoFar())
+		cache.record([]Limit{newLimit("org", fmt.Sprint(i), 1, 0)}, refused, later, cache.resetsSoFar())
 	}
 	for i := 0; i < capacity/2; i++ {
-		if !refusesLocally(cache, []limit{newLimit("org", fmt.Sprint(i), 1, 0)}, later) {
+		if !refusesLocally(cache, []Limit{newLimit("org", fmt.Sprint(i), 1, 0)}, later) {
 			t.Fatalf("refusal %d was dropped while expired ones were held", i)
 		}
 	}
@@ -363,7 +363,7 @@ func checkRefusal(res *http.Response, body []byte) string {
 		return fmt.Sprintf("Retry-After %q", res.Header.Get("Retry-After"))
 	}
 	ms, err := strconv.ParseInt(res.Header.Get("Retry-After-Ms"), 10, 64)
-	if err != nil || ceilSeconds(ms, 1) != ra {
+	if err != nil || CeilSeconds(ms, 1) != ra {
 		return fmt.Sprintf("Retry-After-Ms %q with Retry-After %d", res.Header.Get("Retry-After-Ms"), ra)
 	}
 	var e openAIError
@@ -540,24 +540,24 @@ func TestCachedOrgRefusalAnswersAnotherKeyOfTheOrgWithoutARedisCall(t *testing.T
 func TestACachedRefusalAnnouncesItsWindowsWaitWhateverItsSlotsWere(t *testing.T) {
 	s := newTestRedisStore(t, redisURLFromEnv(t))
 	at := pinnedBase() + 1000
-	chain := []limit{newSlotLimit("key", uniqueID(t), 1, 1, 3*time.Second)}
+	chain := []Limit{newSlotLimit("key", uniqueID(t), 1, 1, 3*time.Second)}
 	fill(t, s, chain, at, 1) // rpm 1 and the only slot taken
-	if d := admitOrFail(t, s, chain, at); d.admitted || !refusalOf(chain, d).untilFreed {
+	if d := admitOrFail(t, s, chain, at); d.Admitted || !RefusalOf(chain, d).UntilFreed {
 		t.Fatalf("Redis answers %+v, want a refusal by rpm and the slot", d)
 	}
 	freeAndWait(t, pinned(s, at), chain)
-	a, cached := pinned(s, at).refusedUnread(chain)
+	a, cached := pinned(s, at).RefusedUnread(chain)
 	if !cached {
 		t.Fatal("the cache does not answer the refusal by rpm 1")
 	}
-	redis, err := pinned(s, at).peek(context.Background(), chain)
+	redis, err := pinned(s, at).Peek(context.Background(), chain)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := refusalOf(chain, redis); a.refusal != want {
-		t.Fatalf("the cache refuses %+v, Redis %+v", a.refusal, want)
+	if want := RefusalOf(chain, redis); a.Refusal != want {
+		t.Fatalf("the cache refuses %+v, Redis %+v", a.Refusal, want)
 	}
-	if a.refusal.untilFreed || a.refusal.waitMillis != 2*minuteMillis-1000 {
-		t.Fatalf("the cache refuses %+v, want rpm's wait to the end of the next minute, and no wait for a slot", a.refusal)
+	if a.Refusal.UntilFreed || a.Refusal.WaitMillis != 2*MinuteMillis-1000 {
+		t.Fatalf("the cache refuses %+v, want rpm's wait to the end of the next minute, and no wait for a slot", a.Refusal)
 	}
 }

@@ -147,11 +147,11 @@ func TestTwentyReloadsUnderLoadLoseNoRequestAndKeepAdmissionExact(t *testing.T) 
 
 	// The capped org must get its 50 admissions in one minute period.
 	now := probe.now(t)
-	if left := time.Duration(minuteMillis-now.UnixMilli()%minuteMillis) * time.Millisecond; left < windowNeeded {
+	if left := time.Duration(MinuteMillis-now.UnixMilli()%MinuteMillis) * time.Millisecond; left < windowNeeded {
 		t.Logf("%v left in this minute period: waiting for the next one", left.Round(time.Millisecond))
 		time.Sleep(left + 50*time.Millisecond)
 	}
-	atMinute := probe.now(t).UnixMilli() / minuteMillis
+	atMinute := probe.now(t).UnixMilli() / MinuteMillis
 
 	// The reload run. Around each reload, smallOrgPerRound requests of the
 	// capped org are handed to the client goroutines: some before the POST,
@@ -199,7 +199,7 @@ func TestTwentyReloadsUnderLoadLoseNoRequestAndKeepAdmissionExact(t *testing.T) 
 		}
 	})
 	runTook := time.Since(runStart)
-	endMinute := probe.now(t).UnixMilli() / minuteMillis
+	endMinute := probe.now(t).UnixMilli() / MinuteMillis
 
 	// Every reload answered 200.
 	var took []string
@@ -236,7 +236,7 @@ func TestTwentyReloadsUnderLoadLoseNoRequestAndKeepAdmissionExact(t *testing.T) 
 	if got := run.count(smallOrg, 200); got != smallOrgRPM {
 		t.Errorf("capped org: %d of %d requests admitted across %d reloads, want exactly %d", got, run.count(smallOrg, 0), reloadCount, smallOrgRPM)
 	}
-	smallKey := periodKey(newLimit("org", smallOrg, 0, 0).prefix, rpm, atMinute)
+	smallKey := PeriodKey(newLimit("org", smallOrg, 0, 0).Prefix, RPM, atMinute)
 	if got := probe.get(t, smallKey); got != smallOrgRPM {
 		t.Errorf("Redis %s = %d, want %d", smallKey, got, smallOrgRPM)
 	}
@@ -555,7 +555,7 @@ func (p *connProbe) get(t *testing.T, key string) int64 {
 // sumReq adds up every req period of the org, whatever minute it is in.
 func (p *connProbe) sumReq(t *testing.T, org string) int64 {
 	t.Helper()
-	keys, err := p.c.Keys(context.Background(), newLimit("org", org, 0, 0).prefix+"req:*").Result()
+	keys, err := p.c.Keys(context.Background(), newLimit("org", org, 0, 0).Prefix+"req:*").Result()
 	if err != nil {
 		t.Fatal(err)
 	}

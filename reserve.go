@@ -23,9 +23,9 @@ func (h *Handler) reserveOutput() int64 { return cmp.Or(h.ReserveOutput, default
 // window or its budget, that a reservation alone exceeds.
 type tooLargeFor struct {
 	limit      int
-	window     windowKind
+	window     WindowKind
 	overBudget bool // a budget, not a window
-	budget     budgetPeriod
+	budget     BudgetPeriod
 }
 
 // estimate is what the request of the call with body (nil when it was not
@@ -47,18 +47,18 @@ func estimate(call llmapi.Call, body requestBody) tokenest.Estimate {
 // budgets), it reserves on them the most its estimated input and its output
 // may cost (pricing.MaxCost), and a budget that this alone exceeds is the
 // one it is too large for.
-func (h *Handler) reservation(est tokenest.Estimate, chain []limit, price *pricing.Entry) (tokenCounts, tooLargeFor) {
+func (h *Handler) reservation(est tokenest.Estimate, chain []Limit, price *pricing.Entry) (TokenCounts, tooLargeFor) {
 	r, over := h.tokenReservation(est, chain)
 	if price == nil || over.limit >= 0 {
 		return r, over
 	}
-	r.cost = pricing.MaxCost(price.Price, est.Input, r.output)
+	r.Cost = pricing.MaxCost(price.Price, est.Input, r.Output)
 	for i, l := range chain {
-		if l.shadow {
+		if l.Shadow {
 			continue
 		}
-		for p, b := range l.eachBudget {
-			if r.cost > b {
+		for p, b := range l.EachBudget {
+			if r.Cost > b {
 				return r, tooLargeFor{limit: i, overBudget: true, budget: p}
 			}
 		}
@@ -68,37 +68,37 @@ func (h *Handler) reservation(est tokenest.Estimate, chain []limit, price *prici
 
 // tokenReservation is what a request of estimate est reserves on the token
 // windows of chain, and the first window this alone exceeds, if any.
-func (h *Handler) tokenReservation(est tokenest.Estimate, chain []limit) (tokenCounts, tooLargeFor) {
+func (h *Handler) tokenReservation(est tokenest.Estimate, chain []Limit) (TokenCounts, tooLargeFor) {
 	in, out := est.Input, est.Output
 	if !est.Capped {
 		out = timesChoices(h.reserveOutput(), est.Choices)
 		// One pass suffices: in only decreases, which keeps every earlier
 		// bound on out. A shadow limit bounds nothing.
 		for _, l := range chain {
-			if l.shadow {
+			if l.Shadow {
 				continue
 			}
-			for k, c := range l.each {
-				switch k.kind() {
-				case tokens:
+			for k, c := range l.Each {
+				switch k.Kind() {
+				case Tokens:
 					in = min(in, c)
 					out = min(out, c-in)
-				case inputTokens:
+				case InputTokens:
 					in = min(in, c)
-				case outputTokens:
+				case OutputTokens:
 					out = min(out, c)
 				}
 			}
 		}
-		return tokenCounts{total: in + out, input: in, output: out}, tooLargeFor{limit: -1}
+		return TokenCounts{Total: in + out, Input: in, Output: out}, tooLargeFor{limit: -1}
 	}
-	r := tokenCounts{total: in + out, input: in, output: out}
+	r := TokenCounts{Total: in + out, Input: in, Output: out}
 	for i, l := range chain {
-		if l.shadow {
+		if l.Shadow {
 			continue
 		}
-		for k, c := range l.each {
-			if kd := k.kind(); kd != requests && r.of(kd) > c {
+		for k, c := range l.Each {
+			if kd := k.Kind(); kd != Requests && r.Of(kd) > c {
 				return r, tooLargeFor{limit: i, window: k}
 			}
 		}

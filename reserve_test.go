@@ -21,7 +21,7 @@ const orgTPM10500 = `
 			scope org {http.request.header.X-Org} readable
 			limit org * tpm 10500`
 
-func orgTokens(org string) []limit { return []limit{newLimit("org", org, 0, 1)} }
+func orgTokens(org string) []Limit { return []Limit{newLimit("org", org, 0, 1)} }
 
 // postChat sends a JSON chat completion.
 func (g *gateway) postChat(t *testing.T, body string, headers ...string) (*http.Response, []byte) {
@@ -232,7 +232,7 @@ func TestARequestTooLargeForItsTPMIsRefusedAtOnceAndNotToBeRetried(t *testing.T)
 		if up.hits.Load() != 0 {
 			t.Fatal("the upstream saw the request")
 		}
-		if n := storeCount(t, store, newLimit("key", keyID(false, "Bearer sk-"+org), 0, 0).prefix, rpm, nowMinute()); n != 0 {
+		if n := storeCount(t, store, newLimit("key", KeyID(false, "Bearer sk-"+org), 0, 0).Prefix, RPM, nowMinute()); n != 0 {
 			t.Fatalf("the key was charged %d requests", n)
 		}
 		waitCharged(t, store, orgTokens(org), 0)
@@ -269,7 +269,7 @@ func TestAdmittedHeadersCountTheRequestsReservation(t *testing.T) {
 	})
 }
 
-func nowMinute() int64 { return time.Now().UnixMilli() / minuteMillis }
+func nowMinute() int64 { return time.Now().UnixMilli() / MinuteMillis }
 
 // waitMetric waits until the process's metric reads want: charges, and
 // their metrics, land after the response.
@@ -308,19 +308,19 @@ func TestEveryResponseShapeSettlesItsReservationToTheReportedUsage(t *testing.T)
 						t.Fatalf("status %d", res.StatusCode)
 					}
 					// A GET names no output cap, and has no body.
-					reserved := tokenCounts{total: defaultReserveOutput, output: defaultReserveOutput}
+					reserved := TokenCounts{Total: defaultReserveOutput, Output: defaultReserveOutput}
 					want := reserved
 					if g.Metered {
-						want = tokenCounts{total: g.Tokens, input: g.Input, output: g.Output}
+						want = TokenCounts{Total: g.Tokens, Input: g.Input, Output: g.Output}
 					}
 					if usagetest.CutShort[g.File] {
 						want = want.atLeast(reserved)
 					}
-					waitCharged(t, store, id.limits(), want.total)
+					waitCharged(t, store, id.limits(), want.Total)
 					org := id.limits()[2:]
-					waitWindow(t, store, org, itpm, want.input)
-					waitWindow(t, store, org, otpm, want.output)
-					waitWindow(t, store, org, tpd, want.total)
+					waitWindow(t, store, org, ITPM, want.Input)
+					waitWindow(t, store, org, OTPM, want.Output)
+					waitWindow(t, store, org, TPD, want.Total)
 				})
 			}
 		}

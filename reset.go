@@ -160,7 +160,7 @@ func (a AdminAPI) serveReset(w http.ResponseWriter, r *http.Request) error {
 		onRedis = onRedis || g.storeKind == "redis"
 		inProcess = inProcess || g.storeKind == "memory"
 	}
-	for _, k := range []ResetKept{{"concurrent", keptSlotsWhy}, {budgetDay.capName(), keptSpentWhy}, {budgetMonth.capName(), keptSpentWhy}} {
+	for _, k := range []ResetKept{{"concurrent", keptSlotsWhy}, {BudgetDay.CapName(), keptSpentWhy}, {BudgetMonth.CapName(), keptSpentWhy}} {
 		if kept[k.What] {
 			answer.Kept = append(answer.Kept, k)
 		}
@@ -182,10 +182,10 @@ func (a AdminAPI) serveReset(w http.ResponseWriter, r *http.Request) error {
 
 // reset resets the group's limit on its store.
 func (g *usageGroup) reset(ctx context.Context, scope string) (ResetLimit, error) {
-	l := newTaggedLimit(g.tag, scope, g.id, g.caps)
-	g.store.hold() // a reload may unload the store meanwhile
-	cleared, err := g.store.reset(ctx, l)
-	g.store.release()
+	l := NewLimit(g.tag, scope, g.id, g.caps)
+	g.store.Hold() // a reload may unload the store meanwhile
+	cleared, err := g.store.Reset(ctx, l)
+	g.store.Release()
 	if err != nil {
 		return ResetLimit{}, err
 	}
@@ -194,25 +194,25 @@ func (g *usageGroup) reset(ctx context.Context, scope string) (ResetLimit, error
 
 // resetNames is what a reset of l clears, by name: each window it caps,
 // then "bucket" for its token bucket.
-func resetNames(l limit) []string {
-	names := make([]string, 0, numWindows+1)
-	for k := range l.each {
+func resetNames(l Limit) []string {
+	names := make([]string, 0, NumWindows+1)
+	for k := range l.Each {
 		names = append(names, k.String())
 	}
-	if l.bucket.rate > 0 {
+	if l.Bucket.Rate > 0 {
 		names = append(names, "bucket")
 	}
 	return names
 }
 
 // keptNames is what l has that a reset keeps, by the names of its caps.
-func keptNames(l limit) []string {
+func keptNames(l Limit) []string {
 	names := []string{}
-	if l.concurrent.max > 0 {
+	if l.Concurrent.Max > 0 {
 		names = append(names, "concurrent")
 	}
-	for p := range l.eachBudget {
-		names = append(names, p.capName())
+	for p := range l.EachBudget {
+		names = append(names, p.CapName())
 	}
 	return names
 }

@@ -125,7 +125,7 @@ func TestResetOnRedisClusterAdmitsAgainUnderTheGivenRoot(t *testing.T) {
 		t.Fatalf("after a reset refused for want of its root: %v, want still refused", got)
 	}
 	a, body := postReset(t, "scope=team&id="+team+"&root=org:"+org, "")
-	if got := clearedOf(a); got != "redis cleared [rpm] kept []" || a.Limits[0].ID != keyID(false, team) {
+	if got := clearedOf(a); got != "redis cleared [rpm] kept []" || a.Limits[0].ID != KeyID(false, team) {
 		t.Fatalf("with root: %s", body)
 	}
 	if got := statusesOf(t, gw, 3, headers...); !slices.Equal(got, []int{200, 200, 429}) {
@@ -268,7 +268,7 @@ func TestResetRefusesOtherMethodsAndBadParametersAndNeverEchoesTheID(t *testing.
 	if res, body := gw.do(t, "X-Api-Key: "+secret); res.StatusCode != 200 {
 		t.Fatalf("%d %s", res.StatusCode, body)
 	}
-	digest := keyID(false, secret)
+	digest := KeyID(false, secret)
 	var answers []string
 
 	for _, method := range []string{http.MethodGet, http.MethodPut, http.MethodDelete} {
@@ -388,34 +388,34 @@ func checkStoreReset(t *testing.T, kit storeKit) {
 	s := kit.replicas(t, 1)[0]
 	ctx := context.Background()
 	at := pinnedBase() + 10_000
-	chain := []limit{
-		newTaggedLimit("", "key", uniqueID(t), windowLimitCaps(windowCaps{rpm: 2, tpm: 100, rpd: 5})),
+	chain := []Limit{
+		NewLimit("", "key", uniqueID(t), CapsOfWindows(WindowCaps{RPM: 2, TPM: 100, RPD: 5})),
 		newBucketLimit(t, "user", uniqueID(t), "0.001", 2, 1),
 		newSlotLimit("team", uniqueID(t), 10, 0, time.Minute),
 		newBudgetLimit(t, "org", uniqueID(t), 1_000_000, 0, 0, "UTC"),
 	}
-	reserve := tokenCounts{cost: 1000}
+	reserve := TokenCounts{Cost: 1000}
 	for range 2 {
-		if a, err := pinned(s, at).admit(ctx, chain, reserve); err != nil || !a.admitted {
+		if a, err := pinned(s, at).Admit(ctx, chain, reserve); err != nil || !a.Admitted {
 			t.Fatalf("admission: %+v %v", a, err)
 		}
 	}
-	settle(t, pinned(s, at), chain, charge{tokens: tokenCounts{total: 50, cost: 600}, unreserve: 1000})
-	if a, err := pinned(s, at).admit(ctx, chain, reserve); err != nil || a.admitted {
+	settle(t, pinned(s, at), chain, Charge{Tokens: TokenCounts{Total: 50, Cost: 600}, Unreserve: 1000})
+	if a, err := pinned(s, at).Admit(ctx, chain, reserve); err != nil || a.Admitted {
 		t.Fatalf("the third admission: %+v %v, want refused by the rpm and the bucket", a, err)
 	}
-	before, err := pinned(s, at).peek(ctx, chain)
+	before, err := pinned(s, at).Peek(ctx, chain)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c := before.counts; c[0].w[rpm].cur != 2 || c[0].w[tpm].cur != 50 || c[0].w[rpd].cur != 2 || c[1].deficit == 0 ||
-		c[2].slots != 2 || c[3].spent[budgetDay] != 600 || c[3].reserved[budgetDay] != 1000 {
+	if c := before.Counts; c[0].Window[RPM].Cur != 2 || c[0].Window[TPM].Cur != 50 || c[0].Window[RPD].Cur != 2 || c[1].Deficit == 0 ||
+		c[2].Slots != 2 || c[3].Spent[BudgetDay] != 600 || c[3].Reserved[BudgetDay] != 1000 {
 		t.Fatalf("before the reset: %+v", c)
 	}
 
 	var cleared []string
 	for _, l := range chain {
-		names, err := pinned(s, at).reset(ctx, l)
+		names, err := pinned(s, at).Reset(ctx, l)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -424,17 +424,17 @@ func checkStoreReset(t *testing.T, kit storeKit) {
 	if got := strings.Join(cleared, " "); got != "[rpm tpm rpd] [bucket] [] []" {
 		t.Fatalf("cleared %s", got)
 	}
-	after, err := pinned(s, at).peek(ctx, chain)
+	after, err := pinned(s, at).Peek(ctx, chain)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := before.counts[2:]
-	if c := after.counts; c[0] != (counts{}) || c[1] != (counts{}) || !slices.Equal(c[2:], want) {
+	want := before.Counts[2:]
+	if c := after.Counts; c[0] != (Counts{}) || c[1] != (Counts{}) || !slices.Equal(c[2:], want) {
 		t.Fatalf("after the reset: %+v, want the windows and the bucket empty and the rest %+v", c, want)
 	}
 	for i := range 3 {
-		a, err := pinned(s, at).admit(ctx, chain, reserve)
-		if err != nil || a.admitted != (i < 2) {
+		a, err := pinned(s, at).Admit(ctx, chain, reserve)
+		if err != nil || a.Admitted != (i < 2) {
 			t.Fatalf("admission %d after the reset: %+v %v, want 2 admitted, then refused", i+1, a, err)
 		}
 	}
@@ -445,21 +445,21 @@ func checkStoreReset(t *testing.T, kit storeKit) {
 // gateway's previous) or ahead (its current period is the gateway's next).
 func TestRedisResetClearsWhatARedisClockAMinuteFromTheGatewaysReads(t *testing.T) {
 	redisURL := redisURLFromEnv(t)
-	for _, skew := range []int64{-minuteMillis, minuteMillis} {
+	for _, skew := range []int64{-MinuteMillis, MinuteMillis} {
 		t.Run(fmt.Sprintf("skew%+ds", skew/1000), func(t *testing.T) {
 			var gatewayAt atomic.Int64
-			s, err := newRedisStore(&RedisConfig{URL: redisURL}, time.Second, redisClock{
-				gateway: func() time.Time { return time.UnixMilli(gatewayAt.Load()) },
-				script:  func(g time.Time) string { return hexArg(g.UnixMilli() + skew) },
+			s, err := NewRedisStore(&RedisConfig{URL: redisURL}, time.Second, RedisClock{
+				Gateway: func() time.Time { return time.UnixMilli(gatewayAt.Load()) },
+				Script:  func(g time.Time) string { return HexArg(g.UnixMilli() + skew) },
 			})
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { s.Destruct() })
 			ctx := context.Background()
-			admit := func(chain []limit) admission {
+			admit := func(chain []Limit) Admission {
 				t.Helper()
-				a, err := s.admit(ctx, chain, tokenCounts{})
+				a, err := s.Admit(ctx, chain, TokenCounts{})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -467,28 +467,28 @@ func TestRedisResetClearsWhatARedisClockAMinuteFromTheGatewaysReads(t *testing.T
 			}
 			at := pinnedBase() + 30_000 // half a minute into Redis's minute too
 			id := uniqueID(t)
-			capped := []limit{newLimit("key", id, 2, 0)}
+			capped := []Limit{newLimit("key", id, 2, 0)}
 			// 4 requests in Redis's previous minute weigh 2 at half a minute
 			// into its current one: rpm 2 refuses.
-			gatewayAt.Store(at - minuteMillis)
+			gatewayAt.Store(at - MinuteMillis)
 			for range 4 {
-				if !admit([]limit{newLimit("key", id, 1000, 0)}).admitted {
+				if !admit([]Limit{newLimit("key", id, 1000, 0)}).Admitted {
 					t.Fatal("a request under rpm 1000 refused")
 				}
 			}
 			gatewayAt.Store(at)
 			a := admit(capped)
-			if a.admitted {
+			if a.Admitted {
 				t.Fatal("admitted, want refused by the previous minute's weight")
 			}
-			if got, want := a.now.minute, momentAt(at+skew).minute; got != want {
+			if got, want := a.Now.Minute, MomentAt(at+skew).Minute; got != want {
 				t.Fatalf("Redis decided in minute %d, want %d: its clock is not the test's", got, want)
 			}
-			if _, err := s.reset(ctx, capped[0]); err != nil {
+			if _, err := s.Reset(ctx, capped[0]); err != nil {
 				t.Fatal(err)
 			}
 			for i := range 3 {
-				if got := admit(capped).admitted; got != (i < 2) {
+				if got := admit(capped).Admitted; got != (i < 2) {
 					t.Fatalf("admission %d after the reset: admitted %v, want 2 admitted, then refused", i+1, got)
 				}
 			}
@@ -499,31 +499,31 @@ func TestRedisResetClearsWhatARedisClockAMinuteFromTheGatewaysReads(t *testing.T
 func TestRefusalCacheResetForgetsOneLimitsRefusalsAndRecordsNoneSentBeforeIt(t *testing.T) {
 	cache := newRefusalCache()
 	sent := time.Now()
-	refused := decision{now: momentAt(pinnedBase()), counts: []counts{{w: [numWindows]window{rpm: {cur: 1}}}}}
+	refused := Decision{Now: MomentAt(pinnedBase()), Counts: []Counts{{Window: [NumWindows]Window{RPM: {Cur: 1}}}}}
 	key := newLimit("key", uniqueID(t), 1, 0)
-	sameCountersOtherCaps := newTaggedLimit("", "key", key.id, windowLimitCaps(windowCaps{rpm: 1, rpd: 5}))
+	sameCountersOtherCaps := NewLimit("", "key", key.ID, CapsOfWindows(WindowCaps{RPM: 1, RPD: 5}))
 	other := newLimit("key", uniqueID(t), 1, 0)
-	for _, l := range []limit{key, sameCountersOtherCaps, other} {
-		cache.record([]limit{l}, refused, sent, cache.resetsSoFar())
-		if !refusesLocally(cache, []limit{l}, sent) {
-			t.Fatalf("%s is not cached", l.prefix)
+	for _, l := range []Limit{key, sameCountersOtherCaps, other} {
+		cache.record([]Limit{l}, refused, sent, cache.resetsSoFar())
+		if !refusesLocally(cache, []Limit{l}, sent) {
+			t.Fatalf("%s is not cached", l.Prefix)
 		}
 	}
 	inFlight := cache.resetsSoFar() // an admission sent before the reset
-	cache.forgetLimit(key.prefix)
-	for l, want := range map[limit]bool{key: false, sameCountersOtherCaps: false, other: true} {
-		if got := refusesLocally(cache, []limit{l}, sent); got != want {
-			t.Errorf("%s under caps %+v refused locally: %v, want %v", l.prefix, l.limitCaps, got, want)
+	cache.forgetLimit(key.Prefix)
+	for l, want := range map[Limit]bool{key: false, sameCountersOtherCaps: false, other: true} {
+		if got := refusesLocally(cache, []Limit{l}, sent); got != want {
+			t.Errorf("%s under caps %+v refused locally: %v, want %v", l.Prefix, l.Caps, got, want)
 		}
 	}
 	// Redis may have decided that admission on the counters the reset
 	// cleared: its refusal is not recorded. One sent after is.
-	cache.record([]limit{key}, refused, sent, inFlight)
-	if refusesLocally(cache, []limit{key}, sent) {
+	cache.record([]Limit{key}, refused, sent, inFlight)
+	if refusesLocally(cache, []Limit{key}, sent) {
 		t.Fatal("a refusal of an admission sent before the reset was recorded")
 	}
-	cache.record([]limit{key}, refused, sent, cache.resetsSoFar())
-	if !refusesLocally(cache, []limit{key}, sent) {
+	cache.record([]Limit{key}, refused, sent, cache.resetsSoFar())
+	if !refusesLocally(cache, []Limit{key}, sent) {
 		t.Fatal("a refusal of an admission sent after the reset was not recorded")
 	}
 }
@@ -543,37 +543,37 @@ func checkResetKeepsUsageInFlight(t *testing.T, kit storeKit) {
 	stores := kit.replicas(t, 2)
 	admitting, resetting := stores[0], stores[1]
 	ctx := context.Background()
-	for _, settledIn := range []int64{0, minuteMillis} {
+	for _, settledIn := range []int64{0, MinuteMillis} {
 		at := pinnedBase() + 10_000
-		chain := []limit{newTaggedLimit("", "key", uniqueID(t), windowLimitCaps(windowCaps{tpm: 10_000, itpm: 10_000, tpd: 100_000}))}
-		reserve := tokenCounts{total: 1000, input: 400, output: 600}
-		admit := func(at int64) decision {
+		chain := []Limit{NewLimit("", "key", uniqueID(t), CapsOfWindows(WindowCaps{TPM: 10_000, ITPM: 10_000, TPD: 100_000}))}
+		reserve := TokenCounts{Total: 1000, Input: 400, Output: 600}
+		admit := func(at int64) Decision {
 			t.Helper()
-			a, err := pinned(admitting, at).admit(ctx, chain, reserve)
-			if err != nil || !a.admitted {
+			a, err := pinned(admitting, at).Admit(ctx, chain, reserve)
+			if err != nil || !a.Admitted {
 				t.Fatalf("admission: %+v %v", a, err)
 			}
-			return a.decision
+			return a.Decision
 		}
 		inFlight := admit(at)
-		if _, err := pinned(resetting, at+1).reset(ctx, chain[0]); err != nil {
+		if _, err := pinned(resetting, at+1).Reset(ctx, chain[0]); err != nil {
 			t.Fatal(err)
 		}
 		admittedAfter := admit(at + 2)
 		end := at + 3 + settledIn
-		settle(t, pinned(admitting, end), chain, charge{tokens: tokenCounts{total: 300, input: 250}.minus(reserve)}.settling(inFlight))
-		settle(t, pinned(admitting, end), chain, charge{tokens: tokenCounts{total: 200, input: 100}.minus(reserve)}.settling(admittedAfter))
-		d, err := pinned(admitting, end).peek(ctx, chain)
+		settle(t, pinned(admitting, end), chain, Charge{Tokens: TokenCounts{Total: 300, Input: 250}.Minus(reserve)}.Settling(inFlight))
+		settle(t, pinned(admitting, end), chain, Charge{Tokens: TokenCounts{Total: 200, Input: 100}.Minus(reserve)}.Settling(admittedAfter))
+		d, err := pinned(admitting, end).Peek(ctx, chain)
 		if err != nil {
 			t.Fatal(err)
 		}
-		w, minute := d.counts[0].w, window{cur: 500}
+		w, minute := d.Counts[0].Window, Window{Cur: 500}
 		if settledIn > 0 {
-			minute = window{prev: 500}
+			minute = Window{Prev: 500}
 		}
-		if w[tpm] != minute || w[itpm] != (window{cur: minute.cur * 350 / 500, prev: minute.prev * 350 / 500}) || w[tpd].cur != 500 {
+		if w[TPM] != minute || w[ITPM] != (Window{Cur: minute.Cur * 350 / 500, Prev: minute.Prev * 350 / 500}) || w[TPD].Cur != 500 {
 			t.Fatalf("settled %d ms into the reservations' minute: tpm %+v itpm %+v tpd %+v, want 500 tokens (300 used by the request in flight across the reset, 200 by the one after), 350 of them input, in the reservations' minute and day",
-				end-floorDiv(at, minuteMillis)*minuteMillis, w[tpm], w[itpm], w[tpd])
+				end-FloorDiv(at, MinuteMillis)*MinuteMillis, w[TPM], w[ITPM], w[TPD])
 		}
 	}
 }

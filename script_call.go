@@ -17,9 +17,9 @@ import (
 // read, decided and charged once per call; the token charges of finished
 // responses, summed per limit; and the slots that ended requests free.
 type scriptCall struct {
-	limits   []limit
+	limits   []Limit
 	chains   []string       // per admission: the 1-based positions of its limits, a byte each
-	reserves []tokenCounts  // per admission: the tokens it reserves on its token windows
+	reserves []TokenCounts  // per admission: the tokens it reserves on its token windows
 	position map[string]int // limit prefix → index in limits, once there are two admissions
 	charges  chargeCall
 	frees    slotFrees
@@ -27,8 +27,8 @@ type scriptCall struct {
 	// decode's room, kept for the next call of a reused batch: the counts
 	// of the call's limits, and its decisions, which the caller reads
 	// before the batch is reused
-	state     []counts
-	decisions []decision
+	state     []Counts
+	decisions []Decision
 }
 
 // reset empties c for another call, keeping its room: nothing a call
@@ -45,15 +45,15 @@ func (c *scriptCall) reset() {
 
 // slotsKey is the key of a limit's slots: a hash of each holder's count and
 // lease.
-func slotsKey(l limit) string {
+func SlotsKey(l Limit) string {
 	var key strings.Builder
 	writeSlotsKey(&key, l)
 	return key.String()
 }
 
 // writeSlotsKey writes slotsKey(l) to text.
-func writeSlotsKey(text *strings.Builder, l limit) {
-	text.WriteString(l.prefix)
+func writeSlotsKey(text *strings.Builder, l Limit) {
+	text.WriteString(l.Prefix)
 	text.WriteString("slots")
 }
 
@@ -65,8 +65,8 @@ func writeResetKey(text *strings.Builder, prefix string) {
 }
 
 // writeBucketKey writes to text the key of a limit's token bucket.
-func writeBucketKey(text *strings.Builder, l limit) {
-	text.WriteString(l.prefix)
+func writeBucketKey(text *strings.Builder, l Limit) {
+	text.WriteString(l.Prefix)
 	text.WriteString("bkt")
 }
 
@@ -74,8 +74,8 @@ func writeBucketKey(text *strings.Builder, l limit) {
 // slot of each concurrency cap, and the same summed per limit (the frees of
 // a batch often share their org's).
 type slotFrees struct {
-	chains [][]limit
-	limits []limit
+	chains [][]Limit
+	limits []Limit
 	slots  []int64 // per limit
 }
 
@@ -85,13 +85,13 @@ func (f *slotFrees) reset() {
 	f.chains, f.limits, f.slots = f.chains[:0], f.limits[:0], f.slots[:0]
 }
 
-func (f *slotFrees) add(chain []limit) {
+func (f *slotFrees) add(chain []Limit) {
 	f.chains = append(f.chains, chain)
 	for _, l := range chain {
-		if l.concurrent.max == 0 {
+		if l.Concurrent.Max == 0 {
 			continue
 		}
-		if i := slices.IndexFunc(f.limits, func(m limit) bool { return m.prefix == l.prefix }); i >= 0 {
+		if i := slices.IndexFunc(f.limits, func(m Limit) bool { return m.Prefix == l.Prefix }); i >= 0 {
 			f.slots[i]++
 		} else {
 			f.limits, f.slots = append(f.limits, l), append(f.slots, 1)
@@ -102,44 +102,44 @@ func (f *slotFrees) add(chain []limit) {
 // touchesSlots reports whether the call takes or frees slots: it then
 // runs under the store's slot lock, which a renewal takes alone.
 func (c *scriptCall) touchesSlots() bool {
-	return len(c.frees.chains) > 0 || slices.ContainsFunc(c.limits, func(l limit) bool { return l.concurrent.max > 0 })
+	return len(c.frees.chains) > 0 || slices.ContainsFunc(c.limits, func(l Limit) bool { return l.Concurrent.Max > 0 })
 }
 
 // maxCallLimits is how many distinct limits a byte can point at.
-const maxCallLimits = 255
+const MaxCallLimits = 255
 
 // add appends an admission, unless that would make the call ambiguous or too
 // large: a limit whose counters are in the call already under other caps
 // (two handlers sharing counters) must be decided in another call. A call of
 // one admission needs no index of its limits.
-func (c *scriptCall) add(chain []limit, reserve tokenCounts) bool {
+func (c *scriptCall) add(chain []Limit, reserve TokenCounts) bool {
 	if len(c.chains) == 1 && c.position == nil {
 		c.position = make(map[string]int, 4*len(c.limits))
 		for i, l := range c.limits {
-			c.position[l.prefix] = i
+			c.position[l.Prefix] = i
 		}
 	}
 	fresh := 0
 	for _, l := range chain {
-		i, ok := c.position[l.prefix]
-		if ok && *c.limits[i].limitCaps != *l.limitCaps {
+		i, ok := c.position[l.Prefix]
+		if ok && *c.limits[i].Caps != *l.Caps {
 			return false
 		}
 		if !ok {
 			fresh++
 		}
 	}
-	if len(c.limits)+fresh > maxCallLimits {
+	if len(c.limits)+fresh > MaxCallLimits {
 		return false
 	}
 	positions := make([]byte, len(chain))
 	for x, l := range chain {
-		i, ok := c.position[l.prefix]
+		i, ok := c.position[l.Prefix]
 		if !ok {
 			i = len(c.limits)
 			c.limits = append(c.limits, l)
 			if c.position != nil {
-				c.position[l.prefix] = i
+				c.position[l.Prefix] = i
 			}
 		}
 		positions[x] = byte(i + 1)
@@ -160,37 +160,37 @@ func (c *scriptCall) keys(atMinute int64) []string {
 	var keys cutText
 	keys.grow(4*len(c.limits)+c.charges.count()+c.charges.restoreCount()+len(c.frees.limits), 64)
 	// Each span's current period.
-	current := [...]int64{minute: atMinute, day: dayOf(atMinute)}
+	current := [...]int64{Minute: atMinute, Day: DayOf(atMinute)}
 	for _, l := range c.limits {
-		for k := range l.each {
-			b := current[k.span()]
-			writePeriodKey(&keys.text, l.prefix, k, b)
+		for k := range l.Each {
+			b := current[k.Span()]
+			writePeriodKey(&keys.text, l.Prefix, k, b)
 			keys.end()
-			writePeriodKey(&keys.text, l.prefix, k, b-1)
+			writePeriodKey(&keys.text, l.Prefix, k, b-1)
 			keys.end()
 		}
-		if l.bucket.rate > 0 {
+		if l.Bucket.Rate > 0 {
 			writeBucketKey(&keys.text, l)
 			keys.end()
 		}
-		if l.concurrent.max > 0 {
+		if l.Concurrent.Max > 0 {
 			writeSlotsKey(&keys.text, l)
 			keys.end()
 		}
-		for p := range l.eachBudget {
-			s := l.budgets.calendar.span(p, atMinute)
-			s.writeKey(&keys.text, l.prefix, p, false)
+		for p := range l.EachBudget {
+			s := l.Budgets.Calendar.Span(p, atMinute)
+			s.writeKey(&keys.text, l.Prefix, p, false)
 			keys.end()
-			s.writeKey(&keys.text, l.prefix, p, true)
+			s.writeKey(&keys.text, l.Prefix, p, true)
 			keys.end()
 		}
 	}
 	for _, classKeys := range c.charges.keys {
 		for _, k := range classKeys {
 			if k.calendar != nil {
-				k.calendar.span(k.budget, cmp.Or(k.period, atMinute)).writeKey(&keys.text, k.prefix, k.budget, k.reserved)
+				k.calendar.Span(k.budget, cmp.Or(k.period, atMinute)).writeKey(&keys.text, k.prefix, k.budget, k.reserved)
 			} else {
-				writePeriodKey(&keys.text, k.prefix, k.window, cmp.Or(k.period, current[k.window.span()]))
+				writePeriodKey(&keys.text, k.prefix, k.window, cmp.Or(k.period, current[k.window.Span()]))
 			}
 			keys.end()
 		}
@@ -238,7 +238,7 @@ func (t *cutText) strings() []string {
 
 // reserving reports whether an admission of the call reserves tokens.
 func (c *scriptCall) reserving() bool {
-	return slices.ContainsFunc(c.reserves, func(r tokenCounts) bool { return !r.isZero() })
+	return slices.ContainsFunc(c.reserves, func(r TokenCounts) bool { return !r.IsZero() })
 }
 
 // args are the call's arguments of admit.lua, whose clock argument is
@@ -252,15 +252,15 @@ func (c *scriptCall) args(clock string, atMinute int64, peek bool, holder string
 		// Input and output sizes only when a window of the call counts them.
 		var capped uint8
 		for _, l := range c.limits {
-			capped |= l.capped
+			capped |= l.Capped
 		}
-		mode, split = "r", capped&(1<<itpm|1<<otpm|1<<itpd|1<<otpd) != 0
+		mode, split = "r", capped&(1<<ITPM|1<<OTPM|1<<ITPD|1<<OTPD) != 0
 		if split {
 			mode = "s"
 		}
 	}
 	caps, capsOf := c.distinctCaps()
-	costs := reserving && slices.ContainsFunc(caps, func(l limitCaps) bool { return l.budgets.max != [numBudgetPeriods]int64{} })
+	costs := reserving && slices.ContainsFunc(caps, func(l Caps) bool { return l.Budgets.Max != [NumBudgetPeriods]int64{} })
 	var a callArgs
 	restores := 2 * c.charges.restoreCount()
 	a.grow(14+c.charges.count()+restores+len(c.frees.slots)+7*len(caps)+5*len(c.chains), c.charges.count()+restores+len(c.chains)+2*len(caps))
@@ -292,34 +292,34 @@ func (c *scriptCall) args(clock string, atMinute int64, peek bool, holder string
 		a.hex(n)
 	}
 	for _, l := range caps {
-		a.args = append(a.args, shadowArg(l.shadow), windowKindsArg[l.capped])
-		for _, capacity := range l.each {
+		a.args = append(a.args, shadowArg(l.Shadow), windowKindsArg[l.Capped])
+		for _, capacity := range l.Each {
 			a.hex(capacity)
 		}
-		a.hex(l.bucket.rate)
-		if l.bucket.rate > 0 {
-			a.hex(l.bucket.burst)
-			a.hex(l.bucket.cost)
+		a.hex(l.Bucket.Rate)
+		if l.Bucket.Rate > 0 {
+			a.hex(l.Bucket.Burst)
+			a.hex(l.Bucket.Cost)
 		}
-		a.hex(l.concurrent.max)
-		if l.concurrent.max > 0 {
-			a.hex(l.concurrent.leaseMillis)
+		a.hex(l.Concurrent.Max)
+		if l.Concurrent.Max > 0 {
+			a.hex(l.Concurrent.LeaseMillis)
 		}
-		a.hex(l.budgets.max[budgetDay])
-		a.hex(l.budgets.max[budgetMonth])
+		a.hex(l.Budgets.Max[BudgetDay])
+		a.hex(l.Budgets.Max[BudgetMonth])
 	}
 	a.args = append(a.args, capsOf)
 	for m, chain := range c.chains {
 		switch r := c.reserves[m]; {
 		case split:
-			a.hex(r.total)
-			a.hex(r.input)
-			a.hex(r.output)
+			a.hex(r.Total)
+			a.hex(r.Input)
+			a.hex(r.Output)
 		case reserving:
-			a.hex(r.total)
+			a.hex(r.Total)
 		}
 		if costs {
-			a.hex(c.reserves[m].cost)
+			a.hex(c.reserves[m].Cost)
 		}
 		a.args = append(a.args, chain)
 	}
@@ -377,14 +377,14 @@ func (a *callArgs) done() []any {
 // limits of a call share a handful of caps (every key of one "limit key *"
 // line has the same), and each number the script reads costs it a string.
 // A call has at most maxCallLimits limits, which bounds the search.
-func (c *scriptCall) distinctCaps() ([]limitCaps, string) {
-	var caps []limitCaps
+func (c *scriptCall) distinctCaps() ([]Caps, string) {
+	var caps []Caps
 	of := make([]byte, len(c.limits))
 	for i, l := range c.limits {
-		at := slices.Index(caps, *l.limitCaps)
+		at := slices.Index(caps, *l.Caps)
 		if at < 0 {
 			at = len(caps)
-			caps = append(caps, *l.limitCaps)
+			caps = append(caps, *l.Caps)
 		}
 		of[i] = byte(at + 1)
 	}
@@ -394,37 +394,37 @@ func (c *scriptCall) distinctCaps() ([]limitCaps, string) {
 // decode reads the reply into one decision per admission. The reply has the
 // counts as the call found them; each admission read them as charged by the
 // admissions before it in the call, which decode replays.
-func (c *scriptCall) decode(reply []int64, charged bool) ([]decision, error) {
+func (c *scriptCall) decode(reply []int64, charged bool) ([]Decision, error) {
 	k, n := len(c.chains), len(c.limits)
 	want := 2 + k + n
 	for _, l := range c.limits {
-		want += 2 * bits.OnesCount8(l.capped)
-		if l.concurrent.max > 0 {
+		want += 2 * bits.OnesCount8(l.Capped)
+		if l.Concurrent.Max > 0 {
 			want++
 		}
-		for range l.eachBudget {
+		for range l.EachBudget {
 			want += 2
 		}
 	}
 	if len(reply) != want || reply[0] != 1 {
-		return nil, fmt.Errorf("%w: admission reply of %d values for %d admissions of %d limits", errBadReply, len(reply), k, n)
+		return nil, fmt.Errorf("%w: admission reply of %d values for %d admissions of %d limits", ErrBadReply, len(reply), k, n)
 	}
-	now := momentAt(reply[1])
+	now := MomentAt(reply[1])
 	c.state = slices.Grow(c.state[:0], n)[:n]
 	state := c.state
 	clear(state)
 	r := reply[2:]
 	for i, l := range c.limits {
-		for k := range l.each {
-			state[i].w[k] = window{cur: r[0], prev: r[1]}
+		for k := range l.Each {
+			state[i].Window[k] = Window{Cur: r[0], Prev: r[1]}
 			r = r[2:]
 		}
-		state[i].deficit, r = r[0], r[1:]
-		if l.concurrent.max > 0 {
-			state[i].slots, r = r[0], r[1:]
+		state[i].Deficit, r = r[0], r[1:]
+		if l.Concurrent.Max > 0 {
+			state[i].Slots, r = r[0], r[1:]
 		}
-		for p := range l.eachBudget {
-			state[i].spent[p], state[i].reserved[p], r = r[0], r[1], r[2:]
+		for p := range l.EachBudget {
+			state[i].Spent[p], state[i].Reserved[p], r = r[0], r[1], r[2:]
 		}
 	}
 	c.decisions = slices.Grow(c.decisions[:0], k)[:k]
@@ -432,16 +432,16 @@ func (c *scriptCall) decode(reply []int64, charged bool) ([]decision, error) {
 	for m, chain := range c.chains {
 		flag := r[m]
 		if flag != 0 && flag != 1 {
-			return nil, fmt.Errorf("%w: admission flag %d", errBadReply, flag)
+			return nil, fmt.Errorf("%w: admission flag %d", ErrBadReply, flag)
 		}
-		d := decision{admitted: flag == 1, now: now, counts: make([]counts, len(chain)), reserve: c.reserves[m]}
+		d := Decision{Admitted: flag == 1, Now: now, Counts: make([]Counts, len(chain)), Reserve: c.reserves[m]}
 		for x := range len(chain) {
-			d.counts[x] = state[chain[x]-1]
+			d.Counts[x] = state[chain[x]-1]
 		}
-		if d.admitted && charged {
+		if d.Admitted && charged {
 			for x := range len(chain) {
 				i := chain[x] - 1
-				state[i] = d.countsAfter(c.limits[i], state[i])
+				state[i] = d.CountsAfter(c.limits[i], state[i])
 			}
 		}
 		ds[m] = d
@@ -450,14 +450,14 @@ func (c *scriptCall) decode(reply []int64, charged bool) ([]decision, error) {
 }
 
 // hexArg is a number argument of admit.lua.
-func hexArg(n int64) string { return strconv.FormatInt(n, 16) }
+func HexArg(n int64) string { return strconv.FormatInt(n, 16) }
 
 // smallHexArgs are the small numbers, most of a call's (its counts, most
 // caps' absent parts), as arguments of a call: each boxed once, here,
 // rather than formatted and boxed at each call.
 var smallHexArgs = func() (args [256]any) {
 	for n := range args {
-		args[n] = hexArg(int64(n))
+		args[n] = HexArg(int64(n))
 	}
 	return args
 }()
@@ -504,9 +504,9 @@ const (
 // the admission of the reservations it adds back.
 type chargeKey struct {
 	prefix   string
-	window   windowKind
-	calendar *calendar
-	budget   budgetPeriod
+	window   WindowKind
+	calendar *Calendar
+	budget   BudgetPeriod
 	reserved bool
 	period   int64
 	restore  bool
@@ -517,40 +517,40 @@ func (k chargeKey) class() chargeClass {
 	if k.calendar != nil {
 		return dayBudgetCharge + chargeClass(k.budget)
 	}
-	return chargeClass(k.window.span())
+	return chargeClass(k.window.Span())
 }
 
 // add adds what ch changes in chain's windows and budgets at now, by the
 // gateway's clock (when Redis's clock is already further, the script
 // writes a period that no admission reads any more, and which expires).
-func (c *chargeCall) add(chain []limit, ch charge, now moment) {
+func (c *chargeCall) add(chain []Limit, ch Charge, now moment) {
 	for _, l := range chain {
-		for k := range l.each {
-			if k.kind() == requests || !ch.settles(k, now) {
+		for k := range l.Each {
+			if k.Kind() == Requests || !ch.settles(k, now) {
 				continue
 			}
-			key := chargeKey{prefix: l.prefix, window: k, period: ch.periodIn(k.span())}
-			if n := ch.tokens.of(k.kind()); n != 0 {
+			key := chargeKey{prefix: l.Prefix, window: k, period: ch.periodIn(k.Span())}
+			if n := ch.Tokens.Of(k.Kind()); n != 0 {
 				c.addTo(key, n)
 			}
-			if n := ch.reserved.of(k.kind()); n != 0 {
+			if n := ch.reserved.Of(k.Kind()); n != 0 {
 				key.restore, key.admitted = true, ch.admitted
 				c.addTo(key, n)
 			}
 		}
-		for p := range l.eachBudget {
-			if !ch.settlesBudget(l.budgets.calendar, p, now) {
+		for p := range l.EachBudget {
+			if !ch.settlesBudget(l.Budgets.Calendar, p, now) {
 				continue
 			}
-			key := chargeKey{prefix: l.prefix, calendar: l.budgets.calendar, budget: p}
-			if ch.minute != 0 { // named by its first minute, so that settlements of a period are summed
-				key.period = floorDiv(l.budgets.calendar.span(p, ch.minute).start, minuteMillis)
+			key := chargeKey{prefix: l.Prefix, calendar: l.Budgets.Calendar, budget: p}
+			if ch.Minute != 0 { // named by its first minute, so that settlements of a period are summed
+				key.period = FloorDiv(l.Budgets.Calendar.Span(p, ch.Minute).Start, MinuteMillis)
 			}
-			if ch.tokens.cost != 0 {
-				c.addTo(key, ch.tokens.cost)
+			if ch.Tokens.Cost != 0 {
+				c.addTo(key, ch.Tokens.Cost)
 			}
-			if key.reserved = true; ch.unreserve != 0 {
-				c.addTo(key, -ch.unreserve)
+			if key.reserved = true; ch.Unreserve != 0 {
+				c.addTo(key, -ch.Unreserve)
 			}
 		}
 	}
@@ -560,7 +560,7 @@ func (c *chargeCall) add(chain []limit, ch charge, now moment) {
 func (c *chargeCall) addTo(key chargeKey, n int64) {
 	keys, amounts := &c.keys[key.class()], &c.amounts[key.class()]
 	if key.restore {
-		keys, amounts = &c.restores[key.window.span()], &c.restored[key.window.span()]
+		keys, amounts = &c.restores[key.window.Span()], &c.restored[key.window.Span()]
 	}
 	i, ok := c.position[key]
 	if !ok {
@@ -597,15 +597,15 @@ func (c *chargeCall) count() int {
 }
 
 // restoreCount is how many restores the call makes.
-func (c *chargeCall) restoreCount() int { return len(c.restores[minute]) + len(c.restores[day]) }
+func (c *chargeCall) restoreCount() int { return len(c.restores[Minute]) + len(c.restores[Day]) }
 
 // scriptItem is one request's part of a call of admit.lua: its admission
 // (and its reservation); or, once it has ended, the token charge of its
 // response or the free of its slots (done is set).
 type scriptItem struct {
-	chain   []limit
-	reserve tokenCounts
-	charge  charge
+	chain   []Limit
+	reserve TokenCounts
+	charge  Charge
 	free    bool              // the item frees chain's slots rather than charging
 	answer  chan scriptAnswer // an admission's; buffered: a call never waits on it
 	claim   atomic.Int32      // an admission's: whether its waiter still takes the answer (claims)
@@ -623,7 +623,7 @@ const (
 
 // scriptAnswer is an admission's decision, or a charge's outcome.
 type scriptAnswer struct {
-	d   decision
+	d   Decision
 	err error
 }
 
@@ -672,8 +672,8 @@ func (b *scriptBatch) Send() {
 		default:
 			d := ds[k]
 			k++
-			if !item.claim.CompareAndSwap(unclaimed, answered) && d.admitted && holdsSlots(item.chain) {
-				b.store.free(item.chain) // its waiter gave up: it fails open, holding nothing
+			if !item.claim.CompareAndSwap(unclaimed, answered) && d.Admitted && HoldsSlots(item.chain) {
+				b.store.Free(item.chain) // its waiter gave up: it fails open, holding nothing
 			}
 			item.answer <- scriptAnswer{d: d}
 		}

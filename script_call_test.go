@@ -21,8 +21,8 @@ func TestBatchedAdmissionsAreDecidedInArrivalOrderEachAllOrNothing(t *testing.T)
 	k1 := newBucketLimit(t, "key", uniqueID(t), "1", 1, 0)
 	k2, k3 := newLimit("key", uniqueID(t), 5, 0), newLimit("key", uniqueID(t), 5, 0)
 	var c scriptCall
-	for _, chain := range [][]limit{{k1, org}, {k1, org}, {k2, org}, {k3, org}} {
-		if !c.add(chain, tokenCounts{}) {
+	for _, chain := range [][]Limit{{k1, org}, {k1, org}, {k2, org}, {k3, org}} {
+		if !c.add(chain, TokenCounts{}) {
 			t.Fatal("a chain was refused by the call")
 		}
 	}
@@ -35,9 +35,9 @@ func TestBatchedAdmissionsAreDecidedInArrivalOrderEachAllOrNothing(t *testing.T)
 	}
 	var got []string
 	for i, d := range ds {
-		line := fmt.Sprintf("%v org=%d", d.admitted, d.counts[1].w[rpm].cur)
+		line := fmt.Sprintf("%v org=%d", d.Admitted, d.Counts[1].Window[RPM].Cur)
 		if i < 2 {
-			line += fmt.Sprintf(" k1-bucket-down=%d", d.counts[0].deficit/microTokens)
+			line += fmt.Sprintf(" k1-bucket-down=%d", d.Counts[0].Deficit/MicroTokens)
 		}
 		got = append(got, line)
 	}
@@ -51,10 +51,10 @@ func TestBatchedAdmissionsAreDecidedInArrivalOrderEachAllOrNothing(t *testing.T)
 		t.Fatalf("decisions\n%q\nwant\n%q", got, want)
 	}
 	count := redisKit(redisURLFromEnv(t)).count
-	if n := count(t, s, org.prefix, rpm, at/minuteMillis); n != 2 {
+	if n := count(t, s, org.Prefix, RPM, at/MinuteMillis); n != 2 {
 		t.Fatalf("org charged %d, want the 2 admitted", n)
 	}
-	if n := count(t, s, k3.prefix, rpm, at/minuteMillis); n != 0 {
+	if n := count(t, s, k3.Prefix, RPM, at/MinuteMillis); n != 0 {
 		t.Fatalf("the refused k3 was charged %d", n)
 	}
 }
@@ -74,15 +74,15 @@ func TestCoalescedAdmissionsEachReadTheCountsTheirTurnLeft(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			<-start
-			chain := []limit{newLimit("key", fmt.Sprintf("%s-%d", org.id, i), 100, 0), org}
-			d, err := pinned(s, at).admit(context.Background(), chain, tokenCounts{})
+			chain := []Limit{newLimit("key", fmt.Sprintf("%s-%d", org.ID, i), 100, 0), org}
+			d, err := pinned(s, at).Admit(context.Background(), chain, TokenCounts{})
 			if err != nil {
 				t.Error(err)
 				return
 			}
-			if d.admitted {
+			if d.Admitted {
 				mu.Lock()
-				seen = append(seen, d.counts[1].w[rpm].cur)
+				seen = append(seen, d.Counts[1].Window[RPM].Cur)
 				mu.Unlock()
 			}
 		}()
@@ -104,8 +104,8 @@ func TestCoalescedAdmissionsEachReadTheCountsTheirTurnLeft(t *testing.T) {
 func TestAnAdmissionWhoseWaiterGaveUpInItsCallHoldsNoSlot(t *testing.T) {
 	s := newTestRedisStoreOf(t, &RedisConfig{URL: redisURLFromEnv(t)}, time.Minute) // no waiter times out
 	at := pinnedBase() + 1000
-	first := []limit{newLimit("key", uniqueID(t), 100, 0)}
-	gaveUp := []limit{newSlotLimit("key", uniqueID(t), 5, 0, 3*time.Second)}
+	first := []Limit{newLimit("key", uniqueID(t), 100, 0)}
+	gaveUp := []Limit{newSlotLimit("key", uniqueID(t), 5, 0, 3*time.Second)}
 	firstSent, releaseFirst, gaveUpSent := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	ctx, cancel := context.WithCancel(context.Background())
 	waiting := &noticedContext{Context: ctx, waits: make(chan struct{})}
@@ -113,8 +113,8 @@ func TestAnAdmissionWhoseWaiterGaveUpInItsCallHoldsNoSlot(t *testing.T) {
 	s.calls = coalesce.New(callsInFlight, chargeLinger, func(item *scriptItem) coalesce.Batch[*scriptItem] {
 		b := &scriptBatch{store: s}
 		b.Add(item)
-		admits := func(chain []limit) bool {
-			return slices.ContainsFunc(b.items, func(i *scriptItem) bool { return i.answer != nil && i.chain[0].prefix == chain[0].prefix })
+		admits := func(chain []Limit) bool {
+			return slices.ContainsFunc(b.items, func(i *scriptItem) bool { return i.answer != nil && i.chain[0].Prefix == chain[0].Prefix })
 		}
 		return hookedBatch{b, func() {
 			switch {
@@ -133,12 +133,12 @@ func TestAnAdmissionWhoseWaiterGaveUpInItsCallHoldsNoSlot(t *testing.T) {
 	})
 	firstDone := make(chan error, 1)
 	go func() {
-		_, err := pinned(s, at).admit(context.Background(), first, tokenCounts{})
+		_, err := pinned(s, at).Admit(context.Background(), first, TokenCounts{})
 		firstDone <- err
 	}()
 	<-firstSent // the call slot is taken
 	go func() {
-		_, err := s.admit(waiting, gaveUp, tokenCounts{})
+		_, err := s.Admit(waiting, gaveUp, TokenCounts{})
 		returned <- err
 	}()
 	<-waiting.waits // the admission waits for the next call
@@ -154,7 +154,7 @@ func TestAnAdmissionWhoseWaiterGaveUpInItsCallHoldsNoSlot(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if n := heldCount(s.held, gaveUp[0].prefix); n != 0 {
+	if n := heldCount(s.held, gaveUp[0].Prefix); n != 0 {
 		t.Fatalf("the store's ledger holds %d slots of an admission nobody waited for, to renew for ever", n)
 	}
 	if n := inFlight(t, s, gaveUp, 0, at); n != 0 {
@@ -185,18 +185,18 @@ func (b hookedBatch) Send() { b.send() }
 
 func TestCallRefusesAChainWhoseCountersItHoldsUnderOtherCaps(t *testing.T) {
 	var c scriptCall
-	c.add([]limit{newLimit("key", "a", 5, 0), newLimit("org", "o", 10, 0)}, tokenCounts{})
-	if c.add([]limit{newLimit("key", "b", 5, 0), newLimit("org", "o", 20, 0)}, tokenCounts{}) {
+	c.add([]Limit{newLimit("key", "a", 5, 0), newLimit("org", "o", 10, 0)}, TokenCounts{})
+	if c.add([]Limit{newLimit("key", "b", 5, 0), newLimit("org", "o", 20, 0)}, TokenCounts{}) {
 		t.Fatal("joined a call that holds the org's counters under rpm 10 with rpm 20")
 	}
-	if !c.add([]limit{newLimit("key", "b", 5, 0), newLimit("org", "o", 10, 0)}, tokenCounts{}) {
+	if !c.add([]Limit{newLimit("key", "b", 5, 0), newLimit("org", "o", 10, 0)}, TokenCounts{}) {
 		t.Fatal("refused a chain with the same caps")
 	}
-	many := make([]limit, maxCallLimits)
+	many := make([]Limit, MaxCallLimits)
 	for i := range many {
 		many[i] = newLimit("s", fmt.Sprint(i), 1, 0)
 	}
-	if c.add(many, tokenCounts{}) {
+	if c.add(many, TokenCounts{}) {
 		t.Fatal("joined a call past 255 distinct limits")
 	}
 }
@@ -207,24 +207,24 @@ func TestCoalescedTokenChargesAddUpExactly(t *testing.T) {
 	url := redisURLFromEnv(t)
 	s := newTestRedisStore(t, url)
 	at := pinnedBase() + 1000
-	org := newLimit("org", uniqueID(t), 0, maxCap)
-	keys := make([]limit, 50)
+	org := newLimit("org", uniqueID(t), 0, MaxCap)
+	keys := make([]Limit, 50)
 	var wg sync.WaitGroup
 	for i := range keys {
-		keys[i] = newLimit("key", fmt.Sprintf("%s-%d", org.id, i), 0, 1<<40)
+		keys[i] = newLimit("key", fmt.Sprintf("%s-%d", org.ID, i), 0, 1<<40)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			settle(t, pinned(s, at), []limit{keys[i], org}, charge{tokens: totalTokens(int64(i + 1))})
+			settle(t, pinned(s, at), []Limit{keys[i], org}, Charge{Tokens: totalTokens(int64(i + 1))})
 		}()
 	}
 	wg.Wait()
 	count := redisKit(url).count
-	if n := count(t, s, org.prefix, tpm, at/minuteMillis); n != 50*51/2 {
+	if n := count(t, s, org.Prefix, TPM, at/MinuteMillis); n != 50*51/2 {
 		t.Fatalf("org holds %d tokens, want %d", n, 50*51/2)
 	}
 	for i, k := range keys {
-		if n := count(t, s, k.prefix, tpm, at/minuteMillis); n != int64(i+1) {
+		if n := count(t, s, k.Prefix, TPM, at/MinuteMillis); n != int64(i+1) {
 			t.Fatalf("key %d holds %d tokens, want %d", i, n, i+1)
 		}
 	}
@@ -258,19 +258,19 @@ func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 		base := pinnedBase()
 		at := base + 1000 + rng.Int64N(58000)
 		id := uniqueID(t)
-		var sideA, sideB []limit
+		var sideA, sideB []Limit
 		for i := range 5 {
 			caps := randomCaps(t, rng)
-			if i == 0 && caps.concurrent.max == 0 {
+			if i == 0 && caps.Concurrent.Max == 0 {
 				// A cap on requests in flight in every trial, small
 				// enough for a batch to fill.
-				caps.concurrent = concurrencyCap{max: 1 + rng.Int64N(2), leaseMillis: 3000 + rng.Int64N(3001)}
+				caps.Concurrent = concurrencyCap{Max: 1 + rng.Int64N(2), LeaseMillis: 3000 + rng.Int64N(3001)}
 			}
-			sideA = append(sideA, newTaggedLimit("", fmt.Sprint("s", i), id+"a", caps))
-			sideB = append(sideB, newTaggedLimit("", fmt.Sprint("s", i), id+"b", caps))
+			sideA = append(sideA, NewLimit("", fmt.Sprint("s", i), id+"a", caps))
+			sideB = append(sideB, NewLimit("", fmt.Sprint("s", i), id+"b", caps))
 		}
 		// chain picks 1 to 3 of the limits, in any order, on both sides.
-		chain := func() (a, b []limit) {
+		chain := func() (a, b []Limit) {
 			for _, i := range randomChain(rng, len(sideA), 3) {
 				a, b = append(a, sideA[i]), append(b, sideB[i])
 			}
@@ -278,7 +278,7 @@ func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 		}
 		// The requests in flight on each side, twins at the same index:
 		// admitted chains holding slots, not yet freed.
-		var heldA, heldB [][]limit
+		var heldA, heldB [][]Limit
 		// The same history on both sides: admissions and token charges in
 		// the previous minute, then in this one before at, then within 8 s
 		// of at, whose slots' leases (3 to 6 s) may still run at at.
@@ -286,23 +286,23 @@ func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 		for _, when := range []int64{base - 60000 + rng.Int64N(60000), earlier, max(earlier, at-rng.Int64N(8000))} {
 			for range rng.IntN(8) {
 				a, b := chain()
-				da, errA := pinned(s, when).admit(ctx, a, tokenCounts{})
-				db, errB := pinned(s, when).admit(ctx, b, tokenCounts{})
+				da, errA := pinned(s, when).Admit(ctx, a, TokenCounts{})
+				db, errB := pinned(s, when).Admit(ctx, b, TokenCounts{})
 				if errA != nil || errB != nil {
 					t.Fatal(errA, errB)
 				}
-				if da.admitted != db.admitted {
-					t.Fatalf("trial %d: twin admissions of the history decided %v and %v", trial, da.admitted, db.admitted)
+				if da.Admitted != db.Admitted {
+					t.Fatalf("trial %d: twin admissions of the history decided %v and %v", trial, da.Admitted, db.Admitted)
 				}
-				if da.admitted && holdsSlots(a) {
+				if da.Admitted && HoldsSlots(a) {
 					heldA, heldB = append(heldA, a), append(heldB, b)
 				}
 			}
 			for range rng.IntN(4) {
 				a, b := chain()
 				tokens := randomUsage(rng)
-				for _, c := range [][]limit{a, b} {
-					settle(t, pinned(s, when), c, charge{tokens: tokens})
+				for _, c := range [][]Limit{a, b} {
+					settle(t, pinned(s, when), c, Charge{Tokens: tokens})
 				}
 			}
 		}
@@ -312,25 +312,25 @@ func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 		// among them. The batch is one call, as the coalescer makes it.
 		batch.store = pinned(s, at)
 		var items []*scriptItem
-		var alone [][]limit
-		var reserves []tokenCounts
-		var freedB, chargedB [][]limit
-		var charges []charge
+		var alone [][]Limit
+		var reserves []TokenCounts
+		var freedB, chargedB [][]Limit
+		var charges []Charge
 		for range 1 + rng.IntN(12) {
 			switch n := rng.IntN(6); {
 			case n == 0 && len(heldA) > 0:
 				i := rng.IntN(len(heldA))
-				items = append(items, &scriptItem{chain: heldA[i], free: true, done: func(err error) { s.release(); check(err) }})
+				items = append(items, &scriptItem{chain: heldA[i], free: true, done: func(err error) { s.Release(); check(err) }})
 				freedB = append(freedB, heldB[i])
 				heldA, heldB = slices.Delete(heldA, i, i+1), slices.Delete(heldB, i, i+1)
 			case n == 1:
 				a, b := chain()
-				c := charge{tokens: randomUsage(rng)}
+				c := Charge{Tokens: randomUsage(rng)}
 				items = append(items, &scriptItem{chain: a, charge: c, done: check})
 				chargedB, charges = append(chargedB, b), append(charges, c)
 			default:
 				a, b := chain()
-				var reserve tokenCounts
+				var reserve TokenCounts
 				if trial%2 == 1 && rng.IntN(3) > 0 {
 					reserve = randomReservation(rng)
 				}
@@ -367,28 +367,28 @@ func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 			if got, want := describeDecision(batched.d), describeDecision(d); got != want {
 				t.Fatalf("trial %d, admission %d of %d: batched %s, alone %s", trial, m, len(alone), got, want)
 			}
-			if d.admitted && holdsSlots(alone[m]) {
+			if d.Admitted && HoldsSlots(alone[m]) {
 				heldA, heldB = append(heldA, item.chain), append(heldB, alone[m])
 			}
-			if !d.admitted && refusalOf(alone[m], d).untilFreed {
+			if !d.Admitted && RefusalOf(alone[m], d).UntilFreed {
 				slotRefusals++
 			}
-			if slices.ContainsFunc(d.counts, func(c counts) bool { return c.slots > 0 }) {
+			if slices.ContainsFunc(d.Counts, func(c Counts) bool { return c.Slots > 0 }) {
 				readSlots++
 			}
 			m++
 		}
 		admissions, frees = admissions+len(alone), frees+len(freedB)
 		for i := range sideA { // what each side holds after
-			da, errA := pinned(s, at).peek(ctx, sideA[i:i+1])
-			db, errB := pinned(s, at).peek(ctx, sideB[i:i+1])
+			da, errA := pinned(s, at).Peek(ctx, sideA[i:i+1])
+			db, errB := pinned(s, at).Peek(ctx, sideB[i:i+1])
 			if errA != nil || errB != nil {
 				t.Fatal(errA, errB)
 			}
 			if got, want := describeDecision(da), describeDecision(db); got != want {
 				t.Fatalf("trial %d, limit %d after: batched side %s, one-by-one side %s", trial, i, got, want)
 			}
-			if a, b := heldCount(s.held, sideA[i].prefix), heldCount(s.held, sideB[i].prefix); a != b {
+			if a, b := heldCount(s.held, sideA[i].Prefix), heldCount(s.held, sideB[i].Prefix); a != b {
 				t.Fatalf("trial %d, limit %d after: the ledger holds %d slots on the batched side, %d on the other", trial, i, a, b)
 			}
 		}
@@ -396,7 +396,7 @@ func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 		// for their frees.
 		if held := append(heldA, heldB...); len(held) > 0 {
 			for _, c := range held[1:] {
-				s.free(c)
+				s.Free(c)
 			}
 			freeAndWait(t, s, held[0]) // and waits for the others, which ride before
 		}
@@ -420,10 +420,10 @@ func TestAReusedBatchDecidesAsANewOne(t *testing.T) {
 			t.Error(err)
 		}
 	}
-	freed := func(err error) { s.release(); outcome(err) }
+	freed := func(err error) { s.Release(); outcome(err) }
 	type side struct {
-		limits []limit
-		held   [][]limit // admitted chains holding a slot of the org, not yet freed
+		limits []Limit
+		held   [][]Limit // admitted chains holding a slot of the org, not yet freed
 	}
 	sideOf := func(id string) *side {
 		sd := &side{}
@@ -442,7 +442,7 @@ func TestAReusedBatchDecidesAsANewOne(t *testing.T) {
 		for _, positions := range chains {
 			var pair [2]*scriptItem
 			for i, sd := range sides {
-				var chain []limit
+				var chain []Limit
 				for _, p := range positions {
 					chain = append(chain, sd.limits[p])
 				}
@@ -454,7 +454,7 @@ func TestAReusedBatchDecidesAsANewOne(t *testing.T) {
 			items = append(items, pair)
 		}
 		for i, sd := range sides {
-			batches[i].Add(&scriptItem{chain: []limit{sd.limits[call], sd.limits[4]}, charge: charge{tokens: tokenCounts{total: 70 + int64(call)}}, done: outcome})
+			batches[i].Add(&scriptItem{chain: []Limit{sd.limits[call], sd.limits[4]}, charge: Charge{Tokens: TokenCounts{Total: 70 + int64(call)}}, done: outcome})
 			if len(sd.held) > 0 {
 				batches[i].Add(&scriptItem{chain: sd.held[0], free: true, done: freed})
 				sd.held = sd.held[1:]
@@ -471,7 +471,7 @@ func TestAReusedBatchDecidesAsANewOne(t *testing.T) {
 			if got, want := describeDecision(a.d), describeDecision(b.d); got != want {
 				t.Fatalf("call %d, admission %d: the reused batch decided %s, a new one %s", call, m, got, want)
 			}
-			if a.d.admitted && holdsSlots(pair[0].chain) {
+			if a.d.Admitted && HoldsSlots(pair[0].chain) {
 				for i, sd := range sides {
 					sd.held = append(sd.held, pair[i].chain)
 				}
@@ -485,6 +485,6 @@ func TestAReusedBatchDecidesAsANewOne(t *testing.T) {
 	}
 }
 
-func describeDecision(d decision) string {
-	return fmt.Sprintf("admitted=%v reserve=%d counts=%+v", d.admitted, d.reserve, d.counts)
+func describeDecision(d Decision) string {
+	return fmt.Sprintf("admitted=%v reserve=%d counts=%+v", d.Admitted, d.Reserve, d.Counts)
 }

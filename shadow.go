@@ -18,34 +18,34 @@ const shadowHeader = "X-Ratelimit-Shadow"
 // of chain would have refused, if one would: the outcome, placeholders,
 // metric, log line and, when configured, the header. It reports whether
 // one would.
-func (h *Handler) shadowRefused(w http.ResponseWriter, req *request, chain []limit, d decision) bool {
+func (h *Handler) shadowRefused(w http.ResponseWriter, req *request, chain []Limit, d Decision) bool {
 	if !hasShadow(chain) {
 		return h.shadowUnreadable(w, req)
 	}
-	ref := shadowRefusalOf(chain, d)
-	if ref.first < 0 {
+	ref := ShadowRefusalOf(chain, d)
+	if ref.First < 0 {
 		return h.shadowUnreadable(w, req)
 	}
-	l, window := chain[ref.first], ref.windowName()
+	l, window := chain[ref.First], ref.WindowName()
 	setOutcome(req.repl, outcomeShadowRefused)
-	req.repl.Set(placeholderRefusedScope, l.scope)
-	req.repl.Set(placeholderRefusedKind, ref.kind.String())
+	req.repl.Set(placeholderRefusedScope, l.Scope)
+	req.repl.Set(placeholderRefusedKind, ref.Kind.String())
 	req.repl.Set(placeholderRefusedWindow, window)
-	req.repl.Set(placeholderRefusedLimit, ref.capacity)
+	req.repl.Set(placeholderRefusedLimit, ref.Capacity)
 	var retry int64
-	if ref.knowsWait() {
-		retry = ref.retryAfterSeconds()
+	if ref.KnowsWait() {
+		retry = ref.RetryAfterSeconds()
 		req.repl.Set(placeholderRetryAfter, retry)
 	}
-	refusalsTotal.WithLabelValues(l.scope, ref.kind.String(), window, "true").Inc()
+	refusalsTotal.WithLabelValues(l.Scope, ref.Kind.String(), window, "true").Inc()
 	h.shadowLog.logAt(h.logger, zap.InfoLevel, "a shadow limit would have refused a request, which passed",
-		zap.String("scope", l.scope), zap.String("id", l.id), zap.String("kind", ref.kind.String()), zap.String("window", window), zap.Int64("retry_after", retry))
+		zap.String("scope", l.Scope), zap.String("id", l.ID), zap.String("kind", ref.Kind.String()), zap.String("window", window), zap.Int64("retry_after", retry))
 	if h.ShadowHeader {
-		v := fmt.Sprintf("%s; scope=%s", ref.kind, l.scope)
+		v := fmt.Sprintf("%s; scope=%s", ref.Kind, l.Scope)
 		if window != "" {
 			v += "; window=" + window
 		}
-		if ref.knowsWait() {
+		if ref.KnowsWait() {
 			v += "; retry-after=" + strconv.FormatInt(retry, 10)
 		}
 		w.Header().Set(shadowHeader, v)
@@ -90,9 +90,9 @@ func (h *Handler) shadowUnreadable(w http.ResponseWriter, req *request) bool {
 }
 
 // hasShadow reports whether a limit of chain is a shadow limit.
-func hasShadow(chain []limit) bool {
+func hasShadow(chain []Limit) bool {
 	for _, l := range chain {
-		if l.shadow {
+		if l.Shadow {
 			return true
 		}
 	}

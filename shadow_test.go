@@ -95,10 +95,10 @@ func TestShadowOnTriesEveryLimitOfTheHandler(t *testing.T) {
 func TestAShadowRefusalIsLoggedAtInfoWithTheStoredID(t *testing.T) {
 	core, logs := observer.New(zap.InfoLevel)
 	h := &Handler{logger: zap.New(core), shadowLog: new(warnLimiter)}
-	caps := windowLimitCaps(windowCaps{rpm: 1})
-	caps.shadow = true
-	chain := []limit{newTaggedLimit("", "key", keyID(false, "sk-secret"), caps)}
-	d := decision{now: momentAt(pinnedBase()), counts: []counts{{w: [numWindows]window{rpm: {cur: 1}}}}}
+	caps := CapsOfWindows(WindowCaps{RPM: 1})
+	caps.Shadow = true
+	chain := []Limit{NewLimit("", "key", KeyID(false, "sk-secret"), caps)}
+	d := Decision{Now: MomentAt(pinnedBase()), Counts: []Counts{{Window: [NumWindows]Window{RPM: {Cur: 1}}}}}
 	for range 2 {
 		r := httptest.NewRequest("POST", "/v1/chat/completions", nil)
 		req := &request{Request: r, repl: caddy.NewReplacer()}
@@ -114,7 +114,7 @@ func TestAShadowRefusalIsLoggedAtInfoWithTheStoredID(t *testing.T) {
 		t.Fatalf("%d entries (%v), want 1 at info", len(entries), entries)
 	}
 	fields := entries[0].ContextMap()
-	if fields["scope"] != "key" || fields["id"] != keyID(false, "sk-secret") || strings.Contains(fmt.Sprint(fields), "sk-secret") {
+	if fields["scope"] != "key" || fields["id"] != KeyID(false, "sk-secret") || strings.Contains(fmt.Sprint(fields), "sk-secret") {
 		t.Fatalf("fields %v: want the scope and the stored id only", fields)
 	}
 }

@@ -44,15 +44,15 @@ import (
 
 // concurrencyCap is a limit's cap on requests in flight.
 type concurrencyCap struct {
-	max         int64 // slots; 0: no cap
-	leaseMillis int64 // how long a holder's slots outlive its last renewal
+	Max         int64 // slots; 0: no cap
+	LeaseMillis int64 // how long a holder's slots outlive its last renewal
 }
 
 // The lease of slots, by default and at the least: a renewal every third of
 // it must reach the store in time.
 const (
-	defaultSlotLease = 30 * time.Second
-	minSlotLease     = time.Second
+	DefaultSlotLease = 30 * time.Second
+	MinSlotLease     = time.Second
 )
 
 // slotHolding is one holder's slots of a limit: n of them, live until
@@ -89,9 +89,9 @@ func (h slotHolding) freed(now int64) slotHolding {
 
 // holdsSlots reports whether a limit of chain caps requests in flight: an
 // admission then takes slots, which must be freed.
-func holdsSlots(chain []limit) bool {
+func HoldsSlots(chain []Limit) bool {
 	for _, l := range chain {
-		if l.concurrent.max > 0 {
+		if l.Concurrent.Max > 0 {
 			return true
 		}
 	}
@@ -111,7 +111,7 @@ type heldSlots struct {
 // heldLimit is how many slots of a limit the store holds, in all and by
 // the lease their takers asked for.
 type heldLimit struct {
-	limit
+	Limit
 	n      int64
 	leases []heldLease      // a lease whose slots were all freed stays until the next renewal
 	gauge  prometheus.Gauge // slots_held of the limit's scope, looked up once
@@ -139,26 +139,26 @@ func newHeldSlots() *heldSlots {
 
 // take adds n (negative: frees) to the slots held of every concurrency cap
 // of chain.
-func (h *heldSlots) take(chain []limit, n int64) {
+func (h *heldSlots) take(chain []Limit, n int64) {
 	for _, l := range chain {
-		if l.concurrent.max > 0 {
+		if l.Concurrent.Max > 0 {
 			h.takeOne(l, n)
 		}
 	}
 }
 
 // takeOne adds n to the slots held of l, under l's lease.
-func (h *heldSlots) takeOne(l limit, n int64) {
+func (h *heldSlots) takeOne(l Limit, n int64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	lease := l.concurrent.leaseMillis
-	e := h.byPrefix[l.prefix]
+	lease := l.Concurrent.LeaseMillis
+	e := h.byPrefix[l.Prefix]
 	if e == nil {
 		if n < 0 {
 			return
 		}
-		e = &heldLimit{limit: l, gauge: slotsHeld.WithLabelValues(l.scope)}
-		h.byPrefix[l.prefix] = e
+		e = &heldLimit{Limit: l, gauge: slotsHeld.WithLabelValues(l.Scope)}
+		h.byPrefix[l.Prefix] = e
 	}
 	i := slices.IndexFunc(e.leases, func(x heldLease) bool { return x.millis == lease })
 	if i < 0 {
@@ -182,12 +182,12 @@ func (h *heldSlots) takeOne(l limit, n int64) {
 
 // limits lists the limits the store holds slots of, or held some of
 // since their last renewal.
-func (h *heldSlots) limits() []limit {
+func (h *heldSlots) limits() []Limit {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	out := make([]limit, 0, len(h.byPrefix))
+	out := make([]Limit, 0, len(h.byPrefix))
 	for _, e := range h.byPrefix {
-		out = append(out, e.limit)
+		out = append(out, e.Limit)
 	}
 	return out
 }
@@ -195,23 +195,23 @@ func (h *heldSlots) limits() []limit {
 // slotRenewal is what a renewal writes of a limit: the slots the store
 // holds, for a lease from now.
 type slotRenewal struct {
-	limit
+	Limit
 	n, leaseMillis int64
 }
 
 // renewed is what the renewal writes of l: a limit the store holds no
 // slots of any more is dropped from the ledger, as the renewal removes its
 // holding, and so is a lease it holds none under.
-func (h *heldSlots) renewed(l limit) slotRenewal {
+func (h *heldSlots) renewed(l Limit) slotRenewal {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	e := h.byPrefix[l.prefix]
+	e := h.byPrefix[l.Prefix]
 	if e == nil {
-		return slotRenewal{limit: l}
+		return slotRenewal{Limit: l}
 	}
-	r := slotRenewal{limit: l, n: e.n, leaseMillis: e.lease()}
+	r := slotRenewal{Limit: l, n: e.n, leaseMillis: e.lease()}
 	if e.n == 0 {
-		delete(h.byPrefix, l.prefix)
+		delete(h.byPrefix, l.Prefix)
 	} else {
 		e.leases = slices.DeleteFunc(e.leases, func(x heldLease) bool { return x.n == 0 })
 	}

@@ -19,21 +19,21 @@ import (
 // newSlotLimit is a limit without a hash tag that caps requests in flight
 // at slots, each lease long, and requests per minute at perMinute (0: no
 // cap).
-func newSlotLimit(scope, id string, slots, perMinute int64, lease time.Duration) limit {
-	caps := windowLimitCaps(windowCaps{rpm: perMinute})
-	caps.concurrent = concurrencyCap{max: slots, leaseMillis: lease.Milliseconds()}
-	return newTaggedLimit("", scope, id, caps)
+func newSlotLimit(scope, id string, slots, perMinute int64, lease time.Duration) Limit {
+	caps := CapsOfWindows(WindowCaps{RPM: perMinute})
+	caps.Concurrent = concurrencyCap{Max: slots, LeaseMillis: lease.Milliseconds()}
+	return NewLimit("", scope, id, caps)
 }
 
 // inFlight is the slots of the chain's i-th limit held at the pinned time,
 // by every holder, as an admission reads them.
-func inFlight(t *testing.T, s store, chain []limit, i int, at int64) int64 {
+func inFlight(t *testing.T, s Store, chain []Limit, i int, at int64) int64 {
 	t.Helper()
-	d, err := pinned(s, at).peek(context.Background(), chain)
+	d, err := pinned(s, at).Peek(context.Background(), chain)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return d.counts[i].slots
+	return d.Counts[i].Slots
 }
 
 // heldCount is how many slots of the limit with prefix the ledger h holds.
@@ -48,15 +48,15 @@ func heldCount(h *heldSlots, prefix string) int64 {
 
 // renewSlots renews the slots s holds now, as its renewal does every third
 // of a lease.
-func renewSlots(s store, at int64) {
+func renewSlots(s Store, at int64) {
 	pinned(s, at).(interface{ renew() }).renew()
 }
 
 // freeAndWait frees an admission's slots on s and waits until the store has
 // counted the free (a Redis store's free rides in a later call).
-func freeAndWait(t *testing.T, s store, chain []limit) {
+func freeAndWait(t *testing.T, s Store, chain []Limit) {
 	t.Helper()
-	s.free(chain)
+	s.Free(chain)
 	if r, ok := s.(*redisStore); ok {
 		if err := rideAlong(r); err != nil {
 			t.Fatal(err)
@@ -78,14 +78,14 @@ func runSlotConformance(t *testing.T, kit storeKit) {
 	t.Run("ASlotIsTakenInTheAdmissionAndFreedOnce", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
 		at := pinnedBase() + 1000
-		chain := []limit{newSlotLimit("key", uniqueID(t), 2, 0, lease)}
+		chain := []Limit{newSlotLimit("key", uniqueID(t), 2, 0, lease)}
 		fill(t, s, chain, at, 2)
 		d := admitOrFail(t, s, chain, at)
-		if d.admitted {
+		if d.Admitted {
 			t.Fatal("a third request admitted under concurrent 2")
 		}
-		ref := refusalOf(chain, d)
-		if ref.kind != concurrency || !ref.untilFreed || ref.capacity != 2 {
+		ref := RefusalOf(chain, d)
+		if ref.Kind != Concurrency || !ref.UntilFreed || ref.Capacity != 2 {
 			t.Fatalf("refusal %+v, want kind concurrency with no known wait", ref)
 		}
 		freeAndWait(t, pinned(s, at), chain)
@@ -102,19 +102,19 @@ func runSlotConformance(t *testing.T, kit storeKit) {
 	t.Run("ThreeReplicasRacing60AgainstConcurrent5AdmitExactlyFiveAndFreeThemAll", func(t *testing.T) {
 		stores := kit.replicas(t, 3)
 		at := pinnedBase() + 1000
-		chain := []limit{newSlotLimit("key", uniqueID(t), 5, 0, lease)}
+		chain := []Limit{newSlotLimit("key", uniqueID(t), 5, 0, lease)}
 		var mu sync.Mutex
-		var holders []store
+		var holders []Store
 		var wg sync.WaitGroup
 		for i := range 60 {
 			s := stores[i%3]
 			wg.Go(func() {
-				a, err := pinned(s, at).admit(context.Background(), chain, tokenCounts{})
+				a, err := pinned(s, at).Admit(context.Background(), chain, TokenCounts{})
 				if err != nil {
 					t.Error(err)
 					return
 				}
-				if a.admitted {
+				if a.Admitted {
 					mu.Lock()
 					holders = append(holders, s)
 					mu.Unlock()
@@ -138,20 +138,20 @@ func runSlotConformance(t *testing.T, kit storeKit) {
 	t.Run("ARequestRefusedByRPMTakesNoSlotAndOneRefusedBySlotsNoRPM", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
 		at := pinnedBase() + 1000
-		byRPM := []limit{newSlotLimit("key", uniqueID(t), 5, 1, lease)}
+		byRPM := []Limit{newSlotLimit("key", uniqueID(t), 5, 1, lease)}
 		fill(t, s, byRPM, at, 1)
-		if admitOrFail(t, s, byRPM, at).admitted {
+		if admitOrFail(t, s, byRPM, at).Admitted {
 			t.Fatal("admitted over rpm 1")
 		}
 		if n := inFlight(t, s, byRPM, 0, at); n != 1 {
 			t.Fatalf("%d slots held after a refusal by rpm, want the admitted one's 1", n)
 		}
-		bySlots := []limit{newSlotLimit("key", uniqueID(t), 1, 10, lease)}
+		bySlots := []Limit{newSlotLimit("key", uniqueID(t), 1, 10, lease)}
 		fill(t, s, bySlots, at, 1)
-		if admitOrFail(t, s, bySlots, at).admitted {
+		if admitOrFail(t, s, bySlots, at).Admitted {
 			t.Fatal("admitted over concurrent 1")
 		}
-		if n := kit.count(t, s, bySlots[0].prefix, rpm, at/minuteMillis); n != 1 {
+		if n := kit.count(t, s, bySlots[0].Prefix, RPM, at/MinuteMillis); n != 1 {
 			t.Fatalf("rpm counted %d after a refusal by the slots, want the admitted one's 1", n)
 		}
 		freeAndWait(t, pinned(s, at), byRPM)
@@ -162,9 +162,9 @@ func runSlotConformance(t *testing.T, kit storeKit) {
 		at := pinnedBase() + 1000
 		team := newSlotLimit("team", uniqueID(t), 10, 0, lease)
 		key := newSlotLimit("key", uniqueID(t), 1, 0, lease)
-		chain := []limit{key, team}
+		chain := []Limit{key, team}
 		fill(t, s, chain, at, 1)
-		if admitOrFail(t, s, chain, at).admitted {
+		if admitOrFail(t, s, chain, at).Admitted {
 			t.Fatal("admitted over the key's concurrent 1")
 		}
 		if n := inFlight(t, s, chain, 1, at); n != 1 {
@@ -175,7 +175,7 @@ func runSlotConformance(t *testing.T, kit storeKit) {
 	t.Run("ARenewedSlotOutlivesItsLeaseAndAnUnrenewedOneLapses", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
 		at := pinnedBase() + 1000
-		chain := []limit{newSlotLimit("key", uniqueID(t), 2, 0, lease)}
+		chain := []Limit{newSlotLimit("key", uniqueID(t), 2, 0, lease)}
 		fill(t, s, chain, at, 2)
 		renewSlots(s, at+2000)
 		if n := inFlight(t, s, chain, 0, at+lease.Milliseconds()+1000); n != 2 {
@@ -206,17 +206,17 @@ func runSlotConformance(t *testing.T, kit storeKit) {
 		// slot_lease values: its slots are then held as long as the longer.
 		s := kit.replicas(t, 1)[0]
 		id := uniqueID(t)
-		short := []limit{newSlotLimit("key", id, 2, 0, lease)}
-		long := []limit{newSlotLimit("key", id, 2, 0, 10*lease)}
-		for _, order := range [][2][]limit{{long, short}, {short, long}} {
+		short := []Limit{newSlotLimit("key", id, 2, 0, lease)}
+		long := []Limit{newSlotLimit("key", id, 2, 0, 10*lease)}
+		for _, order := range [][2][]Limit{{long, short}, {short, long}} {
 			at := pinnedBase() + 1000
 			fill(t, s, order[0], at, 1)
 			fill(t, s, order[1], at+1, 1)
 			if n := inFlight(t, s, short, 0, at+1+lease.Milliseconds()); n != 2 {
 				t.Fatalf("taken under the %v lease, then the %v: %d in flight once the shorter lease passed, want 2",
-					time.Duration(order[0][0].concurrent.leaseMillis)*time.Millisecond, time.Duration(order[1][0].concurrent.leaseMillis)*time.Millisecond, n)
+					time.Duration(order[0][0].Concurrent.LeaseMillis)*time.Millisecond, time.Duration(order[1][0].Concurrent.LeaseMillis)*time.Millisecond, n)
 			}
-			if admitOrFail(t, s, short, at+1+lease.Milliseconds()).admitted {
+			if admitOrFail(t, s, short, at+1+lease.Milliseconds()).Admitted {
 				t.Fatal("a third admitted under concurrent 2 once the shorter lease passed")
 			}
 			renewed := at + 2000
@@ -241,7 +241,7 @@ func runSlotConformance(t *testing.T, kit storeKit) {
 	t.Run("AFreeOfALapsedLeaseFreesNothingTwice", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
 		at := pinnedBase() + 1000
-		chain := []limit{newSlotLimit("key", uniqueID(t), 2, 0, lease)}
+		chain := []Limit{newSlotLimit("key", uniqueID(t), 2, 0, lease)}
 		fill(t, s, chain, at, 1)
 		lapsed := at + lease.Milliseconds()
 		fill(t, s, chain, lapsed, 1) // the first one's lease lapsed: this one holds the only slot
@@ -254,7 +254,7 @@ func runSlotConformance(t *testing.T, kit storeKit) {
 			t.Fatalf("%d in flight after a free with nothing held, want 0: never negative", n)
 		}
 		fill(t, s, chain, lapsed, 2)
-		if admitOrFail(t, s, chain, lapsed).admitted {
+		if admitOrFail(t, s, chain, lapsed).Admitted {
 			t.Fatal("a third admitted under concurrent 2: a free made room it had not taken")
 		}
 		freeAndWait(t, pinned(s, lapsed), chain)
@@ -269,9 +269,9 @@ func TestAHolderThatStopsRenewingLosesItsSlotsWithinOneLease(t *testing.T) {
 	dead, live := newTestRedisStore(t, url), newTestRedisStore(t, url)
 	at := pinnedBase() + 1000
 	lease := 2 * time.Second
-	chain := []limit{newSlotLimit("key", uniqueID(t), 2, 0, lease)}
+	chain := []Limit{newSlotLimit("key", uniqueID(t), 2, 0, lease)}
 	fill(t, dead, chain, at, 2)
-	if admitOrFail(t, live, chain, at+lease.Milliseconds()-1).admitted {
+	if admitOrFail(t, live, chain, at+lease.Milliseconds()-1).Admitted {
 		t.Fatal("another holder admitted before the dead one's lease ended")
 	}
 	fill(t, live, chain, at+lease.Milliseconds(), 2)
@@ -295,15 +295,15 @@ func TestAFreeThatNeverReachedRedisIsMendedByTheNextRenewal(t *testing.T) {
 	holder := newTestRedisStoreOf(t, &RedisConfig{URL: "redis://" + proxy.Addr() + "/0"}, time.Second)
 	other := newTestRedisStore(t, url)
 	at := pinnedBase() + 1000
-	chain := []limit{newSlotLimit("key", uniqueID(t), 1, 0, 30*time.Second)}
+	chain := []Limit{newSlotLimit("key", uniqueID(t), 1, 0, 30*time.Second)}
 	fill(t, holder, chain, at, 1)
 
 	proxy.ResetAtNextCommand()
-	pinned(holder, at).free(chain)
+	pinned(holder, at).Free(chain)
 	if err := rideAlong(holder); err == nil {
 		t.Fatal("the free's call succeeded through a connection reset at its command")
 	}
-	if admitOrFail(t, other, chain, at).admitted {
+	if admitOrFail(t, other, chain, at).Admitted {
 		t.Fatal("admitted while the lost free left the slot held in Redis: the test did not lose the free")
 	}
 	renewSlots(holder, at)
@@ -320,9 +320,9 @@ func TestSlotsRedisLostAreHeldAgainAfterTheNextRenewal(t *testing.T) {
 	url := redisURLFromEnv(t)
 	holder, other := newTestRedisStore(t, url), newTestRedisStore(t, url)
 	at := pinnedBase() + 1000
-	chain := []limit{newSlotLimit("key", uniqueID(t), 3, 0, 30*time.Second)}
+	chain := []Limit{newSlotLimit("key", uniqueID(t), 3, 0, 30*time.Second)}
 	fill(t, holder, chain, at, 2)
-	if err := redisClient(t, url).Del(context.Background(), slotsKey(chain[0])).Err(); err != nil {
+	if err := redisClient(t, url).Del(context.Background(), SlotsKey(chain[0])).Err(); err != nil {
 		t.Fatal(err)
 	}
 	fill(t, other, chain, at, 1)
@@ -331,7 +331,7 @@ func TestSlotsRedisLostAreHeldAgainAfterTheNextRenewal(t *testing.T) {
 	if n := inFlight(t, other, chain, 0, at); n != 3 {
 		t.Fatalf("%d in flight after the renewal, want the holder's 2 and the other's 1", n)
 	}
-	if admitOrFail(t, other, chain, at).admitted {
+	if admitOrFail(t, other, chain, at).Admitted {
 		t.Fatal("admitted a fourth under concurrent 3")
 	}
 	freeAndWait(t, pinned(other, at), chain)
@@ -349,13 +349,13 @@ func TestAnAdmissionNobodyWaitsForAnyMoreHoldsNoSlot(t *testing.T) {
 	url := redisURLFromEnv(t)
 	s := newTestRedisStore(t, url)
 	at := pinnedBase() + 1000
-	chain := []limit{newSlotLimit("key", uniqueID(t), 1, 0, 30*time.Second)}
+	chain := []Limit{newSlotLimit("key", uniqueID(t), 1, 0, 30*time.Second)}
 	item := &scriptItem{chain: chain, answer: make(chan scriptAnswer, 1)}
 	item.claim.Store(abandoned)
 	b := &scriptBatch{store: pinned(s, at)}
 	b.Add(item)
 	b.Send()
-	if a := <-item.answer; a.err != nil || !a.d.admitted {
+	if a := <-item.answer; a.err != nil || !a.d.Admitted {
 		t.Fatalf("the call answered %+v, want an admission", a)
 	}
 	if err := rideAlong(s); err != nil { // the free the call sent rides before it
@@ -364,7 +364,7 @@ func TestAnAdmissionNobodyWaitsForAnyMoreHoldsNoSlot(t *testing.T) {
 	if n := inFlight(t, s, chain, 0, at); n != 0 {
 		t.Fatalf("%d in flight after an abandoned admission, want 0", n)
 	}
-	if n := heldCount(s.held, chain[0].prefix); n != 0 {
+	if n := heldCount(s.held, chain[0].Prefix); n != 0 {
 		t.Fatalf("the ledger holds %d slots of an abandoned admission, want 0", n)
 	}
 }
@@ -377,7 +377,7 @@ func TestAnAdmissionNobodyWaitsForAnyMoreHoldsNoSlot(t *testing.T) {
 func BenchmarkSlotRenewal(b *testing.B) {
 	const inFlight = 10_000
 	for _, keys := range []int{1000, 10_000} {
-		chainOf := func(i int) []limit { return withSlots(benchChain(3, fmt.Sprintf("renew%d-%d", keys, i%keys))) }
+		chainOf := func(i int) []Limit { return withSlots(benchChain(3, fmt.Sprintf("renew%d-%d", keys, i%keys))) }
 		b.Run(fmt.Sprintf("memory/keys=%d", keys), func(b *testing.B) {
 			s := newTestMemoryStore(b, time.Hour)
 			holdSlots(b, s, inFlight, chainOf)
@@ -405,14 +405,14 @@ func BenchmarkSlotRenewal(b *testing.B) {
 
 // holdSlots admits n requests of chainOf(0), chainOf(1), … on s, 32 at
 // once, and frees them when the benchmark ends.
-func holdSlots(b *testing.B, s store, n int, chainOf func(int) []limit) {
+func holdSlots(b *testing.B, s Store, n int, chainOf func(int) []Limit) {
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	for range 32 {
 		wg.Go(func() {
 			for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
-				if a, err := s.admit(context.Background(), chainOf(i), tokenCounts{}); err != nil || !a.admitted {
-					b.Errorf("admission %d: %v, admitted %v", i, err, a.admitted)
+				if a, err := s.Admit(context.Background(), chainOf(i), TokenCounts{}); err != nil || !a.Admitted {
+					b.Errorf("admission %d: %v, admitted %v", i, err, a.Admitted)
 					return
 				}
 			}
@@ -421,7 +421,7 @@ func holdSlots(b *testing.B, s store, n int, chainOf func(int) []limit) {
 	wg.Wait()
 	b.Cleanup(func() {
 		for i := range n {
-			s.free(chainOf(i))
+			s.Free(chainOf(i))
 		}
 		if r, ok := s.(*redisStore); ok {
 			_ = rideAlong(r)
@@ -435,7 +435,7 @@ func holdSlots(b *testing.B, s store, n int, chainOf func(int) []limit) {
 // of the config before a reload that shortened it.
 func TestASlotOfAShorterLeaseThanThoseHeldIsRenewedBeforeItsLeaseEnds(t *testing.T) {
 	h := newHeldSlots()
-	h.take([]limit{newSlotLimit("key", "long", 1, 0, 30*time.Second)}, 1)
+	h.take([]Limit{newSlotLimit("key", "long", 1, 0, 30*time.Second)}, 1)
 	checkRenewedWithinItsLease(t, h, newSlotLimit("key", "short", 1, 0, 600*time.Millisecond), "another limit")
 }
 
@@ -445,9 +445,9 @@ func TestASlotOfAShorterLeaseThanThoseHeldIsRenewedBeforeItsLeaseEnds(t *testing
 func TestALimitHeldTakenUnderAShorterLeaseIsRenewedBeforeItsLeaseEnds(t *testing.T) {
 	h := newHeldSlots()
 	id := uniqueID(t)
-	h.take([]limit{newSlotLimit("key", id, 1, 0, 30*time.Second)}, 1)
+	h.take([]Limit{newSlotLimit("key", id, 1, 0, 30*time.Second)}, 1)
 	// Its request ended; the renewal has yet to drop it.
-	h.take([]limit{newSlotLimit("key", id, 1, 0, 30*time.Second)}, -1)
+	h.take([]Limit{newSlotLimit("key", id, 1, 0, 30*time.Second)}, -1)
 	checkRenewedWithinItsLease(t, h, newSlotLimit("key", id, 1, 0, 600*time.Millisecond), "the same limit")
 }
 
@@ -455,7 +455,7 @@ func TestALimitHeldTakenUnderAShorterLeaseIsRenewedBeforeItsLeaseEnds(t *testing
 // a 30 s lease), and once it waits out that lease's period, takes a slot
 // of short, of what (the same limit or another): the renewal must come
 // within short's lease.
-func checkRenewedWithinItsLease(t *testing.T, h *heldSlots, short limit, what string) {
+func checkRenewedWithinItsLease(t *testing.T, h *heldSlots, short Limit, what string) {
 	t.Helper()
 	<-h.taken // the renewal starts with a limit held
 	renewed := make(chan time.Time, 16)
@@ -469,9 +469,9 @@ func checkRenewedWithinItsLease(t *testing.T, h *heldSlots, short limit, what st
 		<-done
 	}()
 	waitBlockedInSelect(t, "(*heldSlots).renewEvery") // waiting to renew the long lease
-	lease := time.Duration(short.concurrent.leaseMillis) * time.Millisecond
+	lease := time.Duration(short.Concurrent.LeaseMillis) * time.Millisecond
 	taken := time.Now()
-	h.take([]limit{short}, 1)
+	h.take([]Limit{short}, 1)
 	select {
 	case at := <-renewed:
 		if took := at.Sub(taken); took > lease {
@@ -505,7 +505,7 @@ func waitBlockedInSelect(t *testing.T, fn string) {
 func TestARenewalAfterARedisRestartLoadsItsScriptAndHoldsTheSlotsAgain(t *testing.T) {
 	srv := startRedis(t)
 	s := newTestRedisStoreOf(t, &RedisConfig{URL: srv.URL()}, time.Second)
-	chain := []limit{newSlotLimit("key", uniqueID(t), 2, 0, 30*time.Second)}
+	chain := []Limit{newSlotLimit("key", uniqueID(t), 2, 0, 30*time.Second)}
 	fill(t, s, chain, 0, 2)
 	renewSlots(s, 0) // the script is loaded
 	srv.Stop(t)
@@ -530,13 +530,13 @@ func TestASlotsKeyOutlivesTheLongestLeaseOfItsHolders(t *testing.T) {
 	longHolder, shortHolder := newTestRedisStore(t, url), newTestRedisStore(t, url)
 	const long, short = 30 * time.Second, time.Second
 	id := uniqueID(t)
-	longChain, shortChain := []limit{newSlotLimit("key", id, 3, 0, long)}, []limit{newSlotLimit("key", id, 3, 0, short)}
+	longChain, shortChain := []Limit{newSlotLimit("key", id, 3, 0, long)}, []Limit{newSlotLimit("key", id, 3, 0, short)}
 	at := pinnedBase() + 1000
 	fill(t, longHolder, longChain, at, 1)
 	fill(t, shortHolder, shortChain, at, 1)
 	renewSlots(shortHolder, at)
 	c := redisClient(t, url)
-	ttl, err := c.PTTL(context.Background(), slotsKey(longChain[0])).Result()
+	ttl, err := c.PTTL(context.Background(), SlotsKey(longChain[0])).Result()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -68,12 +68,12 @@ type memoryCounter struct {
 	others  *otherCounts      // itpm, otpm, the day windows, and the last reset
 	bkt     bucketState
 	slots   slotHolding                             // the requests in flight it holds (slots.go)
-	budgets *[numBudgetPeriods][2]budgetPeriodCount // by budgetPeriod: the latest period written, and the one before it
+	budgets *[NumBudgetPeriods][2]budgetPeriodCount // by budgetPeriod: the latest period written, and the one before it
 }
 
 // otherCounts are the parts of a counter that fewer limits use.
 type otherCounts struct {
-	windows [numWindows - 2][2]periodCount // itpm, otpm, then the day windows
+	windows [NumWindows - 2][2]periodCount // itpm, otpm, then the day windows
 	// resetAt is when the counter's windows were last reset (reset.go), in
 	// unix milliseconds: a settlement of a reservation admitted before it
 	// finds the reservation gone (charge.windowTokens).
@@ -105,7 +105,7 @@ type budgetPeriodCount struct {
 
 // budget is what budget p holds in the period s, under c.mu: nothing in a
 // period it has not written.
-func (c *memoryCounter) budget(p budgetPeriod, s periodSpan) budgetPeriodCount {
+func (c *memoryCounter) budget(p BudgetPeriod, s periodSpan) budgetPeriodCount {
 	if c.budgets != nil {
 		for _, b := range c.budgets[p] {
 			if b.span == s {
@@ -121,9 +121,9 @@ func (c *memoryCounter) budget(p budgetPeriod, s periodSpan) budgetPeriodCount {
 // written or the one before it (a settlement of a response that outlived
 // its period), or in a later one, which becomes the latest. An older
 // period is read by nothing: it is left alone.
-func (c *memoryCounter) addBudget(p budgetPeriod, s periodSpan, spent, reserved int64) {
+func (c *memoryCounter) addBudget(p BudgetPeriod, s periodSpan, spent, reserved int64) {
 	if c.budgets == nil {
-		c.budgets = new([numBudgetPeriods][2]budgetPeriodCount)
+		c.budgets = new([NumBudgetPeriods][2]budgetPeriodCount)
 	}
 	periods := &c.budgets[p]
 	b := &periods[0]
@@ -131,9 +131,9 @@ func (c *memoryCounter) addBudget(p budgetPeriod, s periodSpan, spent, reserved 
 	case b.span == s:
 	case periods[1].span == s:
 		b = &periods[1]
-	case b.span.start < s.start:
+	case b.span.Start < s.Start:
 		periods[1] = budgetPeriodCount{}
-		if b.span.end == s.start {
+		if b.span.End == s.Start {
 			periods[1] = *b
 		}
 		*b = budgetPeriodCount{span: s}
@@ -151,8 +151,8 @@ type bucketState struct{ deficit, at, fullAt int64 }
 type periodCount struct{ period, n int64 }
 
 // window reads the two periods that an estimate in period b needs.
-func readWindow(periods *[2]periodCount, b int64) window {
-	return window{cur: periods[b&1].count(b), prev: periods[(b-1)&1].count(b - 1)}
+func readWindow(periods *[2]periodCount, b int64) Window {
+	return Window{Cur: periods[b&1].count(b), Prev: periods[(b-1)&1].count(b - 1)}
 }
 
 func (s periodCount) count(b int64) int64 {
@@ -177,11 +177,11 @@ func add(periods *[2]periodCount, b, n int64) {
 }
 
 // periods are the periods of window k, under c.mu.
-func (c *memoryCounter) periods(k windowKind) *[2]periodCount {
-	if k < itpm {
+func (c *memoryCounter) periods(k WindowKind) *[2]periodCount {
+	if k < ITPM {
 		return &c.minute[k]
 	}
-	return &c.other().windows[k-itpm]
+	return &c.other().windows[k-ITPM]
 }
 
 // readAt reports whether an admission at now may still read a period of
@@ -189,16 +189,16 @@ func (c *memoryCounter) periods(k windowKind) *[2]periodCount {
 func (c *memoryCounter) readAt(now moment) bool {
 	if c.budgets != nil {
 		for _, b := range c.budgets {
-			if b[0].span.end > now.unixMillis {
+			if b[0].span.End > now.UnixMillis {
 				return true
 			}
 		}
 	}
-	for k := range numWindows {
-		if k >= itpm && c.others == nil {
+	for k := range NumWindows {
+		if k >= ITPM && c.others == nil {
 			break
 		}
-		oldest := now.in(k.span()).period - 1
+		oldest := now.In(k.Span()).Period - 1
 		if s := c.periods(k); s[0].period >= oldest || s[1].period >= oldest {
 			return true
 		}
@@ -209,7 +209,7 @@ func (c *memoryCounter) readAt(now moment) bool {
 // memoryStores holds the one in-process store, kept across config reloads.
 var memoryStores = caddy.NewUsagePool()
 
-func acquireMemoryStore() (store, func() error, error) {
+func acquireMemoryStore() (Store, func() error, error) {
 	const key = "memory"
 	v, _, err := memoryStores.LoadOrNew(key, func() (caddy.Destructor, error) {
 		s := newMemoryStore(30*time.Second, systemUnixMillis)
@@ -250,7 +250,7 @@ func (s *memoryStore) Destruct() error {
 	return nil
 }
 
-func (s *memoryStore) clock() moment { return momentAt(s.now()) }
+func (s *memoryStore) clock() moment { return MomentAt(s.now()) }
 
 // systemUnixMillis is this machine's clock, the in-process store's.
 func systemUnixMillis() int64 { return time.Now().UnixMilli() }
@@ -325,11 +325,11 @@ func (sh *memoryShard) grow(old counterTable) counterTable {
 // without duplicates, in lock order for unlockAll: a caller that passes empty
 // slices of stack arrays keeps a short chain off the heap. A counter swept
 // meanwhile is looked up again.
-func (s *memoryStore) lock(chain []limit, byLimit, locked []*memoryCounter) ([]*memoryCounter, []*memoryCounter) {
+func (s *memoryStore) lock(chain []Limit, byLimit, locked []*memoryCounter) ([]*memoryCounter, []*memoryCounter) {
 	for {
 		byLimit, locked = byLimit[:0], locked[:0]
 		for _, l := range chain {
-			c := s.counter(l.prefix)
+			c := s.counter(l.Prefix)
 			byLimit = append(byLimit, c)
 			locked = insertInOrder(locked, c)
 		}
@@ -364,27 +364,27 @@ func unlockAll(cs []*memoryCounter) {
 	}
 }
 
-func (s *memoryStore) admit(_ context.Context, chain []limit, reserve tokenCounts) (admission, error) {
+func (s *memoryStore) Admit(_ context.Context, chain []Limit, reserve TokenCounts) (Admission, error) {
 	return admissionOf(chain, s.decide(chain, reserve, true, nil))
 }
 
 // refusedUnread peeks: the in-process store knows every refusal without a
 // round trip (a concurrency cap's too, which no body changes either). The peek's counts stay on the stack unless it refuses.
-func (s *memoryStore) refusedUnread(chain []limit) (admission, bool) {
-	var buf [stackChain]counts
-	peeked := s.decide(chain, tokenCounts{}, false, buf[:0])
-	if peeked.admitted {
-		return admission{}, false
+func (s *memoryStore) RefusedUnread(chain []Limit) (Admission, bool) {
+	var buf [stackChain]Counts
+	peeked := s.decide(chain, TokenCounts{}, false, buf[:0])
+	if peeked.Admitted {
+		return Admission{}, false
 	}
-	a, err := admissionOf(chain, decision{now: peeked.now, counts: slices.Clone(peeked.counts)})
-	return a, err == nil && (a.refusal.kind == requests || a.refusal.kind == burst || a.refusal.kind == concurrency)
+	a, err := admissionOf(chain, Decision{Now: peeked.Now, Counts: slices.Clone(peeked.Counts)})
+	return a, err == nil && (a.Refusal.Kind == Requests || a.Refusal.Kind == Burst || a.Refusal.Kind == Concurrency)
 }
 
-func (s *memoryStore) peek(_ context.Context, chain []limit) (decision, error) {
-	return s.decide(chain, tokenCounts{}, false, nil), nil
+func (s *memoryStore) Peek(_ context.Context, chain []Limit) (Decision, error) {
+	return s.decide(chain, TokenCounts{}, false, nil), nil
 }
 
-func (s *memoryStore) describe() storeDescription { return storeDescription{kind: "memory"} }
+func (s *memoryStore) Describe() storeDescription { return storeDescription{Kind: "memory"} }
 
 // reset zeroes, under the counter's lock, every period it holds of each
 // window l caps, and l's token bucket, which is then full; it keeps the
@@ -393,62 +393,62 @@ func (s *memoryStore) describe() storeDescription { return storeDescription{kind
 // response admitted before it still lands, in a period the counter keeps
 // while it may: it charges what the request used, as the reset took its
 // reservation (resetAt).
-func (s *memoryStore) reset(_ context.Context, l limit) ([]string, error) {
-	c := s.lockedCounter(l.prefix)
+func (s *memoryStore) Reset(_ context.Context, l Limit) ([]string, error) {
+	c := s.lockedCounter(l.Prefix)
 	defer c.mu.Unlock()
-	for k := range l.each {
+	for k := range l.Each {
 		periods := c.periods(k)
 		periods[0].n, periods[1].n = 0, 0
 	}
 	if l.capsTokens() {
 		c.other().resetAt = s.now()
 	}
-	if l.bucket.rate > 0 {
+	if l.Bucket.Rate > 0 {
 		c.bkt = bucketState{}
 	}
 	return resetNames(l), nil
 }
 
 // The process store stays usable after it is unloaded: only its sweep stops.
-func (s *memoryStore) hold()    {}
-func (s *memoryStore) release() {}
+func (s *memoryStore) Hold()    {}
+func (s *memoryStore) Release() {}
 
 // decide is one admission, which charges only when charge is set; its
 // counts are appended to buf, which may be a caller's stack array.
-func (s *memoryStore) decide(chain []limit, reserve tokenCounts, charge bool, buf []counts) decision {
+func (s *memoryStore) decide(chain []Limit, reserve TokenCounts, charge bool, buf []Counts) Decision {
 	now := s.clock()
-	at := [...]position{now.in(minute), now.in(day)}
+	at := [...]Position{now.In(Minute), now.In(Day)}
 	var byLimitBuf, lockedBuf [stackChain]*memoryCounter
 	cs, locked := s.lock(chain, byLimitBuf[:0], lockedBuf[:0])
 	defer unlockAll(locked)
 	if cap(buf) < len(chain) {
-		buf = make([]counts, len(chain))
+		buf = make([]Counts, len(chain))
 	}
 	buf = buf[:len(chain)]
 	clear(buf)
-	d := decision{now: now, counts: buf, reserve: reserve}
+	d := Decision{Now: now, Counts: buf, Reserve: reserve}
 	for i, l := range chain {
-		c := &d.counts[i]
-		for k := range l.each {
-			c.w[k] = readWindow(cs[i].periods(k), at[k.span()].period)
+		c := &d.Counts[i]
+		for k := range l.Each {
+			c.Window[k] = readWindow(cs[i].periods(k), at[k.Span()].Period)
 		}
-		if l.bucket.rate > 0 {
-			c.deficit = l.bucket.refilled(cs[i].bkt.deficit, cs[i].bkt.at, now.unixMillis)
+		if l.Bucket.Rate > 0 {
+			c.Deficit = l.Bucket.refilled(cs[i].bkt.deficit, cs[i].bkt.at, now.UnixMillis)
 		}
-		if l.concurrent.max > 0 {
-			c.slots = cs[i].slots.at(now.unixMillis)
+		if l.Concurrent.Max > 0 {
+			c.Slots = cs[i].slots.at(now.UnixMillis)
 		}
-		for p := range l.eachBudget {
-			b := cs[i].budget(p, l.budgets.calendar.spanAt(p, now))
-			c.spent[p], c.reserved[p] = b.spent, b.reserved
+		for p := range l.EachBudget {
+			b := cs[i].budget(p, l.Budgets.Calendar.SpanAt(p, now))
+			c.Spent[p], c.Reserved[p] = b.spent, b.reserved
 		}
 	}
 	// What admit.lua decides, from the same counts: refusalOf is the
 	// script's comparisons in Go, and leaves out shadow limits as it does.
-	d.admitted = refusalOf(chain, d).first < 0
-	if d.admitted && charge {
+	d.Admitted = RefusalOf(chain, d).First < 0
+	if d.Admitted && charge {
 		for i, l := range chain {
-			cs[i].write(l, at, d.counts[i], d.countsAfter(l, d.counts[i]), now)
+			cs[i].write(l, at, d.Counts[i], d.CountsAfter(l, d.Counts[i]), now)
 		}
 		s.held.take(chain, 1) // under the counters' locks, which the renewal takes too
 	}
@@ -459,34 +459,34 @@ func (s *memoryStore) decide(chain []limit, reserve tokenCounts, charge bool, bu
 // and charged, under c.mu: the windows' current periods by what the charge
 // added (a window it left alone keeps no period alive for the sweep), the
 // bucket's deficit as of now, the slots, and the budgets' reservations.
-func (c *memoryCounter) write(l limit, at [2]position, before, after counts, now moment) {
-	for k := range l.each {
-		if n := after.w[k].cur - before.w[k].cur; n != 0 {
-			add(c.periods(k), at[k.span()].period, n)
+func (c *memoryCounter) write(l Limit, at [2]Position, before, after Counts, now moment) {
+	for k := range l.Each {
+		if n := after.Window[k].Cur - before.Window[k].Cur; n != 0 {
+			add(c.periods(k), at[k.Span()].Period, n)
 		}
 	}
-	if l.bucket.rate > 0 {
-		since := max(c.bkt.at, now.unixMillis)
-		c.bkt = bucketState{deficit: after.deficit, at: since, fullAt: since + ceilDiv(after.deficit, l.bucket.rate)}
+	if l.Bucket.Rate > 0 {
+		since := max(c.bkt.at, now.UnixMillis)
+		c.bkt = bucketState{deficit: after.Deficit, at: since, fullAt: since + CeilDiv(after.Deficit, l.Bucket.Rate)}
 	}
-	if after.slots > before.slots {
-		c.slots = c.slots.taken(after.slots, now.unixMillis, l.concurrent.leaseMillis)
+	if after.Slots > before.Slots {
+		c.slots = c.slots.taken(after.Slots, now.UnixMillis, l.Concurrent.LeaseMillis)
 	}
-	for p := range l.eachBudget {
-		if n := after.reserved[p] - before.reserved[p]; n != 0 {
-			c.addBudget(p, l.budgets.calendar.spanAt(p, now), 0, n)
+	for p := range l.EachBudget {
+		if n := after.Reserved[p] - before.Reserved[p]; n != 0 {
+			c.addBudget(p, l.Budgets.Calendar.SpanAt(p, now), 0, n)
 		}
 	}
 }
 
 // free gives back the slots an admission of chain took.
-func (s *memoryStore) free(chain []limit) {
+func (s *memoryStore) Free(chain []Limit) {
 	now := s.now()
 	var byLimitBuf, lockedBuf [stackChain]*memoryCounter
 	cs, locked := s.lock(chain, byLimitBuf[:0], lockedBuf[:0])
 	defer unlockAll(locked)
 	for i, l := range chain {
-		if l.concurrent.max > 0 {
+		if l.Concurrent.Max > 0 {
 			cs[i].slots = cs[i].slots.freed(now)
 		}
 	}
@@ -498,7 +498,7 @@ func (s *memoryStore) free(chain []limit) {
 func (s *memoryStore) renew() {
 	now := s.now()
 	for _, l := range s.held.limits() {
-		c := s.lockedCounter(l.prefix)
+		c := s.lockedCounter(l.Prefix)
 		// Read under the counter's lock, which every admission and free of
 		// it holds while it changes the ledger.
 		r := s.held.renewed(l)
@@ -522,31 +522,31 @@ func (s *memoryStore) lockedCounter(prefix string) *memoryCounter {
 
 // charge charges at once: the in-process store has no round trip to
 // spare the caller.
-func (s *memoryStore) charge(chain []limit, c charge, done func(error)) {
+func (s *memoryStore) Charge(chain []Limit, c Charge, done func(error)) {
 	s.add(chain, c)
 	done(nil)
 }
 
 // add adds c to the token windows and budgets of chain.
-func (s *memoryStore) add(chain []limit, ch charge) {
+func (s *memoryStore) add(chain []Limit, ch Charge) {
 	now := s.clock()
 	for _, l := range chain {
-		if !l.meters() {
+		if !l.Meters() {
 			continue
 		}
-		c := s.lockedCounter(l.prefix)
-		for k := range l.each {
-			if k.kind() != requests && ch.settles(k, now) {
-				b := ch.periodIn(k.span())
+		c := s.lockedCounter(l.Prefix)
+		for k := range l.Each {
+			if k.Kind() != Requests && ch.settles(k, now) {
+				b := ch.periodIn(k.Span())
 				if b == 0 {
-					b = now.in(k.span()).period
+					b = now.In(k.Span()).Period
 				}
-				add(c.periods(k), b, ch.windowTokens(k.kind(), c.resetAt()))
+				add(c.periods(k), b, ch.windowTokens(k.Kind(), c.resetAt()))
 			}
 		}
-		for p := range l.eachBudget {
-			if ch.settlesBudget(l.budgets.calendar, p, now) {
-				c.addBudget(p, l.budgets.calendar.span(p, cmp.Or(ch.minute, now.minute)), ch.tokens.cost, -ch.unreserve)
+		for p := range l.EachBudget {
+			if ch.settlesBudget(l.Budgets.Calendar, p, now) {
+				c.addBudget(p, l.Budgets.Calendar.Span(p, cmp.Or(ch.Minute, now.Minute)), ch.Tokens.Cost, -ch.Unreserve)
 			}
 		}
 		c.mu.Unlock()
@@ -572,7 +572,7 @@ func (s *memoryStore) sweepLoop(every time.Duration) {
 // itself, so that idle counters go whether or not requests still come.
 func (s *memoryStore) sweep() {
 	now := s.clock()
-	latest := now.unixMillis
+	latest := now.UnixMillis
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
@@ -609,6 +609,6 @@ func countMemoryCounters() float64 {
 
 // Interface guards
 var (
-	_ store            = (*memoryStore)(nil)
+	_ Store            = (*memoryStore)(nil)
 	_ caddy.Destructor = (*memoryStore)(nil)
 )

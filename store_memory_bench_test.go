@@ -11,29 +11,29 @@ import (
 
 // benchmarkCaps admit everything a benchmark sends: the org's counter of a
 // shared chain sees tens of millions of requests a minute.
-var benchmarkCaps = windowLimitCaps(windowCaps{rpm: maxCap, tpm: maxCap})
+var benchmarkCaps = CapsOfWindows(WindowCaps{RPM: MaxCap, TPM: MaxCap})
 
 // benchmarkChains are n chains of four limits, key, project, team and org,
 // as a gateway builds them: keys are digested and distinct, ten keys share a
 // project, ten projects a team, and the teams spread over eight orgs.
-func benchmarkChains(n int) [][]limit {
-	chains := make([][]limit, n)
+func benchmarkChains(n int) [][]Limit {
+	chains := make([][]Limit, n)
 	for i := range chains {
 		project, team := i/10, i/100
-		chains[i] = []limit{
-			newTaggedLimit("", "key", keyID(false, "sk-bench-"+strconv.Itoa(i)), benchmarkCaps),
-			newTaggedLimit("", "project", "p"+strconv.Itoa(project), benchmarkCaps),
-			newTaggedLimit("", "team", "t"+strconv.Itoa(team), benchmarkCaps),
-			newTaggedLimit("", "org", "o"+strconv.Itoa(team%8), benchmarkCaps),
+		chains[i] = []Limit{
+			NewLimit("", "key", KeyID(false, "sk-bench-"+strconv.Itoa(i)), benchmarkCaps),
+			NewLimit("", "project", "p"+strconv.Itoa(project), benchmarkCaps),
+			NewLimit("", "team", "t"+strconv.Itoa(team), benchmarkCaps),
+			NewLimit("", "org", "o"+strconv.Itoa(team%8), benchmarkCaps),
 		}
 	}
 	return chains
 }
 
 // admitAll admits one request of each chain, on the store's own clock.
-func admitAll(b *testing.B, s *memoryStore, chains [][]limit) {
+func admitAll(b *testing.B, s *memoryStore, chains [][]Limit) {
 	for _, chain := range chains {
-		if d, _ := s.admit(context.Background(), chain, tokenCounts{}); !d.admitted {
+		if d, _ := s.Admit(context.Background(), chain, TokenCounts{}); !d.Admitted {
 			b.Fatal("refused under caps that admit everything")
 		}
 	}
@@ -43,7 +43,7 @@ func admitAll(b *testing.B, s *memoryStore, chains [][]limit) {
 // under steady traffic, and another copy of those chains: a gateway builds
 // a chain's strings for each request, so their bytes are not those the store
 // keeps.
-func benchmarkStore(b *testing.B, n int) (*memoryStore, [][]limit) {
+func benchmarkStore(b *testing.B, n int) (*memoryStore, [][]Limit) {
 	s := newMemoryStore(30*time.Second, systemUnixMillis)
 	b.Cleanup(func() { s.Destruct() })
 	admitAll(b, s, benchmarkChains(n))
@@ -58,7 +58,7 @@ func BenchmarkMemoryStoreAdmissions(b *testing.B) {
 	b.ReportAllocs()
 	i := 0
 	for b.Loop() {
-		if d, _ := s.admit(ctx, chains[i], tokenCounts{}); !d.admitted {
+		if d, _ := s.Admit(ctx, chains[i], TokenCounts{}); !d.Admitted {
 			b.Fatal("refused under caps that admit everything")
 		}
 		if i++; i == len(chains) {
@@ -80,7 +80,7 @@ func BenchmarkMemoryStoreAdmissionsParallel(b *testing.B) {
 		ctx := context.Background()
 		i := int(workers.Add(1)*7919) % len(chains) // apart from the other workers
 		for pb.Next() {
-			if d, _ := s.admit(ctx, chains[i], tokenCounts{}); !d.admitted {
+			if d, _ := s.Admit(ctx, chains[i], TokenCounts{}); !d.Admitted {
 				b.Error("refused under caps that admit everything")
 				return
 			}

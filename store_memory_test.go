@@ -12,20 +12,20 @@ func TestMemoryStoreDropsCountersThatNoEstimateReads(t *testing.T) {
 	s := newTestMemoryStore(t, time.Hour) // swept by hand below
 	base := pinnedBase()
 	for i := 0; i < 1000; i++ {
-		admitOrFail(t, s, []limit{newLimit("key", uniqueID(t), 5, 0)}, base)
+		admitOrFail(t, s, []Limit{newLimit("key", uniqueID(t), 5, 0)}, base)
 	}
 	live := newLimit("org", "acme", 100, 0)
-	admitOrFail(t, s, []limit{live}, base+minuteMillis)
+	admitOrFail(t, s, []Limit{live}, base+MinuteMillis)
 	s.sweep() // at base+60 s the buckets of base are still the previous ones
 	if n := s.size(); n != 1001 {
 		t.Fatalf("%d counters after a sweep one minute on, want all 1001", n)
 	}
-	admitOrFail(t, s, []limit{live}, base+2*minuteMillis)
+	admitOrFail(t, s, []Limit{live}, base+2*MinuteMillis)
 	s.sweep()
 	if n := s.size(); n != 1 {
 		t.Fatalf("%d counters after a sweep two minutes on, want only the live one", n)
 	}
-	if n := memoryCount(t, s, live.prefix, rpm, base/minuteMillis+2); n != 1 {
+	if n := memoryCount(t, s, live.Prefix, RPM, base/MinuteMillis+2); n != 1 {
 		t.Fatalf("the live counter lost its count: %d", n)
 	}
 }
@@ -33,14 +33,14 @@ func TestMemoryStoreDropsCountersThatNoEstimateReads(t *testing.T) {
 func TestMemoryStoreKeepsATokenBucketUntilItIsFullAgain(t *testing.T) {
 	s := newTestMemoryStore(t, time.Hour) // swept by hand below
 	base := pinnedBase()
-	chain := []limit{newBucketLimit(t, "key", uniqueID(t), "0.01", 2, 0)} // a token per 100 s
+	chain := []Limit{newBucketLimit(t, "key", uniqueID(t), "0.01", 2, 0)} // a token per 100 s
 	fill(t, s, chain, base, 2)
-	admitOrFail(t, s, []limit{newLimit("org", "clock", 100, 0)}, base+199_999)
+	admitOrFail(t, s, []Limit{newLimit("org", "clock", 100, 0)}, base+199_999)
 	s.sweep()
 	if s.size() != 2 {
 		t.Fatal("swept a bucket 1 ms before it is full again")
 	}
-	admitOrFail(t, s, []limit{newLimit("org", "clock", 100, 0)}, base+200_000)
+	admitOrFail(t, s, []Limit{newLimit("org", "clock", 100, 0)}, base+200_000)
 	s.sweep()
 	if s.size() != 1 {
 		t.Fatal("kept a bucket that is full again, and the minute windows of which are old")
@@ -61,7 +61,7 @@ func TestMemoryStoreAdmissionAllocatesOnlyTheDecisionsCounts(t *testing.T) {
 	s := newTestMemoryStore(t, time.Hour)
 	at := pinnedBase()
 	id := uniqueID(t)
-	chain := []limit{
+	chain := []Limit{
 		newLimit("key", id, 1<<40, 1<<40), newLimit("project", id, 1<<40, 1<<40),
 		newLimit("team", id, 1<<40, 1<<40), newLimit("org", id, 1<<40, 1<<40),
 	}
@@ -75,17 +75,17 @@ func TestMemoryStoreAdmissionAllocatesOnlyTheDecisionsCounts(t *testing.T) {
 func TestMemoryStoreChainLongerThanTheStackArraysAdmitsAndCharges(t *testing.T) {
 	s := newTestMemoryStore(t, time.Hour)
 	at := pinnedBase()
-	var chain []limit
+	var chain []Limit
 	for i := 0; i < 2*stackChain+1; i++ {
 		chain = append(chain, newLimit("scope"+strconv.Itoa(i), uniqueID(t), 2, 0))
 	}
 	fill(t, s, chain, at, 2)
-	if admitOrFail(t, s, chain, at).admitted {
+	if admitOrFail(t, s, chain, at).Admitted {
 		t.Fatal("admitted a third request against rpm 2")
 	}
 	for _, l := range chain {
-		if n := memoryCount(t, s, l.prefix, rpm, at/minuteMillis); n != 2 {
-			t.Fatalf("%s charged %d requests, want 2", l.prefix, n)
+		if n := memoryCount(t, s, l.Prefix, RPM, at/MinuteMillis); n != 2 {
+			t.Fatalf("%s charged %d requests, want 2", l.Prefix, n)
 		}
 	}
 }
@@ -94,7 +94,7 @@ func TestMemoryStoreChainsThatShareCountersInAnyOrderNeverDeadlock(t *testing.T)
 	s := newTestMemoryStore(t, time.Hour)
 	at := pinnedBase()
 	a, b, c := newLimit("key", uniqueID(t), 1<<40, 0), newLimit("team", uniqueID(t), 1<<40, 0), newLimit("org", uniqueID(t), 1<<40, 0)
-	chains := [][]limit{{a, b, c}, {c, b, a}, {b, c, a}, {a, c}, {c, a, c}, {b, b}}
+	chains := [][]Limit{{a, b, c}, {c, b, a}, {b, c, a}, {a, c}, {c, a, c}, {b, b}}
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	for _, chain := range chains {
@@ -102,7 +102,7 @@ func TestMemoryStoreChainsThatShareCountersInAnyOrderNeverDeadlock(t *testing.T)
 		go func() {
 			defer wg.Done()
 			for i := 0; i < 2000; i++ {
-				if d, _ := pinned(s, at).admit(context.Background(), chain, tokenCounts{}); !d.admitted {
+				if d, _ := pinned(s, at).Admit(context.Background(), chain, TokenCounts{}); !d.Admitted {
 					t.Error("refused under caps that admit everything")
 					return
 				}
@@ -121,7 +121,7 @@ func TestMemoryStoreCountsExactlyWhileItsShardsGrowAndAreSwept(t *testing.T) {
 	s := newTestMemoryStore(t, time.Hour) // swept by hand below
 	ctx := context.Background()
 	now := pinnedBase()
-	live := []limit{newLimit("key", uniqueID(t), 1<<40, 0), newLimit("org", uniqueID(t), 1<<40, 0)}
+	live := []Limit{newLimit("key", uniqueID(t), 1<<40, 0), newLimit("org", uniqueID(t), 1<<40, 0)}
 	admitOrFail(t, s, live, now)
 	stop := make(chan struct{})
 	var churn sync.WaitGroup
@@ -133,7 +133,7 @@ func TestMemoryStoreCountsExactlyWhileItsShardsGrowAndAreSwept(t *testing.T) {
 			case <-stop:
 				return
 			default:
-				s.peek(ctx, []limit{newLimit("key", "gone"+strconv.Itoa(i), 1, 0)})
+				s.Peek(ctx, []Limit{newLimit("key", "gone"+strconv.Itoa(i), 1, 0)})
 			}
 		}
 	}()
@@ -155,7 +155,7 @@ func TestMemoryStoreCountsExactlyWhileItsShardsGrowAndAreSwept(t *testing.T) {
 		go func() {
 			defer admitters.Done()
 			for range each {
-				s.admit(ctx, live, tokenCounts{})
+				s.Admit(ctx, live, TokenCounts{})
 			}
 		}()
 	}
@@ -163,8 +163,8 @@ func TestMemoryStoreCountsExactlyWhileItsShardsGrowAndAreSwept(t *testing.T) {
 	close(stop)
 	churn.Wait()
 	for _, l := range live {
-		if n := memoryCount(t, s, l.prefix, rpm, now/minuteMillis); n != 1+workers*each {
-			t.Fatalf("%s counted %d requests, want %d: an admission missed its counter and made another", l.prefix, n, 1+workers*each)
+		if n := memoryCount(t, s, l.Prefix, RPM, now/MinuteMillis); n != 1+workers*each {
+			t.Fatalf("%s counted %d requests, want %d: an admission missed its counter and made another", l.Prefix, n, 1+workers*each)
 		}
 	}
 	if n := s.size(); n < len(live) {
@@ -192,15 +192,15 @@ func TestIdleInProcessCountersAreReclaimedWithoutTraffic(t *testing.T) {
 	s := newTestMemoryStore(t, 5*time.Millisecond)
 	base := pinnedBase()
 	for range 1000 {
-		admitOrFail(t, s, []limit{newLimit("key", uniqueID(t), 5, 0)}, base)
+		admitOrFail(t, s, []Limit{newLimit("key", uniqueID(t), 5, 0)}, base)
 	}
 	for range 200 {
-		admitOrFail(t, s, []limit{newTaggedLimit("", "team", uniqueID(t), windowLimitCaps(windowCaps{rpd: 5}))}, base)
+		admitOrFail(t, s, []Limit{NewLimit("", "team", uniqueID(t), CapsOfWindows(WindowCaps{RPD: 5}))}, base)
 	}
 	waitCounters(t, s, 1200)
-	pinned(s, base+2*minuteMillis) // the minute windows are over; the day windows are not
+	pinned(s, base+2*MinuteMillis) // the minute windows are over; the day windows are not
 	waitCounters(t, s, 200)
-	pinned(s, base+2*dayMinutes*minuteMillis)
+	pinned(s, base+2*dayMinutes*MinuteMillis)
 	waitCounters(t, s, 0)
 }
 
@@ -213,7 +213,7 @@ func TestTheMemoryCountersGaugeCountsTheProcesssCounters(t *testing.T) {
 	defer release()
 	before := countMemoryCounters()
 	for range 3 {
-		if _, err := st.admit(context.Background(), []limit{newLimit("key", uniqueID(t), 5, 0)}, tokenCounts{}); err != nil {
+		if _, err := st.Admit(context.Background(), []Limit{newLimit("key", uniqueID(t), 5, 0)}, TokenCounts{}); err != nil {
 			t.Fatal(err)
 		}
 	}

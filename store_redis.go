@@ -32,7 +32,7 @@ var (
 // Redis restart or a failover (evalSha; go-redis's Script.Run on Cluster).
 type redisStore struct {
 	lifetime
-	clock   redisClock
+	clock   RedisClock
 	client  redis.UniversalClient
 	config  *RedisConfig // resolved: for the replay's fresh connection
 	timeout time.Duration
@@ -86,24 +86,24 @@ const (
 // and whose monotonic reading bounds Redis's in the refusal cache; and the
 // clock admit.lua reads, as the script's clock argument at a reading of the
 // gateway's.
-type redisClock struct {
-	gateway func() time.Time
-	script  func(gateway time.Time) string
+type RedisClock struct {
+	Gateway func() time.Time
+	Script  func(gateway time.Time) string
 }
 
 // systemRedisClock is this machine's clock, and Redis TIME (the argument
 // ""), so that replicas whose clocks are skewed agree on Redis's.
-var systemRedisClock = redisClock{gateway: time.Now, script: func(time.Time) string { return "" }}
+var SystemRedisClock = RedisClock{Gateway: time.Now, Script: func(time.Time) string { return "" }}
 
 // redisStores shares a client among the handlers of every loaded config with
 // the same settings, so that a reload neither reconnects nor leaks a pool.
 var redisStores = caddy.NewUsagePool()
 
 // acquireRedisStore takes the store of a resolved config from the pool.
-func acquireRedisStore(config *RedisConfig, timeout time.Duration) (store, func() error, error) {
+func acquireRedisStore(config *RedisConfig, timeout time.Duration) (Store, func() error, error) {
 	key := config.poolKey(timeout)
 	v, _, err := redisStores.LoadOrNew(key, func() (caddy.Destructor, error) {
-		s, err := newRedisStore(config, timeout, systemRedisClock)
+		s, err := NewRedisStore(config, timeout, SystemRedisClock)
 		if err == nil {
 			s.startRenewal()
 		}
@@ -120,14 +120,14 @@ func acquireRedisStore(config *RedisConfig, timeout time.Duration) (store, func(
 
 // newRedisStore is a store of the resolved config that reads the time from
 // clock.
-func newRedisStore(config *RedisConfig, timeout time.Duration, clock redisClock) (*redisStore, error) {
+func NewRedisStore(config *RedisConfig, timeout time.Duration, clock RedisClock) (*redisStore, error) {
 	client, err := config.newClient(timeout)
 	if err != nil {
 		return nil, err
 	}
 	s := &redisStore{clock: clock, client: client, config: config, timeout: timeout, refusals: newRefusalCache(),
 		holder: rand.Text(), held: newHeldSlots(), slotCalls: semaphore.NewWeighted(slotCallsMax), stop: make(chan struct{})}
-	s.freed = func(error) { s.release() }
+	s.freed = func(error) { s.Release() }
 	if config.topology() != cluster {
 		s.batches.New = func() any { return &scriptBatch{store: s, pooled: true} }
 		s.calls = coalesce.New(callsInFlight, chargeLinger, func(first *scriptItem) coalesce.Batch[*scriptItem] {
@@ -158,11 +158,11 @@ func (s *redisStore) startRenewal() {
 	s.renewing.Go(func() { s.held.renewEvery(s.renew, s.stop) })
 }
 
-func (s *redisStore) describe() storeDescription {
-	return storeDescription{kind: "redis", where: s.config.where(), tagged: s.config.topology() == cluster}
+func (s *redisStore) Describe() storeDescription {
+	return storeDescription{Kind: "redis", Where: s.config.where(), Tagged: s.config.topology() == cluster}
 }
 
-func (s *redisStore) release() { s.lifetime.release(s.closeClient) }
+func (s *redisStore) Release() { s.lifetime.release(s.closeClient) }
 
 //go:embed reset.lua
 var resetLua string
@@ -176,23 +176,23 @@ var resetScript = redis.NewScript(resetLua)
 // keeps the slots and budget keys (reset.go). Then, whatever became of the
 // call (a timeout may hide one that ran), it forgets this process's cached
 // refusals of l, and any refusal of an admission sent before that.
-func (s *redisStore) reset(ctx context.Context, l limit) ([]string, error) {
-	defer s.refusals.forgetLimit(l.prefix)
-	now := s.clock.gateway()
-	keys := resetKeys(l, momentAt(now.UnixMilli()))
+func (s *redisStore) Reset(ctx context.Context, l Limit) ([]string, error) {
+	defer s.refusals.forgetLimit(l.Prefix)
+	now := s.clock.Gateway()
+	keys := resetKeys(l, MomentAt(now.UnixMilli()))
 	if len(keys) == 0 {
 		return resetNames(l), nil
 	}
 	marks := "0"
 	if l.capsTokens() {
 		var key strings.Builder
-		writeResetKey(&key, l.prefix)
+		writeResetKey(&key, l.Prefix)
 		keys, marks = append(keys, key.String()), "1"
 	}
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	err := resetScript.Run(ctx, s.client, keys, s.clock.script(now), marks).Err()
+	err := resetScript.Run(ctx, s.client, keys, s.clock.Script(now), marks).Err()
 	observeRedis("reset", start, err)
 	if err != nil {
 		return nil, err
@@ -206,15 +206,15 @@ func (s *redisStore) reset(ctx context.Context, l limit) ([]string, error) {
 // period behind the gateway's reads the period before the previous as its
 // previous one; one up to a period ahead writes the next. (The gateway names
 // a call's keys by Redis's minute when its own is another: window.go.)
-func resetKeys(l limit, now moment) []string {
+func resetKeys(l Limit, now moment) []string {
 	var keys []string
-	for k := range l.each {
-		b := now.in(k.span()).period
+	for k := range l.Each {
+		b := now.In(k.Span()).Period
 		for p := b - 2; p <= b+1; p++ {
-			keys = append(keys, periodKey(l.prefix, k, p))
+			keys = append(keys, PeriodKey(l.Prefix, k, p))
 		}
 	}
-	if l.bucket.rate > 0 {
+	if l.Bucket.Rate > 0 {
 		var key strings.Builder
 		writeBucketKey(&key, l)
 		keys = append(keys, key.String())
@@ -224,8 +224,8 @@ func resetKeys(l limit, now moment) []string {
 
 // admit answers from the refusal cache what Redis refused until Redis would
 // admit it again, and asks Redis the rest.
-func (s *redisStore) admit(ctx context.Context, chain []limit, reserve tokenCounts) (admission, error) {
-	sent := s.clock.gateway() // the cache bounds Redis's clock from a moment before the call
+func (s *redisStore) Admit(ctx context.Context, chain []Limit, reserve TokenCounts) (Admission, error) {
+	sent := s.clock.Gateway() // the cache bounds Redis's clock from a moment before the call
 	resets := s.refusals.resetsSoFar()
 	if a, ok := s.refusals.refusedLocally(chain, sent); ok {
 		refusalsCachedTotal.Inc()
@@ -239,10 +239,10 @@ func (s *redisStore) admit(ctx context.Context, chain []limit, reserve tokenCoun
 			// is no store failure.
 			s.refusals.forget()
 		}
-		return admission{}, err
+		return Admission{}, err
 	}
 	a, err := admissionOf(chain, d)
-	if err == nil && !a.admitted {
+	if err == nil && !a.Admitted {
 		s.refusals.record(chain, d, sent, resets)
 	}
 	return a, err
@@ -250,8 +250,8 @@ func (s *redisStore) admit(ctx context.Context, chain []limit, reserve tokenCoun
 
 // refusedUnread is what the refusal cache refuses: only requests windows and
 // buckets are cached, which no body changes.
-func (s *redisStore) refusedUnread(chain []limit) (admission, bool) {
-	a, ok := s.refusals.refusedLocally(chain, s.clock.gateway())
+func (s *redisStore) RefusedUnread(chain []Limit) (Admission, bool) {
+	a, ok := s.refusals.refusedLocally(chain, s.clock.Gateway())
 	if ok {
 		refusalsCachedTotal.Inc()
 	}
@@ -259,25 +259,25 @@ func (s *redisStore) refusedUnread(chain []limit) (admission, bool) {
 }
 
 // decide asks Redis for one admission, in a coalesced call where calls are.
-func (s *redisStore) decide(ctx context.Context, chain []limit, reserve tokenCounts) (decision, error) {
+func (s *redisStore) decide(ctx context.Context, chain []Limit, reserve TokenCounts) (Decision, error) {
 	if s.calls != nil {
 		return s.admitCoalesced(ctx, chain, reserve)
 	}
 	return s.run(ctx, chain, reserve, false)
 }
 
-func (s *redisStore) peek(ctx context.Context, chain []limit) (decision, error) {
-	return s.run(ctx, chain, tokenCounts{}, true)
+func (s *redisStore) Peek(ctx context.Context, chain []Limit) (Decision, error) {
+	return s.run(ctx, chain, TokenCounts{}, true)
 }
 
 // run decides one admission with admit.lua, which only reads when peek is
 // set.
-func (s *redisStore) run(ctx context.Context, chain []limit, reserve tokenCounts, peek bool) (decision, error) {
+func (s *redisStore) run(ctx context.Context, chain []Limit, reserve TokenCounts, peek bool) (Decision, error) {
 	var c scriptCall
 	c.add(chain, reserve)
 	ds, _, err := s.call(ctx, &c, peek)
 	if err != nil {
-		return decision{}, err
+		return Decision{}, err
 	}
 	return ds[0], nil
 }
@@ -287,7 +287,7 @@ func (s *redisStore) run(ctx context.Context, chain []limit, reserve tokenCounts
 // never replayed (a double charge would outlive the failure): when a call
 // that charges meets a dead connection, its charges fail with that error and
 // its admissions are replayed alone.
-func (s *redisStore) call(ctx context.Context, c *scriptCall, peek bool) (ds []decision, charged, err error) {
+func (s *redisStore) call(ctx context.Context, c *scriptCall, peek bool) (ds []Decision, charged, err error) {
 	op := "admit"
 	switch {
 	case peek:
@@ -314,8 +314,8 @@ func (s *redisStore) call(ctx context.Context, c *scriptCall, peek bool) (ds []d
 	}
 	// Charges and frees are never replayed: a second one would outlive the failure.
 	once := c.charges.count() > 0 || len(c.frees.chains) > 0
-	now := s.clock.gateway()
-	scriptClock, atMinute := s.clock.script(now), momentAt(now.UnixMilli()).minute
+	now := s.clock.Gateway()
+	scriptClock, atMinute := s.clock.Script(now), MomentAt(now.UnixMilli()).Minute
 	reply, err := s.runScript(ctx, admitScript, c.keys(atMinute), c.args(scriptClock, atMinute, peek, s.holder), !once)
 	if b, ok := otherMinute(reply); ok && err == nil {
 		// Redis's clock is in another minute than ours: nothing ran; name
@@ -342,27 +342,27 @@ func (s *redisStore) call(ctx context.Context, c *scriptCall, peek bool) (ds []d
 
 // holdAdmitted counts in the ledger the slots of the call's admitted
 // admissions, and holds the store open for their frees.
-func (s *redisStore) holdAdmitted(c *scriptCall, ds []decision) {
+func (s *redisStore) holdAdmitted(c *scriptCall, ds []Decision) {
 	for m, d := range ds {
-		if !d.admitted {
+		if !d.Admitted {
 			continue
 		}
 		holds := false
 		for _, i := range []byte(c.chains[m]) {
-			if l := c.limits[i-1]; l.concurrent.max > 0 {
+			if l := c.limits[i-1]; l.Concurrent.Max > 0 {
 				s.held.takeOne(l, 1)
 				holds = true
 			}
 		}
 		if holds {
-			s.hold()
+			s.Hold()
 		}
 	}
 }
 
 // free rides in the next call (ride). It releases the store that the
 // admission held for it.
-func (s *redisStore) free(chain []limit) {
+func (s *redisStore) Free(chain []Limit) {
 	s.ride(&scriptItem{chain: chain, free: true, done: s.freed})
 }
 
@@ -391,7 +391,7 @@ func (s *redisStore) renew() {
 // Redis Cluster one per chain root, in one pipeline. It holds every unit
 // of slotCalls, so that no call that takes or frees slots is in flight
 // between the ledger's counts and their write.
-func (s *redisStore) renewStep(limits []limit) bool {
+func (s *redisStore) renewStep(limits []Limit) bool {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 	defer cancel()
@@ -404,11 +404,11 @@ func (s *redisStore) renewStep(limits []limit) bool {
 	for _, l := range limits {
 		root := ""
 		if s.config.topology() == cluster {
-			root = hashTag(l.prefix)
+			root = hashTag(l.Prefix)
 		}
 		byRoot[root] = append(byRoot[root], s.held.renewed(l))
 	}
-	clock := s.clock.script(s.clock.gateway())
+	clock := s.clock.Script(s.clock.Gateway())
 	renewAll := func() error {
 		pipe := s.client.Pipeline()
 		for _, group := range byRoot {
@@ -435,8 +435,8 @@ func renewalOf(held []slotRenewal, clock, holder string) (keys []string, args []
 	keys, args = make([]string, len(held)), make([]any, 0, 2+2*len(held))
 	args = append(args, clock, holder)
 	for i, r := range held {
-		keys[i] = slotsKey(r.limit)
-		args = append(args, hexArg(r.n), hexArg(r.leaseMillis))
+		keys[i] = SlotsKey(r.Limit)
+		args = append(args, HexArg(r.n), HexArg(r.leaseMillis))
 	}
 	return keys, args
 }
@@ -456,7 +456,7 @@ func hashTag(key string) string {
 }
 
 // gatewayMoment is the gateway's clock reading.
-func (s *redisStore) gatewayMoment() moment { return momentAt(s.clock.gateway().UnixMilli()) }
+func (s *redisStore) gatewayMoment() moment { return MomentAt(s.clock.Gateway().UnixMilli()) }
 
 // otherMinute reads the scripts' answer {-1, now}: the keys named another
 // minute than Redis's clock, and nothing ran.
@@ -464,7 +464,7 @@ func otherMinute(reply []int64) (int64, bool) {
 	if len(reply) != 2 || reply[0] != -1 {
 		return 0, false
 	}
-	return momentAt(reply[1]).minute, true
+	return MomentAt(reply[1]).Minute, true
 }
 
 // runScript runs a script; only an admission may be replayed. An admission
@@ -547,7 +547,7 @@ func isDeadConnection(err error) bool {
 }
 
 // charge rides in the next call (ride).
-func (s *redisStore) charge(chain []limit, c charge, done func(error)) {
+func (s *redisStore) Charge(chain []Limit, c Charge, done func(error)) {
 	if !c.changes(chain, s.gatewayMoment()) {
 		done(nil)
 		return
@@ -572,7 +572,7 @@ func (s *redisStore) ride(item *scriptItem) {
 
 // Interface guards
 var (
-	_ store            = (*redisStore)(nil)
+	_ Store            = (*redisStore)(nil)
 	_ caddy.Destructor = (*redisStore)(nil)
 )
 
@@ -580,7 +580,7 @@ var (
 // timeout in all, whether others make the calls or its own is in flight
 // (which may then still decide and charge it: doc.go). An admission that
 // makes its call at once is bounded by the call's own timeout.
-func (s *redisStore) admitCoalesced(ctx context.Context, chain []limit, reserve tokenCounts) (decision, error) {
+func (s *redisStore) admitCoalesced(ctx context.Context, chain []Limit, reserve TokenCounts) (Decision, error) {
 	item := &scriptItem{chain: chain, reserve: reserve, answer: make(chan scriptAnswer, 1)}
 	a, err := coalesce.Await(ctx, s.calls, item, item.answer, s.timeout)
 	if err != nil {
@@ -588,11 +588,11 @@ func (s *redisStore) admitCoalesced(ctx context.Context, chain []limit, reserve 
 		// that gives up claims it, and frees what the call that answered
 		// first took (scriptBatch.Send frees what it answers after).
 		if !item.claim.CompareAndSwap(unclaimed, abandoned) {
-			if a := <-item.answer; a.err == nil && a.d.admitted && holdsSlots(chain) {
-				s.free(chain)
+			if a := <-item.answer; a.err == nil && a.d.Admitted && HoldsSlots(chain) {
+				s.Free(chain)
 			}
 		}
-		return decision{}, err
+		return Decision{}, err
 	}
 	return a.d, a.err
 }

@@ -27,7 +27,7 @@ func newTestRedisStore(t testing.TB, url string) *redisStore {
 func newTestRedisStoreOf(t testing.TB, config *RedisConfig, timeout time.Duration) *redisStore {
 	t.Helper()
 	c := new(testClock)
-	s, err := newRedisStore(config, timeout, redisClock{gateway: c.gateway, script: c.script})
+	s, err := NewRedisStore(config, timeout, RedisClock{Gateway: c.gateway, Script: c.script})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,18 +50,18 @@ func redisClient(t testing.TB, url string) *redis.Client {
 func TestFirstAdmissionAfterClientKillIsStillEnforced(t *testing.T) {
 	url := redisURLFromEnv(t)
 	s := newTestRedisStore(t, url)
-	chain := []limit{newLimit("key", uniqueID(t), 1, 0)}
-	if !admitOrFail(t, s, chain, 0).admitted {
+	chain := []Limit{newLimit("key", uniqueID(t), 1, 0)}
+	if !admitOrFail(t, s, chain, 0).Admitted {
 		t.Fatal("first request refused")
 	}
 	if err := redisClient(t, url).ClientKillByFilter(context.Background(), "TYPE", "normal").Err(); err != nil {
 		t.Fatal(err)
 	}
-	d, err := s.admit(context.Background(), chain, tokenCounts{})
+	d, err := s.Admit(context.Background(), chain, TokenCounts{})
 	if err != nil {
 		t.Fatalf("first admission after CLIENT KILL failed (would fail open): %v", err)
 	}
-	if d.admitted {
+	if d.Admitted {
 		t.Fatal("first admission after CLIENT KILL was admitted over rpm 1")
 	}
 }
@@ -69,14 +69,14 @@ func TestFirstAdmissionAfterClientKillIsStillEnforced(t *testing.T) {
 // storeOnADyingConnection is a store whose connections to url pass a proxy,
 // with the first request of chain admitted at at; the proxy then resets the
 // connection that carries the store's next command.
-func storeOnADyingConnection(t *testing.T, url string, chain []limit, at int64) *redisStore {
+func storeOnADyingConnection(t *testing.T, url string, chain []Limit, at int64) *redisStore {
 	opts, err := redis.ParseURL(url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	proxy := newResetProxy(t, opts.Addr)
 	s := newTestRedisStore(t, "redis://"+proxy.Addr()+"/"+strconv.Itoa(opts.DB))
-	if !admitOrFail(t, s, chain, at).admitted {
+	if !admitOrFail(t, s, chain, at).Admitted {
 		t.Fatal("first request refused")
 	}
 	proxy.ResetAtNextCommand()
@@ -89,19 +89,19 @@ func storeOnADyingConnection(t *testing.T, url string, chain []limit, at int64) 
 func TestAdmissionOnAConnectionThatDiesAtItsNextCommandIsReplayedOnce(t *testing.T) {
 	url := redisURLFromEnv(t)
 	at := pinnedBase() + 1000
-	chain := []limit{newLimit("key", uniqueID(t), 2, 0)}
+	chain := []Limit{newLimit("key", uniqueID(t), 2, 0)}
 	s := storeOnADyingConnection(t, url, chain, at)
-	d, err := pinned(s, at).admit(context.Background(), chain, tokenCounts{})
+	d, err := pinned(s, at).Admit(context.Background(), chain, TokenCounts{})
 	if err != nil {
 		t.Fatalf("admission on a dying connection was not replayed: %v", err)
 	}
-	if !d.admitted {
+	if !d.Admitted {
 		t.Fatal("second of rpm 2 refused after the replay")
 	}
-	if admitOrFail(t, s, chain, at).admitted {
+	if admitOrFail(t, s, chain, at).Admitted {
 		t.Fatal("third request admitted over rpm 2")
 	}
-	if n := redisCount(t, url, chain[0].prefix, rpm, at/minuteMillis); n != 2 {
+	if n := redisCount(t, url, chain[0].Prefix, RPM, at/MinuteMillis); n != 2 {
 		t.Fatalf("counted %d requests, want exactly 2 (the dead attempt never reached Redis)", n)
 	}
 }
@@ -112,11 +112,11 @@ func TestAdmissionOnAConnectionThatDiesAtItsNextCommandIsReplayedOnce(t *testing
 func TestCallOnADyingConnectionReplaysItsAdmissionsButNotItsCharges(t *testing.T) {
 	url := redisURLFromEnv(t)
 	at := pinnedBase() + 1000
-	chain := []limit{newLimit("key", uniqueID(t), 2, 1000)}
+	chain := []Limit{newLimit("key", uniqueID(t), 2, 1000)}
 	s := storeOnADyingConnection(t, url, chain, at)
 	var c scriptCall
-	c.charges.add(chain, charge{tokens: totalTokens(300)}, momentAt(at))
-	c.add(chain, tokenCounts{})
+	c.charges.add(chain, Charge{Tokens: totalTokens(300)}, MomentAt(at))
+	c.add(chain, TokenCounts{})
 	ds, charged, err := pinned(s, at).call(context.Background(), &c, false)
 	if err != nil {
 		t.Fatalf("admission on a dying connection was not replayed: %v", err)
@@ -124,13 +124,13 @@ func TestCallOnADyingConnectionReplaysItsAdmissionsButNotItsCharges(t *testing.T
 	if !isDeadConnection(charged) {
 		t.Fatalf("charge on a dying connection: %v, want the dead connection's error", charged)
 	}
-	if !ds[0].admitted || ds[0].counts[0].w[tpm].cur != 0 {
-		t.Fatalf("replayed admission: admitted %v, read %d tokens; want admitted, 0", ds[0].admitted, ds[0].counts[0].w[tpm].cur)
+	if !ds[0].Admitted || ds[0].Counts[0].Window[TPM].Cur != 0 {
+		t.Fatalf("replayed admission: admitted %v, read %d tokens; want admitted, 0", ds[0].Admitted, ds[0].Counts[0].Window[TPM].Cur)
 	}
-	if n := redisCount(t, url, chain[0].prefix, tpm, at/minuteMillis); n != 0 {
+	if n := redisCount(t, url, chain[0].Prefix, TPM, at/MinuteMillis); n != 0 {
 		t.Fatalf("%d tokens charged by a call whose connection died, want 0", n)
 	}
-	if n := redisCount(t, url, chain[0].prefix, rpm, at/minuteMillis); n != 2 {
+	if n := redisCount(t, url, chain[0].Prefix, RPM, at/MinuteMillis); n != 2 {
 		t.Fatalf("counted %d requests, want 2", n)
 	}
 }
@@ -143,29 +143,29 @@ func TestAdmissionsOfACallReadTheTokensItCharges(t *testing.T) {
 	org := newLimit("org", uniqueID(t), 0, 500)
 	key := newLimit("key", uniqueID(t), 10, 0)
 	var c scriptCall
-	c.charges.add([]limit{key, org}, charge{tokens: totalTokens(500)}, momentAt(at)) // the key has no tpm: only the org is charged
-	c.add([]limit{key, org}, tokenCounts{})
+	c.charges.add([]Limit{key, org}, Charge{Tokens: totalTokens(500)}, MomentAt(at)) // the key has no tpm: only the org is charged
+	c.add([]Limit{key, org}, TokenCounts{})
 	ds, charged, err := pinned(s, at).call(context.Background(), &c, false)
 	if err != nil || charged != nil {
 		t.Fatal(err, charged)
 	}
-	if ds[0].admitted || ds[0].counts[1].w[tpm].cur != 500 {
-		t.Fatalf("admitted %v having read %d tokens; want refused on the 500 charged first", ds[0].admitted, ds[0].counts[1].w[tpm].cur)
+	if ds[0].Admitted || ds[0].Counts[1].Window[TPM].Cur != 500 {
+		t.Fatalf("admitted %v having read %d tokens; want refused on the 500 charged first", ds[0].Admitted, ds[0].Counts[1].Window[TPM].Cur)
 	}
-	if len(c.keys(at/minuteMillis)) != 5 { // key req cur/prev, org tok cur/prev, the org's charge
-		t.Fatalf("keys %v", c.keys(at/minuteMillis))
+	if len(c.keys(at/MinuteMillis)) != 5 { // key req cur/prev, org tok cur/prev, the org's charge
+		t.Fatalf("keys %v", c.keys(at/MinuteMillis))
 	}
 }
 
 func TestAdmissionFailsWithAnErrorWhileRedisIsDownAndResumesAfterRestart(t *testing.T) {
 	srv := startRedis(t)
 	s := newTestRedisStore(t, srv.URL())
-	chain := []limit{newLimit("key", uniqueID(t), 1, 0)}
-	if !admitOrFail(t, s, chain, 0).admitted {
+	chain := []Limit{newLimit("key", uniqueID(t), 1, 0)}
+	if !admitOrFail(t, s, chain, 0).Admitted {
 		t.Fatal("first request refused")
 	}
 	srv.Stop(t)
-	if _, err := s.admit(context.Background(), chain, tokenCounts{}); err == nil {
+	if _, err := s.Admit(context.Background(), chain, TokenCounts{}); err == nil {
 		t.Fatal("admission succeeded with Redis stopped")
 	}
 	srv.Start(t) // empty dataset and empty script cache
@@ -175,10 +175,10 @@ func TestAdmissionFailsWithAnErrorWhileRedisIsDownAndResumesAfterRestart(t *test
 	// The pool may refuse to dial for about a second after failed dials: wait
 	// for enforcement rather than assume it is instant.
 	deadline := time.Now().Add(5 * time.Second)
-	var d admission
+	var d Admission
 	var err error
 	for {
-		if d, err = s.admit(context.Background(), chain, tokenCounts{}); err == nil || time.Now().After(deadline) {
+		if d, err = s.Admit(context.Background(), chain, TokenCounts{}); err == nil || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -186,10 +186,10 @@ func TestAdmissionFailsWithAnErrorWhileRedisIsDownAndResumesAfterRestart(t *test
 	if err != nil {
 		t.Fatalf("admission did not resume after the restart: %v", err)
 	}
-	if !d.admitted {
+	if !d.Admitted {
 		t.Fatal("refused on an empty restarted Redis")
 	}
-	if admitOrFail(t, s, chain, 0).admitted {
+	if admitOrFail(t, s, chain, 0).Admitted {
 		t.Fatal("second request admitted over rpm 1 after the restart")
 	}
 }
@@ -216,9 +216,9 @@ func admitConcurrently(t *testing.T, s *redisStore, n, rounds int) (took []time.
 	for g := range n {
 		wg.Go(func() {
 			for r := range rounds {
-				chain := []limit{newLimit("key", fmt.Sprintf("%s-%d-%d", id, g, r), 1, 0)}
+				chain := []Limit{newLimit("key", fmt.Sprintf("%s-%d-%d", id, g, r), 1, 0)}
 				start := time.Now()
-				if _, err := s.admit(context.Background(), chain, tokenCounts{}); err != nil {
+				if _, err := s.Admit(context.Background(), chain, TokenCounts{}); err != nil {
 					failures.Add(1)
 				}
 				took[g*rounds+r] = time.Since(start)
@@ -282,13 +282,13 @@ func TestAnAdmissionReplayedOnAFreshConnectionToAHungRedisEndsWithinTheTimeout(t
 	srv := startRedis(t)
 	proxy := newResetProxy(t, srv.Addr())
 	s := newTestRedisStoreOf(t, &RedisConfig{URL: "redis://" + proxy.Addr() + "/0"}, hungTimeout)
-	chain := []limit{newLimit("key", uniqueID(t), 1, 0)}
+	chain := []Limit{newLimit("key", uniqueID(t), 1, 0)}
 	admitOrFail(t, s, chain, 0)
 	resume := srv.Hang(t)
 	defer resume()
 	proxy.ResetAtNextCommand()
 	start := time.Now()
-	_, err := s.admit(context.Background(), chain, tokenCounts{})
+	_, err := s.Admit(context.Background(), chain, TokenCounts{})
 	took := time.Since(start)
 	if err == nil || isDeadConnection(err) {
 		t.Fatalf("admission on a dying connection to a hung Redis: %v, want the replay's timeout", err)
@@ -303,13 +303,13 @@ func TestUnloadedRedisStoreStaysOpenUntilItsLastHolderReleasesIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := st.(*redisStore)
-	s.hold() // a response admitted under the config being unloaded
+	s.Hold() // a response admitted under the config being unloaded
 	if err := release(); err != nil {
 		t.Fatal(err)
 	}
-	chain := []limit{newLimit("org", uniqueID(t), 0, 100)}
-	settle(t, s, chain, charge{tokens: totalTokens(7)}) // after the unload
-	s.release()
+	chain := []Limit{newLimit("org", uniqueID(t), 0, 100)}
+	settle(t, s, chain, Charge{Tokens: totalTokens(7)}) // after the unload
+	s.Release()
 	if err := s.client.Ping(context.Background()).Err(); !errors.Is(err, redis.ErrClosed) {
 		t.Fatalf("client after the last release: %v, want closed", err)
 	}
@@ -321,37 +321,37 @@ func TestScriptTouchesNothingWhenItsKeysNameAnotherMinute(t *testing.T) {
 	url := redisURLFromEnv(t)
 	s := newTestRedisStore(t, url)
 	at := pinnedBase() + 7000
-	chain := []limit{newLimit("org", uniqueID(t), 5, 100)}
-	stale := momentAt(at).minute - 1
+	chain := []Limit{newLimit("org", uniqueID(t), 5, 100)}
+	stale := MomentAt(at).Minute - 1
 	var c scriptCall
-	c.add(chain, tokenCounts{})
-	reply, err := s.runScript(context.Background(), admitScript, c.keys(stale), c.args(hexArg(at), stale, false, s.holder), true)
+	c.add(chain, TokenCounts{})
+	reply, err := s.runScript(context.Background(), admitScript, c.keys(stale), c.args(HexArg(at), stale, false, s.holder), true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b, ok := otherMinute(reply); !ok || b != momentAt(at).minute {
+	if b, ok := otherMinute(reply); !ok || b != MomentAt(at).Minute {
 		t.Fatalf("reply %v, want {-1, now} naming the bucket of the script's clock", reply)
 	}
-	keys, err := redisClient(t, url).Keys(context.Background(), chain[0].prefix+"*").Result()
+	keys, err := redisClient(t, url).Keys(context.Background(), chain[0].Prefix+"*").Result()
 	if err != nil || len(keys) != 0 {
 		t.Fatalf("keys %v written by a call whose keys named another minute (%v)", keys, err)
 	}
 	var chargeOnly scriptCall
-	chargeOnly.charges.add(chain, charge{tokens: totalTokens(9)}, momentAt(at))
-	reply, err = s.runScript(context.Background(), admitScript, chargeOnly.keys(stale), chargeOnly.args(hexArg(at), stale, false, s.holder), false)
+	chargeOnly.charges.add(chain, Charge{Tokens: totalTokens(9)}, MomentAt(at))
+	reply, err = s.runScript(context.Background(), admitScript, chargeOnly.keys(stale), chargeOnly.args(HexArg(at), stale, false, s.holder), false)
 	if _, ok := otherMinute(reply); !ok || err != nil {
 		t.Fatalf("token charge with keys of another minute: %v %v", reply, err)
 	}
-	if keys, _ := redisClient(t, url).Keys(context.Background(), chain[0].prefix+"*").Result(); len(keys) != 0 {
+	if keys, _ := redisClient(t, url).Keys(context.Background(), chain[0].Prefix+"*").Result(); len(keys) != 0 {
 		t.Fatalf("keys %v written by a token charge whose keys named another minute", keys)
 	}
 }
 
 func TestReplyOfTheWrongShapeIsAnError(t *testing.T) {
 	var c scriptCall
-	c.add([]limit{newLimit("key", "k", 1, 0)}, tokenCounts{})
+	c.add([]Limit{newLimit("key", "k", 1, 0)}, TokenCounts{})
 	for _, reply := range [][]int64{nil, {1, 0}, {1, 0, 0, 0, 0, 0, 0, 2}, {1, 0, 0, 0, 0, 0, 1}, {0, 0, 0, 0, 0, 0, 0, 1}} {
-		if _, err := c.decode(reply, true); !errors.Is(err, errBadReply) {
+		if _, err := c.decode(reply, true); !errors.Is(err, ErrBadReply) {
 			t.Fatalf("reply %v: err %v, want errBadReply", reply, err)
 		}
 	}
@@ -373,19 +373,19 @@ func BenchmarkAdmissionRedisServerTime(b *testing.B) {
 			if concurrent {
 				name += "/concurrent=32"
 			}
-			chainOf := func(key int) []limit { return benchChain(n, fmt.Sprintf("bench%d", key%1000)) }
-			b.Run(name, func(b *testing.B) { benchmarkRedisTime(b, url, concurrent, tokenCounts{}, false, chainOf) })
+			chainOf := func(key int) []Limit { return benchChain(n, fmt.Sprintf("bench%d", key%1000)) }
+			b.Run(name, func(b *testing.B) { benchmarkRedisTime(b, url, concurrent, TokenCounts{}, false, chainOf) })
 			if n == 4 {
 				b.Run(name+"/reserving", func(b *testing.B) { benchmarkRedisTime(b, url, concurrent, totalTokens(1000), false, chainOf) })
 				b.Run(name+"/reserving/settled", func(b *testing.B) {
 					benchmarkRedisTime(b, url, concurrent, totalTokens(1000), true, chainOf)
 				})
-				inFlight := func(key int) []limit { return withSlots(chainOf(key)) }
-				b.Run(name+"/in-flight-cap", func(b *testing.B) { benchmarkRedisTime(b, url, concurrent, tokenCounts{}, false, inFlight) })
+				inFlight := func(key int) []Limit { return withSlots(chainOf(key)) }
+				b.Run(name+"/in-flight-cap", func(b *testing.B) { benchmarkRedisTime(b, url, concurrent, TokenCounts{}, false, inFlight) })
 				// 1000 tokens at $0.60 per million, on a month budget of each limit.
-				budgeted := func(key int) []limit { return withBudgets(b, chainOf(key)) }
+				budgeted := func(key int) []Limit { return withBudgets(b, chainOf(key)) }
 				b.Run(name+"/budget", func(b *testing.B) {
-					benchmarkRedisTime(b, url, concurrent, tokenCounts{total: 1000, cost: 600_000}, false, budgeted)
+					benchmarkRedisTime(b, url, concurrent, TokenCounts{Total: 1000, Cost: 600_000}, false, budgeted)
 				})
 			}
 		}
@@ -401,16 +401,16 @@ func BenchmarkAdmissionRedisServerTimeByActiveKeys(b *testing.B) {
 	for _, active := range []int{1000, 100000} {
 		b.Run(fmt.Sprintf("keys=%d", active), func(b *testing.B) {
 			id := fmt.Sprintf("active%d-", time.Now().UnixNano())
-			chainOf := func(key int) []limit { return benchChain(4, id+strconv.Itoa(key%active)) }
+			chainOf := func(key int) []Limit { return benchChain(4, id+strconv.Itoa(key%active)) }
 			admin := redisClient(b, url)
 			ctx := context.Background()
-			atMinute := time.Now().UnixMilli() / minuteMillis
+			atMinute := time.Now().UnixMilli() / MinuteMillis
 			pipe := admin.Pipeline()
 			for k := range active {
-				prefix := chainOf(k)[0].prefix
-				for _, window := range []windowKind{rpm, tpm} {
+				prefix := chainOf(k)[0].Prefix
+				for _, window := range []WindowKind{RPM, TPM} {
 					for _, at := range []int64{atMinute, atMinute - 1} {
-						pipe.Set(ctx, periodKey(prefix, window, at), 1, 2*time.Minute)
+						pipe.Set(ctx, PeriodKey(prefix, window, at), 1, 2*time.Minute)
 					}
 				}
 				if pipe.Len() >= 4000 || k == active-1 {
@@ -419,15 +419,15 @@ func BenchmarkAdmissionRedisServerTimeByActiveKeys(b *testing.B) {
 					}
 				}
 			}
-			benchmarkRedisTime(b, url, true, tokenCounts{}, false, chainOf)
+			benchmarkRedisTime(b, url, true, TokenCounts{}, false, chainOf)
 		})
 	}
 }
 
 // benchChain is a chain of n limits, each with an rpm and a tpm that admit
 // everything: the key's, then scopes s1... shared by every key.
-func benchChain(n int, key string) []limit {
-	chain := make([]limit, n)
+func benchChain(n int, key string) []Limit {
+	chain := make([]Limit, n)
 	chain[0] = newLimit("key", key, 1<<40, 1<<40)
 	for i := 1; i < n; i++ {
 		chain[i] = newLimit(fmt.Sprintf("s%d", i), "bench", 1<<40, 1<<40)
@@ -437,22 +437,22 @@ func benchChain(n int, key string) []limit {
 
 // withSlots is chain with a cap on requests in flight on every limit, which
 // admits everything.
-func withSlots(chain []limit) []limit {
+func withSlots(chain []Limit) []Limit {
 	for i := range chain {
-		chain[i].concurrent = concurrencyCap{max: 1 << 40, leaseMillis: defaultSlotLease.Milliseconds()}
+		chain[i].Concurrent = concurrencyCap{Max: 1 << 40, LeaseMillis: DefaultSlotLease.Milliseconds()}
 	}
 	return chain
 }
 
 // withBudgets is chain with a month budget on every limit, which admits
 // everything.
-func withBudgets(b *testing.B, chain []limit) []limit {
-	c, err := calendarOf("UTC")
+func withBudgets(b *testing.B, chain []Limit) []Limit {
+	c, err := CalendarOf("UTC")
 	if err != nil {
 		b.Fatal(err)
 	}
 	for i := range chain {
-		chain[i].budgets = budgetCaps{max: [numBudgetPeriods]int64{budgetMonth: pricing.MaxBudget}, calendar: c}
+		chain[i].Budgets = BudgetCaps{Max: [NumBudgetPeriods]int64{BudgetMonth: pricing.MaxBudget}, Calendar: c}
 	}
 	return chain
 }
@@ -463,11 +463,11 @@ func withBudgets(b *testing.B, chain []limit) []limit {
 // an answer's usage settles it (70 tokens used): the settlements ride in
 // the calls that admit, as they do in the gateway. It reports Redis's
 // server time per admission and the admissions per call.
-func benchmarkRedisTime(b *testing.B, url string, concurrent bool, reserve tokenCounts, settle bool, chainOf func(int) []limit) {
+func benchmarkRedisTime(b *testing.B, url string, concurrent bool, reserve TokenCounts, settle bool, chainOf func(int) []Limit) {
 	s := newTestRedisStore(b, url)
 	admin := redisClient(b, url)
 	ctx := context.Background()
-	if _, err := s.admit(ctx, chainOf(0), tokenCounts{}); err != nil { // load the script
+	if _, err := s.Admit(ctx, chainOf(0), TokenCounts{}); err != nil { // load the script
 		b.Fatal(err)
 	}
 	if err := admin.ConfigResetStat(ctx).Err(); err != nil {
@@ -475,18 +475,18 @@ func benchmarkRedisTime(b *testing.B, url string, concurrent bool, reserve token
 	}
 	var settling sync.WaitGroup
 	var settleErr atomic.Value
-	admitOne := func(chain []limit) error {
-		a, err := s.admit(ctx, chain, reserve)
+	admitOne := func(chain []Limit) error {
+		a, err := s.Admit(ctx, chain, reserve)
 		if err != nil {
 			return err
 		}
-		if holdsSlots(chain) {
-			s.free(chain)
+		if HoldsSlots(chain) {
+			s.Free(chain)
 		}
-		if settle && a.admitted {
+		if settle && a.Admitted {
 			settling.Add(1)
-			c := charge{tokens: totalTokens(70).minus(reserve), minute: a.now.minute}
-			s.charge(chain, c, func(err error) {
+			c := Charge{Tokens: totalTokens(70).Minus(reserve), Minute: a.Now.Minute}
+			s.Charge(chain, c, func(err error) {
 				if err != nil {
 					settleErr.Store(err)
 				}
@@ -561,9 +561,9 @@ func evalshaStats(b *testing.B, c *redis.Client) (calls int64, usec float64) {
 func TestIdleBucketExpiresTwiceTheTimeAnEmptyOneTakesToFill(t *testing.T) {
 	url := redisURLFromEnv(t)
 	s := newTestRedisStore(t, url)
-	chain := []limit{newBucketLimit(t, "key", uniqueID(t), "0.5", 3, 0)} // empty to full: 6 s
+	chain := []Limit{newBucketLimit(t, "key", uniqueID(t), "0.5", 3, 0)} // empty to full: 6 s
 	admitOrFail(t, s, chain, 0)
-	ttl, err := redisClient(t, url).PTTL(context.Background(), chain[0].prefix+"bkt").Result()
+	ttl, err := redisClient(t, url).PTTL(context.Background(), chain[0].Prefix+"bkt").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -578,18 +578,18 @@ func TestIdleBucketExpiresTwiceTheTimeAnEmptyOneTakesToFill(t *testing.T) {
 func TestDayKeysExpireAfterTwoDaysAndMinuteKeysAfterTwoMinutes(t *testing.T) {
 	url := redisURLFromEnv(t)
 	s := newTestRedisStore(t, url)
-	chain := []limit{newWindowLimit("key", uniqueID(t), windowCaps{rpm: 10, rpd: 100, tpd: 1000, otpd: 1000})}
-	if !admitOrFail(t, s, chain, 0).admitted {
+	chain := []Limit{newWindowLimit("key", uniqueID(t), WindowCaps{RPM: 10, RPD: 100, TPD: 1000, OTPD: 1000})}
+	if !admitOrFail(t, s, chain, 0).Admitted {
 		t.Fatal("refused")
 	}
-	settle(t, s, chain, charge{tokens: tokenCounts{total: 10, output: 4}})
-	now := momentAt(time.Now().UnixMilli())
+	settle(t, s, chain, Charge{Tokens: TokenCounts{Total: 10, Output: 4}})
+	now := MomentAt(time.Now().UnixMilli())
 	c := redisClient(t, url)
 	for _, k := range []struct {
-		window windowKind
+		window WindowKind
 		want   time.Duration
-	}{{rpm, 2 * time.Minute}, {rpd, 48 * time.Hour}, {tpd, 48 * time.Hour}, {otpd, 48 * time.Hour}} {
-		key := periodKey(chain[0].prefix, k.window, now.in(k.window.span()).period)
+	}{{RPM, 2 * time.Minute}, {RPD, 48 * time.Hour}, {TPD, 48 * time.Hour}, {OTPD, 48 * time.Hour}} {
+		key := PeriodKey(chain[0].Prefix, k.window, now.In(k.window.Span()).Period)
 		ttl, err := c.TTL(context.Background(), key).Result()
 		if err != nil {
 			t.Fatal(err)

@@ -24,55 +24,55 @@ import (
 // after its last write), and the slots' leases are of 3 to 6 s (their key
 // lives two leases after its last write), so that no key expires while a
 // history runs.
-func randomCaps(t testing.TB, rng *rand.Rand) limitCaps {
+func randomCaps(t testing.TB, rng *rand.Rand) Caps {
 	t.Helper()
 	// How often a limit caps each window, in percent, and its cap's
 	// range, in requests or tens of tokens.
-	odds := [numWindows]struct{ percent, least, most int64 }{
-		rpm: {70, 1, 6}, tpm: {50, 2, 19}, itpm: {25, 2, 13}, otpm: {25, 1, 8},
-		rpd: {20, 2, 11}, tpd: {20, 5, 34}, itpd: {17, 4, 23}, otpd: {17, 2, 16},
+	odds := [NumWindows]struct{ percent, least, most int64 }{
+		RPM: {70, 1, 6}, TPM: {50, 2, 19}, ITPM: {25, 2, 13}, OTPM: {25, 1, 8},
+		RPD: {20, 2, 11}, TPD: {20, 5, 34}, ITPD: {17, 4, 23}, OTPD: {17, 2, 16},
 	}
-	var w windowCaps
+	var w WindowCaps
 	for k, o := range odds {
 		if rng.Int64N(100) < o.percent {
 			w[k] = o.least + rng.Int64N(o.most-o.least+1)
-			if windowKind(k).kind() != requests {
+			if WindowKind(k).Kind() != Requests {
 				w[k] *= 10
 			}
 		}
 	}
-	caps := windowLimitCaps(w)
+	caps := CapsOfWindows(w)
 	if rng.IntN(10) < 4 {
 		burst := 1 + rng.Int64N(4)
 		b, err := LimitConfig{Rate: json.Number([]string{"0.01", "0.037", "0.1"}[rng.IntN(3)]), Burst: burst, Cost: 1 + rng.Int64N(burst)}.caps()
 		if err != nil {
 			t.Fatal(err)
 		}
-		caps.bucket = b.bucket
+		caps.Bucket = b.Bucket
 	}
 	if rng.IntN(10) < 3 {
-		caps.concurrent = concurrencyCap{max: 1 + rng.Int64N(4), leaseMillis: 3000 + rng.Int64N(3001)}
+		caps.Concurrent = concurrencyCap{Max: 1 + rng.Int64N(4), LeaseMillis: 3000 + rng.Int64N(3001)}
 	}
 	if rng.IntN(10) < 3 {
 		// In tens of nano-dollars, as costs come (randomReservation,
 		// randomUsage), in one of three calendars.
-		for p := range numBudgetPeriods {
+		for p := range NumBudgetPeriods {
 			if rng.IntN(3) > 0 {
-				caps.budgets.max[p] = 10 * (3 + rng.Int64N(30))
+				caps.Budgets.Max[p] = 10 * (3 + rng.Int64N(30))
 			}
 		}
-		if caps.budgets.max != [numBudgetPeriods]int64{} {
-			c, err := calendarOf([]string{"UTC", "Asia/Kolkata", "America/New_York"}[rng.IntN(3)])
+		if caps.Budgets.Max != [NumBudgetPeriods]int64{} {
+			c, err := CalendarOf([]string{"UTC", "Asia/Kolkata", "America/New_York"}[rng.IntN(3)])
 			if err != nil {
 				t.Fatal(err)
 			}
-			caps.budgets.calendar = c
+			caps.Budgets.Calendar = c
 		}
 	}
-	if caps == (limitCaps{}) {
-		caps = windowLimitCaps(windowCaps{rpm: 3})
+	if caps == (Caps{}) {
+		caps = CapsOfWindows(WindowCaps{RPM: 3})
 	}
-	caps.shadow = rng.IntN(10) < 2
+	caps.Shadow = rng.IntN(10) < 2
 	return caps
 }
 
@@ -84,19 +84,19 @@ func randomChain(rng *rand.Rand, n, most int) []int {
 // randomReservation is a request's reservation of input and output tokens,
 // and their largest cost, up to past the caps of randomCaps; either part
 // may be none, and so may the cost (a model priced at 0).
-func randomReservation(rng *rand.Rand) tokenCounts {
+func randomReservation(rng *rand.Rand) TokenCounts {
 	in, out := 10*rng.Int64N(6), 10*rng.Int64N(5)
 	if in+out == 0 {
 		out = 10
 	}
-	return tokenCounts{total: in + out, input: in, output: out, cost: 10 * rng.Int64N(8)}
+	return TokenCounts{Total: in + out, Input: in, Output: out, Cost: 10 * rng.Int64N(8)}
 }
 
 // randomUsage is a response's usage: its total may be above its input and
 // output (Anthropic's cache reads); and its cost.
-func randomUsage(rng *rand.Rand) tokenCounts {
+func randomUsage(rng *rand.Rand) TokenCounts {
 	in, out := 10*rng.Int64N(10), 10*rng.Int64N(6)
-	return tokenCounts{total: in + out + 10*rng.Int64N(2), input: in, output: out, cost: 10 * rng.Int64N(10)}
+	return TokenCounts{Total: in + out + 10*rng.Int64N(2), Input: in, Output: out, Cost: 10 * rng.Int64N(10)}
 }
 
 var (
@@ -212,37 +212,37 @@ type alikeHistory struct {
 	rng    *rand.Rand
 	memory *memoryStore
 	redis  *redisStore
-	pool   []limit
+	pool   []Limit
 	now    int64         // the pinned clocks, in unix milliseconds
 	open   []reservation // admitted reservations not yet settled
 	// inFlight are the admitted chains that hold slots, not yet freed;
 	// leaseEnds, by limit of the pool, when the lease of its slots last
 	// written (by an admission or a renewal) ends.
-	inFlight  [][]limit
+	inFlight  [][]Limit
 	leaseEnds [alikePool]int64
 	steps     []string // what the history did, for a failure's message
 }
 
 type reservation struct {
-	chain    []limit
-	decision decision // the admission's: its reservation, and its clock
+	chain    []Limit
+	decision Decision // the admission's: its reservation, and its clock
 }
 
 func (h *alikeHistory) run() {
 	h.rng = rand.New(rand.NewPCG(h.seed, 0))
 	id := uniqueID(h.t)
 	for i := range alikePool {
-		h.pool = append(h.pool, newTaggedLimit("", fmt.Sprint("s", i), id, randomCaps(h.t, h.rng)))
+		h.pool = append(h.pool, NewLimit("", fmt.Sprint("s", i), id, randomCaps(h.t, h.rng)))
 	}
 	// Now and then the last limit is another handler's of one before it:
 	// its counters, its cap on requests in flight under another lease (two
 	// slot_lease values: slots.go).
-	if i := slices.IndexFunc(h.pool, func(l limit) bool { return l.concurrent.max > 0 }); i >= 0 && i < alikePool-1 && h.rng.IntN(2) == 0 {
-		caps := *h.pool[i].limitCaps
-		caps.concurrent.leaseMillis = 3000 + h.rng.Int64N(3001)
-		h.pool[alikePool-1] = newTaggedLimit("", h.pool[i].scope, id, caps)
+	if i := slices.IndexFunc(h.pool, func(l Limit) bool { return l.Concurrent.Max > 0 }); i >= 0 && i < alikePool-1 && h.rng.IntN(2) == 0 {
+		caps := *h.pool[i].Caps
+		caps.Concurrent.LeaseMillis = 3000 + h.rng.Int64N(3001)
+		h.pool[alikePool-1] = NewLimit("", h.pool[i].Scope, id, caps)
 	}
-	h.now = nextDay() + h.rng.Int64N(dayMinutes*minuteMillis)
+	h.now = nextDay() + h.rng.Int64N(dayMinutes*MinuteMillis)
 	for range alikeSteps {
 		switch n := h.rng.IntN(25); {
 		case n < 9:
@@ -272,10 +272,10 @@ func (h *alikeHistory) run() {
 
 // chain is a random chain of limits of the pool, each of its counters
 // once, as a handler's.
-func (h *alikeHistory) chain() []limit {
-	var chain []limit
+func (h *alikeHistory) chain() []Limit {
+	var chain []Limit
 	for _, i := range randomChain(h.rng, alikePool, 4) {
-		if !slices.ContainsFunc(chain, func(l limit) bool { return l.prefix == h.pool[i].prefix }) {
+		if !slices.ContainsFunc(chain, func(l Limit) bool { return l.Prefix == h.pool[i].Prefix }) {
 			chain = append(chain, h.pool[i])
 		}
 	}
@@ -306,44 +306,44 @@ func (h *alikeHistory) must(err error) {
 func (h *alikeHistory) admit() {
 	ctx := context.Background()
 	chain := h.chain()
-	var reserve tokenCounts
+	var reserve TokenCounts
 	if h.rng.IntN(3) > 0 {
 		reserve = randomReservation(h.rng)
 	}
 	h.log("admit %s reserving %+v", scopesOf(chain), reserve)
 	m := pinned(h.memory, h.now)
-	before, err := m.peek(ctx, chain)
+	before, err := m.Peek(ctx, chain)
 	h.must(err)
-	_, refusedUnread := m.refusedUnread(chain)
-	a, err := m.admit(ctx, chain, reserve)
+	_, refusedUnread := m.RefusedUnread(chain)
+	a, err := m.Admit(ctx, chain, reserve)
 	h.must(err)
-	if a.now != before.now || !slices.Equal(a.counts, before.counts) {
-		h.fail("the in-process store admits reading %+v, a peek just before read %+v", a.decision, before)
+	if a.Now != before.Now || !slices.Equal(a.Counts, before.Counts) {
+		h.fail("the in-process store admits reading %+v, a peek just before read %+v", a.Decision, before)
 	}
-	if refusedUnread && a.admitted {
+	if refusedUnread && a.Admitted {
 		h.fail("the in-process store admits what its refusedUnread refuses")
 	}
 	h.tally.admissions.Add(1)
-	if a.admitted {
+	if a.Admitted {
 		h.tally.admitted.Add(1)
-		if !reserve.isZero() {
-			h.open = append(h.open, reservation{chain: chain, decision: a.decision})
+		if !reserve.IsZero() {
+			h.open = append(h.open, reservation{chain: chain, decision: a.Decision})
 		}
-		if holdsSlots(chain) {
+		if HoldsSlots(chain) {
 			h.inFlight = append(h.inFlight, chain)
 			h.leased(chain)
 		}
-	} else if a.refusal.untilFreed {
+	} else if a.Refusal.UntilFreed {
 		h.tally.slotRefusals.Add(1)
-	} else if a.refusal.kind == budget {
+	} else if a.Refusal.Kind == Budget {
 		h.tally.budgetRefusals.Add(1)
 	}
 	if h.redis == nil {
 		return
 	}
 	r := pinned(h.redis, h.now)
-	unread, cached := r.refusedUnread(chain)
-	ra, err := r.admit(ctx, chain, reserve)
+	unread, cached := r.RefusedUnread(chain)
+	ra, err := r.Admit(ctx, chain, reserve)
 	h.must(err)
 	if cached {
 		h.tally.cached.Add(1)
@@ -356,7 +356,7 @@ func (h *alikeHistory) admit() {
 	case !sameAdmission(ra, unread):
 		h.fail("Redis's admit answers from its cache %s, its refusedUnread %s", describeAdmission(ra), describeAdmission(unread))
 	default:
-		if got, want := withoutStoreCounts(ra), h.asCached(chain, a, ra.limits); !sameAdmission(got, want) {
+		if got, want := withoutStoreCounts(ra), h.asCached(chain, a, ra.Limits); !sameAdmission(got, want) {
 			h.fail("Redis's cache: %s\nin-process:    %s", describeAdmission(got), describeAdmission(want))
 		}
 	}
@@ -366,33 +366,33 @@ func (h *alikeHistory) admit() {
 // cache answers it from its refusals of sub: their counts, but those of
 // token windows and slots (which the cache leaves to the store), and their
 // refusal on requests windows and buckets.
-func (h *alikeHistory) asCached(chain []limit, a admission, sub []limit) admission {
-	cached := admission{decision: decision{now: a.now}, limits: sub}
-	cacheable := make([]limit, len(sub))
+func (h *alikeHistory) asCached(chain []Limit, a Admission, sub []Limit) Admission {
+	cached := Admission{Decision: Decision{Now: a.Now}, Limits: sub}
+	cacheable := make([]Limit, len(sub))
 	for j, l := range sub {
-		i := slices.IndexFunc(chain, func(c limit) bool { return c.prefix == l.prefix })
-		counts := a.counts[i : i+1]
-		if cacheable[j] = cachedCaps(l); refusalOf(cacheable[j:j+1], decision{now: a.now, counts: counts}).first < 0 {
-			h.fail("Redis's cache refuses %s, which the in-process store admits on requests and buckets", l.scope)
+		i := slices.IndexFunc(chain, func(c Limit) bool { return c.Prefix == l.Prefix })
+		counts := a.Counts[i : i+1]
+		if cacheable[j] = cachedCaps(l); RefusalOf(cacheable[j:j+1], Decision{Now: a.Now, Counts: counts}).First < 0 {
+			h.fail("Redis's cache refuses %s, which the in-process store admits on requests and buckets", l.Scope)
 		}
-		cached.counts = append(cached.counts, counts[0])
+		cached.Counts = append(cached.Counts, counts[0])
 	}
-	cached.refusal = refusalOf(cacheable, cached.decision)
+	cached.Refusal = RefusalOf(cacheable, cached.Decision)
 	return withoutStoreCounts(cached)
 }
 
 // withoutStoreCounts is a with the counts that the refusal cache leaves to
 // the store left out: those of token windows, and the slots in flight.
-func withoutStoreCounts(a admission) admission {
-	a.counts = slices.Clone(a.counts)
-	for i := range a.counts {
-		for k := range numWindows {
-			if k.kind() != requests {
-				a.counts[i].w[k] = window{}
+func withoutStoreCounts(a Admission) Admission {
+	a.Counts = slices.Clone(a.Counts)
+	for i := range a.Counts {
+		for k := range NumWindows {
+			if k.Kind() != Requests {
+				a.Counts[i].Window[k] = Window{}
 			}
 		}
-		a.counts[i].slots = 0
-		a.counts[i].spent, a.counts[i].reserved = [numBudgetPeriods]int64{}, [numBudgetPeriods]int64{}
+		a.Counts[i].Slots = 0
+		a.Counts[i].Spent, a.Counts[i].Reserved = [NumBudgetPeriods]int64{}, [NumBudgetPeriods]int64{}
 	}
 	return a
 }
@@ -410,17 +410,17 @@ func (h *alikeHistory) settle() {
 		h.open = slices.Delete(h.open, i, i+1)
 	} else {
 		reserved := randomReservation(h.rng)
-		admitted := h.now - h.rng.Int64N(3*minuteMillis)
-		r = reservation{chain: h.chain(), decision: decision{now: momentAt(admitted), reserve: reserved}}
+		admitted := h.now - h.rng.Int64N(3*MinuteMillis)
+		r = reservation{chain: h.chain(), decision: Decision{Now: MomentAt(admitted), Reserve: reserved}}
 	}
-	var used tokenCounts
+	var used TokenCounts
 	if h.rng.IntN(4) > 0 {
 		used = randomUsage(h.rng)
 	}
-	c := charge{tokens: used.minus(r.decision.reserve)}.settling(r.decision)
-	c.tokens.cost = used.cost
+	c := Charge{Tokens: used.Minus(r.decision.Reserve)}.Settling(r.decision)
+	c.Tokens.Cost = used.Cost
 	h.tally.settlements.Add(1)
-	h.log("settle %s admitted %v before by %+v", scopesOf(r.chain), time.Duration(h.now-r.decision.now.unixMillis)*time.Millisecond, c.tokens)
+	h.log("settle %s admitted %v before by %+v", scopesOf(r.chain), time.Duration(h.now-r.decision.Now.UnixMillis)*time.Millisecond, c.Tokens)
 	settle(h.t, pinned(h.memory, h.now), r.chain, c)
 	if h.redis != nil {
 		settle(h.t, pinned(h.redis, h.now), r.chain, c)
@@ -432,12 +432,12 @@ func (h *alikeHistory) settle() {
 // open, then charge what they used.
 func (h *alikeHistory) reset() {
 	l := h.pool[h.rng.IntN(alikePool)]
-	h.log("reset %s", l.scope)
+	h.log("reset %s", l.Scope)
 	h.tally.resets.Add(1)
-	_, err := pinned(h.memory, h.now).reset(context.Background(), l)
+	_, err := pinned(h.memory, h.now).Reset(context.Background(), l)
 	h.must(err)
 	if h.redis != nil {
-		_, err := pinned(h.redis, h.now).reset(context.Background(), l)
+		_, err := pinned(h.redis, h.now).Reset(context.Background(), l)
 		h.must(err)
 	}
 }
@@ -447,9 +447,9 @@ func (h *alikeHistory) reset() {
 func (h *alikeHistory) chargeUsage() {
 	chain, used := h.chain(), randomUsage(h.rng)
 	h.log("record %s %+v", scopesOf(chain), used)
-	settle(h.t, pinned(h.memory, h.now), chain, charge{tokens: used})
+	settle(h.t, pinned(h.memory, h.now), chain, Charge{Tokens: used})
 	if h.redis != nil {
-		settle(h.t, pinned(h.redis, h.now), chain, charge{tokens: used})
+		settle(h.t, pinned(h.redis, h.now), chain, Charge{Tokens: used})
 	}
 }
 
@@ -459,11 +459,11 @@ func (h *alikeHistory) peek() {
 	}
 	chain := h.chain()
 	h.log("peek %s", scopesOf(chain))
-	m, err := pinned(h.memory, h.now).peek(context.Background(), chain)
+	m, err := pinned(h.memory, h.now).Peek(context.Background(), chain)
 	h.must(err)
-	r, err := pinned(h.redis, h.now).peek(context.Background(), chain)
+	r, err := pinned(h.redis, h.now).Peek(context.Background(), chain)
 	h.must(err)
-	if got, want := (admission{decision: r}), (admission{decision: m}); !sameAdmission(got, want) {
+	if got, want := (Admission{Decision: r}), (Admission{Decision: m}); !sameAdmission(got, want) {
 		h.fail("Redis peeks      %s\nin-process peeks %s", describeAdmission(got), describeAdmission(want))
 	}
 }
@@ -481,12 +481,12 @@ func (h *alikeHistory) free() {
 	h.log("free %s", scopesOf(chain))
 	h.tally.frees.Add(1)
 	for _, l := range chain {
-		if l.concurrent.max > 0 && h.leaseEnds[h.poolIndex(l)] <= h.now {
+		if l.Concurrent.Max > 0 && h.leaseEnds[h.poolIndex(l)] <= h.now {
 			h.tally.lapsedFrees.Add(1)
 			break
 		}
 	}
-	pinned(h.memory, h.now).free(chain)
+	pinned(h.memory, h.now).Free(chain)
 	if h.redis != nil {
 		freeAndWait(h.t, pinned(h.redis, h.now), chain)
 	}
@@ -504,19 +504,19 @@ func (h *alikeHistory) renew() {
 		renewSlots(h.redis, h.now)
 	}
 	for i, l := range h.pool {
-		if l.concurrent.max == 0 {
+		if l.Concurrent.Max == 0 {
 			continue
 		}
-		h.leaseEnds[i] = h.now + l.concurrent.leaseMillis
+		h.leaseEnds[i] = h.now + l.Concurrent.LeaseMillis
 		want := h.holding(l)
-		if n := inFlight(h.t, h.memory, []limit{l}, 0, h.now); n != want {
-			h.fail("the in-process store reads %d in flight of %s after a renewal, want the %d requests in flight", n, l.scope, want)
+		if n := inFlight(h.t, h.memory, []Limit{l}, 0, h.now); n != want {
+			h.fail("the in-process store reads %d in flight of %s after a renewal, want the %d requests in flight", n, l.Scope, want)
 		}
 		if h.redis == nil {
 			continue
 		}
-		if n := inFlight(h.t, h.redis, []limit{l}, 0, h.now); n != want {
-			h.fail("Redis reads %d in flight of %s after a renewal, want the %d requests in flight", n, l.scope, want)
+		if n := inFlight(h.t, h.redis, []Limit{l}, 0, h.now); n != want {
+			h.fail("Redis reads %d in flight of %s after a renewal, want the %d requests in flight", n, l.Scope, want)
 		}
 	}
 }
@@ -525,27 +525,27 @@ func (h *alikeHistory) renew() {
 // cap of the pool, a slot per request in flight that took one.
 func (h *alikeHistory) checkLedgers() {
 	for _, l := range h.pool {
-		if l.concurrent.max == 0 {
+		if l.Concurrent.Max == 0 {
 			continue
 		}
 		want := h.holding(l)
-		if n := heldCount(h.memory.held, l.prefix); n != want {
-			h.fail("the in-process store's ledger holds %d slots of %s, want the %d requests in flight", n, l.scope, want)
+		if n := heldCount(h.memory.held, l.Prefix); n != want {
+			h.fail("the in-process store's ledger holds %d slots of %s, want the %d requests in flight", n, l.Scope, want)
 		}
 		if h.redis == nil {
 			continue
 		}
-		if n := heldCount(h.redis.held, l.prefix); n != want {
-			h.fail("Redis's ledger holds %d slots of %s, want the %d requests in flight", n, l.scope, want)
+		if n := heldCount(h.redis.held, l.Prefix); n != want {
+			h.fail("Redis's ledger holds %d slots of %s, want the %d requests in flight", n, l.Scope, want)
 		}
 	}
 }
 
 // holding is how many requests in flight hold a slot of l.
-func (h *alikeHistory) holding(l limit) int64 {
+func (h *alikeHistory) holding(l Limit) int64 {
 	n := int64(0)
 	for _, chain := range h.inFlight {
-		if slices.ContainsFunc(chain, func(c limit) bool { return c.prefix == l.prefix }) {
+		if slices.ContainsFunc(chain, func(c Limit) bool { return c.Prefix == l.Prefix }) {
 			n++
 		}
 	}
@@ -554,17 +554,17 @@ func (h *alikeHistory) holding(l limit) int64 {
 
 // leased notes that an admission of chain wrote its concurrency caps'
 // slots now, for a lease, which never ends a live one's sooner.
-func (h *alikeHistory) leased(chain []limit) {
+func (h *alikeHistory) leased(chain []Limit) {
 	for _, l := range chain {
-		if l.concurrent.max > 0 {
+		if l.Concurrent.Max > 0 {
 			end := &h.leaseEnds[h.poolIndex(l)]
-			*end = max(*end, h.now+l.concurrent.leaseMillis)
+			*end = max(*end, h.now+l.Concurrent.LeaseMillis)
 		}
 	}
 }
 
-func (h *alikeHistory) poolIndex(l limit) int {
-	return slices.IndexFunc(h.pool, func(p limit) bool { return p.prefix == l.prefix })
+func (h *alikeHistory) poolIndex(l Limit) int {
+	return slices.IndexFunc(h.pool, func(p Limit) bool { return p.Prefix == l.Prefix })
 }
 
 // tick moves the clocks on by milliseconds, seconds, minutes or hours, or
@@ -573,16 +573,16 @@ func (h *alikeHistory) poolIndex(l limit) int {
 // end of a budget's period: its last millisecond before, the boundary, or
 // the millisecond after.
 func (h *alikeHistory) tick() {
-	const dayMillis = dayMinutes * minuteMillis
+	const dayMillis = dayMinutes * MinuteMillis
 	if end := h.leaseEnds[h.rng.IntN(alikePool)]; end > h.now && h.rng.IntN(2) == 0 {
 		h.now = max(h.now, end-1+h.rng.Int64N(3))
 		h.log("tick onto a lease's end")
 		return
 	}
-	if l := h.pool[h.rng.IntN(alikePool)]; l.budgets.calendar != nil && h.rng.IntN(2) == 0 {
-		end := l.budgets.calendar.spanAt(budgetPeriod(h.rng.IntN(int(numBudgetPeriods))), momentAt(h.now)).end
+	if l := h.pool[h.rng.IntN(alikePool)]; l.Budgets.Calendar != nil && h.rng.IntN(2) == 0 {
+		end := l.Budgets.Calendar.SpanAt(BudgetPeriod(h.rng.IntN(int(NumBudgetPeriods))), MomentAt(h.now)).End
 		h.now = max(h.now, end-1+h.rng.Int64N(3))
-		h.log("tick onto the end of %s's budget period", l.scope)
+		h.log("tick onto the end of %s's budget period", l.Scope)
 		return
 	}
 	switch h.rng.IntN(6) {
@@ -591,34 +591,34 @@ func (h *alikeHistory) tick() {
 	case 1:
 		h.now += 1000 * (1 + h.rng.Int64N(59))
 	case 2:
-		h.now += minuteMillis * (1 + h.rng.Int64N(59))
+		h.now += MinuteMillis * (1 + h.rng.Int64N(59))
 	case 3:
-		h.now += 60 * minuteMillis * (1 + h.rng.Int64N(23))
+		h.now += 60 * MinuteMillis * (1 + h.rng.Int64N(23))
 	case 4:
-		h.now = (floorDiv(h.now, minuteMillis)+1)*minuteMillis - 1 + h.rng.Int64N(3)
+		h.now = (FloorDiv(h.now, MinuteMillis)+1)*MinuteMillis - 1 + h.rng.Int64N(3)
 	case 5:
-		h.now = (floorDiv(h.now, dayMillis)+1)*dayMillis - 1 + h.rng.Int64N(3)
+		h.now = (FloorDiv(h.now, dayMillis)+1)*dayMillis - 1 + h.rng.Int64N(3)
 	}
 	h.log("tick")
 }
 
 // sameAdmission reports whether a and b are the same answer: the same
 // decision, on the same limits, and the same refusal.
-func sameAdmission(a, b admission) bool {
-	return a.admitted == b.admitted && a.now == b.now && a.reserve == b.reserve && slices.Equal(a.counts, b.counts) &&
-		slices.EqualFunc(a.limits, b.limits, func(l, m limit) bool { return l.prefix == m.prefix }) && a.refusal == b.refusal
+func sameAdmission(a, b Admission) bool {
+	return a.Admitted == b.Admitted && a.Now == b.Now && a.Reserve == b.Reserve && slices.Equal(a.Counts, b.Counts) &&
+		slices.EqualFunc(a.Limits, b.Limits, func(l, m Limit) bool { return l.Prefix == m.Prefix }) && a.Refusal == b.Refusal
 }
 
 // describeAdmission is everything a store answers to an admission.
-func describeAdmission(a admission) string {
-	return fmt.Sprintf("%s now=%d limits=%v refusal=%+v", describeDecision(a.decision), a.now.unixMillis, scopesOf(a.limits), a.refusal)
+func describeAdmission(a Admission) string {
+	return fmt.Sprintf("%s now=%d limits=%v refusal=%+v", describeDecision(a.Decision), a.Now.UnixMillis, scopesOf(a.Limits), a.Refusal)
 }
 
 // scopesOf names the limits of chain: within a history, their scopes.
-func scopesOf(chain []limit) []string {
+func scopesOf(chain []Limit) []string {
 	scopes := make([]string, len(chain))
 	for i, l := range chain {
-		scopes[i] = l.scope
+		scopes[i] = l.Scope
 	}
 	return scopes
 }

@@ -23,11 +23,11 @@ func (h *Handler) maxWaiting() int64 { return cmp.Or(h.MaxWaiting, defaultMaxWai
 
 // waitFor is how long a request refused with ref, after waiting waited
 // already, waits before it is admitted again, and whether it waits.
-func (h *Handler) waitFor(ref refusal, waited time.Duration) (time.Duration, bool) {
-	if h.Wait <= 0 || !ref.passes() {
+func (h *Handler) waitFor(ref Refusal, waited time.Duration) (time.Duration, bool) {
+	if h.Wait <= 0 || !ref.Passes() {
 		return 0, false
 	}
-	d := time.Duration(max(ref.waitMillis, 1)) * time.Millisecond
+	d := time.Duration(max(ref.WaitMillis, 1)) * time.Millisecond
 	return d, waited+d <= time.Duration(h.Wait)
 }
 
@@ -67,9 +67,9 @@ var errClientGone = errors.New("rolter_ratelimit: the client went away while its
 // admitted or gives up; a request of a chain with a line in this process
 // joins it before it tries at all, so that new requests do not overtake
 // those waiting.
-func (h *Handler) admitWaiting(req *request, chain []limit, reserve tokenCounts) (admission, error) {
+func (h *Handler) admitWaiting(req *request, chain []Limit, reserve TokenCounts) (Admission, error) {
 	if h.Wait <= 0 {
-		return h.store.admit(req.Context(), chain, reserve)
+		return h.store.Admit(req.Context(), chain, reserve)
 	}
 	start, waiting := time.Now(), false
 	var place *waitPlace
@@ -90,7 +90,7 @@ func (h *Handler) admitWaiting(req *request, chain []limit, reserve tokenCounts)
 	// could not be passed on if it were then admitted.
 	if key, ok := waitLines.lineOf(chain); ok {
 		if waits, err := h.beginWaiting(req, time.Time{}); err != nil {
-			return admission{}, err
+			return Admission{}, err
 		} else if waits {
 			waiting, place = true, waitLines.join(key)
 		}
@@ -98,17 +98,17 @@ func (h *Handler) admitWaiting(req *request, chain []limit, reserve tokenCounts)
 	for {
 		if place != nil {
 			if err := place.await(req.Context(), release, end); err != nil {
-				return admission{}, err
+				return Admission{}, err
 			}
 		}
-		a, err := h.store.admit(req.Context(), chain, reserve)
-		if err == nil && a.admitted && place != nil {
-			next = nextRelease(chain, a.decision, place.key)
+		a, err := h.store.Admit(req.Context(), chain, reserve)
+		if err == nil && a.Admitted && place != nil {
+			next = nextRelease(chain, a.Decision, place.key)
 		}
-		if err != nil || a.admitted {
+		if err != nil || a.Admitted {
 			return a, err
 		}
-		d, ok := h.waitFor(a.refusal, time.Since(start))
+		d, ok := h.waitFor(a.Refusal, time.Since(start))
 		release = time.Now().Add(d)
 		if !ok {
 			return a, nil
@@ -121,7 +121,7 @@ func (h *Handler) admitWaiting(req *request, chain []limit, reserve tokenCounts)
 			}
 		}
 		waiting = true
-		if key := a.limits[a.refusal.first].prefix; place == nil || place.key != key {
+		if key := a.Limits[a.Refusal.First].Prefix; place == nil || place.key != key {
 			place.leave(time.Time{})
 			place = waitLines.join(key)
 		}
@@ -134,14 +134,14 @@ func (h *Handler) admitWaiting(req *request, chain []limit, reserve tokenCounts)
 // before that. The earliest: a request window or a bucket counts any
 // request alike, and a token window is tried as if the next reserved
 // nothing; a wait that is not known is none.
-func nextRelease(chain []limit, d decision, key string) time.Time {
+func nextRelease(chain []Limit, d Decision, key string) time.Time {
 	for i, l := range chain {
-		if l.prefix != key {
+		if l.Prefix != key {
 			continue
 		}
-		after := decision{now: d.now, counts: []counts{d.countsAfter(l, d.counts[i])}}
-		if ref := refusalOf(chain[i:i+1], after); ref.first >= 0 && ref.passes() {
-			return time.Now().Add(time.Duration(ref.waitMillis) * time.Millisecond)
+		after := Decision{Now: d.Now, Counts: []Counts{d.CountsAfter(l, d.Counts[i])}}
+		if ref := RefusalOf(chain[i:i+1], after); ref.First >= 0 && ref.Passes() {
+			return time.Now().Add(time.Duration(ref.WaitMillis) * time.Millisecond)
 		}
 	}
 	return time.Time{}
@@ -167,12 +167,12 @@ type waitPlace struct {
 }
 
 // lineOf is the key of a line that a limit of chain has, if any.
-func (l *lines) lineOf(chain []limit) (string, bool) {
+func (l *lines) lineOf(chain []Limit) (string, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, lim := range chain {
-		if len(l.byLimit[lim.prefix]) > 0 {
-			return lim.prefix, true
+		if len(l.byLimit[lim.Prefix]) > 0 {
+			return lim.Prefix, true
 		}
 	}
 	return "", false

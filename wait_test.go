@@ -130,17 +130,17 @@ func TestAClientThatHangsUpWhileWaitingIsChargedNothing(t *testing.T) {
 			t.Run(c.what, func(t *testing.T) {
 				gw := waitingGateway(t, store, "rate 0.1 burst 1 "+c.caps, "20s")
 				key := spentKey(t, gw)
-				l := newBucketLimit(t, "key", keyID(false, key), "0.1", 1, 1)
+				l := newBucketLimit(t, "key", KeyID(false, key), "0.1", 1, 1)
 				if c.caps != "" {
-					l.windows[tpm], l.capped = 100000, l.windows.mask()|1<<tpm
+					l.Windows[TPM], l.Capped = 100000, l.Windows.Mask()|1<<TPM
 				}
-				first := peekInStore(t, store, l).counts[0]
+				first := peekInStore(t, store, l).Counts[0]
 				hangUp := sendWaiting(t, gw, key, c.encoding)
 				if err := hangUp(); err == nil {
 					t.Fatal("the hung-up request was answered")
 				}
 				waitWaiting(t, 0)
-				if c := peekInStore(t, store, l).counts[0]; c.deficit > first.deficit || c.w[tpm] != first.w[tpm] {
+				if c := peekInStore(t, store, l).Counts[0]; c.Deficit > first.Deficit || c.Window[TPM] != first.Window[TPM] {
 					t.Fatalf("after the hang-up the key holds %+v, before it %+v: want the first request alone", c, first)
 				}
 			})
@@ -255,20 +255,20 @@ func TestOnlyAWindowsOrABucketsRefusalWithinWaitWaits(t *testing.T) {
 	h := &Handler{Wait: caddy.Duration(2 * time.Second)}
 	for _, c := range []struct {
 		what   string
-		ref    refusal
+		ref    Refusal
 		waited time.Duration
 		waits  bool
 	}{
-		{"a bucket's, within wait", refusal{kind: burst, waitMillis: 100}, 0, true},
-		{"a window's, past what is left", refusal{kind: requests, waitMillis: 600}, 1500 * time.Millisecond, false},
-		{"a spent budget's", refusal{kind: budget, waitMillis: 100, exhausted: true}, 0, false},
-		{"a concurrency cap's", refusal{kind: concurrency, untilFreed: true}, 0, false},
+		{"a bucket's, within wait", Refusal{Kind: Burst, WaitMillis: 100}, 0, true},
+		{"a window's, past what is left", Refusal{Kind: Requests, WaitMillis: 600}, 1500 * time.Millisecond, false},
+		{"a spent budget's", Refusal{Kind: Budget, WaitMillis: 100, Exhausted: true}, 0, false},
+		{"a concurrency cap's", Refusal{Kind: Concurrency, UntilFreed: true}, 0, false},
 	} {
 		if _, waits := h.waitFor(c.ref, c.waited); waits != c.waits {
 			t.Errorf("%s: waits %v, want %v", c.what, waits, c.waits)
 		}
 	}
-	if _, waits := new(Handler).waitFor(refusal{kind: burst, waitMillis: 1}, 0); waits {
+	if _, waits := new(Handler).waitFor(Refusal{Kind: Burst, WaitMillis: 1}, 0); waits {
 		t.Error("a handler without wait waited")
 	}
 }
@@ -321,7 +321,7 @@ func TestALinesWaitersTakeTheirTurnsInTheOrderTheyJoined(t *testing.T) {
 	if !turned(a) || turned(b) || turned(c) {
 		t.Fatal("only the first to join has the turn")
 	}
-	if got, ok := waitLines.lineOf([]limit{{prefix: "other"}, {prefix: key}}); !ok || got != key {
+	if got, ok := waitLines.lineOf([]Limit{{Prefix: "other"}, {Prefix: key}}); !ok || got != key {
 		t.Fatalf("lineOf = %q, %v: want the chain's limit that has a line", got, ok)
 	}
 	b.leave(time.Time{}) // from within the line: nobody's turn changes
@@ -335,7 +335,7 @@ func TestALinesWaitersTakeTheirTurnsInTheOrderTheyJoined(t *testing.T) {
 		t.Fatal("the head left, and the next in line did not get the turn and the moment it handed on")
 	}
 	c.leave(time.Time{})
-	if _, ok := waitLines.lineOf([]limit{{prefix: key}}); ok {
+	if _, ok := waitLines.lineOf([]Limit{{Prefix: key}}); ok {
 		t.Fatal("an empty line is still a line")
 	}
 }
@@ -503,12 +503,12 @@ func TestThreeGatewayProcessesWithWaitOnOneRedisAdmitExactlyWhatTheBucketAllows(
 func TestAnAdmittedHeadHandsOnWhenItsLimitAdmitsTheNext(t *testing.T) {
 	bucket := newBucketLimit(t, "key", "k", "10", 1, 1)
 	window := newLimit("org", "o", 5, 0)
-	chain := []limit{window, bucket}
-	d := decision{admitted: true, now: momentAt(pinnedBase()), counts: make([]counts, 2)}
-	if in := time.Until(nextRelease(chain, d, bucket.prefix)); in < 90*time.Millisecond || in > 100*time.Millisecond {
+	chain := []Limit{window, bucket}
+	d := Decision{Admitted: true, Now: MomentAt(pinnedBase()), Counts: make([]Counts, 2)}
+	if in := time.Until(nextRelease(chain, d, bucket.Prefix)); in < 90*time.Millisecond || in > 100*time.Millisecond {
 		t.Fatalf("a bucket of rate 10 emptied hands on in %v, want 100 ms", in)
 	}
-	if at := nextRelease(chain, d, window.prefix); !at.IsZero() {
+	if at := nextRelease(chain, d, window.Prefix); !at.IsZero() {
 		t.Fatalf("a window with room left hands on at %v, want at once", at)
 	}
 }

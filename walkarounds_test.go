@@ -38,7 +38,7 @@ func TestAPostWithUpgradeHeadersIsReservedRefusedWhenTooLargeAndMetered(t *testi
 			t.Fatalf("%d sessions open after a POST with upgrade headers", n)
 		}
 		// The upstream reported 7 tokens: they replace the reservation.
-		waitCharged(t, store, []limit{newLimit("key", keyID(false, key), 0, 1000)}, 7)
+		waitCharged(t, store, []Limit{newLimit("key", KeyID(false, key), 0, 1000)}, 7)
 	})
 }
 
@@ -71,17 +71,17 @@ func TestARepeatedKeyHeaderIsRefusedWith400AndMakesNoCounter(t *testing.T) {
 			t.Fatalf("a repeated key header: %d %s, want 400 naming the header and neither value", res.StatusCode, body)
 		}
 		for _, id := range []string{key + "," + junk, junk} {
-			if n := windowHolds(t, store, newLimit("key", keyID(false, id), 1, 0), rpm); n != 0 {
+			if n := windowHolds(t, store, newLimit("key", KeyID(false, id), 1, 0), RPM); n != 0 {
 				t.Fatalf("a counter of %d requests for a variant of the key", n)
 			}
 		}
 		if res, body := gw.postModel(t, "/v1/chat/completions", "X-Api-Key: "+junk, "X-Tags: a", "X-Tags: b"); res.StatusCode != 200 {
 			t.Fatalf("a joined scope's repeated header: %d %s", res.StatusCode, body)
 		}
-		if n := windowHolds(t, store, newLimit("tags", "a-b", 5, 0), rpm); n != 0 {
+		if n := windowHolds(t, store, newLimit("tags", "a-b", 5, 0), RPM); n != 0 {
 			t.Fatal("a joined header counted as something else than its values joined")
 		}
-		if n := windowHolds(t, store, newLimit("tags", keyID(true, "a,b"), 5, 0), rpm); n != 1 {
+		if n := windowHolds(t, store, newLimit("tags", KeyID(true, "a,b"), 5, 0), RPM); n != 1 {
 			t.Fatalf("the joined id counts %d requests, want 1", n)
 		}
 	})
@@ -248,10 +248,10 @@ func TestAnAbsurdUsageReportChargesAtMostTheCeilingAndTheSharedPoolGoesOn(t *tes
 		if res, body := gw.postChat(t, chat, "X-Api-Key: "+uniqueID(t), absurd); res.StatusCode != 200 {
 			t.Fatalf("the absurd tenant's request: %d %s", res.StatusCode, body)
 		}
-		pool := []limit{newLimit("model", "gpt-4o", 0, 1)}
+		pool := []Limit{newLimit("model", "gpt-4o", 0, 1)}
 		waitCharged(t, store, pool, maxResponseInput+10)
-		waitWindow(t, store, pool, itpm, maxResponseInput)
-		waitWindow(t, store, pool, otpm, 10)
+		waitWindow(t, store, pool, ITPM, maxResponseInput)
+		waitWindow(t, store, pool, OTPM, 10)
 		waitMetric(t, metric, clamped+1)
 		if res, body := gw.postChat(t, chat, "X-Api-Key: "+uniqueID(t)); res.StatusCode != 200 {
 			t.Fatalf("the next tenant of the shared pool: %d %s", res.StatusCode, body)

@@ -12,32 +12,32 @@ import (
 type kind uint8
 
 const (
-	requests kind = iota
-	tokens
-	inputTokens
-	outputTokens
-	burst
-	tooLarge
-	concurrency
-	budget
+	Requests kind = iota
+	Tokens
+	InputTokens
+	OutputTokens
+	Burst
+	TooLarge
+	Concurrency
+	Budget
 )
 
 // String is the kind's name in placeholders, metrics and logs.
 func (k kind) String() string {
 	switch k {
-	case tokens:
+	case Tokens:
 		return "tokens"
-	case inputTokens:
+	case InputTokens:
 		return "input_tokens"
-	case outputTokens:
+	case OutputTokens:
 		return "output_tokens"
-	case burst:
+	case Burst:
 		return "burst"
-	case tooLarge:
+	case TooLarge:
 		return "too_large"
-	case concurrency:
+	case Concurrency:
 		return "concurrency"
-	case budget:
+	case Budget:
 		return "budget"
 	}
 	return "requests"
@@ -46,11 +46,11 @@ func (k kind) String() string {
 // errorType is the kind in an OpenAI-style error body, whose types are
 // "requests" and "tokens": a bucket and a concurrency cap meter requests;
 // and "insufficient_quota", OpenAI's for a spent budget.
-func (k kind) errorType() string {
+func (k kind) ErrorType() string {
 	switch k {
-	case requests, burst, concurrency:
+	case Requests, Burst, Concurrency:
 		return "requests"
-	case budget:
+	case Budget:
 		return "insufficient_quota"
 	}
 	return "tokens"
@@ -60,8 +60,8 @@ func (k kind) errorType() string {
 type span uint8
 
 const (
-	minute span = iota
-	day
+	Minute span = iota
+	Day
 )
 
 // Each span's arithmetic counts in a unit: milliseconds for a minute,
@@ -70,83 +70,83 @@ const (
 // live two of its lengths, as admit.lua sets them: a period is read until
 // the end of the following one.)
 type spanUnits struct {
-	unitMillis, length int64
-	name               string // in placeholders, metrics and the live view
-	per                string // in messages: "tokens per min"
+	UnitMillis, Length int64
+	Name               string // in placeholders, metrics and the live view
+	Per                string // in messages: "tokens per min"
 	suffix             string // of the caps' names: "tpm"
 }
 
-var spans = [...]spanUnits{
-	minute: {unitMillis: 1, length: 60_000, name: "minute", per: "min", suffix: "m"},
-	day:    {unitMillis: 1000, length: 86_400, name: "day", per: "day", suffix: "d"},
+var Spans = [...]spanUnits{
+	Minute: {UnitMillis: 1, Length: 60_000, Name: "minute", Per: "min", suffix: "m"},
+	Day:    {UnitMillis: 1000, Length: 86_400, Name: "day", Per: "day", suffix: "d"},
 }
 
 // minuteMillis is a minute period's length; a day is dayMinutes of them.
 const (
-	minuteMillis = 60_000
+	MinuteMillis = 60_000
 	dayMinutes   = 1440
 )
 
 // maxCap bounds every window cap, so that cap × length stays exact in Lua's
 // doubles for a day too: 10^11 requests or tokens.
-const maxCap = 100_000_000_000
+const MaxCap = 100_000_000_000
 
 // windowKind is one window a limit may cap: a kind of count (requests,
 // tokens, input, output) over a span. Its value indexes windowCaps and
 // counts.w, minute windows first; admit.lua numbers them alike.
-type windowKind uint8
+type WindowKind uint8
 
 const (
-	rpm windowKind = iota
-	tpm
-	itpm
-	otpm
-	rpd
-	tpd
-	itpd
-	otpd
-	numWindows
+	RPM WindowKind = iota
+	TPM
+	ITPM
+	OTPM
+	RPD
+	TPD
+	ITPD
+	OTPD
+	NumWindows
 )
 
-func (k windowKind) kind() kind { return kind(k % 4) }
-func (k windowKind) span() span { return span(k / 4) }
+func (k WindowKind) Kind() kind { return kind(k % 4) }
+func (k WindowKind) Span() span { return span(k / 4) }
 
 // String is the cap's name in the config: rpm, tpm, itpm, otpm, rpd, …
-func (k windowKind) String() string {
-	return [...]string{"r", "t", "it", "ot"}[k%4] + "p" + spans[k.span()].suffix
+func (k WindowKind) String() string {
+	return [...]string{"r", "t", "it", "ot"}[k%4] + "p" + Spans[k.Span()].suffix
 }
 
 // windowKindNamed is the window whose cap is called name (rpm, …), or
 // numWindows for none.
-func windowKindNamed(name string) windowKind {
-	for k := range numWindows {
+func WindowKindNamed(name string) WindowKind {
+	for k := range NumWindows {
 		if k.String() == name {
 			return k
 		}
 	}
-	return numWindows
+	return NumWindows
 }
 
 // noun is what the window counts, in messages.
-func (k windowKind) noun() string {
+func (k WindowKind) Noun() string {
 	return [...]string{"requests", "tokens", "input tokens", "output tokens"}[k%4]
 }
 
 // unit is the cap's name in messages: RPM, ITPD.
-func (k windowKind) unit() string { return strings.ToUpper(k.String()) }
+func (k WindowKind) Unit() string { return strings.ToUpper(k.String()) }
 
 // keyName is what the store appends to a limit's prefix, before ":" and
 // the bucket: the minute windows keep the names they had before there were
 // others.
-func (k windowKind) keyName() string {
+func (k WindowKind) keyName() string {
 	return [...]string{"req", "tok", "in", "out", "reqd", "tokd", "ind", "outd"}[k]
 }
 
 // windowCaps are a limit's window caps, by windowKind; 0 is no cap.
-type windowCaps [numWindows]int64
+type WindowCaps [NumWindows]int64
 
 // mask has bit k set where windows k is capped.
-func (w windowCaps) mask() uint8 {
+func (w WindowCaps) Mask() uint8 {
 	var m uint8
 	for k, c := range w {
 		if c > 0 {
@@ -161,51 +161,51 @@ func (w windowCaps) mask() uint8 {
 // budgets count. A reservation's total is its input and output, and its
 // cost the most they may cost; a response's usage may report a total above
 // its parts (Anthropic's cache reads count only in the total).
-type tokenCounts struct{ total, input, output, cost int64 }
+type TokenCounts struct{ Total, Input, Output, Cost int64 }
 
 // of is what a counter of kind k counts of t: tokens, or a budget's cost;
 // a request is 1 request.
-func (t tokenCounts) of(k kind) int64 {
+func (t TokenCounts) Of(k kind) int64 {
 	switch k {
-	case tokens:
-		return t.total
-	case inputTokens:
-		return t.input
-	case outputTokens:
-		return t.output
-	case budget:
-		return t.cost
+	case Tokens:
+		return t.Total
+	case InputTokens:
+		return t.Input
+	case OutputTokens:
+		return t.Output
+	case Budget:
+		return t.Cost
 	}
 	return 1
 }
 
-func (t tokenCounts) minus(u tokenCounts) tokenCounts {
-	return tokenCounts{t.total - u.total, t.input - u.input, t.output - u.output, t.cost - u.cost}
+func (t TokenCounts) Minus(u TokenCounts) TokenCounts {
+	return TokenCounts{t.Total - u.Total, t.Input - u.Input, t.Output - u.Output, t.Cost - u.Cost}
 }
 
-func (t tokenCounts) isZero() bool { return t == tokenCounts{} }
+func (t TokenCounts) IsZero() bool { return t == TokenCounts{} }
 
 // window holds the two periods of one counter that an estimate reads: the
 // sliding window of the package doc, in exact integer arithmetic, with the
 // comparisons admit.lua makes.
-type window struct {
-	cur, prev int64
+type Window struct {
+	Cur, Prev int64
 }
 
 // moment is a store's clock reading.
 type moment struct {
-	unixMillis int64
-	minute     int64 // minute: unix_seconds / 60
+	UnixMillis int64
+	Minute     int64 // minute: unix_seconds / 60
 	into       int64 // milliseconds into the minute period, [0, minuteMillis)
 }
 
-func momentAt(unixMillis int64) moment {
-	b := floorDiv(unixMillis, minuteMillis)
-	return moment{unixMillis: unixMillis, minute: b, into: unixMillis - b*minuteMillis}
+func MomentAt(unixMillis int64) moment {
+	b := FloorDiv(unixMillis, MinuteMillis)
+	return moment{UnixMillis: unixMillis, Minute: b, into: unixMillis - b*MinuteMillis}
 }
 
 // floorDiv rounds down, for pinned test clocks before the epoch.
-func floorDiv(a, b int64) int64 {
+func FloorDiv(a, b int64) int64 {
 	q := a / b
 	if a%b != 0 && a < 0 {
 		q--
@@ -214,33 +214,33 @@ func floorDiv(a, b int64) int64 {
 }
 
 // dayOf is the day period (unix_seconds / 86400) of a minute period.
-func dayOf(minute int64) int64 { return floorDiv(minute, dayMinutes) }
+func DayOf(minute int64) int64 { return FloorDiv(minute, dayMinutes) }
 
 // position is a moment within one span's periods.
-type position struct {
+type Position struct {
 	span       span
-	period     int64 // unix_seconds / 60, or / 86400
+	Period     int64 // unix_seconds / 60, or / 86400
 	into       int64 // units into the period
 	intoMillis int64 // milliseconds into the period
 }
 
-func (m moment) in(s span) position {
-	if s == minute {
-		return position{span: minute, period: m.minute, into: m.into, intoMillis: m.into}
+func (m moment) In(s span) Position {
+	if s == Minute {
+		return Position{span: Minute, Period: m.Minute, into: m.into, intoMillis: m.into}
 	}
-	b := floorDiv(m.unixMillis, 86_400_000)
-	intoMillis := m.unixMillis - b*86_400_000
-	return position{span: day, period: b, into: intoMillis / 1000, intoMillis: intoMillis}
+	b := FloorDiv(m.UnixMillis, 86_400_000)
+	intoMillis := m.UnixMillis - b*86_400_000
+	return Position{span: Day, Period: b, into: intoMillis / 1000, intoMillis: intoMillis}
 }
 
 // weighted is the estimate × length at offset into.
-func (w window) weighted(into, length int64) int64 {
-	return w.cur*length + w.prev*(length-into)
+func (w Window) weighted(into, length int64) int64 {
+	return w.Cur*length + w.Prev*(length-into)
 }
 
 // estimate is the trailing window's estimate at p.
-func (w window) estimate(p position) float64 {
-	length := spans[p.span].length
+func (w Window) Estimate(p Position) float64 {
+	length := Spans[p.span].Length
 	return float64(w.weighted(p.into, length)) / float64(length)
 }
 
@@ -248,8 +248,8 @@ func (w window) estimate(p position) float64 {
 // p: while estimate + size ≤ capacity. A request has size 1; a token
 // reservation its tokens. Size 0 is tokens not reserved, which exist only
 // once a response reports them: they fit while estimate < capacity.
-func fits(w window, capacity, size int64, p position) bool {
-	length := spans[p.span].length
+func fits(w Window, capacity, size int64, p Position) bool {
+	length := Spans[p.span].Length
 	if size == 0 {
 		return w.weighted(p.into, length) < capacity*length
 	}
@@ -262,19 +262,19 @@ func fits(w window, capacity, size int64, p position) bool {
 // period alone fits, what refuses is the previous period's weight, which
 // falls during this period; otherwise the current period must first become
 // the previous one. size is at most capacity.
-func releaseIn(w window, capacity, size int64, p position) int64 {
-	u := spans[p.span]
+func releaseIn(w Window, capacity, size int64, p Position) int64 {
+	u := Spans[p.span]
 	// room is how much the weighted estimate may reach, strict or not.
-	room, strict := (capacity-size)*u.length, size == 0
+	room, strict := (capacity-size)*u.Length, size == 0
 	var at int64 // units after the start of the current period
-	if w.cur*u.length < room || !strict && w.cur*u.length == room {
+	if w.Cur*u.Length < room || !strict && w.Cur*u.Length == room {
 		// Admits at the earliest t in this period with prev × (length − t) within room − cur.
-		at = max(u.length-maxWeight(room-w.cur*u.length, w.prev, u.length, strict), p.into)
+		at = max(u.Length-maxWeight(room-w.Cur*u.Length, w.Prev, u.Length, strict), p.into)
 	} else {
 		// In the next period cur is the previous one and the new current is empty.
-		at = 2*u.length - maxWeight(room, w.cur, u.length, strict)
+		at = 2*u.Length - maxWeight(room, w.Cur, u.Length, strict)
 	}
-	return max(at*u.unitMillis-p.intoMillis, 0)
+	return max(at*u.UnitMillis-p.intoMillis, 0)
 }
 
 // maxWeight is the largest integer m ≤ length with count × m ≤ room (or
@@ -293,8 +293,8 @@ func maxWeight(room, count, length int64, strict bool) int64 {
 // remaining is what is left of capacity after the estimate at p, rounded
 // down and never negative. For requests the caller counts the request
 // itself in w.
-func remaining(w window, capacity int64, p position) int64 {
-	length := spans[p.span].length
+func Remaining(w Window, capacity int64, p Position) int64 {
+	length := Spans[p.span].Length
 	left := capacity*length - w.weighted(p.into, length)
 	if left <= 0 {
 		return 0
@@ -304,13 +304,13 @@ func remaining(w window, capacity int64, p position) int64 {
 
 // resetIn is how many milliseconds after p the estimate is back to zero
 // absent further traffic.
-func resetIn(w window, p position) int64 {
-	u := spans[p.span]
+func ResetIn(w Window, p Position) int64 {
+	u := Spans[p.span]
 	switch {
-	case w.cur > 0:
-		return 2*u.length*u.unitMillis - p.intoMillis
-	case w.prev > 0:
-		return u.length*u.unitMillis - p.intoMillis
+	case w.Cur > 0:
+		return 2*u.Length*u.UnitMillis - p.intoMillis
+	case w.Prev > 0:
+		return u.Length*u.UnitMillis - p.intoMillis
 	}
 	return 0
 }
@@ -318,10 +318,10 @@ func resetIn(w window, p position) int64 {
 // windowKindsArg is, for each mask of capped windows, the bytes admit.lua
 // reads them from: each window's windowKind, in order; boxed once, as an
 // argument of the call.
-var windowKindsArg = func() (args [1 << numWindows]any) {
+var windowKindsArg = func() (args [1 << NumWindows]any) {
 	for m := range args {
 		var kinds []byte
-		for k := range numWindows {
+		for k := range NumWindows {
 			if m&(1<<k) != 0 {
 				kinds = append(kinds, byte(k))
 			}
@@ -332,14 +332,14 @@ var windowKindsArg = func() (args [1 << numWindows]any) {
 }()
 
 // periodKey is the key of a limit's window k in period b of its span.
-func periodKey(prefix string, k windowKind, b int64) string {
+func PeriodKey(prefix string, k WindowKind, b int64) string {
 	var key strings.Builder
 	writePeriodKey(&key, prefix, k, b)
 	return key.String()
 }
 
 // writePeriodKey writes periodKey(prefix, k, b) to text.
-func writePeriodKey(text *strings.Builder, prefix string, k windowKind, b int64) {
+func writePeriodKey(text *strings.Builder, prefix string, k WindowKind, b int64) {
 	text.WriteString(prefix)
 	text.WriteString(k.keyName())
 	text.WriteByte(':')

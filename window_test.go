@@ -14,15 +14,15 @@ func TestReleaseInIsTheEarliestMillisecondAtWhichTheCounterFits(t *testing.T) {
 	for i := 0; i < 400; i++ {
 		capacity := 1 + rng.Int64N(20)
 		size := rng.Int64N(capacity + 1) // a request is 1, a reservation up to the cap, unreserved tokens 0
-		w := window{cur: rng.Int64N(3 * capacity), prev: rng.Int64N(3 * capacity)}
-		into := rng.Int64N(minuteMillis)
+		w := Window{Cur: rng.Int64N(3 * capacity), Prev: rng.Int64N(3 * capacity)}
+		into := rng.Int64N(MinuteMillis)
 		if fits(w, capacity, size, minuteAt(into)) {
 			continue
 		}
 		got := releaseIn(w, capacity, size, minuteAt(into))
 		want := int64(-1)
-		for t := into; t < 3*minuteMillis; t++ {
-			if fits(windowAt(w, t), capacity, size, minuteAt(t%minuteMillis)) {
+		for t := into; t < 3*MinuteMillis; t++ {
+			if fits(windowAt(w, t), capacity, size, minuteAt(t%MinuteMillis)) {
 				want = t - into
 				break
 			}
@@ -40,16 +40,16 @@ func TestReleaseInOfADayWindowIsTheEarliestSecondAtWhichTheCounterFits(t *testin
 	for i := 0; i < 60; i++ {
 		capacity := 1 + rng.Int64N(20)
 		size := rng.Int64N(capacity + 1)
-		w := window{cur: rng.Int64N(3 * capacity), prev: rng.Int64N(3 * capacity)}
+		w := Window{Cur: rng.Int64N(3 * capacity), Prev: rng.Int64N(3 * capacity)}
 		at := rng.Int64N(86_400_000) // milliseconds into the day
-		p := momentAt(at).in(day)
+		p := MomentAt(at).In(Day)
 		if fits(w, capacity, size, p) {
 			continue
 		}
 		got := releaseIn(w, capacity, size, p)
 		want := int64(-1)
 		for s := at / 1000; s < 3*86_400; s++ {
-			if fits(windowAtSpan(w, s, 86_400), capacity, size, momentAt(s%86_400*1000).in(day)) {
+			if fits(windowAtSpan(w, s, 86_400), capacity, size, MomentAt(s%86_400*1000).In(Day)) {
 				want = s*1000 - at
 				break
 			}
@@ -62,39 +62,39 @@ func TestReleaseInOfADayWindowIsTheEarliestSecondAtWhichTheCounterFits(t *testin
 
 // windowAt is w as read t milliseconds after the start of its current
 // minute period, with no traffic since.
-func windowAt(w window, t int64) window { return windowAtSpan(w, t, minuteMillis) }
+func windowAt(w Window, t int64) Window { return windowAtSpan(w, t, MinuteMillis) }
 
 // windowAtSpan is w as read t units after the start of its current period
 // of length units.
-func windowAtSpan(w window, t, length int64) window {
+func windowAtSpan(w Window, t, length int64) Window {
 	switch t / length {
 	case 0:
 		return w
 	case 1:
-		return window{prev: w.cur}
+		return Window{Prev: w.Cur}
 	}
-	return window{}
+	return Window{}
 }
 
 func TestRemainingAndResetFollowTheEstimate(t *testing.T) {
 	// 3 this minute and 12 last minute, 30 s in: estimate 3 + 6 = 9.
-	w := window{cur: 3, prev: 12}
-	if got := remaining(w, 10, minuteAt(30_000)); got != 1 {
+	w := Window{Cur: 3, Prev: 12}
+	if got := Remaining(w, 10, minuteAt(30_000)); got != 1 {
 		t.Fatalf("remaining %d, want 1", got)
 	}
-	if got := remaining(w, 5, minuteAt(30_000)); got != 0 {
+	if got := Remaining(w, 5, minuteAt(30_000)); got != 0 {
 		t.Fatalf("remaining %d over the cap, want 0", got)
 	}
-	if got := resetIn(w, minuteAt(30_000)); got != 90_000 {
+	if got := ResetIn(w, minuteAt(30_000)); got != 90_000 {
 		t.Fatalf("reset in %d ms, want the end of the next minute (90000)", got)
 	}
-	if got := resetIn(window{prev: 4}, minuteAt(30_000)); got != 30_000 {
+	if got := ResetIn(Window{Prev: 4}, minuteAt(30_000)); got != 30_000 {
 		t.Fatalf("reset in %d ms, want the end of this minute (30000)", got)
 	}
-	if got := resetIn(window{}, minuteAt(30_000)); got != 0 {
+	if got := ResetIn(Window{}, minuteAt(30_000)); got != 0 {
 		t.Fatalf("reset in %d ms for an empty window", got)
 	}
 }
 
 // minuteAt is the position into milliseconds into a minute period.
-func minuteAt(into int64) position { return momentAt(into).in(minute) }
+func minuteAt(into int64) Position { return MomentAt(into).In(Minute) }
