@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
 
 // End-to-end tests of the live view (adminapi.go), on the admin endpoint of
@@ -145,7 +147,7 @@ func headerDuration(t *testing.T, res *http.Response, name string) time.Duration
 func TestAdminLiveViewAgreesWithTheHeadersOfTheLastAdmittedRequest(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		up := newUpstream(t) // every response reports 7 tokens
-		org := uniqueID(t)
+		org := redistest.UniqueID(t)
 		gw := startGateway(t, up.URL, limited(store, `
 			scope key {http.request.header.Authorization}
 			scope org {http.request.header.X-Org} readable
@@ -240,14 +242,14 @@ func TestAdminLiveViewAgreesWithTheHeadersOfTheLastAdmittedRequest(t *testing.T)
 func TestAdminLiveViewDigestsAKeyIDAndNeverEchoesIt(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		up := newUpstream(t)
-		secret := "sk-live-" + uniqueID(t) + "-SECRET"
+		secret := "sk-live-" + redistest.UniqueID(t) + "-SECRET"
 		raw := "Bearer " + secret
 		gw := startGateway(t, up.URL, limited(store, `
 			scope key {http.request.header.Authorization}
 			scope team "{http.request.header.X-Team}"
 			limit key * rpm 5
 			limit team * rpm 9`))
-		team := "team " + uniqueID(t) + " with spaces"
+		team := "team " + redistest.UniqueID(t) + " with spaces"
 		for range 2 {
 			if res, body := gw.do(t, "Authorization: "+raw, "X-Team: "+team); res.StatusCode != 200 {
 				t.Fatalf("%d %s", res.StatusCode, body)
@@ -294,7 +296,7 @@ func TestAdminLiveViewDigestsAKeyIDAndNeverEchoesIt(t *testing.T) {
 
 func TestAdminLiveViewListsEachHandlerWithDifferentCapsOnceAndItsStore(t *testing.T) {
 	up := newUpstream(t)
-	org := uniqueID(t)
+	org := redistest.UniqueID(t)
 	redis := redisLine(t)
 	gw := startGateway(t, up.URL, fmt.Sprintf(`
 	rolter_ratelimit /a* {
@@ -372,7 +374,7 @@ func TestAdminLiveViewListsEachHandlerWithDifferentCapsOnceAndItsStore(t *testin
 
 func TestAdminLiveViewReadsTheInProcessStore(t *testing.T) {
 	up := newUpstream(t)
-	org := uniqueID(t)
+	org := redistest.UniqueID(t)
 	gw := startGateway(t, up.URL, `
 	rolter_ratelimit {
 		scope org {http.request.header.X-Org}
@@ -405,7 +407,7 @@ func TestAdminLiveViewReadsTheInProcessStore(t *testing.T) {
 
 func TestAdminLiveViewRefusesBadQueriesAndMethodsButAnswersAnUnlimitedID(t *testing.T) {
 	up := newUpstream(t)
-	org := uniqueID(t)
+	org := redistest.UniqueID(t)
 	startGateway(t, up.URL, fmt.Sprintf(`
 	rolter_ratelimit {
 		scope org {http.request.header.X-Org}
@@ -461,7 +463,7 @@ func startGatewayOnDeadRedis(t *testing.T) (org, dead string) {
 		limit org * rpm 5
 	}
 	reverse_proxy {upstream}`, dead))
-	return uniqueID(t), dead
+	return redistest.UniqueID(t), dead
 }
 
 func TestAdminLiveViewAnswers503WhenTheStoreCannotBeRead(t *testing.T) {
@@ -480,7 +482,7 @@ func TestAdminLiveViewAnswers503WhenTheStoreCannotBeRead(t *testing.T) {
 // clear only where every handler declares the scope readable.
 func TestAdminLiveViewReadsEachHandlersStoredFormOfTheID(t *testing.T) {
 	up := newUpstream(t)
-	org := uniqueID(t)
+	org := redistest.UniqueID(t)
 	gw := startGateway(t, up.URL, `
 	rolter_ratelimit /readable* {
 		scope org {http.request.header.X-Org} readable
@@ -512,7 +514,7 @@ func TestAdminLiveViewReadsEachHandlersStoredFormOfTheID(t *testing.T) {
 func TestAdminLiveViewShowsTheSlotsHeldOfACapOnRequestsInFlight(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		up := newUpstream(t)
-		team := uniqueID(t)
+		team := redistest.UniqueID(t)
 		gw := startGateway(t, up.URL, limited(store, `
 			scope team {http.request.header.X-Team} readable
 			limit team * concurrent 3`))

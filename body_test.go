@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/rolter/caddy-ratelimit/internal/llmapi"
+	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
 
 // requestOf is r as ServeHTTP reads it, without a replacer.
@@ -116,7 +117,7 @@ func startUpload(t *testing.T, gw *gateway, from, key string, sent int) *upload 
 	}
 	t.Cleanup(func() { conn.Close() })
 	if key == "" {
-		key = uniqueID(t)
+		key = redistest.UniqueID(t)
 	}
 	u := &upload{conn: conn, lines: make(chan string, 2)}
 	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nX-Api-Key: %s\r\n"+
@@ -217,7 +218,7 @@ func postPaced(t *testing.T, gw *gateway, size int) (*http.Response, []byte) {
 		t.Fatal(err)
 	}
 	req.ContentLength = int64(len(body))
-	setHeaders(req, []string{"Content-Type: application/json", "X-Api-Key: " + uniqueID(t)})
+	setHeaders(req, []string{"Content-Type: application/json", "X-Api-Key: " + redistest.UniqueID(t)})
 	res, err := gw.tester.Client.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -298,7 +299,7 @@ func TestStalledHTTP2StreamsGiveWayToAnotherClientsBody(t *testing.T) {
 			go send.Write([]byte(chatOf(1_100_000)))
 			req, _ := http.NewRequest("POST", gw.url+"/v1/chat/completions", body)
 			req.ContentLength = claimedBody
-			setHeaders(req, []string{"Content-Type: application/json", "X-Api-Key: " + uniqueID(t)})
+			setHeaders(req, []string{"Content-Type: application/json", "X-Api-Key: " + redistest.UniqueID(t)})
 			go func() {
 				res, err := h2c.Do(req)
 				if err != nil {

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
 
 func TestRateIsReadAsAnExactDecimal(t *testing.T) {
@@ -55,7 +57,7 @@ func TestBucketArithmeticIsExactAtTheMillisecond(t *testing.T) {
 func TestSCGHeadersAndCustomStatusOnBucketAndRPMRefusals(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		up := newUpstream(t)
-		org := uniqueID(t)
+		org := redistest.UniqueID(t)
 		gw := startGateway(t, up.URL, limited(store, `
 			scope key {http.request.header.Authorization}
 			scope org {http.request.header.X-Org}

@@ -31,6 +31,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/rolter/caddy-ratelimit/internal/llmapi"
+	"github.com/rolter/caddy-ratelimit/internal/redistest"
 	"github.com/rolter/caddy-ratelimit/internal/tokenest"
 )
 
@@ -154,7 +155,7 @@ func checkBudgetKeys(t *testing.T, url, team, period string, b *UsageBudget, spe
 	if err != nil {
 		t.Fatalf("the live view's start %q: %v", b.Start, err)
 	}
-	c := redisClient(t, url)
+	c := redistest.TestClient(t, url)
 	for _, k := range []struct {
 		what string
 		want int64
@@ -183,7 +184,7 @@ func storeClock(t *testing.T, url string) func() time.Time {
 	if url == "" {
 		return time.Now
 	}
-	c := redisClient(t, url)
+	c := redistest.TestClient(t, url)
 	return func() time.Time {
 		now, err := c.Time(context.Background()).Result()
 		if err != nil {
@@ -242,7 +243,7 @@ price m-budget input 1 output 4 cache_read 0.10 cache_write 1.25`, usdText(10*fo
 // costs, and of twelve more requests exactly nine are admitted.
 func fortyAgainstTen(t *testing.T, urls []string, admin int, up *fakeUpstream, redisURL string) {
 	t.Helper()
-	team := uniqueID(t)
+	team := redistest.UniqueID(t)
 	call := openAICall("m-budget", false)
 	call.checkEstimate(t)
 	c := flightClient(t)
@@ -311,7 +312,7 @@ func TestFortyConcurrentRequestsAgainstABudgetOfTenLargestCostsAdmitExactlyTen(t
 }
 
 func TestThreeGatewayProcessesOnRedisAdmitExactlyTenOfFortyRequestsUnderOneBudget(t *testing.T) {
-	url := redisURLFromEnv(t)
+	url := redistest.EnvURL(t)
 	up := newUpstream(t)
 	gws := startCaddyProcesses(t, 3, up, limited(flightStore("redis "+url), fortyLines+"\non_redis_error deny"))
 	fortyAgainstTen(t, urlsOf(gws), gws[0].admin, up, url)
@@ -331,7 +332,7 @@ func TestSettlementLeavesTheBudgetSpentAtExactlyTheSumOfTheCostsTheUpstreamRepor
 		// gpt-4o: 2500 n$ an uncached input token, 1250 a cached one, and
 		// 10_000 an output token; its reservation, 10 × 2500 + 100 × 10_000.
 		const reservation = budgetInput*2500 + budgetMaxTokens*10_000
-		team := uniqueID(t)
+		team := redistest.UniqueID(t)
 		spent := int64(0)
 		for _, r := range []struct {
 			what   string
@@ -450,7 +451,7 @@ func TestCachedInputAndCacheWritesArePricedAsEachProviderReportsThem(t *testing.
 			cost: (3000-2048)*300 + 2048*75 + 100*2500, // 689_200
 		}} {
 			t.Run(c.name, func(t *testing.T) {
-				team := uniqueID(t)
+				team := redistest.UniqueID(t)
 				res, body := c.call.send(t, gw, "X-Team: "+team, c.answer)
 				if res.StatusCode != 200 || !strings.HasSuffix(string(body), c.ends) {
 					t.Fatalf("%d %s, want 200 and the whole answer", res.StatusCode, body)
@@ -515,8 +516,8 @@ func TestAModelWithoutAPriceIsRefusedWith400BeforeAnyStoreCallAndAStarPriceAdmit
 	check := func(t *testing.T, store string, storeCalls func(team string) string) {
 		up := newUpstream(t)
 		gw := startGatewayWith(t, up.URL, "", noPriceSite(store), 0)
-		team := uniqueID(t)
-		model := "mystery-" + uniqueID(t)
+		team := redistest.UniqueID(t)
+		model := "mystery-" + redistest.UniqueID(t)
 		const refusedNoPrice = `caddy_rolter_ratelimit_admissions_total{outcome="refused_no_price"}`
 		before, outcomes := storeCalls(team), scrape(t)[refusedNoPrice]
 		res, body := openAICall(model, false).send(t, gw, "X-Team: "+team)
@@ -559,15 +560,15 @@ func TestAModelWithoutAPriceIsRefusedWith400BeforeAnyStoreCallAndAStarPriceAdmit
 		})
 	})
 	t.Run("redis", func(t *testing.T) {
-		srv := startRedis(t)
+		srv := redistest.NewServer(t)
 		probe := newConnProbe(t, srv)
 		check(t, "redis "+srv.URL(), func(string) string { return commandsServed(t, probe) })
 	})
 	t.Run("redis down", func(t *testing.T) {
-		redisURLFromEnv(t) // the Redis tests' switch, though no Redis is asked
+		redistest.EnvURL(t) // the Redis tests' switch, though no Redis is asked
 		up := newUpstream(t)
 		gw := startGatewayWith(t, up.URL, "", noPriceSite(fmt.Sprintf("redis redis://127.0.0.1:%d", freePort())), 0)
-		team := "X-Team: " + uniqueID(t)
+		team := "X-Team: " + redistest.UniqueID(t)
 		if res, body := openAICall("mystery", false).send(t, gw, team); res.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "model_not_priced") {
 			t.Fatalf("an unpriced model, Redis down: %d %s, want 400 without asking the store", res.StatusCode, body)
 		}
@@ -603,14 +604,14 @@ func TestARequestTooLargeForItsBudgetIsRefusedAndChargesNothing(t *testing.T) {
 		// 30_000 = 3_100_000 n$ a request. Every team has a day budget
 		// of a nano-dollar less; the team exact has exactly that.
 		const largest = budgetInput*10_000 + budgetMaxTokens*30_000
-		exact := uniqueID(t)
+		exact := redistest.UniqueID(t)
 		gw := flightGatewayTo(t, up.URL, store, teamLines+fmt.Sprintf(`
 			limit team %s budget_day %s
 			limit team * budget_day %s
 			price big input 10 output 30`, exact, usdText(largest), usdText(largest-1)))
 		const refusals = `caddy_rolter_ratelimit_refusals_total{kind="too_large",scope="team",shadow="false",window="day"}`
 		before := scrape(t)[refusals]
-		team := uniqueID(t)
+		team := redistest.UniqueID(t)
 		call := openAICall("big", false)
 		used := up.json(openAIUsage(`{"prompt_tokens":10,"completion_tokens":20,"total_tokens":30}`))
 		res, body := call.send(t, gw, "X-Team: "+team, used)
@@ -626,7 +627,7 @@ func TestARequestTooLargeForItsBudgetIsRefusedAndChargesNothing(t *testing.T) {
 			t.Fatalf("refusals_total{kind=too_large} rose by %v and the upstream saw %d requests, want 1 and 0", got, up.hits.Load())
 		}
 		if store != "" {
-			keys, err := redisClient(t, strings.TrimPrefix(store, "redis ")).Keys(context.Background(), teamPrefix(team)+"*").Result()
+			keys, err := redistest.TestClient(t, strings.TrimPrefix(store, "redis ")).Keys(context.Background(), teamPrefix(team)+"*").Result()
 			if err != nil || len(keys) != 0 {
 				t.Fatalf("Redis keys of the team refused as too large: %v %v, want none", keys, err)
 			}
@@ -650,7 +651,7 @@ func TestARequestTooLargeForItsBudgetIsRefusedAndChargesNothing(t *testing.T) {
 func TestSpendMetricsMoveByTheExactAmountsUnderTheConfiguredPriceName(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		up := newUpstream(t)
-		family := uniqueID(t) + "-gpt" // a prefix entry of this test's own: a new series
+		family := redistest.UniqueID(t) + "-gpt" // a prefix entry of this test's own: a new series
 		gw := flightGatewayTo(t, up.URL, store, teamLines+fmt.Sprintf(`
 			limit team * budget_day 10
 			price %s* input 2.50 output 10
@@ -658,7 +659,7 @@ func TestSpendMetricsMoveByTheExactAmountsUnderTheConfiguredPriceName(t *testing
 		series := func(what, price string) string {
 			return fmt.Sprintf(`caddy_rolter_ratelimit_spend_%s_nanodollars_total{price=%q}`, what, price)
 		}
-		team := "X-Team: " + uniqueID(t)
+		team := "X-Team: " + redistest.UniqueID(t)
 		used := up.json(openAIUsage(`{"prompt_tokens":10,"completion_tokens":20,"total_tokens":30}`))
 		for _, r := range []struct {
 			model, entry                string
@@ -667,7 +668,7 @@ func TestSpendMetricsMoveByTheExactAmountsUnderTheConfiguredPriceName(t *testing
 			// $2.50 and $10 per million: 2500 and 10_000 n$ a token.
 			{family + "-4o", family + "*", budgetInput*2500 + budgetMaxTokens*10_000, 10*2500 + 20*10_000, (budgetMaxTokens - 20) * 10_000},
 			// "*": $1 and $2 per million.
-			{"made-up-" + uniqueID(t), "*", budgetInput*1000 + budgetMaxTokens*2000, 10*1000 + 20*2000, (budgetMaxTokens - 20) * 2000},
+			{"made-up-" + redistest.UniqueID(t), "*", budgetInput*1000 + budgetMaxTokens*2000, 10*1000 + 20*2000, (budgetMaxTokens - 20) * 2000},
 		} {
 			before := scrape(t)
 			if res, body := openAICall(r.model, false).send(t, gw, team, used); res.StatusCode != 200 {
@@ -704,7 +705,7 @@ func TestAReloadRereadsThePriceFileAndTheNextRequestIsPricedAtItsNewPrices(t *te
 		writePrices("1e-06", "2e-06")
 		site := limited(flightStore(store), teamLines+"limit team * budget_day 10\nprices "+file+"\non_redis_error deny")
 		gw := startGatewayWith(t, up.URL, "", site, 0)
-		team := uniqueID(t)
+		team := redistest.UniqueID(t)
 		reserved := `caddy_rolter_ratelimit_spend_reserved_nanodollars_total{price="reload-model"}`
 		used := up.json(openAIUsage(`{"prompt_tokens":10,"completion_tokens":20,"total_tokens":30}`))
 		spent := int64(0)
@@ -754,7 +755,7 @@ func TestASpentBudgetIsRefusedAsEachProvidersQuotaErrorUntilItRenews(t *testing.
 			limit team * budget_day %s budget_month 1
 			price quota-model input 1 output 2
 			budget_timezone Asia/Kolkata`, usdText(largest)))
-		team := uniqueID(t)
+		team := redistest.UniqueID(t)
 		// A success without usage keeps its reservation: the day is spent.
 		if res, body := openAICall("quota-model", false).send(t, gw, "X-Team: "+team, up.json(`{"object":"chat.completion","choices":[]}`)); res.StatusCode != 200 {
 			t.Fatalf("the first request: %d %s", res.StatusCode, body)

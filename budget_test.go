@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rolter/caddy-ratelimit/internal/pricing"
+	"github.com/rolter/caddy-ratelimit/internal/redistest"
 	"github.com/rolter/caddy-ratelimit/internal/usage"
 )
 
@@ -74,7 +75,7 @@ func runBudgetConformance(t *testing.T, kit storeKit) {
 		s := kit.replicas(t, 1)[0]
 		const zone = "Europe/Paris"
 		at := localMillis(t, zone, 2026, time.March, 10, 15, 0, 0, 0)
-		chain := []Limit{newBudgetLimit(t, "team", uniqueID(t), 10*usd, 0, 0, zone)}
+		chain := []Limit{newBudgetLimit(t, "team", redistest.UniqueID(t), 10*usd, 0, 0, zone)}
 		for i := range 10 {
 			if a := admitCost(t, s, chain, at, usd); !a.Admitted {
 				t.Fatalf("admission %d of 10 of $1 under $10 refused", i+1)
@@ -99,7 +100,7 @@ func runBudgetConformance(t *testing.T, kit storeKit) {
 	t.Run("ConcurrentAdmissionsAcrossReplicasAdmitExactlyWhatTheBudgetHolds", func(t *testing.T) {
 		stores := kit.replicas(t, 3)
 		at := pinnedBase()
-		chain := []Limit{newBudgetLimit(t, "key", uniqueID(t), 0, 10*(usd/4), 0, "UTC")}
+		chain := []Limit{newBudgetLimit(t, "key", redistest.UniqueID(t), 0, 10*(usd/4), 0, "UTC")}
 		var admitted atomic.Int64
 		var wg sync.WaitGroup
 		for i := range 40 {
@@ -126,7 +127,7 @@ func runBudgetConformance(t *testing.T, kit storeKit) {
 	t.Run("ASettlementReplacesTheReservationByTheRealCostAndNeverGoesBelowZero", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
 		at := pinnedBase()
-		chain := []Limit{newBudgetLimit(t, "key", uniqueID(t), 5*usd, 50*usd, 0, "UTC")}
+		chain := []Limit{newBudgetLimit(t, "key", redistest.UniqueID(t), 5*usd, 50*usd, 0, "UTC")}
 		var ds []Decision
 		for range 3 {
 			ds = append(ds, admitCost(t, s, chain, at, usd).Decision)
@@ -150,7 +151,7 @@ func runBudgetConformance(t *testing.T, kit storeKit) {
 	t.Run("ARefusedRequestReservesAndChargesNothingAnywhere", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
 		at := pinnedBase()
-		id := uniqueID(t)
+		id := redistest.UniqueID(t)
 		chain := []Limit{newLimit("key", id, 5, 0), newBudgetLimit(t, "team", id, usd, usd, 0, "UTC")}
 		if a := admitCost(t, s, chain, at, usd+1); a.Admitted || a.Refusal.Kind != Budget || a.Refusal.First != 1 {
 			t.Fatalf("admitted %v, refusal %+v; want the team's budget to refuse", a.Admitted, a.Refusal)
@@ -167,7 +168,7 @@ func runBudgetConformance(t *testing.T, kit storeKit) {
 	t.Run("ARequestWithoutAReservationIsAdmittedWhileTheBudgetIsNotSpentAndChargedAfter", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
 		at := pinnedBase()
-		chain := []Limit{newBudgetLimit(t, "key", uniqueID(t), usd, 0, 0, "UTC")}
+		chain := []Limit{newBudgetLimit(t, "key", redistest.UniqueID(t), usd, 0, 0, "UTC")}
 		for range 2 {
 			if !admitOrFail(t, s, chain, at).Admitted {
 				t.Fatal("a request reserving nothing was refused by a budget not yet spent")
@@ -187,7 +188,7 @@ func runBudgetConformance(t *testing.T, kit storeKit) {
 	t.Run("AReservationSettledAfterMidnightLandsInItsOwnDayAndMonth", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
 		const zone = "America/New_York"
-		chain := []Limit{newBudgetLimit(t, "key", uniqueID(t), 10*usd, 100*usd, 0, zone)}
+		chain := []Limit{newBudgetLimit(t, "key", redistest.UniqueID(t), 10*usd, 100*usd, 0, zone)}
 		// holds checks what budget p holds at the moment at.
 		holds := func(what string, p BudgetPeriod, at, spent, reserved int64) {
 			t.Helper()
@@ -220,7 +221,7 @@ func runBudgetConformance(t *testing.T, kit storeKit) {
 	t.Run("AMonthRenewsAtTheFirstMomentOfTheNextMonthInItsTimeZone", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
 		const zone = "Asia/Kolkata" // UTC+05:30: the month starts at 18:30 UTC
-		chain := []Limit{newBudgetLimit(t, "org", uniqueID(t), 0, 2*usd, 0, zone)}
+		chain := []Limit{newBudgetLimit(t, "org", redistest.UniqueID(t), 0, 2*usd, 0, zone)}
 		last := localMillis(t, zone, 2026, time.January, 31, 23, 59, 59, 999)
 		if !admitCost(t, s, chain, last-10_000, 2*usd).Admitted {
 			t.Fatal("the month's whole budget was refused")
@@ -363,7 +364,7 @@ func TestABudgetRefusalSaysWhichBudgetAndWhenItRenews(t *testing.T) {
 // on_redis_error allow, a request under no budget passes unchecked, and one
 // under a budget is answered 503.
 func TestARequestUnderABudgetIsRefusedWhenTheStoreFailsWhateverOnRedisErrorSays(t *testing.T) {
-	srv := startRedis(t)
+	srv := redistest.NewServer(t)
 	up := newUpstream(t)
 	gw := startGateway(t, up.URL, fmt.Sprintf(`
 	rolter_ratelimit {
@@ -375,7 +376,7 @@ func TestARequestUnderABudgetIsRefusedWhenTheStoreFailsWhateverOnRedisErrorSays(
 		on_redis_error allow
 	}
 	reverse_proxy {upstream}`, srv.URL()))
-	srv.Stop(t)
+	srv.Stop()
 	if res, body := gw.postChat(t, chatAbout1000, "X-Org: budgeted"); res.StatusCode != http.StatusServiceUnavailable {
 		t.Fatalf("under a budget with the store down: %d %s, want 503", res.StatusCode, body)
 	}
@@ -421,7 +422,7 @@ func TestABodyWhoseModelCannotBeReadWhollyIsRefusedUnderABudget(t *testing.T) {
 		if what != "over 4 MiB" {
 			body = `{"model":"m"}`
 		}
-		res, got := gw.send(t, "POST", "/v1/chat/completions", body, append(req, "Content-Type: application/json", "X-Api-Key: "+uniqueID(t))...)
+		res, got := gw.send(t, "POST", "/v1/chat/completions", body, append(req, "Content-Type: application/json", "X-Api-Key: "+redistest.UniqueID(t))...)
 		if want := map[bool]int{true: 200, false: 400}[what == "read wholly"]; res.StatusCode != want || want == 400 && !strings.Contains(string(got), "cannot read which model") {
 			t.Errorf("%s: %d %s, want %d", what, res.StatusCode, got, want)
 		}

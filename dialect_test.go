@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/rolter/caddy-ratelimit/internal/llmapi"
+	"github.com/rolter/caddy-ratelimit/internal/redistest"
 	"github.com/rolter/caddy-ratelimit/internal/tokenest"
 )
 
@@ -21,7 +22,7 @@ func TestRefusalsSpeakTheDialectOfTheAPIThePathNames(t *testing.T) {
 			scope key {http.request.header.X-Api-Key}
 			limit key * rpm 1 tpm 100000
 			reserve_tokens off`))
-		key := "X-Api-Key: sk-" + uniqueID(t)
+		key := "X-Api-Key: sk-" + redistest.UniqueID(t)
 		res, _ := gw.send(t, "POST", "/v1/messages", `{"model":"claude-sonnet-4-5","max_tokens":5}`, key)
 		if res.StatusCode != 200 || res.Header.Get("Anthropic-Ratelimit-Requests-Limit") != "1" || res.Header.Get("Anthropic-Ratelimit-Requests-Remaining") != "0" ||
 			res.Header.Get("X-Ratelimit-Limit-Requests") != "99999" { // the upstream's own: not this dialect's family
@@ -81,7 +82,7 @@ func TestAnthropicRequestsSeeTheirInputAndOutputTokenLimitsInAnthropicsHeaders(t
 			limit key * itpm 10000 otpm 2000 tpm 50000`))
 		body := `{"model":"claude-sonnet-4-5","max_tokens":500,"messages":[{"role":"user","content":"` + strings.Repeat("word ", 400) + `"}]}`
 		est := tokenest.Of(llmapi.Of("/v1/messages"), []byte(body))
-		res, _ := gw.send(t, "POST", "/v1/messages", body, "Content-Type: application/json", "X-Api-Key: sk-"+uniqueID(t))
+		res, _ := gw.send(t, "POST", "/v1/messages", body, "Content-Type: application/json", "X-Api-Key: sk-"+redistest.UniqueID(t))
 		if res.StatusCode != 200 {
 			t.Fatalf("status %d", res.StatusCode)
 		}
@@ -186,7 +187,7 @@ func TestEveryPathFormTheEstimatorReadsIsRefusedInItsProvidersShape(t *testing.T
 			{"/openai/deployments/gpt-4o/chat/completions?api-version=2024-10-21", `{"messages":[]}`, "openai"},
 			{"/v1/chat/completions", `{"model":"gpt-4o","messages":[]}`, "openai"},
 		} {
-			key := "X-Api-Key: " + uniqueID(t)
+			key := "X-Api-Key: " + redistest.UniqueID(t)
 			for range 2 {
 				res, body := gw.send(t, "POST", c.path, c.body, "Content-Type: application/json", key)
 				if res.StatusCode == 200 {
@@ -208,7 +209,7 @@ func TestATooLargeRefusalCarriesTheRateLimitHeaders(t *testing.T) {
 		gw := startGateway(t, up.URL, limited(store, `
 			scope key {http.request.header.X-Api-Key}
 			limit key * rpm 5 tpm 1000`))
-		res, body := gw.postChat(t, `{"model":"m","max_tokens":5000,"messages":[]}`, "X-Api-Key: "+uniqueID(t))
+		res, body := gw.postChat(t, `{"model":"m","max_tokens":5000,"messages":[]}`, "X-Api-Key: "+redistest.UniqueID(t))
 		if res.StatusCode != 429 || !strings.Contains(string(body), "Request too large") {
 			t.Fatalf("%d %s, want 429 too large", res.StatusCode, body)
 		}

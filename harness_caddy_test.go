@@ -33,6 +33,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddytest"
+
+	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
 
 // freePort is a port of 127.0.0.1 that was free a moment ago.
@@ -223,7 +225,7 @@ func eachStore(t *testing.T, test func(t *testing.T, store string)) {
 
 // redisLine is the store line of the gateways under test: the shared Redis.
 func redisLine(t *testing.T) string {
-	return "redis " + redisURLFromEnv(t)
+	return "redis " + redistest.EnvURL(t)
 }
 
 // storeKind is the live view's name of the store of a store line.

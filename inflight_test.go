@@ -170,7 +170,7 @@ func waitSlotsKeyEmpty(t *testing.T, addr, key string) {
 // redisAddr is the host:port of a redis line's URL.
 func redisAddr(t *testing.T, url string) string {
 	t.Helper()
-	c := redisClient(t, url)
+	c := redistest.TestClient(t, url)
 	return c.Options().Addr
 }
 
@@ -264,20 +264,20 @@ func TestSixtyRequestsAgainstConcurrent5PutExactly5InFlightAndFreeEverySlot(t *t
 	eachStore(t, func(t *testing.T, store string) {
 		up := newUpstream(t)
 		gw := flightGatewayOn(t, up, store, capOf5)
-		key := "sk-" + uniqueID(t)
+		key := "sk-" + redistest.UniqueID(t)
 		addr := ""
 		if store != "" {
-			addr = redisAddr(t, redisURLFromEnv(t))
+			addr = redisAddr(t, redistest.EnvURL(t))
 		}
 		sixtyAgainstFive(t, []string{gw.url}, []int{caddyAdmin()}, up, addr, slotsOf(key), key)
 	})
 }
 
 func TestThreeGatewayProcessesOnRedisPutExactly5Of60InFlightAndFreeEverySlot(t *testing.T) {
-	url := redisURLFromEnv(t)
+	url := redistest.EnvURL(t)
 	up := newUpstream(t)
 	gws := startCaddyProcesses(t, 3, up, limited(flightStore("redis "+url), capOf5+"\non_redis_error deny"))
-	key := "sk-" + uniqueID(t)
+	key := "sk-" + redistest.UniqueID(t)
 	sixtyAgainstFive(t, urlsOf(gws), adminsOf(gws), up, redisAddr(t, url), slotsOf(key), key)
 }
 
@@ -291,7 +291,7 @@ func TestASlotIsFreedWhenTheClientHangsUpTheUpstreamCutsTheStreamOrAnswers500(t 
 			scope key {http.request.header.X-Api-Key}
 			limit key * concurrent 1`)
 		c := flightClient(t)
-		key := "sk-" + uniqueID(t)
+		key := "sk-" + redistest.UniqueID(t)
 		header := "X-Api-Key: " + key
 		waitSlotsHeld(t, caddyAdmin(), "key", 0)
 
@@ -366,9 +366,9 @@ func TestAStreamLastingThreeLeasesKeepsItsSlotAllAlong(t *testing.T) {
 		up := newUpstream(t)
 		gw := twoLeasesGateway(t, up, store, 1)
 		c := flightClient(t)
-		key := "sk-" + uniqueID(t)
+		key := "sk-" + redistest.UniqueID(t)
 		header := "X-Api-Key: " + key
-		refused, finishLong := heldBurst(t, c, []string{gw.url}, up, 1, "X-Api-Key: sk-"+uniqueID(t), "X-Lease: long")
+		refused, finishLong := heldBurst(t, c, []string{gw.url}, up, 1, "X-Api-Key: sk-"+redistest.UniqueID(t), "X-Lease: long")
 		if len(refused) != 0 {
 			t.Fatalf("the request of the longer lease: %d %s", refused[0].status, refused[0].body)
 		}
@@ -423,13 +423,13 @@ func TestAStreamLastingThreeLeasesKeepsItsSlotAllAlong(t *testing.T) {
 // admits again within a lease and a margin.
 func TestAGatewayKilledWhileHoldingSlotsLosesThemWithinALease(t *testing.T) {
 	const lease = time.Second
-	url := redisURLFromEnv(t)
+	url := redistest.EnvURL(t)
 	addr := redisAddr(t, url)
 	up := newUpstream(t)
 	gws := startCaddyProcesses(t, 2, up, limited(flightStore("redis "+url), capOf5+"\nslot_lease 1s\non_redis_error deny"))
 	killed, survivor := gws[0], gws[1]
 	c := flightClient(t)
-	key := "sk-" + uniqueID(t)
+	key := "sk-" + redistest.UniqueID(t)
 	header := "X-Api-Key: " + key
 	slots := slotsOf(key)
 	refused, finish := heldBurst(t, c, []string{killed.url}, up, 5, header)
@@ -545,7 +545,7 @@ func TestARefusalByTheSlotTakesNoRPMAndARefusalByRPMTakesNoSlot(t *testing.T) {
 			scope key {http.request.header.X-Api-Key}
 			limit key * rpm 2 concurrent 1`)
 		c := flightClient(t)
-		key := "sk-" + uniqueID(t)
+		key := "sk-" + redistest.UniqueID(t)
 		header := "X-Api-Key: " + key
 		l := newSlotLimit("key", KeyID(false, key), 1, 2, DefaultSlotLease)
 
@@ -581,14 +581,14 @@ func TestARefusalByTheSlotTakesNoRPMAndARefusalByRPMTakesNoSlot(t *testing.T) {
 // gateways, each with its own cluster client, cap requests in flight
 // exactly.
 func TestOnRedisClusterSlotsLiveInTheChainRootsSlotAndThreeGatewaysCapExactly(t *testing.T) {
-	c := startRedisCluster(t, 3)
+	c := redistest.NewCluster(t, 3)
 	up := newUpstream(t)
 	gws := startCaddyProcesses(t, 3, up, limited(flightStore("redis cluster "+strings.Join(c.URLs(), " ")), `
 			scope key {http.request.header.X-Api-Key}
 			scope org {http.request.header.X-Org} readable
 			limit key * concurrent 5
 			on_redis_error deny`))
-	key, org := "sk-"+uniqueID(t), uniqueID(t)
+	key, org := "sk-"+redistest.UniqueID(t), redistest.UniqueID(t)
 	root := ChainTag("org", KeyID(true, org))
 	slots := SlotsKey(NewLimit(root, "key", KeyID(false, key), Caps{}))
 	if c.KeySlot(slots) != c.KeySlot(root) {
@@ -620,7 +620,7 @@ func TestAConcurrencyRefusalSetsItsPlaceholdersMetricAndLogLineAndSlotsHeldFollo
 		waitSlotsHeld(t, caddyAdmin(), "key", 0)
 		before := scrape(t)[refusals]
 		c := flightClient(t)
-		key := "sk-" + uniqueID(t)
+		key := "sk-" + redistest.UniqueID(t)
 		refused, finish := heldBurst(t, c, []string{gw.url}, up, 4, "X-Api-Key: "+key)
 		if len(refused) != 1 {
 			t.Fatalf("%d of 4 requests refused under concurrent 3, want 1", len(refused))
@@ -662,7 +662,7 @@ func TestASlotIsFreedWhenTheRequestEndsInHandleErrors(t *testing.T) {
 			limit key * concurrent 1
 			on_redis_error deny`, "\thandle_errors {\n\t\trespond \"upstream unreachable\" 502\n\t}"), 0)
 		c := flightClient(t)
-		header := "X-Api-Key: sk-" + uniqueID(t)
+		header := "X-Api-Key: sk-" + redistest.UniqueID(t)
 		for i := range 3 {
 			a := mustPost(t, c, gw.url, http.StatusBadGateway, fmt.Sprintf("request %d to an unreachable upstream", i+1), header)
 			if a.body != "upstream unreachable" {
@@ -684,7 +684,7 @@ func TestTwoHandlersOfDifferentSlotLeasesSharingALimitNeverPutMoreThanItsCapInFl
 		up := newUpstream(t)
 		gw := twoLeasesGateway(t, up, store, 2)
 		c := flightClient(t)
-		key := "sk-" + uniqueID(t)
+		key := "sk-" + redistest.UniqueID(t)
 		header := "X-Api-Key: " + key
 		// One request of each lease in flight: the longer lease's first.
 		var finishes []func() []flightAnswer

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
 
 // A day cap refuses in its own window: the refusal names it (message,
@@ -15,7 +17,7 @@ import (
 func TestADailyCapRefusesNamingItsWindowAndWaitsForItsRelease(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		up := newUpstream(t)
-		key := uniqueID(t)
+		key := redistest.UniqueID(t)
 		gw := startGateway(t, up.URL, limited(store, `
 			scope key {http.request.header.X-Api-Key}
 			limit key * rpm 100 rpd 2
@@ -73,7 +75,7 @@ func TestADailyCapRefusesNamingItsWindowAndWaitsForItsRelease(t *testing.T) {
 func TestLiveViewShowsTheDayAndTokenKindWindows(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		up := newUpstream(t)
-		org := uniqueID(t)
+		org := redistest.UniqueID(t)
 		gw := startGateway(t, up.URL, limited(store, `
 			scope org {http.request.header.X-Org} readable
 			limit org * rpm 10 rpd 1000 tpd 50000 itpm 4000 otpm 2000
@@ -111,7 +113,7 @@ func TestAnOutputCapOverTheOTPMIsTooLargeWhileAnUncappedRequestFits(t *testing.T
 		gw := startGateway(t, up.URL, limited(store, `
 			scope org {http.request.header.X-Org}
 			limit org * itpm 100000 otpm 800`))
-		org := "X-Org: " + uniqueID(t)
+		org := "X-Org: " + redistest.UniqueID(t)
 		res, body := gw.postChat(t, `{"model":"gpt-4o","max_tokens":900,"messages":[{"role":"user","content":"hi"}]}`, org)
 		if res.StatusCode != 429 || res.Header.Get("X-Should-Retry") != "false" ||
 			!strings.Contains(string(body), "Request too large for org on output tokens per min (OTPM): Limit 800, Requested 900.") {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rolter/caddy-ratelimit/internal/redistest"
 	"github.com/rolter/caddy-ratelimit/internal/usage"
 	"github.com/rolter/caddy-ratelimit/internal/usage/usagetest"
 )
@@ -33,7 +34,7 @@ func meteredChain(t *testing.T, store, upstreamURL string) *gateway {
 type ids struct{ key, team, org string }
 
 func newIDs(t *testing.T) ids {
-	return ids{key: "Bearer sk-" + uniqueID(t), team: uniqueID(t), org: uniqueID(t)}
+	return ids{key: "Bearer sk-" + redistest.UniqueID(t), team: redistest.UniqueID(t), org: redistest.UniqueID(t)}
 }
 
 func (i ids) headers() []string {
@@ -140,7 +141,7 @@ func TestTPMCapRefusesWithTypeTokensOnceChargedUsageFillsIt(t *testing.T) {
 		gw := startGateway(t, up.URL, limited(store, `
 			scope org {http.request.header.X-Org} readable
 			limit org * rpm 100 tpm 1000`))
-		org := uniqueID(t)
+		org := redistest.UniqueID(t)
 		if res, _ := gw.get(t, "/samples/openai_chat.json?coding=gzip", "X-Org: "+org); res.StatusCode != 200 {
 			t.Fatalf("first request %d", res.StatusCode)
 		}
@@ -335,7 +336,7 @@ func TestAResponseIsChargedAtMostItsRequestsOwnOutputCapTimesItsChoices(t *testi
 			{"max_tokens 10 beside MAX_TOKENS 4096", `{"model":"gpt-4o","max_tokens":10,"MAX_TOKENS":4096,` + messages + `}`, maxResponseOutput},
 			{"max_tokens 10 beside max_completion_tokens 4096", `{"model":"gpt-4o","max_tokens":10,"max_completion_tokens":4096,` + messages + `}`, maxResponseOutput},
 		} {
-			org := uniqueID(t)
+			org := redistest.UniqueID(t)
 			clamped := scrape(t)[metric]
 			if res, body := gw.postChat(t, c.body, "X-Org: "+org, absurd); res.StatusCode != 200 {
 				t.Fatalf("%s: %d %s", c.what, res.StatusCode, body)
@@ -357,7 +358,7 @@ func TestAnAbsurdReportChargesABudgetNoMoreThanTheRequestsOwnOutputCap(t *testin
 		gw := flightGatewayTo(t, up.URL, store, teamLines+`
 			limit team * budget_day 100
 			price gpt-4o input 2.50 output 10`)
-		team := uniqueID(t)
+		team := redistest.UniqueID(t)
 		answer := up.json(openAIUsage(`{"prompt_tokens":1e20,"completion_tokens":1e20,"total_tokens":1e20}`))
 		if res, body := openAICall("gpt-4o", false).send(t, gw, "X-Team: "+team, answer); res.StatusCode != 200 {
 			t.Fatalf("%d %s", res.StatusCode, body)
@@ -453,7 +454,7 @@ func TestAStreamTheClientLeavesBeforeItsFinalReportIsChargedAtLeastItsReservatio
 			// 300 of maxOutputTokens.
 			{"gemini", gemini, 15 + 300, 15, 300},
 		} {
-			org := uniqueID(t)
+			org := redistest.UniqueID(t)
 			charged := scrape(t)[`caddy_rolter_ratelimit_tokens_charged_total{kind="total"}`]
 			c.stream.leaveAt(t, gw, gone, "X-Org: "+org)
 			waitMetric(t, `caddy_rolter_ratelimit_tokens_charged_total{kind="total"}`, charged+float64(c.total))

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
 
 // metricsText is the admin endpoint's whole /metrics answer.
@@ -53,12 +55,12 @@ func scrapeAt(t *testing.T, admin int) map[string]float64 {
 
 func TestMetricsCountOutcomesRefusalsAndTokensAndKeepCountingAcrossAReload(t *testing.T) {
 	t.Run("memory", func(t *testing.T) { checkMetrics(t, nil) })
-	t.Run("redis", func(t *testing.T) { checkMetrics(t, startRedis(t)) })
+	t.Run("redis", func(t *testing.T) { checkMetrics(t, redistest.NewServer(t)) })
 }
 
 // checkMetrics runs the metrics test on a Redis of its own, srv, which it
 // stops to see a request fail open, or on the in-process store (srv nil).
-func checkMetrics(t *testing.T, srv *testRedis) {
+func checkMetrics(t *testing.T, srv *redistest.Server) {
 	up := newFakeUpstream(t, answerSamples(t))
 	store := ""
 	if srv != nil {
@@ -79,12 +81,12 @@ func checkMetrics(t *testing.T, srv *testRedis) {
 	}
 	gw := startGatewayWith(t, up.URL, "", site("first"), 0)
 	before := scrape(t)
-	key := "Authorization: Bearer sk-" + uniqueID(t)
-	org := "X-Org: " + uniqueID(t)
+	key := "Authorization: Bearer sk-" + redistest.UniqueID(t)
+	org := "X-Org: " + redistest.UniqueID(t)
 	for i := 0; i < 3; i++ { // 2 admitted, 1 refused by the key's rpm
 		gw.get(t, "/samples/openai_chat.json?coding=identity", key, org)
 	}
-	gw.get(t, "/samples/openai_error.json?coding=identity", "Authorization: Bearer sk-"+uniqueID(t), org) // admitted, not metered
+	gw.get(t, "/samples/openai_error.json?coding=identity", "Authorization: Bearer sk-"+redistest.UniqueID(t), org) // admitted, not metered
 	waitCharged(t, store, []Limit{newLimit("org", strings.TrimPrefix(org, "X-Org: "), 0, 1)}, 2*1163)
 	want := map[string]float64{
 		`caddy_rolter_ratelimit_admissions_total{outcome="admitted"}`:                                       3,
@@ -96,8 +98,8 @@ func checkMetrics(t *testing.T, srv *testRedis) {
 		`caddy_rolter_ratelimit_unmetered_total{what="response"}`:                                           1,
 	}
 	if srv != nil {
-		srv.Stop(t)
-		gw.get(t, "/samples/openai_chat.json?coding=identity", "Authorization: Bearer sk-"+uniqueID(t), org) // failed open
+		srv.Stop()
+		gw.get(t, "/samples/openai_chat.json?coding=identity", "Authorization: Bearer sk-"+redistest.UniqueID(t), org) // failed open
 		want[`caddy_rolter_ratelimit_admissions_total{outcome="failed_open"}`] = 1
 		want[`caddy_rolter_ratelimit_redis_errors_total{op="admit"}`] = 1
 		want[`caddy_rolter_ratelimit_redis_call_duration_seconds_count{op="admit"}`] = 5
@@ -124,7 +126,7 @@ func checkMetrics(t *testing.T, srv *testRedis) {
 	// A reload gives Caddy a fresh registry: the same counters are there
 	// again and go on from where they were.
 	if srv != nil {
-		srv.Start(t)
+		srv.Restart(t)
 	}
 	startGatewayWith(t, up.URL, "", site("second"), gw.port)
 	reloaded := scrape(t)
@@ -132,7 +134,7 @@ func checkMetrics(t *testing.T, srv *testRedis) {
 	if reloaded[name] < after[name] {
 		t.Fatalf("%s fell from %v to %v across the reload", name, after[name], reloaded[name])
 	}
-	gw.get(t, "/samples/openai_chat.json?coding=identity", "Authorization: Bearer sk-"+uniqueID(t), org)
+	gw.get(t, "/samples/openai_chat.json?coding=identity", "Authorization: Bearer sk-"+redistest.UniqueID(t), org)
 	if got := scrape(t)[name]; got != reloaded[name]+1 {
 		t.Fatalf("%s is %v after one more admission, want %v", name, got, reloaded[name]+1)
 	}

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
 
 // chatFor is a chat completion of model.
@@ -22,7 +23,7 @@ func chatFor(model string) string {
 func TestPerModelPoolsSharedByKeysWithTheLongestPrefixWinning(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		up := newUpstream(t)
-		family := uniqueID(t) // keeps the pools of each run apart
+		family := redistest.UniqueID(t) // keeps the pools of each run apart
 		gw := startGateway(t, up.URL, limited(store, fmt.Sprintf(`
 			scope key {http.request.header.X-Api-Key}
 			scope model {http.rolter_ratelimit.model} readable
@@ -72,7 +73,7 @@ func TestPerKeyAndModelCompositeScope(t *testing.T) {
 		gw := startGateway(t, up.URL, limited(store, `
 			scope key_model {http.request.header.X-Api-Key}/{http.rolter_ratelimit.model}
 			limit key_model * rpm 1`))
-		key := uniqueID(t)
+		key := redistest.UniqueID(t)
 		send := func(key, model string) int {
 			res, _ := gw.send(t, "POST", "/v1/messages", chatFor(model), "Content-Type: application/json", "X-Api-Key: "+key)
 			return res.StatusCode
@@ -142,7 +143,7 @@ func TestABodySentWithAnotherTypeOrMethodGetsItsModelAndItsReservation(t *testin
 			{"PUT", "application/json", "10", 200},
 			{"GET", "application/json", "10", 429},
 		}} {
-			model := uniqueID(t)
+			model := redistest.UniqueID(t)
 			for _, c := range cases {
 				body := `{"model":"` + model + `","max_tokens":` + c.maxTokens + `}`
 				if res, got := gw.send(t, c.method, "/v1/chat/completions", body, "Content-Type: "+c.contentType); res.StatusCode != c.status {
@@ -163,7 +164,7 @@ func TestABodySentWithAnotherTypeOrMethodGetsItsModelAndItsReservation(t *testin
 func TestAModelNamedUnderTwoSpellingsOfItsKeyIsRefusedWhereTheModelCounts(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		up := newUpstream(t)
-		f := uniqueID(t)
+		f := redistest.UniqueID(t)
 		twoSpellings := []string{
 			fmt.Sprintf(`{"model":"%[1]s-cheap","MODEL":"%[1]s-dear"}`, f),
 			fmt.Sprintf(`{"Model":"%[1]s-dear","model":"%[1]s-cheap"}`, f),
@@ -202,7 +203,7 @@ func TestAModelNamedUnderTwoSpellingsOfItsKeyIsRefusedWhereTheModelCounts(t *tes
 			limit team * budget_day 10
 			price %[1]s-cheap input 0.1 output 0.1
 			price %[1]s-dear input 10 output 10`, f)))
-		team := uniqueID(t)
+		team := redistest.UniqueID(t)
 		refused(gw, "team", "X-Team: "+team)
 		if res, got := gw.send(t, "POST", "/v1/chat/completions", fmt.Sprintf(`{"model":%q}`, f+"-dear"), "X-Team: "+team); res.StatusCode != http.StatusOK {
 			t.Fatalf("one spelling under the budget: %d %s, want 200", res.StatusCode, got)
@@ -211,7 +212,7 @@ func TestAModelNamedUnderTwoSpellingsOfItsKeyIsRefusedWhereTheModelCounts(t *tes
 
 		gw = startGateway(t, up.URL, limited(store, "scope key {http.request.header.X-Api-Key}\nlimit key * rpm 100"))
 		for _, body := range twoSpellings {
-			if res, got := gw.send(t, "POST", "/v1/chat/completions", body, "X-Api-Key: "+uniqueID(t)); res.StatusCode != http.StatusOK {
+			if res, got := gw.send(t, "POST", "/v1/chat/completions", body, "X-Api-Key: "+redistest.UniqueID(t)); res.StatusCode != http.StatusOK {
 				t.Errorf("%s where nothing reads the model: %d %s, want 200", body, res.StatusCode, got)
 			}
 		}
@@ -263,7 +264,7 @@ func TestABodyDeclaredIdentityEncodedIsReadForItsModel(t *testing.T) {
 // f-dear, f a name of the test's own, a pool of one request a minute.
 func dearPoolGateway(t *testing.T, store string) (gw *gateway, f string) {
 	t.Helper()
-	f = uniqueID(t)
+	f = redistest.UniqueID(t)
 	return startGateway(t, newUpstream(t).URL, limited(store, fmt.Sprintf(`
 		scope model {http.rolter_ratelimit.model} readable
 		limit model %s-dear rpm 1`, f))), f

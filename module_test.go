@@ -19,6 +19,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/rolter/caddy-ratelimit/internal/poll"
+	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
 
 // End-to-end tests: a real Caddy (harness_caddy_test.go) in front of a fake
@@ -36,7 +37,7 @@ type openAIError struct {
 func TestCaddyRefusesOverRPMWithOpenAIShaped429AndTheUpstreamNeverSeesIt(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		up := newUpstream(t)
-		org := uniqueID(t)
+		org := redistest.UniqueID(t)
 		gw := startGateway(t, up.URL, limited(store, `
 			scope key {http.request.header.Authorization}
 			scope org {http.request.header.X-Org}
@@ -85,7 +86,7 @@ func TestCaddyRefusesOverRPMWithOpenAIShaped429AndTheUpstreamNeverSeesIt(t *test
 func TestAdmittedResponsesCarryTheTightestLimitsHeadersInPlaceOfTheUpstreams(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		up := newUpstream(t)
-		org := uniqueID(t)
+		org := redistest.UniqueID(t)
 		gw := startGateway(t, up.URL, limited(store, `
 			scope key {http.request.header.Authorization}
 			scope org {http.request.header.X-Org}
@@ -118,7 +119,7 @@ func TestAdmittedResponsesCarryTheTightestLimitsHeadersInPlaceOfTheUpstreams(t *
 func TestIETFHeadersDescribeThePolicyAndItsState(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		up := newUpstream(t)
-		org := uniqueID(t)
+		org := redistest.UniqueID(t)
 		gw := startGateway(t, up.URL, limited(store, `
 			scope org {http.request.header.X-Org}
 			limit org * rpm 10 tpm 5000
@@ -140,7 +141,7 @@ func TestIETFHeadersDescribeThePolicyAndItsState(t *testing.T) {
 func TestOnRefusalErrorHandsThe429ToHandleErrorsWithPlaceholders(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		up := newUpstream(t)
-		org := uniqueID(t)
+		org := redistest.UniqueID(t)
 		gw := startGateway(t, up.URL, limited(store, `
 			scope org {http.request.header.X-Org}
 			limit org * rpm 1
@@ -161,7 +162,7 @@ func TestOnRefusalErrorHandsThe429ToHandleErrorsWithPlaceholders(t *testing.T) {
 
 func TestInProcessStoreEnforcesWithoutRedis(t *testing.T) {
 	up := newUpstream(t)
-	key := uniqueID(t)
+	key := redistest.UniqueID(t)
 	gw := startGateway(t, up.URL, limited("", `
 		scope key {http.request.header.Authorization}
 		limit key * rpm 3`))
@@ -176,9 +177,9 @@ func TestInProcessStoreEnforcesWithoutRedis(t *testing.T) {
 }
 
 func TestRedisOutageFailsOpenByDefaultAndClosedWithDenyThenEnforcementResumes(t *testing.T) {
-	srv := startRedis(t)
+	srv := redistest.NewServer(t)
 	up := newUpstream(t)
-	org := uniqueID(t)
+	org := redistest.UniqueID(t)
 	site := func(onError string) string {
 		return fmt.Sprintf(`
 	rolter_ratelimit /open* {
@@ -205,14 +206,14 @@ func TestRedisOutageFailsOpenByDefaultAndClosedWithDenyThenEnforcementResumes(t 
 	if code, _ := call("/open", org); code != 429 {
 		t.Fatalf("second request %d, want 429 while Redis is up", code)
 	}
-	srv.Stop(t)
+	srv.Stop()
 	// The refusal is cached until Redis would admit the org (refusalcache.go):
 	// it holds until the gateway meets the outage, which makes it forget.
 	if code, _ := call("/open", org); code != 429 {
 		t.Fatalf("with Redis stopped, before any store error: %d, want the cached 429", code)
 	}
 	before := up.hits.Load()
-	if code, _ := call("/open", uniqueID(t)); code != 200 {
+	if code, _ := call("/open", redistest.UniqueID(t)); code != 200 {
 		t.Fatalf("with Redis stopped: %d, want 200 (fail open)", code)
 	}
 	if up.hits.Load() != before+1 {
@@ -222,7 +223,7 @@ func TestRedisOutageFailsOpenByDefaultAndClosedWithDenyThenEnforcementResumes(t 
 	if code != 503 || !strings.Contains(body, `"code":"rate_limiter_unavailable"`) {
 		t.Fatalf("on_redis_error deny with Redis stopped: %d %s, want 503", code, body)
 	}
-	srv.Start(t) // empty data, empty script cache
+	srv.Restart(t) // empty data, empty script cache
 	// The gateway's connections died with the server: a call or two may
 	// still meet one and answer 503 before the pool reconnects.
 	poll.Until(waitBound, pollEvery, func() error {
@@ -242,7 +243,7 @@ func TestRedisOutageFailsOpenByDefaultAndClosedWithDenyThenEnforcementResumes(t 
 // While Redis hangs, every request gets on_redis_error's answer within the
 // Redis timeout: the upstream's (allow, the default) or 503 (deny).
 func TestRequestsWhileRedisHangsGetOnRedisErrorsAnswerWithinTheTimeout(t *testing.T) {
-	srv := startRedis(t)
+	srv := redistest.NewServer(t)
 	up := newUpstream(t)
 	gw := startGateway(t, up.URL, fmt.Sprintf(`
 	rolter_ratelimit /open* {
@@ -261,7 +262,7 @@ func TestRequestsWhileRedisHangsGetOnRedisErrorsAnswerWithinTheTimeout(t *testin
 		on_redis_error deny
 	}
 	reverse_proxy {upstream}`, srv.URL(), hungTimeout))
-	org := uniqueID(t)
+	org := redistest.UniqueID(t)
 	status := func(path string) (int, error) {
 		req, err := http.NewRequest("GET", gw.url+path, nil)
 		if err != nil {
@@ -322,7 +323,7 @@ func TestSecretIDsLeaveNoTraceWhateverTheirScopeIsCalled(t *testing.T) {
 	eachStore(t, func(t *testing.T, storeLine string) {
 		logFile := t.TempDir() + "/caddy.log"
 		up := newUpstream(t)
-		uid := uniqueID(t)
+		uid := redistest.UniqueID(t)
 		apiKey := "sk-" + uid + strings.Repeat("Zq7", 12) + "xyz" // sk- and 48 letters and digits
 		email := "alice." + uid + "@example.com"
 		customer := "cust_" + uid
@@ -368,7 +369,7 @@ func TestSecretIDsLeaveNoTraceWhateverTheirScopeIsCalled(t *testing.T) {
 		answers = append(answers, metricsText(t))
 
 		if storeLine != "" {
-			keys, err := redisClient(t, redisURLFromEnv(t)).Keys(context.Background(), "rolter:rl:*").Result()
+			keys, err := redistest.TestClient(t, redistest.EnvURL(t)).Keys(context.Background(), "rolter:rl:*").Result()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -417,7 +418,7 @@ func TestSecretIDsLeaveNoTraceWhateverTheirScopeIsCalled(t *testing.T) {
 func TestTheREADMEsLogFilterKeepsAPIKeysOutOfTheAccessLog(t *testing.T) {
 	logFile := t.TempDir() + "/access.log"
 	up := newUpstream(t)
-	apiKey := "sk-ant-" + uniqueID(t) + "-SECRET"
+	apiKey := "sk-ant-" + redistest.UniqueID(t) + "-SECRET"
 	gw := startGateway(t, up.URL, fmt.Sprintf(`
 	log {
 		output file %s
@@ -475,13 +476,13 @@ func TestRequiredScopeRefusesAnEmptyValueWith403BeforeAnyStoreCall(t *testing.T)
 		respond "{http.rolter_ratelimit.outcome} {http.rolter_ratelimit.refused_scope}" {err.status_code}
 	}`, storeLine))
 		before := scrape(t)[`caddy_rolter_ratelimit_admissions_total{outcome="refused_empty_scope"}`]
-		res, body := gw.send(t, "POST", "/respond", `{}`, "X-Org: "+uniqueID(t))
+		res, body := gw.send(t, "POST", "/respond", `{}`, "X-Org: "+redistest.UniqueID(t))
 		var e openAIError
 		if res.StatusCode != 403 || json.Unmarshal(body, &e) != nil || e.Error.Code != "rate_limit_scope_missing" ||
 			e.Error.Type != "invalid_request_error" || !strings.Contains(e.Error.Message, `"key"`) {
 			t.Fatalf("without the required key: %d %s, want 403 naming the scope", res.StatusCode, body)
 		}
-		res, body = gw.send(t, "POST", "/error", `{}`, "Authorization: Bearer sk-"+uniqueID(t))
+		res, body = gw.send(t, "POST", "/error", `{}`, "Authorization: Bearer sk-"+redistest.UniqueID(t))
 		if res.StatusCode != 403 || string(body) != "refused_empty_scope org" {
 			t.Fatalf("on_refusal error without the required org: %d %q", res.StatusCode, body)
 		}
@@ -491,7 +492,7 @@ func TestRequiredScopeRefusesAnEmptyValueWith403BeforeAnyStoreCall(t *testing.T)
 		if got := scrape(t)[`caddy_rolter_ratelimit_admissions_total{outcome="refused_empty_scope"}`] - before; got != 2 {
 			t.Errorf("admissions_total{outcome=refused_empty_scope} rose by %v, want 2", got)
 		}
-		key := "Authorization: Bearer sk-" + uniqueID(t)
+		key := "Authorization: Bearer sk-" + redistest.UniqueID(t)
 		for i := range 3 { // no org value: the org's rpm 1 does not apply
 			if res, body := gw.send(t, "POST", "/respond", `{}`, key); res.StatusCode != 200 {
 				t.Fatalf("request %d with the key and no org: %d %s", i+1, res.StatusCode, body)
@@ -521,7 +522,7 @@ func TestRequiredScopeIsCheckedWithoutTheStore(t *testing.T) {
 
 func TestInProcessCountersSurviveAConfigReload(t *testing.T) {
 	up := newUpstream(t)
-	key := uniqueID(t)
+	key := redistest.UniqueID(t)
 	site := func(comment string) string {
 		return `
 	# ` + comment + `
@@ -547,7 +548,7 @@ func TestInProcessCountersSurviveAConfigReload(t *testing.T) {
 func TestChangedLimitTakesEffectOnTheFirstRequestAfterTheReload(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		up := newUpstream(t)
-		org := uniqueID(t)
+		org := redistest.UniqueID(t)
 		site := func(rpm int) string {
 			return limited(store, fmt.Sprintf(`
 				scope org {http.request.header.X-Org}

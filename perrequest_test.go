@@ -10,6 +10,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
 
 // planSite is a gateway whose keys' rpm comes from the auth service
@@ -46,7 +48,7 @@ func admittedOf(t *testing.T, gw *gateway, key string, n, want int, headers ...s
 // to each request: each is admitted exactly its plan's requests.
 func TestEachKeyIsAdmittedExactlyItsPlansRPMFromForwardAuth(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		keys := map[string]string{"k2-" + uniqueID(t): "2", "k5-" + uniqueID(t): "5", "k10-" + uniqueID(t): "10"}
+		keys := map[string]string{"k2-" + redistest.UniqueID(t): "2", "k5-" + redistest.UniqueID(t): "5", "k10-" + redistest.UniqueID(t): "10"}
 		auth := newPlanAuth(t, "X-Plan-Rpm", map[string]string{})
 		for key, plan := range keys {
 			auth.setPlan(key, plan)
@@ -64,7 +66,7 @@ func TestEachKeyIsAdmittedExactlyItsPlansRPMFromForwardAuth(t *testing.T) {
 // used still counts, and the new plan admits exactly the difference.
 func TestAPlanRaisedMidMinuteAdmitsExactlyTheDifference(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		key := uniqueID(t)
+		key := redistest.UniqueID(t)
 		auth := newPlanAuth(t, "X-Plan-Rpm", map[string]string{key: "5"})
 		gw := startGateway(t, newUpstream(t).URL, planSite(store, auth, "limit key * rpm {http.request.header.X-Plan-Rpm}"))
 		if got := admittedOf(t, gw, key, 7, http.StatusTooManyRequests); got != 5 {
@@ -83,7 +85,7 @@ func TestAPlanRaisedMidMinuteAdmitsExactlyTheDifference(t *testing.T) {
 func TestAMissingOrInvalidPlanIsRefusedOrGetsItsFallbackNeverUnlimited(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		bad := []string{"", "abc", "0", "-1", "1e3", "2.5", "99999999999999"}
-		auth, run := newPlanAuth(t, "X-Plan-Rpm", map[string]string{}), uniqueID(t)
+		auth, run := newPlanAuth(t, "X-Plan-Rpm", map[string]string{}), redistest.UniqueID(t)
 		keyOf := func(plan string) string { return run + " plan=" + plan }
 		for _, plan := range bad {
 			if plan != "" {
@@ -116,7 +118,7 @@ func TestAMissingOrInvalidPlanIsRefusedOrGetsItsFallbackNeverUnlimited(t *testin
 // fallback, not the client's 1000).
 func TestAClientSuppliedPlanHeaderIsDroppedByForwardAuth(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		key := uniqueID(t)
+		key := redistest.UniqueID(t)
 		auth := newPlanAuth(t, "X-Plan-Rpm", map[string]string{})
 		gw := startGateway(t, newUpstream(t).URL, planSite(store, auth, "limit key * rpm {http.request.header.X-Plan-Rpm} else 2"))
 		if got := admittedOf(t, gw, key, 5, http.StatusTooManyRequests, "X-Plan-Rpm: 1000"); got != 2 {
@@ -130,7 +132,7 @@ func TestAClientSuppliedPlanHeaderIsDroppedByForwardAuth(t *testing.T) {
 // counter, and marks a shadow limit.
 func TestHeadersReportTheRequestsCapAndTheLiveViewSaysItComesPerRequest(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		key, org := uniqueID(t), uniqueID(t)
+		key, org := redistest.UniqueID(t), redistest.UniqueID(t)
 		auth := newPlanAuth(t, "X-Plan-Rpm", map[string]string{key: "7"})
 		gw := startGateway(t, newUpstream(t).URL, planSite(store, auth, `scope org {http.request.header.X-Org} readable
 		limit key * rpm {http.request.header.X-Plan-Rpm} else 2
@@ -227,7 +229,7 @@ func TestAnUnreadableLimitIsLoggedWithItsScopeAndCapNeverItsID(t *testing.T) {
 // dropped.
 func TestAPlanNameMappedToCapsByMap(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
-		prefix := uniqueID(t) + "-"
+		prefix := redistest.UniqueID(t) + "-"
 		auth := newPlanAuth(t, "X-Plan", map[string]string{prefix + "free": "free", prefix + "pro": "pro", prefix + "gold": "gold"})
 		gw := startGateway(t, newUpstream(t).URL, limited(store, `
 			scope key {http.request.header.X-Api-Key}
@@ -272,7 +274,7 @@ func TestACapKnownAtLoadIsResolvedThenAndEnforcedAsAValue(t *testing.T) {
 		up := newUpstream(t)
 		for capLine, want := range map[string]int64{"rpm {env.ROLTER_TEST_PLAN_RPM}": 2, "rpm {env.ROLTER_TEST_UNSET_CAP} else 3": 3} {
 			gw := startGateway(t, up.URL, limited(store, "scope key {http.request.header.X-Api-Key} readable\nlimit key * "+capLine))
-			key := uniqueID(t)
+			key := redistest.UniqueID(t)
 			if got := admittedOf(t, gw, key, 5, http.StatusTooManyRequests); int64(got) != want {
 				t.Errorf("%s: %d admitted of 5, want %d", capLine, got, want)
 			}

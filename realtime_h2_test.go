@@ -10,6 +10,8 @@ import (
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+
+	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
 
 // A WebSocket session over HTTP/2 (an extended CONNECT, RFC 8441, which
@@ -27,7 +29,7 @@ func TestAWebSocketOverHTTP2IsRefusedWhereItsTokensOrSpendWouldGoUncounted(t *te
 		"limit key * rpm 100":                                    "200",
 	} {
 		gw := startCaddyProcessWith(t, caddyBinary(t), up.URL, "\tservers {\n\t\tprotocols h1 h2c\n\t}", limited("", "scope key {http.request.header.Authorization}\n"+lines))
-		status, body := extendedConnect(t, strings.TrimPrefix(gw.url, "http://"), "/v1/realtime?model=gpt-4o-realtime-preview", "authorization", "Bearer sk-"+uniqueID(t))
+		status, body := extendedConnect(t, strings.TrimPrefix(gw.url, "http://"), "/v1/realtime?model=gpt-4o-realtime-preview", "authorization", "Bearer sk-"+redistest.UniqueID(t))
 		if status != want || want == "400" && !strings.Contains(body, "rate_limit_session_unmetered") {
 			t.Errorf("%q: a WebSocket over HTTP/2 answered %s %s, want %s", lines, status, body, want)
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"github.com/rolter/caddy-ratelimit/internal/redistest"
 	"github.com/rolter/caddy-ratelimit/internal/usage/usagetest"
 )
 
@@ -107,7 +108,7 @@ func waitOpenSessions(t *testing.T, want int64) {
 }
 
 func realtimeIDs(t *testing.T) ids {
-	return ids{key: "Bearer sk-" + uniqueID(t), org: uniqueID(t)}
+	return ids{key: "Bearer sk-" + redistest.UniqueID(t), org: redistest.UniqueID(t)}
 }
 
 func realtimeLimits(id ids) []Limit {
@@ -228,7 +229,7 @@ func TestAHandshakeAnsweredWithoutSwitchingProtocolsIsMeteredAsAResponse(t *test
 		gw := startGateway(t, up.URL, limited(store, `
 			scope key {http.request.header.X-Api-Key}
 			limit key * tpm 1000`))
-		key := uniqueID(t)
+		key := redistest.UniqueID(t)
 		res, body := gw.send(t, "GET", "/v1/realtime?model=gpt-realtime", "", "X-Api-Key: "+key, "Upgrade: websocket", "Connection: Upgrade",
 			"Sec-WebSocket-Version: 13", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==")
 		if res.StatusCode != 200 {
@@ -327,7 +328,7 @@ func TestARealtimeSessionIsLimitedByTheModelItsURLNames(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		up := newFakeUpstream(t, answerRealtime)
 		gw := startGateway(t, up.URL, modelSessionSite(store, up))
-		model := "gpt-4o-" + uniqueID(t)
+		model := "gpt-4o-" + redistest.UniqueID(t)
 		for _, path := range []string{
 			"/v1/realtime?model=" + model,
 			"/openai/realtime?api-version=2024-10-01-preview&deployment=" + model + "-azure",
@@ -361,7 +362,7 @@ func TestARepeatedModelParameterOfASessionIsRefusedWith400AndMakesNoCounter(t *t
 	eachStore(t, func(t *testing.T, store string) {
 		up := newFakeUpstream(t, answerRealtime)
 		gw := startGateway(t, up.URL, modelSessionSite(store, up))
-		model := "gpt-4o-" + uniqueID(t)
+		model := "gpt-4o-" + redistest.UniqueID(t)
 		for _, query := range []string{
 			"/v1/realtime?model=" + model + "&model=gpt-4o-other",
 			"/v1/realtime?model=" + model + "&model=" + model,
@@ -532,12 +533,12 @@ func TestASpentSessionRefusesEveryWayOfSpellingAResponseCreate(t *testing.T) {
 // response, whatever on_redis_error says: a spend that cannot be counted is
 // never let through. The session goes on.
 func TestARealtimeSessionWhoseBudgetCannotBeReadIsRefusedItsNextResponse(t *testing.T) {
-	srv := startRedis(t)
+	srv := redistest.NewServer(t)
 	up := newFakeUpstream(t, answerRealtime)
 	gw := startGateway(t, up.URL, realtimeSite("redis "+srv.URL(), up, "price gpt-realtime input 4 output 16\n\t\tlimit org * budget_day 100", "flush_interval 1h"))
 	conn := mustDial(t, gw, realtimeIDs(t))
 	respond(t, conn, 1000)
-	srv.Stop(t)
+	srv.Stop()
 	if err := conn.WriteMessage(websocket.TextMessage, createResponse("evt_down", 10)); err != nil {
 		t.Fatal(err)
 	}

@@ -13,9 +13,10 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
 
-func clusterStores(t *testing.T, c *testCluster, n int) []Store {
+func clusterStores(t *testing.T, c *redistest.Cluster, n int) []Store {
 	stores := make([]Store, n)
 	for i := range stores {
 		stores[i] = newTestRedisStoreOf(t, &RedisConfig{Cluster: c.URLs()}, time.Second)
@@ -39,10 +40,10 @@ func orgChain(org, key, team string, keyRPM, orgRPM int64) []Limit {
 // three limiters admit exactly 10 against the org's tpm 10500, and a
 // settlement lands in its chain's slot and period.
 func TestClusterReservationsHoldTheTPMAndSettleInTheirSlot(t *testing.T) {
-	c := startRedisCluster(t, 3)
+	c := redistest.NewCluster(t, 3)
 	stores := clusterStores(t, c, 3)
 	at := pinnedBase() + 1000
-	org := "org-" + uniqueID(t)
+	org := "org-" + redistest.UniqueID(t)
 	tag := ChainTag("org", org)
 	chain := []Limit{NewLimit(tag, "key", "k", CapsOfWindows(WindowCaps{TPM: 1 << 30})), NewLimit(tag, "org", org, CapsOfWindows(WindowCaps{TPM: 10_500}))}
 	if got := raceReservations(t, stores, chain, 40, 1000, at); got != 10 {
@@ -59,10 +60,10 @@ func TestClusterReservationsHoldTheTPMAndSettleInTheirSlot(t *testing.T) {
 // exactly 10 against a tpd of 10500, counted in the day periods of the
 // chain's slot, and a settlement minutes later still lands in its day.
 func TestClusterDayWindowsAreExactAndSettleInTheirSlot(t *testing.T) {
-	c := startRedisCluster(t, 3)
+	c := redistest.NewCluster(t, 3)
 	stores := clusterStores(t, c, 3)
 	at := pinnedBase() + 1000
-	org := "org-" + uniqueID(t)
+	org := "org-" + redistest.UniqueID(t)
 	tag := ChainTag("org", org)
 	chain := []Limit{
 		NewLimit(tag, "key", "k", CapsOfWindows(WindowCaps{RPD: 1000})),
@@ -82,13 +83,13 @@ func TestClusterDayWindowsAreExactAndSettleInTheirSlot(t *testing.T) {
 }
 
 func TestClusterAdmissionIsExactForOrgsOnDifferentShardsAcrossThreeLimiters(t *testing.T) {
-	c := startRedisCluster(t, 3)
+	c := redistest.NewCluster(t, 3)
 	stores := clusterStores(t, c, 3)
 	at := pinnedBase() + 1000
 	shards := map[string]bool{}
 	var orgs []string
 	for i := 0; len(shards) < 3 || len(orgs) < 4; i++ {
-		org := fmt.Sprintf("org%d-%s", i, uniqueID(t))
+		org := fmt.Sprintf("org%d-%s", i, redistest.UniqueID(t))
 		orgs = append(orgs, org)
 		shards[c.SlotOwner("{org:"+org+"}")] = true
 	}
@@ -114,10 +115,10 @@ func TestClusterAdmissionIsExactForOrgsOnDifferentShardsAcrossThreeLimiters(t *t
 }
 
 func TestClusterOrgCapIsSharedExactlyByItsKeysAndTeams(t *testing.T) {
-	c := startRedisCluster(t, 3)
+	c := redistest.NewCluster(t, 3)
 	stores := clusterStores(t, c, 3)
 	at := pinnedBase() + 1000
-	org := "acme-" + uniqueID(t)
+	org := "acme-" + redistest.UniqueID(t)
 	var admitted atomic.Int64
 	var start, wg sync.WaitGroup
 	start.Add(1)
@@ -200,10 +201,10 @@ func TestClusterChainIsTaggedWithItsOutermostPresentScope(t *testing.T) {
 // the timeout and then handled like an outage. Once the slot has moved, the
 // MOVED reply is followed and the count goes on, exact, on the new shard.
 func TestClusterSlotMigrationIsRetriedThenFollowedWithExactCounts(t *testing.T) {
-	c := startRedisCluster(t, 3)
+	c := redistest.NewCluster(t, 3)
 	s := newTestRedisStoreOf(t, &RedisConfig{Cluster: c.URLs()}, 150*time.Millisecond)
 	at := pinnedBase() + 1000
-	org := "mover-" + uniqueID(t)
+	org := "mover-" + redistest.UniqueID(t)
 	chain := orgChain(org, "sk-a", "team", 100, 4)
 	fill(t, s, chain, at, 2)
 	tag := "{org:" + org + "}"
@@ -232,10 +233,10 @@ func TestClusterSlotMigrationIsRetriedThenFollowedWithExactCounts(t *testing.T) 
 // slots of the requests still in flight are counted there once after the
 // next renewal, whatever of them the replica had.
 func TestSentinelFailoverResumesExactAdmissionOnTheNewPrimary(t *testing.T) {
-	set := startRedisSentinel(t)
+	set := redistest.NewSentinel(t)
 	s := newTestRedisStoreOf(t, &RedisConfig{Sentinel: &SentinelConfig{Master: set.MasterName(), URLs: sentinelURLs(set)}}, 200*time.Millisecond)
 	ctx := context.Background()
-	inFlightChain := []Limit{newSlotLimit("key", uniqueID(t), 3, 0, 30*time.Second)}
+	inFlightChain := []Limit{newSlotLimit("key", redistest.UniqueID(t), 3, 0, 30*time.Second)}
 	fill(t, s, inFlightChain, 0, 2)
 
 	// Steady traffic through the failover.
@@ -244,7 +245,7 @@ func TestSentinelFailoverResumesExactAdmissionOnTheNewPrimary(t *testing.T) {
 	traffic := make(chan struct{})
 	go func() {
 		defer close(traffic)
-		chain := []Limit{newLimit("org", "steady-"+uniqueID(t), 1_000_000, 0)}
+		chain := []Limit{newLimit("org", "steady-"+redistest.UniqueID(t), 1_000_000, 0)}
 		pace := time.NewTicker(time.Millisecond) // steady, not a busy loop
 		defer pace.Stop()
 		for {
@@ -261,7 +262,7 @@ func TestSentinelFailoverResumesExactAdmissionOnTheNewPrimary(t *testing.T) {
 	}()
 	old := set.KillPrimary(t)
 	set.WaitFailover(t, old)
-	chain := []Limit{newLimit("org", uniqueID(t), 3, 0)}
+	chain := []Limit{newLimit("org", redistest.UniqueID(t), 3, 0)}
 	waitNewPrimary(t, s, chain)
 	close(stop)
 	<-traffic
@@ -301,7 +302,7 @@ func waitNewPrimary(t *testing.T, s Store, chain []Limit) {
 	})
 }
 
-func sentinelURLs(set *testSentinel) []string {
+func sentinelURLs(set *redistest.Sentinel) []string {
 	var urls []string
 	for _, a := range set.SentinelAddrs() {
 		urls = append(urls, "redis://"+a)
@@ -313,8 +314,8 @@ func sentinelURLs(set *testSentinel) []string {
 // of 4-scope chains over 1000 orgs on one Redis and on a 3-shard cluster, in
 // one run.
 func BenchmarkAdmissionsSingleNodeVersusCluster(b *testing.B) {
-	single := startRedis(b)
-	c := startRedisCluster(b, 3)
+	single := redistest.NewServer(b)
+	c := redistest.NewCluster(b, 3)
 	for _, tc := range []struct {
 		name   string
 		config *RedisConfig
@@ -357,7 +358,7 @@ func BenchmarkAdmissionsSingleNodeVersusCluster(b *testing.B) {
 }
 
 func TestClusterLiveViewReadsTheCountersUnderTheGivenRoot(t *testing.T) {
-	c := startRedisCluster(t, 3)
+	c := redistest.NewCluster(t, 3)
 	up := newUpstream(t)
 	gw := startGateway(t, up.URL, fmt.Sprintf(`
 	rolter_ratelimit {
@@ -367,7 +368,7 @@ func TestClusterLiveViewReadsTheCountersUnderTheGivenRoot(t *testing.T) {
 		limit team * rpm 7
 	}
 	reverse_proxy {upstream}`, strings.Join(c.URLs(), " ")))
-	org, team := uniqueID(t), uniqueID(t)
+	org, team := redistest.UniqueID(t), redistest.UniqueID(t)
 	for i := 0; i < 3; i++ {
 		if res, _ := gw.do(t, "X-Org: "+org, "X-Team: "+team); res.StatusCode != 200 {
 			t.Fatalf("request %d: %d", i, res.StatusCode)
@@ -398,11 +399,11 @@ func TestClusterLiveViewReadsTheCountersUnderTheGivenRoot(t *testing.T) {
 // renewal, one call per chain root in one pipeline, writes the slots of
 // every root a limiter holds.
 func TestClusterSlotsAreExactAndRenewedInEachChainsSlot(t *testing.T) {
-	c := startRedisCluster(t, 3)
+	c := redistest.NewCluster(t, 3)
 	stores := clusterStores(t, c, 3)
 	at := pinnedBase() + 1000
 	const lease = 30 * time.Second
-	org := "org-" + uniqueID(t)
+	org := "org-" + redistest.UniqueID(t)
 	tag := ChainTag("org", org)
 	chain := []Limit{
 		NewLimit(tag, "key", "k", CapsOfWindows(WindowCaps{RPM: 1 << 30})),
@@ -419,7 +420,7 @@ func TestClusterSlotsAreExactAndRenewedInEachChainsSlot(t *testing.T) {
 	// lost (as by a node restarted empty), and its renewal writes them all.
 	var chains [][]Limit
 	for i := range 8 {
-		root := fmt.Sprintf("org-%d-%s", i, uniqueID(t))
+		root := fmt.Sprintf("org-%d-%s", i, redistest.UniqueID(t))
 		chains = append(chains, []Limit{NewLimit(ChainTag("org", root), "org", root, *newSlotLimit("org", root, 1, 0, lease).Caps)})
 		fill(t, stores[0], chains[i], at, 1)
 	}
@@ -444,10 +445,10 @@ func TestClusterSlotsAreExactAndRenewedInEachChainsSlot(t *testing.T) {
 // their settlements, from another limiter, land in the chain's slot and
 // the reservations' period.
 func TestClusterBudgetsAreExactAndSettleInTheirSlot(t *testing.T) {
-	c := startRedisCluster(t, 3)
+	c := redistest.NewCluster(t, 3)
 	stores := clusterStores(t, c, 3)
 	at := pinnedBase() + 1000
-	org := "org-" + uniqueID(t)
+	org := "org-" + redistest.UniqueID(t)
 	tag := ChainTag("org", org)
 	chain := []Limit{
 		NewLimit(tag, "key", "k", CapsOfWindows(WindowCaps{RPM: 1 << 30})),
@@ -490,10 +491,10 @@ func TestClusterBudgetsAreExactAndSettleInTheirSlot(t *testing.T) {
 // A Sentinel-managed primary holds budgets as a single node does, and so
 // does the primary that replaces it: what was spent is still spent.
 func TestSentinelBudgetsHoldAcrossAFailover(t *testing.T) {
-	set := startRedisSentinel(t)
+	set := redistest.NewSentinel(t)
 	s := newTestRedisStoreOf(t, &RedisConfig{Sentinel: &SentinelConfig{Master: set.MasterName(), URLs: sentinelURLs(set)}}, 200*time.Millisecond)
 	at := pinnedBase()
-	chain := []Limit{newBudgetLimit(t, "team", uniqueID(t), 3*usd, 0, 0, "UTC")}
+	chain := []Limit{newBudgetLimit(t, "team", redistest.UniqueID(t), 3*usd, 0, 0, "UTC")}
 	for range 2 {
 		d := admitCost(t, s, chain, at, usd).Decision
 		settle(t, pinned(s, at), chain, settlement(d, usd))
@@ -522,10 +523,10 @@ func TestSentinelBudgetsHoldAcrossAFailover(t *testing.T) {
 // per request (a plan raised between two admissions) apply to the same
 // counter there as anywhere.
 func TestClusterShadowLimitsCountAndRefuseNothingAndCapsVaryOnOneCounter(t *testing.T) {
-	c := startRedisCluster(t, 3)
+	c := redistest.NewCluster(t, 3)
 	stores := clusterStores(t, c, 3)
 	at := pinnedBase() + 1000
-	org := "org-" + uniqueID(t)
+	org := "org-" + redistest.UniqueID(t)
 	tag := ChainTag("org", org)
 	shadow := CapsOfWindows(WindowCaps{RPM: 3})
 	shadow.Shadow = true

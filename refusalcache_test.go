@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
 
 // refusalCase is a refusal by Redis at base+at, of limits that the cache
@@ -43,7 +45,7 @@ func chargeTokens(t *testing.T, s Store, l Limit, at, tokens int64) {
 var refusalCases = []refusalCase{{
 	// rpm 10, previous period 12, current 3: fits once 3 + 12×(60−t)/60 ≤ 9.
 	name:  "RPMReleasedByThePreviousPeriodsWeightWithinTheMinute",
-	chain: func(t *testing.T) []Limit { return []Limit{newLimit("key", uniqueID(t), 10, 0)} },
+	chain: func(t *testing.T) []Limit { return []Limit{newLimit("key", redistest.UniqueID(t), 10, 0)} },
 	fill: func(t *testing.T, s Store, chain []Limit, base int64) {
 		fillUnder(t, s, chain[0], base-MinuteMillis, 12)
 		fillUnder(t, s, chain[0], base, 3)
@@ -52,7 +54,7 @@ var refusalCases = []refusalCase{{
 }, {
 	// rpm 4, current 6: fits in the next minute once 6×(60−t)/60 ≤ 3.
 	name:  "RPMReleasedOnlyInTheNextMinute",
-	chain: func(t *testing.T) []Limit { return []Limit{newLimit("key", uniqueID(t), 4, 0)} },
+	chain: func(t *testing.T) []Limit { return []Limit{newLimit("key", redistest.UniqueID(t), 4, 0)} },
 	fill: func(t *testing.T, s Store, chain []Limit, base int64) {
 		fillUnder(t, s, chain[0], base, 6)
 	},
@@ -61,7 +63,7 @@ var refusalCases = []refusalCase{{
 	// tpm 1000, previous 1200, current 400: Redis admits once
 	// 400 + 1200×(60−t)/60 < 1000, at 30.001 s; the cache never refuses it.
 	name:  "TPMRefusalIsLeftToRedis",
-	chain: func(t *testing.T) []Limit { return []Limit{newLimit("key", uniqueID(t), 0, 1000)} },
+	chain: func(t *testing.T) []Limit { return []Limit{newLimit("key", redistest.UniqueID(t), 0, 1000)} },
 	fill: func(t *testing.T, s Store, chain []Limit, base int64) {
 		chargeTokens(t, s, chain[0], base-MinuteMillis, 1200)
 		chargeTokens(t, s, chain[0], base, 400)
@@ -69,8 +71,10 @@ var refusalCases = []refusalCase{{
 	at: 1000, releases: []int64{1000},
 }, {
 	// 1.5 tokens per second and a cost of 2: 1333.3 ms.
-	name:  "BucketWithAFractionalRateAndCost",
-	chain: func(t *testing.T) []Limit { return []Limit{newBucketLimit(t, "key", uniqueID(t), "1.5", 4, 2)} },
+	name: "BucketWithAFractionalRateAndCost",
+	chain: func(t *testing.T) []Limit {
+		return []Limit{newBucketLimit(t, "key", redistest.UniqueID(t), "1.5", 4, 2)}
+	},
 	fill: func(t *testing.T, s Store, chain []Limit, base int64) {
 		fill(t, s, chain, base+1500, 2)
 	},
@@ -80,7 +84,7 @@ var refusalCases = []refusalCase{{
 	// less from 42 s into the next minute.
 	name: "TwoLimitsOfAChainWithDifferentReleases",
 	chain: func(t *testing.T) []Limit {
-		return []Limit{newBucketLimit(t, "key", uniqueID(t), "0.5", 2, 0), newLimit("org", uniqueID(t), 10, 0)}
+		return []Limit{newBucketLimit(t, "key", redistest.UniqueID(t), "0.5", 2, 0), newLimit("org", redistest.UniqueID(t), 10, 0)}
 	},
 	fill: func(t *testing.T, s Store, chain []Limit, base int64) {
 		fillUnder(t, s, chain[1], base, 30)
@@ -90,7 +94,7 @@ var refusalCases = []refusalCase{{
 }, {
 	// One limit refusing on both kinds: the later release is the limit's.
 	name:  "OneLimitRefusingOnTwoKinds",
-	chain: func(t *testing.T) []Limit { return []Limit{newLimit("key", uniqueID(t), 4, 1000)} },
+	chain: func(t *testing.T) []Limit { return []Limit{newLimit("key", redistest.UniqueID(t), 4, 1000)} },
 	fill: func(t *testing.T, s Store, chain []Limit, base int64) {
 		chargeTokens(t, s, chain[0], base-MinuteMillis, 1200)
 		chargeTokens(t, s, chain[0], base, 400)
@@ -101,7 +105,7 @@ var refusalCases = []refusalCase{{
 	// rpm 10, full a millisecond before the minute ends: the next minute
 	// weighs the 10 as 9 from 6 s in.
 	name:  "RefusalAMillisecondBeforeAMinuteBoundary",
-	chain: func(t *testing.T) []Limit { return []Limit{newLimit("key", uniqueID(t), 10, 0)} },
+	chain: func(t *testing.T) []Limit { return []Limit{newLimit("key", redistest.UniqueID(t), 10, 0)} },
 	fill: func(t *testing.T, s Store, chain []Limit, base int64) {
 		fill(t, s, chain, base+59_000, 10)
 	},
@@ -110,7 +114,7 @@ var refusalCases = []refusalCase{{
 	// rpm 4, current 6, refused while reserving 5000 of a tpm with room:
 	// a requests refusal, cached whatever the reservation's size.
 	name:  "RPMRefusalOfAReservation",
-	chain: func(t *testing.T) []Limit { return []Limit{newLimit("key", uniqueID(t), 4, 100_000)} },
+	chain: func(t *testing.T) []Limit { return []Limit{newLimit("key", redistest.UniqueID(t), 4, 100_000)} },
 	fill: func(t *testing.T, s Store, chain []Limit, base int64) {
 		fillUnder(t, s, chain[0], base, 6)
 	},
@@ -118,7 +122,7 @@ var refusalCases = []refusalCase{{
 }, {
 	// tpm 10000 with 9000 reserved, refused a reservation of 2000.
 	name:  "ReservationOverTheRoomIsLeftToRedis",
-	chain: func(t *testing.T) []Limit { return []Limit{newLimit("key", uniqueID(t), 0, 10_000)} },
+	chain: func(t *testing.T) []Limit { return []Limit{newLimit("key", redistest.UniqueID(t), 0, 10_000)} },
 	fill: func(t *testing.T, s Store, chain []Limit, base int64) {
 		fillReserving(t, s, chain, base+1_000, 9_000)
 	},
@@ -136,7 +140,7 @@ var refusalCases = []refusalCase{{
 // recorded the refusal on its pinned clocks, answers as in production
 // (refusedUnread) and must agree too.
 func TestCachedRefusalNeverRefusesWhatRedisWouldAdmit(t *testing.T) {
-	url := redisURLFromEnv(t)
+	url := redistest.EnvURL(t)
 	for _, c := range refusalCases {
 		t.Run(c.name, func(t *testing.T) {
 			s := newTestRedisStore(t, url)
@@ -253,10 +257,10 @@ func assertCacheAgreesWithRedis(t *testing.T, s Store, caches []func([]Limit) (A
 }
 
 func TestCachedOrgRefusalAnswersEveryKeyOfTheOrgAndNothingElse(t *testing.T) {
-	s := newTestRedisStore(t, redisURLFromEnv(t))
+	s := newTestRedisStore(t, redistest.EnvURL(t))
 	at := pinnedBase() + 5000
-	org := newLimit("org", uniqueID(t), 2, 0)
-	key := func() Limit { return newLimit("key", KeyID(false, "sk-"+uniqueID(t)), 100, 0) }
+	org := newLimit("org", redistest.UniqueID(t), 2, 0)
+	key := func() Limit { return newLimit("key", KeyID(false, "sk-"+redistest.UniqueID(t)), 100, 0) }
 
 	first := []Limit{key(), org}
 	fill(t, s, first, at, 2)
@@ -279,7 +283,7 @@ func TestCachedOrgRefusalAnswersEveryKeyOfTheOrgAndNothingElse(t *testing.T) {
 	}
 	for name, chain := range map[string][]Limit{
 		"the key alone":                 third[:1],
-		"the key in another org":        {third[0], newLimit("org", uniqueID(t), 2, 0)},
+		"the key in another org":        {third[0], newLimit("org", redistest.UniqueID(t), 2, 0)},
 		"the org under another rpm cap": {third[0], newLimit("org", org.ID, 3, 0)},
 		"the org with a tpm cap added":  {NewLimit("", "org", org.ID, CapsOfWindows(WindowCaps{RPM: 2, TPM: 100}))},
 	} {
@@ -328,30 +332,6 @@ func cachedRefusals(c *refusalCache) int {
 	return n
 }
 
-// scriptCalls is how many scripts the Redis at url has run: EVALSHA, and the
-// EVAL that go-redis sends after a NOSCRIPT.
-func scriptCalls(t *testing.T, url string) int64 {
-	t.Helper()
-	info, err := redisClient(t, url).Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var n int64
-	for _, line := range strings.Split(info, "\r\n") {
-		name, stats, _ := strings.Cut(line, ":")
-		if name != "cmdstat_evalsha" && name != "cmdstat_eval" {
-			continue
-		}
-		calls, _, _ := strings.Cut(strings.TrimPrefix(stats, "calls="), ",")
-		c, err := strconv.ParseInt(calls, 10, 64)
-		if err != nil {
-			t.Fatalf("%s: %v", line, err)
-		}
-		n += c
-	}
-	return n
-}
-
 // checkRefusal describes what is wrong with a refusal by the key's rpm 1,
 // or is "".
 func checkRefusal(res *http.Response, body []byte) string {
@@ -378,7 +358,7 @@ func checkRefusal(res *http.Response, body []byte) string {
 }
 
 func TestHammeredKeyCostsRedisUnderACallPerHundredRefusalsAndARaisedCapAdmitsAtOnce(t *testing.T) {
-	srv := startRedis(t) // its own, so that every script it runs is this test's
+	srv := redistest.NewServer(t) // its own, so that every script it runs is this test's
 	up := newUpstream(t)
 	port := freePort()
 	site := func(rpm int) string {
@@ -396,7 +376,7 @@ func TestHammeredKeyCostsRedisUnderACallPerHundredRefusalsAndARaisedCapAdmitsAtO
 	}`, srv.URL(), rpm)
 	}
 	gw := startGatewayWith(t, up.URL, "", site(1), port)
-	key := "Authorization: Bearer sk-" + uniqueID(t)
+	key := "Authorization: Bearer sk-" + redistest.UniqueID(t)
 	if res, body := gw.do(t, key); res.StatusCode != 200 {
 		t.Fatalf("first request: %d %s", res.StatusCode, body)
 	}
@@ -420,7 +400,7 @@ func TestHammeredKeyCostsRedisUnderACallPerHundredRefusalsAndARaisedCapAdmitsAtO
 		body, err := io.ReadAll(res.Body)
 		return res, body, time.Since(start), err
 	}
-	before := scriptCalls(t, srv.URL())
+	before := redistest.ScriptCalls(t, srv.URL())
 	var wrong atomic.Int64
 	var firstWrong atomic.Value
 	var wg sync.WaitGroup
@@ -446,7 +426,7 @@ func TestHammeredKeyCostsRedisUnderACallPerHundredRefusalsAndARaisedCapAdmitsAtO
 	if n := wrong.Load(); n > 0 {
 		t.Fatalf("%d of %d answers are not the key's refusal; the first: %s", n, hammer, firstWrong.Load())
 	}
-	calls := scriptCalls(t, srv.URL()) - before
+	calls := redistest.ScriptCalls(t, srv.URL()) - before
 	t.Logf("%d refusals cost Redis %d script calls: %.4f per refusal", hammer, calls, float64(calls)/hammer)
 	if calls*100 > hammer {
 		t.Fatalf("%d refusals cost Redis %d script calls, want at most one per hundred", hammer, calls)
@@ -482,7 +462,7 @@ func TestHammeredKeyCostsRedisUnderACallPerHundredRefusalsAndARaisedCapAdmitsAtO
 }
 
 func TestCachedOrgRefusalAnswersAnotherKeyOfTheOrgWithoutARedisCall(t *testing.T) {
-	srv := startRedis(t)
+	srv := redistest.NewServer(t)
 	up := newUpstream(t)
 	gw := startGateway(t, up.URL, fmt.Sprintf(`
 	rolter_ratelimit {
@@ -493,8 +473,8 @@ func TestCachedOrgRefusalAnswersAnotherKeyOfTheOrgWithoutARedisCall(t *testing.T
 		limit org * rpm 2
 	}
 	reverse_proxy {upstream}`, srv.URL()))
-	org := "X-Org: " + uniqueID(t)
-	key := func() string { return "Authorization: Bearer sk-" + uniqueID(t) }
+	org := "X-Org: " + redistest.UniqueID(t)
+	key := func() string { return "Authorization: Bearer sk-" + redistest.UniqueID(t) }
 	for i := 0; i < 2; i++ {
 		if res, body := gw.do(t, key(), org); res.StatusCode != 200 {
 			t.Fatalf("request %d: %d %s", i+1, res.StatusCode, body)
@@ -503,12 +483,12 @@ func TestCachedOrgRefusalAnswersAnotherKeyOfTheOrgWithoutARedisCall(t *testing.T
 	if res, body := gw.do(t, key(), org); res.StatusCode != 429 || !strings.Contains(body, "for org") {
 		t.Fatalf("third key of the org: %d %s, want the org's refusal", res.StatusCode, body)
 	}
-	before, metrics := scriptCalls(t, srv.URL()), scrape(t)
+	before, metrics := redistest.ScriptCalls(t, srv.URL()), scrape(t)
 	res, body := gw.do(t, key(), org)
 	if res.StatusCode != 429 || !strings.Contains(body, "for org: limit 2 RPM") {
 		t.Fatalf("fourth key of the org: %d %s, want the org's refusal", res.StatusCode, body)
 	}
-	if calls := scriptCalls(t, srv.URL()) - before; calls != 0 {
+	if calls := redistest.ScriptCalls(t, srv.URL()) - before; calls != 0 {
 		t.Fatalf("the fourth key's refusal cost Redis %d script calls, want none", calls)
 	}
 	if limit, left := res.Header.Get("X-Ratelimit-Limit-Requests"), res.Header.Get("X-Ratelimit-Remaining-Requests"); limit != "2" || left != "0" {
@@ -524,10 +504,10 @@ func TestCachedOrgRefusalAnswersAnotherKeyOfTheOrgWithoutARedisCall(t *testing.T
 			t.Errorf("%s went up by %v, want %v", name, got, want)
 		}
 	}
-	if res, body := gw.do(t, key(), "X-Org: "+uniqueID(t)); res.StatusCode != 200 {
+	if res, body := gw.do(t, key(), "X-Org: "+redistest.UniqueID(t)); res.StatusCode != 200 {
 		t.Fatalf("a key of another org: %d %s", res.StatusCode, body)
 	}
-	if calls := scriptCalls(t, srv.URL()) - before; calls != 1 {
+	if calls := redistest.ScriptCalls(t, srv.URL()) - before; calls != 1 {
 		t.Fatalf("a key of another org cost Redis %d script calls, want its admission's one", calls)
 	}
 }
@@ -538,9 +518,9 @@ func TestCachedOrgRefusalAnswersAnotherKeyOfTheOrgWithoutARedisCall(t *testing.T
 // its requests window, as Redis then refuses it, whatever became of the
 // slots: not for a request in flight to end, with no wait announced.
 func TestACachedRefusalAnnouncesItsWindowsWaitWhateverItsSlotsWere(t *testing.T) {
-	s := newTestRedisStore(t, redisURLFromEnv(t))
+	s := newTestRedisStore(t, redistest.EnvURL(t))
 	at := pinnedBase() + 1000
-	chain := []Limit{newSlotLimit("key", uniqueID(t), 1, 1, 3*time.Second)}
+	chain := []Limit{newSlotLimit("key", redistest.UniqueID(t), 1, 1, 3*time.Second)}
 	fill(t, s, chain, at, 1) // rpm 1 and the only slot taken
 	if d := admitOrFail(t, s, chain, at); d.Admitted || !RefusalOf(chain, d).UntilFreed {
 		t.Fatalf("Redis answers %+v, want a refusal by rpm and the slot", d)

@@ -71,10 +71,10 @@ const (
 
 func TestTwentyReloadsUnderLoadLoseNoRequestAndKeepAdmissionExact(t *testing.T) {
 	started := time.Now()
-	srv := startRedis(t)
+	srv := redistest.NewServer(t)
 	probe := newConnProbe(t, srv)
 	up := newUpstream(t)
-	warmOrg, bigOrg, smallOrg := uniqueID(t), uniqueID(t), uniqueID(t)
+	warmOrg, bigOrg, smallOrg := redistest.UniqueID(t), redistest.UniqueID(t), redistest.UniqueID(t)
 	admin := caddyAdmin()
 	logFile := t.TempDir() + "/caddy.log"
 	globals := fmt.Sprintf("\tlog {\n\t\toutput file %s\n\t\tlevel INFO\n\t}", logFile)
@@ -462,7 +462,7 @@ type connProbe struct {
 	id int64
 }
 
-func newConnProbe(t *testing.T, srv *testRedis) *connProbe {
+func newConnProbe(t *testing.T, srv *redistest.Server) *connProbe {
 	c := redistest.Client(srv.Addr(), 5*time.Second) // one connection, kept
 	t.Cleanup(func() { c.Close() })
 	id, err := c.ClientID(context.Background()).Result()

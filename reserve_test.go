@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rolter/caddy-ratelimit/internal/redistest"
 	"github.com/rolter/caddy-ratelimit/internal/usage/usagetest"
 )
 
@@ -52,7 +53,7 @@ func TestConcurrentReservationsHoldTheTPMAndSettleToTheReportedUsage(t *testing.
 	eachStore(t, func(t *testing.T, store string) {
 		up := newFakeUpstream(t, answerUsage(200, 800))
 		gw := startGateway(t, up.URL, limited(store, orgTPM10500))
-		org := uniqueID(t)
+		org := redistest.UniqueID(t)
 		statuses := sendAll(t, []string{gw.url}, up, 40, chatAbout1000, "X-Org: "+org)
 		if statuses[200] != 10 || statuses[429] != 30 {
 			t.Fatalf("statuses %v, want exactly 10 admitted and 30 refused", statuses)
@@ -64,7 +65,7 @@ func TestConcurrentReservationsHoldTheTPMAndSettleToTheReportedUsage(t *testing.
 // Three gateways sharing one Redis, each with its own client, admit together
 // exactly what one would.
 func TestThreeGatewaysSharingRedisReserveAsOne(t *testing.T) {
-	url := redisURLFromEnv(t)
+	url := redistest.EnvURL(t)
 	up := newFakeUpstream(t, answerUsage(200, 1000))
 	site := ""
 	for i, path := range []string{"/a", "/b", "/c"} {
@@ -83,7 +84,7 @@ func TestThreeGatewaysSharingRedisReserveAsOne(t *testing.T) {
 	}`, path, url, 1000+i)
 	}
 	gw := startGateway(t, up.URL, site)
-	org := uniqueID(t)
+	org := redistest.UniqueID(t)
 	statuses := sendAll(t, []string{gw.url + "/a", gw.url + "/b", gw.url + "/c"}, up, 40, chatAbout1000, "X-Org: "+org)
 	if statuses[200] != 10 {
 		t.Fatalf("statuses %v across three gateways, want exactly 10 admitted", statuses)
@@ -105,7 +106,7 @@ func TestUsageBelowTheReservationGivesTheRestBack(t *testing.T) {
 	handle_path /held* {
 	%s
 	}`, limiter, strings.ReplaceAll(limiter, "{upstream}", strings.TrimPrefix(held.URL, "http://"))))
-		org := uniqueID(t)
+		org := redistest.UniqueID(t)
 		for i := range 10 {
 			if res, body := gw.send(t, "POST", "/used/v1/chat/completions", chatAbout1000, "Content-Type: application/json", "X-Org: "+org); res.StatusCode != 200 {
 				t.Fatalf("request %d: %d %s", i+1, res.StatusCode, body)
@@ -125,7 +126,7 @@ func TestAnUpstreamErrorGivesTheReservationBack(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		up := newFakeUpstream(t, answerUsage(500, 0))
 		gw := startGateway(t, up.URL, limited(store, orgTPM10500))
-		org := uniqueID(t)
+		org := redistest.UniqueID(t)
 		before := scrape(t)[`caddy_rolter_ratelimit_tokens_returned_total{kind="total"}`]
 		if res, _ := gw.postChat(t, chatAbout1000, "X-Org: "+org); res.StatusCode != 500 {
 			t.Fatalf("status %d, want the upstream's 500", res.StatusCode)
@@ -142,7 +143,7 @@ func TestAClientThatLeavesBeforeTheResponseHeadersIsChargedItsReservation(t *tes
 	eachStore(t, func(t *testing.T, store string) {
 		up := newUpstream(t) // holds the request (X-Upstream: held) until the gateway gives it up
 		gw := startGateway(t, up.URL, limited(store, orgTPM10500))
-		org := uniqueID(t)
+		org := redistest.UniqueID(t)
 		charged := scrape(t)[`caddy_rolter_ratelimit_tokens_charged_total{kind="total"}`]
 		ctx, cancel := context.WithCancel(context.Background())
 		req, err := http.NewRequestWithContext(ctx, "POST", gw.url+"/v1/chat/completions", strings.NewReader(chatAbout1000))
@@ -197,7 +198,7 @@ func TestAnUpstreamThatTimesOutBeforeItsHeadersIsChargedTheReservation(t *testin
 // tpm holds tpm; headers go with the request.
 func settlesAfterAFailure(t *testing.T, store string, gw *gateway, status int, how string, tpm int64, headers ...string) {
 	t.Helper()
-	org := uniqueID(t)
+	org := redistest.UniqueID(t)
 	metric := `caddy_rolter_ratelimit_tokens_` + how + `_total{kind="total"}`
 	before := scrape(t)[metric]
 	if res, body := gw.postChat(t, chatAbout1000, append([]string{"X-Org: " + org}, headers...)...); res.StatusCode != status {
@@ -218,7 +219,7 @@ func TestARequestTooLargeForItsTPMIsRefusedAtOnceAndNotToBeRetried(t *testing.T)
 			scope org {http.request.header.X-Org} readable
 			limit key * rpm 100
 			limit org * tpm 10500`))
-		org := uniqueID(t)
+		org := redistest.UniqueID(t)
 		body := `{"model":"gpt-4o","max_tokens":20000,"messages":[{"role":"user","content":"hi"}]}`
 		res, got := gw.postChat(t, body, "X-Org: "+org, "Authorization: Bearer sk-"+org)
 		var e openAIError
@@ -245,7 +246,7 @@ func TestReserveTokensOffAdmitsWhatTheWindowHasRoomForReactively(t *testing.T) {
 		up := newFakeUpstream(t, answerUsage(200, 1000))
 		gw := startGateway(t, up.URL, limited(store, orgTPM10500+`
 			reserve_tokens off`))
-		org := uniqueID(t)
+		org := redistest.UniqueID(t)
 		if statuses := sendAll(t, []string{gw.url}, up, 40, chatAbout1000, "X-Org: "+org); statuses[200] != 40 {
 			t.Fatalf("statuses %v, want all 40 admitted", statuses)
 		}
@@ -259,7 +260,7 @@ func TestAdmittedHeadersCountTheRequestsReservation(t *testing.T) {
 		up := newFakeUpstream(t, answerUsage(200, 1000))
 		gw := startGateway(t, up.URL, limited(store, orgTPM10500+`
 			headers openai ietf`))
-		res, _ := gw.postChat(t, chatAbout1000, "X-Org: "+uniqueID(t))
+		res, _ := gw.postChat(t, chatAbout1000, "X-Org: "+redistest.UniqueID(t))
 		if got := res.Header.Get("X-Ratelimit-Remaining-Tokens"); got != "9500" {
 			t.Errorf("x-ratelimit-remaining-tokens %q, want 10500 - 1000 reserved", got)
 		}
@@ -349,7 +350,7 @@ func TestEachChoiceARequestAsksForIsReservedItsOutput(t *testing.T) {
 			{"gemini candidateCount 3 without a cap", "/v1beta/models/gemini-2.5-flash:generateContent",
 				`{"contents":[{"parts":[{"text":"` + prompt + `"}]}],"generationConfig":{"candidateCount":3}}`, 100 + 3*defaultReserveOutput},
 		} {
-			res, body := gw.send(t, "POST", c.path, c.body, "Content-Type: application/json", "X-Org: "+uniqueID(t))
+			res, body := gw.send(t, "POST", c.path, c.body, "Content-Type: application/json", "X-Org: "+redistest.UniqueID(t))
 			if res.StatusCode != 200 {
 				t.Fatalf("%s: %d %s", c.what, res.StatusCode, body)
 			}

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
 
 // Tests of the reset (reset.go): end to end on the admin endpoint of the
@@ -64,8 +66,8 @@ func TestResetAdmitsAgainAKeyRefusedByItsRPMOrByItsTokenBucket(t *testing.T) {
 			scope user {http.request.header.X-User} readable
 			limit key * rpm 2
 			limit user * rate 0.001 burst 2`))
-		apiKey := "sk-" + uniqueID(t) + "-SECRET"
-		user := uniqueID(t)
+		apiKey := "sk-" + redistest.UniqueID(t) + "-SECRET"
+		user := redistest.UniqueID(t)
 		clearOfMinuteEnd(t, 10*time.Second)
 
 		// By the rpm: the third and fourth are refused (on Redis, the fourth by
@@ -101,7 +103,7 @@ func TestResetAdmitsAgainAKeyRefusedByItsRPMOrByItsTokenBucket(t *testing.T) {
 }
 
 func TestResetOnRedisClusterAdmitsAgainUnderTheGivenRoot(t *testing.T) {
-	c := startRedisCluster(t, 3)
+	c := redistest.NewCluster(t, 3)
 	up := newUpstream(t)
 	gw := startGateway(t, up.URL, fmt.Sprintf(`
 	rolter_ratelimit {
@@ -111,7 +113,7 @@ func TestResetOnRedisClusterAdmitsAgainUnderTheGivenRoot(t *testing.T) {
 		limit team * rpm 2
 	}
 	reverse_proxy {upstream}`, strings.Join(c.URLs(), " ")))
-	org, team := uniqueID(t), uniqueID(t)
+	org, team := redistest.UniqueID(t), redistest.UniqueID(t)
 	headers := []string{"X-Org: " + org, "X-Team: " + team}
 	clearOfMinuteEnd(t, 10*time.Second)
 	if got := statusesOf(t, gw, 4, headers...); !slices.Equal(got, []int{200, 200, 429, 429}) {
@@ -139,7 +141,7 @@ func TestResetAnswersWhatItClearedAndKeptAndTheLiveViewShowsItsCountersAtZero(t 
 		gw := startGateway(t, up.URL, limited(store, teamLines+`
 			limit team * rpm 10 tpm 1000 rpd 100 rate 1 burst 5 concurrent 3 budget_day 1
 			price m input 1 output 4`))
-		team := uniqueID(t)
+		team := redistest.UniqueID(t)
 		clearOfMinuteEnd(t, 10*time.Second)
 		call := openAICall("m", false)
 		for range 2 {
@@ -204,7 +206,7 @@ func TestResetKeepsTheSlotsOfRequestsInFlightAndABudgetsSpendAndReservations(t *
 			limit team * rpm 100 concurrent 1 budget_day 1
 			price m input 1 output 4`)
 		c := flightClient(t)
-		team := uniqueID(t)
+		team := redistest.UniqueID(t)
 		call := openAICall("m", false)
 		send := func(more ...string) flightAnswer {
 			return postTo(c, gw.url, call.path, call.body, append([]string{"X-Team: " + team}, more...)...)
@@ -257,7 +259,7 @@ func TestResetKeepsTheSlotsOfRequestsInFlightAndABudgetsSpendAndReservations(t *
 func TestResetRefusesOtherMethodsAndBadParametersAndNeverEchoesTheID(t *testing.T) {
 	logFile := t.TempDir() + "/caddy.log"
 	up := newUpstream(t)
-	secret := "sk-live-" + uniqueID(t) + "-SECRET"
+	secret := "sk-live-" + redistest.UniqueID(t) + "-SECRET"
 	gw := startGatewayWith(t, up.URL, fmt.Sprintf("\tlog {\n\t\toutput file %s\n\t\tlevel INFO\n\t}", logFile), `
 	rolter_ratelimit {
 		scope key {http.request.header.X-Api-Key}
@@ -348,7 +350,7 @@ func TestResetRefusesOtherMethodsAndBadParametersAndNeverEchoesTheID(t *testing.
 
 func TestResetOfAnIDNoHandlerLimitsAnswers200WithNothingClearedAndANote(t *testing.T) {
 	up := newUpstream(t)
-	org := uniqueID(t)
+	org := redistest.UniqueID(t)
 	startGateway(t, up.URL, fmt.Sprintf(`
 	rolter_ratelimit {
 		scope org {http.request.header.X-Org}
@@ -381,7 +383,7 @@ func TestResetAnswers503WhenTheStoreCannotBeWritten(t *testing.T) {
 // Redis store cached before the reset is forgotten.
 func TestStoreResetClearsTheWindowsAndTheBucketAndKeepsSlotsAndBudgets(t *testing.T) {
 	t.Run("memory", func(t *testing.T) { checkStoreReset(t, memoryKit()) })
-	t.Run("redis", func(t *testing.T) { checkStoreReset(t, redisKit(redisURLFromEnv(t))) })
+	t.Run("redis", func(t *testing.T) { checkStoreReset(t, redisKit(redistest.EnvURL(t))) })
 }
 
 func checkStoreReset(t *testing.T, kit storeKit) {
@@ -389,10 +391,10 @@ func checkStoreReset(t *testing.T, kit storeKit) {
 	ctx := context.Background()
 	at := pinnedBase() + 10_000
 	chain := []Limit{
-		NewLimit("", "key", uniqueID(t), CapsOfWindows(WindowCaps{RPM: 2, TPM: 100, RPD: 5})),
-		newBucketLimit(t, "user", uniqueID(t), "0.001", 2, 1),
-		newSlotLimit("team", uniqueID(t), 10, 0, time.Minute),
-		newBudgetLimit(t, "org", uniqueID(t), 1_000_000, 0, 0, "UTC"),
+		NewLimit("", "key", redistest.UniqueID(t), CapsOfWindows(WindowCaps{RPM: 2, TPM: 100, RPD: 5})),
+		newBucketLimit(t, "user", redistest.UniqueID(t), "0.001", 2, 1),
+		newSlotLimit("team", redistest.UniqueID(t), 10, 0, time.Minute),
+		newBudgetLimit(t, "org", redistest.UniqueID(t), 1_000_000, 0, 0, "UTC"),
 	}
 	reserve := TokenCounts{Cost: 1000}
 	for range 2 {
@@ -444,7 +446,7 @@ func checkStoreReset(t *testing.T, kit storeKit) {
 // the gateway's, behind (its previous period is the one before the
 // gateway's previous) or ahead (its current period is the gateway's next).
 func TestRedisResetClearsWhatARedisClockAMinuteFromTheGatewaysReads(t *testing.T) {
-	redisURL := redisURLFromEnv(t)
+	redisURL := redistest.EnvURL(t)
 	for _, skew := range []int64{-MinuteMillis, MinuteMillis} {
 		t.Run(fmt.Sprintf("skew%+ds", skew/1000), func(t *testing.T) {
 			var gatewayAt atomic.Int64
@@ -466,7 +468,7 @@ func TestRedisResetClearsWhatARedisClockAMinuteFromTheGatewaysReads(t *testing.T
 				return a
 			}
 			at := pinnedBase() + 30_000 // half a minute into Redis's minute too
-			id := uniqueID(t)
+			id := redistest.UniqueID(t)
 			capped := []Limit{newLimit("key", id, 2, 0)}
 			// 4 requests in Redis's previous minute weigh 2 at half a minute
 			// into its current one: rpm 2 refuses.
@@ -500,9 +502,9 @@ func TestRefusalCacheResetForgetsOneLimitsRefusalsAndRecordsNoneSentBeforeIt(t *
 	cache := newRefusalCache()
 	sent := time.Now()
 	refused := Decision{Now: MomentAt(pinnedBase()), Counts: []Counts{{Window: [NumWindows]Window{RPM: {Cur: 1}}}}}
-	key := newLimit("key", uniqueID(t), 1, 0)
+	key := newLimit("key", redistest.UniqueID(t), 1, 0)
 	sameCountersOtherCaps := NewLimit("", "key", key.ID, CapsOfWindows(WindowCaps{RPM: 1, RPD: 5}))
-	other := newLimit("key", uniqueID(t), 1, 0)
+	other := newLimit("key", redistest.UniqueID(t), 1, 0)
 	for _, l := range []Limit{key, sameCountersOtherCaps, other} {
 		cache.record([]Limit{l}, refused, sent, cache.resetsSoFar())
 		if !refusesLocally(cache, []Limit{l}, sent) {
@@ -536,7 +538,7 @@ func TestRefusalCacheResetForgetsOneLimitsRefusalsAndRecordsNoneSentBeforeIt(t *
 // twice.
 func TestStoreResetKeepsTheUsageOfARequestInFlight(t *testing.T) {
 	t.Run("memory", func(t *testing.T) { checkResetKeepsUsageInFlight(t, memoryKit()) })
-	t.Run("redis", func(t *testing.T) { checkResetKeepsUsageInFlight(t, redisKit(redisURLFromEnv(t))) })
+	t.Run("redis", func(t *testing.T) { checkResetKeepsUsageInFlight(t, redisKit(redistest.EnvURL(t))) })
 }
 
 func checkResetKeepsUsageInFlight(t *testing.T, kit storeKit) {
@@ -545,7 +547,7 @@ func checkResetKeepsUsageInFlight(t *testing.T, kit storeKit) {
 	ctx := context.Background()
 	for _, settledIn := range []int64{0, MinuteMillis} {
 		at := pinnedBase() + 10_000
-		chain := []Limit{NewLimit("", "key", uniqueID(t), CapsOfWindows(WindowCaps{TPM: 10_000, ITPM: 10_000, TPD: 100_000}))}
+		chain := []Limit{NewLimit("", "key", redistest.UniqueID(t), CapsOfWindows(WindowCaps{TPM: 10_000, ITPM: 10_000, TPD: 100_000}))}
 		reserve := TokenCounts{Total: 1000, Input: 400, Output: 600}
 		admit := func(at int64) Decision {
 			t.Helper()
@@ -587,7 +589,7 @@ func TestAResetDuringARequestKeepsTheTokensItsResponseReports(t *testing.T) {
 			limit team * tpm 100000 budget_day 1
 			price m input 1 output 4`)
 		c := flightClient(t)
-		team := uniqueID(t)
+		team := redistest.UniqueID(t)
 		call := openAICall("m", false)
 		clearOfMinuteEnd(t, 10*time.Second)
 		_, finish := heldBurstOf(t, []string{gw.url}, up, 1, func(url string) flightAnswer {

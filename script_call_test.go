@@ -10,16 +10,17 @@ import (
 	"time"
 
 	"github.com/rolter/caddy-ratelimit/internal/coalesce"
+	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
 
 // One call decides its admissions in arrival order, each as if sent alone:
 // a refused one charges nothing, and each reads what those before it charged.
 func TestBatchedAdmissionsAreDecidedInArrivalOrderEachAllOrNothing(t *testing.T) {
-	s := newTestRedisStore(t, redisURLFromEnv(t))
+	s := newTestRedisStore(t, redistest.EnvURL(t))
 	at := pinnedBase() + 1000
-	org := newLimit("org", uniqueID(t), 2, 0)
-	k1 := newBucketLimit(t, "key", uniqueID(t), "1", 1, 0)
-	k2, k3 := newLimit("key", uniqueID(t), 5, 0), newLimit("key", uniqueID(t), 5, 0)
+	org := newLimit("org", redistest.UniqueID(t), 2, 0)
+	k1 := newBucketLimit(t, "key", redistest.UniqueID(t), "1", 1, 0)
+	k2, k3 := newLimit("key", redistest.UniqueID(t), 5, 0), newLimit("key", redistest.UniqueID(t), 5, 0)
 	var c scriptCall
 	for _, chain := range [][]Limit{{k1, org}, {k1, org}, {k2, org}, {k3, org}} {
 		if !c.add(chain, TokenCounts{}) {
@@ -50,7 +51,7 @@ func TestBatchedAdmissionsAreDecidedInArrivalOrderEachAllOrNothing(t *testing.T)
 	if !slices.Equal(got, want) {
 		t.Fatalf("decisions\n%q\nwant\n%q", got, want)
 	}
-	count := redisKit(redisURLFromEnv(t)).count
+	count := redisKit(redistest.EnvURL(t)).count
 	if n := count(t, s, org.Prefix, RPM, at/MinuteMillis); n != 2 {
 		t.Fatalf("org charged %d, want the 2 admitted", n)
 	}
@@ -62,9 +63,9 @@ func TestBatchedAdmissionsAreDecidedInArrivalOrderEachAllOrNothing(t *testing.T)
 // Concurrent admissions through the coalescer each get their own decision:
 // under rpm 5, the five admitted read 0 to 4 requests, one each.
 func TestCoalescedAdmissionsEachReadTheCountsTheirTurnLeft(t *testing.T) {
-	s := newTestRedisStore(t, redisURLFromEnv(t))
+	s := newTestRedisStore(t, redistest.EnvURL(t))
 	at := pinnedBase() + 1000
-	org := newLimit("org", uniqueID(t), 5, 0)
+	org := newLimit("org", redistest.UniqueID(t), 5, 0)
 	var mu sync.Mutex
 	var seen []int64
 	var wg sync.WaitGroup
@@ -102,10 +103,10 @@ func TestCoalescedAdmissionsEachReadTheCountsTheirTurnLeft(t *testing.T) {
 // waiting, the next call takes it, and its waiter gives up before that call
 // is sent.
 func TestAnAdmissionWhoseWaiterGaveUpInItsCallHoldsNoSlot(t *testing.T) {
-	s := newTestRedisStoreOf(t, &RedisConfig{URL: redisURLFromEnv(t)}, time.Minute) // no waiter times out
+	s := newTestRedisStoreOf(t, &RedisConfig{URL: redistest.EnvURL(t)}, time.Minute) // no waiter times out
 	at := pinnedBase() + 1000
-	first := []Limit{newLimit("key", uniqueID(t), 100, 0)}
-	gaveUp := []Limit{newSlotLimit("key", uniqueID(t), 5, 0, 3*time.Second)}
+	first := []Limit{newLimit("key", redistest.UniqueID(t), 100, 0)}
+	gaveUp := []Limit{newSlotLimit("key", redistest.UniqueID(t), 5, 0, 3*time.Second)}
 	firstSent, releaseFirst, gaveUpSent := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	ctx, cancel := context.WithCancel(context.Background())
 	waiting := &noticedContext{Context: ctx, waits: make(chan struct{})}
@@ -204,10 +205,10 @@ func TestCallRefusesAChainWhoseCountersItHoldsUnderOtherCaps(t *testing.T) {
 // Concurrent token charges coalesce into calls that sum them per key: the org
 // holds every response's tokens exactly once, each key its own.
 func TestCoalescedTokenChargesAddUpExactly(t *testing.T) {
-	url := redisURLFromEnv(t)
+	url := redistest.EnvURL(t)
 	s := newTestRedisStore(t, url)
 	at := pinnedBase() + 1000
-	org := newLimit("org", uniqueID(t), 0, MaxCap)
+	org := newLimit("org", redistest.UniqueID(t), 0, MaxCap)
 	keys := make([]Limit, 50)
 	var wg sync.WaitGroup
 	for i := range keys {
@@ -244,7 +245,7 @@ func TestCoalescedTokenChargesAddUpExactly(t *testing.T) {
 // trials share one batch, emptied after each call as the store empties the
 // batches it reuses: a reused batch decides as a new one.
 func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
-	s := newTestRedisStore(t, redisURLFromEnv(t))
+	s := newTestRedisStore(t, redistest.EnvURL(t))
 	ctx := context.Background()
 	batch := &scriptBatch{}
 	var admissions, readSlots, slotRefusals, frees int
@@ -257,7 +258,7 @@ func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 		rng := rand.New(rand.NewPCG(uint64(trial), 8))
 		base := pinnedBase()
 		at := base + 1000 + rng.Int64N(58000)
-		id := uniqueID(t)
+		id := redistest.UniqueID(t)
 		var sideA, sideB []Limit
 		for i := range 5 {
 			caps := randomCaps(t, rng)
@@ -413,7 +414,7 @@ func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 // response's tokens and frees the oldest request holding one of the org's
 // slots; the later admissions are refused for the org's slots and rpm.
 func TestAReusedBatchDecidesAsANewOne(t *testing.T) {
-	s := newTestRedisStore(t, redisURLFromEnv(t))
+	s := newTestRedisStore(t, redistest.EnvURL(t))
 	at := pinnedBase() + 1000
 	outcome := func(err error) {
 		if err != nil {
@@ -433,7 +434,7 @@ func TestAReusedBatchDecidesAsANewOne(t *testing.T) {
 		sd.limits = append(sd.limits, newSlotLimit("org", id, 3, 6, time.Minute))
 		return sd
 	}
-	sides := [2]*side{sideOf(uniqueID(t)), sideOf(uniqueID(t))}
+	sides := [2]*side{sideOf(redistest.UniqueID(t)), sideOf(redistest.UniqueID(t))}
 	reused := &scriptBatch{}
 	for call, chains := range [][][]int{{{0, 4}, {1, 4}}, {{4, 2}, {3}, {4, 0}}, {{2, 4, 1}, {4}, {3, 4}}} {
 		reused.store = pinned(s, at)

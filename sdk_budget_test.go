@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
 
 // The providers' own SDKs, with their default retries, read a spent budget
@@ -41,7 +43,7 @@ func TestEachProvidersSDKReadsASpentBudgetAsItsQuotaErrorAndRetriesNeitherItNorA
 			t.Helper()
 			before, hits := scrape(t), up.hits.Load()
 			var report sdkBudgetReport
-			runSDK(t, script, gw.url, uniqueID(t), &report)
+			runSDK(t, script, gw.url, redistest.UniqueID(t), &report)
 			after := scrape(t)
 			if got := up.hits.Load() - hits; got != int64(len(budgets)) {
 				t.Errorf("the upstream saw %d requests, want %d: the first of each budget's key only", got, len(budgets))

@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/rolter/caddy-ratelimit/internal/poll"
+	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
 
 // sdkDir holds the providers' SDKs (testdata/sdk/package.json), which
@@ -73,7 +74,7 @@ func TestEachProvidersSDKReadsTheRefusalAsItsRateLimitError(t *testing.T) {
 		ErrorType                         string
 		RetriedCalls, RetriedAfterMs      int
 	}
-	runSDK(t, "anthropic.mjs", gw.url, uniqueID(t), &anthropic)
+	runSDK(t, "anthropic.mjs", gw.url, redistest.UniqueID(t), &anthropic)
 	if !anthropic.Refused || !anthropic.RateLimitError || anthropic.Status != 429 || anthropic.ErrorType != "rate_limit_error" {
 		t.Errorf("Anthropic's SDK: %+v, want its RateLimitError of type rate_limit_error", anthropic)
 	}
@@ -86,7 +87,7 @@ func TestEachProvidersSDKReadsTheRefusalAsItsRateLimitError(t *testing.T) {
 		Status                                   int
 		GrpcStatus, RetryDelay                   string
 	}
-	runSDK(t, "gemini.mjs", gw.url, uniqueID(t), &gemini)
+	runSDK(t, "gemini.mjs", gw.url, redistest.UniqueID(t), &gemini)
 	if !gemini.Refused || !gemini.APIError || gemini.Status != 429 || gemini.GrpcStatus != "RESOURCE_EXHAUSTED" || !strings.HasSuffix(gemini.RetryDelay, "s") || !gemini.AnsweredAfterTheDelay {
 		t.Errorf("Google's SDK: %+v, want an ApiError 429 RESOURCE_EXHAUSTED with a RetryInfo delay, then an answer after it", gemini)
 	}
@@ -96,7 +97,7 @@ func TestEachProvidersSDKReadsTheRefusalAsItsRateLimitError(t *testing.T) {
 		Type, Message           string
 		Calls                   int
 	}
-	runSDK(t, "openai.mjs", gw.url, uniqueID(t), &openai)
+	runSDK(t, "openai.mjs", gw.url, redistest.UniqueID(t), &openai)
 	if !openai.Refused || !openai.RateLimitError || openai.Calls != 1 || !strings.Contains(openai.Message, "Request too large") {
 		t.Errorf("OpenAI's SDK: %+v, want a RateLimitError saying the request is too large, not retried", openai)
 	}
@@ -113,7 +114,7 @@ func TestOpenAIsSDKRetriesARefusalByACapOnRequestsInFlightOnItsOwnBackoff(t *tes
 		limit sdk_in_flight * concurrent 1
 	}
 	reverse_proxy {upstream}`)
-	key := uniqueID(t)
+	key := redistest.UniqueID(t)
 	held, holder := make(chan struct{}), heldRequest(t, gw.url+"/v1/chat/completions", "Bearer sk-"+key)
 	go func() {
 		defer close(held)

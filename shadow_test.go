@@ -10,6 +10,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
 
 // A chain with an enforced rpm 10 on its key and a shadow rpm 3 on its org
@@ -28,7 +30,7 @@ func TestAShadowLimitCountsAndMarksWhatItWouldRefuseAndRefusesNothing(t *testing
 				shadow_header on`)
 		}
 		gw := startGateway(t, up.URL, site("shadow"))
-		key, org := uniqueID(t), uniqueID(t)
+		key, org := redistest.UniqueID(t), redistest.UniqueID(t)
 		refusals := `caddy_rolter_ratelimit_refusals_total{kind="requests",scope="org",shadow="true",window="minute"}`
 		outcomes := `caddy_rolter_ratelimit_admissions_total{outcome="shadow_refused"}`
 		before := scrape(t)
@@ -61,7 +63,7 @@ func TestAShadowLimitCountsAndMarksWhatItWouldRefuseAndRefusesNothing(t *testing
 			t.Errorf("%s rose by %v, want 7", outcomes, got)
 		}
 		enforced := startGateway(t, up.URL, site(""))
-		key, org = uniqueID(t), uniqueID(t)
+		key, org = redistest.UniqueID(t), redistest.UniqueID(t)
 		for i := range 5 {
 			res, _ := enforced.do(t, "X-Api-Key: "+key, "X-Org: "+org)
 			if want := map[bool]int{true: 200, false: 429}[i < 3]; res.StatusCode != want {
@@ -80,7 +82,7 @@ func TestShadowOnTriesEveryLimitOfTheHandler(t *testing.T) {
 			limit key * rpm 2
 			shadow on
 			shadow_header on`))
-		key := uniqueID(t)
+		key := redistest.UniqueID(t)
 		for i := range 4 {
 			res, body := gw.do(t, "X-Api-Key: "+key)
 			if marked := res.Header.Get(shadowHeader) != ""; res.StatusCode != http.StatusOK || marked != (i >= 2) {
@@ -144,11 +146,11 @@ func TestAShadowLimitNeverRefusesWhateverItsCapsAreMadeOf(t *testing.T) {
 		requests := "requests; scope=key; window=minute; retry-after="
 		for _, shadow := range []string{"shadow_header on\nlimit key * rpm {http.request.header.X-Plan-Rpm} else 2 shadow", "shadow_header on\nshadow on\nlimit key * rpm {http.request.header.X-Plan-Rpm} else 2"} {
 			gw := startGateway(t, up.URL, limited(store, "scope key {http.request.header.X-Api-Key}\n"+shadow))
-			marks := send(gw, 4, `{"model":"m"}`, "X-Api-Key: "+uniqueID(t))
+			marks := send(gw, 4, `{"model":"m"}`, "X-Api-Key: "+redistest.UniqueID(t))
 			if marks[1] != "" || !strings.HasPrefix(marks[2], requests) || !strings.HasPrefix(marks[3], requests) {
 				t.Errorf("%q at its fallback of 2: marks %q, want the 3rd and 4th marked", shadow, marks)
 			}
-			marks = send(gw, 2, `{"model":"m"}`, "X-Api-Key: "+uniqueID(t), "X-Plan-Rpm: 1")
+			marks = send(gw, 2, `{"model":"m"}`, "X-Api-Key: "+redistest.UniqueID(t), "X-Plan-Rpm: 1")
 			if marks[0] != "" || !strings.HasPrefix(marks[1], requests) {
 				t.Errorf("%q with a plan of 1: marks %q, want the 2nd marked", shadow, marks)
 			}
@@ -160,7 +162,7 @@ func TestAShadowLimitNeverRefusesWhateverItsCapsAreMadeOf(t *testing.T) {
 			shadow_header on`))
 		const unreadable = `caddy_rolter_ratelimit_refusals_total{kind="unreadable",scope="key",shadow="true",window=""}`
 		before := scrape(t)[unreadable]
-		if marks := send(gw, 2, `{"model":"m"}`, "X-Api-Key: "+uniqueID(t), "X-Plan-Rpm: none"); marks[0] != "unreadable; scope=key" || marks[1] != marks[0] {
+		if marks := send(gw, 2, `{"model":"m"}`, "X-Api-Key: "+redistest.UniqueID(t), "X-Plan-Rpm: none"); marks[0] != "unreadable; scope=key" || marks[1] != marks[0] {
 			t.Errorf("a plan not valid, and no fallback: marks %q, want each marked unreadable", marks)
 		}
 		if got := scrape(t)[unreadable] - before; got != 2 {
@@ -175,15 +177,15 @@ func TestAShadowLimitNeverRefusesWhateverItsCapsAreMadeOf(t *testing.T) {
 				shadow_header on`))
 		}
 		gw = budget("shadow")
-		if marks := send(gw, 1, `{"model":"unpriced"}`, "X-Api-Key: "+uniqueID(t)); marks[0] != "" {
+		if marks := send(gw, 1, `{"model":"unpriced"}`, "X-Api-Key: "+redistest.UniqueID(t)); marks[0] != "" {
 			t.Errorf("an unpriced model under a shadow budget: marked %q, want passed unmarked (it cannot be counted)", marks)
 		}
-		if marks := send(gw, 1, `{"model":"priced"}`, "X-Api-Key: "+uniqueID(t)); !strings.HasPrefix(marks[0], "budget; scope=key; window=day") {
+		if marks := send(gw, 1, `{"model":"priced"}`, "X-Api-Key: "+redistest.UniqueID(t)); !strings.HasPrefix(marks[0], "budget; scope=key; window=day") {
 			t.Errorf("a request too large for a shadow budget of $0.000001: marked %q, want the budget's refusal", marks)
 		}
 		gw = budget("")
 		for body, want := range map[string]int{`{"model":"unpriced"}`: http.StatusBadRequest, `{"model":"priced"}`: http.StatusTooManyRequests} {
-			if res, got := gw.send(t, "POST", "/v1/chat/completions", body, "X-Api-Key: "+uniqueID(t)); res.StatusCode != want {
+			if res, got := gw.send(t, "POST", "/v1/chat/completions", body, "X-Api-Key: "+redistest.UniqueID(t)); res.StatusCode != want {
 				t.Errorf("the budget enforced, %s: %d %s, want %d", body, res.StatusCode, got, want)
 			}
 		}

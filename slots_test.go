@@ -78,7 +78,7 @@ func runSlotConformance(t *testing.T, kit storeKit) {
 	t.Run("ASlotIsTakenInTheAdmissionAndFreedOnce", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
 		at := pinnedBase() + 1000
-		chain := []Limit{newSlotLimit("key", uniqueID(t), 2, 0, lease)}
+		chain := []Limit{newSlotLimit("key", redistest.UniqueID(t), 2, 0, lease)}
 		fill(t, s, chain, at, 2)
 		d := admitOrFail(t, s, chain, at)
 		if d.Admitted {
@@ -102,7 +102,7 @@ func runSlotConformance(t *testing.T, kit storeKit) {
 	t.Run("ThreeReplicasRacing60AgainstConcurrent5AdmitExactlyFiveAndFreeThemAll", func(t *testing.T) {
 		stores := kit.replicas(t, 3)
 		at := pinnedBase() + 1000
-		chain := []Limit{newSlotLimit("key", uniqueID(t), 5, 0, lease)}
+		chain := []Limit{newSlotLimit("key", redistest.UniqueID(t), 5, 0, lease)}
 		var mu sync.Mutex
 		var holders []Store
 		var wg sync.WaitGroup
@@ -138,7 +138,7 @@ func runSlotConformance(t *testing.T, kit storeKit) {
 	t.Run("ARequestRefusedByRPMTakesNoSlotAndOneRefusedBySlotsNoRPM", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
 		at := pinnedBase() + 1000
-		byRPM := []Limit{newSlotLimit("key", uniqueID(t), 5, 1, lease)}
+		byRPM := []Limit{newSlotLimit("key", redistest.UniqueID(t), 5, 1, lease)}
 		fill(t, s, byRPM, at, 1)
 		if admitOrFail(t, s, byRPM, at).Admitted {
 			t.Fatal("admitted over rpm 1")
@@ -146,7 +146,7 @@ func runSlotConformance(t *testing.T, kit storeKit) {
 		if n := inFlight(t, s, byRPM, 0, at); n != 1 {
 			t.Fatalf("%d slots held after a refusal by rpm, want the admitted one's 1", n)
 		}
-		bySlots := []Limit{newSlotLimit("key", uniqueID(t), 1, 10, lease)}
+		bySlots := []Limit{newSlotLimit("key", redistest.UniqueID(t), 1, 10, lease)}
 		fill(t, s, bySlots, at, 1)
 		if admitOrFail(t, s, bySlots, at).Admitted {
 			t.Fatal("admitted over concurrent 1")
@@ -160,8 +160,8 @@ func runSlotConformance(t *testing.T, kit storeKit) {
 	t.Run("ARefusalByOneLimitOfTheChainTakesNoSlotOfAnother", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
 		at := pinnedBase() + 1000
-		team := newSlotLimit("team", uniqueID(t), 10, 0, lease)
-		key := newSlotLimit("key", uniqueID(t), 1, 0, lease)
+		team := newSlotLimit("team", redistest.UniqueID(t), 10, 0, lease)
+		key := newSlotLimit("key", redistest.UniqueID(t), 1, 0, lease)
 		chain := []Limit{key, team}
 		fill(t, s, chain, at, 1)
 		if admitOrFail(t, s, chain, at).Admitted {
@@ -175,7 +175,7 @@ func runSlotConformance(t *testing.T, kit storeKit) {
 	t.Run("ARenewedSlotOutlivesItsLeaseAndAnUnrenewedOneLapses", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
 		at := pinnedBase() + 1000
-		chain := []Limit{newSlotLimit("key", uniqueID(t), 2, 0, lease)}
+		chain := []Limit{newSlotLimit("key", redistest.UniqueID(t), 2, 0, lease)}
 		fill(t, s, chain, at, 2)
 		renewSlots(s, at+2000)
 		if n := inFlight(t, s, chain, 0, at+lease.Milliseconds()+1000); n != 2 {
@@ -205,7 +205,7 @@ func runSlotConformance(t *testing.T, kit storeKit) {
 		// Two handlers, or a config and its reload, may give one limit two
 		// slot_lease values: its slots are then held as long as the longer.
 		s := kit.replicas(t, 1)[0]
-		id := uniqueID(t)
+		id := redistest.UniqueID(t)
 		short := []Limit{newSlotLimit("key", id, 2, 0, lease)}
 		long := []Limit{newSlotLimit("key", id, 2, 0, 10*lease)}
 		for _, order := range [][2][]Limit{{long, short}, {short, long}} {
@@ -241,7 +241,7 @@ func runSlotConformance(t *testing.T, kit storeKit) {
 	t.Run("AFreeOfALapsedLeaseFreesNothingTwice", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
 		at := pinnedBase() + 1000
-		chain := []Limit{newSlotLimit("key", uniqueID(t), 2, 0, lease)}
+		chain := []Limit{newSlotLimit("key", redistest.UniqueID(t), 2, 0, lease)}
 		fill(t, s, chain, at, 1)
 		lapsed := at + lease.Milliseconds()
 		fill(t, s, chain, lapsed, 1) // the first one's lease lapsed: this one holds the only slot
@@ -265,11 +265,11 @@ func runSlotConformance(t *testing.T, kit storeKit) {
 // A holder that stops renewing (a gateway killed, or cut off) loses its
 // slots once its lease has passed: another holder admits again.
 func TestAHolderThatStopsRenewingLosesItsSlotsWithinOneLease(t *testing.T) {
-	url := redisURLFromEnv(t)
+	url := redistest.EnvURL(t)
 	dead, live := newTestRedisStore(t, url), newTestRedisStore(t, url)
 	at := pinnedBase() + 1000
 	lease := 2 * time.Second
-	chain := []Limit{newSlotLimit("key", uniqueID(t), 2, 0, lease)}
+	chain := []Limit{newSlotLimit("key", redistest.UniqueID(t), 2, 0, lease)}
 	fill(t, dead, chain, at, 2)
 	if admitOrFail(t, live, chain, at+lease.Milliseconds()-1).Admitted {
 		t.Fatal("another holder admitted before the dead one's lease ended")
@@ -286,16 +286,16 @@ func TestAHolderThatStopsRenewingLosesItsSlotsWithinOneLease(t *testing.T) {
 // retried: the slot stays held in Redis until the holder's next renewal
 // writes what it holds, which frees it.
 func TestAFreeThatNeverReachedRedisIsMendedByTheNextRenewal(t *testing.T) {
-	url := redisURLFromEnv(t)
+	url := redistest.EnvURL(t)
 	opts, err := redis.ParseURL(url)
 	if err != nil {
 		t.Fatal(err)
 	}
-	proxy := newResetProxy(t, opts.Addr)
+	proxy := redistest.NewResetProxy(t, opts.Addr)
 	holder := newTestRedisStoreOf(t, &RedisConfig{URL: "redis://" + proxy.Addr() + "/0"}, time.Second)
 	other := newTestRedisStore(t, url)
 	at := pinnedBase() + 1000
-	chain := []Limit{newSlotLimit("key", uniqueID(t), 1, 0, 30*time.Second)}
+	chain := []Limit{newSlotLimit("key", redistest.UniqueID(t), 1, 0, 30*time.Second)}
 	fill(t, holder, chain, at, 1)
 
 	proxy.ResetAtNextCommand()
@@ -317,12 +317,12 @@ func TestAFreeThatNeverReachedRedisIsMendedByTheNextRenewal(t *testing.T) {
 // A Redis that lost a holder's slots (a restart that emptied it) counts
 // them again at the holder's next renewal, once: its requests still run.
 func TestSlotsRedisLostAreHeldAgainAfterTheNextRenewal(t *testing.T) {
-	url := redisURLFromEnv(t)
+	url := redistest.EnvURL(t)
 	holder, other := newTestRedisStore(t, url), newTestRedisStore(t, url)
 	at := pinnedBase() + 1000
-	chain := []Limit{newSlotLimit("key", uniqueID(t), 3, 0, 30*time.Second)}
+	chain := []Limit{newSlotLimit("key", redistest.UniqueID(t), 3, 0, 30*time.Second)}
 	fill(t, holder, chain, at, 2)
-	if err := redisClient(t, url).Del(context.Background(), SlotsKey(chain[0])).Err(); err != nil {
+	if err := redistest.TestClient(t, url).Del(context.Background(), SlotsKey(chain[0])).Err(); err != nil {
 		t.Fatal(err)
 	}
 	fill(t, other, chain, at, 1)
@@ -346,10 +346,10 @@ func TestSlotsRedisLostAreHeldAgainAfterTheNextRenewal(t *testing.T) {
 // in flight) fails open and holds nothing: when the call admits it after
 // all, the call frees its slots.
 func TestAnAdmissionNobodyWaitsForAnyMoreHoldsNoSlot(t *testing.T) {
-	url := redisURLFromEnv(t)
+	url := redistest.EnvURL(t)
 	s := newTestRedisStore(t, url)
 	at := pinnedBase() + 1000
-	chain := []Limit{newSlotLimit("key", uniqueID(t), 1, 0, 30*time.Second)}
+	chain := []Limit{newSlotLimit("key", redistest.UniqueID(t), 1, 0, 30*time.Second)}
 	item := &scriptItem{chain: chain, answer: make(chan scriptAnswer, 1)}
 	item.claim.Store(abandoned)
 	b := &scriptBatch{store: pinned(s, at)}
@@ -389,14 +389,14 @@ func BenchmarkSlotRenewal(b *testing.B) {
 			b.Run(fmt.Sprintf("redis/keys=%d", keys), func(b *testing.B) {
 				s := newTestRedisStore(b, url)
 				holdSlots(b, s, inFlight, chainOf)
-				admin := redisClient(b, url)
+				admin := redistest.TestClient(b, url)
 				if err := admin.ConfigResetStat(context.Background()).Err(); err != nil {
 					b.Fatal(err)
 				}
 				for b.Loop() {
 					s.renew()
 				}
-				_, usec := evalshaStats(b, admin)
+				_, usec := redistest.CommandStats(b, admin, "evalsha")
 				b.ReportMetric(usec/float64(b.N), "redis-µs/renewal")
 			})
 		}
@@ -444,7 +444,7 @@ func TestASlotOfAShorterLeaseThanThoseHeldIsRenewedBeforeItsLeaseEnds(t *testing
 // renewed before its own lease ends: a slot of it may be the only one held.
 func TestALimitHeldTakenUnderAShorterLeaseIsRenewedBeforeItsLeaseEnds(t *testing.T) {
 	h := newHeldSlots()
-	id := uniqueID(t)
+	id := redistest.UniqueID(t)
 	h.take([]Limit{newSlotLimit("key", id, 1, 0, 30*time.Second)}, 1)
 	// Its request ended; the renewal has yet to drop it.
 	h.take([]Limit{newSlotLimit("key", id, 1, 0, 30*time.Second)}, -1)
@@ -503,13 +503,13 @@ func waitBlockedInSelect(t *testing.T, fn string) {
 // A Redis restarted empty has lost the renewal's script as well as the
 // slots: the renewal loads the script again and writes the slots held.
 func TestARenewalAfterARedisRestartLoadsItsScriptAndHoldsTheSlotsAgain(t *testing.T) {
-	srv := startRedis(t)
+	srv := redistest.NewServer(t)
 	s := newTestRedisStoreOf(t, &RedisConfig{URL: srv.URL()}, time.Second)
-	chain := []Limit{newSlotLimit("key", uniqueID(t), 2, 0, 30*time.Second)}
+	chain := []Limit{newSlotLimit("key", redistest.UniqueID(t), 2, 0, 30*time.Second)}
 	fill(t, s, chain, 0, 2)
 	renewSlots(s, 0) // the script is loaded
-	srv.Stop(t)
-	srv.Start(t)
+	srv.Stop()
+	srv.Restart(t)
 	// The pool's connections died with the server: the first renewal may
 	// meet one of them, and the next one, a third of a lease later, goes on.
 	for range 2 {
@@ -526,16 +526,16 @@ func TestARenewalAfterARedisRestartLoadsItsScriptAndHoldsTheSlotsAgain(t *testin
 // lease (another process, whose handler or config has a shorter
 // slot_lease) never shortens the key's life under another's longer one.
 func TestASlotsKeyOutlivesTheLongestLeaseOfItsHolders(t *testing.T) {
-	url := redisURLFromEnv(t)
+	url := redistest.EnvURL(t)
 	longHolder, shortHolder := newTestRedisStore(t, url), newTestRedisStore(t, url)
 	const long, short = 30 * time.Second, time.Second
-	id := uniqueID(t)
+	id := redistest.UniqueID(t)
 	longChain, shortChain := []Limit{newSlotLimit("key", id, 3, 0, long)}, []Limit{newSlotLimit("key", id, 3, 0, short)}
 	at := pinnedBase() + 1000
 	fill(t, longHolder, longChain, at, 1)
 	fill(t, shortHolder, shortChain, at, 1)
 	renewSlots(shortHolder, at)
-	c := redisClient(t, url)
+	c := redistest.TestClient(t, url)
 	ttl, err := c.PTTL(context.Background(), SlotsKey(longChain[0])).Result()
 	if err != nil {
 		t.Fatal(err)

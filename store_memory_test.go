@@ -6,13 +6,15 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
 
 func TestMemoryStoreDropsCountersThatNoEstimateReads(t *testing.T) {
 	s := newTestMemoryStore(t, time.Hour) // swept by hand below
 	base := pinnedBase()
 	for i := 0; i < 1000; i++ {
-		admitOrFail(t, s, []Limit{newLimit("key", uniqueID(t), 5, 0)}, base)
+		admitOrFail(t, s, []Limit{newLimit("key", redistest.UniqueID(t), 5, 0)}, base)
 	}
 	live := newLimit("org", "acme", 100, 0)
 	admitOrFail(t, s, []Limit{live}, base+MinuteMillis)
@@ -33,7 +35,7 @@ func TestMemoryStoreDropsCountersThatNoEstimateReads(t *testing.T) {
 func TestMemoryStoreKeepsATokenBucketUntilItIsFullAgain(t *testing.T) {
 	s := newTestMemoryStore(t, time.Hour) // swept by hand below
 	base := pinnedBase()
-	chain := []Limit{newBucketLimit(t, "key", uniqueID(t), "0.01", 2, 0)} // a token per 100 s
+	chain := []Limit{newBucketLimit(t, "key", redistest.UniqueID(t), "0.01", 2, 0)} // a token per 100 s
 	fill(t, s, chain, base, 2)
 	admitOrFail(t, s, []Limit{newLimit("org", "clock", 100, 0)}, base+199_999)
 	s.sweep()
@@ -60,7 +62,7 @@ func (s *memoryStore) size() int {
 func TestMemoryStoreAdmissionAllocatesOnlyTheDecisionsCounts(t *testing.T) {
 	s := newTestMemoryStore(t, time.Hour)
 	at := pinnedBase()
-	id := uniqueID(t)
+	id := redistest.UniqueID(t)
 	chain := []Limit{
 		newLimit("key", id, 1<<40, 1<<40), newLimit("project", id, 1<<40, 1<<40),
 		newLimit("team", id, 1<<40, 1<<40), newLimit("org", id, 1<<40, 1<<40),
@@ -77,7 +79,7 @@ func TestMemoryStoreChainLongerThanTheStackArraysAdmitsAndCharges(t *testing.T) 
 	at := pinnedBase()
 	var chain []Limit
 	for i := 0; i < 2*stackChain+1; i++ {
-		chain = append(chain, newLimit("scope"+strconv.Itoa(i), uniqueID(t), 2, 0))
+		chain = append(chain, newLimit("scope"+strconv.Itoa(i), redistest.UniqueID(t), 2, 0))
 	}
 	fill(t, s, chain, at, 2)
 	if admitOrFail(t, s, chain, at).Admitted {
@@ -93,7 +95,7 @@ func TestMemoryStoreChainLongerThanTheStackArraysAdmitsAndCharges(t *testing.T) 
 func TestMemoryStoreChainsThatShareCountersInAnyOrderNeverDeadlock(t *testing.T) {
 	s := newTestMemoryStore(t, time.Hour)
 	at := pinnedBase()
-	a, b, c := newLimit("key", uniqueID(t), 1<<40, 0), newLimit("team", uniqueID(t), 1<<40, 0), newLimit("org", uniqueID(t), 1<<40, 0)
+	a, b, c := newLimit("key", redistest.UniqueID(t), 1<<40, 0), newLimit("team", redistest.UniqueID(t), 1<<40, 0), newLimit("org", redistest.UniqueID(t), 1<<40, 0)
 	chains := [][]Limit{{a, b, c}, {c, b, a}, {b, c, a}, {a, c}, {c, a, c}, {b, b}}
 	done := make(chan struct{})
 	var wg sync.WaitGroup
@@ -121,7 +123,7 @@ func TestMemoryStoreCountsExactlyWhileItsShardsGrowAndAreSwept(t *testing.T) {
 	s := newTestMemoryStore(t, time.Hour) // swept by hand below
 	ctx := context.Background()
 	now := pinnedBase()
-	live := []Limit{newLimit("key", uniqueID(t), 1<<40, 0), newLimit("org", uniqueID(t), 1<<40, 0)}
+	live := []Limit{newLimit("key", redistest.UniqueID(t), 1<<40, 0), newLimit("org", redistest.UniqueID(t), 1<<40, 0)}
 	admitOrFail(t, s, live, now)
 	stop := make(chan struct{})
 	var churn sync.WaitGroup
@@ -192,10 +194,10 @@ func TestIdleInProcessCountersAreReclaimedWithoutTraffic(t *testing.T) {
 	s := newTestMemoryStore(t, 5*time.Millisecond)
 	base := pinnedBase()
 	for range 1000 {
-		admitOrFail(t, s, []Limit{newLimit("key", uniqueID(t), 5, 0)}, base)
+		admitOrFail(t, s, []Limit{newLimit("key", redistest.UniqueID(t), 5, 0)}, base)
 	}
 	for range 200 {
-		admitOrFail(t, s, []Limit{NewLimit("", "team", uniqueID(t), CapsOfWindows(WindowCaps{RPD: 5}))}, base)
+		admitOrFail(t, s, []Limit{NewLimit("", "team", redistest.UniqueID(t), CapsOfWindows(WindowCaps{RPD: 5}))}, base)
 	}
 	waitCounters(t, s, 1200)
 	pinned(s, base+2*MinuteMillis) // the minute windows are over; the day windows are not
@@ -213,7 +215,7 @@ func TestTheMemoryCountersGaugeCountsTheProcesssCounters(t *testing.T) {
 	defer release()
 	before := countMemoryCounters()
 	for range 3 {
-		if _, err := st.Admit(context.Background(), []Limit{newLimit("key", uniqueID(t), 5, 0)}, TokenCounts{}); err != nil {
+		if _, err := st.Admit(context.Background(), []Limit{newLimit("key", redistest.UniqueID(t), 5, 0)}, TokenCounts{}); err != nil {
 			t.Fatal(err)
 		}
 	}

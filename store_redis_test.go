@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/rolter/caddy-ratelimit/internal/pricing"
+	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
 
 func newTestRedisStore(t testing.TB, url string) *redisStore {
@@ -36,25 +36,14 @@ func newTestRedisStoreOf(t testing.TB, config *RedisConfig, timeout time.Duratio
 	return s
 }
 
-func redisClient(t testing.TB, url string) *redis.Client {
-	t.Helper()
-	opts, err := redis.ParseURL(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := redis.NewClient(opts)
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
 func TestFirstAdmissionAfterClientKillIsStillEnforced(t *testing.T) {
-	url := redisURLFromEnv(t)
+	url := redistest.EnvURL(t)
 	s := newTestRedisStore(t, url)
-	chain := []Limit{newLimit("key", uniqueID(t), 1, 0)}
+	chain := []Limit{newLimit("key", redistest.UniqueID(t), 1, 0)}
 	if !admitOrFail(t, s, chain, 0).Admitted {
 		t.Fatal("first request refused")
 	}
-	if err := redisClient(t, url).ClientKillByFilter(context.Background(), "TYPE", "normal").Err(); err != nil {
+	if err := redistest.TestClient(t, url).ClientKillByFilter(context.Background(), "TYPE", "normal").Err(); err != nil {
 		t.Fatal(err)
 	}
 	d, err := s.Admit(context.Background(), chain, TokenCounts{})
@@ -74,7 +63,7 @@ func storeOnADyingConnection(t *testing.T, url string, chain []Limit, at int64) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	proxy := newResetProxy(t, opts.Addr)
+	proxy := redistest.NewResetProxy(t, opts.Addr)
 	s := newTestRedisStore(t, "redis://"+proxy.Addr()+"/"+strconv.Itoa(opts.DB))
 	if !admitOrFail(t, s, chain, at).Admitted {
 		t.Fatal("first request refused")
@@ -87,9 +76,9 @@ func storeOnADyingConnection(t *testing.T, url string, chain []Limit, at int64) 
 // pool would notice) is what the replay is for: without it this admission
 // would fail open.
 func TestAdmissionOnAConnectionThatDiesAtItsNextCommandIsReplayedOnce(t *testing.T) {
-	url := redisURLFromEnv(t)
+	url := redistest.EnvURL(t)
 	at := pinnedBase() + 1000
-	chain := []Limit{newLimit("key", uniqueID(t), 2, 0)}
+	chain := []Limit{newLimit("key", redistest.UniqueID(t), 2, 0)}
 	s := storeOnADyingConnection(t, url, chain, at)
 	d, err := pinned(s, at).Admit(context.Background(), chain, TokenCounts{})
 	if err != nil {
@@ -110,9 +99,9 @@ func TestAdmissionOnAConnectionThatDiesAtItsNextCommandIsReplayedOnce(t *testing
 // next command, replays its admissions alone: the charge fails with the
 // error, for the caller to log, and is charged neither once nor twice.
 func TestCallOnADyingConnectionReplaysItsAdmissionsButNotItsCharges(t *testing.T) {
-	url := redisURLFromEnv(t)
+	url := redistest.EnvURL(t)
 	at := pinnedBase() + 1000
-	chain := []Limit{newLimit("key", uniqueID(t), 2, 1000)}
+	chain := []Limit{newLimit("key", redistest.UniqueID(t), 2, 1000)}
 	s := storeOnADyingConnection(t, url, chain, at)
 	var c scriptCall
 	c.charges.add(chain, Charge{Tokens: totalTokens(300)}, MomentAt(at))
@@ -137,11 +126,11 @@ func TestCallOnADyingConnectionReplaysItsAdmissionsButNotItsCharges(t *testing.T
 
 // A call charges its tokens before it decides: its admissions read them.
 func TestAdmissionsOfACallReadTheTokensItCharges(t *testing.T) {
-	url := redisURLFromEnv(t)
+	url := redistest.EnvURL(t)
 	s := newTestRedisStore(t, url)
 	at := pinnedBase() + 1000
-	org := newLimit("org", uniqueID(t), 0, 500)
-	key := newLimit("key", uniqueID(t), 10, 0)
+	org := newLimit("org", redistest.UniqueID(t), 0, 500)
+	key := newLimit("key", redistest.UniqueID(t), 10, 0)
 	var c scriptCall
 	c.charges.add([]Limit{key, org}, Charge{Tokens: totalTokens(500)}, MomentAt(at)) // the key has no tpm: only the org is charged
 	c.add([]Limit{key, org}, TokenCounts{})
@@ -158,18 +147,18 @@ func TestAdmissionsOfACallReadTheTokensItCharges(t *testing.T) {
 }
 
 func TestAdmissionFailsWithAnErrorWhileRedisIsDownAndResumesAfterRestart(t *testing.T) {
-	srv := startRedis(t)
+	srv := redistest.NewServer(t)
 	s := newTestRedisStore(t, srv.URL())
-	chain := []Limit{newLimit("key", uniqueID(t), 1, 0)}
+	chain := []Limit{newLimit("key", redistest.UniqueID(t), 1, 0)}
 	if !admitOrFail(t, s, chain, 0).Admitted {
 		t.Fatal("first request refused")
 	}
-	srv.Stop(t)
+	srv.Stop()
 	if _, err := s.Admit(context.Background(), chain, TokenCounts{}); err == nil {
 		t.Fatal("admission succeeded with Redis stopped")
 	}
-	srv.Start(t) // empty dataset and empty script cache
-	if exists, err := redisClient(t, srv.URL()).ScriptExists(context.Background(), admitScript.Hash()).Result(); err != nil || exists[0] {
+	srv.Restart(t) // empty dataset and empty script cache
+	if exists, err := redistest.TestClient(t, srv.URL()).ScriptExists(context.Background(), admitScript.Hash()).Result(); err != nil || exists[0] {
 		t.Fatalf("script cache after restart: %v %v, want empty", exists, err)
 	}
 	// The pool may refuse to dial for about a second after failed dials: wait
@@ -209,7 +198,7 @@ const (
 // each took and how many failed (on_redis_error would apply to those).
 func admitConcurrently(t *testing.T, s *redisStore, n, rounds int) (took []time.Duration, failed int) {
 	t.Helper()
-	id := uniqueID(t)
+	id := redistest.UniqueID(t)
 	took = make([]time.Duration, n*rounds)
 	var failures atomic.Int64
 	var wg sync.WaitGroup
@@ -244,7 +233,7 @@ func checkWithinTimeout(t *testing.T, what string, took []time.Duration) {
 // An admission ends within the timeout of its start whatever it waits for:
 // a coalesced call in flight and then its own, or a pooled connection.
 func TestEveryAdmissionEndsWithinTheTimeoutWhileRedisHangs(t *testing.T) {
-	srv := startRedis(t)
+	srv := redistest.NewServer(t)
 	for _, tc := range []struct {
 		name      string
 		poolSize  int
@@ -279,10 +268,10 @@ func TestEveryAdmissionEndsWithinTheTimeoutWhileRedisHangs(t *testing.T) {
 // when Redis hangs, that dial and the replay end within the admission's
 // timeout too.
 func TestAnAdmissionReplayedOnAFreshConnectionToAHungRedisEndsWithinTheTimeout(t *testing.T) {
-	srv := startRedis(t)
-	proxy := newResetProxy(t, srv.Addr())
+	srv := redistest.NewServer(t)
+	proxy := redistest.NewResetProxy(t, srv.Addr())
 	s := newTestRedisStoreOf(t, &RedisConfig{URL: "redis://" + proxy.Addr() + "/0"}, hungTimeout)
-	chain := []Limit{newLimit("key", uniqueID(t), 1, 0)}
+	chain := []Limit{newLimit("key", redistest.UniqueID(t), 1, 0)}
 	admitOrFail(t, s, chain, 0)
 	resume := srv.Hang(t)
 	defer resume()
@@ -297,7 +286,7 @@ func TestAnAdmissionReplayedOnAFreshConnectionToAHungRedisEndsWithinTheTimeout(t
 }
 
 func TestUnloadedRedisStoreStaysOpenUntilItsLastHolderReleasesIt(t *testing.T) {
-	url := redisURLFromEnv(t)
+	url := redistest.EnvURL(t)
 	st, release, err := acquireRedisStore(&RedisConfig{URL: url}, 250*time.Millisecond) // a key no other test uses
 	if err != nil {
 		t.Fatal(err)
@@ -307,7 +296,7 @@ func TestUnloadedRedisStoreStaysOpenUntilItsLastHolderReleasesIt(t *testing.T) {
 	if err := release(); err != nil {
 		t.Fatal(err)
 	}
-	chain := []Limit{newLimit("org", uniqueID(t), 0, 100)}
+	chain := []Limit{newLimit("org", redistest.UniqueID(t), 0, 100)}
 	settle(t, s, chain, Charge{Tokens: totalTokens(7)}) // after the unload
 	s.Release()
 	if err := s.client.Ping(context.Background()).Err(); !errors.Is(err, redis.ErrClosed) {
@@ -318,10 +307,10 @@ func TestUnloadedRedisStoreStaysOpenUntilItsLastHolderReleasesIt(t *testing.T) {
 // The keys an admission declares are named by the gateway's clock; when Redis's
 // clock is in another minute, the script touches nothing and says which.
 func TestScriptTouchesNothingWhenItsKeysNameAnotherMinute(t *testing.T) {
-	url := redisURLFromEnv(t)
+	url := redistest.EnvURL(t)
 	s := newTestRedisStore(t, url)
 	at := pinnedBase() + 7000
-	chain := []Limit{newLimit("org", uniqueID(t), 5, 100)}
+	chain := []Limit{newLimit("org", redistest.UniqueID(t), 5, 100)}
 	stale := MomentAt(at).Minute - 1
 	var c scriptCall
 	c.add(chain, TokenCounts{})
@@ -332,7 +321,7 @@ func TestScriptTouchesNothingWhenItsKeysNameAnotherMinute(t *testing.T) {
 	if b, ok := otherMinute(reply); !ok || b != MomentAt(at).Minute {
 		t.Fatalf("reply %v, want {-1, now} naming the bucket of the script's clock", reply)
 	}
-	keys, err := redisClient(t, url).Keys(context.Background(), chain[0].Prefix+"*").Result()
+	keys, err := redistest.TestClient(t, url).Keys(context.Background(), chain[0].Prefix+"*").Result()
 	if err != nil || len(keys) != 0 {
 		t.Fatalf("keys %v written by a call whose keys named another minute (%v)", keys, err)
 	}
@@ -342,7 +331,7 @@ func TestScriptTouchesNothingWhenItsKeysNameAnotherMinute(t *testing.T) {
 	if _, ok := otherMinute(reply); !ok || err != nil {
 		t.Fatalf("token charge with keys of another minute: %v %v", reply, err)
 	}
-	if keys, _ := redisClient(t, url).Keys(context.Background(), chain[0].Prefix+"*").Result(); len(keys) != 0 {
+	if keys, _ := redistest.TestClient(t, url).Keys(context.Background(), chain[0].Prefix+"*").Result(); len(keys) != 0 {
 		t.Fatalf("keys %v written by a token charge whose keys named another minute", keys)
 	}
 }
@@ -366,7 +355,7 @@ func TestReplyOfTheWrongShapeIsAnError(t *testing.T) {
 // each limit capping requests in flight too (in-flight-cap), each
 // admission's free then counted with it.
 func BenchmarkAdmissionRedisServerTime(b *testing.B) {
-	url := redisURLFromEnv(b)
+	url := redistest.EnvURL(b)
 	for _, concurrent := range []bool{false, true} {
 		for _, n := range []int{1, 2, 4, 6} {
 			name := fmt.Sprintf("chain=%d", n)
@@ -397,12 +386,12 @@ func BenchmarkAdmissionRedisServerTime(b *testing.B) {
 // (four per key) are all in Redis before the timer starts: what a larger
 // keyspace costs each admission.
 func BenchmarkAdmissionRedisServerTimeByActiveKeys(b *testing.B) {
-	url := redisURLFromEnv(b)
+	url := redistest.EnvURL(b)
 	for _, active := range []int{1000, 100000} {
 		b.Run(fmt.Sprintf("keys=%d", active), func(b *testing.B) {
 			id := fmt.Sprintf("active%d-", time.Now().UnixNano())
 			chainOf := func(key int) []Limit { return benchChain(4, id+strconv.Itoa(key%active)) }
-			admin := redisClient(b, url)
+			admin := redistest.TestClient(b, url)
 			ctx := context.Background()
 			atMinute := time.Now().UnixMilli() / MinuteMillis
 			pipe := admin.Pipeline()
@@ -465,7 +454,7 @@ func withBudgets(b *testing.B, chain []Limit) []Limit {
 // server time per admission and the admissions per call.
 func benchmarkRedisTime(b *testing.B, url string, concurrent bool, reserve TokenCounts, settle bool, chainOf func(int) []Limit) {
 	s := newTestRedisStore(b, url)
-	admin := redisClient(b, url)
+	admin := redistest.TestClient(b, url)
 	ctx := context.Background()
 	if _, err := s.Admit(ctx, chainOf(0), TokenCounts{}); err != nil { // load the script
 		b.Fatal(err)
@@ -522,48 +511,19 @@ func benchmarkRedisTime(b *testing.B, url string, concurrent bool, reserve Token
 	if err, _ := settleErr.Load().(error); err != nil {
 		b.Fatal(err)
 	}
-	calls, usec := evalshaStats(b, admin)
+	calls, usec := redistest.CommandStats(b, admin, "evalsha")
 	b.ReportMetric(usec/float64(b.N), "redis-µs/admission")
 	b.ReportMetric(float64(b.N)/float64(calls), "admissions/call")
-}
-
-// evalshaStats reads the calls and usec of evalsha from INFO commandstats.
-func evalshaStats(b *testing.B, c *redis.Client) (calls int64, usec float64) {
-	info, err := c.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		b.Fatal(err)
-	}
-	for _, line := range strings.Split(info, "\r\n") {
-		fields, ok := strings.CutPrefix(line, "cmdstat_evalsha:")
-		if !ok {
-			continue
-		}
-		for _, field := range strings.Split(fields, ",") {
-			name, v, _ := strings.Cut(field, "=")
-			switch name {
-			case "calls":
-				calls, err = strconv.ParseInt(v, 10, 64)
-			case "usec":
-				usec, err = strconv.ParseFloat(v, 64)
-			}
-			if err != nil {
-				b.Fatal(err)
-			}
-		}
-		return calls, usec
-	}
-	b.Fatal("no evalsha in INFO commandstats")
-	return 0, 0
 }
 
 // An idle bucket's key expires once the bucket would be full, doubled for
 // safety as Spring does; a missing key is a full bucket.
 func TestIdleBucketExpiresTwiceTheTimeAnEmptyOneTakesToFill(t *testing.T) {
-	url := redisURLFromEnv(t)
+	url := redistest.EnvURL(t)
 	s := newTestRedisStore(t, url)
-	chain := []Limit{newBucketLimit(t, "key", uniqueID(t), "0.5", 3, 0)} // empty to full: 6 s
+	chain := []Limit{newBucketLimit(t, "key", redistest.UniqueID(t), "0.5", 3, 0)} // empty to full: 6 s
 	admitOrFail(t, s, chain, 0)
-	ttl, err := redisClient(t, url).PTTL(context.Background(), chain[0].Prefix+"bkt").Result()
+	ttl, err := redistest.TestClient(t, url).PTTL(context.Background(), chain[0].Prefix+"bkt").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -576,15 +536,15 @@ func TestIdleBucketExpiresTwiceTheTimeAnEmptyOneTakesToFill(t *testing.T) {
 // an admission creates and those a charge creates, expire two days after
 // their creation; minute keys after two minutes.
 func TestDayKeysExpireAfterTwoDaysAndMinuteKeysAfterTwoMinutes(t *testing.T) {
-	url := redisURLFromEnv(t)
+	url := redistest.EnvURL(t)
 	s := newTestRedisStore(t, url)
-	chain := []Limit{newWindowLimit("key", uniqueID(t), WindowCaps{RPM: 10, RPD: 100, TPD: 1000, OTPD: 1000})}
+	chain := []Limit{newWindowLimit("key", redistest.UniqueID(t), WindowCaps{RPM: 10, RPD: 100, TPD: 1000, OTPD: 1000})}
 	if !admitOrFail(t, s, chain, 0).Admitted {
 		t.Fatal("refused")
 	}
 	settle(t, s, chain, Charge{Tokens: TokenCounts{Total: 10, Output: 4}})
 	now := MomentAt(time.Now().UnixMilli())
-	c := redisClient(t, url)
+	c := redistest.TestClient(t, url)
 	for _, k := range []struct {
 		window WindowKind
 		want   time.Duration

@@ -2,8 +2,6 @@ package ratelimit
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -13,6 +11,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
 
 // storeKit is what the conformance suite needs of a store implementation.
@@ -77,7 +76,7 @@ func redisKit(url string) storeKit {
 			var c scriptCall
 			c.add(chain, TokenCounts{})
 			keys := c.keys(MomentAt(at).Minute)
-			vals, err := redisClient(t, url).MGet(context.Background(), keys...).Result()
+			vals, err := redistest.TestClient(t, url).MGet(context.Background(), keys...).Result()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -117,13 +116,6 @@ func newBucketLimit(t testing.TB, scope, id, rate string, burst, cost int64) Lim
 		t.Fatal(err)
 	}
 	return NewLimit("", scope, id, caps)
-}
-
-// uniqueID keeps tests apart in a shared Redis.
-func uniqueID(t testing.TB) string {
-	var b [6]byte
-	rand.Read(b[:])
-	return "t" + hex.EncodeToString(b[:])
 }
 
 // testClock is the clock of the stores that tests make, which a test pins
@@ -194,7 +186,7 @@ func TestStoreConformanceMemory(t *testing.T) {
 }
 
 func TestStoreConformanceRedis(t *testing.T) {
-	runConformance(t, redisKit(redisURLFromEnv(t)))
+	runConformance(t, redisKit(redistest.EnvURL(t)))
 }
 
 func runConformance(t *testing.T, kit storeKit) {
@@ -203,7 +195,7 @@ func runConformance(t *testing.T, kit storeKit) {
 	}
 	t.Run("ConcurrentRequestsAgainstRPM1AdmitExactlyOne", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
-		chain := []Limit{newLimit("key", uniqueID(t), 1, 0)}
+		chain := []Limit{newLimit("key", redistest.UniqueID(t), 1, 0)}
 		if got := raceAdmissions(t, []Store{s}, chain, 64, 0); got != 1 {
 			t.Fatalf("admitted %d of 64 concurrent requests against rpm 1, want exactly 1", got)
 		}
@@ -211,7 +203,7 @@ func runConformance(t *testing.T, kit storeKit) {
 	t.Run("ThreeReplicasRacing96AgainstRPM5AdmitAndCountExactlyFive", func(t *testing.T) {
 		stores := kit.replicas(t, 3)
 		at := pinnedBase() + 1000
-		chain := []Limit{newLimit("org", uniqueID(t), 5, 0)}
+		chain := []Limit{newLimit("org", redistest.UniqueID(t), 5, 0)}
 		if got := raceAdmissions(t, stores, chain, 96, at); got != 5 {
 			t.Fatalf("admitted %d, want exactly 5", got)
 		}
@@ -222,8 +214,8 @@ func runConformance(t *testing.T, kit storeKit) {
 	t.Run("KeyCapWinsAndOrgIsChargedOnlyWhatTheKeyAdmitted", func(t *testing.T) {
 		stores := kit.replicas(t, 3)
 		at := pinnedBase() + 1000
-		org := newLimit("org", uniqueID(t), 100, 0)
-		key := newLimit("key", KeyID(false, "sk-"+uniqueID(t)), 3, 0)
+		org := newLimit("org", redistest.UniqueID(t), 100, 0)
+		key := newLimit("key", KeyID(false, "sk-"+redistest.UniqueID(t)), 3, 0)
 		if got := raceAdmissions(t, stores, []Limit{key, org}, 48, at); got != 3 {
 			t.Fatalf("admitted %d under key rpm 3 and org rpm 100, want 3", got)
 		}
@@ -232,7 +224,7 @@ func runConformance(t *testing.T, kit storeKit) {
 			t.Fatalf("org charged %d requests, want only the key's 3 admissions", n)
 		}
 		// A second key of the same org still gets in: the org was not overcharged.
-		other := newLimit("key", KeyID(false, "sk-"+uniqueID(t)), 3, 0)
+		other := newLimit("key", KeyID(false, "sk-"+redistest.UniqueID(t)), 3, 0)
 		if d := admitOrFail(t, stores[1], []Limit{other, org}, at); !d.Admitted {
 			t.Fatal("a second key of the org was refused")
 		}
@@ -240,7 +232,7 @@ func runConformance(t *testing.T, kit storeKit) {
 	t.Run("PreviousPeriodCountsInFullOnTheBoundaryAndHalfAtMidMinute", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
 		base := pinnedBase()
-		chain := []Limit{newLimit("key", uniqueID(t), 10, 0)}
+		chain := []Limit{newLimit("key", redistest.UniqueID(t), 10, 0)}
 		for i := 0; i < 10; i++ { // fill the previous period
 			if !admitOrFail(t, s, chain, base-MinuteMillis+int64(i)).Admitted {
 				t.Fatalf("request %d of 10 refused in an empty window", i+1)
@@ -264,7 +256,7 @@ func runConformance(t *testing.T, kit storeKit) {
 	t.Run("ARequestOfThePreviousMinuteStillWeighsAtItsLastMillisecond", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
 		base := pinnedBase()
-		chain := []Limit{newLimit("key", uniqueID(t), 2, 0)}
+		chain := []Limit{newLimit("key", redistest.UniqueID(t), 2, 0)}
 		for _, at := range []int64{base - 1, base} { // one in each minute
 			if !admitOrFail(t, s, chain, at).Admitted {
 				t.Fatalf("request at %d refused under rpm 2", at-base)
@@ -281,7 +273,7 @@ func runConformance(t *testing.T, kit storeKit) {
 	t.Run("FullTPMWindowRefusesAndChargesNoRequestSlot", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
 		at := pinnedBase() + 5000
-		chain := []Limit{newLimit("key", uniqueID(t), 10, 1000)}
+		chain := []Limit{newLimit("key", redistest.UniqueID(t), 10, 1000)}
 		if !admitOrFail(t, s, chain, at).Admitted {
 			t.Fatal("first request refused")
 		}
@@ -303,8 +295,8 @@ func runConformance(t *testing.T, kit storeKit) {
 	t.Run("RefusedRequestIsChargedToNoLimitOfItsChain", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
 		at := pinnedBase() + 5000
-		org := newLimit("org", uniqueID(t), 100, 0)
-		key := newLimit("key", uniqueID(t), 1, 0)
+		org := newLimit("org", redistest.UniqueID(t), 100, 0)
+		key := newLimit("key", redistest.UniqueID(t), 1, 0)
 		admitOrFail(t, s, []Limit{key, org}, at)
 		for i := 0; i < 5; i++ {
 			if admitOrFail(t, s, []Limit{key, org}, at+1).Admitted {
@@ -318,7 +310,7 @@ func runConformance(t *testing.T, kit storeKit) {
 	t.Run("PeekReadsWhatAdmitWouldAndChargesNothing", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
 		at := pinnedBase() + 5000
-		chain := []Limit{newLimit("key", uniqueID(t), 2, 0)}
+		chain := []Limit{newLimit("key", redistest.UniqueID(t), 2, 0)}
 		fill(t, s, chain, at, 1)
 		for i := 0; i < 3; i++ {
 			d, err := pinned(s, at).Peek(context.Background(), chain)
@@ -340,8 +332,8 @@ func runConformance(t *testing.T, kit storeKit) {
 	t.Run("TokensAreChargedOnlyToLimitsWithATPM", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
 		at := pinnedBase() + 5000
-		withTPM := newLimit("org", uniqueID(t), 0, 500)
-		without := newLimit("key", uniqueID(t), 5, 0)
+		withTPM := newLimit("org", redistest.UniqueID(t), 0, 500)
+		without := newLimit("key", redistest.UniqueID(t), 5, 0)
 		settle(t, pinned(s, at), []Limit{without, withTPM}, Charge{Tokens: totalTokens(42)})
 		count := counter(t, s)
 		if n := count(withTPM.Prefix, TPM, at/MinuteMillis); n != 42 {
@@ -353,7 +345,7 @@ func runConformance(t *testing.T, kit storeKit) {
 	})
 	t.Run("ChargesMadeLaterEachReportOnceAndAddUpExactly", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
-		org := newLimit("org", uniqueID(t), 0, 1<<40)
+		org := newLimit("org", redistest.UniqueID(t), 0, 1<<40)
 		var wg sync.WaitGroup
 		var failed atomic.Int64
 		for i := range 50 {
@@ -383,7 +375,7 @@ func runConformance(t *testing.T, kit storeKit) {
 		// at t = 30 s.
 		s := kit.replicas(t, 1)[0]
 		base := pinnedBase()
-		chain := []Limit{newLimit("key", uniqueID(t), 10, 0)}
+		chain := []Limit{newLimit("key", redistest.UniqueID(t), 10, 0)}
 		larger := []Limit{newLimit("key", chain[0].ID, 100, 0)} // the same counters under a larger cap
 		fill(t, s, larger, base-MinuteMillis, 12)
 		fill(t, s, larger, base, 3)
@@ -394,7 +386,7 @@ func runConformance(t *testing.T, kit storeKit) {
 		// the next period once 6×(60−t)/60 ≤ 3, at t = 30 s, i.e. 90 s after base.
 		s := kit.replicas(t, 1)[0]
 		base := pinnedBase()
-		chain := []Limit{newLimit("key", uniqueID(t), 4, 0)}
+		chain := []Limit{newLimit("key", redistest.UniqueID(t), 4, 0)}
 		fill(t, s, []Limit{newLimit("key", chain[0].ID, 100, 0)}, base, 6)
 		assertReleaseAt(t, s, chain, base+20_000, base+90_000)
 	})
@@ -403,7 +395,7 @@ func runConformance(t *testing.T, kit storeKit) {
 		// 400 + 1200×(60−t)/60 < 1000, i.e. t > 30 s: released at 30.001 s.
 		s := kit.replicas(t, 1)[0]
 		base := pinnedBase()
-		chain := []Limit{newLimit("key", uniqueID(t), 0, 1000)}
+		chain := []Limit{newLimit("key", redistest.UniqueID(t), 0, 1000)}
 		settle(t, pinned(s, base-MinuteMillis), chain, Charge{Tokens: totalTokens(1200)})
 		settle(t, pinned(s, base), chain, Charge{Tokens: totalTokens(400)})
 		assertReleaseAt(t, s, chain, base+1000, base+30_001)
@@ -411,8 +403,8 @@ func runConformance(t *testing.T, kit storeKit) {
 	t.Run("RetryAfterWaitsForTheLastRefusingLimitOfTheChain", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
 		base := pinnedBase()
-		key := newLimit("key", uniqueID(t), 4, 0)  // releases at base+90s (see above)
-		org := newLimit("org", uniqueID(t), 10, 0) // releases later
+		key := newLimit("key", redistest.UniqueID(t), 4, 0)  // releases at base+90s (see above)
+		org := newLimit("org", redistest.UniqueID(t), 10, 0) // releases later
 		fill(t, s, []Limit{newLimit("key", key.ID, 100, 0), newLimit("org", org.ID, 100, 0)}, base, 6)
 		fill(t, s, []Limit{newLimit("org", org.ID, 100, 0)}, base, 12)
 		// org: current 18 > 9, next period: 18×(60−t)/60 ≤ 9 at t = 30 s → base+90 s as well;
@@ -429,7 +421,7 @@ func runConformance(t *testing.T, kit storeKit) {
 	t.Run("FullBurstIsAdmittedAtOnceThenExactlyTheReplenishRate", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
 		at := pinnedBase() + 1500
-		chain := []Limit{newBucketLimit(t, "key", uniqueID(t), "2", 5, 0)}
+		chain := []Limit{newBucketLimit(t, "key", redistest.UniqueID(t), "2", 5, 0)}
 		fill(t, s, chain, at, 5)
 		// A token is back every 500 ms, and only then: 20 more in 10 s.
 		for k := int64(1); k <= 20; k++ {
@@ -443,12 +435,12 @@ func runConformance(t *testing.T, kit storeKit) {
 		s := kit.replicas(t, 1)[0]
 		at := pinnedBase() + 1500
 		// 0.5 per second: one token every 2 s.
-		half := []Limit{newBucketLimit(t, "key", uniqueID(t), "0.5", 2, 0)}
+		half := []Limit{newBucketLimit(t, "key", redistest.UniqueID(t), "0.5", 2, 0)}
 		fill(t, s, half, at, 2)
 		assertReleaseAt(t, s, half, at, at+2000)
 		// 1.5 per second and a cost of 2: 2 tokens take 1333.3 ms, so the
 		// request fits at 1334 ms and not a millisecond before.
-		costly := []Limit{newBucketLimit(t, "key", uniqueID(t), "1.5", 4, 2)}
+		costly := []Limit{newBucketLimit(t, "key", redistest.UniqueID(t), "1.5", 4, 2)}
 		fill(t, s, costly, at, 2)
 		assertReleaseAt(t, s, costly, at, at+1334)
 		// After a long idle spell the bucket is full again, and no fuller.
@@ -461,9 +453,9 @@ func runConformance(t *testing.T, kit storeKit) {
 		s := kit.replicas(t, 1)[0]
 		at := pinnedBase() + 5000
 		chain := []Limit{
-			newBucketLimit(t, "key", uniqueID(t), "1", 2, 0),
-			NewLimit("", "team", uniqueID(t), CapsOfWindows(WindowCaps{RPM: 10, TPM: 1000})),
-			newBucketLimit(t, "org", uniqueID(t), "100", 100, 3),
+			newBucketLimit(t, "key", redistest.UniqueID(t), "1", 2, 0),
+			NewLimit("", "team", redistest.UniqueID(t), CapsOfWindows(WindowCaps{RPM: 10, TPM: 1000})),
+			newBucketLimit(t, "org", redistest.UniqueID(t), "100", 100, 3),
 		}
 		fill(t, s, chain, at, 2)
 		settle(t, pinned(s, at), chain, Charge{Tokens: totalTokens(40)})
@@ -480,7 +472,7 @@ func runConformance(t *testing.T, kit storeKit) {
 	t.Run("ThreeReplicasRacingOneBucketAdmitExactlyItsCapacity", func(t *testing.T) {
 		stores := kit.replicas(t, 3)
 		at := pinnedBase() + 1000
-		chain := []Limit{newBucketLimit(t, "key", uniqueID(t), "0.001", 7, 0)}
+		chain := []Limit{newBucketLimit(t, "key", redistest.UniqueID(t), "0.001", 7, 0)}
 		if got := raceAdmissions(t, stores, chain, 96, at); got != 7 {
 			t.Fatalf("admitted %d of 96 against a bucket of 7, want exactly 7", got)
 		}
@@ -488,8 +480,8 @@ func runConformance(t *testing.T, kit storeKit) {
 	t.Run("KeyBucketAndOrgRPMFirstRefusalWinsAndNothingIsCharged", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
 		at := pinnedBase() + 1000
-		org := newLimit("org", uniqueID(t), 5, 0)
-		first := newBucketLimit(t, "key", KeyID(false, "sk-"+uniqueID(t)), "1", 3, 0)
+		org := newLimit("org", redistest.UniqueID(t), 5, 0)
+		first := newBucketLimit(t, "key", KeyID(false, "sk-"+redistest.UniqueID(t)), "1", 3, 0)
 		fill(t, s, []Limit{first, org}, at, 3)
 		d := admitOrFail(t, s, []Limit{first, org}, at)
 		if ref := RefusalOf([]Limit{first, org}, d); d.Admitted || ref.First != 0 || ref.Kind != Burst || ref.WaitMillis != 1000 {
@@ -498,7 +490,7 @@ func runConformance(t *testing.T, kit storeKit) {
 		if n := kit.count(t, s, org.Prefix, RPM, at/MinuteMillis); n != 3 {
 			t.Fatalf("org charged %d requests, want the 3 admitted", n)
 		}
-		second := newBucketLimit(t, "key", KeyID(false, "sk-"+uniqueID(t)), "1", 3, 0)
+		second := newBucketLimit(t, "key", KeyID(false, "sk-"+redistest.UniqueID(t)), "1", 3, 0)
 		fill(t, s, []Limit{second, org}, at, 2) // the org's rpm 5 is now full
 		d = admitOrFail(t, s, []Limit{second, org}, at)
 		if ref := RefusalOf([]Limit{second, org}, d); d.Admitted || ref.First != 1 || ref.Kind != Requests {
@@ -517,7 +509,7 @@ func runConformance(t *testing.T, kit storeKit) {
 	t.Run("ConcurrentReservationsOf1000AgainstTPM10500AdmitExactlyTen", func(t *testing.T) {
 		stores := kit.replicas(t, 3)
 		at := pinnedBase() + 1000
-		chain := []Limit{newLimit("key", uniqueID(t), 0, 1_000_000), newLimit("org", uniqueID(t), 0, 10_500)}
+		chain := []Limit{newLimit("key", redistest.UniqueID(t), 0, 1_000_000), newLimit("org", redistest.UniqueID(t), 0, 10_500)}
 		if got := raceReservations(t, stores, chain, 40, 1000, at); got != 10 {
 			t.Fatalf("admitted %d of 40 reservations of 1000 against tpm 10500, want exactly 10", got)
 		}
@@ -530,7 +522,7 @@ func runConformance(t *testing.T, kit storeKit) {
 	t.Run("ARefusedReservationChargesNothingAndWaitsForItsOwnSize", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
 		at := pinnedBase() + 15_000
-		chain := []Limit{newLimit("org", uniqueID(t), 10, 10_500)}
+		chain := []Limit{newLimit("org", redistest.UniqueID(t), 10, 10_500)}
 		fillReserving(t, s, chain, at, 9_000)
 		a, err := pinned(s, at).Admit(context.Background(), chain, totalTokens(2_000))
 		if err != nil {
@@ -559,7 +551,7 @@ func runConformance(t *testing.T, kit storeKit) {
 	t.Run("SettlementReplacesTheReservationInTheBucketItWasMadeIn", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
 		base := pinnedBase()
-		chain := []Limit{newLimit("key", uniqueID(t), 0, 100_000)}
+		chain := []Limit{newLimit("key", redistest.UniqueID(t), 0, 100_000)}
 		d := admitReserving(t, s, chain, base+58_000, 1_000)                                                                 // at 0:58
 		settle(t, pinned(s, base+MinuteMillis+1_000), chain, Charge{Tokens: totalTokens(700 - 1_000), Minute: d.Now.Minute}) // at 1:01
 		if first, second := kit.count(t, s, chain[0].Prefix, TPM, base/MinuteMillis), kit.count(t, s, chain[0].Prefix, TPM, base/MinuteMillis+1); first != 700 || second != 0 {
@@ -578,7 +570,7 @@ func runConformance(t *testing.T, kit storeKit) {
 	t.Run("UsageBelowTheReservationGivesTheRestBack", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
 		at := pinnedBase() + 1_000
-		chain := []Limit{newLimit("org", uniqueID(t), 0, 10_500)}
+		chain := []Limit{newLimit("org", redistest.UniqueID(t), 0, 10_500)}
 		for range 10 {
 			d := admitReserving(t, s, chain, at, 1_000)
 			settle(t, s, chain, Charge{Tokens: totalTokens(600 - 1_000), Minute: d.Now.Minute})
@@ -598,7 +590,7 @@ func runConformance(t *testing.T, kit storeKit) {
 	t.Run("ABucketRefusalReportsTheWholeTokensItHolds", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
 		at := pinnedBase() + 1000
-		chain := []Limit{newBucketLimit(t, "key", uniqueID(t), "1", 3, 3)}
+		chain := []Limit{newBucketLimit(t, "key", redistest.UniqueID(t), "1", 3, 3)}
 		fill(t, s, chain, at, 1) // the bucket runs dry
 		d := admitOrFail(t, s, chain, at+1200)
 		if d.Admitted {

@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
 
 // randomCaps are the caps of a random limit: each window now and then, small
@@ -150,7 +152,7 @@ func TestBothStoresDecideEveryRandomHistoryAlike(t *testing.T) {
 	}
 	compared := false
 	t.Run("InProcessAgainstRedis", func(t *testing.T) {
-		url := redisURLFromEnv(t)
+		url := redistest.EnvURL(t)
 		compared = true
 		runAlikeHistories(t, seed, url)
 	})
@@ -230,7 +232,7 @@ type reservation struct {
 
 func (h *alikeHistory) run() {
 	h.rng = rand.New(rand.NewPCG(h.seed, 0))
-	id := uniqueID(h.t)
+	id := redistest.UniqueID(h.t)
 	for i := range alikePool {
 		h.pool = append(h.pool, NewLimit("", fmt.Sprint("s", i), id, randomCaps(h.t, h.rng)))
 	}

@@ -48,7 +48,7 @@ func BenchmarkWaiting(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			upstream := benchUpstream(b)
 			body := []byte(`{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say ok."}]}`)
-			key := "bench-wait-" + uniqueID(b)
+			key := "bench-wait-" + redistest.UniqueID(b)
 			hangUp, stop := context.WithCancel(context.Background())
 			defer stop()
 			var admitted atomic.Int64
@@ -102,11 +102,11 @@ func BenchmarkWaiting(b *testing.B) {
 	}
 }
 
-// redisScriptStats is evalshaStats of the Redis at url for the store name,
+// redisScriptStats is the EVALSHA commandstats of the Redis at url for the store name,
 // and nothing for the in-process store.
 func redisScriptStats(b *testing.B, url, name string) (calls int64, usec float64) {
 	if name != "redis" {
 		return 0, 0
 	}
-	return evalshaStats(b, redisClient(b, url))
+	return redistest.CommandStats(b, redistest.TestClient(b, url), "evalsha")
 }

@@ -37,7 +37,7 @@ func TestWaitingRequestsAreAdmittedAsTheBucketAllowsInsteadOfRefused(t *testing.
 
 // So they are on a Redis Cluster, where calls are not coalesced.
 func TestOnAClusterWaitingRequestsAreAdmittedAsTheBucketAllows(t *testing.T) {
-	admittedAsTheBucketAllows(t, "redis cluster "+strings.Join(startRedisCluster(t, 3).URLs(), " "))
+	admittedAsTheBucketAllows(t, "redis cluster "+strings.Join(redistest.NewCluster(t, 3).URLs(), " "))
 }
 
 // On one Redis, the line makes about one call per waited request: the
@@ -54,9 +54,9 @@ func admittedAsTheBucketAllows(t *testing.T, store string) {
 	calls := int64(0)
 	if single {
 		url = "redis://" + url
-		calls = scriptCalls(t, url)
+		calls = redistest.ScriptCalls(t, url)
 	}
-	for i, res := range burstOf(t, gw, uniqueID(t), 20) {
+	for i, res := range burstOf(t, gw, redistest.UniqueID(t), 20) {
 		if res.StatusCode != http.StatusOK {
 			t.Fatalf("request %d: %d, want every one admitted after its wait", i, res.StatusCode)
 		}
@@ -76,7 +76,7 @@ func admittedAsTheBucketAllows(t *testing.T, store string) {
 	}
 	if single {
 		// The first call admits one and refuses those that came with it.
-		if n := scriptCalls(t, url) - calls; n > 20+3 {
+		if n := redistest.ScriptCalls(t, url) - calls; n > 20+3 {
 			t.Fatalf("%d Redis calls for 20 requests of which 19 waited: want about one each", n)
 		}
 	}
@@ -90,7 +90,7 @@ func TestARequestThatCannotFitWithinWaitIsRefusedWithTheWaitThenTrue(t *testing.
 		gw := waitingGateway(t, store, "rate 10 burst 1", "500ms")
 		start := time.Now()
 		admitted := 0
-		for i, res := range burstOf(t, gw, uniqueID(t), 20) {
+		for i, res := range burstOf(t, gw, redistest.UniqueID(t), 20) {
 			switch res.StatusCode {
 			case http.StatusOK:
 				admitted++
@@ -163,7 +163,7 @@ func waitingGateway(t *testing.T, store, caps, wait string) *gateway {
 // spentKey is a new key whose first request gw admitted.
 func spentKey(t *testing.T, gw *gateway) string {
 	t.Helper()
-	key := uniqueID(t)
+	key := redistest.UniqueID(t)
 	if res, _ := gw.do(t, "X-Api-Key: "+key); res.StatusCode != http.StatusOK {
 		t.Fatalf("first request: %d", res.StatusCode)
 	}
@@ -219,7 +219,7 @@ func TestPastMaxWaitingOrTooLargeARequestIsRefusedAtOnce(t *testing.T) {
 			price m input 1 output 4
 			wait 20s
 			max_waiting 1`))
-		key, team := uniqueID(t), uniqueID(t)
+		key, team := redistest.UniqueID(t), redistest.UniqueID(t)
 		send := func(body string, headers ...string) (*http.Response, []byte) {
 			return gw.send(t, "POST", "/v1/chat/completions", body, append(headers, "Content-Type: application/json")...)
 		}
@@ -227,7 +227,7 @@ func TestPastMaxWaitingOrTooLargeARequestIsRefusedAtOnce(t *testing.T) {
 			t.Fatalf("first request: %d %s", res.StatusCode, got)
 		}
 		// 2400 output tokens at $4 per million reserve $0.0096 of the $0.01.
-		if res, got := send(`{"model":"m","max_tokens":2400}`, "X-Api-Key: "+uniqueID(t), "X-Team: "+team); res.StatusCode != http.StatusOK {
+		if res, got := send(`{"model":"m","max_tokens":2400}`, "X-Api-Key: "+redistest.UniqueID(t), "X-Team: "+team); res.StatusCode != http.StatusOK {
 			t.Fatalf("the team's first request: %d %s", res.StatusCode, got)
 		}
 		refusedAtOnce := func(what, body string, headers ...string) {
@@ -238,8 +238,8 @@ func TestPastMaxWaitingOrTooLargeARequestIsRefusedAtOnce(t *testing.T) {
 				t.Errorf("%s: %d %s after %v, want a 429 at once", what, res.StatusCode, got, time.Since(start))
 			}
 		}
-		refusedAtOnce("too large", `{"model":"m","max_tokens":200000}`, "X-Api-Key: "+uniqueID(t), "X-Team: "+uniqueID(t))
-		refusedAtOnce("a spent budget", `{"model":"m","max_tokens":2400}`, "X-Api-Key: "+uniqueID(t), "X-Team: "+team)
+		refusedAtOnce("too large", `{"model":"m","max_tokens":200000}`, "X-Api-Key: "+redistest.UniqueID(t), "X-Team: "+redistest.UniqueID(t))
+		refusedAtOnce("a spent budget", `{"model":"m","max_tokens":2400}`, "X-Api-Key: "+redistest.UniqueID(t), "X-Team: "+team)
 		long := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("a", maxReadBody) + `"}]}`
 		refusedAtOnce("a body longer than the limiter reads", long, "X-Api-Key: "+key)
 		hangUp := sendWaiting(t, gw, key, "")
@@ -308,7 +308,7 @@ func TestNewRequestsStandInLineBehindOneThatWaits(t *testing.T) {
 // it leaves from the head or from within the line; and a line of no one is
 // no line.
 func TestALinesWaitersTakeTheirTurnsInTheOrderTheyJoined(t *testing.T) {
-	key := "rolter:rl:key:" + uniqueID(t) + ":"
+	key := "rolter:rl:key:" + redistest.UniqueID(t) + ":"
 	turned := func(p *waitPlace) bool {
 		select {
 		case <-p.turn:
@@ -374,8 +374,8 @@ func TestAMinuteWindowsRefusalIsHeldExactlyItsRetryAfter(t *testing.T) {
 	subjectName := func(s subject) string { return s.store + ", " + strings.TrimSuffix(strings.Fields(s.header)[0], ":") }
 	var subjects []subject
 	for name := range stores {
-		subjects = append(subjects, subject{name, "X-Api-Key: " + uniqueID(t), `{"model":"m"}`},
-			subject{name, "X-Team: " + uniqueID(t), `{"model":"m","max_tokens":90}`})
+		subjects = append(subjects, subject{name, "X-Api-Key: " + redistest.UniqueID(t), `{"model":"m"}`},
+			subject{name, "X-Team: " + redistest.UniqueID(t), `{"model":"m","max_tokens":90}`})
 	}
 	at := func(s subject, route string) (res *http.Response, sent, answered time.Time) {
 		sent = time.Now()
@@ -445,7 +445,7 @@ func TestAMinuteWindowsRefusalIsHeldExactlyItsRetryAfter(t *testing.T) {
 // one of them is admitted: the calls per waited request stay near the
 // processes' number, never one per waiter.
 func TestThreeGatewayProcessesWithWaitOnOneRedisAdmitExactlyWhatTheBucketAllows(t *testing.T) {
-	redis := startRedis(t)
+	redis := redistest.NewServer(t)
 	up := newFakeUpstream(t, answerWithoutUsage)
 	bin := caddyBinary(t)
 	site := limited(flightStore("redis "+redis.URL()), `
@@ -457,7 +457,7 @@ func TestThreeGatewayProcessesWithWaitOnOneRedisAdmitExactlyWhatTheBucketAllows(
 	for i := range gws {
 		gws[i] = startCaddyProcess(t, bin, up.URL, site)
 	}
-	key, calls := uniqueID(t), scriptCalls(t, redis.URL())
+	key, calls := redistest.UniqueID(t), redistest.ScriptCalls(t, redis.URL())
 	const perGateway = 8
 	var wg sync.WaitGroup
 	statuses := make(chan int, len(gws)*perGateway)
@@ -490,7 +490,7 @@ func TestThreeGatewayProcessesWithWaitOnOneRedisAdmitExactlyWhatTheBucketAllows(
 		}
 	}
 	n := len(times)
-	perRequest := float64(scriptCalls(t, redis.URL())-calls) / float64(n)
+	perRequest := float64(redistest.ScriptCalls(t, redis.URL())-calls) / float64(n)
 	t.Logf("%.2f Redis calls per waited request, %d requests over %v on %d processes", perRequest, n, times[n-1].Sub(times[0]), len(gws))
 	if perRequest > float64(len(gws)+1) {
 		t.Fatalf("%.2f Redis calls per waited request: want about one per process and release", perRequest)
@@ -534,7 +534,7 @@ func TestAWaitedRequestSaysHowLongItWaitedAndEndsAdmittedOrRefused(t *testing.T)
 	}`))
 		const count = "caddy_rolter_ratelimit_wait_duration_seconds_count"
 		before := scrape(t)
-		key := uniqueID(t)
+		key := redistest.UniqueID(t)
 		if res, _ := gw.do(t, "X-Api-Key: "+key); res.StatusCode != http.StatusOK || res.Header.Get("X-Outcome") != "admitted waited 0" {
 			t.Fatalf("the first request: %d, X-Outcome %q, want admitted without a wait", res.StatusCode, res.Header.Get("X-Outcome"))
 		}

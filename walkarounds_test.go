@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
 
 // The ways around a limit that a hostile client (or one broken upstream)
@@ -24,7 +26,7 @@ func TestAPostWithUpgradeHeadersIsReservedRefusedWhenTooLargeAndMetered(t *testi
 		gw := startGateway(t, up.URL, limited(store, `
 			scope key {http.request.header.X-Api-Key}
 			limit key * tpm 1000`))
-		key := uniqueID(t)
+		key := redistest.UniqueID(t)
 		upgrade := []string{"X-Api-Key: " + key, "Upgrade: websocket", "Connection: Upgrade"}
 		res, body := gw.postChat(t, `{"model":"m","max_tokens":1000000,"messages":[{"role":"user","content":"hi"}]}`, upgrade...)
 		if res.StatusCode != 429 || !strings.Contains(string(body), "Request too large") {
@@ -62,7 +64,7 @@ func TestARepeatedKeyHeaderIsRefusedWith400AndMakesNoCounter(t *testing.T) {
 			scope tags {http.request.header.X-Tags} readable joined
 			limit key * rpm 1
 			limit tags * rpm 5`))
-		key, junk := uniqueID(t), uniqueID(t)
+		key, junk := redistest.UniqueID(t), redistest.UniqueID(t)
 		if res, body := gw.postModel(t, "/v1/chat/completions", "X-Api-Key: "+key); res.StatusCode != 200 {
 			t.Fatalf("first request: %d %s", res.StatusCode, body)
 		}
@@ -97,7 +99,7 @@ func TestTheAPIKeyPlaceholderIsTheCredentialEachProviderReads(t *testing.T) {
 		gw := startGateway(t, up.URL, limited(store, `
 			scope key {http.rolter_ratelimit.api_key} required
 			limit key * rpm 1`))
-		openai, anthropic, gemini, azure := uniqueID(t), uniqueID(t), uniqueID(t), uniqueID(t)
+		openai, anthropic, gemini, azure := redistest.UniqueID(t), redistest.UniqueID(t), redistest.UniqueID(t), redistest.UniqueID(t)
 		const geminiPath = "/v1beta/models/gemini-2.5-flash:generateContent"
 		for _, c := range []struct {
 			name, path string
@@ -105,16 +107,16 @@ func TestTheAPIKeyPlaceholderIsTheCredentialEachProviderReads(t *testing.T) {
 			status     int
 		}{
 			{"OpenAI", "/v1/chat/completions", []string{"Authorization: Bearer " + openai}, 200},
-			{"OpenAI with another provider's junk", "/v1/chat/completions", []string{"Authorization: Bearer " + openai, "X-Goog-Api-Key: " + uniqueID(t), "X-Api-Key: " + uniqueID(t)}, 429},
-			{"Anthropic's x-api-key", "/v1/messages", []string{"X-Api-Key: " + anthropic, "X-Goog-Api-Key: " + uniqueID(t)}, 200},
+			{"OpenAI with another provider's junk", "/v1/chat/completions", []string{"Authorization: Bearer " + openai, "X-Goog-Api-Key: " + redistest.UniqueID(t), "X-Api-Key: " + redistest.UniqueID(t)}, 429},
+			{"Anthropic's x-api-key", "/v1/messages", []string{"X-Api-Key: " + anthropic, "X-Goog-Api-Key: " + redistest.UniqueID(t)}, 200},
 			{"Anthropic's bearer token", "/v1/messages", []string{"Authorization: Bearer " + anthropic}, 429},
 			{"Gemini's ?key=", geminiPath + "?key=" + gemini, nil, 200},
-			{"Gemini's x-goog-api-key", geminiPath, []string{"X-Goog-Api-Key: " + gemini, "Authorization: Basic " + uniqueID(t)}, 429},
+			{"Gemini's x-goog-api-key", geminiPath, []string{"X-Goog-Api-Key: " + gemini, "Authorization: Basic " + redistest.UniqueID(t)}, 429},
 			{"Azure OpenAI's api-key", "/openai/deployments/gpt-4o/chat/completions?api-version=2024-10-21", []string{"Api-Key: " + azure}, 200},
 			{"Azure OpenAI's bearer token", "/openai/deployments/gpt-4o/chat/completions?api-version=2024-10-21", []string{"Authorization: Bearer " + azure}, 429},
-			{"Gemini's two keys that differ", geminiPath + "?key=" + uniqueID(t), []string{"X-Goog-Api-Key: " + uniqueID(t)}, 400},
-			{"Anthropic's key sent twice", "/v1/messages", []string{"X-Api-Key: " + uniqueID(t), "X-Api-Key: " + uniqueID(t)}, 400},
-			{"no credential the API reads", "/v1/chat/completions", []string{"X-Goog-Api-Key: " + uniqueID(t)}, 403},
+			{"Gemini's two keys that differ", geminiPath + "?key=" + redistest.UniqueID(t), []string{"X-Goog-Api-Key: " + redistest.UniqueID(t)}, 400},
+			{"Anthropic's key sent twice", "/v1/messages", []string{"X-Api-Key: " + redistest.UniqueID(t), "X-Api-Key: " + redistest.UniqueID(t)}, 400},
+			{"no credential the API reads", "/v1/chat/completions", []string{"X-Goog-Api-Key: " + redistest.UniqueID(t)}, 403},
 		} {
 			if res, body := gw.postModel(t, c.path, c.headers...); res.StatusCode != c.status {
 				t.Errorf("%s: %d %s, want %d", c.name, res.StatusCode, body, c.status)
@@ -179,7 +181,7 @@ func TestAnIDAlreadyRefusedIsRefusedWithoutItsBodyBeingRead(t *testing.T) {
 		gw := startGateway(t, up.URL, limited(store, `
 			scope key {http.request.header.X-Api-Key}
 			limit key * rpm 1 tpm 100000`))
-		key := uniqueID(t)
+		key := redistest.UniqueID(t)
 		if res, body := gw.postChat(t, chatAbout1000, "X-Api-Key: "+key); res.StatusCode != 200 {
 			t.Fatalf("first request: %d %s", res.StatusCode, body)
 		}
@@ -214,7 +216,7 @@ func TestHeaderOnlyConnectionsClaimingLargeBodiesHoldNoBodyMemory(t *testing.T) 
 		if held := bodiesHeld.bytesHeld(); held != 0 {
 			t.Fatalf("bodies whose bytes have not come hold %d bytes", held)
 		}
-		if res, got := gw.postChat(t, chatAbout1000, "X-Api-Key: "+uniqueID(t)); res.StatusCode != http.StatusOK {
+		if res, got := gw.postChat(t, chatAbout1000, "X-Api-Key: "+redistest.UniqueID(t)); res.StatusCode != http.StatusOK {
 			t.Fatalf("a request while %d connections held back their bodies: %d %s", conns, res.StatusCode, got)
 		}
 		var after runtime.MemStats
@@ -245,7 +247,7 @@ func TestAnAbsurdUsageReportChargesAtMostTheCeilingAndTheSharedPoolGoesOn(t *tes
 		metric := `caddy_rolter_ratelimit_usage_clamped_total{what="response"}`
 		clamped := scrape(t)[metric]
 		const chat = `{"model":"gpt-4o","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}`
-		if res, body := gw.postChat(t, chat, "X-Api-Key: "+uniqueID(t), absurd); res.StatusCode != 200 {
+		if res, body := gw.postChat(t, chat, "X-Api-Key: "+redistest.UniqueID(t), absurd); res.StatusCode != 200 {
 			t.Fatalf("the absurd tenant's request: %d %s", res.StatusCode, body)
 		}
 		pool := []Limit{newLimit("model", "gpt-4o", 0, 1)}
@@ -253,7 +255,7 @@ func TestAnAbsurdUsageReportChargesAtMostTheCeilingAndTheSharedPoolGoesOn(t *tes
 		waitWindow(t, store, pool, ITPM, maxResponseInput)
 		waitWindow(t, store, pool, OTPM, 10)
 		waitMetric(t, metric, clamped+1)
-		if res, body := gw.postChat(t, chat, "X-Api-Key: "+uniqueID(t)); res.StatusCode != 200 {
+		if res, body := gw.postChat(t, chat, "X-Api-Key: "+redistest.UniqueID(t)); res.StatusCode != 200 {
 			t.Fatalf("the next tenant of the shared pool: %d %s", res.StatusCode, body)
 		}
 	})

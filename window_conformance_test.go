@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
 
 // The day windows and the input and output windows, in the conformance
@@ -13,7 +15,7 @@ func runWindowConformance(t *testing.T, kit storeKit) {
 	t.Run("RPDAcrossADayBoundaryWaitsUntilThePreviousDayWeighsLessThanTheCap", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
 		dayStart := nextDay()
-		chain := []Limit{newWindowLimit("key", uniqueID(t), WindowCaps{RPD: 10, RPM: 1000})}
+		chain := []Limit{newWindowLimit("key", redistest.UniqueID(t), WindowCaps{RPD: 10, RPM: 1000})}
 		at := dayStart - time.Hour.Milliseconds() + 500 // 23:00:00.5
 		fill(t, s, chain, at, 10)
 		d := admitOrFail(t, s, chain, at)
@@ -37,7 +39,7 @@ func runWindowConformance(t *testing.T, kit storeKit) {
 	t.Run("TPDCountsReservationsAndSettlesThemAfterTheirMinuteHasLeftTheWindow", func(t *testing.T) {
 		stores := kit.replicas(t, 3)
 		at := pinnedBase() + 1000
-		chain := []Limit{newWindowLimit("org", uniqueID(t), WindowCaps{TPD: 10_500})}
+		chain := []Limit{newWindowLimit("org", redistest.UniqueID(t), WindowCaps{TPD: 10_500})}
 		if got := raceReservations(t, stores, chain, 40, 1000, at); got != 10 {
 			t.Fatalf("admitted %d of 40 reservations of 1000 against tpd 10500, want exactly 10", got)
 		}
@@ -62,7 +64,7 @@ func runWindowConformance(t *testing.T, kit storeKit) {
 	t.Run("InputAndOutputCapsEachHoldTheirPartOfAReservation", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
 		at := pinnedBase() + 1000
-		chain := []Limit{newWindowLimit("org", uniqueID(t), WindowCaps{ITPM: 10_000, OTPM: 2_500, TPM: 100_000})}
+		chain := []Limit{newWindowLimit("org", redistest.UniqueID(t), WindowCaps{ITPM: 10_000, OTPM: 2_500, TPM: 100_000})}
 		reserve := func(in, out int64) Admission {
 			t.Helper()
 			a, err := pinned(s, at).Admit(context.Background(), chain, TokenCounts{Total: in + out, Input: in, Output: out})
@@ -98,7 +100,7 @@ func runWindowConformance(t *testing.T, kit storeKit) {
 	t.Run("ASettlementChargesEachWindowTheUsageOfItsKind", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
 		at := pinnedBase() + 1000
-		chain := []Limit{newWindowLimit("org", uniqueID(t), WindowCaps{TPM: 100_000, ITPM: 100_000, OTPM: 100_000, ITPD: 1_000_000})}
+		chain := []Limit{newWindowLimit("org", redistest.UniqueID(t), WindowCaps{TPM: 100_000, ITPM: 100_000, OTPM: 100_000, ITPD: 1_000_000})}
 		reserved := TokenCounts{Total: 1200, Input: 200, Output: 1000}
 		a, err := pinned(s, at).Admit(context.Background(), chain, reserved)
 		if err != nil || !a.Admitted {
@@ -121,7 +123,7 @@ func runWindowConformance(t *testing.T, kit storeKit) {
 	t.Run("AFullInputWindowRefusesWhileTheOutputWindowHasRoom", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
 		at := pinnedBase() + 1000
-		chain := []Limit{newWindowLimit("key", uniqueID(t), WindowCaps{ITPM: 60, OTPM: 1000})}
+		chain := []Limit{newWindowLimit("key", redistest.UniqueID(t), WindowCaps{ITPM: 60, OTPM: 1000})}
 		if !admitOrFail(t, s, chain, at).Admitted {
 			t.Fatal("first request refused")
 		}

@@ -137,6 +137,15 @@ func (s *Server) Start() error {
 	return nil
 }
 
+// Restart starts the stopped server again, as Start does, and fails t if it
+// does not answer.
+func (s *Server) Restart(t testing.TB) {
+	t.Helper()
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func (s *Server) logPath() string { return filepath.Join(s.dir, "redis.log") }
 
 // launch starts redis-server on s.port and waits until it answers (and is
