@@ -155,8 +155,6 @@ lint="$(go env GOPATH)/bin/golangci-lint"
 lint_install=""
 if ! "$lint" version 2>/dev/null | grep -q "version ${GOLANGCI_LINT_VERSION#v} "; then
 	lint_install=1
-	echo "installing golangci-lint $GOLANGCI_LINT_VERSION with go install into $(go env GOPATH)/bin, beside go test" \
-		"(its modules, about 100 MB more, are downloaded and compiled)"
 fi
 lint_job() {
 	if [[ -n $lint_install ]]; then
@@ -207,6 +205,10 @@ beside() {
 }
 
 begin_phase "go test"
+if [[ -n $lint_install ]]; then
+	echo "installing golangci-lint $GOLANGCI_LINT_VERSION with go install into $(go env GOPATH)/bin, beside go test" \
+		"(its modules, about 100 MB more, are downloaded and compiled)"
+fi
 beside "golangci-lint" lint_job
 beside "xcaddy build" xcaddy_job
 echo "golangci-lint $GOLANGCI_LINT_VERSION and xcaddy $XCADDY_VERSION (Caddy $CADDY_VERSION with this module) run" \

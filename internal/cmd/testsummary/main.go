@@ -2,8 +2,9 @@
 // prints what go test prints without -json: each package's ok, FAIL or "no
 // test files" line, the output of each test that fails or does not finish,
 // and build errors (with -v, every line, as go test -v). It ends with the
-// totals of tests run, passed, failed and skipped across all packages, the
-// reasons of the skips, and the slowest tests.
+// skips and their reasons, the slowest tests, the tests and packages that
+// failed, and the totals of tests run, passed, failed and skipped across
+// all packages.
 //
 //	go test -json -race ./... | testsummary
 //
@@ -210,6 +211,7 @@ func (r *run) report() int {
 		}
 	}
 	r.printSlowest()
+	r.printFailures()
 	fmt.Fprintf(r.out, "tests: %d run (%d top-level, %d subtests) in %d packages: %d passed, %d failed, %d skipped",
 		len(r.tests), top, len(r.tests)-top, len(r.pkgs), counts["pass"], counts["fail"], counts["skip"])
 	if unfinished > 0 {
@@ -254,6 +256,37 @@ func (r *run) printSlowest() {
 	fmt.Fprintf(r.out, "slowest %d tests (parallel ones overlap):\n", len(top))
 	for _, t := range top {
 		fmt.Fprintf(r.out, "\t%7.2fs  %s %s\n", t.elapsed.Seconds(), shortPackage(t.pkg), t.name)
+	}
+}
+
+// printFailures lists the tests that failed, in the order they ended, those
+// that never ended, and the packages that failed: the places to look in
+// the output above.
+func (r *run) printFailures() {
+	var failed []string
+	for _, t := range r.ended {
+		if t.result == "fail" {
+			failed = append(failed, shortPackage(t.pkg)+" "+t.name)
+		}
+	}
+	var unfinished, pkgs []string
+	for _, pkg := range slices.Sorted(maps.Keys(r.running)) {
+		for _, name := range r.running[pkg] {
+			unfinished = append(unfinished, shortPackage(pkg)+" "+name)
+		}
+	}
+	for _, pkg := range slices.Sorted(maps.Keys(r.pkgs)) {
+		if r.pkgs[pkg] == "fail" {
+			pkgs = append(pkgs, shortPackage(pkg))
+		}
+	}
+	for _, list := range []struct {
+		title string
+		items []string
+	}{{"failed", failed}, {"did not finish", unfinished}, {"packages that failed", pkgs}} {
+		if len(list.items) > 0 {
+			fmt.Fprintf(r.out, "%s:\n\t%s\n", list.title, strings.Join(list.items, "\n\t"))
+		}
 	}
 }
 

@@ -113,6 +113,13 @@ func TestTheTotalsCountEveryTestAndSubtestOfEveryPackage(t *testing.T) {
 		"FAIL: 2 tests failed, 1 did not finish, 3 packages failed\n")
 }
 
+func TestTheRunEndsWithTheTestsThatFailedOrDidNotFinish(t *testing.T) {
+	out, _ := summary(t, options{}, nil)
+	contains(t, out, "\nfailed:\n\tfixture/fails TestFails/sub\n\tfixture/fails TestFails\n"+
+		"did not finish:\n\tfixture/hangs TestNeverEnds\n"+
+		"packages that failed:\n\tfixture/broken\n\tfixture/fails\n\tfixture/hangs\ntests: ")
+}
+
 func TestEachSkipIsListedWithItsReason(t *testing.T) {
 	out, status := summary(t, options{}, inPackage("fixture/passes"))
 	contains(t, out,
