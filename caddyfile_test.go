@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -254,7 +255,10 @@ var caddyfileGoodCases = []caddyfileGoodCase{
 }
 
 func TestCaddyfileParsesEveryDocumentedForm(t *testing.T) {
-	t.Setenv("VIP_KEY", "sk-vip") // an id placeholder must resolve when the config loads
+	// An id's placeholder must resolve when the config loads, and a redis
+	// URL's must not be empty then.
+	t.Setenv("VIP_KEY", "sk-vip")
+	t.Setenv("REDIS_URL", "redis://127.0.0.1:6379/0")
 	for _, tc := range caddyfileGoodCases {
 		t.Run(tc.name, func(t *testing.T) {
 			got := new(Handler)
@@ -709,6 +713,45 @@ func TestCaddyfileAdapterErrorsCarryTheLine(t *testing.T) {
 			_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(tc.body), nil)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("got error %v, want one containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// A redis URL taken from a variable that is not set would otherwise fail
+// as a URL that "cannot be parsed", which does not point at the variable:
+// the load says the URL is empty, names its placeholder and, from a
+// Caddyfile, its line.
+func TestAnUnsetRedisURLVariableFailsTheLoadSayingItIsEmptyAndWhere(t *testing.T) {
+	const unset = "{env.ROLTER_TEST_UNSET_REDIS_URL}"
+	const want = `redis URL "` + unset + `" is empty after placeholders: is ROLTER_TEST_UNSET_REDIS_URL set?`
+	for _, tc := range []struct{ name, redis, at string }{
+		{"one server", "redis " + unset, "Caddyfile:4"},
+		{"a cluster node", "redis cluster redis://127.0.0.1:7000 " + unset, "Caddyfile:4"},
+		{"a sentinel", "redis sentinel primary " + unset, "Caddyfile:4"},
+		{"in a block", "redis " + unset + " {\n\t\t\ttimeout 1s\n\t\t}", "Caddyfile:4"},
+	} {
+		t.Run("Caddyfile, "+tc.name, func(t *testing.T) {
+			body := ":8080 {\n\trolter_ratelimit {\n\t\tscope key {http.request.header.X-Api-Key}\n\t\t" + tc.redis + "\n\t}\n\treverse_proxy 127.0.0.1:9000\n}"
+			_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(body), nil)
+			if err == nil || !strings.HasSuffix(err.Error(), ": "+want+", at "+tc.at) {
+				t.Errorf("%s\nadapting says %v\nwant one ending %s, at %s", body, err, want, tc.at)
+			}
+		})
+	}
+	for name, redis := range map[string]*RedisConfig{
+		"one server":     {URL: unset},
+		"a cluster node": {Cluster: []string{"redis://127.0.0.1:7000", unset}},
+		"a sentinel":     {Sentinel: &SentinelConfig{Master: "primary", URLs: []string{unset}}},
+	} {
+		t.Run("JSON, "+name, func(t *testing.T) {
+			h := &Handler{Redis: redis}
+			ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+			err := h.Provision(ctx)
+			h.Cleanup()
+			cancel()
+			if err == nil || err.Error() != want {
+				t.Errorf("Provision says %v\nwant           %s", err, want)
 			}
 		})
 	}

@@ -482,7 +482,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.configuredFamilies = parseHeaderFamilies(h.Headers)
 
 	if h.Redis != nil {
-		h.store, h.release, err = acquireRedisStore(h.Redis.resolved(repl), h.timeout())
+		var rc *RedisConfig
+		if rc, err = h.Redis.resolved(repl); err != nil {
+			return err
+		}
+		h.store, h.release, err = acquireRedisStore(rc, h.timeout())
 	} else {
 		h.store, h.release, err = acquireMemoryStore()
 	}

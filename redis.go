@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"regexp"
 	"strings"
 	"time"
 
@@ -103,12 +104,22 @@ func (c *RedisConfig) validate() error {
 	if c.PoolSize < 0 {
 		return errors.New("redis pool_size must not be negative")
 	}
+	var repl *caddy.Replacer
 	for _, u := range c.urls() {
 		if u == "" {
 			return errors.New("redis needs a URL")
 		}
 		if strings.Contains(u, "{") {
-			continue // a placeholder, resolved and checked in Provision
+			// A placeholder, resolved and parsed in Provision; one that is
+			// known now and leaves the URL empty (an unset {env.*}) fails
+			// here, where the Caddyfile still has its line.
+			if repl == nil {
+				repl = caddy.NewReplacer()
+			}
+			if _, err := resolvedURL(repl, u); err != nil {
+				return err
+			}
+			continue
 		}
 		if _, err := parseRedisURL(u); err != nil {
 			return err
@@ -117,26 +128,64 @@ func (c *RedisConfig) validate() error {
 	return nil
 }
 
-// resolved returns the config with its placeholders replaced.
-func (c *RedisConfig) resolved(repl *caddy.Replacer) *RedisConfig {
+// resolved returns the config with its placeholders replaced; a URL they
+// leave empty is an error (resolvedURL).
+func (c *RedisConfig) resolved(repl *caddy.Replacer) (*RedisConfig, error) {
 	r := *c
-	r.URL = repl.ReplaceKnown(c.URL, "")
-	r.Cluster = make([]string, len(c.Cluster))
-	for i, u := range c.Cluster {
-		r.Cluster[i] = repl.ReplaceKnown(u, "")
+	var err error
+	if r.URL, err = resolvedURL(repl, c.URL); err != nil {
+		return nil, err
+	}
+	if r.Cluster, err = resolvedURLs(repl, c.Cluster); err != nil {
+		return nil, err
 	}
 	if c.Sentinel != nil {
 		s := *c.Sentinel
-		s.URLs = make([]string, len(c.Sentinel.URLs))
-		for i, u := range c.Sentinel.URLs {
-			s.URLs[i] = repl.ReplaceKnown(u, "")
+		if s.URLs, err = resolvedURLs(repl, c.Sentinel.URLs); err != nil {
+			return nil, err
 		}
 		s.Username, s.Password = repl.ReplaceKnown(s.Username, ""), repl.ReplaceKnown(s.Password, "")
 		r.Sentinel = &s
 	}
 	r.Username, r.Password = repl.ReplaceKnown(c.Username, ""), repl.ReplaceKnown(c.Password, "")
-	return &r
+	return &r, nil
 }
+
+// resolvedURLs is resolvedURL of each of urls.
+func resolvedURLs(repl *caddy.Replacer, urls []string) ([]string, error) {
+	out := make([]string, len(urls))
+	for i, u := range urls {
+		var err error
+		if out[i], err = resolvedURL(repl, u); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// resolvedURL is the URL u with the placeholders repl knows replaced. A URL
+// that they leave empty, such as {env.REDIS_URL} with REDIS_URL unset, is an
+// error that says so and names the variables, where parsing "" could only
+// say that it cannot be parsed. The error repeats u, which then holds
+// nothing but placeholders, so no password.
+func resolvedURL(repl *caddy.Replacer, u string) (string, error) {
+	r := repl.ReplaceKnown(u, "")
+	if r != "" || u == "" {
+		return r, nil
+	}
+	msg := fmt.Sprintf("redis URL %q is empty after placeholders", u)
+	var vars []string
+	for _, m := range envPlaceholder.FindAllStringSubmatch(u, -1) {
+		vars = append(vars, m[1])
+	}
+	if len(vars) > 0 {
+		msg += fmt.Sprintf(": is %s set?", strings.Join(vars, " or "))
+	}
+	return "", errors.New(msg)
+}
+
+// envPlaceholder matches an {env.NAME} placeholder, NAME its submatch.
+var envPlaceholder = regexp.MustCompile(`\{env\.([^{}]+)\}`)
 
 // poolKey identifies the client a resolved config needs; configs with the
 // same key share one.
