@@ -269,7 +269,7 @@ func chainMetersTokens(chain []Limit) bool {
 // chain is one slot.
 func (h *Handler) chain(req *request) (chain []Limit, refused *answer) {
 	tag := ""
-	if h.Redis != nil && h.Redis.topology() == cluster {
+	if h.Redis != nil && len(h.Redis.Cluster) > 0 {
 		for i, s := range slices.Backward(h.Scopes) {
 			if v := h.scopeValue(i, req); v != "" {
 				tag = ChainTag(s.Name, KeyID(s.Readable, v))

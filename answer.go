@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -137,7 +138,7 @@ func (h *Handler) limitRefusal(req *request, a Admission) answer {
 		retryMillis = 0
 	}
 	ans := answer{
-		outcome: outcomeRefused, status: cmp.Or(h.Status, http.StatusTooManyRequests), message: ref.message(a.Limits),
+		outcome: outcomeRefused, status: cmp.Or(h.Status, http.StatusTooManyRequests), message: refusalMessage(ref, a.Limits),
 		typ: ref.Kind.ErrorType(), code: "rate_limit_exceeded",
 		scope: l.Scope, kind: ref.Kind.String(), window: ref.WindowName(), capacity: strconv.FormatInt(ref.Capacity, 10), id: l.ID,
 		retryMillis: retryMillis, headers: h.families(req.dia).headersFor(a.Limits, a.Decision, false),
@@ -268,3 +269,30 @@ var connectionsRefused = answer{outcome: outcomeRefusedConnections, status: http
 // storeUnavailable is the answer of on_redis_error deny.
 var storeUnavailable = answer{outcome: outcomeFailedClosed, status: http.StatusServiceUnavailable,
 	message: "The rate limiter is unavailable; please retry shortly.", typ: "server_error", code: "rate_limiter_unavailable", failure: true}
+
+// refusalMessage names the scope and the cap, never the id, and the wait when it
+// is known.
+func refusalMessage(r Refusal, chain []Limit) string {
+	scope := chain[r.First].Scope
+	var reached string
+	switch r.Kind {
+	case Budget:
+		l := chain[r.First]
+		renews := time.UnixMilli(r.RenewsAt).In(l.Budgets.Calendar.Location).Format(time.RFC3339)
+		return fmt.Sprintf("Budget reached for %s: $%s per %s, of which $%s is spent or reserved. It renews at %s (%s); please try again then.",
+			scope, pricing.FormatUSD(r.Capacity), r.Period, pricing.FormatUSD(r.Used), renews, l.Budgets.Calendar.Name)
+	case Concurrency:
+		reached = fmt.Sprintf("Concurrency limit reached for %s: %d requests in flight.", scope, r.Capacity)
+	case Burst:
+		b := chain[r.First].Bucket
+		reached = fmt.Sprintf("Rate limit reached for %s: burst capacity %d, refilled at %s per second; a request takes %d.",
+			scope, b.Burst, b.RateText, b.Cost)
+	default:
+		reached = fmt.Sprintf("Rate limit reached for %s: limit %d %s (%s per %s).",
+			scope, r.Capacity, r.Window.Unit(), r.Window.Noun(), Spans[r.Window.Span()].Name)
+	}
+	if !r.KnowsWait() {
+		return reached + " Please try again once a request in flight has ended."
+	}
+	return fmt.Sprintf("%s Please try again in %ds.", reached, r.RetryAfterSeconds())
+}

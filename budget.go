@@ -8,9 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 	_ "time/tzdata" // budget_timezone names a zone whether or not the machine has a zoneinfo database
-
-	"github.com/rolter/caddy-ratelimit/internal/pricing"
-	"github.com/rolter/caddy-ratelimit/internal/usage"
 )
 
 // Spend budgets. A limit may cap what its scope id spends per calendar
@@ -206,22 +203,4 @@ func (ch Charge) settlesBudget(c *Calendar, p BudgetPeriod, now moment) bool {
 		return false
 	}
 	return ch.Minute == 0 || c.Span(p, ch.Minute).End >= c.SpanAt(p, now).Start
-}
-
-// pricedTokens are the tokens of a response's usage by how they are
-// priced: the input served from no cache and written to none, the cache
-// reads and writes, and the output with its reasoning and audio parts.
-func pricedTokens(u usage.Usage) pricing.Tokens {
-	return pricing.Tokens{
-		Input: u.UncachedInput, CacheRead: u.CacheRead, CacheWrite: u.CacheWrite,
-		Output: u.Output, Reasoning: u.Reasoning,
-		AudioInput: min(u.AudioInput, u.UncachedInput), AudioOutput: u.AudioOutput,
-	}
-}
-
-// costOf is what a response that reported u costs at price, in
-// nano-dollars: at most the largest budget, which a response that costs
-// more exhausts all the same, so that counters stay exact.
-func costOf(price pricing.Price, u usage.Usage) int64 {
-	return min(pricing.Cost(price, pricedTokens(u)), pricing.MaxBudget)
 }

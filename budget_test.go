@@ -86,7 +86,7 @@ func runBudgetConformance(t *testing.T, kit storeKit) {
 			t.Fatal("a request was admitted beyond a budget full of reservations")
 		}
 		renews := localMillis(t, zone, 2026, time.March, 11, 0, 0, 0, 0)
-		if a.Refusal.Kind != Budget || a.Refusal.budget != BudgetDay || a.Refusal.WaitMillis != renews-at || a.Refusal.used != 10*usd {
+		if a.Refusal.Kind != Budget || a.Refusal.Period != BudgetDay || a.Refusal.WaitMillis != renews-at || a.Refusal.Used != 10*usd {
 			t.Fatalf("refusal %+v, want a day budget's, of $10 used, renewing in %d ms", a.Refusal, renews-at)
 		}
 		if a := admitCost(t, s, chain, renews-1, 1); a.Admitted {
@@ -351,7 +351,7 @@ func TestABudgetRefusalSaysWhichBudgetAndWhenItRenews(t *testing.T) {
 		t.Fatalf("refusal %+v, want the team's day budget, renewing in 9 hours", ref)
 	}
 	want := "Budget reached for team: $10.00 per day, of which $9.999999999 is spent or reserved. It renews at 2026-03-11T00:00:00+01:00 (Europe/Paris); please try again then."
-	if got := ref.message(chain); got != want {
+	if got := refusalMessage(ref, chain); got != want {
 		t.Fatalf("message\n%s\nwant\n%s", got, want)
 	}
 	d.Reserve.Cost = 1

@@ -105,7 +105,7 @@
 // free that never reached the store, or a Redis that restarted empty, is
 // mended by the next renewal instead of leaking or being counted twice. No
 // call that takes or frees slots is in flight while a step is
-// (redisStore.slotCalls), so its counts are exact. Lease times are the
+// (RedisStore.slotCalls), so its counts are exact. Lease times are the
 // store's clock (Redis TIME), as every window's.
 //
 // One limit may be taken under several leases: two handlers, or a config

@@ -225,7 +225,7 @@ func (h *Handler) chargeSession(chain []Limit, tokens TokenCounts, price *pricin
 // provider cannot have processed gives it all back (unprocessed); any
 // other response (one cut short before its final report, or that reports
 // nothing) is charged at least the reservation: what it reported where
-// that is more, count by count (atLeast). It releases the store that
+// that is more, count by count (AtLeast). It releases the store that
 // ServeHTTP held for it.
 func (h *Handler) meterResponse(w *responseWriter, chain []Limit, d Decision, price *pricing.Entry) {
 	u, metered, final, clamped := w.finish()
@@ -247,7 +247,7 @@ func (h *Handler) meterResponse(w *responseWriter, chain []Limit, d Decision, pr
 		case w.unprocessed():
 			charged = TokenCounts{}
 		default:
-			charged = used.atLeast(d.Reserve)
+			charged = used.AtLeast(d.Reserve)
 		}
 		// The windows take the difference; the budgets the cost charged
 		// beside the reservation they give back.
@@ -261,15 +261,6 @@ func (h *Handler) meterResponse(w *responseWriter, chain []Limit, d Decision, pr
 		h.settled(c, charged, price, err)
 		h.store.Release()
 	})
-}
-
-// atLeast is t with each count, and its cost, at least r's, and its total
-// at least its input and output together: the charge of a response whose
-// reservation r bounds what it may have used better than the report t it
-// was cut before finishing.
-func (t TokenCounts) atLeast(r TokenCounts) TokenCounts {
-	in, out := max(t.Input, r.Input), max(t.Output, r.Output)
-	return TokenCounts{Total: max(t.Total, r.Total, in+out), Input: in, Output: out, Cost: max(t.Cost, r.Cost)}
 }
 
 // statusClientClosed is the status reverse_proxy writes when the client
@@ -327,3 +318,21 @@ var (
 	_ interface{ FlushError() error }           = (*responseWriter)(nil)
 	_ interface{ Unwrap() http.ResponseWriter } = (*responseWriter)(nil)
 )
+
+// pricedTokens are the tokens of a response's usage by how they are
+// priced: the input served from no cache and written to none, the cache
+// reads and writes, and the output with its reasoning and audio parts.
+func pricedTokens(u usage.Usage) pricing.Tokens {
+	return pricing.Tokens{
+		Input: u.UncachedInput, CacheRead: u.CacheRead, CacheWrite: u.CacheWrite,
+		Output: u.Output, Reasoning: u.Reasoning,
+		AudioInput: min(u.AudioInput, u.UncachedInput), AudioOutput: u.AudioOutput,
+	}
+}
+
+// costOf is what a response that reported u costs at price, in
+// nano-dollars: at most the largest budget, which a response that costs
+// more exhausts all the same, so that counters stay exact.
+func costOf(price pricing.Price, u usage.Usage) int64 {
+	return min(pricing.Cost(price, pricedTokens(u)), pricing.MaxBudget)
+}

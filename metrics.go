@@ -161,10 +161,18 @@ func (c tokenCounters) add(t TokenCounts) {
 	}
 }
 
-// observeRedis records one Redis call's latency and failure.
-func observeRedis(op string, start time.Time, err error) {
-	redisDuration.WithLabelValues(op).Observe(time.Since(start).Seconds())
+// storeMetrics counts what the stores tell their Observer.
+type storeMetrics struct{}
+
+func init() { Observe(storeMetrics{}) }
+
+func (storeMetrics) RedisCall(op string, took time.Duration, err error) {
+	redisDuration.WithLabelValues(op).Observe(took.Seconds())
 	if err != nil {
 		redisErrorsTotal.WithLabelValues(op).Inc()
 	}
 }
+
+func (storeMetrics) RefusedFromCache() { refusalsCachedTotal.Inc() }
+
+func (storeMetrics) SlotsHeld(scope string) Adder { return slotsHeld.WithLabelValues(scope) }

@@ -318,7 +318,7 @@ func (g *sessionGate) look() {
 	g.refusal = nil
 	if ref := RefusalOf(g.budgets, d); ref.First >= 0 {
 		l := g.budgets[ref.First]
-		g.refusal = &answer{message: ref.message(g.budgets), typ: Budget.ErrorType(), code: "insufficient_quota",
+		g.refusal = &answer{message: refusalMessage(ref, g.budgets), typ: Budget.ErrorType(), code: "insufficient_quota",
 			scope: l.Scope, kind: Budget.String(), window: ref.WindowName(), id: l.ID}
 	}
 }

@@ -1,17 +1,13 @@
 package ratelimit
 
 import (
-	"crypto/tls"
 	"errors"
 	"fmt"
-	"net"
 	"regexp"
 	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/redis/go-redis/v9"
-	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
 // RedisConfig locates the Redis deployment that holds the shared counters:
@@ -55,36 +51,6 @@ type SentinelConfig struct {
 	Password string `json:"password,omitempty"`
 }
 
-// topology is how a Redis deployment is reached.
-type topology uint8
-
-const (
-	singleNode topology = iota
-	cluster
-	sentinel
-)
-
-func (c *RedisConfig) topology() topology {
-	switch {
-	case len(c.Cluster) > 0:
-		return cluster
-	case c.Sentinel != nil:
-		return sentinel
-	}
-	return singleNode
-}
-
-// urls are the configured addresses of whatever topology.
-func (c *RedisConfig) urls() []string {
-	switch c.topology() {
-	case cluster:
-		return c.Cluster
-	case sentinel:
-		return c.Sentinel.URLs
-	}
-	return []string{c.URL}
-}
-
 func (c *RedisConfig) validate() error {
 	set := 0
 	for _, ok := range []bool{c.URL != "", len(c.Cluster) > 0, c.Sentinel != nil} {
@@ -105,7 +71,7 @@ func (c *RedisConfig) validate() error {
 		return errors.New("redis pool_size must not be negative")
 	}
 	var repl *caddy.Replacer
-	for _, u := range c.urls() {
+	for _, u := range c.deployment().URLs() {
 		if u == "" {
 			return errors.New("redis needs a URL")
 		}
@@ -121,7 +87,7 @@ func (c *RedisConfig) validate() error {
 			}
 			continue
 		}
-		if _, err := parseRedisURL(u); err != nil {
+		if _, err := ParseRedisURL(u); err != nil {
 			return err
 		}
 	}
@@ -197,129 +163,11 @@ func (c *RedisConfig) poolKey(timeout time.Duration) string {
 	return fmt.Sprintf("redis|%q|%q|%s|%s|%d|%q|%q|%t", c.URL, c.Cluster, s, timeout, c.PoolSize, c.Username, c.Password, c.TLS)
 }
 
-// where says where a resolved config keeps its counters, without
-// credentials: configs that say the same share their counters.
-func (c *RedisConfig) where() string {
-	var addrs []string
-	db := 0
-	for _, u := range c.urls() {
-		o, err := parseRedisURL(u)
-		if err != nil {
-			return "invalid URL"
-		}
-		addr := o.Addr
-		if o.Network == "unix" {
-			addr = "unix:" + addr
-		}
-		addrs = append(addrs, addr)
-		if len(addrs) == 1 {
-			db = o.DB
-		}
+// deployment is the Redis of a resolved config, as the store takes it.
+func (c *RedisConfig) deployment() *RedisDeployment {
+	d := &RedisDeployment{URL: c.URL, Cluster: c.Cluster, PoolSize: c.PoolSize, Username: c.Username, Password: c.Password, TLS: c.TLS}
+	if c.Sentinel != nil {
+		d.Sentinel = &RedisSentinel{Master: c.Sentinel.Master, URLs: c.Sentinel.URLs, Username: c.Sentinel.Username, Password: c.Sentinel.Password}
 	}
-	switch c.topology() {
-	case cluster:
-		return "cluster " + strings.Join(addrs, ",")
-	case sentinel:
-		return fmt.Sprintf("sentinel %s %s/%d", c.Sentinel.Master, strings.Join(addrs, ","), db)
-	}
-	scheme := "redis"
-	if c.TLS || strings.HasPrefix(c.URL, "rediss:") {
-		scheme = "rediss"
-	}
-	return fmt.Sprintf("%s://%s/%d", scheme, addrs[0], db)
-}
-
-// newClient builds the go-redis client of a resolved config. go-redis's
-// defaults differ between its clients; every option that decides our
-// guarantees is set here explicitly for each of them:
-//   - no retries behind our back: a lost reply would run the (non-idempotent)
-//     script again. The single-node and Sentinel clients get MaxRetries -1
-//     and our one replay (redisStore.runScript). The cluster client's MaxRetries
-//     -1 also turns retries off, but it resends a command once by itself
-//     within its redirect budget (EOF, timeouts, TRYAGAIN, CLUSTERDOWN); with
-//     MaxRedirects 1 that is at most one resend, which then stands in for our
-//     replay (see redisStore.runScript).
-//   - one dial attempt, and dial, read, write and pool waits bounded by the
-//     admission timeout, so that fail-open is fast while Redis is down;
-//   - no identity or maintenance-notification handshake on new connections.
-func (c *RedisConfig) newClient(timeout time.Duration) (redis.UniversalClient, error) {
-	first, err := parseRedisURL(c.urls()[0])
-	if err != nil {
-		return nil, err
-	}
-	tlsConfig := first.TLSConfig
-	if c.TLS && tlsConfig == nil {
-		host, _, _ := net.SplitHostPort(first.Addr)
-		tlsConfig = &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12}
-	}
-	username, password := first.Username, first.Password
-	if c.Username != "" || c.Password != "" {
-		username, password = c.Username, c.Password
-	}
-	noHandshake := &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
-	switch c.topology() {
-	case cluster:
-		addrs, err := addrsOf(c.Cluster)
-		if err != nil {
-			return nil, err
-		}
-		return redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs: addrs, Username: username, Password: password, TLSConfig: tlsConfig,
-			MaxRetries: -1, MaxRedirects: 1,
-			DialerRetries: 1, DialTimeout: timeout, ReadTimeout: timeout, WriteTimeout: timeout, PoolTimeout: timeout,
-			ContextTimeoutEnabled: true, PoolSize: c.PoolSize,
-			DisableIdentity: true, MaintNotificationsConfig: noHandshake,
-		}), nil
-	case sentinel:
-		addrs, err := addrsOf(c.Sentinel.URLs)
-		if err != nil {
-			return nil, err
-		}
-		return redis.NewFailoverClient(&redis.FailoverOptions{
-			MasterName: c.Sentinel.Master, SentinelAddrs: addrs,
-			SentinelUsername: c.Sentinel.Username, SentinelPassword: c.Sentinel.Password,
-			Username: c.Username, Password: c.Password, DB: first.DB, TLSConfig: tlsConfig,
-			MaxRetries:    -1,
-			DialerRetries: 1, DialTimeout: timeout, ReadTimeout: timeout, WriteTimeout: timeout, PoolTimeout: timeout,
-			ContextTimeoutEnabled: true, PoolSize: c.PoolSize,
-			DisableIdentity: true, // go-redis has no maintenance notifications for it
-		}), nil
-	}
-	first.Username, first.Password, first.TLSConfig = username, password, tlsConfig
-	first.MaxRetries = -1
-	first.DialerRetries = 1
-	first.DialTimeout, first.ReadTimeout, first.WriteTimeout, first.PoolTimeout = timeout, timeout, timeout, timeout
-	first.ContextTimeoutEnabled = true
-	if c.PoolSize > 0 {
-		first.PoolSize = c.PoolSize
-	}
-	first.DisableIdentity = true
-	first.MaintNotificationsConfig = noHandshake
-	return redis.NewClient(first), nil
-}
-
-func addrsOf(urls []string) ([]string, error) {
-	addrs := make([]string, len(urls))
-	for i, u := range urls {
-		opts, err := parseRedisURL(u)
-		if err != nil {
-			return nil, err
-		}
-		addrs[i] = opts.Addr
-	}
-	return addrs, nil
-}
-
-// parseRedisURL parses a Redis URL without repeating it (it may hold a
-// password) in its error.
-func parseRedisURL(url string) (*redis.Options, error) {
-	opts, err := redis.ParseURL(url)
-	if err != nil {
-		msg := err.Error()
-		if strings.Contains(msg, url) {
-			msg = "cannot parse it"
-		}
-		return nil, fmt.Errorf("invalid redis URL (redis://, rediss:// or unix://): %s", msg)
-	}
-	return opts, nil
+	return d
 }

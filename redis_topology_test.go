@@ -19,7 +19,7 @@ import (
 func clusterStores(t *testing.T, c *redistest.Cluster, n int) []Store {
 	stores := make([]Store, n)
 	for i := range stores {
-		stores[i] = newTestRedisStoreOf(t, &RedisConfig{Cluster: c.URLs()}, time.Second)
+		stores[i] = newTestRedisStoreOf(t, &RedisDeployment{Cluster: c.URLs()}, time.Second)
 	}
 	return stores
 }
@@ -202,7 +202,7 @@ func TestClusterChainIsTaggedWithItsOutermostPresentScope(t *testing.T) {
 // MOVED reply is followed and the count goes on, exact, on the new shard.
 func TestClusterSlotMigrationIsRetriedThenFollowedWithExactCounts(t *testing.T) {
 	c := redistest.NewCluster(t, 3)
-	s := newTestRedisStoreOf(t, &RedisConfig{Cluster: c.URLs()}, 150*time.Millisecond)
+	s := newTestRedisStoreOf(t, &RedisDeployment{Cluster: c.URLs()}, 150*time.Millisecond)
 	at := pinnedBase() + 1000
 	org := "mover-" + redistest.UniqueID(t)
 	chain := orgChain(org, "sk-a", "team", 100, 4)
@@ -234,7 +234,7 @@ func TestClusterSlotMigrationIsRetriedThenFollowedWithExactCounts(t *testing.T) 
 // next renewal, whatever of them the replica had.
 func TestSentinelFailoverResumesExactAdmissionOnTheNewPrimary(t *testing.T) {
 	set := redistest.NewSentinel(t)
-	s := newTestRedisStoreOf(t, &RedisConfig{Sentinel: &SentinelConfig{Master: set.MasterName(), URLs: sentinelURLs(set)}}, 200*time.Millisecond)
+	s := newTestRedisStoreOf(t, &RedisDeployment{Sentinel: &RedisSentinel{Master: set.MasterName(), URLs: sentinelURLs(set)}}, 200*time.Millisecond)
 	ctx := context.Background()
 	inFlightChain := []Limit{newSlotLimit("key", redistest.UniqueID(t), 3, 0, 30*time.Second)}
 	fill(t, s, inFlightChain, 0, 2)
@@ -318,8 +318,8 @@ func BenchmarkAdmissionsSingleNodeVersusCluster(b *testing.B) {
 	c := redistest.NewCluster(b, 3)
 	for _, tc := range []struct {
 		name   string
-		config *RedisConfig
-	}{{"single", &RedisConfig{URL: single.URL()}}, {"cluster3", &RedisConfig{Cluster: c.URLs()}}} {
+		config *RedisDeployment
+	}{{"single", &RedisDeployment{URL: single.URL()}}, {"cluster3", &RedisDeployment{Cluster: c.URLs()}}} {
 		b.Run(tc.name, func(b *testing.B) {
 			s, err := NewRedisStore(tc.config, time.Second, SystemRedisClock)
 			if err != nil {
@@ -492,7 +492,7 @@ func TestClusterBudgetsAreExactAndSettleInTheirSlot(t *testing.T) {
 // does the primary that replaces it: what was spent is still spent.
 func TestSentinelBudgetsHoldAcrossAFailover(t *testing.T) {
 	set := redistest.NewSentinel(t)
-	s := newTestRedisStoreOf(t, &RedisConfig{Sentinel: &SentinelConfig{Master: set.MasterName(), URLs: sentinelURLs(set)}}, 200*time.Millisecond)
+	s := newTestRedisStoreOf(t, &RedisDeployment{Sentinel: &RedisSentinel{Master: set.MasterName(), URLs: sentinelURLs(set)}}, 200*time.Millisecond)
 	at := pinnedBase()
 	chain := []Limit{newBudgetLimit(t, "team", redistest.UniqueID(t), 3*usd, 0, 0, "UTC")}
 	for range 2 {

@@ -1,18 +1,11 @@
 package ratelimit
 
-import (
-	"fmt"
-	"time"
-
-	"github.com/rolter/caddy-ratelimit/internal/pricing"
-)
-
 // refusal describes why a request was refused.
 type Refusal struct {
 	First      int          // index in the chain of the first refusing limit
 	Kind       kind         // what that limit refused on
-	window     WindowKind   // the window that refused, if kind counts in one
-	budget     BudgetPeriod // the budget that refused, if kind is budget
+	Window     WindowKind   // the window that refused, if kind counts in one
+	Period     BudgetPeriod // the budget that refused, if kind is budget
 	Capacity   int64        // its cap (a budget's in nano-dollars)
 	WaitMillis int64        // until every refusing limit would admit, absent traffic
 	// untilFreed: a concurrency cap refuses, which admits again only once
@@ -21,7 +14,7 @@ type Refusal struct {
 	UntilFreed, Exhausted bool
 	// A refusing budget's period: what it holds spent and reserved, and
 	// when it renews (unix milliseconds).
-	used, renewsAt int64
+	Used, RenewsAt int64
 }
 
 // windowName is the span of the refusing window, or the period of the
@@ -31,9 +24,9 @@ func (r Refusal) WindowName() string {
 	case Burst, Concurrency:
 		return ""
 	case Budget:
-		return r.budget.String()
+		return r.Period.String()
 	}
-	return Spans[r.window.Span()].Name
+	return Spans[r.Window.Span()].Name
 }
 
 // knowsWait reports whether the refusal knows when its request would be
@@ -70,7 +63,7 @@ func refusalAmong(chain []Limit, d Decision, shadow bool) Refusal {
 				continue
 			}
 			if ref.First < 0 {
-				ref.First, ref.Kind, ref.window, ref.Capacity = i, k.Kind(), k, capacity
+				ref.First, ref.Kind, ref.Window, ref.Capacity = i, k.Kind(), k, capacity
 			}
 			ref.WaitMillis = max(ref.WaitMillis, releaseIn(w, capacity, size, p))
 		}
@@ -93,8 +86,8 @@ func refusalAmong(chain []Limit, d Decision, shadow bool) Refusal {
 			}
 			renewsIn := calendar.renewsIn(p, d.Now)
 			if ref.First < 0 {
-				ref.First, ref.Kind, ref.budget, ref.Capacity = i, Budget, p, b
-				ref.used, ref.renewsAt = c.Spent[p]+c.Reserved[p], d.Now.UnixMillis+renewsIn
+				ref.First, ref.Kind, ref.Period, ref.Capacity = i, Budget, p, b
+				ref.Used, ref.RenewsAt = c.Spent[p]+c.Reserved[p], d.Now.UnixMillis+renewsIn
 			}
 			ref.Exhausted = true
 			ref.WaitMillis = max(ref.WaitMillis, renewsIn)
@@ -108,31 +101,4 @@ func (r Refusal) RetryAfterSeconds() int64 { return CeilSeconds(r.WaitMillis, 1)
 
 func CeilSeconds(millis, atLeast int64) int64 {
 	return max((millis+999)/1000, atLeast)
-}
-
-// message names the scope and the cap, never the id, and the wait when it
-// is known.
-func (r Refusal) message(chain []Limit) string {
-	scope := chain[r.First].Scope
-	var reached string
-	switch r.Kind {
-	case Budget:
-		l := chain[r.First]
-		renews := time.UnixMilli(r.renewsAt).In(l.Budgets.Calendar.Location).Format(time.RFC3339)
-		return fmt.Sprintf("Budget reached for %s: $%s per %s, of which $%s is spent or reserved. It renews at %s (%s); please try again then.",
-			scope, pricing.FormatUSD(r.Capacity), r.budget, pricing.FormatUSD(r.used), renews, l.Budgets.Calendar.Name)
-	case Concurrency:
-		reached = fmt.Sprintf("Concurrency limit reached for %s: %d requests in flight.", scope, r.Capacity)
-	case Burst:
-		b := chain[r.First].Bucket
-		reached = fmt.Sprintf("Rate limit reached for %s: burst capacity %d, refilled at %s per second; a request takes %d.",
-			scope, b.Burst, b.RateText, b.Cost)
-	default:
-		reached = fmt.Sprintf("Rate limit reached for %s: limit %d %s (%s per %s).",
-			scope, r.Capacity, r.window.Unit(), r.window.Noun(), Spans[r.window.Span()].Name)
-	}
-	if !r.KnowsWait() {
-		return reached + " Please try again once a request in flight has ended."
-	}
-	return fmt.Sprintf("%s Please try again in %ds.", reached, r.RetryAfterSeconds())
 }

@@ -315,7 +315,7 @@ func TestEveryResponseShapeSettlesItsReservationToTheReportedUsage(t *testing.T)
 						want = TokenCounts{Total: g.Tokens, Input: g.Input, Output: g.Output}
 					}
 					if usagetest.CutShort[g.File] {
-						want = want.atLeast(reserved)
+						want = want.AtLeast(reserved)
 					}
 					waitCharged(t, store, id.limits(), want.Total)
 					org := id.limits()[2:]

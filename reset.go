@@ -192,19 +192,6 @@ func (g *usageGroup) reset(ctx context.Context, scope string) (ResetLimit, error
 	return ResetLimit{AppliedLimit: g.applied(), Cleared: cleared, Kept: keptNames(l)}, nil
 }
 
-// resetNames is what a reset of l clears, by name: each window it caps,
-// then "bucket" for its token bucket.
-func resetNames(l Limit) []string {
-	names := make([]string, 0, NumWindows+1)
-	for k := range l.Each {
-		names = append(names, k.String())
-	}
-	if l.Bucket.Rate > 0 {
-		names = append(names, "bucket")
-	}
-	return names
-}
-
 // keptNames is what l has that a reset keeps, by the names of its caps.
 func keptNames(l Limit) []string {
 	names := []string{}

@@ -450,7 +450,7 @@ func TestRedisResetClearsWhatARedisClockAMinuteFromTheGatewaysReads(t *testing.T
 	for _, skew := range []int64{-MinuteMillis, MinuteMillis} {
 		t.Run(fmt.Sprintf("skew%+ds", skew/1000), func(t *testing.T) {
 			var gatewayAt atomic.Int64
-			s, err := NewRedisStore(&RedisConfig{URL: redisURL}, time.Second, RedisClock{
+			s, err := NewRedisStore(&RedisDeployment{URL: redisURL}, time.Second, RedisClock{
 				Gateway: func() time.Time { return time.UnixMilli(gatewayAt.Load()) },
 				Script:  func(g time.Time) string { return HexArg(g.UnixMilli() + skew) },
 			})

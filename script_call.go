@@ -641,7 +641,7 @@ type scriptAnswer struct {
 // applies to each). An admission whose counters are in the call under other
 // caps waits for the next call.
 type scriptBatch struct {
-	store  *redisStore
+	store  *RedisStore
 	call   scriptCall
 	items  []*scriptItem
 	pooled bool // from store.batches, to which Send puts it back

@@ -103,7 +103,7 @@ func TestCoalescedAdmissionsEachReadTheCountsTheirTurnLeft(t *testing.T) {
 // waiting, the next call takes it, and its waiter gives up before that call
 // is sent.
 func TestAnAdmissionWhoseWaiterGaveUpInItsCallHoldsNoSlot(t *testing.T) {
-	s := newTestRedisStoreOf(t, &RedisConfig{URL: redistest.EnvURL(t)}, time.Minute) // no waiter times out
+	s := newTestRedisStoreOf(t, &RedisDeployment{URL: redistest.EnvURL(t)}, time.Minute) // no waiter times out
 	at := pinnedBase() + 1000
 	first := []Limit{newLimit("key", redistest.UniqueID(t), 100, 0)}
 	gaveUp := []Limit{newSlotLimit("key", redistest.UniqueID(t), 5, 0, 3*time.Second)}

@@ -5,8 +5,6 @@ import (
 	"slices"
 	"sync"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Requests in flight. A limit may cap how many requests of its scope id are
@@ -28,7 +26,7 @@ import (
 // a free that never reached the store, or a Redis that restarted empty, is
 // mended by the next renewal instead of leaking or being counted twice. No
 // call that takes or frees slots is in flight while a step is
-// (redisStore.slotCalls), so its counts are exact. Lease times are the
+// (RedisStore.slotCalls), so its counts are exact. Lease times are the
 // store's clock (Redis TIME), as every window's.
 //
 // One limit may be taken under several leases: two handlers, or a config
@@ -113,8 +111,8 @@ type heldSlots struct {
 type heldLimit struct {
 	Limit
 	n      int64
-	leases []heldLease      // a lease whose slots were all freed stays until the next renewal
-	gauge  prometheus.Gauge // slots_held of the limit's scope, looked up once
+	leases []heldLease // a lease whose slots were all freed stays until the next renewal
+	gauge  Adder       // slots_held of the limit's scope, looked up once
 }
 
 // heldLease is how many slots of a limit the store holds under one lease.
@@ -157,7 +155,7 @@ func (h *heldSlots) takeOne(l Limit, n int64) {
 		if n < 0 {
 			return
 		}
-		e = &heldLimit{Limit: l, gauge: slotsHeld.WithLabelValues(l.Scope)}
+		e = &heldLimit{Limit: l, gauge: watch.SlotsHeld(l.Scope)}
 		h.byPrefix[l.Prefix] = e
 	}
 	i := slices.IndexFunc(e.leases, func(x heldLease) bool { return x.millis == lease })

@@ -57,7 +57,7 @@ func renewSlots(s Store, at int64) {
 func freeAndWait(t *testing.T, s Store, chain []Limit) {
 	t.Helper()
 	s.Free(chain)
-	if r, ok := s.(*redisStore); ok {
+	if r, ok := s.(*RedisStore); ok {
 		if err := rideAlong(r); err != nil {
 			t.Fatal(err)
 		}
@@ -67,7 +67,7 @@ func freeAndWait(t *testing.T, s Store, chain []Limit) {
 // rideAlong waits for a call that carries what rides in s's coalescer now
 // (an empty charge rides after it, in the same call or a later one), and
 // returns that call's outcome.
-func rideAlong(s *redisStore) error {
+func rideAlong(s *RedisStore) error {
 	done := make(chan error, 1)
 	s.calls.Ride(&scriptItem{done: func(err error) { done <- err }})
 	return <-done
@@ -292,7 +292,7 @@ func TestAFreeThatNeverReachedRedisIsMendedByTheNextRenewal(t *testing.T) {
 		t.Fatal(err)
 	}
 	proxy := redistest.NewResetProxy(t, opts.Addr)
-	holder := newTestRedisStoreOf(t, &RedisConfig{URL: "redis://" + proxy.Addr() + "/0"}, time.Second)
+	holder := newTestRedisStoreOf(t, &RedisDeployment{URL: "redis://" + proxy.Addr() + "/0"}, time.Second)
 	other := newTestRedisStore(t, url)
 	at := pinnedBase() + 1000
 	chain := []Limit{newSlotLimit("key", redistest.UniqueID(t), 1, 0, 30*time.Second)}
@@ -423,7 +423,7 @@ func holdSlots(b *testing.B, s Store, n int, chainOf func(int) []Limit) {
 		for i := range n {
 			s.Free(chainOf(i))
 		}
-		if r, ok := s.(*redisStore); ok {
+		if r, ok := s.(*RedisStore); ok {
 			_ = rideAlong(r)
 		}
 	})
@@ -504,7 +504,7 @@ func waitBlockedInSelect(t *testing.T, fn string) {
 // slots: the renewal loads the script again and writes the slots held.
 func TestARenewalAfterARedisRestartLoadsItsScriptAndHoldsTheSlotsAgain(t *testing.T) {
 	srv := redistest.NewServer(t)
-	s := newTestRedisStoreOf(t, &RedisConfig{URL: srv.URL()}, time.Second)
+	s := newTestRedisStoreOf(t, &RedisDeployment{URL: srv.URL()}, time.Second)
 	chain := []Limit{newSlotLimit("key", redistest.UniqueID(t), 2, 0, 30*time.Second)}
 	fill(t, s, chain, 0, 2)
 	renewSlots(s, 0) // the script is loaded

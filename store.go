@@ -413,3 +413,16 @@ func isPlainID(id string) bool {
 	}
 	return true
 }
+
+// resetNames is what a reset of l clears, by name: each window it caps,
+// then "bucket" for its token bucket.
+func resetNames(l Limit) []string {
+	names := make([]string, 0, NumWindows+1)
+	for k := range l.Each {
+		names = append(names, k.String())
+	}
+	if l.Bucket.Rate > 0 {
+		names = append(names, "bucket")
+	}
+	return names
+}

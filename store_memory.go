@@ -8,17 +8,15 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/caddyserver/caddy/v2"
 )
 
-// memoryStore keeps the counters in this process, with the Redis store's
+// MemoryStore keeps the counters in this process, with the Redis store's
 // semantics: an admission locks the counters of its chain (in one global
 // order, so that chains never deadlock), decides, charges and unlocks. There
 // is no global lock: the index of counters is sharded, and admissions read it
 // without locking. Counters whose periods can no longer be read are dropped
 // by a sweep, so memory is bounded by the active limits.
-type memoryStore struct {
+type MemoryStore struct {
 	now      func() int64 // the clock, in unix milliseconds: this machine's, or one a test pins
 	seed     maphash.Seed
 	shards   [memoryShards]memoryShard
@@ -206,29 +204,10 @@ func (c *memoryCounter) readAt(now moment) bool {
 	return false
 }
 
-// memoryStores holds the one in-process store, kept across config reloads.
-var memoryStores = caddy.NewUsagePool()
-
-func acquireMemoryStore() (Store, func() error, error) {
-	const key = "memory"
-	v, _, err := memoryStores.LoadOrNew(key, func() (caddy.Destructor, error) {
-		s := newMemoryStore(30*time.Second, systemUnixMillis)
-		s.startRenewal()
-		return s, nil
-	})
-	if err != nil {
-		return nil, nil, err
-	}
-	return v.(*memoryStore), func() error {
-		_, err := memoryStores.Delete(key)
-		return err
-	}, nil
-}
-
-// newMemoryStore is a store that reads the time from now, and sweeps every
+// NewMemoryStore is a store that reads the time from now, and sweeps every
 // sweepEvery.
-func newMemoryStore(sweepEvery time.Duration, now func() int64) *memoryStore {
-	s := &memoryStore{now: now, seed: maphash.MakeSeed(), held: newHeldSlots(), stop: make(chan struct{})}
+func NewMemoryStore(sweepEvery time.Duration, now func() int64) *MemoryStore {
+	s := &MemoryStore{now: now, seed: maphash.MakeSeed(), held: newHeldSlots(), stop: make(chan struct{})}
 	for i := range s.shards {
 		s.shards[i].table.Store(&counterTable{{}})
 	}
@@ -236,27 +215,27 @@ func newMemoryStore(sweepEvery time.Duration, now func() int64) *memoryStore {
 	return s
 }
 
-// startRenewal renews the slots the store holds while it holds any, until
+// StartRenewal renews the slots the store holds while it holds any, until
 // Destruct.
-func (s *memoryStore) startRenewal() {
+func (s *MemoryStore) StartRenewal() {
 	s.done.Go(func() { s.held.renewEvery(s.renew, s.stop) })
 }
 
 // Destruct stops the sweep and the renewal once no loaded config uses the
 // store.
-func (s *memoryStore) Destruct() error {
+func (s *MemoryStore) Destruct() error {
 	close(s.stop)
 	s.done.Wait()
 	return nil
 }
 
-func (s *memoryStore) clock() moment { return MomentAt(s.now()) }
+func (s *MemoryStore) clock() moment { return MomentAt(s.now()) }
 
-// systemUnixMillis is this machine's clock, the in-process store's.
-func systemUnixMillis() int64 { return time.Now().UnixMilli() }
+// SystemUnixMillis is this machine's clock, the in-process store's.
+func SystemUnixMillis() int64 { return time.Now().UnixMilli() }
 
 // counter is the counter of prefix, made on first use.
-func (s *memoryStore) counter(prefix string) *memoryCounter {
+func (s *MemoryStore) counter(prefix string) *memoryCounter {
 	h := maphash.String(s.seed, prefix)
 	sh := &s.shards[h%memoryShards]
 	if c := sh.find(prefix, h); c != nil {
@@ -325,7 +304,7 @@ func (sh *memoryShard) grow(old counterTable) counterTable {
 // without duplicates, in lock order for unlockAll: a caller that passes empty
 // slices of stack arrays keeps a short chain off the heap. A counter swept
 // meanwhile is looked up again.
-func (s *memoryStore) lock(chain []Limit, byLimit, locked []*memoryCounter) ([]*memoryCounter, []*memoryCounter) {
+func (s *MemoryStore) lock(chain []Limit, byLimit, locked []*memoryCounter) ([]*memoryCounter, []*memoryCounter) {
 	for {
 		byLimit, locked = byLimit[:0], locked[:0]
 		for _, l := range chain {
@@ -364,13 +343,13 @@ func unlockAll(cs []*memoryCounter) {
 	}
 }
 
-func (s *memoryStore) Admit(_ context.Context, chain []Limit, reserve TokenCounts) (Admission, error) {
+func (s *MemoryStore) Admit(_ context.Context, chain []Limit, reserve TokenCounts) (Admission, error) {
 	return admissionOf(chain, s.decide(chain, reserve, true, nil))
 }
 
 // refusedUnread peeks: the in-process store knows every refusal without a
 // round trip (a concurrency cap's too, which no body changes either). The peek's counts stay on the stack unless it refuses.
-func (s *memoryStore) RefusedUnread(chain []Limit) (Admission, bool) {
+func (s *MemoryStore) RefusedUnread(chain []Limit) (Admission, bool) {
 	var buf [stackChain]Counts
 	peeked := s.decide(chain, TokenCounts{}, false, buf[:0])
 	if peeked.Admitted {
@@ -380,11 +359,11 @@ func (s *memoryStore) RefusedUnread(chain []Limit) (Admission, bool) {
 	return a, err == nil && (a.Refusal.Kind == Requests || a.Refusal.Kind == Burst || a.Refusal.Kind == Concurrency)
 }
 
-func (s *memoryStore) Peek(_ context.Context, chain []Limit) (Decision, error) {
+func (s *MemoryStore) Peek(_ context.Context, chain []Limit) (Decision, error) {
 	return s.decide(chain, TokenCounts{}, false, nil), nil
 }
 
-func (s *memoryStore) Describe() storeDescription { return storeDescription{Kind: "memory"} }
+func (s *MemoryStore) Describe() storeDescription { return storeDescription{Kind: "memory"} }
 
 // reset zeroes, under the counter's lock, every period it holds of each
 // window l caps, and l's token bucket, which is then full; it keeps the
@@ -393,7 +372,7 @@ func (s *memoryStore) Describe() storeDescription { return storeDescription{Kind
 // response admitted before it still lands, in a period the counter keeps
 // while it may: it charges what the request used, as the reset took its
 // reservation (resetAt).
-func (s *memoryStore) Reset(_ context.Context, l Limit) ([]string, error) {
+func (s *MemoryStore) Reset(_ context.Context, l Limit) ([]string, error) {
 	c := s.lockedCounter(l.Prefix)
 	defer c.mu.Unlock()
 	for k := range l.Each {
@@ -410,12 +389,12 @@ func (s *memoryStore) Reset(_ context.Context, l Limit) ([]string, error) {
 }
 
 // The process store stays usable after it is unloaded: only its sweep stops.
-func (s *memoryStore) Hold()    {}
-func (s *memoryStore) Release() {}
+func (s *MemoryStore) Hold()    {}
+func (s *MemoryStore) Release() {}
 
 // decide is one admission, which charges only when charge is set; its
 // counts are appended to buf, which may be a caller's stack array.
-func (s *memoryStore) decide(chain []Limit, reserve TokenCounts, charge bool, buf []Counts) Decision {
+func (s *MemoryStore) decide(chain []Limit, reserve TokenCounts, charge bool, buf []Counts) Decision {
 	now := s.clock()
 	at := [...]Position{now.In(Minute), now.In(Day)}
 	var byLimitBuf, lockedBuf [stackChain]*memoryCounter
@@ -480,7 +459,7 @@ func (c *memoryCounter) write(l Limit, at [2]Position, before, after Counts, now
 }
 
 // free gives back the slots an admission of chain took.
-func (s *memoryStore) Free(chain []Limit) {
+func (s *MemoryStore) Free(chain []Limit) {
 	now := s.now()
 	var byLimitBuf, lockedBuf [stackChain]*memoryCounter
 	cs, locked := s.lock(chain, byLimitBuf[:0], lockedBuf[:0])
@@ -495,7 +474,7 @@ func (s *memoryStore) Free(chain []Limit) {
 
 // renew writes each limit's slots as the ledger holds them, with a lease
 // from now: a lease that lapsed (the renewal stalled) holds them again.
-func (s *memoryStore) renew() {
+func (s *MemoryStore) renew() {
 	now := s.now()
 	for _, l := range s.held.limits() {
 		c := s.lockedCounter(l.Prefix)
@@ -509,7 +488,7 @@ func (s *memoryStore) renew() {
 
 // lockedCounter is the counter of prefix, locked; one swept meanwhile is
 // looked up again.
-func (s *memoryStore) lockedCounter(prefix string) *memoryCounter {
+func (s *MemoryStore) lockedCounter(prefix string) *memoryCounter {
 	for {
 		c := s.counter(prefix)
 		c.mu.Lock()
@@ -522,13 +501,13 @@ func (s *memoryStore) lockedCounter(prefix string) *memoryCounter {
 
 // charge charges at once: the in-process store has no round trip to
 // spare the caller.
-func (s *memoryStore) Charge(chain []Limit, c Charge, done func(error)) {
+func (s *MemoryStore) Charge(chain []Limit, c Charge, done func(error)) {
 	s.add(chain, c)
 	done(nil)
 }
 
 // add adds c to the token windows and budgets of chain.
-func (s *memoryStore) add(chain []Limit, ch Charge) {
+func (s *MemoryStore) add(chain []Limit, ch Charge) {
 	now := s.clock()
 	for _, l := range chain {
 		if !l.Meters() {
@@ -553,7 +532,7 @@ func (s *memoryStore) add(chain []Limit, ch Charge) {
 	}
 }
 
-func (s *memoryStore) sweepLoop(every time.Duration) {
+func (s *MemoryStore) sweepLoop(every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -570,7 +549,7 @@ func (s *memoryStore) sweepLoop(every time.Duration) {
 // periods are all older than the previous one of their span now, and whose
 // token bucket is full again (a missing one is full). It reads the clock
 // itself, so that idle counters go whether or not requests still come.
-func (s *memoryStore) sweep() {
+func (s *MemoryStore) sweep() {
 	now := s.clock()
 	latest := now.UnixMillis
 	for i := range s.shards {
@@ -596,19 +575,8 @@ func (s *memoryStore) sweep() {
 	}
 }
 
-// countMemoryCounters is the counters of the process's in-process store,
-// for the gauge.
-func countMemoryCounters() float64 {
-	n := int64(0)
-	memoryStores.Range(func(_, v any) bool {
-		n += v.(*memoryStore).counters.Load()
-		return true
-	})
-	return float64(n)
-}
+// Counters is how many counters the store holds, one per limited scope id.
+func (s *MemoryStore) Counters() int64 { return s.counters.Load() }
 
 // Interface guards
-var (
-	_ Store            = (*memoryStore)(nil)
-	_ caddy.Destructor = (*memoryStore)(nil)
-)
+var _ Store = (*MemoryStore)(nil)

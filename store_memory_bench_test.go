@@ -31,7 +31,7 @@ func benchmarkChains(n int) [][]Limit {
 }
 
 // admitAll admits one request of each chain, on the store's own clock.
-func admitAll(b *testing.B, s *memoryStore, chains [][]Limit) {
+func admitAll(b *testing.B, s *MemoryStore, chains [][]Limit) {
 	for _, chain := range chains {
 		if d, _ := s.Admit(context.Background(), chain, TokenCounts{}); !d.Admitted {
 			b.Fatal("refused under caps that admit everything")
@@ -43,8 +43,8 @@ func admitAll(b *testing.B, s *memoryStore, chains [][]Limit) {
 // under steady traffic, and another copy of those chains: a gateway builds
 // a chain's strings for each request, so their bytes are not those the store
 // keeps.
-func benchmarkStore(b *testing.B, n int) (*memoryStore, [][]Limit) {
-	s := newMemoryStore(30*time.Second, systemUnixMillis)
+func benchmarkStore(b *testing.B, n int) (*MemoryStore, [][]Limit) {
+	s := NewMemoryStore(30*time.Second, SystemUnixMillis)
 	b.Cleanup(func() { s.Destruct() })
 	admitAll(b, s, benchmarkChains(n))
 	return s, benchmarkChains(n)
@@ -101,7 +101,7 @@ func BenchmarkMemoryStore100kActiveKeys(b *testing.B) {
 	var inUse int64
 	for b.Loop() {
 		before := heapAlloc()
-		s := newMemoryStore(time.Hour, systemUnixMillis) // no sweep while measuring
+		s := NewMemoryStore(time.Hour, SystemUnixMillis) // no sweep while measuring
 		admitAll(b, s, benchmarkChains(keys))
 		inUse = heapAlloc() - before
 		runtime.KeepAlive(s)

@@ -49,7 +49,7 @@ func TestMemoryStoreKeepsATokenBucketUntilItIsFullAgain(t *testing.T) {
 	}
 }
 
-func (s *memoryStore) size() int {
+func (s *MemoryStore) size() int {
 	n := 0
 	for i := range s.shards {
 		s.shards[i].mu.Lock()
@@ -175,7 +175,7 @@ func TestMemoryStoreCountsExactlyWhileItsShardsGrowAndAreSwept(t *testing.T) {
 }
 
 // waitCounters waits until s holds want counters, as its sweep timer runs.
-func waitCounters(t *testing.T, s *memoryStore, want int64) {
+func waitCounters(t *testing.T, s *MemoryStore, want int64) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); s.counters.Load() != want; {
 		if time.Now().After(deadline) {

@@ -13,7 +13,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/semaphore"
 
@@ -26,15 +25,15 @@ var (
 	admitScript = redis.NewScript(admitLua)
 )
 
-// redisStore keeps the counters in Redis, shared by every replica. Each
+// RedisStore keeps the counters in Redis, shared by every replica. Each
 // admission and each token charge is part of one EVALSHA of admit.lua,
 // which sends the script's source once Redis answers NOSCRIPT, as after a
 // Redis restart or a failover (evalSha; go-redis's Script.Run on Cluster).
-type redisStore struct {
+type RedisStore struct {
 	lifetime
 	clock   RedisClock
 	client  redis.UniversalClient
-	config  *RedisConfig // resolved: for the replay's fresh connection
+	config  *RedisDeployment // for the replay's fresh connection
 	timeout time.Duration
 	// calls coalesces concurrent admissions and charges (scriptBatch); nil
 	// on Redis Cluster, where a call is bound to one slot.
@@ -95,37 +94,14 @@ type RedisClock struct {
 // ""), so that replicas whose clocks are skewed agree on Redis's.
 var SystemRedisClock = RedisClock{Gateway: time.Now, Script: func(time.Time) string { return "" }}
 
-// redisStores shares a client among the handlers of every loaded config with
-// the same settings, so that a reload neither reconnects nor leaks a pool.
-var redisStores = caddy.NewUsagePool()
-
-// acquireRedisStore takes the store of a resolved config from the pool.
-func acquireRedisStore(config *RedisConfig, timeout time.Duration) (Store, func() error, error) {
-	key := config.poolKey(timeout)
-	v, _, err := redisStores.LoadOrNew(key, func() (caddy.Destructor, error) {
-		s, err := NewRedisStore(config, timeout, SystemRedisClock)
-		if err == nil {
-			s.startRenewal()
-		}
-		return s, err
-	})
-	if err != nil {
-		return nil, nil, err
-	}
-	return v.(*redisStore), func() error {
-		_, err := redisStores.Delete(key)
-		return err
-	}, nil
-}
-
 // newRedisStore is a store of the resolved config that reads the time from
 // clock.
-func NewRedisStore(config *RedisConfig, timeout time.Duration, clock RedisClock) (*redisStore, error) {
+func NewRedisStore(config *RedisDeployment, timeout time.Duration, clock RedisClock) (*RedisStore, error) {
 	client, err := config.newClient(timeout)
 	if err != nil {
 		return nil, err
 	}
-	s := &redisStore{clock: clock, client: client, config: config, timeout: timeout, refusals: newRefusalCache(),
+	s := &RedisStore{clock: clock, client: client, config: config, timeout: timeout, refusals: newRefusalCache(),
 		holder: rand.Text(), held: newHeldSlots(), slotCalls: semaphore.NewWeighted(slotCallsMax), stop: make(chan struct{})}
 	s.freed = func(error) { s.Release() }
 	if config.topology() != cluster {
@@ -141,28 +117,28 @@ func NewRedisStore(config *RedisConfig, timeout time.Duration, clock RedisClock)
 
 // Destruct closes the client once no loaded config uses it and no admitted
 // response or session of an old config still has tokens to charge.
-func (s *redisStore) Destruct() error {
+func (s *RedisStore) Destruct() error {
 	s.unload(s.closeClient)
 	return nil
 }
 
-func (s *redisStore) closeClient() {
+func (s *RedisStore) closeClient() {
 	close(s.stop)
 	s.renewing.Wait()
 	s.client.Close()
 }
 
-// startRenewal renews the slots the store holds while it holds any, until
+// StartRenewal renews the slots the store holds while it holds any, until
 // its client closes.
-func (s *redisStore) startRenewal() {
+func (s *RedisStore) StartRenewal() {
 	s.renewing.Go(func() { s.held.renewEvery(s.renew, s.stop) })
 }
 
-func (s *redisStore) Describe() storeDescription {
-	return storeDescription{Kind: "redis", Where: s.config.where(), Tagged: s.config.topology() == cluster}
+func (s *RedisStore) Describe() storeDescription {
+	return storeDescription{Kind: "redis", Where: s.config.Where(), Tagged: s.config.topology() == cluster}
 }
 
-func (s *redisStore) Release() { s.lifetime.release(s.closeClient) }
+func (s *RedisStore) Release() { s.lifetime.release(s.closeClient) }
 
 //go:embed reset.lua
 var resetLua string
@@ -176,7 +152,7 @@ var resetScript = redis.NewScript(resetLua)
 // keeps the slots and budget keys (reset.go). Then, whatever became of the
 // call (a timeout may hide one that ran), it forgets this process's cached
 // refusals of l, and any refusal of an admission sent before that.
-func (s *redisStore) Reset(ctx context.Context, l Limit) ([]string, error) {
+func (s *RedisStore) Reset(ctx context.Context, l Limit) ([]string, error) {
 	defer s.refusals.forgetLimit(l.Prefix)
 	now := s.clock.Gateway()
 	keys := resetKeys(l, MomentAt(now.UnixMilli()))
@@ -193,7 +169,7 @@ func (s *redisStore) Reset(ctx context.Context, l Limit) ([]string, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	err := resetScript.Run(ctx, s.client, keys, s.clock.Script(now), marks).Err()
-	observeRedis("reset", start, err)
+	watch.RedisCall("reset", time.Since(start), err)
 	if err != nil {
 		return nil, err
 	}
@@ -224,11 +200,11 @@ func resetKeys(l Limit, now moment) []string {
 
 // admit answers from the refusal cache what Redis refused until Redis would
 // admit it again, and asks Redis the rest.
-func (s *redisStore) Admit(ctx context.Context, chain []Limit, reserve TokenCounts) (Admission, error) {
+func (s *RedisStore) Admit(ctx context.Context, chain []Limit, reserve TokenCounts) (Admission, error) {
 	sent := s.clock.Gateway() // the cache bounds Redis's clock from a moment before the call
 	resets := s.refusals.resetsSoFar()
 	if a, ok := s.refusals.refusedLocally(chain, sent); ok {
-		refusalsCachedTotal.Inc()
+		watch.RefusedFromCache()
 		return a, nil
 	}
 	d, err := s.decide(ctx, chain, reserve)
@@ -250,29 +226,29 @@ func (s *redisStore) Admit(ctx context.Context, chain []Limit, reserve TokenCoun
 
 // refusedUnread is what the refusal cache refuses: only requests windows and
 // buckets are cached, which no body changes.
-func (s *redisStore) RefusedUnread(chain []Limit) (Admission, bool) {
+func (s *RedisStore) RefusedUnread(chain []Limit) (Admission, bool) {
 	a, ok := s.refusals.refusedLocally(chain, s.clock.Gateway())
 	if ok {
-		refusalsCachedTotal.Inc()
+		watch.RefusedFromCache()
 	}
 	return a, ok
 }
 
 // decide asks Redis for one admission, in a coalesced call where calls are.
-func (s *redisStore) decide(ctx context.Context, chain []Limit, reserve TokenCounts) (Decision, error) {
+func (s *RedisStore) decide(ctx context.Context, chain []Limit, reserve TokenCounts) (Decision, error) {
 	if s.calls != nil {
 		return s.admitCoalesced(ctx, chain, reserve)
 	}
 	return s.run(ctx, chain, reserve, false)
 }
 
-func (s *redisStore) Peek(ctx context.Context, chain []Limit) (Decision, error) {
+func (s *RedisStore) Peek(ctx context.Context, chain []Limit) (Decision, error) {
 	return s.run(ctx, chain, TokenCounts{}, true)
 }
 
 // run decides one admission with admit.lua, which only reads when peek is
 // set.
-func (s *redisStore) run(ctx context.Context, chain []Limit, reserve TokenCounts, peek bool) (Decision, error) {
+func (s *RedisStore) run(ctx context.Context, chain []Limit, reserve TokenCounts, peek bool) (Decision, error) {
 	var c scriptCall
 	c.add(chain, reserve)
 	ds, _, err := s.call(ctx, &c, peek)
@@ -287,7 +263,7 @@ func (s *redisStore) run(ctx context.Context, chain []Limit, reserve TokenCounts
 // never replayed (a double charge would outlive the failure): when a call
 // that charges meets a dead connection, its charges fail with that error and
 // its admissions are replayed alone.
-func (s *redisStore) call(ctx context.Context, c *scriptCall, peek bool) (ds []Decision, charged, err error) {
+func (s *RedisStore) call(ctx context.Context, c *scriptCall, peek bool) (ds []Decision, charged, err error) {
 	op := "admit"
 	switch {
 	case peek:
@@ -307,7 +283,7 @@ func (s *redisStore) call(ctx context.Context, c *scriptCall, peek bool) (ds []D
 			s.held.take(chain, -1) // the requests have ended, whatever becomes of the call
 		}
 		if err != nil {
-			observeRedis(op, start, err)
+			watch.RedisCall(op, time.Since(start), err)
 			return nil, err, err
 		}
 		defer s.slotCalls.Release(1)
@@ -327,7 +303,7 @@ func (s *redisStore) call(ctx context.Context, c *scriptCall, peek bool) (ds []D
 		charged, c.charges, c.frees = err, chargeCall{}, slotFrees{}
 		reply, err = s.replay(ctx, admitScript, c.keys(atMinute), c.args(scriptClock, atMinute, peek, s.holder))
 	}
-	observeRedis(op, start, err)
+	watch.RedisCall(op, time.Since(start), err)
 	if err != nil {
 		return nil, err, err
 	}
@@ -342,7 +318,7 @@ func (s *redisStore) call(ctx context.Context, c *scriptCall, peek bool) (ds []D
 
 // holdAdmitted counts in the ledger the slots of the call's admitted
 // admissions, and holds the store open for their frees.
-func (s *redisStore) holdAdmitted(c *scriptCall, ds []Decision) {
+func (s *RedisStore) holdAdmitted(c *scriptCall, ds []Decision) {
 	for m, d := range ds {
 		if !d.Admitted {
 			continue
@@ -362,7 +338,7 @@ func (s *redisStore) holdAdmitted(c *scriptCall, ds []Decision) {
 
 // free rides in the next call (ride). It releases the store that the
 // admission held for it.
-func (s *redisStore) Free(chain []Limit) {
+func (s *RedisStore) Free(chain []Limit) {
 	s.ride(&scriptItem{chain: chain, free: true, done: s.freed})
 }
 
@@ -379,7 +355,7 @@ const renewalStep = 256
 
 // renew writes the slots the store holds, each with a lease from Redis's
 // clock, in steps of renewalStep limits.
-func (s *redisStore) renew() {
+func (s *RedisStore) renew() {
 	for step := range slices.Chunk(s.held.limits(), renewalStep) {
 		if !s.renewStep(step) {
 			return // the next renewal comes within a third of a lease
@@ -391,12 +367,12 @@ func (s *redisStore) renew() {
 // Redis Cluster one per chain root, in one pipeline. It holds every unit
 // of slotCalls, so that no call that takes or frees slots is in flight
 // between the ledger's counts and their write.
-func (s *redisStore) renewStep(limits []Limit) bool {
+func (s *RedisStore) renewStep(limits []Limit) bool {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 	defer cancel()
 	if err := s.slotCalls.Acquire(ctx, slotCallsMax); err != nil {
-		observeRedis("renew_slots", start, err)
+		watch.RedisCall("renew_slots", time.Since(start), err)
 		return false
 	}
 	defer s.slotCalls.Release(slotCallsMax)
@@ -426,7 +402,7 @@ func (s *redisStore) renewStep(limits []Limit) bool {
 			err = renewAll()
 		}
 	}
-	observeRedis("renew_slots", start, err)
+	watch.RedisCall("renew_slots", time.Since(start), err)
 	return err == nil
 }
 
@@ -456,7 +432,7 @@ func hashTag(key string) string {
 }
 
 // gatewayMoment is the gateway's clock reading.
-func (s *redisStore) gatewayMoment() moment { return MomentAt(s.clock.Gateway().UnixMilli()) }
+func (s *RedisStore) gatewayMoment() moment { return MomentAt(s.clock.Gateway().UnixMilli()) }
 
 // otherMinute reads the scripts' answer {-1, now}: the keys named another
 // minute than Redis's clock, and nothing ran.
@@ -480,7 +456,7 @@ func otherMinute(reply []int64) (int64, bool) {
 //     which stands in for our replay; we add none. A multi-key script in a
 //     slot that is migrating gets TRYAGAIN (it did not run): that is retried
 //     briefly, within the admission timeout, then handled like an outage.
-func (s *redisStore) runScript(ctx context.Context, script *redis.Script, keys []string, args []any, replay bool) ([]int64, error) {
+func (s *RedisStore) runScript(ctx context.Context, script *redis.Script, keys []string, args []any, replay bool) ([]int64, error) {
 	if s.config.topology() == cluster {
 		for {
 			reply, err := script.Run(ctx, s.client, keys, args...).Int64Slice()
@@ -524,7 +500,7 @@ func evalSha(ctx context.Context, c redis.UniversalClient, script *redis.Script,
 
 // replay runs the admission once more on a connection dialled for it, since
 // the pool's other idle connections may have died the same way.
-func (s *redisStore) replay(ctx context.Context, script *redis.Script, keys []string, args []any) ([]int64, error) {
+func (s *RedisStore) replay(ctx context.Context, script *redis.Script, keys []string, args []any) ([]int64, error) {
 	config := *s.config
 	config.PoolSize = 1
 	fresh, err := config.newClient(s.timeout)
@@ -547,7 +523,7 @@ func isDeadConnection(err error) bool {
 }
 
 // charge rides in the next call (ride).
-func (s *redisStore) Charge(chain []Limit, c Charge, done func(error)) {
+func (s *RedisStore) Charge(chain []Limit, c Charge, done func(error)) {
 	if !c.changes(chain, s.gatewayMoment()) {
 		done(nil)
 		return
@@ -558,7 +534,7 @@ func (s *redisStore) Charge(chain []Limit, c Charge, done func(error)) {
 // ride puts an item nobody waits for (a token charge, a free) in the
 // coalescer's next call; on Redis Cluster, where calls are not coalesced,
 // in a call of its own, in a goroutine.
-func (s *redisStore) ride(item *scriptItem) {
+func (s *RedisStore) ride(item *scriptItem) {
 	if s.calls != nil {
 		s.calls.Ride(item)
 		return
@@ -571,16 +547,13 @@ func (s *redisStore) ride(item *scriptItem) {
 }
 
 // Interface guards
-var (
-	_ Store            = (*redisStore)(nil)
-	_ caddy.Destructor = (*redisStore)(nil)
-)
+var _ Store = (*RedisStore)(nil)
 
 // admitCoalesced waits for the admission's decision, at most the store's
 // timeout in all, whether others make the calls or its own is in flight
 // (which may then still decide and charge it: doc.go). An admission that
 // makes its call at once is bounded by the call's own timeout.
-func (s *redisStore) admitCoalesced(ctx context.Context, chain []Limit, reserve TokenCounts) (Decision, error) {
+func (s *RedisStore) admitCoalesced(ctx context.Context, chain []Limit, reserve TokenCounts) (Decision, error) {
 	item := &scriptItem{chain: chain, reserve: reserve, answer: make(chan scriptAnswer, 1)}
 	a, err := coalesce.Await(ctx, s.calls, item, item.answer, s.timeout)
 	if err != nil {

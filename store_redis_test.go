@@ -17,14 +17,14 @@ import (
 	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
 
-func newTestRedisStore(t testing.TB, url string) *redisStore {
+func newTestRedisStore(t testing.TB, url string) *RedisStore {
 	t.Helper()
-	return newTestRedisStoreOf(t, &RedisConfig{URL: url}, time.Second)
+	return newTestRedisStoreOf(t, &RedisDeployment{URL: url}, time.Second)
 }
 
 // newTestRedisStoreOf is a store of config with the given timeout, destroyed
 // in t.Cleanup.
-func newTestRedisStoreOf(t testing.TB, config *RedisConfig, timeout time.Duration) *redisStore {
+func newTestRedisStoreOf(t testing.TB, config *RedisDeployment, timeout time.Duration) *RedisStore {
 	t.Helper()
 	c := new(testClock)
 	s, err := NewRedisStore(config, timeout, RedisClock{Gateway: c.gateway, Script: c.script})
@@ -58,7 +58,7 @@ func TestFirstAdmissionAfterClientKillIsStillEnforced(t *testing.T) {
 // storeOnADyingConnection is a store whose connections to url pass a proxy,
 // with the first request of chain admitted at at; the proxy then resets the
 // connection that carries the store's next command.
-func storeOnADyingConnection(t *testing.T, url string, chain []Limit, at int64) *redisStore {
+func storeOnADyingConnection(t *testing.T, url string, chain []Limit, at int64) *RedisStore {
 	opts, err := redis.ParseURL(url)
 	if err != nil {
 		t.Fatal(err)
@@ -196,7 +196,7 @@ const (
 // admitConcurrently runs rounds admissions back to back in each of n
 // goroutines through s, each of a chain of its own, and returns how long
 // each took and how many failed (on_redis_error would apply to those).
-func admitConcurrently(t *testing.T, s *redisStore, n, rounds int) (took []time.Duration, failed int) {
+func admitConcurrently(t *testing.T, s *RedisStore, n, rounds int) (took []time.Duration, failed int) {
 	t.Helper()
 	id := redistest.UniqueID(t)
 	took = make([]time.Duration, n*rounds)
@@ -243,7 +243,7 @@ func TestEveryAdmissionEndsWithinTheTimeoutWhileRedisHangs(t *testing.T) {
 		{"uncoalesced as on a cluster, one pooled connection", 1, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := newTestRedisStoreOf(t, &RedisConfig{URL: srv.URL(), PoolSize: tc.poolSize}, hungTimeout)
+			s := newTestRedisStoreOf(t, &RedisDeployment{URL: srv.URL(), PoolSize: tc.poolSize}, hungTimeout)
 			if !tc.coalesced {
 				s.calls = nil
 			}
@@ -270,7 +270,7 @@ func TestEveryAdmissionEndsWithinTheTimeoutWhileRedisHangs(t *testing.T) {
 func TestAnAdmissionReplayedOnAFreshConnectionToAHungRedisEndsWithinTheTimeout(t *testing.T) {
 	srv := redistest.NewServer(t)
 	proxy := redistest.NewResetProxy(t, srv.Addr())
-	s := newTestRedisStoreOf(t, &RedisConfig{URL: "redis://" + proxy.Addr() + "/0"}, hungTimeout)
+	s := newTestRedisStoreOf(t, &RedisDeployment{URL: "redis://" + proxy.Addr() + "/0"}, hungTimeout)
 	chain := []Limit{newLimit("key", redistest.UniqueID(t), 1, 0)}
 	admitOrFail(t, s, chain, 0)
 	resume := srv.Hang(t)
@@ -291,7 +291,7 @@ func TestUnloadedRedisStoreStaysOpenUntilItsLastHolderReleasesIt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := st.(*redisStore)
+	s := st.(*RedisStore)
 	s.Hold() // a response admitted under the config being unloaded
 	if err := release(); err != nil {
 		t.Fatal(err)

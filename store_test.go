@@ -40,7 +40,7 @@ func memoryKit() storeKit {
 		state: func(_ *testing.T, s Store, chain []Limit, _ int64) string {
 			var out strings.Builder
 			for _, l := range chain {
-				c := s.(*memoryStore).counter(l.Prefix)
+				c := s.(*MemoryStore).counter(l.Prefix)
 				c.mu.Lock()
 				fmt.Fprintf(&out, "%s %v %v\n", l.Prefix, c.minute, c.bkt)
 				if c.others != nil {
@@ -54,7 +54,7 @@ func memoryKit() storeKit {
 }
 
 func memoryCount(_ *testing.T, s Store, prefix string, k WindowKind, period int64) int64 {
-	c := s.(*memoryStore).counter(prefix)
+	c := s.(*MemoryStore).counter(prefix)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.periods(k)[period&1].count(period)
@@ -157,9 +157,9 @@ func registerTestClock(t testing.TB, s Store, c *testClock) {
 
 // newTestMemoryStore is an in-process store on a test clock, destroyed in
 // t.Cleanup.
-func newTestMemoryStore(t testing.TB, sweepEvery time.Duration) *memoryStore {
+func newTestMemoryStore(t testing.TB, sweepEvery time.Duration) *MemoryStore {
 	c := new(testClock)
-	s := newMemoryStore(sweepEvery, c.unixMillis)
+	s := NewMemoryStore(sweepEvery, c.unixMillis)
 	registerTestClock(t, s, c)
 	t.Cleanup(func() { s.Destruct() })
 	return s

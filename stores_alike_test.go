@@ -176,7 +176,7 @@ func runAlikeHistories(t *testing.T, seed uint64, redisURL string) {
 	var workers sync.WaitGroup
 	for range alikeWorkers {
 		memory := newTestMemoryStore(t, time.Hour)
-		var redis *redisStore
+		var redis *RedisStore
 		if redisURL != "" {
 			redis = newTestRedisStore(t, redisURL)
 		}
@@ -212,8 +212,8 @@ type alikeHistory struct {
 	seed   uint64
 	tally  *alikeTally
 	rng    *rand.Rand
-	memory *memoryStore
-	redis  *redisStore
+	memory *MemoryStore
+	redis  *RedisStore
 	pool   []Limit
 	now    int64         // the pinned clocks, in unix milliseconds
 	open   []reservation // admitted reservations not yet settled

@@ -351,3 +351,12 @@ func writeInt(text *strings.Builder, n int64, base int) {
 	var digits [64]byte
 	text.Write(strconv.AppendInt(digits[:0], n, base))
 }
+
+// AtLeast is t with each count, and its cost, at least r's, and its total
+// at least its input and output together: the charge of a response whose
+// reservation r bounds what it may have used better than the report t it
+// was cut before finishing.
+func (t TokenCounts) AtLeast(r TokenCounts) TokenCounts {
+	in, out := max(t.Input, r.Input), max(t.Output, r.Output)
+	return TokenCounts{Total: max(t.Total, r.Total, in+out), Input: in, Output: out, Cost: max(t.Cost, r.Cost)}
+}

@@ -23,7 +23,7 @@ func runWindowConformance(t *testing.T, kit storeKit) {
 		if d.Admitted || ref.Kind != Requests || ref.WindowName() != "day" || ref.Capacity != 10 {
 			t.Fatalf("admitted %v, refusal %+v: want the 11th request refused by the rpd", d.Admitted, ref)
 		}
-		if msg := ref.message(chain); !strings.Contains(msg, "limit 10 RPD (requests per day)") {
+		if msg := refusalMessage(ref, chain); !strings.Contains(msg, "limit 10 RPD (requests per day)") {
 			t.Fatalf("refusal message %q does not name the day window", msg)
 		}
 		if n := kit.count(t, s, chain[0].Prefix, RPD, dayStart/86_400_000-1); n != 10 {

@@ -1,0 +1,69 @@
+package ratelimit
+
+import (
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// The stores' pools: every loaded config's handlers share one in-process
+// store, and one Redis store per Redis they name, across reloads.
+
+// memoryStores holds the one in-process store, kept across config reloads.
+var memoryStores = caddy.NewUsagePool()
+
+func acquireMemoryStore() (Store, func() error, error) {
+	const key = "memory"
+	v, _, err := memoryStores.LoadOrNew(key, func() (caddy.Destructor, error) {
+		s := NewMemoryStore(30*time.Second, SystemUnixMillis)
+		s.StartRenewal()
+		return s, nil
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return v.(*MemoryStore), func() error {
+		_, err := memoryStores.Delete(key)
+		return err
+	}, nil
+}
+
+// redisStores shares a client among the handlers of every loaded config with
+// the same settings, so that a reload neither reconnects nor leaks a pool.
+var redisStores = caddy.NewUsagePool()
+
+// acquireRedisStore takes the store of a resolved config from the pool.
+func acquireRedisStore(config *RedisConfig, timeout time.Duration) (Store, func() error, error) {
+	key := config.poolKey(timeout)
+	v, _, err := redisStores.LoadOrNew(key, func() (caddy.Destructor, error) {
+		s, err := NewRedisStore(config.deployment(), timeout, SystemRedisClock)
+		if err == nil {
+			s.StartRenewal()
+		}
+		return s, err
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return v.(*RedisStore), func() error {
+		_, err := redisStores.Delete(key)
+		return err
+	}, nil
+}
+
+// countMemoryCounters is the counters of the process's in-process store,
+// for the gauge.
+func countMemoryCounters() float64 {
+	n := int64(0)
+	memoryStores.Range(func(_, v any) bool {
+		n += v.(*MemoryStore).Counters()
+		return true
+	})
+	return float64(n)
+}
+
+// Interface guards
+var (
+	_ caddy.Destructor = (*MemoryStore)(nil)
+	_ caddy.Destructor = (*RedisStore)(nil)
+)
