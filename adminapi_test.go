@@ -532,3 +532,21 @@ func TestAdminLiveViewShowsTheSlotsHeldOfACapOnRequestsInFlight(t *testing.T) {
 		})
 	})
 }
+
+// Whatever a scope is called, its ids are digested; only a scope declared
+// readable keeps a short plain id as it is.
+func TestEveryIDIsDigestedUnlessItsScopeIsReadable(t *testing.T) {
+	legacyKey := "sk-" + strings.Repeat("aB3", 16) // a 51-character OpenAI key: a plain token
+	for _, id := range []string{legacyKey, "alice@example.com", "acme", "42", "has space", strings.Repeat("x", 65)} {
+		got := KeyID(false, id)
+		if !digestRE.MatchString(got) || strings.Contains(got, id) {
+			t.Errorf("secret scope: %q is stored as %q, want its digest", id, got)
+		}
+		if readable := KeyID(true, id); isPlainID(id) && readable != id || !isPlainID(id) && readable != got {
+			t.Errorf("readable scope: %q is stored as %q", id, readable)
+		}
+	}
+	if KeyID(true, "acme") != "acme" || KeyID(true, legacyKey) != legacyKey {
+		t.Fatal("a readable scope's short plain ids are written as they are")
+	}
+}

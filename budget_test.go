@@ -2,9 +2,6 @@ package ratelimit
 
 import (
 	"context"
-	"fmt"
-	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,7 +10,6 @@ import (
 
 	"github.com/rolter/caddy-ratelimit/internal/pricing"
 	"github.com/rolter/caddy-ratelimit/internal/redistest"
-	"github.com/rolter/caddy-ratelimit/internal/usage"
 )
 
 // newBudgetLimit is a limit without a hash tag with a day and a month
@@ -279,156 +275,6 @@ func TestABudgetTimezoneMustBeAnIANAZone(t *testing.T) {
 	b, _ := CalendarOf("Europe/Paris")
 	if a != b {
 		t.Error("two calendars of one zone: the caps of handlers with the same zone would differ")
-	}
-}
-
-// Each provider's cached input is priced as it reports it: OpenAI's and
-// Gemini's prompt counts include their cache reads, Anthropic's input
-// excludes its cache reads and writes, which it reports apart; reasoning is
-// output. The costs are worked out by hand at $2.50 per million input
-// tokens, $10 output, $1.25 cache read, $3.125 cache write.
-func TestEachProvidersCachedInputIsPricedAsItReportsIt(t *testing.T) {
-	e, err := pricing.Inline("m", "2.50", "10", "1.25", "3.125")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range []struct {
-		provider, body string
-		want           int64
-	}{
-		{"openai", `{"usage":{"prompt_tokens":2000,"completion_tokens":100,"total_tokens":2100,` +
-			`"prompt_tokens_details":{"cached_tokens":1500},"completion_tokens_details":{"reasoning_tokens":40}}}`,
-			500*2_500 + 1500*1_250 + 100*10_000},
-		{"openai responses", `{"response":{"usage":{"input_tokens":2000,"output_tokens":100,"total_tokens":2100,` +
-			`"input_tokens_details":{"cached_tokens":1500},"output_tokens_details":{"reasoning_tokens":40}}}}`,
-			500*2_500 + 1500*1_250 + 100*10_000},
-		{"anthropic", `{"usage":{"input_tokens":500,"cache_creation_input_tokens":1000,"cache_read_input_tokens":1500,"output_tokens":100}}`,
-			500*2_500 + 1000*3_125 + 1500*1_250 + 100*10_000},
-		{"gemini", `{"usageMetadata":{"promptTokenCount":2000,"cachedContentTokenCount":1500,"candidatesTokenCount":60,"thoughtsTokenCount":40,"totalTokenCount":2100}}`,
-			500*2_500 + 1500*1_250 + 100*10_000},
-	} {
-		m := usage.NewMeter(http.Header{"Content-Type": {"application/json"}})
-		m.Write([]byte(c.body))
-		u, metered := m.Finish()
-		if got := costOf(e.Price, u); !metered || got != c.want {
-			t.Errorf("%s: costs %d nano-dollars (metered %v), want %d", c.provider, got, metered, c.want)
-		}
-	}
-}
-
-// A budget refusal is each dialect's quota error: OpenAI's
-// insufficient_quota, Anthropic's enforced_spend_limit_reached, Google's
-// QuotaFailure beside the RetryInfo.
-func TestABudgetRefusalIsEachDialectsQuotaError(t *testing.T) {
-	e := errorAnswer{status: 429, message: "Budget reached", typ: "insufficient_quota", code: "insufficient_quota", scope: "team", retryMillis: 3_600_000, quota: true}
-	for d, want := range map[dialect]string{
-		dialectOpenAI:    `{"error":{"code":"insufficient_quota","message":"Budget reached","param":null,"type":"insufficient_quota"}}`,
-		dialectAnthropic: `{"error":{"details":{"error_code":"enforced_spend_limit_reached"},"message":"Budget reached","type":"rate_limit_error"},"type":"error"}`,
-		dialectGemini: `{"error":{"code":429,"details":[{"@type":"type.googleapis.com/google.rpc.QuotaFailure","violations":[{"description":"Budget reached","subject":"team"}]},` +
-			`{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"3600.000s"}],"message":"Budget reached","status":"RESOURCE_EXHAUSTED"}}`,
-	} {
-		w := httptest.NewRecorder()
-		if err := d.write(w, e); err != nil {
-			t.Fatal(err)
-		}
-		if got := w.Body.String(); got != want {
-			t.Errorf("dialect %d:\n%s\nwant\n%s", d, got, want)
-		}
-	}
-}
-
-// A budget refusal names the scope, the budget and its period, what is
-// spent or reserved, and when it renews in its time zone, never the id;
-// its wait is exact to the renewal.
-func TestABudgetRefusalSaysWhichBudgetAndWhenItRenews(t *testing.T) {
-	const zone = "Europe/Paris"
-	at := localMillis(t, zone, 2026, time.March, 10, 15, 0, 0, 0)
-	chain := []Limit{newLimit("key", "secret-key", 100, 0), newBudgetLimit(t, "team", "search", 10*usd, 0, 0, zone)}
-	d := Decision{Now: MomentAt(at), Counts: make([]Counts, 2), Reserve: TokenCounts{Total: 10, Cost: 2}}
-	d.Counts[1].Spent[BudgetDay], d.Counts[1].Reserved[BudgetDay] = 9*usd, usd-1
-	ref := RefusalOf(chain, d)
-	if ref.First != 1 || ref.Kind != Budget || ref.WindowName() != "day" || ref.WaitMillis != 9*3600_000 || !ref.KnowsWait() {
-		t.Fatalf("refusal %+v, want the team's day budget, renewing in 9 hours", ref)
-	}
-	want := "Budget reached for team: $10.00 per day, of which $9.999999999 is spent or reserved. It renews at 2026-03-11T00:00:00+01:00 (Europe/Paris); please try again then."
-	if got := refusalMessage(ref, chain); got != want {
-		t.Fatalf("message\n%s\nwant\n%s", got, want)
-	}
-	d.Reserve.Cost = 1
-	if ref := RefusalOf(chain, d); ref.First >= 0 {
-		t.Fatalf("a cost that fits exactly was refused: %+v", ref)
-	}
-}
-
-// A store that fails never lets spend through uncounted: with
-// on_redis_error allow, a request under no budget passes unchecked, and one
-// under a budget is answered 503.
-func TestARequestUnderABudgetIsRefusedWhenTheStoreFailsWhateverOnRedisErrorSays(t *testing.T) {
-	srv := redistest.NewServer(t)
-	up := newUpstream(t)
-	gw := startGateway(t, up.URL, fmt.Sprintf(`
-	rolter_ratelimit {
-		redis %s
-		scope org {http.request.header.X-Org}
-		price * input 1 output 1
-		limit org budgeted budget_month 100
-		limit org * rpm 100
-		on_redis_error allow
-	}
-	reverse_proxy {upstream}`, srv.URL()))
-	srv.Stop()
-	if res, body := gw.postChat(t, chatAbout1000, "X-Org: budgeted"); res.StatusCode != http.StatusServiceUnavailable {
-		t.Fatalf("under a budget with the store down: %d %s, want 503", res.StatusCode, body)
-	}
-	if res, body := gw.postChat(t, chatAbout1000, "X-Org: other"); res.StatusCode != http.StatusOK {
-		t.Fatalf("under no budget with the store down: %d %s, want 200 (on_redis_error allow)", res.StatusCode, body)
-	}
-	if n := up.hits.Load(); n != 1 {
-		t.Fatalf("the upstream saw %d requests, want only the one under no budget", n)
-	}
-}
-
-// A model without a price is a 400 in each dialect: Gemini's is
-// INVALID_ARGUMENT, as Gemini answers a request it cannot serve as sent.
-func TestAModelWithoutAPriceIsEachDialectsBadRequest(t *testing.T) {
-	a := noPrice("gpt-9")
-	w := httptest.NewRecorder()
-	if err := dialectGemini.write(w, errorAnswer{status: a.status, message: a.message}); err != nil {
-		t.Fatal(err)
-	}
-	want := `{"error":{"code":400,"message":"This gateway has no price for the model \"gpt-9\", and a spend budget applies to this request: it cannot be counted, so it is refused.","status":"INVALID_ARGUMENT"}}`
-	if got := w.Body.String(); got != want {
-		t.Fatalf("%s\nwant\n%s", got, want)
-	}
-}
-
-// A client cannot choose the price it is counted at by hiding its model: a
-// body the limiter cannot read wholly (compressed, or over the 4 MiB it
-// reads) is refused under a budget, even where "*" prices every model,
-// since a "model" key past what was read would win upstream.
-func TestABodyWhoseModelCannotBeReadWhollyIsRefusedUnderABudget(t *testing.T) {
-	up := newUpstream(t)
-	gw := startGateway(t, up.URL, limited("", `
-		scope key {http.request.header.X-Api-Key}
-		price * input 0.01 output 0.01
-		limit key * budget_day 100`))
-	long := `{"model":"cheap","messages":[{"role":"user","content":"` + strings.Repeat("a", maxReadBody) + `"}],"model":"expensive"}`
-	for what, req := range map[string][]string{
-		"compressed":  {"Content-Encoding: gzip"},
-		"over 4 MiB":  nil,
-		"read wholly": nil,
-	} {
-		body := long
-		if what != "over 4 MiB" {
-			body = `{"model":"m"}`
-		}
-		res, got := gw.send(t, "POST", "/v1/chat/completions", body, append(req, "Content-Type: application/json", "X-Api-Key: "+redistest.UniqueID(t))...)
-		if want := map[bool]int{true: 200, false: 400}[what == "read wholly"]; res.StatusCode != want || want == 400 && !strings.Contains(string(got), "cannot read which model") {
-			t.Errorf("%s: %d %s, want %d", what, res.StatusCode, got, want)
-		}
-	}
-	if n := up.hits.Load(); n != 1 {
-		t.Fatalf("the upstream saw %d requests, want only the one whose model was read", n)
 	}
 }
 

@@ -205,21 +205,3 @@ func TestIdleInProcessCountersAreReclaimedWithoutTraffic(t *testing.T) {
 	pinned(s, base+2*dayMinutes*MinuteMillis)
 	waitCounters(t, s, 0)
 }
-
-// The gauge counts the counters of the process's in-process store.
-func TestTheMemoryCountersGaugeCountsTheProcesssCounters(t *testing.T) {
-	st, release, err := acquireMemoryStore()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer release()
-	before := countMemoryCounters()
-	for range 3 {
-		if _, err := st.Admit(context.Background(), []Limit{newLimit("key", redistest.UniqueID(t), 5, 0)}, TokenCounts{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if got := countMemoryCounters(); got != before+3 {
-		t.Fatalf("the gauge reads %v after 3 new ids, want %v", got, before+3)
-	}
-}

@@ -285,25 +285,6 @@ func TestAnAdmissionReplayedOnAFreshConnectionToAHungRedisEndsWithinTheTimeout(t
 	checkWithinTimeout(t, "replayed admissions", []time.Duration{took})
 }
 
-func TestUnloadedRedisStoreStaysOpenUntilItsLastHolderReleasesIt(t *testing.T) {
-	url := redistest.EnvURL(t)
-	st, release, err := acquireRedisStore(&RedisConfig{URL: url}, 250*time.Millisecond) // a key no other test uses
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := st.(*RedisStore)
-	s.Hold() // a response admitted under the config being unloaded
-	if err := release(); err != nil {
-		t.Fatal(err)
-	}
-	chain := []Limit{newLimit("org", redistest.UniqueID(t), 0, 100)}
-	settle(t, s, chain, Charge{Tokens: totalTokens(7)}) // after the unload
-	s.Release()
-	if err := s.client.Ping(context.Background()).Err(); !errors.Is(err, redis.ErrClosed) {
-		t.Fatalf("client after the last release: %v, want closed", err)
-	}
-}
-
 // The keys an admission declares are named by the gateway's clock; when Redis's
 // clock is in another minute, the script touches nothing and says which.
 func TestScriptTouchesNothingWhenItsKeysNameAnotherMinute(t *testing.T) {

@@ -2,7 +2,6 @@ package ratelimit
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"math/rand/v2"
@@ -46,11 +45,7 @@ func randomCaps(t testing.TB, rng *rand.Rand) Caps {
 	caps := CapsOfWindows(w)
 	if rng.IntN(10) < 4 {
 		burst := 1 + rng.Int64N(4)
-		b, err := LimitConfig{Rate: json.Number([]string{"0.01", "0.037", "0.1"}[rng.IntN(3)]), Burst: burst, Cost: 1 + rng.Int64N(burst)}.caps()
-		if err != nil {
-			t.Fatal(err)
-		}
-		caps.Bucket = b.Bucket
+		caps.Bucket = newTokenBucket(t, []string{"0.01", "0.037", "0.1"}[rng.IntN(3)], burst, 1+rng.Int64N(burst))
 	}
 	if rng.IntN(10) < 3 {
 		caps.Concurrent = concurrencyCap{Max: 1 + rng.Int64N(4), LeaseMillis: 3000 + rng.Int64N(3001)}
