@@ -15,6 +15,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/rolter/caddy-ratelimit/internal/limiter"
 	"github.com/rolter/caddy-ratelimit/internal/pricing"
 )
 
@@ -263,9 +264,9 @@ var digestRE = regexp.MustCompile(`^#[0-9a-f]{32}$`)
 type usageGroup struct {
 	storeKind, where string
 	id, tag          string          // the id as stored; the hash tag on Redis Cluster, else ""
-	caps             Caps            // a cap per request at its fallback, or a nominal value
+	caps             limiter.Caps    // a cap per request at its fallback, or a nominal value
 	perRequest       []perRequestCap // the caps that come with each request
-	store            Store
+	store            limiter.Store
 	own, byDefault   bool
 	handlers         int
 	chains           [][]string
@@ -283,7 +284,7 @@ func (a askedID) stored(readable bool) string {
 	if a.digest != "" {
 		return a.digest
 	}
-	return KeyID(readable, a.raw)
+	return limiter.KeyID(readable, a.raw)
 }
 
 // readsScope reports whether h has the scope, and whether it declares it
@@ -427,7 +428,7 @@ func unknownScope(scope string, known map[string]bool) error {
 func groupLimits(handlers []*Handler, scope string, asked askedID, root rootRef) []*usageGroup {
 	type groupKey struct {
 		kind, where, id, tag, perRequest string
-		caps                             Caps
+		caps                             limiter.Caps
 	}
 	byKey := make(map[groupKey]*usageGroup)
 	var groups []*usageGroup
@@ -507,17 +508,17 @@ func (r rootRef) tag(h *Handler) string {
 		return ""
 	}
 	_, readable := readsScope(h, r.scope)
-	return ChainTag(r.scope, r.id.stored(readable))
+	return limiter.ChainTag(r.scope, r.id.stored(readable))
 }
 
 // read peeks at the group's counters, on a chain of this one limit.
 func (g *usageGroup) read(r *http.Request, scope string) (UsageLimit, error) {
-	l := NewLimit(g.tag, scope, g.id, g.caps)
+	l := limiter.NewLimit(g.tag, scope, g.id, g.caps)
 	g.store.Hold() // a reload may unload the store meanwhile
-	d, err := g.store.Peek(r.Context(), []Limit{l})
+	d, err := g.store.Peek(r.Context(), []limiter.Limit{l})
 	g.store.Release()
 	if err == nil && len(d.Counts) != 1 {
-		err = ErrBadReply
+		err = limiter.ErrBadReply
 	}
 	if err != nil {
 		return UsageLimit{}, fmt.Errorf("the rate limit store (%s) cannot be read: %v", g.name(), err)
@@ -528,10 +529,10 @@ func (g *usageGroup) read(r *http.Request, scope string) (UsageLimit, error) {
 		Admits:       d.Admitted,
 	}
 	if l.Shadow {
-		entry.Shadow, entry.Admits = true, ShadowRefusalOf([]Limit{l}, d).First < 0
+		entry.Shadow, entry.Admits = true, limiter.ShadowRefusalOf([]limiter.Limit{l}, d).First < 0
 	}
-	windows := [NumWindows]**UsageCounter{RPM: &entry.RPM, TPM: &entry.TPM, ITPM: &entry.ITPM, OTPM: &entry.OTPM,
-		RPD: &entry.RPD, TPD: &entry.TPD, ITPD: &entry.ITPD, OTPD: &entry.OTPD}
+	windows := [limiter.NumWindows]**UsageCounter{limiter.RPM: &entry.RPM, limiter.TPM: &entry.TPM, limiter.ITPM: &entry.ITPM, limiter.OTPM: &entry.OTPM,
+		limiter.RPD: &entry.RPD, limiter.TPD: &entry.TPD, limiter.ITPD: &entry.ITPD, limiter.OTPD: &entry.OTPD}
 	for k, capacity := range l.Each {
 		*windows[k] = usageCounter(d.Counts[0].Window[k], capacity, d.Now.In(k.Span()))
 	}
@@ -540,18 +541,18 @@ func (g *usageGroup) read(r *http.Request, scope string) (UsageLimit, error) {
 			entry.PerRequest = make(map[string]string, len(g.perRequest))
 		}
 		entry.PerRequest[p.name] = p.describe()
-		if k := WindowKindNamed(p.name); k < NumWindows && p.fallback == "" {
+		if k := limiter.WindowKindNamed(p.name); k < limiter.NumWindows && p.fallback == "" {
 			(*windows[k]).Limit, (*windows[k]).Remaining = 0, 0
 		}
 	}
 	if b := l.Bucket; b.Rate > 0 {
 		deficit := d.Counts[0].Deficit
-		full := CeilDiv(deficit, b.Rate)
+		full := limiter.CeilDiv(deficit, b.Rate)
 		entry.Bucket = &UsageBucket{
 			BurstCapacity:   b.Burst,
 			ReplenishRate:   b.RateText,
 			RequestedTokens: b.Cost,
-			Tokens:          float64(max(b.Burst*MicroTokens-deficit, 0)/1000) / 1000,
+			Tokens:          float64(max(b.Burst*limiter.MicroTokens-deficit, 0)/1000) / 1000,
 			Remaining:       b.Left(deficit),
 			Full:            (time.Duration(full) * time.Millisecond).String(),
 			FullMillis:      full,
@@ -561,14 +562,14 @@ func (g *usageGroup) read(r *http.Request, scope string) (UsageLimit, error) {
 		held := d.Counts[0].Slots
 		entry.Concurrent = &UsageSlots{Limit: m, InFlight: held, Remaining: max(m-held, 0)}
 	}
-	budgets := [NumBudgetPeriods]**UsageBudget{BudgetDay: &entry.BudgetDay, BudgetMonth: &entry.BudgetMonth}
+	budgets := [limiter.NumBudgetPeriods]**UsageBudget{limiter.BudgetDay: &entry.BudgetDay, limiter.BudgetMonth: &entry.BudgetMonth}
 	for p, budget := range l.EachBudget {
 		*budgets[p] = usageBudget(d, l.Budgets.Calendar, p, budget)
 	}
 	return entry, nil
 }
 
-func usageBudget(d Decision, c *Calendar, p BudgetPeriod, budget int64) *UsageBudget {
+func usageBudget(d limiter.Decision, c *limiter.Calendar, p limiter.BudgetPeriod, budget int64) *UsageBudget {
 	spent, reserved, s := d.Counts[0].Spent[p], d.Counts[0].Reserved[p], c.SpanAt(p, d.Now)
 	at := func(unixMillis int64) string { return time.UnixMilli(unixMillis).In(c.Location).Format(time.RFC3339) }
 	return &UsageBudget{
@@ -593,12 +594,12 @@ func (g *usageGroup) source() string {
 	return "default"
 }
 
-func usageCounter(w Window, capacity int64, p Position) *UsageCounter {
-	reset := ResetIn(w, p)
+func usageCounter(w limiter.Window, capacity int64, p limiter.Position) *UsageCounter {
+	reset := limiter.ResetIn(w, p)
 	return &UsageCounter{
 		Limit:       capacity,
 		Estimate:    math.Round(w.Estimate(p)*1000) / 1000,
-		Remaining:   Remaining(w, capacity, p),
+		Remaining:   limiter.Remaining(w, capacity, p),
 		Reset:       (time.Duration(reset) * time.Millisecond).String(),
 		ResetMillis: reset,
 	}

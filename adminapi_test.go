@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rolter/caddy-ratelimit/internal/limiter"
 	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
 
@@ -255,7 +256,7 @@ func TestAdminLiveViewDigestsAKeyIDAndNeverEchoesIt(t *testing.T) {
 				t.Fatalf("%d %s", res.StatusCode, body)
 			}
 		}
-		digest := KeyID(false, raw)
+		digest := limiter.KeyID(false, raw)
 		v, body := getLiveView(t, "scope=key&id="+url.QueryEscape(raw))
 		for _, s := range []string{secret, "SECRET", "Bearer", "sk-live"} {
 			if strings.Contains(string(body), s) {
@@ -279,9 +280,9 @@ func TestAdminLiveViewDigestsAKeyIDAndNeverEchoesIt(t *testing.T) {
 		// Outside the key scope, an id that is not a short plain token is
 		// digested too, as in the store's keys.
 		v, body = getLiveView(t, "scope=team&id="+url.QueryEscape(team))
-		if v.ID != KeyID(false, team) || !digestRE.MatchString(v.ID) || strings.Contains(string(body), "with spaces") ||
+		if v.ID != limiter.KeyID(false, team) || !digestRE.MatchString(v.ID) || strings.Contains(string(body), "with spaces") ||
 			len(v.Limits) != 1 || v.Limits[0].RPM.Estimate != 2 {
-			t.Fatalf("team view %s: want the digest %q and the team's 2 requests", body, KeyID(false, team))
+			t.Fatalf("team view %s: want the digest %q and the team's 2 requests", body, limiter.KeyID(false, team))
 		}
 
 		// Errors never repeat the id either.
@@ -498,7 +499,7 @@ func TestAdminLiveViewReadsEachHandlersStoredFormOfTheID(t *testing.T) {
 			t.Fatalf("%s: %d %s", path, res.StatusCode, body)
 		}
 	}
-	digest := KeyID(false, org)
+	digest := limiter.KeyID(false, org)
 	v, body := getLiveView(t, "scope=org&id="+org)
 	got := fmt.Sprint(v.ID == digest, len(v.Limits))
 	for _, e := range v.Limits {
@@ -538,15 +539,15 @@ func TestAdminLiveViewShowsTheSlotsHeldOfACapOnRequestsInFlight(t *testing.T) {
 func TestEveryIDIsDigestedUnlessItsScopeIsReadable(t *testing.T) {
 	legacyKey := "sk-" + strings.Repeat("aB3", 16) // a 51-character OpenAI key: a plain token
 	for _, id := range []string{legacyKey, "alice@example.com", "acme", "42", "has space", strings.Repeat("x", 65)} {
-		got := KeyID(false, id)
+		got := limiter.KeyID(false, id)
 		if !digestRE.MatchString(got) || strings.Contains(got, id) {
 			t.Errorf("secret scope: %q is stored as %q, want its digest", id, got)
 		}
-		if readable := KeyID(true, id); isPlainID(id) && readable != id || !isPlainID(id) && readable != got {
+		if readable := limiter.KeyID(true, id); limiter.IsPlainID(id) && readable != id || !limiter.IsPlainID(id) && readable != got {
 			t.Errorf("readable scope: %q is stored as %q", id, readable)
 		}
 	}
-	if KeyID(true, "acme") != "acme" || KeyID(true, legacyKey) != legacyKey {
+	if limiter.KeyID(true, "acme") != "acme" || limiter.KeyID(true, legacyKey) != legacyKey {
 		t.Fatal("a readable scope's short plain ids are written as they are")
 	}
 }

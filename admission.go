@@ -11,6 +11,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/rolter/caddy-ratelimit/internal/limiter"
 	"github.com/rolter/caddy-ratelimit/internal/llmapi"
 	"github.com/rolter/caddy-ratelimit/internal/pricing"
 	"github.com/rolter/caddy-ratelimit/internal/tokenest"
@@ -67,12 +68,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.answer(w, req, *refused)
 	}
 	if len(chain) == 0 {
-		h.shadowRefused(w, req, chain, Decision{})
+		h.shadowRefused(w, req, chain, limiter.Decision{})
 		return next.ServeHTTP(w, r)
 	}
 	metering := chainMetersTokens(chain)
 	var est tokenest.Estimate
-	var reserve TokenCounts
+	var reserve limiter.TokenCounts
 	var price *pricing.Entry // with budgets: what the request's tokens cost
 	if metering {
 		if !h.readsModel && readable(req) {
@@ -88,7 +89,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				return h.answer(w, req, h.bodyRefusal(err))
 			}
 		}
-		if HasBudgets(chain, true) {
+		if limiter.HasBudgets(chain, true) {
 			var refused *answer
 			if price, refused = h.priceOf(chain, req, body); refused != nil {
 				return h.answer(w, req, *refused)
@@ -102,7 +103,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			}
 		}
 	}
-	return h.admitOrAnswer(w, req, chain, reserve, metering, next, func(rw *responseWriter, d Decision) error {
+	return h.admitOrAnswer(w, req, chain, reserve, metering, next, func(rw *responseWriter, d limiter.Decision) error {
 		if h.EnsureStreamUsage == nil || *h.EnsureStreamUsage {
 			rw.strip = requestStreamUsage(req, body.whole())
 		}
@@ -122,9 +123,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 // peekIfWorthSparing is the store's refusal of chain before the body is
 // read, when the body is worth sparing.
-func (h *Handler) peekIfWorthSparing(req *request, chain []Limit) (Admission, bool) {
+func (h *Handler) peekIfWorthSparing(req *request, chain []limiter.Limit) (limiter.Admission, bool) {
 	if !worthSparing(req.Request) {
-		return Admission{}, false
+		return limiter.Admission{}, false
 	}
 	return h.store.RefusedUnread(chain)
 }
@@ -135,9 +136,9 @@ func (h *Handler) peekIfWorthSparing(req *request, chain []Limit) (Admission, bo
 // it can be sure of: a later "model" key would win upstream, and a
 // client could choose the price it is counted at. Nor has one whose body
 // names it under two spellings of the key, which is refused with 400.
-func (h *Handler) priceOf(chain []Limit, req *request, body requestBody) (*pricing.Entry, *answer) {
+func (h *Handler) priceOf(chain []limiter.Limit, req *request, body requestBody) (*pricing.Entry, *answer) {
 	if req.call.Model == "" && !body.complete && req.ContentLength != 0 {
-		if HasBudgets(chain, false) {
+		if limiter.HasBudgets(chain, false) {
 			return nil, new(modelUnread())
 		}
 		return nil, nil
@@ -147,7 +148,7 @@ func (h *Handler) priceOf(chain []Limit, req *request, body requestBody) (*prici
 		return h.price(chain, model)
 	}
 	for _, l := range chain {
-		if HasBudgets([]Limit{l}, false) {
+		if limiter.HasBudgets([]limiter.Limit{l}, false) {
 			return nil, new(ambiguousScope(l.Scope, twoModelKeys))
 		}
 	}
@@ -172,12 +173,12 @@ func (h *Handler) modelScope() string {
 // the answer that refuses it when there is none: a budget never counts a
 // request at $0 because its price is unknown. Shadow budgets, which
 // refuse nothing, count only the requests they can price.
-func (h *Handler) price(chain []Limit, model string) (*pricing.Entry, *answer) {
+func (h *Handler) price(chain []limiter.Limit, model string) (*pricing.Entry, *answer) {
 	e, ok := h.prices.Lookup(model)
 	switch {
 	case ok:
 		return &e, nil
-	case HasBudgets(chain, false):
+	case limiter.HasBudgets(chain, false):
 		return nil, new(noPrice(model))
 	}
 	return nil, nil
@@ -190,7 +191,7 @@ func (h *Handler) price(chain []Limit, model string) (*pricing.Entry, *answer) {
 // an admitted request takes are freed once it has been passed on, however
 // that ends (a deferred call: reverse_proxy ends a response cut short with
 // a panic).
-func (h *Handler) admitOrAnswer(w http.ResponseWriter, req *request, chain []Limit, reserve TokenCounts, metering bool, next caddyhttp.Handler, pass func(*responseWriter, Decision) error) error {
+func (h *Handler) admitOrAnswer(w http.ResponseWriter, req *request, chain []limiter.Limit, reserve limiter.TokenCounts, metering bool, next caddyhttp.Handler, pass func(*responseWriter, limiter.Decision) error) error {
 	a, err := h.admitWaiting(req, chain, reserve)
 	switch {
 	case errors.Is(err, errClientGone):
@@ -202,7 +203,7 @@ func (h *Handler) admitOrAnswer(w http.ResponseWriter, req *request, chain []Lim
 	case !a.Admitted:
 		return h.answer(w, req, h.limitRefusal(req, a))
 	}
-	if HoldsSlots(chain) {
+	if limiter.HoldsSlots(chain) {
 		defer h.store.Free(chain)
 	}
 	switch rw := h.admitted(w, req, chain, a.Decision, metering); {
@@ -221,7 +222,7 @@ func (h *Handler) admitOrAnswer(w http.ResponseWriter, req *request, chain []Lim
 // scope names the model, the body is read first (body), but for a session,
 // whose model its URL names; a body that finds no room under body_memory is
 // refused.
-func (h *Handler) resolve(req *request) (chain []Limit, body requestBody, refused *answer) {
+func (h *Handler) resolve(req *request) (chain []limiter.Limit, body requestBody, refused *answer) {
 	if i := h.repeatedScopeHeader(req.Request); i >= 0 {
 		return nil, body, new(ambiguousScope(h.Scopes[i].Name, "the header "+h.scopeHeaders[i]+" more than once"))
 	}
@@ -252,7 +253,7 @@ func (h *Handler) resolve(req *request) (chain []Limit, body requestBody, refuse
 
 // chainMetersTokens reports whether a limit of chain caps a token window or
 // a budget: the response's usage is then metered.
-func chainMetersTokens(chain []Limit) bool {
+func chainMetersTokens(chain []limiter.Limit) bool {
 	for _, l := range chain {
 		if l.Meters() {
 			return true
@@ -267,17 +268,17 @@ func chainMetersTokens(chain []Limit) bool {
 // (503). On Redis Cluster every key carries the hash tag of the chain's
 // root: its outermost scope whose value is not empty, so that the whole
 // chain is one slot.
-func (h *Handler) chain(req *request) (chain []Limit, refused *answer) {
+func (h *Handler) chain(req *request) (chain []limiter.Limit, refused *answer) {
 	tag := ""
 	if h.Redis != nil && len(h.Redis.Cluster) > 0 {
 		for i, s := range slices.Backward(h.Scopes) {
 			if v := h.scopeValue(i, req); v != "" {
-				tag = ChainTag(s.Name, KeyID(s.Readable, v))
+				tag = limiter.ChainTag(s.Name, limiter.KeyID(s.Readable, v))
 				break
 			}
 		}
 	}
-	chain = make([]Limit, 0, len(h.Scopes))
+	chain = make([]limiter.Limit, 0, len(h.Scopes))
 	for i, s := range h.Scopes {
 		sl, limited := h.limits[s.Name]
 		if !limited && !s.Required {
@@ -293,7 +294,7 @@ func (h *Handler) chain(req *request) (chain []Limit, refused *answer) {
 		if !limited {
 			continue
 		}
-		id, spec, _ := sl.resolve(value, KeyID(s.Readable, value))
+		id, spec, _ := sl.resolve(value, limiter.KeyID(s.Readable, value))
 		if spec == nil {
 			continue
 		}
@@ -305,9 +306,9 @@ func (h *Handler) chain(req *request) (chain []Limit, refused *answer) {
 		case bad != "":
 			return nil, new(h.badLimit(s.Name, bad))
 		}
-		chain = append(chain, Limit{Scope: s.Name, ID: id, Caps: caps})
+		chain = append(chain, limiter.Limit{Scope: s.Name, ID: id, Caps: caps})
 	}
-	TagPrefixes(tag, chain)
+	limiter.TagPrefixes(tag, chain)
 	return chain, nil
 }
 
@@ -341,12 +342,12 @@ func scopeHeader(value string) string {
 // answer to a failed store: X-RateLimit-Remaining -1 beside the bucket's
 // configuration. A request under a budget is answered 503 whatever
 // on_redis_error says: spend that cannot be counted is never let through.
-func (h *Handler) storeFailed(w http.ResponseWriter, req *request, chain []Limit, err error, next caddyhttp.Handler) error {
+func (h *Handler) storeFailed(w http.ResponseWriter, req *request, chain []limiter.Limit, err error, next caddyhttp.Handler) error {
 	if h.OnRedisError == "deny" {
 		h.warn.log(h.logger, "rate limit store unavailable; refusing requests with 503 (on_redis_error deny)", zap.Error(err))
 		return h.answer(w, req, storeUnavailable)
 	}
-	if HasBudgets(chain, false) {
+	if limiter.HasBudgets(chain, false) {
 		h.warn.log(h.logger, "rate limit store unavailable; refusing requests under a budget with 503 (their spend cannot be counted)", zap.Error(err))
 		return h.answer(w, req, storeUnavailable)
 	}

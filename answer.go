@@ -13,6 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/rolter/caddy-ratelimit/internal/limiter"
 	"github.com/rolter/caddy-ratelimit/internal/pricing"
 )
 
@@ -86,7 +87,7 @@ func (h *Handler) answer(w http.ResponseWriter, req *request, a answer) error {
 	}
 	a.headers.apply(hdr)
 	if a.retryMillis > 0 {
-		seconds := CeilSeconds(a.retryMillis, 1)
+		seconds := limiter.CeilSeconds(a.retryMillis, 1)
 		req.repl.Set(placeholderRetryAfter, seconds)
 		hdr.Set("Retry-After", strconv.FormatInt(seconds, 10))
 		hdr.Set("Retry-After-Ms", strconv.FormatInt(a.retryMillis, 10))
@@ -131,7 +132,7 @@ func (req *request) awaitsContinue() bool {
 // wait, and then none is announced: the clients' SDKs back off on their own.
 // A wait longer than maxSDKRetryWait comes with x-should-retry false. A
 // spent budget is each dialect's quota error.
-func (h *Handler) limitRefusal(req *request, a Admission) answer {
+func (h *Handler) limitRefusal(req *request, a limiter.Admission) answer {
 	ref, l := a.Refusal, a.Limits[a.Refusal.First]
 	retryMillis := max(ref.WaitMillis, 1)
 	if !ref.KnowsWait() {
@@ -144,7 +145,7 @@ func (h *Handler) limitRefusal(req *request, a Admission) answer {
 		retryMillis: retryMillis, headers: h.families(req.dia).headersFor(a.Limits, a.Decision, false),
 		noRetry: retryMillis > maxSDKRetryWait,
 	}
-	if ref.Kind == Budget {
+	if ref.Kind == limiter.Budget {
 		ans.code, ans.capacity, ans.quota = "insufficient_quota", pricing.FormatUSD(ref.Capacity), true
 	}
 	return ans
@@ -162,15 +163,15 @@ const maxSDKRetryWait = 60_000
 // ("Request too large"), with x-should-retry false and no Retry-After.
 // Nothing is charged; its headers are the chain's as they stand, when the
 // store can read them.
-func (h *Handler) tooLarge(req *request, chain []Limit, over tooLargeFor, reserve TokenCounts) answer {
+func (h *Handler) tooLarge(req *request, chain []limiter.Limit, over tooLargeFor, reserve limiter.TokenCounts) answer {
 	l, k := chain[over.limit], over.window
 	capacity, requested := l.Windows[k], reserve.Of(k.Kind())
 	a := answer{
 		outcome: outcomeRefused, status: cmp.Or(h.Status, http.StatusTooManyRequests),
 		message: fmt.Sprintf("Request too large for %s on %s per %s (%s): Limit %d, Requested %d. The input or output tokens must be reduced in order to run successfully.",
-			l.Scope, k.Noun(), Spans[k.Span()].Per, k.Unit(), capacity, requested),
-		typ: TooLarge.ErrorType(), code: "rate_limit_exceeded",
-		scope: l.Scope, kind: TooLarge.String(), window: Spans[k.Span()].Name, capacity: strconv.FormatInt(capacity, 10), id: l.ID, requested: requested,
+			l.Scope, k.Noun(), limiter.Spans[k.Span()].Per, k.Unit(), capacity, requested),
+		typ: limiter.TooLarge.ErrorType(), code: "rate_limit_exceeded",
+		scope: l.Scope, kind: limiter.TooLarge.String(), window: limiter.Spans[k.Span()].Name, capacity: strconv.FormatInt(capacity, 10), id: l.ID, requested: requested,
 		noRetry: true,
 	}
 	if over.overBudget {
@@ -272,24 +273,24 @@ var storeUnavailable = answer{outcome: outcomeFailedClosed, status: http.StatusS
 
 // refusalMessage names the scope and the cap, never the id, and the wait when it
 // is known.
-func refusalMessage(r Refusal, chain []Limit) string {
+func refusalMessage(r limiter.Refusal, chain []limiter.Limit) string {
 	scope := chain[r.First].Scope
 	var reached string
 	switch r.Kind {
-	case Budget:
+	case limiter.Budget:
 		l := chain[r.First]
 		renews := time.UnixMilli(r.RenewsAt).In(l.Budgets.Calendar.Location).Format(time.RFC3339)
 		return fmt.Sprintf("Budget reached for %s: $%s per %s, of which $%s is spent or reserved. It renews at %s (%s); please try again then.",
 			scope, pricing.FormatUSD(r.Capacity), r.Period, pricing.FormatUSD(r.Used), renews, l.Budgets.Calendar.Name)
-	case Concurrency:
+	case limiter.Concurrency:
 		reached = fmt.Sprintf("Concurrency limit reached for %s: %d requests in flight.", scope, r.Capacity)
-	case Burst:
+	case limiter.Burst:
 		b := chain[r.First].Bucket
 		reached = fmt.Sprintf("Rate limit reached for %s: burst capacity %d, refilled at %s per second; a request takes %d.",
 			scope, b.Burst, b.RateText, b.Cost)
 	default:
 		reached = fmt.Sprintf("Rate limit reached for %s: limit %d %s (%s per %s).",
-			scope, r.Capacity, r.Window.Unit(), r.Window.Noun(), Spans[r.Window.Span()].Name)
+			scope, r.Capacity, r.Window.Unit(), r.Window.Noun(), limiter.Spans[r.Window.Span()].Name)
 	}
 	if !r.KnowsWait() {
 		return reached + " Please try again once a request in flight has ended."

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rolter/caddy-ratelimit/internal/limiter"
 	"github.com/rolter/caddy-ratelimit/internal/llmapi"
 	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
@@ -41,8 +42,8 @@ func readWhole(t *testing.T, r *http.Request) []byte {
 // alike; it still reaches the upstream whole.
 func TestABodyOverTheReadLimitReservesNoLessThanOneUnderIt(t *testing.T) {
 	h := &Handler{}
-	chain := []Limit{newLimit("org", "o", 0, MaxCap)}
-	reserve := func(content int) TokenCounts {
+	chain := []limiter.Limit{newLimit("org", "o", 0, limiter.MaxCap)}
+	reserve := func(content int) limiter.TokenCounts {
 		body := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("a", content) + `"}]}`
 		r := httptest.NewRequest("POST", "/v1/chat/completions", strings.NewReader(body))
 		r.Header.Set("Content-Type", "application/json")

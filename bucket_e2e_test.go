@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/rolter/caddy-ratelimit/internal/limiter"
 	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
 
@@ -61,7 +62,7 @@ func TestSCGHeadersAndCustomStatusOnBucketAndRPMRefusals(t *testing.T) {
 			t.Fatalf("Retry-After %q, want the 1000 s a token takes at 0.001 per second", res.Header.Get("Retry-After"))
 		}
 		// The live view shows the empty bucket with the headers' definitions.
-		v, view := getLiveView(t, "scope=key&digest="+url.QueryEscape(KeyID(false, "Bearer sk-a-"+org)))
+		v, view := getLiveView(t, "scope=key&digest="+url.QueryEscape(limiter.KeyID(false, "Bearer sk-a-"+org)))
 		if len(v.Limits) != 1 || v.Limits[0].Admits || v.Limits[0].Bucket == nil {
 			t.Fatalf("live view %s: want one limit, refusing, with its bucket", view)
 		}

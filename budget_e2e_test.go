@@ -31,6 +31,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/rolter/caddy-ratelimit/internal/limiter"
 	"github.com/rolter/caddy-ratelimit/internal/llmapi"
 	"github.com/rolter/caddy-ratelimit/internal/pricing"
 	"github.com/rolter/caddy-ratelimit/internal/redistest"
@@ -109,7 +110,9 @@ const teamLines = "scope team {http.request.header.X-Team} readable\n"
 func teamPrefix(team string) string { return "rolter:rl:team:" + team + ":" }
 
 // usdText is nano-dollars as the exact decimal dollars a budget takes.
-func usdText(nano int64) string { return fmt.Sprintf("%d.%09d", nano/usd, nano%usd) }
+func usdText(nano int64) string {
+	return fmt.Sprintf("%d.%09d", nano/pricing.NanoPerUSD, nano%pricing.NanoPerUSD)
+}
 
 // nanoUSD reads dollars as the live view writes them, exact decimals, in
 // nano-dollars.
@@ -121,7 +124,7 @@ func nanoUSD(t *testing.T, dollars string) int64 {
 	if err != nil || ferr != nil || len(frac) > 9 {
 		t.Fatalf("%q is not an amount of dollars", dollars)
 	}
-	return w*usd + f
+	return w*pricing.NanoPerUSD + f
 }
 
 // teamLimit is the limit that applies to team in the live view of the
@@ -956,13 +959,18 @@ func TestABudgetRefusalIsEachDialectsQuotaError(t *testing.T) {
 // spent or reserved, and when it renews in its time zone, never the id;
 // its wait is exact to the renewal.
 func TestABudgetRefusalSaysWhichBudgetAndWhenItRenews(t *testing.T) {
-	const zone = "Europe/Paris"
-	at := localMillis(t, zone, 2026, time.March, 10, 15, 0, 0, 0)
-	chain := []Limit{newLimit("key", "secret-key", 100, 0), newBudgetLimit(t, "team", "search", 10*usd, 0, 0, zone)}
-	d := Decision{Now: MomentAt(at), Counts: make([]Counts, 2), Reserve: TokenCounts{Total: 10, Cost: 2}}
-	d.Counts[1].Spent[BudgetDay], d.Counts[1].Reserved[BudgetDay] = 9*usd, usd-1
-	ref := RefusalOf(chain, d)
-	if ref.First != 1 || ref.Kind != Budget || ref.WindowName() != "day" || ref.WaitMillis != 9*3600_000 || !ref.KnowsWait() {
+	paris, err := limiter.CalendarOf("Europe/Paris")
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Date(2026, time.March, 10, 15, 0, 0, 0, paris.Location).UnixMilli()
+	team := limiter.CapsOfWindows(limiter.WindowCaps{})
+	team.Budgets = limiter.BudgetCaps{Max: [limiter.NumBudgetPeriods]int64{limiter.BudgetDay: 10 * pricing.NanoPerUSD}, Calendar: paris}
+	chain := []limiter.Limit{newLimit("key", "secret-key", 100, 0), limiter.NewLimit("", "team", "search", team)}
+	d := limiter.Decision{Now: limiter.MomentAt(at), Counts: make([]limiter.Counts, 2), Reserve: limiter.TokenCounts{Total: 10, Cost: 2}}
+	d.Counts[1].Spent[limiter.BudgetDay], d.Counts[1].Reserved[limiter.BudgetDay] = 9*pricing.NanoPerUSD, pricing.NanoPerUSD-1
+	ref := limiter.RefusalOf(chain, d)
+	if ref.First != 1 || ref.Kind != limiter.Budget || ref.WindowName() != "day" || ref.WaitMillis != 9*3600_000 || !ref.KnowsWait() {
 		t.Fatalf("refusal %+v, want the team's day budget, renewing in 9 hours", ref)
 	}
 	want := "Budget reached for team: $10.00 per day, of which $9.999999999 is spent or reserved. It renews at 2026-03-11T00:00:00+01:00 (Europe/Paris); please try again then."
@@ -970,7 +978,7 @@ func TestABudgetRefusalSaysWhichBudgetAndWhenItRenews(t *testing.T) {
 		t.Fatalf("message\n%s\nwant\n%s", got, want)
 	}
 	d.Reserve.Cost = 1
-	if ref := RefusalOf(chain, d); ref.First >= 0 {
+	if ref := limiter.RefusalOf(chain, d); ref.First >= 0 {
 		t.Fatalf("a cost that fits exactly was refused: %+v", ref)
 	}
 }

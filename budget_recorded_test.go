@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/rolter/caddy-ratelimit/internal/limiter"
 	"github.com/rolter/caddy-ratelimit/internal/llmapi"
 	"github.com/rolter/caddy-ratelimit/internal/pricing"
 	"github.com/rolter/caddy-ratelimit/internal/tokenest"
@@ -120,7 +121,13 @@ func TestBudgetOvershootAgainstRecordedUsage(t *testing.T) {
 	if h.prices, err = pricing.NewTable(inline, nil); err != nil {
 		t.Fatal(err)
 	}
-	chain := []Limit{newBudgetLimit(t, "team", "recorded", 0, pricing.MaxBudget, 0, "UTC")}
+	utc, err := limiter.CalendarOf("UTC")
+	if err != nil {
+		t.Fatal(err)
+	}
+	team := limiter.CapsOfWindows(limiter.WindowCaps{})
+	team.Budgets = limiter.BudgetCaps{Max: [limiter.NumBudgetPeriods]int64{limiter.BudgetMonth: pricing.MaxBudget}, Calendar: utc}
+	chain := []limiter.Limit{limiter.NewLimit("", "team", "recorded", team)}
 
 	type class struct {
 		n, over int

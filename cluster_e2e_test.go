@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/rolter/caddy-ratelimit/internal/limiter"
 	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
 
@@ -37,7 +38,7 @@ func TestClusterChainIsTaggedWithItsOutermostPresentScope(t *testing.T) {
 	}{
 		{map[string]string{"Authorization": "Bearer sk-1", "X-Team": "ml", "X-Org": "acme"}, "{org:acme}:"}, // org has no limit, yet it is the root
 		{map[string]string{"Authorization": "Bearer sk-1", "X-Team": "ml"}, "{team:ml}:"},
-		{map[string]string{"Authorization": "Bearer sk-1"}, "{key:" + KeyID(false, "Bearer sk-1") + "}:"},
+		{map[string]string{"Authorization": "Bearer sk-1"}, "{key:" + limiter.KeyID(false, "Bearer sk-1") + "}:"},
 	} {
 		r, _ := http.NewRequest("GET", "/", nil)
 		for k, v := range tc.headers {

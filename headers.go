@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/rolter/caddy-ratelimit/internal/limiter"
 )
 
 // headerFamilies is which rate-limit headers a handler sends.
@@ -144,8 +146,8 @@ func (s headerSet) sets(name, value string) bool {
 type tightest struct {
 	found          bool
 	capacity, left int64
-	resetMillis    int64       // windows
-	bucket         TokenBucket // token buckets
+	resetMillis    int64               // windows
+	bucket         limiter.TokenBucket // token buckets
 }
 
 // headersFor computes the headers of an answer. counted says whether the
@@ -153,10 +155,10 @@ type tightest struct {
 // a kind (requests, tokens, input and output tokens) describe its tightest
 // window, a minute or a day: the one with the least remaining, which will
 // refuse first; the IETF family lists every window.
-func (f headerFamilies) headersFor(chain []Limit, d Decision, counted bool) headerSet {
-	at := [...]Position{d.Now.In(Minute), d.Now.In(Day)}
+func (f headerFamilies) headersFor(chain []limiter.Limit, d limiter.Decision, counted bool) headerSet {
+	at := [...]limiter.Position{d.Now.In(limiter.Minute), d.Now.In(limiter.Day)}
 	var byKind [4]tightest
-	var byWindow [NumWindows]tightest
+	var byWindow [limiter.NumWindows]tightest
 	var bkt tightest
 	for i, l := range chain {
 		if l.Shadow { // tried, not enforced: the caller's limits are the others
@@ -169,7 +171,7 @@ func (f headerFamilies) headersFor(chain []Limit, d Decision, counted bool) head
 		for k, capacity := range l.Each {
 			w := c.Window[k]
 			p := at[k.Span()]
-			t := tightest{capacity: capacity, left: Remaining(w, capacity, p), resetMillis: ResetIn(w, p)}
+			t := tightest{capacity: capacity, left: limiter.Remaining(w, capacity, p), resetMillis: limiter.ResetIn(w, p)}
 			byKind[k.Kind()].consider(t)
 			byWindow[k].consider(t)
 		}
@@ -183,8 +185,8 @@ func (f headerFamilies) headersFor(chain []Limit, d Decision, counted bool) head
 	var buf [256]byte
 	text := buf[:0]
 	if f.openai {
-		text = byKind[Requests].appendOpenAI(&v, text, openaiHeaders[:3])
-		text = byKind[Tokens].appendOpenAI(&v, text, openaiHeaders[3:])
+		text = byKind[limiter.Requests].appendOpenAI(&v, text, openaiHeaders[:3])
+		text = byKind[limiter.Tokens].appendOpenAI(&v, text, openaiHeaders[3:])
 	}
 	if f.anthropic {
 		for k, t := range byKind {
@@ -239,7 +241,7 @@ func (v *headerValues) values(text []byte) [][2]string {
 
 // appendIETF appends the IETF family's two headers, which list every
 // window capped: its policy and its state.
-func appendIETF(v *headerValues, text []byte, byWindow *[NumWindows]tightest) []byte {
+func appendIETF(v *headerValues, text []byte, byWindow *[limiter.NumWindows]tightest) []byte {
 	for h, state := range [...]bool{false, true} {
 		listed := false
 		for k, t := range byWindow {
@@ -250,15 +252,15 @@ func appendIETF(v *headerValues, text []byte, byWindow *[NumWindows]tightest) []
 				text = append(text, ", "...)
 			}
 			listed = true
-			wk := WindowKind(k)
+			wk := limiter.WindowKind(k)
 			text = append(text, '"')
 			text = append(text, wk.Kind().String()...)
-			if wk.Span() == Day {
+			if wk.Span() == limiter.Day {
 				text = append(text, "_per_day"...)
 			}
-			if u := Spans[wk.Span()]; state {
+			if u := limiter.Spans[wk.Span()]; state {
 				text = strconv.AppendInt(append(text, `";r=`...), t.left, 10)
-				text = strconv.AppendInt(append(text, ";t="...), CeilSeconds(t.resetMillis, 0), 10)
+				text = strconv.AppendInt(append(text, ";t="...), limiter.CeilSeconds(t.resetMillis, 0), 10)
 			} else {
 				text = strconv.AppendInt(append(text, `";q=`...), t.capacity, 10)
 				text = strconv.AppendInt(append(text, ";w="...), u.Length*u.UnitMillis/1000, 10)
@@ -276,7 +278,7 @@ func appendIETF(v *headerValues, text []byte, byWindow *[NumWindows]tightest) []
 // store failed: with scg, Spring Cloud Gateway's X-RateLimit-Remaining -1
 // beside the configuration of the bucket the chain's headers describe when
 // every bucket is full; no other family has an answer without counters.
-func (f headerFamilies) failedOpenHeaders(chain []Limit) headerSet {
+func (f headerFamilies) failedOpenHeaders(chain []limiter.Limit) headerSet {
 	s := headerSet{families: headerFamilies{scg: f.scg}}
 	if !f.scg {
 		return s

@@ -23,6 +23,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"github.com/rolter/caddy-ratelimit/internal/limiter"
 	"github.com/rolter/caddy-ratelimit/internal/poll"
 	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
@@ -177,7 +178,7 @@ func redisAddr(t *testing.T, url string) string {
 // slotsOf is the slots key of the key scope's limit for id, without a
 // hash tag.
 func slotsOf(id string) string {
-	return SlotsKey(NewLimit("", "key", KeyID(false, id), Caps{}))
+	return limiter.SlotsKey(limiter.NewLimit("", "key", limiter.KeyID(false, id), limiter.Caps{}))
 }
 
 // flightGatewayOn starts an in-process gateway on loopback whose routes are
@@ -508,16 +509,16 @@ func TestARealtimeSessionHoldsOneSlotUntilItCloses(t *testing.T) {
 
 // slotsInStore is how many slots of l every holder holds in store (a redis
 // line, or "" for the in-process store), read as an admission reads them.
-func slotsInStore(t *testing.T, storeLine string, l Limit) int64 {
+func slotsInStore(t *testing.T, storeLine string, l limiter.Limit) int64 {
 	t.Helper()
 	return peekInStore(t, storeLine, l).Counts[0].Slots
 }
 
 // peekInStore reads l's counters in the store of a gateway's store line
 // ("" for the in-process store).
-func peekInStore(t *testing.T, storeLine string, l Limit) Decision {
+func peekInStore(t *testing.T, storeLine string, l limiter.Limit) limiter.Decision {
 	t.Helper()
-	var s Store
+	var s limiter.Store
 	if storeLine == "" {
 		m, release, err := acquireMemoryStore()
 		if err != nil {
@@ -526,9 +527,14 @@ func peekInStore(t *testing.T, storeLine string, l Limit) Decision {
 		defer release()
 		s = m
 	} else {
-		s = newTestRedisStore(t, strings.TrimPrefix(storeLine, "redis "))
+		r, release, err := acquireRedisStore(&RedisConfig{URL: strings.TrimPrefix(storeLine, "redis ")}, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer release()
+		s = r
 	}
-	d, err := s.Peek(context.Background(), []Limit{l})
+	d, err := s.Peek(context.Background(), []limiter.Limit{l})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -547,14 +553,14 @@ func TestARefusalByTheSlotTakesNoRPMAndARefusalByRPMTakesNoSlot(t *testing.T) {
 		c := flightClient(t)
 		key := "sk-" + redistest.UniqueID(t)
 		header := "X-Api-Key: " + key
-		l := newSlotLimit("key", KeyID(false, key), 1, 2, DefaultSlotLease)
+		l := capsLimit(t, LimitConfig{Scope: "key", ID: limiter.KeyID(false, key), RPM: 2, Concurrent: 1})
 
 		refused, finish := heldBurst(t, c, []string{gw.url}, up, 1, header)
 		if len(refused) != 0 {
 			t.Fatalf("the first request was refused: %d %s", refused[0].status, refused[0].body)
 		}
 		mustBeConcurrencyRefusal(t, "a second request while the first is in flight", post(c, gw.url, header, "X-Upstream: "+upstreamFast), "key", 1, key)
-		if n := windowHolds(t, store, l, RPM); n != 1 {
+		if n := windowHolds(t, store, l, limiter.RPM); n != 1 {
 			t.Fatalf("rpm counts %d requests after a refusal by the slot, want the admitted one's 1", n)
 		}
 		if got := statuses(finish()); got[200] != 1 {
@@ -567,7 +573,7 @@ func TestARefusalByTheSlotTakesNoRPMAndARefusalByRPMTakesNoSlot(t *testing.T) {
 		if a.err != nil || a.status != 429 || json.Unmarshal([]byte(a.body), &e) != nil || !strings.HasPrefix(e.Error.Message, "Rate limit reached for key: limit 2 RPM") || a.header.Get("Retry-After") == "" {
 			t.Fatalf("a fourth request over rpm 2: %d %s %v, want 429 by rpm with Retry-After", a.status, a.body, a.err)
 		}
-		if n := windowHolds(t, store, l, RPM); n != 2 {
+		if n := windowHolds(t, store, l, limiter.RPM); n != 2 {
 			t.Fatalf("rpm counts %d requests, want 2", n)
 		}
 		if n := slotsInStore(t, store, l); n != 0 {
@@ -589,8 +595,8 @@ func TestOnRedisClusterSlotsLiveInTheChainRootsSlotAndThreeGatewaysCapExactly(t 
 			limit key * concurrent 5
 			on_redis_error deny`))
 	key, org := "sk-"+redistest.UniqueID(t), redistest.UniqueID(t)
-	root := ChainTag("org", KeyID(true, org))
-	slots := SlotsKey(NewLimit(root, "key", KeyID(false, key), Caps{}))
+	root := limiter.ChainTag("org", limiter.KeyID(true, org))
+	slots := limiter.SlotsKey(limiter.NewLimit(root, "key", limiter.KeyID(false, key), limiter.Caps{}))
 	if c.KeySlot(slots) != c.KeySlot(root) {
 		t.Fatalf("%s is not in the hash slot of the chain's root %s", slots, root)
 	}
@@ -645,7 +651,7 @@ func TestAConcurrencyRefusalSetsItsPlaceholdersMetricAndLogLineAndSlotsHeldFollo
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !strings.Contains(string(logs), `"msg":"refused","scope":"key","id":"`+KeyID(false, key)+`","kind":"concurrency"`) {
+		if !strings.Contains(string(logs), `"msg":"refused","scope":"key","id":"`+limiter.KeyID(false, key)+`","kind":"concurrency"`) {
 			t.Errorf("no debug line of the refusal with kind concurrency in the log:\n%s", logs)
 		}
 	})

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rolter/caddy-ratelimit/internal/limiter"
 	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
 
@@ -150,4 +151,20 @@ func TestJSONValidationRejectsANegativeConcurrencyCap(t *testing.T) {
 	if err == nil || err.Error() != `limit for scope "key" id "*": concurrent must be a positive integer of at most 100000000000, not -1` {
 		t.Fatalf("Validate: %v", err)
 	}
+}
+
+// newLimit is a per-minute limit without a hash tag, as the handler builds
+// it of a line with rpm and tpm.
+func newLimit(scope, id string, perMinute, tokensPerMinute int64) limiter.Limit {
+	return limiter.NewLimit("", scope, id, limiter.CapsOfWindows(limiter.WindowCaps{limiter.RPM: perMinute, limiter.TPM: tokensPerMinute}))
+}
+
+// capsLimit is the limit without a hash tag of a configured line's caps.
+func capsLimit(t testing.TB, line LimitConfig) limiter.Limit {
+	t.Helper()
+	caps, err := line.caps()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return limiter.NewLimit("", line.Scope, line.ID, caps)
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
 
+	"github.com/rolter/caddy-ratelimit/internal/limiter"
 	"github.com/rolter/caddy-ratelimit/internal/pricing"
 	"github.com/rolter/caddy-ratelimit/internal/tokenest"
 	"github.com/rolter/caddy-ratelimit/internal/usage"
@@ -155,7 +156,7 @@ func usageCeiling(est tokenest.Estimate) usage.Usage {
 
 // usageClamped counts n responses whose usage was over their ceiling, and
 // warns, naming the chain's scopes only: their ids may be secrets.
-func (h *Handler) usageClamped(chain []Limit, what string, n int64) {
+func (h *Handler) usageClamped(chain []limiter.Limit, what string, n int64) {
 	usageClampedTotal.WithLabelValues(what).Add(float64(n))
 	scopes := make([]string, len(chain))
 	for i, l := range chain {
@@ -167,8 +168,8 @@ func (h *Handler) usageClamped(chain []Limit, what string, n int64) {
 
 // tokensOf is the tokens of u, and with a price (a chain with budgets),
 // what they cost.
-func tokensOf(u usage.Usage, price *pricing.Entry) TokenCounts {
-	t := TokenCounts{Total: u.Total, Input: u.Input, Output: u.Output}
+func tokensOf(u usage.Usage, price *pricing.Entry) limiter.TokenCounts {
+	t := limiter.TokenCounts{Total: u.Total, Input: u.Input, Output: u.Output}
 	if price != nil {
 		t.Cost = costOf(price.Price, u)
 	}
@@ -181,7 +182,7 @@ func tokensOf(u usage.Usage, price *pricing.Entry) TokenCounts {
 // metering of its body (the caller then meters the response or the
 // session), holding the store for the charge. It returns nil when the
 // response needs no wrapping.
-func (h *Handler) admitted(w http.ResponseWriter, req *request, chain []Limit, d Decision, metering bool) *responseWriter {
+func (h *Handler) admitted(w http.ResponseWriter, req *request, chain []limiter.Limit, d limiter.Decision, metering bool) *responseWriter {
 	if !h.shadowRefused(w, req, chain, d) {
 		setOutcome(req.repl, outcomeAdmitted)
 	}
@@ -207,11 +208,11 @@ func (h *Handler) admitted(w http.ResponseWriter, req *request, chain []Limit, d
 // chain, and what they cost, in the current periods, and waits for the
 // outcome, so that a session's last charge lands before its store is
 // released.
-func (h *Handler) chargeSession(chain []Limit, tokens TokenCounts, price *pricing.Entry) {
+func (h *Handler) chargeSession(chain []limiter.Limit, tokens limiter.TokenCounts, price *pricing.Entry) {
 	if tokens.IsZero() {
 		return
 	}
-	c := Charge{Tokens: tokens}
+	c := limiter.Charge{Tokens: tokens}
 	done := make(chan error, 1)
 	h.store.Charge(chain, c, func(err error) { done <- err })
 	h.settled(c, tokens, price, <-done)
@@ -227,7 +228,7 @@ func (h *Handler) chargeSession(chain []Limit, tokens TokenCounts, price *pricin
 // nothing) is charged at least the reservation: what it reported where
 // that is more, count by count (AtLeast). It releases the store that
 // ServeHTTP held for it.
-func (h *Handler) meterResponse(w *responseWriter, chain []Limit, d Decision, price *pricing.Entry) {
+func (h *Handler) meterResponse(w *responseWriter, chain []limiter.Limit, d limiter.Decision, price *pricing.Entry) {
 	u, metered, final, clamped := w.finish()
 	used := tokensOf(u, price)
 	if clamped {
@@ -239,13 +240,13 @@ func (h *Handler) meterResponse(w *responseWriter, chain []Limit, d Decision, pr
 			h.logger.Debug("response not metered: no usage found", zap.String("scope", chain[0].Scope), zap.String("id", chain[0].ID))
 		}
 	}
-	c, charged := Charge{Tokens: used}, used
+	c, charged := limiter.Charge{Tokens: used}, used
 	if !d.Reserve.IsZero() {
 		c = c.Settling(d)
 		switch {
 		case final:
 		case w.unprocessed():
-			charged = TokenCounts{}
+			charged = limiter.TokenCounts{}
 		default:
 			charged = used.AtLeast(d.Reserve)
 		}
@@ -295,14 +296,14 @@ func unreached(err error) bool {
 
 // settled counts a charge once the store has it, or logs its failure: the
 // tokens and the cost finally charged, and what a settlement gave back.
-func (h *Handler) settled(c Charge, charged TokenCounts, price *pricing.Entry, err error) {
+func (h *Handler) settled(c limiter.Charge, charged limiter.TokenCounts, price *pricing.Entry, err error) {
 	if err != nil {
 		h.chargeWarn.log(h.logger, "recording tokens failed; they are not charged", zap.Error(err), zap.Int64("tokens", charged.Total),
 			zap.String("cost_usd", pricing.FormatUSD(charged.Cost)))
 		return
 	}
 	tokensCharged.add(charged)
-	tokensReturned.add(TokenCounts{Total: max(-c.Tokens.Total, 0), Input: max(-c.Tokens.Input, 0), Output: max(-c.Tokens.Output, 0)})
+	tokensReturned.add(limiter.TokenCounts{Total: max(-c.Tokens.Total, 0), Input: max(-c.Tokens.Input, 0), Output: max(-c.Tokens.Output, 0)})
 	if price != nil {
 		spendChargedTotal.WithLabelValues(price.Name).Add(float64(charged.Cost))
 		spendReturnedTotal.WithLabelValues(price.Name).Add(float64(max(c.Unreserve-charged.Cost, 0)))

@@ -9,8 +9,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 
+	"github.com/rolter/caddy-ratelimit/internal/limiter"
 	"github.com/rolter/caddy-ratelimit/internal/redistest"
 	"github.com/rolter/caddy-ratelimit/internal/usage"
 	"github.com/rolter/caddy-ratelimit/internal/usage/usagetest"
@@ -41,44 +41,30 @@ func (i ids) headers() []string {
 	return []string{"Authorization: " + i.key, "X-Team: " + i.team, "X-Org: " + i.org}
 }
 
-func (i ids) limits() []Limit {
-	return []Limit{
-		newLimit("key", KeyID(false, i.key), 0, 1),
-		newLimit("team", KeyID(false, i.team), 0, 1),
-		newLimit("org", KeyID(false, i.org), 0, 1),
+func (i ids) limits() []limiter.Limit {
+	return []limiter.Limit{
+		newLimit("key", limiter.KeyID(false, i.key), 0, 1),
+		newLimit("team", limiter.KeyID(false, i.team), 0, 1),
+		newLimit("org", limiter.KeyID(false, i.org), 0, 1),
 	}
-}
-
-// storeCount reads one period directly from the store that gateways on
-// store (a redis line, or "" for the in-process store) use.
-func storeCount(t *testing.T, store, prefix string, k WindowKind, period int64) int64 {
-	if store == "" {
-		s, release, err := acquireMemoryStore()
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer release()
-		return memoryCount(t, s, prefix, k, period)
-	}
-	return redisCount(t, strings.TrimPrefix(store, "redis "), prefix, k, period)
 }
 
 // windowHolds is what l's window k holds in its current period and the last
 // (a charge may land just before a period boundary).
-func windowHolds(t *testing.T, store string, l Limit, k WindowKind) int64 {
-	b := MomentAt(time.Now().UnixMilli()).In(k.Span()).Period
-	return storeCount(t, store, l.Prefix, k, b) + storeCount(t, store, l.Prefix, k, b-1)
+func windowHolds(t *testing.T, store string, l limiter.Limit, k limiter.WindowKind) int64 {
+	w := peekInStore(t, store, l).Counts[0].Window[k]
+	return w.Cur + w.Prev
 }
 
 // waitCharged waits until every limit's token windows hold want tokens in
 // store. The charge runs after the response, in the background: poll for it.
-func waitCharged(t *testing.T, store string, chain []Limit, want int64) {
+func waitCharged(t *testing.T, store string, chain []limiter.Limit, want int64) {
 	t.Helper()
-	waitWindow(t, store, chain, TPM, want)
+	waitWindow(t, store, chain, limiter.TPM, want)
 }
 
 // waitWindow waits until window k of every limit of chain holds want.
-func waitWindow(t *testing.T, store string, chain []Limit, k WindowKind, want int64) {
+func waitWindow(t *testing.T, store string, chain []limiter.Limit, k limiter.WindowKind, want int64) {
 	t.Helper()
 	eventually(t, func() error {
 		for _, l := range chain {
@@ -145,7 +131,7 @@ func TestTPMCapRefusesWithTypeTokensOnceChargedUsageFillsIt(t *testing.T) {
 		if res, _ := gw.get(t, "/samples/openai_chat.json?coding=gzip", "X-Org: "+org); res.StatusCode != 200 {
 			t.Fatalf("first request %d", res.StatusCode)
 		}
-		waitCharged(t, store, []Limit{newLimit("org", org, 0, 1)}, 1163)
+		waitCharged(t, store, []limiter.Limit{newLimit("org", org, 0, 1)}, 1163)
 		res, body := gw.get(t, "/samples/openai_chat.json?coding=gzip", "X-Org: "+org)
 		if res.StatusCode != 429 {
 			t.Fatalf("with 1163 of tpm 1000 charged: %d, want 429", res.StatusCode)
@@ -342,8 +328,8 @@ func TestAResponseIsChargedAtMostItsRequestsOwnOutputCapTimesItsChoices(t *testi
 				t.Fatalf("%s: %d %s", c.what, res.StatusCode, body)
 			}
 			waitMetric(t, metric, clamped+1)
-			waitWindow(t, store, orgTokens(org), OTPM, c.output)
-			waitWindow(t, store, orgTokens(org), ITPM, maxResponseInput)
+			waitWindow(t, store, orgTokens(org), limiter.OTPM, c.output)
+			waitWindow(t, store, orgTokens(org), limiter.ITPM, maxResponseInput)
 			waitCharged(t, store, orgTokens(org), maxResponseInput+c.output)
 		}
 	})
@@ -459,8 +445,8 @@ func TestAStreamTheClientLeavesBeforeItsFinalReportIsChargedAtLeastItsReservatio
 			c.stream.leaveAt(t, gw, gone, "X-Org: "+org)
 			waitMetric(t, `caddy_rolter_ratelimit_tokens_charged_total{kind="total"}`, charged+float64(c.total))
 			waitCharged(t, store, orgTokens(org), c.total)
-			waitWindow(t, store, orgTokens(org), ITPM, c.input)
-			waitWindow(t, store, orgTokens(org), OTPM, c.output)
+			waitWindow(t, store, orgTokens(org), limiter.ITPM, c.input)
+			waitWindow(t, store, orgTokens(org), limiter.OTPM, c.output)
 		}
 	})
 }

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/rolter/caddy-ratelimit/internal/limiter"
 )
 
 // The collectors live with the process, so that counters keep counting across
@@ -153,7 +155,7 @@ func tokenCountersOf(c *prometheus.CounterVec) tokenCounters {
 }
 
 // add adds the tokens of each kind that t has.
-func (c tokenCounters) add(t TokenCounts) {
+func (c tokenCounters) add(t limiter.TokenCounts) {
 	for i, n := range [...]int64{t.Total, t.Input, t.Output} {
 		if n > 0 {
 			c[i].Add(float64(n))
@@ -164,7 +166,7 @@ func (c tokenCounters) add(t TokenCounts) {
 // storeMetrics counts what the stores tell their Observer.
 type storeMetrics struct{}
 
-func init() { Observe(storeMetrics{}) }
+func init() { limiter.Observe(storeMetrics{}) }
 
 func (storeMetrics) RedisCall(op string, took time.Duration, err error) {
 	redisDuration.WithLabelValues(op).Observe(took.Seconds())
@@ -175,4 +177,4 @@ func (storeMetrics) RedisCall(op string, took time.Duration, err error) {
 
 func (storeMetrics) RefusedFromCache() { refusalsCachedTotal.Inc() }
 
-func (storeMetrics) SlotsHeld(scope string) Adder { return slotsHeld.WithLabelValues(scope) }
+func (storeMetrics) SlotsHeld(scope string) limiter.Adder { return slotsHeld.WithLabelValues(scope) }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/rolter/caddy-ratelimit/internal/limiter"
 	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
 
@@ -87,7 +88,7 @@ func checkMetrics(t *testing.T, srv *redistest.Server) {
 		gw.get(t, "/samples/openai_chat.json?coding=identity", key, org)
 	}
 	gw.get(t, "/samples/openai_error.json?coding=identity", "Authorization: Bearer sk-"+redistest.UniqueID(t), org) // admitted, not metered
-	waitCharged(t, store, []Limit{newLimit("org", strings.TrimPrefix(org, "X-Org: "), 0, 1)}, 2*1163)
+	waitCharged(t, store, []limiter.Limit{newLimit("org", strings.TrimPrefix(org, "X-Org: "), 0, 1)}, 2*1163)
 	want := map[string]float64{
 		`caddy_rolter_ratelimit_admissions_total{outcome="admitted"}`:                                       3,
 		`caddy_rolter_ratelimit_admissions_total{outcome="refused"}`:                                        1,

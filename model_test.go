@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/rolter/caddy-ratelimit/internal/limiter"
 	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
 
@@ -44,7 +45,7 @@ func TestPerModelPoolsSharedByKeysWithTheLongestPrefixWinning(t *testing.T) {
 		if fmt.Sprint(got) != "[200 200 200 429 200 429 200 200]" {
 			t.Fatalf("statuses %v", got)
 		}
-		if n := storeCount(t, store, newLimit("model", family+"-gpt-4o*", 0, 0).Prefix, RPM, nowMinute()); n != 3 {
+		if n := peekInStore(t, store, newLimit("model", family+"-gpt-4o*", 0, 0)).Counts[0].Window[limiter.RPM].Cur; n != 3 {
 			t.Fatalf("the gpt-4o pool's counter, named by its prefix, holds %d, want 3", n)
 		}
 		// The live view finds the pool an id belongs to.
@@ -88,13 +89,13 @@ func TestPerKeyAndModelCompositeScope(t *testing.T) {
 // A prefix pool's counters are named by the prefix: as written in a
 // readable scope, digested in a secret one.
 func TestPrefixPoolsAreNamedByTheirPrefix(t *testing.T) {
-	if got := PrefixKeyID(true, "gpt-4o"); got != "gpt-4o*" {
+	if got := limiter.PrefixKeyID(true, "gpt-4o"); got != "gpt-4o*" {
 		t.Fatalf("readable prefix stored as %q", got)
 	}
-	if got := PrefixKeyID(false, "gpt-4o"); got != KeyID(false, "gpt-4o*") || got == KeyID(false, "gpt-4o") {
+	if got := limiter.PrefixKeyID(false, "gpt-4o"); got != limiter.KeyID(false, "gpt-4o*") || got == limiter.KeyID(false, "gpt-4o") {
 		t.Fatalf("secret prefix stored as %q: want the digest of the prefix and *, apart from the exact id's", got)
 	}
-	if got := PrefixKeyID(true, "has space"); got != KeyID(false, "has space*") {
+	if got := limiter.PrefixKeyID(true, "has space"); got != limiter.KeyID(false, "has space*") {
 		t.Fatalf("a prefix that is no plain token is stored as %q, want its digest", got)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/rolter/caddy-ratelimit/internal/limiter"
 	"github.com/rolter/caddy-ratelimit/internal/pricing"
 )
 
@@ -234,7 +235,7 @@ type Handler struct {
 	// tried would do. Default off.
 	ShadowHeader bool `json:"shadow_header,omitempty"`
 
-	store   Store
+	store   limiter.Store
 	prices  *pricing.Table // Prices and PriceFile
 	release func() error   // gives the store back to its pool
 	limits  map[string]scopeLimits
@@ -443,7 +444,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.loadPrices(repl); err != nil {
 		return err
 	}
-	calendar, err := CalendarOf(h.BudgetTimezone)
+	calendar, err := limiter.CalendarOf(h.BudgetTimezone)
 	if err != nil {
 		return err
 	}
@@ -464,13 +465,13 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		case lc.ID == "*":
 			sl.byDefault = spec
 		case isPrefix:
-			id = PrefixKeyID(readable[lc.Scope], prefix)
+			id = limiter.PrefixKeyID(readable[lc.Scope], prefix)
 			sl.byPrefix = append(sl.byPrefix, prefixLimit{prefix: prefix, id: id, spec: spec})
 		default:
 			if sl.byID == nil {
 				sl.byID = make(map[string]*limitSpec)
 			}
-			id = KeyID(readable[lc.Scope], raw)
+			id = limiter.KeyID(readable[lc.Scope], raw)
 			sl.byID[id] = spec
 		}
 		h.limits[lc.Scope] = sl
@@ -534,7 +535,7 @@ func (h *Handler) inlinePrices() ([]pricing.Entry, error) {
 }
 
 func (h *Handler) slotLease() time.Duration {
-	return cmp.Or(time.Duration(h.SlotLease), DefaultSlotLease)
+	return cmp.Or(time.Duration(h.SlotLease), limiter.DefaultSlotLease)
 }
 
 func (h *Handler) timeout() time.Duration {
@@ -565,8 +566,8 @@ var errBudgetWithoutPrice = errors.New("a limit has a budget, but no price is gi
 // Validate checks the configuration, as the Caddyfile parser does line by
 // line, so that a JSON config gets the same errors.
 func (h *Handler) Validate() error {
-	if len(h.Scopes) > MaxCallLimits {
-		return fmt.Errorf("%d scopes: a chain has at most %d", len(h.Scopes), MaxCallLimits)
+	if len(h.Scopes) > limiter.MaxCallLimits {
+		return fmt.Errorf("%d scopes: a chain has at most %d", len(h.Scopes), limiter.MaxCallLimits)
 	}
 	scopes := make(map[string]bool, len(h.Scopes))
 	for _, s := range h.Scopes {
@@ -626,7 +627,7 @@ func (h *Handler) Validate() error {
 	if _, err := h.inlinePrices(); err != nil {
 		return err
 	}
-	if _, err := CalendarOf(h.BudgetTimezone); err != nil {
+	if _, err := limiter.CalendarOf(h.BudgetTimezone); err != nil {
 		return err
 	}
 	if h.Wait < 0 {
@@ -635,8 +636,8 @@ func (h *Handler) Validate() error {
 	if h.MaxWaiting < 0 {
 		return fmt.Errorf("max_waiting must be a positive number of requests, not %d", h.MaxWaiting)
 	}
-	if h.SlotLease != 0 && time.Duration(h.SlotLease) < MinSlotLease {
-		return fmt.Errorf("slot_lease must be at least %s, not %s", MinSlotLease, time.Duration(h.SlotLease))
+	if h.SlotLease != 0 && time.Duration(h.SlotLease) < limiter.MinSlotLease {
+		return fmt.Errorf("slot_lease must be at least %s, not %s", limiter.MinSlotLease, time.Duration(h.SlotLease))
 	}
 	if h.BodyMemory != 0 && h.BodyMemory < minBodyMemory {
 		return fmt.Errorf("body_memory must be at least %d bytes (8MiB: two bodies of the largest size read), not %d", minBodyMemory, h.BodyMemory)
@@ -669,15 +670,15 @@ func (l LimitConfig) validate() error {
 	if l.Burst < 0 || l.Cost < 0 {
 		return fmt.Errorf("limit for scope %q id %q: burst and cost must be positive integers", l.Scope, l.ID)
 	}
-	if l.Concurrent < 0 || l.Concurrent > MaxCap {
-		return fmt.Errorf("limit for scope %q id %q: concurrent must be a positive integer of at most %d, not %d", l.Scope, l.ID, int64(MaxCap), l.Concurrent)
+	if l.Concurrent < 0 || l.Concurrent > limiter.MaxCap {
+		return fmt.Errorf("limit for scope %q id %q: concurrent must be a positive integer of at most %d, not %d", l.Scope, l.ID, int64(limiter.MaxCap), l.Concurrent)
 	}
 	for k, n := range l.windowCaps() {
-		if n < 0 || n > MaxCap {
-			return fmt.Errorf("limit for scope %q id %q: %s must be a positive integer of at most %d, not %d", l.Scope, l.ID, WindowKind(k), int64(MaxCap), n)
+		if n < 0 || n > limiter.MaxCap {
+			return fmt.Errorf("limit for scope %q id %q: %s must be a positive integer of at most %d, not %d", l.Scope, l.ID, limiter.WindowKind(k), int64(limiter.MaxCap), n)
 		}
 	}
-	if l.windowCaps() == (WindowCaps{}) && l.Rate == "" && l.Burst == 0 && l.Cost == 0 && l.Concurrent == 0 && l.BudgetDay == "" && l.BudgetMonth == "" && len(l.PerRequest) == 0 {
+	if l.windowCaps() == (limiter.WindowCaps{}) && l.Rate == "" && l.Burst == 0 && l.Cost == 0 && l.Concurrent == 0 && l.BudgetDay == "" && l.BudgetMonth == "" && len(l.PerRequest) == 0 {
 		return fmt.Errorf("limit for scope %q id %q sets no cap: give rpm, tpm, itpm, otpm, rpd, tpd, itpd, otpd, rate and burst, concurrent, budget_day or budget_month", l.Scope, l.ID)
 	}
 	nominal, err := l.nominal()
@@ -704,20 +705,20 @@ func (l LimitConfig) resolvedID(repl *caddy.Replacer) (string, error) {
 }
 
 // windowCapFields are the limit's window caps, by windowKind.
-func (l *LimitConfig) windowCapFields() [NumWindows]*int64 {
-	return [NumWindows]*int64{RPM: &l.RPM, TPM: &l.TPM, ITPM: &l.ITPM, OTPM: &l.OTPM, RPD: &l.RPD, TPD: &l.TPD, ITPD: &l.ITPD, OTPD: &l.OTPD}
+func (l *LimitConfig) windowCapFields() [limiter.NumWindows]*int64 {
+	return [limiter.NumWindows]*int64{limiter.RPM: &l.RPM, limiter.TPM: &l.TPM, limiter.ITPM: &l.ITPM, limiter.OTPM: &l.OTPM, limiter.RPD: &l.RPD, limiter.TPD: &l.TPD, limiter.ITPD: &l.ITPD, limiter.OTPD: &l.OTPD}
 }
 
 // windowCap is the field of the window cap called name (windowKind.String).
 func (l *LimitConfig) windowCap(name string) *int64 {
-	if k := WindowKindNamed(name); k < NumWindows {
+	if k := limiter.WindowKindNamed(name); k < limiter.NumWindows {
 		return l.windowCapFields()[k]
 	}
 	return nil
 }
 
 // windowCaps are the limit's window caps, by windowKind.
-func (l LimitConfig) windowCaps() (w WindowCaps) {
+func (l LimitConfig) windowCaps() (w limiter.WindowCaps) {
 	for k, f := range l.windowCapFields() {
 		w[k] = *f
 	}
@@ -726,10 +727,10 @@ func (l LimitConfig) windowCaps() (w WindowCaps) {
 
 // caps reads the limit's caps, their slots' lease and their budgets'
 // calendar aside; its error is a configuration mistake.
-func (l LimitConfig) caps() (Caps, error) {
-	caps := CapsOfWindows(l.windowCaps())
+func (l LimitConfig) caps() (limiter.Caps, error) {
+	caps := limiter.CapsOfWindows(l.windowCaps())
 	caps.Concurrent.Max = l.Concurrent
-	for p, usd := range [NumBudgetPeriods]json.Number{BudgetDay: l.BudgetDay, BudgetMonth: l.BudgetMonth} {
+	for p, usd := range [limiter.NumBudgetPeriods]json.Number{limiter.BudgetDay: l.BudgetDay, limiter.BudgetMonth: l.BudgetMonth} {
 		if usd == "" {
 			continue
 		}
@@ -738,7 +739,7 @@ func (l LimitConfig) caps() (Caps, error) {
 			err = errors.New("a budget of 0 would refuse every request")
 		}
 		if err != nil {
-			return caps, fmt.Errorf("limit for scope %q id %q: %s: %v", l.Scope, l.ID, BudgetPeriod(p).CapName(), err)
+			return caps, fmt.Errorf("limit for scope %q id %q: %s: %v", l.Scope, l.ID, limiter.BudgetPeriod(p).CapName(), err)
 		}
 		caps.Budgets.Max[p] = budget
 	}
@@ -749,16 +750,16 @@ func (l LimitConfig) caps() (Caps, error) {
 		return caps, fmt.Errorf("limit for scope %q id %q: a token bucket needs a rate (tokens per second) with its burst", l.Scope, l.ID)
 	case l.Burst == 0:
 		return caps, fmt.Errorf("limit for scope %q id %q: a token bucket needs a burst (its capacity) with its rate", l.Scope, l.ID)
-	case l.Burst > MaxBurst:
-		return caps, fmt.Errorf("limit for scope %q id %q: burst %d is above the largest, %d", l.Scope, l.ID, l.Burst, MaxBurst)
+	case l.Burst > limiter.MaxBurst:
+		return caps, fmt.Errorf("limit for scope %q id %q: burst %d is above the largest, %d", l.Scope, l.ID, l.Burst, limiter.MaxBurst)
 	case l.Cost > l.Burst:
 		return caps, fmt.Errorf("limit for scope %q id %q: cost %d is above the burst %d, so no request would ever be admitted", l.Scope, l.ID, l.Cost, l.Burst)
 	}
-	rate, err := ParseRate(string(l.Rate))
+	rate, err := limiter.ParseRate(string(l.Rate))
 	if err != nil {
 		return caps, fmt.Errorf("limit for scope %q id %q: %v", l.Scope, l.ID, err)
 	}
-	caps.Bucket = TokenBucket{Rate: rate, Burst: l.Burst, Cost: max(l.Cost, 1), RateText: string(l.Rate)}
+	caps.Bucket = limiter.TokenBucket{Rate: rate, Burst: l.Burst, Cost: max(l.Cost, 1), RateText: string(l.Rate)}
 	return caps, nil
 }
 

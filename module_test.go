@@ -18,6 +18,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/rolter/caddy-ratelimit/internal/limiter"
 	"github.com/rolter/caddy-ratelimit/internal/poll"
 	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
@@ -261,7 +262,7 @@ func TestRequestsWhileRedisHangsGetOnRedisErrorsAnswerWithinTheTimeout(t *testin
 		limit org * rpm 1000
 		on_redis_error deny
 	}
-	reverse_proxy {upstream}`, srv.URL(), hungTimeout))
+	reverse_proxy {upstream}`, srv.URL(), redistest.HungTimeout))
 	org := redistest.UniqueID(t)
 	status := func(path string) (int, error) {
 		req, err := http.NewRequest("GET", gw.url+path, nil)
@@ -312,7 +313,7 @@ func TestRequestsWhileRedisHangsGetOnRedisErrorsAnswerWithinTheTimeout(t *testin
 	resume := srv.Hang(t)
 	defer resume()
 	took := requestConcurrently(map[string]int{"/open": 200, "/closed": 503})
-	checkWithinTimeout(t, "requests", took)
+	redistest.CheckWithinTimeout(t, "requests", took)
 }
 
 // Secrets are kept by what a scope holds, not by its name: a scope called
@@ -352,7 +353,7 @@ func TestSecretIDsLeaveNoTraceWhateverTheirScopeIsCalled(t *testing.T) {
 			bodies.WriteString(body)
 		}
 		answers := []string{bodies.String()}
-		digests := map[string]string{"apikey": KeyID(false, apiKey), "user": KeyID(false, email), "customer": KeyID(false, customer)}
+		digests := map[string]string{"apikey": limiter.KeyID(false, apiKey), "user": limiter.KeyID(false, email), "customer": limiter.KeyID(false, customer)}
 		for scope, digest := range digests {
 			raw := map[string]string{"apikey": apiKey, "user": email, "customer": customer}[scope]
 			v, body := getLiveView(t, "scope="+scope+"&id="+url.QueryEscape(raw))

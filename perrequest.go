@@ -10,6 +10,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/rolter/caddy-ratelimit/internal/limiter"
 	"github.com/rolter/caddy-ratelimit/internal/pricing"
 )
 
@@ -41,7 +42,7 @@ type perRequestCap struct {
 // that come with each request are left out (0), and the line itself, for
 // those.
 type limitSpec struct {
-	caps       Caps
+	caps       limiter.Caps
 	perRequest []perRequestCap
 	line       lineSettings
 	config     LimitConfig // the line without its per-request caps
@@ -50,7 +51,7 @@ type limitSpec struct {
 // specOf is the spec of the handler's limit line lc, whose budgets cover
 // the days and months of calendar: its caps (a cap per request at its
 // fallback, or a stand-in), with the handler's slot lease and shadow.
-func (h *Handler) specOf(lc LimitConfig, calendar *Calendar) (*limitSpec, error) {
+func (h *Handler) specOf(lc LimitConfig, calendar *limiter.Calendar) (*limitSpec, error) {
 	lc, err := lc.resolvedAtLoad()
 	if err != nil {
 		return nil, err
@@ -73,22 +74,22 @@ func (h *Handler) specOf(lc LimitConfig, calendar *Calendar) (*limitSpec, error)
 // brings as for the configured ones, so that a limit built per request is
 // the line's limit in every other respect (a shadow stays a shadow).
 type lineSettings struct {
-	leaseMillis int64     // the slots' lease (slot_lease)
-	calendar    *Calendar // the budgets' days and months (budget_timezone)
-	shadow      bool      // shadow, on the line or the handler
+	leaseMillis int64             // the slots' lease (slot_lease)
+	calendar    *limiter.Calendar // the budgets' days and months (budget_timezone)
+	shadow      bool              // shadow, on the line or the handler
 }
 
 // applyTo gives caps the line's settings.
-func (s lineSettings) applyTo(caps *Caps) {
+func (s lineSettings) applyTo(caps *limiter.Caps) {
 	caps.Concurrent.LeaseMillis, caps.Shadow = s.leaseMillis, s.shadow
-	if caps.Budgets.Max != [NumBudgetPeriods]int64{} {
+	if caps.Budgets.Max != [limiter.NumBudgetPeriods]int64{} {
 		caps.Budgets.Calendar = s.calendar
 	}
 }
 
 // newLimitSpec is the spec of a limit line whose caps, as configured, are
 // caps, with the line's settings.
-func newLimitSpec(lc LimitConfig, caps Caps, line lineSettings) *limitSpec {
+func newLimitSpec(lc LimitConfig, caps limiter.Caps, line lineSettings) *limitSpec {
 	s := &limitSpec{caps: caps, line: line, config: lc}
 	s.config.PerRequest = nil
 	for _, name := range slices.Sorted(maps.Keys(lc.PerRequest)) {
@@ -105,7 +106,7 @@ func newLimitSpec(lc LimitConfig, caps Caps, line lineSettings) *limitSpec {
 // names a cap per request that the request does not give validly and
 // that has no fallback, or that makes the caps inconsistent (a cost
 // above the burst).
-func (s *limitSpec) capsFor(req *request) (caps *Caps, bad string) {
+func (s *limitSpec) capsFor(req *request) (caps *limiter.Caps, bad string) {
 	if len(s.perRequest) == 0 {
 		return &s.caps, ""
 	}
@@ -136,15 +137,15 @@ func (s *limitSpec) describe(name string) string {
 		fmt.Fprintf(&per, " %s %s", p.name, p.describe())
 		switch p.name {
 		case "rate", "burst", "cost":
-			caps.Bucket = TokenBucket{}
+			caps.Bucket = limiter.TokenBucket{}
 		case "concurrent":
 			caps.Concurrent.Max = 0
 		case "budget_day":
-			caps.Budgets.Max[BudgetDay] = 0
+			caps.Budgets.Max[limiter.BudgetDay] = 0
 		case "budget_month":
-			caps.Budgets.Max[BudgetMonth] = 0
+			caps.Budgets.Max[limiter.BudgetMonth] = 0
 		default:
-			caps.Windows[WindowKindNamed(p.name)] = 0
+			caps.Windows[limiter.WindowKindNamed(p.name)] = 0
 		}
 	}
 	caps.Capped = caps.Windows.Mask()
@@ -177,7 +178,7 @@ var capNames = []string{"rpm", "tpm", "itpm", "otpm", "rpd", "tpd", "itpd", "otp
 func (l *LimitConfig) setCap(name, v string) error {
 	switch name {
 	case "rate":
-		if _, err := ParseRate(v); err != nil {
+		if _, err := limiter.ParseRate(v); err != nil {
 			return err
 		}
 		l.Rate = json.Number(v)
@@ -202,9 +203,9 @@ func (l *LimitConfig) setCap(name, v string) error {
 		return fmt.Errorf("unknown cap %q", name)
 	}
 	v64, err := strconv.ParseUint(v, 10, 63)
-	most := uint64(MaxCap)
+	most := uint64(limiter.MaxCap)
 	if name == "burst" {
-		most = MaxBurst
+		most = limiter.MaxBurst
 	}
 	if err != nil || v64 == 0 || v64 > most {
 		return fmt.Errorf("%s must be a positive integer of at most %d, not %q", name, most, v)
@@ -267,7 +268,7 @@ func (l LimitConfig) nominal() (LimitConfig, error) {
 		if v == "" {
 			v = "1"
 			if name == "burst" {
-				v = strconv.Itoa(MaxBurst)
+				v = strconv.Itoa(limiter.MaxBurst)
 			}
 		}
 		if err := nominal.setCap(name, v); err != nil {

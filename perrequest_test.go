@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/rolter/caddy-ratelimit/internal/limiter"
 	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
 
@@ -165,12 +166,12 @@ func TestEveryCapCanComeWithTheRequestCheckedAsTheConfigsValues(t *testing.T) {
 	if err := lc.validate(); err != nil {
 		t.Fatal(err)
 	}
-	utc, _ := CalendarOf("UTC")
+	utc, _ := limiter.CalendarOf("UTC")
 	spec, err := new(Handler).specOf(lc, utc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	capsOf := func(cost string, headers ...string) (*Caps, string) {
+	capsOf := func(cost string, headers ...string) (*limiter.Caps, string) {
 		r := httptest.NewRequest("POST", "/v1/chat/completions", nil)
 		setHeaders(r, headers)
 		repl := caddy.NewReplacer()
@@ -179,11 +180,11 @@ func TestEveryCapCanComeWithTheRequestCheckedAsTheConfigsValues(t *testing.T) {
 	}
 	all := []string{"X-Rpm: 60", "X-Rate: 0.5", "X-Burst: 4", "X-Parallel: 3", "X-Budget: 12.50"}
 	got, bad := capsOf("2", append(all, "X-Tpd: 9000")...)
-	if bad != "" || got.Windows[RPM] != 60 || got.Windows[TPD] != 9000 || got.Bucket.RateText != "0.5" || got.Bucket.Burst != 4 || got.Bucket.Cost != 2 ||
-		got.Concurrent.Max != 3 || got.Budgets.Max[BudgetMonth] != 12_500_000_000 || got.Budgets.Calendar == nil {
+	if bad != "" || got.Windows[limiter.RPM] != 60 || got.Windows[limiter.TPD] != 9000 || got.Bucket.RateText != "0.5" || got.Bucket.Burst != 4 || got.Bucket.Cost != 2 ||
+		got.Concurrent.Max != 3 || got.Budgets.Max[limiter.BudgetMonth] != 12_500_000_000 || got.Budgets.Calendar == nil {
 		t.Fatalf("caps %+v (bad %q): want every cap as the request gives it", got, bad)
 	}
-	if got, bad := capsOf("2", append(all, "X-Tpd: 1e3")...); bad != "" || got.Windows[TPD] != 500 {
+	if got, bad := capsOf("2", append(all, "X-Tpd: 1e3")...); bad != "" || got.Windows[limiter.TPD] != 500 {
 		t.Fatalf("tpd 1e3: caps %+v (bad %q), want the fallback's 500", got, bad)
 	}
 	for cap, headers := range map[string][]string{

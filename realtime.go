@@ -13,6 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/rolter/caddy-ratelimit/internal/limiter"
 	"github.com/rolter/caddy-ratelimit/internal/llmapi"
 	"github.com/rolter/caddy-ratelimit/internal/pricing"
 	"github.com/rolter/caddy-ratelimit/internal/tokenest"
@@ -195,7 +196,7 @@ func (h *Handler) serveSession(w http.ResponseWriter, req *request, next caddyht
 		return h.answer(w, req, unmeteredSession)
 	}
 	var price *pricing.Entry
-	if HasBudgets(chain, true) {
+	if limiter.HasBudgets(chain, true) {
 		if ambiguous != "" {
 			return h.answer(w, req, ambiguousScope(placeholderModel, ambiguous))
 		}
@@ -203,7 +204,7 @@ func (h *Handler) serveSession(w http.ResponseWriter, req *request, next caddyht
 			return h.answer(w, req, *refused)
 		}
 	}
-	return h.admitOrAnswer(w, req, chain, TokenCounts{}, chainMetersTokens(chain), next, func(rw *responseWriter, d Decision) error {
+	return h.admitOrAnswer(w, req, chain, limiter.TokenCounts{}, chainMetersTokens(chain), next, func(rw *responseWriter, d limiter.Decision) error {
 		removeDeflateOffer(req.Header)
 		s := &realtimeSession{h: h, tap: usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenest.Estimate{})), chain: chain, price: price}
 		s.gate = newSessionGate(req.Context(), s)
@@ -225,7 +226,7 @@ func (h *Handler) serveSession(w http.ResponseWriter, req *request, next caddyht
 type realtimeSession struct {
 	h     *Handler
 	tap   *usage.RealtimeTap
-	chain []Limit
+	chain []limiter.Limit
 	price *pricing.Entry
 	gate  *sessionGate // with budgets: what the client may send
 

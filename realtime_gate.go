@@ -12,6 +12,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/rolter/caddy-ratelimit/internal/limiter"
 	"github.com/rolter/caddy-ratelimit/internal/wsframe"
 )
 
@@ -247,7 +248,7 @@ func (ev clientEvent) responds(ok bool) bool {
 // the last look said.
 type sessionGate struct {
 	session *realtimeSession
-	budgets []Limit // the chain's enforced budgets, alone
+	budgets []limiter.Limit // the chain's enforced budgets, alone
 	every   time.Duration
 	ctx     context.Context
 
@@ -260,12 +261,12 @@ type sessionGate struct {
 // newSessionGate is the gate of an admitted session whose chain has
 // budgets, or nil; ctx bounds its looks.
 func newSessionGate(ctx context.Context, s *realtimeSession) *sessionGate {
-	var budgets []Limit
+	var budgets []limiter.Limit
 	for _, l := range s.chain {
-		if l.Shadow || l.Budgets.Max == [NumBudgetPeriods]int64{} {
+		if l.Shadow || l.Budgets.Max == [limiter.NumBudgetPeriods]int64{} {
 			continue
 		}
-		caps := Caps{Budgets: l.Budgets}
+		caps := limiter.Caps{Budgets: l.Budgets}
 		l.Caps = &caps
 		budgets = append(budgets, l)
 	}
@@ -316,10 +317,10 @@ func (g *sessionGate) look() {
 		return
 	}
 	g.refusal = nil
-	if ref := RefusalOf(g.budgets, d); ref.First >= 0 {
+	if ref := limiter.RefusalOf(g.budgets, d); ref.First >= 0 {
 		l := g.budgets[ref.First]
-		g.refusal = &answer{message: refusalMessage(ref, g.budgets), typ: Budget.ErrorType(), code: "insufficient_quota",
-			scope: l.Scope, kind: Budget.String(), window: ref.WindowName(), id: l.ID}
+		g.refusal = &answer{message: refusalMessage(ref, g.budgets), typ: limiter.Budget.ErrorType(), code: "insufficient_quota",
+			scope: l.Scope, kind: limiter.Budget.String(), window: ref.WindowName(), id: l.ID}
 	}
 }
 

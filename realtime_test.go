@@ -11,6 +11,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"github.com/rolter/caddy-ratelimit/internal/limiter"
 	"github.com/rolter/caddy-ratelimit/internal/redistest"
 	"github.com/rolter/caddy-ratelimit/internal/usage/usagetest"
 )
@@ -111,8 +112,8 @@ func realtimeIDs(t *testing.T) ids {
 	return ids{key: "Bearer sk-" + redistest.UniqueID(t), org: redistest.UniqueID(t)}
 }
 
-func realtimeLimits(id ids) []Limit {
-	return []Limit{newLimit("key", KeyID(false, id.key), 0, 1), newLimit("org", KeyID(false, id.org), 0, 1)}
+func realtimeLimits(id ids) []limiter.Limit {
+	return []limiter.Limit{newLimit("key", limiter.KeyID(false, id.key), 0, 1), newLimit("org", limiter.KeyID(false, id.org), 0, 1)}
 }
 
 func TestRealtimeSessionCostsOneRequestAndASecondOverRPMIsRefused(t *testing.T) {
@@ -235,7 +236,7 @@ func TestAHandshakeAnsweredWithoutSwitchingProtocolsIsMeteredAsAResponse(t *test
 		if res.StatusCode != 200 {
 			t.Fatalf("handshake answered %d %s by the upstream, want its 200", res.StatusCode, body)
 		}
-		waitCharged(t, store, []Limit{newLimit("key", KeyID(false, key), 0, 1000)}, 7)
+		waitCharged(t, store, []limiter.Limit{newLimit("key", limiter.KeyID(false, key), 0, 1000)}, 7)
 	})
 }
 
@@ -276,14 +277,14 @@ func TestRealtimeSessionsChargeEachResponsesCostToTheirBudgets(t *testing.T) {
 		gw := startGateway(t, up.URL, realtimeSite(store, up, "price gpt-realtime input 4 output 16\n\t\tlimit org * budget_day 0.002",
 			"flush_interval 100ms"))
 		id := realtimeIDs(t)
-		org, _ := CalendarOf("UTC")
-		budgetLimit := NewLimit("", "org", KeyID(false, id.org), Caps{Budgets: BudgetCaps{Max: [NumBudgetPeriods]int64{BudgetDay: 2_000_000}, Calendar: org}})
+		org, _ := limiter.CalendarOf("UTC")
+		budgetLimit := limiter.NewLimit("", "org", limiter.KeyID(false, id.org), limiter.Caps{Budgets: limiter.BudgetCaps{Max: [limiter.NumBudgetPeriods]int64{limiter.BudgetDay: 2_000_000}, Calendar: org}})
 		conn := mustDial(t, gw, id)
 		respond(t, conn, 100)
-		waitSpent(t, store, budgetLimit, BudgetDay, 1_000_000) // by a flush: the session is still open
+		waitSpent(t, store, budgetLimit, limiter.BudgetDay, 1_000_000) // by a flush: the session is still open
 		respond(t, conn, 100)
 		closeAndWait(t, conn)
-		waitSpent(t, store, budgetLimit, BudgetDay, 2_000_000)
+		waitSpent(t, store, budgetLimit, limiter.BudgetDay, 2_000_000)
 		if _, status, body := dial(t, gw, id, false); status != 429 || !strings.Contains(body, `"insufficient_quota"`) {
 			t.Fatalf("a session with the budget spent: %d %s, want 429 insufficient_quota", status, body)
 		}
@@ -299,7 +300,7 @@ func TestRealtimeSessionsChargeEachResponsesCostToTheirBudgets(t *testing.T) {
 
 // waitSpent waits until budget p of l holds want nano-dollars spent in
 // store, and nothing reserved. Charges run in the background: poll for it.
-func waitSpent(t *testing.T, store string, l Limit, p BudgetPeriod, want int64) {
+func waitSpent(t *testing.T, store string, l limiter.Limit, p limiter.BudgetPeriod, want int64) {
 	t.Helper()
 	eventually(t, func() error {
 		if c := peekInStore(t, store, l).Counts[0]; c.Spent[p] != want || c.Reserved[p] != 0 {
@@ -375,8 +376,8 @@ func TestARepeatedModelParameterOfASessionIsRefusedWith400AndMakesNoCounter(t *t
 			}
 		}
 		for _, id := range []string{model, "gpt-4o-other"} {
-			if d := peekInStore(t, store, NewLimit("", "model", id, CapsOfWindows(WindowCaps{RPM: 1}))); d.Counts[0].Window[RPM].Cur != 0 {
-				t.Fatalf("the refused sessions counted %d requests against the model %s", d.Counts[0].Window[RPM].Cur, id)
+			if d := peekInStore(t, store, limiter.NewLimit("", "model", id, limiter.CapsOfWindows(limiter.WindowCaps{limiter.RPM: 1}))); d.Counts[0].Window[limiter.RPM].Cur != 0 {
+				t.Fatalf("the refused sessions counted %d requests against the model %s", d.Counts[0].Window[limiter.RPM].Cur, id)
 			}
 		}
 	})
@@ -474,8 +475,8 @@ func TestARealtimeSessionWhoseBudgetIsSpentIsRefusedItsNextResponseInTheAPIsErro
 			t.Fatalf("the upstream got %d response.create events, want the 1 made before the budget was spent", n)
 		}
 		closeAndWait(t, conn)
-		org, _ := CalendarOf("UTC")
-		waitSpent(t, store, NewLimit("", "org", KeyID(false, id.org), Caps{Budgets: BudgetCaps{Max: [NumBudgetPeriods]int64{BudgetDay: 1_000_000}, Calendar: org}}), BudgetDay, 10_000_000)
+		org, _ := limiter.CalendarOf("UTC")
+		waitSpent(t, store, limiter.NewLimit("", "org", limiter.KeyID(false, id.org), limiter.Caps{Budgets: limiter.BudgetCaps{Max: [limiter.NumBudgetPeriods]int64{limiter.BudgetDay: 1_000_000}, Calendar: org}}), limiter.BudgetDay, 10_000_000)
 	})
 }
 

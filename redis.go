@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/rolter/caddy-ratelimit/internal/limiter"
 )
 
 // RedisConfig locates the Redis deployment that holds the shared counters:
@@ -87,7 +89,7 @@ func (c *RedisConfig) validate() error {
 			}
 			continue
 		}
-		if _, err := ParseRedisURL(u); err != nil {
+		if _, err := limiter.ParseRedisURL(u); err != nil {
 			return err
 		}
 	}
@@ -164,10 +166,10 @@ func (c *RedisConfig) poolKey(timeout time.Duration) string {
 }
 
 // deployment is the Redis of a resolved config, as the store takes it.
-func (c *RedisConfig) deployment() *RedisDeployment {
-	d := &RedisDeployment{URL: c.URL, Cluster: c.Cluster, PoolSize: c.PoolSize, Username: c.Username, Password: c.Password, TLS: c.TLS}
+func (c *RedisConfig) deployment() *limiter.RedisDeployment {
+	d := &limiter.RedisDeployment{URL: c.URL, Cluster: c.Cluster, PoolSize: c.PoolSize, Username: c.Username, Password: c.Password, TLS: c.TLS}
 	if c.Sentinel != nil {
-		d.Sentinel = &RedisSentinel{Master: c.Sentinel.Master, URLs: c.Sentinel.URLs, Username: c.Sentinel.Username, Password: c.Sentinel.Password}
+		d.Sentinel = &limiter.RedisSentinel{Master: c.Sentinel.Master, URLs: c.Sentinel.URLs, Username: c.Sentinel.Username, Password: c.Sentinel.Password}
 	}
 	return d
 }

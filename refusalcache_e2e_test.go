@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rolter/caddy-ratelimit/internal/limiter"
 	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
 
@@ -27,7 +28,7 @@ func checkRefusal(res *http.Response, body []byte) string {
 		return fmt.Sprintf("Retry-After %q", res.Header.Get("Retry-After"))
 	}
 	ms, err := strconv.ParseInt(res.Header.Get("Retry-After-Ms"), 10, 64)
-	if err != nil || CeilSeconds(ms, 1) != ra {
+	if err != nil || limiter.CeilSeconds(ms, 1) != ra {
 		return fmt.Sprintf("Retry-After-Ms %q with Retry-After %d", res.Header.Get("Retry-After-Ms"), ra)
 	}
 	var e openAIError

@@ -30,6 +30,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/rolter/caddy-ratelimit/internal/limiter"
 	"github.com/rolter/caddy-ratelimit/internal/poll"
 	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
@@ -147,11 +148,11 @@ func TestTwentyReloadsUnderLoadLoseNoRequestAndKeepAdmissionExact(t *testing.T) 
 
 	// The capped org must get its 50 admissions in one minute period.
 	now := probe.now(t)
-	if left := time.Duration(MinuteMillis-now.UnixMilli()%MinuteMillis) * time.Millisecond; left < windowNeeded {
+	if left := time.Duration(limiter.MinuteMillis-now.UnixMilli()%limiter.MinuteMillis) * time.Millisecond; left < windowNeeded {
 		t.Logf("%v left in this minute period: waiting for the next one", left.Round(time.Millisecond))
 		time.Sleep(left + 50*time.Millisecond)
 	}
-	atMinute := probe.now(t).UnixMilli() / MinuteMillis
+	atMinute := probe.now(t).UnixMilli() / limiter.MinuteMillis
 
 	// The reload run. Around each reload, smallOrgPerRound requests of the
 	// capped org are handed to the client goroutines: some before the POST,
@@ -199,7 +200,7 @@ func TestTwentyReloadsUnderLoadLoseNoRequestAndKeepAdmissionExact(t *testing.T) 
 		}
 	})
 	runTook := time.Since(runStart)
-	endMinute := probe.now(t).UnixMilli() / MinuteMillis
+	endMinute := probe.now(t).UnixMilli() / limiter.MinuteMillis
 
 	// Every reload answered 200.
 	var took []string
@@ -236,7 +237,7 @@ func TestTwentyReloadsUnderLoadLoseNoRequestAndKeepAdmissionExact(t *testing.T) 
 	if got := run.count(smallOrg, 200); got != smallOrgRPM {
 		t.Errorf("capped org: %d of %d requests admitted across %d reloads, want exactly %d", got, run.count(smallOrg, 0), reloadCount, smallOrgRPM)
 	}
-	smallKey := PeriodKey(newLimit("org", smallOrg, 0, 0).Prefix, RPM, atMinute)
+	smallKey := limiter.PeriodKey(newLimit("org", smallOrg, 0, 0).Prefix, limiter.RPM, atMinute)
 	if got := probe.get(t, smallKey); got != smallOrgRPM {
 		t.Errorf("Redis %s = %d, want %d", smallKey, got, smallOrgRPM)
 	}

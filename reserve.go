@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"cmp"
 
+	"github.com/rolter/caddy-ratelimit/internal/limiter"
 	"github.com/rolter/caddy-ratelimit/internal/llmapi"
 	"github.com/rolter/caddy-ratelimit/internal/pricing"
 	"github.com/rolter/caddy-ratelimit/internal/tokenest"
@@ -23,9 +24,9 @@ func (h *Handler) reserveOutput() int64 { return cmp.Or(h.ReserveOutput, default
 // window or its budget, that a reservation alone exceeds.
 type tooLargeFor struct {
 	limit      int
-	window     WindowKind
+	window     limiter.WindowKind
 	overBudget bool // a budget, not a window
-	budget     BudgetPeriod
+	budget     limiter.BudgetPeriod
 }
 
 // estimate is what the request of the call with body (nil when it was not
@@ -47,7 +48,7 @@ func estimate(call llmapi.Call, body requestBody) tokenest.Estimate {
 // budgets), it reserves on them the most its estimated input and its output
 // may cost (pricing.MaxCost), and a budget that this alone exceeds is the
 // one it is too large for.
-func (h *Handler) reservation(est tokenest.Estimate, chain []Limit, price *pricing.Entry) (TokenCounts, tooLargeFor) {
+func (h *Handler) reservation(est tokenest.Estimate, chain []limiter.Limit, price *pricing.Entry) (limiter.TokenCounts, tooLargeFor) {
 	r, over := h.tokenReservation(est, chain)
 	if price == nil || over.limit >= 0 {
 		return r, over
@@ -68,7 +69,7 @@ func (h *Handler) reservation(est tokenest.Estimate, chain []Limit, price *prici
 
 // tokenReservation is what a request of estimate est reserves on the token
 // windows of chain, and the first window this alone exceeds, if any.
-func (h *Handler) tokenReservation(est tokenest.Estimate, chain []Limit) (TokenCounts, tooLargeFor) {
+func (h *Handler) tokenReservation(est tokenest.Estimate, chain []limiter.Limit) (limiter.TokenCounts, tooLargeFor) {
 	in, out := est.Input, est.Output
 	if !est.Capped {
 		out = timesChoices(h.reserveOutput(), est.Choices)
@@ -80,25 +81,25 @@ func (h *Handler) tokenReservation(est tokenest.Estimate, chain []Limit) (TokenC
 			}
 			for k, c := range l.Each {
 				switch k.Kind() {
-				case Tokens:
+				case limiter.Tokens:
 					in = min(in, c)
 					out = min(out, c-in)
-				case InputTokens:
+				case limiter.InputTokens:
 					in = min(in, c)
-				case OutputTokens:
+				case limiter.OutputTokens:
 					out = min(out, c)
 				}
 			}
 		}
-		return TokenCounts{Total: in + out, Input: in, Output: out}, tooLargeFor{limit: -1}
+		return limiter.TokenCounts{Total: in + out, Input: in, Output: out}, tooLargeFor{limit: -1}
 	}
-	r := TokenCounts{Total: in + out, Input: in, Output: out}
+	r := limiter.TokenCounts{Total: in + out, Input: in, Output: out}
 	for i, l := range chain {
 		if l.Shadow {
 			continue
 		}
 		for k, c := range l.Each {
-			if kd := k.Kind(); kd != Requests && r.Of(kd) > c {
+			if kd := k.Kind(); kd != limiter.Requests && r.Of(kd) > c {
 				return r, tooLargeFor{limit: i, window: k}
 			}
 		}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rolter/caddy-ratelimit/internal/limiter"
 	"github.com/rolter/caddy-ratelimit/internal/redistest"
 	"github.com/rolter/caddy-ratelimit/internal/usage/usagetest"
 )
@@ -22,7 +23,7 @@ const orgTPM10500 = `
 			scope org {http.request.header.X-Org} readable
 			limit org * tpm 10500`
 
-func orgTokens(org string) []Limit { return []Limit{newLimit("org", org, 0, 1)} }
+func orgTokens(org string) []limiter.Limit { return []limiter.Limit{newLimit("org", org, 0, 1)} }
 
 // postChat sends a JSON chat completion.
 func (g *gateway) postChat(t *testing.T, body string, headers ...string) (*http.Response, []byte) {
@@ -233,7 +234,7 @@ func TestARequestTooLargeForItsTPMIsRefusedAtOnceAndNotToBeRetried(t *testing.T)
 		if up.hits.Load() != 0 {
 			t.Fatal("the upstream saw the request")
 		}
-		if n := storeCount(t, store, newLimit("key", KeyID(false, "Bearer sk-"+org), 0, 0).Prefix, RPM, nowMinute()); n != 0 {
+		if n := peekInStore(t, store, newLimit("key", limiter.KeyID(false, "Bearer sk-"+org), 0, 0)).Counts[0].Window[limiter.RPM].Cur; n != 0 {
 			t.Fatalf("the key was charged %d requests", n)
 		}
 		waitCharged(t, store, orgTokens(org), 0)
@@ -270,7 +271,7 @@ func TestAdmittedHeadersCountTheRequestsReservation(t *testing.T) {
 	})
 }
 
-func nowMinute() int64 { return time.Now().UnixMilli() / MinuteMillis }
+func nowMinute() int64 { return time.Now().UnixMilli() / limiter.MinuteMillis }
 
 // waitMetric waits until the process's metric reads want: charges, and
 // their metrics, land after the response.
@@ -309,19 +310,19 @@ func TestEveryResponseShapeSettlesItsReservationToTheReportedUsage(t *testing.T)
 						t.Fatalf("status %d", res.StatusCode)
 					}
 					// A GET names no output cap, and has no body.
-					reserved := TokenCounts{Total: defaultReserveOutput, Output: defaultReserveOutput}
+					reserved := limiter.TokenCounts{Total: defaultReserveOutput, Output: defaultReserveOutput}
 					want := reserved
 					if g.Metered {
-						want = TokenCounts{Total: g.Tokens, Input: g.Input, Output: g.Output}
+						want = limiter.TokenCounts{Total: g.Tokens, Input: g.Input, Output: g.Output}
 					}
 					if usagetest.CutShort[g.File] {
 						want = want.AtLeast(reserved)
 					}
 					waitCharged(t, store, id.limits(), want.Total)
 					org := id.limits()[2:]
-					waitWindow(t, store, org, ITPM, want.Input)
-					waitWindow(t, store, org, OTPM, want.Output)
-					waitWindow(t, store, org, TPD, want.Total)
+					waitWindow(t, store, org, limiter.ITPM, want.Input)
+					waitWindow(t, store, org, limiter.OTPM, want.Output)
+					waitWindow(t, store, org, limiter.TPD, want.Total)
 				})
 			}
 		}

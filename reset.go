@@ -7,6 +7,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
+
+	"github.com/rolter/caddy-ratelimit/internal/limiter"
 )
 
 // ResetPath is the reset's route on the admin endpoint: POST clears the
@@ -160,7 +162,7 @@ func (a AdminAPI) serveReset(w http.ResponseWriter, r *http.Request) error {
 		onRedis = onRedis || g.storeKind == "redis"
 		inProcess = inProcess || g.storeKind == "memory"
 	}
-	for _, k := range []ResetKept{{"concurrent", keptSlotsWhy}, {BudgetDay.CapName(), keptSpentWhy}, {BudgetMonth.CapName(), keptSpentWhy}} {
+	for _, k := range []ResetKept{{"concurrent", keptSlotsWhy}, {limiter.BudgetDay.CapName(), keptSpentWhy}, {limiter.BudgetMonth.CapName(), keptSpentWhy}} {
 		if kept[k.What] {
 			answer.Kept = append(answer.Kept, k)
 		}
@@ -182,7 +184,7 @@ func (a AdminAPI) serveReset(w http.ResponseWriter, r *http.Request) error {
 
 // reset resets the group's limit on its store.
 func (g *usageGroup) reset(ctx context.Context, scope string) (ResetLimit, error) {
-	l := NewLimit(g.tag, scope, g.id, g.caps)
+	l := limiter.NewLimit(g.tag, scope, g.id, g.caps)
 	g.store.Hold() // a reload may unload the store meanwhile
 	cleared, err := g.store.Reset(ctx, l)
 	g.store.Release()
@@ -193,7 +195,7 @@ func (g *usageGroup) reset(ctx context.Context, scope string) (ResetLimit, error
 }
 
 // keptNames is what l has that a reset keeps, by the names of its caps.
-func keptNames(l Limit) []string {
+func keptNames(l limiter.Limit) []string {
 	names := []string{}
 	if l.Concurrent.Max > 0 {
 		names = append(names, "concurrent")

@@ -6,6 +6,8 @@ import (
 	"strconv"
 
 	"go.uber.org/zap"
+
+	"github.com/rolter/caddy-ratelimit/internal/limiter"
 )
 
 // The design of shadow limits is in the package doc, section "Shadow limits".
@@ -18,11 +20,11 @@ const shadowHeader = "X-Ratelimit-Shadow"
 // of chain would have refused, if one would: the outcome, placeholders,
 // metric, log line and, when configured, the header. It reports whether
 // one would.
-func (h *Handler) shadowRefused(w http.ResponseWriter, req *request, chain []Limit, d Decision) bool {
+func (h *Handler) shadowRefused(w http.ResponseWriter, req *request, chain []limiter.Limit, d limiter.Decision) bool {
 	if !hasShadow(chain) {
 		return h.shadowUnreadable(w, req)
 	}
-	ref := ShadowRefusalOf(chain, d)
+	ref := limiter.ShadowRefusalOf(chain, d)
 	if ref.First < 0 {
 		return h.shadowUnreadable(w, req)
 	}
@@ -90,7 +92,7 @@ func (h *Handler) shadowUnreadable(w http.ResponseWriter, req *request) bool {
 }
 
 // hasShadow reports whether a limit of chain is a shadow limit.
-func hasShadow(chain []Limit) bool {
+func hasShadow(chain []limiter.Limit) bool {
 	for _, l := range chain {
 		if l.Shadow {
 			return true

@@ -6,11 +6,13 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/rolter/caddy-ratelimit/internal/limiter"
 	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
 
@@ -97,10 +99,10 @@ func TestShadowOnTriesEveryLimitOfTheHandler(t *testing.T) {
 func TestAShadowRefusalIsLoggedAtInfoWithTheStoredID(t *testing.T) {
 	core, logs := observer.New(zap.InfoLevel)
 	h := &Handler{logger: zap.New(core), shadowLog: new(warnLimiter)}
-	caps := CapsOfWindows(WindowCaps{RPM: 1})
+	caps := limiter.CapsOfWindows(limiter.WindowCaps{limiter.RPM: 1})
 	caps.Shadow = true
-	chain := []Limit{NewLimit("", "key", KeyID(false, "sk-secret"), caps)}
-	d := Decision{Now: MomentAt(pinnedBase()), Counts: []Counts{{Window: [NumWindows]Window{RPM: {Cur: 1}}}}}
+	chain := []limiter.Limit{limiter.NewLimit("", "key", limiter.KeyID(false, "sk-secret"), caps)}
+	d := limiter.Decision{Now: limiter.MomentAt(time.Now().UnixMilli()), Counts: []limiter.Counts{{Window: [limiter.NumWindows]limiter.Window{limiter.RPM: {Cur: 1}}}}}
 	for range 2 {
 		r := httptest.NewRequest("POST", "/v1/chat/completions", nil)
 		req := &request{Request: r, repl: caddy.NewReplacer()}
@@ -116,7 +118,7 @@ func TestAShadowRefusalIsLoggedAtInfoWithTheStoredID(t *testing.T) {
 		t.Fatalf("%d entries (%v), want 1 at info", len(entries), entries)
 	}
 	fields := entries[0].ContextMap()
-	if fields["scope"] != "key" || fields["id"] != KeyID(false, "sk-secret") || strings.Contains(fmt.Sprint(fields), "sk-secret") {
+	if fields["scope"] != "key" || fields["id"] != limiter.KeyID(false, "sk-secret") || strings.Contains(fmt.Sprint(fields), "sk-secret") {
 		t.Fatalf("fields %v: want the scope and the stored id only", fields)
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/rolter/caddy-ratelimit/internal/limiter"
 )
 
 // The stores' pools: every loaded config's handlers share one in-process
@@ -12,17 +14,17 @@ import (
 // memoryStores holds the one in-process store, kept across config reloads.
 var memoryStores = caddy.NewUsagePool()
 
-func acquireMemoryStore() (Store, func() error, error) {
+func acquireMemoryStore() (limiter.Store, func() error, error) {
 	const key = "memory"
 	v, _, err := memoryStores.LoadOrNew(key, func() (caddy.Destructor, error) {
-		s := NewMemoryStore(30*time.Second, SystemUnixMillis)
+		s := limiter.NewMemoryStore(30*time.Second, limiter.SystemUnixMillis)
 		s.StartRenewal()
 		return s, nil
 	})
 	if err != nil {
 		return nil, nil, err
 	}
-	return v.(*MemoryStore), func() error {
+	return v.(*limiter.MemoryStore), func() error {
 		_, err := memoryStores.Delete(key)
 		return err
 	}, nil
@@ -33,10 +35,10 @@ func acquireMemoryStore() (Store, func() error, error) {
 var redisStores = caddy.NewUsagePool()
 
 // acquireRedisStore takes the store of a resolved config from the pool.
-func acquireRedisStore(config *RedisConfig, timeout time.Duration) (Store, func() error, error) {
+func acquireRedisStore(config *RedisConfig, timeout time.Duration) (limiter.Store, func() error, error) {
 	key := config.poolKey(timeout)
 	v, _, err := redisStores.LoadOrNew(key, func() (caddy.Destructor, error) {
-		s, err := NewRedisStore(config.deployment(), timeout, SystemRedisClock)
+		s, err := limiter.NewRedisStore(config.deployment(), timeout, limiter.SystemRedisClock)
 		if err == nil {
 			s.StartRenewal()
 		}
@@ -45,7 +47,7 @@ func acquireRedisStore(config *RedisConfig, timeout time.Duration) (Store, func(
 	if err != nil {
 		return nil, nil, err
 	}
-	return v.(*RedisStore), func() error {
+	return v.(*limiter.RedisStore), func() error {
 		_, err := redisStores.Delete(key)
 		return err
 	}, nil
@@ -56,7 +58,7 @@ func acquireRedisStore(config *RedisConfig, timeout time.Duration) (Store, func(
 func countMemoryCounters() float64 {
 	n := int64(0)
 	memoryStores.Range(func(_, v any) bool {
-		n += v.(*MemoryStore).Counters()
+		n += v.(*limiter.MemoryStore).Counters()
 		return true
 	})
 	return float64(n)
@@ -64,6 +66,6 @@ func countMemoryCounters() float64 {
 
 // Interface guards
 var (
-	_ caddy.Destructor = (*MemoryStore)(nil)
-	_ caddy.Destructor = (*RedisStore)(nil)
+	_ caddy.Destructor = (*limiter.MemoryStore)(nil)
+	_ caddy.Destructor = (*limiter.RedisStore)(nil)
 )

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/rolter/caddy-ratelimit/internal/limiter"
 )
 
 // The design of waiting is in the package doc, section "Waiting instead of refusing".
@@ -23,7 +25,7 @@ func (h *Handler) maxWaiting() int64 { return cmp.Or(h.MaxWaiting, defaultMaxWai
 
 // waitFor is how long a request refused with ref, after waiting waited
 // already, waits before it is admitted again, and whether it waits.
-func (h *Handler) waitFor(ref Refusal, waited time.Duration) (time.Duration, bool) {
+func (h *Handler) waitFor(ref limiter.Refusal, waited time.Duration) (time.Duration, bool) {
 	if h.Wait <= 0 || !ref.Passes() {
 		return 0, false
 	}
@@ -67,7 +69,7 @@ var errClientGone = errors.New("rolter_ratelimit: the client went away while its
 // admitted or gives up; a request of a chain with a line in this process
 // joins it before it tries at all, so that new requests do not overtake
 // those waiting.
-func (h *Handler) admitWaiting(req *request, chain []Limit, reserve TokenCounts) (Admission, error) {
+func (h *Handler) admitWaiting(req *request, chain []limiter.Limit, reserve limiter.TokenCounts) (limiter.Admission, error) {
 	if h.Wait <= 0 {
 		return h.store.Admit(req.Context(), chain, reserve)
 	}
@@ -90,7 +92,7 @@ func (h *Handler) admitWaiting(req *request, chain []Limit, reserve TokenCounts)
 	// could not be passed on if it were then admitted.
 	if key, ok := waitLines.lineOf(chain); ok {
 		if waits, err := h.beginWaiting(req, time.Time{}); err != nil {
-			return Admission{}, err
+			return limiter.Admission{}, err
 		} else if waits {
 			waiting, place = true, waitLines.join(key)
 		}
@@ -98,7 +100,7 @@ func (h *Handler) admitWaiting(req *request, chain []Limit, reserve TokenCounts)
 	for {
 		if place != nil {
 			if err := place.await(req.Context(), release, end); err != nil {
-				return Admission{}, err
+				return limiter.Admission{}, err
 			}
 		}
 		a, err := h.store.Admit(req.Context(), chain, reserve)
@@ -134,13 +136,13 @@ func (h *Handler) admitWaiting(req *request, chain []Limit, reserve TokenCounts)
 // before that. The earliest: a request window or a bucket counts any
 // request alike, and a token window is tried as if the next reserved
 // nothing; a wait that is not known is none.
-func nextRelease(chain []Limit, d Decision, key string) time.Time {
+func nextRelease(chain []limiter.Limit, d limiter.Decision, key string) time.Time {
 	for i, l := range chain {
 		if l.Prefix != key {
 			continue
 		}
-		after := Decision{Now: d.Now, Counts: []Counts{d.CountsAfter(l, d.Counts[i])}}
-		if ref := RefusalOf(chain[i:i+1], after); ref.First >= 0 && ref.Passes() {
+		after := limiter.Decision{Now: d.Now, Counts: []limiter.Counts{d.CountsAfter(l, d.Counts[i])}}
+		if ref := limiter.RefusalOf(chain[i:i+1], after); ref.First >= 0 && ref.Passes() {
 			return time.Now().Add(time.Duration(ref.WaitMillis) * time.Millisecond)
 		}
 	}
@@ -167,7 +169,7 @@ type waitPlace struct {
 }
 
 // lineOf is the key of a line that a limit of chain has, if any.
-func (l *lines) lineOf(chain []Limit) (string, bool) {
+func (l *lines) lineOf(chain []limiter.Limit) (string, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, lim := range chain {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/rolter/caddy-ratelimit/internal/limiter"
 	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
 
@@ -130,9 +131,9 @@ func TestAClientThatHangsUpWhileWaitingIsChargedNothing(t *testing.T) {
 			t.Run(c.what, func(t *testing.T) {
 				gw := waitingGateway(t, store, "rate 0.1 burst 1 "+c.caps, "20s")
 				key := spentKey(t, gw)
-				l := newBucketLimit(t, "key", KeyID(false, key), "0.1", 1, 1)
+				l := capsLimit(t, LimitConfig{Scope: "key", ID: limiter.KeyID(false, key), Rate: "0.1", Burst: 1, Cost: 1})
 				if c.caps != "" {
-					l.Windows[TPM], l.Capped = 100000, l.Windows.Mask()|1<<TPM
+					l.Windows[limiter.TPM], l.Capped = 100000, l.Windows.Mask()|1<<limiter.TPM
 				}
 				first := peekInStore(t, store, l).Counts[0]
 				hangUp := sendWaiting(t, gw, key, c.encoding)
@@ -140,7 +141,7 @@ func TestAClientThatHangsUpWhileWaitingIsChargedNothing(t *testing.T) {
 					t.Fatal("the hung-up request was answered")
 				}
 				waitWaiting(t, 0)
-				if c := peekInStore(t, store, l).Counts[0]; c.Deficit > first.Deficit || c.Window[TPM] != first.Window[TPM] {
+				if c := peekInStore(t, store, l).Counts[0]; c.Deficit > first.Deficit || c.Window[limiter.TPM] != first.Window[limiter.TPM] {
 					t.Fatalf("after the hang-up the key holds %+v, before it %+v: want the first request alone", c, first)
 				}
 			})
@@ -255,20 +256,20 @@ func TestOnlyAWindowsOrABucketsRefusalWithinWaitWaits(t *testing.T) {
 	h := &Handler{Wait: caddy.Duration(2 * time.Second)}
 	for _, c := range []struct {
 		what   string
-		ref    Refusal
+		ref    limiter.Refusal
 		waited time.Duration
 		waits  bool
 	}{
-		{"a bucket's, within wait", Refusal{Kind: Burst, WaitMillis: 100}, 0, true},
-		{"a window's, past what is left", Refusal{Kind: Requests, WaitMillis: 600}, 1500 * time.Millisecond, false},
-		{"a spent budget's", Refusal{Kind: Budget, WaitMillis: 100, Exhausted: true}, 0, false},
-		{"a concurrency cap's", Refusal{Kind: Concurrency, UntilFreed: true}, 0, false},
+		{"a bucket's, within wait", limiter.Refusal{Kind: limiter.Burst, WaitMillis: 100}, 0, true},
+		{"a window's, past what is left", limiter.Refusal{Kind: limiter.Requests, WaitMillis: 600}, 1500 * time.Millisecond, false},
+		{"a spent budget's", limiter.Refusal{Kind: limiter.Budget, WaitMillis: 100, Exhausted: true}, 0, false},
+		{"a concurrency cap's", limiter.Refusal{Kind: limiter.Concurrency, UntilFreed: true}, 0, false},
 	} {
 		if _, waits := h.waitFor(c.ref, c.waited); waits != c.waits {
 			t.Errorf("%s: waits %v, want %v", c.what, waits, c.waits)
 		}
 	}
-	if _, waits := new(Handler).waitFor(Refusal{Kind: Burst, WaitMillis: 1}, 0); waits {
+	if _, waits := new(Handler).waitFor(limiter.Refusal{Kind: limiter.Burst, WaitMillis: 1}, 0); waits {
 		t.Error("a handler without wait waited")
 	}
 }
@@ -321,7 +322,7 @@ func TestALinesWaitersTakeTheirTurnsInTheOrderTheyJoined(t *testing.T) {
 	if !turned(a) || turned(b) || turned(c) {
 		t.Fatal("only the first to join has the turn")
 	}
-	if got, ok := waitLines.lineOf([]Limit{{Prefix: "other"}, {Prefix: key}}); !ok || got != key {
+	if got, ok := waitLines.lineOf([]limiter.Limit{{Prefix: "other"}, {Prefix: key}}); !ok || got != key {
 		t.Fatalf("lineOf = %q, %v: want the chain's limit that has a line", got, ok)
 	}
 	b.leave(time.Time{}) // from within the line: nobody's turn changes
@@ -335,7 +336,7 @@ func TestALinesWaitersTakeTheirTurnsInTheOrderTheyJoined(t *testing.T) {
 		t.Fatal("the head left, and the next in line did not get the turn and the moment it handed on")
 	}
 	c.leave(time.Time{})
-	if _, ok := waitLines.lineOf([]Limit{{Prefix: key}}); ok {
+	if _, ok := waitLines.lineOf([]limiter.Limit{{Prefix: key}}); ok {
 		t.Fatal("an empty line is still a line")
 	}
 }
@@ -501,10 +502,10 @@ func TestThreeGatewayProcessesWithWaitOnOneRedisAdmitExactlyWhatTheBucketAllows(
 // earliest: a bucket it emptied, once a token is back; a window with room
 // left, at once; any other limit of its chain is not its line's.
 func TestAnAdmittedHeadHandsOnWhenItsLimitAdmitsTheNext(t *testing.T) {
-	bucket := newBucketLimit(t, "key", "k", "10", 1, 1)
+	bucket := capsLimit(t, LimitConfig{Scope: "key", ID: "k", Rate: "10", Burst: 1, Cost: 1})
 	window := newLimit("org", "o", 5, 0)
-	chain := []Limit{window, bucket}
-	d := Decision{Admitted: true, Now: MomentAt(pinnedBase()), Counts: make([]Counts, 2)}
+	chain := []limiter.Limit{window, bucket}
+	d := limiter.Decision{Admitted: true, Now: limiter.MomentAt(time.Now().UnixMilli()), Counts: make([]limiter.Counts, 2)}
 	if in := time.Until(nextRelease(chain, d, bucket.Prefix)); in < 90*time.Millisecond || in > 100*time.Millisecond {
 		t.Fatalf("a bucket of rate 10 emptied hands on in %v, want 100 ms", in)
 	}

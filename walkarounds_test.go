@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rolter/caddy-ratelimit/internal/limiter"
 	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
 
@@ -40,7 +41,7 @@ func TestAPostWithUpgradeHeadersIsReservedRefusedWhenTooLargeAndMetered(t *testi
 			t.Fatalf("%d sessions open after a POST with upgrade headers", n)
 		}
 		// The upstream reported 7 tokens: they replace the reservation.
-		waitCharged(t, store, []Limit{newLimit("key", KeyID(false, key), 0, 1000)}, 7)
+		waitCharged(t, store, []limiter.Limit{newLimit("key", limiter.KeyID(false, key), 0, 1000)}, 7)
 	})
 }
 
@@ -73,17 +74,17 @@ func TestARepeatedKeyHeaderIsRefusedWith400AndMakesNoCounter(t *testing.T) {
 			t.Fatalf("a repeated key header: %d %s, want 400 naming the header and neither value", res.StatusCode, body)
 		}
 		for _, id := range []string{key + "," + junk, junk} {
-			if n := windowHolds(t, store, newLimit("key", KeyID(false, id), 1, 0), RPM); n != 0 {
+			if n := windowHolds(t, store, newLimit("key", limiter.KeyID(false, id), 1, 0), limiter.RPM); n != 0 {
 				t.Fatalf("a counter of %d requests for a variant of the key", n)
 			}
 		}
 		if res, body := gw.postModel(t, "/v1/chat/completions", "X-Api-Key: "+junk, "X-Tags: a", "X-Tags: b"); res.StatusCode != 200 {
 			t.Fatalf("a joined scope's repeated header: %d %s", res.StatusCode, body)
 		}
-		if n := windowHolds(t, store, newLimit("tags", "a-b", 5, 0), RPM); n != 0 {
+		if n := windowHolds(t, store, newLimit("tags", "a-b", 5, 0), limiter.RPM); n != 0 {
 			t.Fatal("a joined header counted as something else than its values joined")
 		}
-		if n := windowHolds(t, store, newLimit("tags", KeyID(true, "a,b"), 5, 0), RPM); n != 1 {
+		if n := windowHolds(t, store, newLimit("tags", limiter.KeyID(true, "a,b"), 5, 0), limiter.RPM); n != 1 {
 			t.Fatalf("the joined id counts %d requests, want 1", n)
 		}
 	})
@@ -250,10 +251,10 @@ func TestAnAbsurdUsageReportChargesAtMostTheCeilingAndTheSharedPoolGoesOn(t *tes
 		if res, body := gw.postChat(t, chat, "X-Api-Key: "+redistest.UniqueID(t), absurd); res.StatusCode != 200 {
 			t.Fatalf("the absurd tenant's request: %d %s", res.StatusCode, body)
 		}
-		pool := []Limit{newLimit("model", "gpt-4o", 0, 1)}
+		pool := []limiter.Limit{newLimit("model", "gpt-4o", 0, 1)}
 		waitCharged(t, store, pool, maxResponseInput+10)
-		waitWindow(t, store, pool, ITPM, maxResponseInput)
-		waitWindow(t, store, pool, OTPM, 10)
+		waitWindow(t, store, pool, limiter.ITPM, maxResponseInput)
+		waitWindow(t, store, pool, limiter.OTPM, 10)
 		waitMetric(t, metric, clamped+1)
 		if res, body := gw.postChat(t, chat, "X-Api-Key: "+redistest.UniqueID(t)); res.StatusCode != 200 {
 			t.Fatalf("the next tenant of the shared pool: %d %s", res.StatusCode, body)

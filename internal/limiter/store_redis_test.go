@@ -1,10 +1,9 @@
-package ratelimit
+package limiter
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -183,16 +182,6 @@ func TestAdmissionFailsWithAnErrorWhileRedisIsDownAndResumesAfterRestart(t *test
 	}
 }
 
-// The hang tests' Redis timeout, and what an admission may take beyond it:
-// the bound those tests prove. On a loaded 2-core machine under -race, the
-// runtime's timers fire up to some 90 ms late; an admission that waited for
-// a call in flight and then made its own, which this bound is to exclude,
-// took twice the timeout.
-const (
-	hungTimeout = 200 * time.Millisecond
-	hungMargin  = 100 * time.Millisecond
-)
-
 // admitConcurrently runs rounds admissions back to back in each of n
 // goroutines through s, each of a chain of its own, and returns how long
 // each took and how many failed (on_redis_error would apply to those).
@@ -218,18 +207,6 @@ func admitConcurrently(t *testing.T, s *RedisStore, n, rounds int) (took []time.
 	return took, int(failures.Load())
 }
 
-// checkWithinTimeout fails the test if one of what took longer than the
-// timeout and the margin, and logs the p99 and the longest.
-func checkWithinTimeout(t *testing.T, what string, took []time.Duration) {
-	t.Helper()
-	slices.Sort(took)
-	p99, longest := took[(len(took)*99+99)/100-1], took[len(took)-1]
-	t.Logf("%d %s while Redis hangs, timeout %v: p99 %v, max %v", len(took), what, hungTimeout, p99, longest)
-	if longest > hungTimeout+hungMargin {
-		t.Errorf("one of the %s took %v, want at most the timeout, %v (+%v)", what, longest, hungTimeout, hungMargin)
-	}
-}
-
 // An admission ends within the timeout of its start whatever it waits for:
 // a coalesced call in flight and then its own, or a pooled connection.
 func TestEveryAdmissionEndsWithinTheTimeoutWhileRedisHangs(t *testing.T) {
@@ -243,7 +220,7 @@ func TestEveryAdmissionEndsWithinTheTimeoutWhileRedisHangs(t *testing.T) {
 		{"uncoalesced as on a cluster, one pooled connection", 1, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := newTestRedisStoreOf(t, &RedisDeployment{URL: srv.URL(), PoolSize: tc.poolSize}, hungTimeout)
+			s := newTestRedisStoreOf(t, &RedisDeployment{URL: srv.URL(), PoolSize: tc.poolSize}, redistest.HungTimeout)
 			if !tc.coalesced {
 				s.calls = nil
 			}
@@ -259,7 +236,7 @@ func TestEveryAdmissionEndsWithinTheTimeoutWhileRedisHangs(t *testing.T) {
 			if failed != len(took) {
 				t.Errorf("%d of %d admissions succeeded while Redis hangs", len(took)-failed, len(took))
 			}
-			checkWithinTimeout(t, "admissions", took)
+			redistest.CheckWithinTimeout(t, "admissions", took)
 		})
 	}
 }
@@ -270,7 +247,7 @@ func TestEveryAdmissionEndsWithinTheTimeoutWhileRedisHangs(t *testing.T) {
 func TestAnAdmissionReplayedOnAFreshConnectionToAHungRedisEndsWithinTheTimeout(t *testing.T) {
 	srv := redistest.NewServer(t)
 	proxy := redistest.NewResetProxy(t, srv.Addr())
-	s := newTestRedisStoreOf(t, &RedisDeployment{URL: "redis://" + proxy.Addr() + "/0"}, hungTimeout)
+	s := newTestRedisStoreOf(t, &RedisDeployment{URL: "redis://" + proxy.Addr() + "/0"}, redistest.HungTimeout)
 	chain := []Limit{newLimit("key", redistest.UniqueID(t), 1, 0)}
 	admitOrFail(t, s, chain, 0)
 	resume := srv.Hang(t)
@@ -282,7 +259,7 @@ func TestAnAdmissionReplayedOnAFreshConnectionToAHungRedisEndsWithinTheTimeout(t
 	if err == nil || isDeadConnection(err) {
 		t.Fatalf("admission on a dying connection to a hung Redis: %v, want the replay's timeout", err)
 	}
-	checkWithinTimeout(t, "replayed admissions", []time.Duration{took})
+	redistest.CheckWithinTimeout(t, "replayed admissions", []time.Duration{took})
 }
 
 // The keys an admission declares are named by the gateway's clock; when Redis's
@@ -538,5 +515,23 @@ func TestDayKeysExpireAfterTwoDaysAndMinuteKeysAfterTwoMinutes(t *testing.T) {
 		if ttl <= k.want-10*time.Second || ttl > k.want {
 			t.Errorf("%s expires in %v, want %v", key, ttl, k.want)
 		}
+	}
+}
+
+func TestUnloadedRedisStoreStaysOpenUntilItsLastHolderReleasesIt(t *testing.T) {
+	url := redistest.EnvURL(t)
+	s, err := NewRedisStore(&RedisDeployment{URL: url}, 250*time.Millisecond, SystemRedisClock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Hold()                             // a response admitted under the config being unloaded
+	if err := s.Destruct(); err != nil { // the config's unload: its pool lets the store go
+		t.Fatal(err)
+	}
+	chain := []Limit{newLimit("org", redistest.UniqueID(t), 0, 100)}
+	settle(t, s, chain, Charge{Tokens: totalTokens(7)}) // after the unload
+	s.Release()
+	if err := s.client.Ping(context.Background()).Err(); !errors.Is(err, redis.ErrClosed) {
+		t.Fatalf("client after the last release: %v, want closed", err)
 	}
 }

@@ -1,4 +1,4 @@
-package ratelimit
+package limiter
 
 import (
 	"context"
@@ -380,7 +380,7 @@ var ErrBadReply = errors.New("rolter_ratelimit: unexpected reply from the store"
 // ever written out, whatever its scope is called; only a scope declared
 // readable keeps a short plain id as it is.
 func KeyID(readable bool, id string) string {
-	if readable && isPlainID(id) {
+	if readable && IsPlainID(id) {
 		return id
 	}
 	sum := sha256.Sum256([]byte(id))
@@ -394,13 +394,13 @@ func KeyID(readable bool, id string) string {
 // appears: the prefix and "*" in a readable scope, when the prefix is a
 // short plain token, else the digest of that.
 func PrefixKeyID(readable bool, prefix string) string {
-	if readable && isPlainID(prefix) {
+	if readable && IsPlainID(prefix) {
 		return prefix + "*"
 	}
 	return KeyID(false, prefix+"*")
 }
 
-func isPlainID(id string) bool {
+func IsPlainID(id string) bool {
 	if len(id) == 0 || len(id) > 64 {
 		return false
 	}

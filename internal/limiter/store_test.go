@@ -1,4 +1,4 @@
-package ratelimit
+package limiter
 
 import (
 	"context"
@@ -723,12 +723,12 @@ func TestBucketKeyLayoutIsTheSpecs(t *testing.T) {
 func totalTokens(n int64) TokenCounts { return TokenCounts{Total: n} }
 
 // newTokenBucket is the bucket of a limit's rate (tokens per second, as
-// configured), burst and cost.
+// configured), burst and cost; a cost of 0 is 1, as in the config.
 func newTokenBucket(t testing.TB, rate string, burst, cost int64) TokenBucket {
 	t.Helper()
 	milli, err := ParseRate(rate)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return TokenBucket{Rate: milli, Burst: burst, Cost: cost, RateText: rate}
+	return TokenBucket{Rate: milli, Burst: burst, Cost: max(cost, 1), RateText: rate}
 }

@@ -1,4 +1,4 @@
-package ratelimit
+package limiter
 
 // refusal describes why a request was refused.
 type Refusal struct {

@@ -1,4 +1,4 @@
-package ratelimit
+package limiter
 
 import (
 	"math/rand/v2"
