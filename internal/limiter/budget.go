@@ -3,46 +3,13 @@ package limiter
 import (
 	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 	_ "time/tzdata" // budget_timezone names a zone whether or not the machine has a zoneinfo database
 )
 
-// Spend budgets. A limit may cap what its scope id spends per calendar
-// day and per calendar month (budget_day, budget_month), in US dollars, at
-// the prices of the models its requests ask for (internal/pricing). Money
-// is an int64 of nano-dollars throughout, never a float.
-//
-// Each budget's period keeps two counters: what is spent (the costs of
-// the responses settled in it) and what is reserved (the largest costs of
-// the requests admitted in it and not yet settled). A request is admitted
-// only if, for every budget of its chain, spent + reserved + its largest
-// cost is within the budget, in the same atomic step as everything else
-// it is admitted on; it then adds its largest cost to what is reserved.
-// When its response ends, the reservation is taken back from what is
-// reserved and the real cost added to what is spent, in the period the
-// reservation was made in, even if it has just ended (a response that
-// runs past midnight is spent in the day it was admitted in), never taking
-// a counter below zero. Periods before the previous one are left alone:
-// no response outlives them. A
-// settlement that fails is not retried (money is never replayed): its
-// reservation then stays counted until its period ends, so spend is
-// over-counted rather than lost. A request that reserves nothing
-// (reserve_tokens off, a realtime session) is admitted while spent +
-// reserved is below the budget, and its cost is charged as its usage is
-// reported. A request whose store fails is refused whatever
-// on_redis_error says (admission.go).
-//
-// A period is a calendar day or month in the time zone of budget_timezone,
-// decided by the store's clock: the keys a call names are those of the
-// gateway's minute, and admit.lua runs nothing in another minute than its
-// own (window.go). Every time zone starts its days on a whole minute, so
-// the minute decides the day and the month too. A period's counters are
-// named by its start, "<prefix>spent:day:<unix seconds>" and
-// "<prefix>reserved:day:<unix seconds>" (month for a month), and live a
-// few days past their period for the settlements of long responses.
+// The design of spend budgets is in the package doc, section "Spend budgets".
 
 // budgetPeriod is what a budget covers: a calendar day or month.
 type BudgetPeriod uint8
@@ -117,20 +84,6 @@ type calendarMinute struct {
 type periodSpan struct {
 	Start, End int64
 	name       string
-}
-
-// writeKey writes to text the key of the budget period s, spent or
-// reserved, of the limit with prefix.
-func (s periodSpan) writeKey(text *strings.Builder, prefix string, p BudgetPeriod, reserved bool) {
-	what := "spent:"
-	if reserved {
-		what = "reserved:"
-	}
-	text.WriteString(prefix)
-	text.WriteString(what)
-	text.WriteString(p.String())
-	text.WriteByte(':')
-	text.WriteString(s.name)
 }
 
 var calendars sync.Map // zone name → *calendar

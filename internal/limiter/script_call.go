@@ -43,33 +43,6 @@ func (c *scriptCall) reset() {
 	c.frees.reset()
 }
 
-// slotsKey is the key of a limit's slots: a hash of each holder's count and
-// lease.
-func SlotsKey(l Limit) string {
-	var key strings.Builder
-	writeSlotsKey(&key, l)
-	return key.String()
-}
-
-// writeSlotsKey writes slotsKey(l) to text.
-func writeSlotsKey(text *strings.Builder, l Limit) {
-	text.WriteString(l.Prefix)
-	text.WriteString("slots")
-}
-
-// writeResetKey writes to text the key of the moment the windows of the
-// limit with prefix were last reset (reset.lua).
-func writeResetKey(text *strings.Builder, prefix string) {
-	text.WriteString(prefix)
-	text.WriteString("reset")
-}
-
-// writeBucketKey writes to text the key of a limit's token bucket.
-func writeBucketKey(text *strings.Builder, l Limit) {
-	text.WriteString(l.Prefix)
-	text.WriteString("bkt")
-}
-
 // slotFrees is what a call frees: the chains whose slots it frees, one
 // slot of each concurrency cap, and the same summed per limit (the frees of
 // a batch often share their org's).

@@ -7,38 +7,7 @@ import (
 	"time"
 )
 
-// Requests in flight. A limit may cap how many requests of its scope id are
-// in flight at once (concurrent). An admitted request takes one slot of
-// every such limit of its chain, in the same atomic step as its windows and
-// buckets, and frees them when it ends, however it ends (the handler frees
-// them in a deferred call: a complete response, an error, a client or an
-// upstream gone mid-stream, reverse_proxy's panic, handle_errors). A
-// WebSocket session holds its slots for its whole life.
-//
-// Slots are counted per holder: each store (a gateway process's Redis
-// client, or the in-process store) holds some of a limit's slots, written
-// with the moment its lease on them ends. A holder that stops renewing (a
-// process killed, a crash, a lost network) loses its slots once that lease
-// has passed: a limit counts only its holders' slots whose lease has not.
-// Each store renews everything it holds, in steps of a call each
-// (renewalStep limits; on Redis Cluster, a pipeline of a call per chain
-// root), writing the count it knows it holds: that count is the truth, so
-// a free that never reached the store, or a Redis that restarted empty, is
-// mended by the next renewal instead of leaking or being counted twice. No
-// call that takes or frees slots is in flight while a step is
-// (RedisStore.slotCalls), so its counts are exact. Lease times are the
-// store's clock (Redis TIME), as every window's.
-//
-// One limit may be taken under several leases: two handlers, or a config
-// and its reload, that cap the same scope id alike but with other
-// slot_lease values. A holding's lease is then the longest its requests
-// asked for: an admission never moves the end of a live holding closer,
-// and the renewal writes the longest lease of the slots still held (a
-// lease cut to a shorter one, renewed only every third of the longer,
-// would let the slots lapse under requests still running). The renewal
-// comes every third of the shortest of those leases, over every limit
-// held, and at once when a slot is taken under a shorter lease than the
-// one it waits out.
+// The design of requests in flight is in the package doc, section "Requests in flight".
 
 // concurrencyCap is a limit's cap on requests in flight.
 type concurrencyCap struct {

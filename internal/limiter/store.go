@@ -2,8 +2,6 @@ package limiter
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"math/bits"
@@ -201,7 +199,7 @@ func (l *lifetime) unload(close func()) {
 type Limit struct {
 	Scope  string // the scope's name, for messages and logs
 	ID     string // the id as it appears in keys: digested unless its scope is readable
-	Prefix string // "rolter:rl:<scope>:<id>:", to which the store appends "<window>:<period>" (periodKey), "bkt" (writeBucketKey), "slots" (slotsKey) or a budget's (periodSpan.writeKey)
+	Prefix string // of the limit's keys: keys.go spells them
 	// The caps, shared by every limit of one line and never changed once
 	// a limit has them: a chain is copied and walked many times a request,
 	// and the caps are most of a limit's size.
@@ -280,49 +278,6 @@ func NewLimit(tag, scope, id string, caps Caps) Limit {
 	return l[0]
 }
 
-// keysPrefix starts every key of the store.
-const keysPrefix = "rolter:rl:"
-
-// writePrefix writes the prefix of l's keys with tag:
-// "rolter:rl:<tag><scope>:<id>:".
-func writePrefix(b *strings.Builder, tag string, l Limit) {
-	b.WriteString(keysPrefix)
-	b.WriteString(tag)
-	b.WriteString(l.Scope)
-	b.WriteByte(':')
-	b.WriteString(l.ID)
-	b.WriteByte(':')
-}
-
-// prefixLen is the length of what writePrefix writes.
-func prefixLen(tag string, l Limit) int {
-	return len(keysPrefix) + len(tag) + len(l.Scope) + len(l.ID) + 2
-}
-
-// tagPrefixes gives each limit of chain the prefix of its keys with tag, cut
-// from one string: one allocation for the chain, not one per limit.
-func TagPrefixes(tag string, chain []Limit) {
-	n := 0
-	for _, l := range chain {
-		n += prefixLen(tag, l)
-	}
-	var b strings.Builder
-	b.Grow(n)
-	for _, l := range chain {
-		writePrefix(&b, tag, l)
-	}
-	all, at := b.String(), 0
-	for i := range chain {
-		end := at + prefixLen(tag, chain[i])
-		chain[i].Prefix, at = all[at:end], end
-	}
-}
-
-// chainTag is the hash tag of a chain rooted at the given scope id.
-func ChainTag(rootScope, rootID string) string {
-	return "{" + rootScope + ":" + rootID + "}:"
-}
-
 // counts are a limit's counters as an admission read them, before the
 // admitted request was charged.
 type Counts struct {
@@ -373,46 +328,6 @@ func (d Decision) CountsAfter(l Limit, c Counts) Counts {
 // errBadReply marks a store answer of the wrong shape; it is handled like an
 // outage.
 var ErrBadReply = errors.New("rolter_ratelimit: unexpected reply from the store")
-
-// keyID is how a scope id appears in store keys, logs, metrics, the admin
-// API's answers and error bodies. Every id is "#" and the first 32 hex digits
-// of its SHA-256, so that no API key, bearer token, email or customer id is
-// ever written out, whatever its scope is called; only a scope declared
-// readable keeps a short plain id as it is.
-func KeyID(readable bool, id string) string {
-	if readable && IsPlainID(id) {
-		return id
-	}
-	sum := sha256.Sum256([]byte(id))
-	var digest [33]byte
-	digest[0] = '#'
-	hex.Encode(digest[1:], sum[:16])
-	return string(digest[:])
-}
-
-// prefixKeyID is how the pool of every id of a scope that starts with prefix
-// appears: the prefix and "*" in a readable scope, when the prefix is a
-// short plain token, else the digest of that.
-func PrefixKeyID(readable bool, prefix string) string {
-	if readable && IsPlainID(prefix) {
-		return prefix + "*"
-	}
-	return KeyID(false, prefix+"*")
-}
-
-func IsPlainID(id string) bool {
-	if len(id) == 0 || len(id) > 64 {
-		return false
-	}
-	for i := 0; i < len(id); i++ {
-		c := id[i]
-		plain := 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-'
-		if !plain {
-			return false
-		}
-	}
-	return true
-}
 
 // resetNames is what a reset of l clears, by name: each window it caps,
 // then "bucket" for its token bucket.

@@ -417,20 +417,6 @@ func renewalOf(held []slotRenewal, clock, holder string) (keys []string, args []
 	return keys, args
 }
 
-// hashTag is the Redis Cluster hash tag of a key (what its first braces
-// hold), "" if it has none.
-func hashTag(key string) string {
-	_, after, ok := strings.Cut(key, "{")
-	if !ok {
-		return ""
-	}
-	tag, _, ok := strings.Cut(after, "}")
-	if !ok {
-		return ""
-	}
-	return tag
-}
-
 // gatewayMoment is the gateway's clock reading.
 func (s *RedisStore) gatewayMoment() moment { return MomentAt(s.clock.Gateway().UnixMilli()) }
 

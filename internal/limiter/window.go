@@ -135,13 +135,6 @@ func (k WindowKind) Noun() string {
 // unit is the cap's name in messages: RPM, ITPD.
 func (k WindowKind) Unit() string { return strings.ToUpper(k.String()) }
 
-// keyName is what the store appends to a limit's prefix, before ":" and
-// the bucket: the minute windows keep the names they had before there were
-// others.
-func (k WindowKind) keyName() string {
-	return [...]string{"req", "tok", "in", "out", "reqd", "tokd", "ind", "outd"}[k]
-}
-
 // windowCaps are a limit's window caps, by windowKind; 0 is no cap.
 type WindowCaps [NumWindows]int64
 
@@ -330,21 +323,6 @@ var windowKindsArg = func() (args [1 << NumWindows]any) {
 	}
 	return args
 }()
-
-// periodKey is the key of a limit's window k in period b of its span.
-func PeriodKey(prefix string, k WindowKind, b int64) string {
-	var key strings.Builder
-	writePeriodKey(&key, prefix, k, b)
-	return key.String()
-}
-
-// writePeriodKey writes periodKey(prefix, k, b) to text.
-func writePeriodKey(text *strings.Builder, prefix string, k WindowKind, b int64) {
-	text.WriteString(prefix)
-	text.WriteString(k.keyName())
-	text.WriteByte(':')
-	writeInt(text, b, 10)
-}
 
 // writeInt writes n in base to text.
 func writeInt(text *strings.Builder, n int64, base int) {
