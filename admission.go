@@ -71,54 +71,79 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		h.shadowRefused(w, req, chain, limiter.Decision{})
 		return next.ServeHTTP(w, r)
 	}
-	metering := chainMetersTokens(chain)
-	var est tokenest.Estimate
-	var reserve limiter.TokenCounts
-	var price *pricing.Entry // with budgets: what the request's tokens cost
-	if metering {
-		if !h.readsModel && readable(req) {
-			// Asked only when there is a body worth sparing: the
-			// admission consults the same record of refusals.
-			if a, refused := h.peekIfWorthSparing(req, chain); refused {
-				if _, waits := h.waitFor(a.Refusal, 0); !waits {
-					return h.answer(w, req, h.limitRefusal(req, a))
-				}
-			}
-			var err error
-			if body, err = readRequestBody(req, h.bodyMemory()); err != nil {
-				return h.answer(w, req, h.bodyRefusal(err))
+	m, refused := h.prepareMetering(req, chain, body)
+	if refused != nil {
+		return h.answer(w, req, *refused)
+	}
+	return h.admitOrAnswer(w, req, chain, m.reserve, m.metering, next, func(rw *responseWriter, d limiter.Decision) error {
+		return h.passMetered(rw, req, next, chain, d, m)
+	})
+}
+
+// metering is what a request is admitted with and its response metered
+// at: whether its chain caps tokens or spend, its body, its estimate, its
+// reservation and, under a budget, its model's price.
+type metering struct {
+	metering bool
+	body     requestBody
+	est      tokenest.Estimate
+	reserve  limiter.TokenCounts
+	price    *pricing.Entry
+}
+
+// prepareMetering reads what a chain that caps tokens or spend needs of the
+// request before its admission: its body (unless the store has already
+// refused it for a reason no body changes), its model's price, its
+// estimate and its reservation; or the answer that refuses it.
+func (h *Handler) prepareMetering(req *request, chain []limiter.Limit, body requestBody) (m metering, refused *answer) {
+	m = metering{metering: chainMetersTokens(chain), body: body}
+	if !m.metering {
+		return m, nil
+	}
+	if !h.readsModel && readable(req) {
+		// Asked only when there is a body worth sparing: the admission
+		// consults the same record of refusals.
+		if a, refused := h.peekIfWorthSparing(req, chain); refused {
+			if _, waits := h.waitFor(a.Refusal, 0); !waits {
+				return m, new(h.limitRefusal(req, a))
 			}
 		}
-		if limiter.HasBudgets(chain, true) {
-			var refused *answer
-			if price, refused = h.priceOf(chain, req, body); refused != nil {
-				return h.answer(w, req, *refused)
-			}
-		}
-		est = estimate(req.call, body)
-		if h.reserving() {
-			var over tooLargeFor
-			if reserve, over = h.reservation(est, chain, price); over.limit >= 0 {
-				return h.answer(w, req, h.tooLarge(req, chain, over, reserve))
-			}
+		var err error
+		if m.body, err = readRequestBody(req, h.bodyMemory()); err != nil {
+			return m, new(h.bodyRefusal(err))
 		}
 	}
-	return h.admitOrAnswer(w, req, chain, reserve, metering, next, func(rw *responseWriter, d limiter.Decision) error {
-		if h.EnsureStreamUsage == nil || *h.EnsureStreamUsage {
-			rw.strip = requestStreamUsage(req, body.whole())
+	if limiter.HasBudgets(chain, true) {
+		if m.price, refused = h.priceOf(chain, req, m.body); refused != nil {
+			return m, refused
 		}
-		rw.asked = est
-		// Deferred: reverse_proxy ends a response cut short (the client or
-		// the upstream went away mid-stream) with panic(http.ErrAbortHandler),
-		// and what was reported by then is still charged.
-		if price != nil {
-			spendReservedTotal.WithLabelValues(price.Name).Add(float64(d.Reserve.Cost))
+	}
+	m.est = estimate(req.call, m.body)
+	if h.reserving() {
+		var over tooLargeFor
+		if m.reserve, over = h.reservation(m.est, chain, m.price); over.limit >= 0 {
+			return m, new(h.tooLarge(req, chain, over, m.reserve))
 		}
-		defer h.meterResponse(rw, chain, d, price)
-		err := next.ServeHTTP(rw, r)
-		rw.unreached = unreached(err)
-		return err
-	})
+	}
+	return m, nil
+}
+
+// passMetered passes an admitted request on, its response metered by rw.
+func (h *Handler) passMetered(rw *responseWriter, req *request, next caddyhttp.Handler, chain []limiter.Limit, d limiter.Decision, m metering) error {
+	if h.EnsureStreamUsage == nil || *h.EnsureStreamUsage {
+		rw.strip = requestStreamUsage(req, m.body.whole())
+	}
+	rw.asked = m.est
+	if m.price != nil {
+		spendReservedTotal.WithLabelValues(m.price.Name).Add(float64(d.Reserve.Cost))
+	}
+	// Deferred: reverse_proxy ends a response cut short (the client or the
+	// upstream went away mid-stream) with panic(http.ErrAbortHandler), and
+	// what was reported by then is still charged.
+	defer h.meterResponse(rw, chain, d, m.price)
+	err := next.ServeHTTP(rw, req.Request)
+	rw.unreached = unreached(err)
+	return err
 }
 
 // peekIfWorthSparing is the store's refusal of chain before the body is

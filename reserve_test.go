@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/rolter/caddy-ratelimit/internal/limiter"
 	"github.com/rolter/caddy-ratelimit/internal/redistest"
@@ -270,8 +269,6 @@ func TestAdmittedHeadersCountTheRequestsReservation(t *testing.T) {
 		}
 	})
 }
-
-func nowMinute() int64 { return time.Now().UnixMilli() / limiter.MinuteMillis }
 
 // waitMetric waits until the process's metric reads want: charges, and
 // their metrics, land after the response.
