@@ -1,6 +1,6 @@
 package ratelimit
 
-// Spend budgets (budget.go), end to end: a real Caddy over real HTTP, on
+// Spend budgets (internal/limiter/budget.go), end to end: a real Caddy over real HTTP, on
 // the in-process store and on a real redis-server, in front of upstreams
 // that report the usage each test scripts. Every amount a test expects is
 // computed by hand in the test, in nano-dollars (1e-9 USD), from the prices

@@ -1,6 +1,6 @@
 package ratelimit
 
-// Requests in flight (concurrent, slot_lease: slots.go), end to end: a real
+// Requests in flight (concurrent, slot_lease: internal/limiter/slots.go), end to end: a real
 // Caddy over real HTTP in front of an upstream that holds its requests open
 // (X-Upstream: held) and measures how many it had open at once. The tests
 // of several gateways, or of one killed with SIGKILL, run each gateway as a

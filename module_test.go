@@ -208,7 +208,7 @@ func TestRedisOutageFailsOpenByDefaultAndClosedWithDenyThenEnforcementResumes(t 
 		t.Fatalf("second request %d, want 429 while Redis is up", code)
 	}
 	srv.Stop()
-	// The refusal is cached until Redis would admit the org (refusalcache.go):
+	// The refusal is cached until Redis would admit the org (internal/limiter/refusalcache.go):
 	// it holds until the gateway meets the outage, which makes it forget.
 	if code, _ := call("/open", org); code != 429 {
 		t.Fatalf("with Redis stopped, before any store error: %d, want the cached 429", code)

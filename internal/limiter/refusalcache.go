@@ -226,7 +226,7 @@ func (c *refusalCache) forget() {
 }
 
 // forgetLimit drops the cached refusals of the limit whose counters are
-// prefix's, under every caps (a reset of its counters, reset.go), and
+// prefix's, under every caps (a reset of its counters by the admin API), and
 // counts a reset: refusals of admissions sent before it are not recorded.
 // Every entry of a prefix is in the prefix's shard.
 func (c *refusalCache) forgetLimit(prefix string) {

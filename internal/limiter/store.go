@@ -47,7 +47,7 @@ type Store interface {
 	// outlive the failure.
 	Charge(chain []Limit, c Charge, done func(error))
 	// reset clears l's window counters and its token bucket, and keeps its
-	// slots and budgets (reset.go); it answers what it cleared by name.
+	// slots and budgets (the admin API's reset); it answers what it cleared by name.
 	Reset(ctx context.Context, l Limit) (cleared []string, err error)
 	// describe says what the store is, for the admin API's live view.
 	Describe() storeDescription
@@ -78,7 +78,7 @@ type storeDescription struct {
 // changes nothing in a window whose period it is out of (older than the
 // previous minute, or the previous day), nor in a budget period that has
 // ended. A reset of a limit after the reservation's admission took the
-// reservation from its windows (reset.go): a settlement then adds its
+// reservation from its windows (the admin API's reset): a settlement then adds its
 // reservation back to them with the difference, which charges what the
 // request used (windowTokens).
 type Charge struct {
@@ -214,7 +214,7 @@ type Caps struct {
 	Concurrent concurrencyCap
 	Budgets    BudgetCaps
 	// shadow: the limit is counted as the others are, in the same atomic
-	// step, but never refuses (shadow.go).
+	// step, but never refuses (the module's shadow limits).
 	Shadow bool
 }
 

@@ -72,7 +72,7 @@ type memoryCounter struct {
 // otherCounts are the parts of a counter that fewer limits use.
 type otherCounts struct {
 	windows [NumWindows - 2][2]periodCount // itpm, otpm, then the day windows
-	// resetAt is when the counter's windows were last reset (reset.go), in
+	// resetAt is when the counter's windows were last reset (by the admin API), in
 	// unix milliseconds: a settlement of a reservation admitted before it
 	// finds the reservation gone (charge.windowTokens).
 	resetAt int64
@@ -367,7 +367,7 @@ func (s *MemoryStore) Describe() storeDescription { return storeDescription{Kind
 
 // reset zeroes, under the counter's lock, every period it holds of each
 // window l caps, and l's token bucket, which is then full; it keeps the
-// slots and the budgets (reset.go). An admission after it finds the
+// slots and the budgets (the admin API's reset). An admission after it finds the
 // windows empty, whatever period the clock is in. A settlement of a
 // response admitted before it still lands, in a period the counter keeps
 // while it may: it charges what the request used, as the reset took its

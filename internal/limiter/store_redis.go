@@ -149,7 +149,7 @@ var resetScript = redis.NewScript(resetLua)
 // and its bucket's key, and writes when in its reset key if it caps a token
 // window, in one call of reset.lua: every key of a limit shares its
 // prefix, and on Redis Cluster its hash tag, so they are in one slot. It
-// keeps the slots and budget keys (reset.go). Then, whatever became of the
+// keeps the slots and budget keys (the admin API's reset). Then, whatever became of the
 // call (a timeout may hide one that ran), it forgets this process's cached
 // refusals of l, and any refusal of an admission sent before that.
 func (s *RedisStore) Reset(ctx context.Context, l Limit) ([]string, error) {
