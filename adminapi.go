@@ -540,8 +540,8 @@ func (g *usageGroup) read(r *http.Request, scope string) (UsageLimit, error) {
 		if entry.PerRequest == nil {
 			entry.PerRequest = make(map[string]string, len(g.perRequest))
 		}
-		entry.PerRequest[p.name] = p.describe()
-		if k := limiter.WindowKindNamed(p.name); k < limiter.NumWindows && p.fallback == "" {
+		entry.PerRequest[p.kind.name] = p.describe()
+		if k := limiter.WindowKindNamed(p.kind.name); k < limiter.NumWindows && p.fallback == "" {
 			(*windows[k]).Limit, (*windows[k]).Remaining = 0, 0
 		}
 	}

@@ -614,19 +614,10 @@ func parseLimit(d *caddyfile.Dispenser) (LimitConfig, error) {
 	if _, err := l.resolvedID(caddy.NewReplacer()); err != nil {
 		return l, d.WrapErr(err)
 	}
-	decimals := map[string]*json.Number{"rate": &l.Rate, "budget_day": &l.BudgetDay, "budget_month": &l.BudgetMonth}
 	seen := make(map[string]bool)
 	for d.NextArg() {
 		name := d.Val()
-		var n *int64
 		switch name {
-		case "burst":
-			n = &l.Burst
-		case "cost":
-			n = &l.Cost
-		case "concurrent":
-			n = &l.Concurrent
-		case "rate", "budget_day", "budget_month":
 		case "shadow":
 			if l.Shadow {
 				return l, d.Errf("%s is given twice", name)
@@ -638,10 +629,10 @@ func parseLimit(d *caddyfile.Dispenser) (LimitConfig, error) {
 				return l, d.Err("else is given twice, or after a cap whose value is not a placeholder")
 			}
 			return l, d.Err("else follows a cap whose value is a placeholder (rpm {http.request.header.X-Plan-Rpm} else 60)")
-		default:
-			if n = l.windowCap(name); n == nil {
-				return l, d.Errf("unrecognized limit option '%s': expecting rpm, tpm, itpm, otpm, rpd, tpd, itpd, otpd, rate, burst, cost, concurrent, budget_day or budget_month", name)
-			}
+		}
+		kind, ok := capKindNamed(name)
+		if !ok {
+			return l, d.Errf("unrecognized limit option '%s': expecting %s", name, capNames(", ", " or "))
 		}
 		if seen[name] {
 			return l, d.Errf("%s is given twice", name)
@@ -667,8 +658,8 @@ func parseLimit(d *caddyfile.Dispenser) (LimitConfig, error) {
 			l.PerRequest[name] = p
 			continue
 		}
-		if n == nil { // a decimal, checked with the whole line, below
-			*decimals[name] = json.Number(d.Val())
+		if kind.decimal != nil { // checked with the whole line, below
+			*kind.decimal(&l) = json.Number(d.Val())
 			continue
 		}
 		// ParseUint takes neither a sign nor '_'; bit size 63 fits an int64.
@@ -676,7 +667,7 @@ func parseLimit(d *caddyfile.Dispenser) (LimitConfig, error) {
 		if err != nil || v == 0 {
 			return l, d.Errf("%s must be a positive integer, not %q", name, d.Val())
 		}
-		*n = int64(v)
+		*kind.integer(&l) = int64(v)
 	}
 	if err := l.validate(); err != nil {
 		return l, d.WrapErr(err)

@@ -709,14 +709,6 @@ func (l *LimitConfig) windowCapFields() [limiter.NumWindows]*int64 {
 	return [limiter.NumWindows]*int64{limiter.RPM: &l.RPM, limiter.TPM: &l.TPM, limiter.ITPM: &l.ITPM, limiter.OTPM: &l.OTPM, limiter.RPD: &l.RPD, limiter.TPD: &l.TPD, limiter.ITPD: &l.ITPD, limiter.OTPD: &l.OTPD}
 }
 
-// windowCap is the field of the window cap called name (windowKind.String).
-func (l *LimitConfig) windowCap(name string) *int64 {
-	if k := limiter.WindowKindNamed(name); k < limiter.NumWindows {
-		return l.windowCapFields()[k]
-	}
-	return nil
-}
-
 // windowCaps are the limit's window caps, by windowKind.
 func (l LimitConfig) windowCaps() (w limiter.WindowCaps) {
 	for k, f := range l.windowCapFields() {

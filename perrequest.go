@@ -1,17 +1,15 @@
 package ratelimit
 
 import (
-	"encoding/json"
+	"cmp"
 	"fmt"
 	"maps"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/rolter/caddy-ratelimit/internal/limiter"
-	"github.com/rolter/caddy-ratelimit/internal/pricing"
 )
 
 // The design of caps per request is in the package doc, section "Caps per request".
@@ -32,7 +30,7 @@ type PerRequestCap struct {
 
 // perRequestCap is a cap of a limit whose value comes with each request.
 type perRequestCap struct {
-	name     string // the cap's name in the config: rpm, rate, budget_day, …
+	kind     capKind
 	value    string // its template
 	header   string // the request header the value is exactly the placeholder of, else ""
 	fallback string // its else value; "" for none
@@ -94,7 +92,8 @@ func newLimitSpec(lc LimitConfig, caps limiter.Caps, line lineSettings) *limitSp
 	s.config.PerRequest = nil
 	for _, name := range slices.Sorted(maps.Keys(lc.PerRequest)) {
 		p := lc.PerRequest[name]
-		s.perRequest = append(s.perRequest, perRequestCap{name: name, value: p.Value, header: scopeHeader(p.Value), fallback: p.Else})
+		kind, _ := capKindNamed(name) // a known cap: nominal checked it at load
+		s.perRequest = append(s.perRequest, perRequestCap{kind: kind, value: p.Value, header: scopeHeader(p.Value), fallback: p.Else})
 	}
 	return s
 }
@@ -113,13 +112,13 @@ func (s *limitSpec) capsFor(req *request) (caps *limiter.Caps, bad string) {
 	lc := s.config
 	for _, p := range s.perRequest {
 		v := p.valueFor(req)
-		if lc.setCap(p.name, v) != nil && (p.fallback == "" || lc.setCap(p.name, p.fallback) != nil) {
-			return nil, p.name
+		if p.kind.set(&lc, v) != nil && (p.fallback == "" || p.kind.set(&lc, p.fallback) != nil) {
+			return nil, p.kind.name
 		}
 	}
 	built, err := lc.caps()
 	if err != nil {
-		return nil, s.perRequest[0].name
+		return nil, s.perRequest[0].kind.name
 	}
 	s.line.applyTo(&built)
 	return &built, ""
@@ -134,21 +133,9 @@ func (s *limitSpec) describe(name string) string {
 	caps := s.caps // the stand-in values left out
 	var per strings.Builder
 	for _, p := range s.perRequest {
-		fmt.Fprintf(&per, " %s %s", p.name, p.describe())
-		switch p.name {
-		case "rate", "burst", "cost":
-			caps.Bucket = limiter.TokenBucket{}
-		case "concurrent":
-			caps.Concurrent.Max = 0
-		case "budget_day":
-			caps.Budgets.Max[limiter.BudgetDay] = 0
-		case "budget_month":
-			caps.Budgets.Max[limiter.BudgetMonth] = 0
-		default:
-			caps.Windows[limiter.WindowKindNamed(p.name)] = 0
-		}
+		fmt.Fprintf(&per, " %s %s", p.kind.name, p.describe())
+		p.kind.omit(&caps)
 	}
-	caps.Capped = caps.Windows.Mask()
 	return caps.Describe(name) + per.String()
 }
 
@@ -170,77 +157,6 @@ func (p perRequestCap) valueFor(req *request) string {
 	return req.repl.ReplaceAll(p.value, "")
 }
 
-// capNames are the caps a limit line may give, each once.
-var capNames = []string{"rpm", "tpm", "itpm", "otpm", "rpd", "tpd", "itpd", "otpd", "rate", "burst", "cost", "concurrent", "budget_day", "budget_month"}
-
-// setCap sets the cap called name to the value v, as the config reads it,
-// or says why v is not valid for it.
-func (l *LimitConfig) setCap(name, v string) error {
-	switch name {
-	case "rate":
-		if _, err := limiter.ParseRate(v); err != nil {
-			return err
-		}
-		l.Rate = json.Number(v)
-		return nil
-	case "budget_day", "budget_month":
-		budget, err := pricing.ParseBudget(v)
-		if err == nil && budget == 0 {
-			err = fmt.Errorf("a budget of 0 would refuse every request")
-		}
-		if err != nil {
-			return err
-		}
-		if name == "budget_day" {
-			l.BudgetDay = json.Number(v)
-		} else {
-			l.BudgetMonth = json.Number(v)
-		}
-		return nil
-	}
-	n := l.intCap(name)
-	if n == nil {
-		return fmt.Errorf("unknown cap %q", name)
-	}
-	v64, err := strconv.ParseUint(v, 10, 63)
-	most := uint64(limiter.MaxCap)
-	if name == "burst" {
-		most = limiter.MaxBurst
-	}
-	if err != nil || v64 == 0 || v64 > most {
-		return fmt.Errorf("%s must be a positive integer of at most %d, not %q", name, most, v)
-	}
-	*n = int64(v64)
-	return nil
-}
-
-// intCap is the field of the integer cap called name, nil for another.
-func (l *LimitConfig) intCap(name string) *int64 {
-	switch name {
-	case "burst":
-		return &l.Burst
-	case "cost":
-		return &l.Cost
-	case "concurrent":
-		return &l.Concurrent
-	}
-	return l.windowCap(name)
-}
-
-// given reports whether the line gives the cap called name a value of its
-// own.
-func (l LimitConfig) given(name string) bool {
-	switch name {
-	case "rate":
-		return l.Rate != ""
-	case "budget_day":
-		return l.BudgetDay != ""
-	case "budget_month":
-		return l.BudgetMonth != ""
-	}
-	return *l.intCap(name) != 0
-}
-
 // nominal is the line with each cap per request at its fallback, or else
 // at a nominal value (the largest burst, 1 for the rest), which its caps
 // are checked with at load and the live view reads its counters with; the
@@ -255,23 +171,18 @@ func (l LimitConfig) nominal() (LimitConfig, error) {
 	nominal.PerRequest = nil
 	for _, name := range slices.Sorted(maps.Keys(l.PerRequest)) {
 		p := l.PerRequest[name]
-		if !slices.Contains(capNames, name) {
-			return l, fmt.Errorf("limit for scope %q id %q: unknown per-request cap %q: expecting %s", l.Scope, l.ID, name, strings.Join(capNames, ", "))
+		kind, ok := capKindNamed(name)
+		if !ok {
+			return l, fmt.Errorf("limit for scope %q id %q: unknown per-request cap %q: expecting %s", l.Scope, l.ID, name, capNames(", ", ", "))
 		}
-		if l.given(name) {
+		if kind.given(&l) {
 			return l, fmt.Errorf("limit for scope %q id %q: %s is given both as a value and per request", l.Scope, l.ID, name)
 		}
 		if !strings.Contains(p.Value, "{") {
 			return l, fmt.Errorf("limit for scope %q id %q: the per-request %s %q holds no placeholder: give it as a value", l.Scope, l.ID, name, p.Value)
 		}
-		v := p.Else
-		if v == "" {
-			v = "1"
-			if name == "burst" {
-				v = strconv.Itoa(limiter.MaxBurst)
-			}
-		}
-		if err := nominal.setCap(name, v); err != nil {
+		v := cmp.Or(p.Else, kind.nominal)
+		if err := kind.set(&nominal, v); err != nil {
 			return l, fmt.Errorf("limit for scope %q id %q: %s else: %v", l.Scope, l.ID, name, err)
 		}
 	}
@@ -288,7 +199,8 @@ func (l LimitConfig) resolvedAtLoad() (LimitConfig, error) {
 	var repl *caddy.Replacer
 	for _, name := range slices.Sorted(maps.Keys(l.PerRequest)) {
 		p := l.PerRequest[name]
-		if !knownAtLoad(p.Value) || !slices.Contains(capNames, name) || l.given(name) {
+		kind, ok := capKindNamed(name)
+		if !knownAtLoad(p.Value) || !ok || kind.given(&l) {
 			continue // not known at load, or a mistake that nominal names
 		}
 		if repl == nil {
@@ -296,9 +208,9 @@ func (l LimitConfig) resolvedAtLoad() (LimitConfig, error) {
 			l.PerRequest = maps.Clone(l.PerRequest)
 		}
 		v := repl.ReplaceKnown(p.Value, "")
-		err := l.setCap(name, v)
+		err := kind.set(&l, v)
 		if err != nil && p.Else != "" {
-			err = l.setCap(name, p.Else)
+			err = kind.set(&l, p.Else)
 		}
 		if err != nil {
 			return l, fmt.Errorf("limit for scope %q id %q: %s %s is %q when the config loads: %v", l.Scope, l.ID, name, p.Value, v, err)

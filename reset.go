@@ -162,9 +162,9 @@ func (a AdminAPI) serveReset(w http.ResponseWriter, r *http.Request) error {
 		onRedis = onRedis || g.storeKind == "redis"
 		inProcess = inProcess || g.storeKind == "memory"
 	}
-	for _, k := range []ResetKept{{"concurrent", keptSlotsWhy}, {limiter.BudgetDay.CapName(), keptSpentWhy}, {limiter.BudgetMonth.CapName(), keptSpentWhy}} {
-		if kept[k.What] {
-			answer.Kept = append(answer.Kept, k)
+	for _, k := range capKinds {
+		if k.kept != "" && kept[k.name] {
+			answer.Kept = append(answer.Kept, ResetKept{What: k.name, Why: k.kept})
 		}
 	}
 	if onRedis {
@@ -197,11 +197,10 @@ func (g *usageGroup) reset(ctx context.Context, scope string) (ResetLimit, error
 // keptNames is what l has that a reset keeps, by the names of its caps.
 func keptNames(l limiter.Limit) []string {
 	names := []string{}
-	if l.Concurrent.Max > 0 {
-		names = append(names, "concurrent")
-	}
-	for p := range l.EachBudget {
-		names = append(names, p.CapName())
+	for _, k := range capKinds {
+		if k.kept != "" && k.in(l.Caps) {
+			names = append(names, k.name)
+		}
 	}
 	return names
 }
