@@ -49,10 +49,20 @@ func (i ids) limits() []limiter.Limit {
 	}
 }
 
+// windowNow is what l's window k holds in the store's current period and
+// the one before it.
+func windowNow(t *testing.T, store string, l limiter.Limit, k limiter.WindowKind) limiter.Window {
+	var caps limiter.WindowCaps
+	caps[k] = limiter.MaxCap // a peek reads only the windows a limit caps
+	c := limiter.CapsOfWindows(caps)
+	l.Caps = &c
+	return peekInStore(t, store, l).Counts[0].Window[k]
+}
+
 // windowHolds is what l's window k holds in its current period and the last
 // (a charge may land just before a period boundary).
 func windowHolds(t *testing.T, store string, l limiter.Limit, k limiter.WindowKind) int64 {
-	w := peekInStore(t, store, l).Counts[0].Window[k]
+	w := windowNow(t, store, l, k)
 	return w.Cur + w.Prev
 }
 

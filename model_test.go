@@ -45,7 +45,7 @@ func TestPerModelPoolsSharedByKeysWithTheLongestPrefixWinning(t *testing.T) {
 		if fmt.Sprint(got) != "[200 200 200 429 200 429 200 200]" {
 			t.Fatalf("statuses %v", got)
 		}
-		if n := peekInStore(t, store, newLimit("model", family+"-gpt-4o*", 0, 0)).Counts[0].Window[limiter.RPM].Cur; n != 3 {
+		if n := windowNow(t, store, newLimit("model", family+"-gpt-4o*", 0, 0), limiter.RPM).Cur; n != 3 {
 			t.Fatalf("the gpt-4o pool's counter, named by its prefix, holds %d, want 3", n)
 		}
 		// The live view finds the pool an id belongs to.

@@ -233,7 +233,7 @@ func TestARequestTooLargeForItsTPMIsRefusedAtOnceAndNotToBeRetried(t *testing.T)
 		if up.hits.Load() != 0 {
 			t.Fatal("the upstream saw the request")
 		}
-		if n := peekInStore(t, store, newLimit("key", limiter.KeyID(false, "Bearer sk-"+org), 0, 0)).Counts[0].Window[limiter.RPM].Cur; n != 0 {
+		if n := windowNow(t, store, newLimit("key", limiter.KeyID(false, "Bearer sk-"+org), 0, 0), limiter.RPM).Cur; n != 0 {
 			t.Fatalf("the key was charged %d requests", n)
 		}
 		waitCharged(t, store, orgTokens(org), 0)
