@@ -658,8 +658,9 @@ func parseLimit(d *caddyfile.Dispenser) (LimitConfig, error) {
 			l.PerRequest[name] = p
 			continue
 		}
-		if kind.decimal != nil { // checked with the whole line, below
-			*kind.decimal(&l) = json.Number(d.Val())
+		integers, decimals := l.capFields()
+		if dec := decimals[kind.index]; dec != nil { // checked with the whole line, below
+			*dec = json.Number(d.Val())
 			continue
 		}
 		// ParseUint takes neither a sign nor '_'; bit size 63 fits an int64.
@@ -667,7 +668,7 @@ func parseLimit(d *caddyfile.Dispenser) (LimitConfig, error) {
 		if err != nil || v == 0 {
 			return l, d.Errf("%s must be a positive integer, not %q", name, d.Val())
 		}
-		*kind.integer(&l) = int64(v)
+		*integers[kind.index] = int64(v)
 	}
 	if err := l.validate(); err != nil {
 		return l, d.WrapErr(err)

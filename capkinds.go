@@ -32,8 +32,7 @@ type capKind struct {
 	// nominal is the value a cap per request without else is checked
 	// with at load, and the live view reads its counters with.
 	nominal string
-	integer func(*LimitConfig) *int64       // an integer's field
-	decimal func(*LimitConfig) *json.Number // a decimal's field
+	index   int // its place in capKinds, and in LimitConfig.capFields
 	// omit leaves the cap out of caps, for the load log of a cap that
 	// comes per request.
 	omit func(*limiter.Caps)
@@ -48,32 +47,48 @@ type capKind struct {
 // list them: the windows (limiter.WindowKind), the token bucket, requests
 // in flight and the budgets.
 var capKinds = func() []capKind {
-	kinds := make([]capKind, 0, limiter.NumWindows+6)
+	kinds := make([]capKind, 0, numCapKinds)
 	for k := range limiter.NumWindows {
 		kinds = append(kinds, capKind{name: k.String(), value: capInteger, most: limiter.MaxCap, nominal: "1",
-			integer: func(l *LimitConfig) *int64 { return l.windowCapFields()[k] },
-			omit:    func(c *limiter.Caps) { c.Windows[k] = 0; c.Capped = c.Windows.Mask() }})
+			omit: func(c *limiter.Caps) { c.Windows[k] = 0; c.Capped = c.Windows.Mask() }})
 	}
 	noBucket := func(c *limiter.Caps) { c.Bucket = limiter.TokenBucket{} }
-	return append(kinds,
-		capKind{name: "rate", value: capRate, nominal: "1",
-			decimal: func(l *LimitConfig) *json.Number { return &l.Rate }, omit: noBucket},
-		capKind{name: "burst", value: capInteger, most: limiter.MaxBurst, nominal: strconv.Itoa(limiter.MaxBurst),
-			integer: func(l *LimitConfig) *int64 { return &l.Burst }, omit: noBucket},
-		capKind{name: "cost", value: capInteger, most: limiter.MaxCap, nominal: "1",
-			integer: func(l *LimitConfig) *int64 { return &l.Cost }, omit: noBucket},
+	kinds = append(kinds,
+		capKind{name: "rate", value: capRate, nominal: "1", omit: noBucket},
+		capKind{name: "burst", value: capInteger, most: limiter.MaxBurst, nominal: strconv.Itoa(limiter.MaxBurst), omit: noBucket},
+		capKind{name: "cost", value: capInteger, most: limiter.MaxCap, nominal: "1", omit: noBucket},
 		capKind{name: "concurrent", value: capInteger, most: limiter.MaxCap, nominal: "1",
-			integer: func(l *LimitConfig) *int64 { return &l.Concurrent },
-			omit:    func(c *limiter.Caps) { c.Concurrent.Max = 0 },
-			kept:    keptSlotsWhy, in: func(c *limiter.Caps) bool { return c.Concurrent.Max > 0 }},
-		budgetKind(limiter.BudgetDay, func(l *LimitConfig) *json.Number { return &l.BudgetDay }),
-		budgetKind(limiter.BudgetMonth, func(l *LimitConfig) *json.Number { return &l.BudgetMonth }),
+			omit: func(c *limiter.Caps) { c.Concurrent.Max = 0 },
+			kept: keptSlotsWhy, in: func(c *limiter.Caps) bool { return c.Concurrent.Max > 0 }},
+		budgetKind(limiter.BudgetDay),
+		budgetKind(limiter.BudgetMonth),
 	)
+	for i := range kinds {
+		kinds[i].index = i
+	}
+	return kinds
 }()
 
-// budgetKind is the cap of budget p, whose value is field.
-func budgetKind(p limiter.BudgetPeriod, field func(*LimitConfig) *json.Number) capKind {
-	return capKind{name: p.CapName(), value: capUSD, nominal: "1", decimal: field,
+// numCapKinds is how many caps a limit line may give.
+const numCapKinds = int(limiter.NumWindows) + 6
+
+// capFields are the fields of the line's caps, by capKind.index: an
+// integer's, or a decimal's. (Indexed rather than reached through a
+// function of each kind, which would move the line of a request's caps to
+// the heap.)
+func (l *LimitConfig) capFields() (integers [numCapKinds]*int64, decimals [numCapKinds]*json.Number) {
+	for k, f := range l.windowCapFields() {
+		integers[k] = f
+	}
+	w := int(limiter.NumWindows)
+	decimals[w], integers[w+1], integers[w+2], integers[w+3] = &l.Rate, &l.Burst, &l.Cost, &l.Concurrent
+	decimals[w+4], decimals[w+5] = &l.BudgetDay, &l.BudgetMonth
+	return integers, decimals
+}
+
+// budgetKind is the cap of budget p.
+func budgetKind(p limiter.BudgetPeriod) capKind {
+	return capKind{name: p.CapName(), value: capUSD, nominal: "1",
 		omit: func(c *limiter.Caps) { c.Budgets.Max[p] = 0 },
 		kept: keptSpentWhy, in: func(c *limiter.Caps) bool { return c.Budgets.Max[p] > 0 }}
 }
@@ -105,15 +120,17 @@ func capNames(sep, last string) string {
 
 // given reports whether the line gives the cap a value of its own.
 func (k capKind) given(l *LimitConfig) bool {
-	if k.decimal != nil {
-		return *k.decimal(l) != ""
+	integers, decimals := l.capFields()
+	if d := decimals[k.index]; d != nil {
+		return *d != ""
 	}
-	return *k.integer(l) != 0
+	return *integers[k.index] != 0
 }
 
 // set sets the cap of the line to the value v, as the config reads it, or
 // says why v is not valid for it.
 func (k capKind) set(l *LimitConfig, v string) error {
+	integers, decimals := l.capFields()
 	switch k.value {
 	case capRate:
 		if _, err := limiter.ParseRate(v); err != nil {
@@ -133,9 +150,9 @@ func (k capKind) set(l *LimitConfig, v string) error {
 		if err != nil || n == 0 || n > uint64(k.most) {
 			return fmt.Errorf("%s must be a positive integer of at most %d, not %q", k.name, k.most, v)
 		}
-		*k.integer(l) = int64(n)
+		*integers[k.index] = int64(n)
 		return nil
 	}
-	*k.decimal(l) = json.Number(v)
+	*decimals[k.index] = json.Number(v)
 	return nil
 }
