@@ -45,7 +45,6 @@ func checkRefusal(res *http.Response, body []byte) string {
 func TestHammeredKeyCostsRedisUnderACallPerHundredRefusalsAndARaisedCapAdmitsAtOnce(t *testing.T) {
 	srv := redistest.NewServer(t) // its own, so that every script it runs is this test's
 	up := newUpstream(t)
-	port := freePort()
 	site := func(rpm int) string {
 		return fmt.Sprintf(`
 	handle /plain/* {
@@ -60,7 +59,7 @@ func TestHammeredKeyCostsRedisUnderACallPerHundredRefusalsAndARaisedCapAdmitsAtO
 		reverse_proxy {upstream}
 	}`, srv.URL(), rpm)
 	}
-	gw := startGatewayWith(t, up.URL, "", site(1), port)
+	gw := startGatewayWith(t, up.URL, "", site(1), 0)
 	key := "Authorization: Bearer sk-" + redistest.UniqueID(t)
 	if res, body := gw.do(t, key); res.StatusCode != 200 {
 		t.Fatalf("first request: %d %s", res.StatusCode, body)
@@ -140,7 +139,7 @@ func TestHammeredKeyCostsRedisUnderACallPerHundredRefusalsAndARaisedCapAdmitsAtO
 	}
 
 	// The cache is keyed by the caps: the raised cap is the store's to decide.
-	gw = startGatewayWith(t, up.URL, "", site(3), port)
+	gw = startGatewayWith(t, up.URL, "", site(3), gw.port)
 	if res, body := gw.do(t, key); res.StatusCode != 200 || res.Header.Get("X-Ratelimit-Limit-Requests") != "3" {
 		t.Fatalf("first request after raising rpm to 3: %d %s, limit %q", res.StatusCode, body, res.Header.Get("X-Ratelimit-Limit-Requests"))
 	}
