@@ -75,7 +75,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if refused != nil {
 		return h.answer(w, req, *refused)
 	}
-	return h.admitOrAnswer(w, req, chain, m.reserve, m.metering, next, func(rw *responseWriter, d limiter.Decision) error {
+	return h.admitOrAnswer(w, req, chain, m.reserve, m.meters, next, func(rw *responseWriter, d limiter.Decision) error {
 		return h.passMetered(rw, req, next, chain, d, m)
 	})
 }
@@ -84,11 +84,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 // at: whether its chain caps tokens or spend, its body, its estimate, its
 // reservation and, under a budget, its model's price.
 type metering struct {
-	metering bool
-	body     requestBody
-	est      tokenest.Estimate
-	reserve  limiter.TokenCounts
-	price    *pricing.Entry
+	meters  bool // the chain caps tokens or spend
+	body    requestBody
+	est     tokenest.Estimate
+	reserve limiter.TokenCounts
+	price   *pricing.Entry
 }
 
 // prepareMetering reads what a chain that caps tokens or spend needs of the
@@ -96,8 +96,8 @@ type metering struct {
 // refused it for a reason no body changes), its model's price, its
 // estimate and its reservation; or the answer that refuses it.
 func (h *Handler) prepareMetering(req *request, chain []limiter.Limit, body requestBody) (m metering, refused *answer) {
-	m = metering{metering: chainMetersTokens(chain), body: body}
-	if !m.metering {
+	m = metering{meters: chainMetersTokens(chain), body: body}
+	if !m.meters {
 		return m, nil
 	}
 	if !h.readsModel && readable(req) {

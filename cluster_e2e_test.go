@@ -61,16 +61,7 @@ func TestClusterChainIsTaggedWithItsOutermostPresentScope(t *testing.T) {
 }
 
 func TestClusterLiveViewReadsTheCountersUnderTheGivenRoot(t *testing.T) {
-	c := redistest.NewCluster(t, 3)
-	up := newUpstream(t)
-	gw := startGateway(t, up.URL, fmt.Sprintf(`
-	rolter_ratelimit {
-		redis cluster %s
-		scope team {http.request.header.X-Team}
-		scope org {http.request.header.X-Org}
-		limit team * rpm 7
-	}
-	reverse_proxy {upstream}`, strings.Join(c.URLs(), " ")))
+	gw := clusterTeamGateway(t, 7)
 	org, team := redistest.UniqueID(t), redistest.UniqueID(t)
 	for i := 0; i < 3; i++ {
 		if res, _ := gw.do(t, "X-Org: "+org, "X-Team: "+team); res.StatusCode != 200 {
@@ -94,4 +85,20 @@ func TestClusterLiveViewReadsTheCountersUnderTheGivenRoot(t *testing.T) {
 	if code != 200 || !strings.Contains(body, `"remaining":4`) {
 		t.Fatalf("with root: %d %s, want remaining 4 of rpm 7 after 3 requests", code, body)
 	}
+}
+
+// clusterTeamGateway is a gateway on a Redis Cluster of its own, of three
+// primaries, whose chain is a team and its org (the chain's root), each
+// team capped at rpm.
+func clusterTeamGateway(t *testing.T, rpm int) *gateway {
+	t.Helper()
+	c := redistest.NewCluster(t, 3)
+	return startGateway(t, newUpstream(t).URL, fmt.Sprintf(`
+	rolter_ratelimit {
+		redis cluster %s
+		scope team {http.request.header.X-Team}
+		scope org {http.request.header.X-Org}
+		limit team * rpm %d
+	}
+	reverse_proxy {upstream}`, strings.Join(c.URLs(), " "), rpm))
 }

@@ -102,16 +102,7 @@ func TestResetAdmitsAgainAKeyRefusedByItsRPMOrByItsTokenBucket(t *testing.T) {
 }
 
 func TestResetOnRedisClusterAdmitsAgainUnderTheGivenRoot(t *testing.T) {
-	c := redistest.NewCluster(t, 3)
-	up := newUpstream(t)
-	gw := startGateway(t, up.URL, fmt.Sprintf(`
-	rolter_ratelimit {
-		redis cluster %s
-		scope team {http.request.header.X-Team}
-		scope org {http.request.header.X-Org}
-		limit team * rpm 2
-	}
-	reverse_proxy {upstream}`, strings.Join(c.URLs(), " ")))
+	gw := clusterTeamGateway(t, 2)
 	org, team := redistest.UniqueID(t), redistest.UniqueID(t)
 	headers := []string{"X-Org: " + org, "X-Team: " + team}
 	clearOfMinuteEnd(t, 10*time.Second)
