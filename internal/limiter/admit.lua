@@ -10,7 +10,8 @@
 -- reservations admitted before the reset reserved: the reset took it from
 -- them, and the settlement then charges what its request used.
 --
--- KEYS      for each distinct limit of the call, in order: for each window
+-- KEYS      for each distinct limit of the call, in order, the keys of
+--           each of its parts, in Part order (parts.go): for each window
 --           it caps, in windowKind order (window.go: rpm, tpm, itpm, otpm,
 --           rpd, tpd, itpd, otpd), the key of the current period, then of
 --           the previous one; then, if it has a token bucket, the bucket's
@@ -58,13 +59,14 @@
 --           then per restore, the admission of the reservations it adds
 --           back (unix milliseconds) and what they reserved, a decimal;
 --           then per limit freed, how many of the holder's slots it frees.
--- then      per distinct caps: whether they are a shadow limit's ("1": counted
---           as the others, never refusing), then the windows it caps, one argument of a byte
---           per window, its windowKind; the cap of each of them; the rate of a token bucket in
---           milli-tokens per second (0 is none), and if rate > 0 its burst
---           and cost; the most requests in flight (0 is no cap), and if
---           above 0 the lease of a slot in milliseconds; the day budget
---           and the month budget in nano-dollars (0 is none).
+-- then      per distinct caps: whether they are a shadow limit's ("1":
+--           counted as the others, never refusing); then its parts, one
+--           argument of a byte per part, its Part (a window's windowKind,
+--           BUCKET, SLOTS, DAY_BUDGET or MONTH_BUDGET); then the caps of
+--           each part: a window's cap; a token bucket's rate in
+--           milli-tokens per second, its burst and its cost; the most
+--           requests in flight and the lease of a slot in milliseconds; a
+--           budget's cap in nano-dollars.
 -- then      one argument of L bytes: each limit's caps (1-based).
 -- then      per admission, in arrival order: with "r", the tokens it
 --           reserves, or with "s" (when the call caps input or output
@@ -110,10 +112,11 @@
 -- one, whoever's: a holder of a shorter lease never shortens its life.
 -- store_memory.go does the same with one holder.
 --
--- Reply: {1, now_ms, then per limit, for each window it caps, the current
--- and previous count, then its bucket's deficit, then if it caps requests
--- in flight their number, then for each budget it has what is spent and
--- what is reserved; then per admission 1 (admitted) or 0}, with the
+-- Reply: {1, now_ms, then per limit, per part as KEYS has them: for each
+-- window it caps the current and previous count, then if it has a token
+-- bucket its deficit, then if it caps requests in flight their number,
+-- then for each budget it has what is spent and what is reserved; then per
+-- admission 1 (admitted) or 0}, with the
 -- counts as read (the deficit refilled to now) after the token charges and
 -- the frees and before the admissions: the caller replays the admissions in
 -- order to know what each one read.
@@ -135,6 +138,8 @@ local CHARGE_TTL = {MINUTE_TTL, DAY_TTL, BUDGET_DAY_TTL, BUDGET_MONTH_TTL}
 -- on over a day. A reservation's sizes are indexed by what they count:
 -- TOKENS, INPUT, OUTPUT, and COST (a budget's).
 local KINDS, REQUESTS, TOKENS, INPUT, OUTPUT, COST = 4, 0, 1, 2, 3, 4
+-- parts.go's numbering of a limit's parts after its windows (0 to 7).
+local BUCKET, SLOTS, DAY_BUDGET = 8, 9, 10
 -- A token bucket counts micro-tokens: its rate, in milli-tokens per
 -- second, then refills a whole number of them each millisecond.
 local MICRO = 1000000
@@ -233,36 +238,40 @@ local function expire_at_least(key, ttl)
   if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
 end
 
--- Returns the distinct caps read from ARGV[at] on: each is {windows, rate,
--- burst, cost, slots, lease, day budget, month budget, shadow}, windows listing,
--- flat, each window's windowKind and cap; then the caps of each limit,
--- whether any caps have a budget, and the argument after them.
+-- Returns the distinct caps read from ARGV[at] on, each a table of named
+-- fields: windows, flat, each window's windowKind and cap; rate, burst and
+-- cost, a token bucket's (rate 0: none); slots and lease, the cap on
+-- requests in flight and a slot's lease (slots 0: none); budgets, flat,
+-- each budget's period (0 a day, 1 a month) and cap, nil for none; and
+-- shadow. Then the caps of each limit, whether any caps have a budget, and
+-- the argument after them.
 local function read_caps(at, count)
   local budgeted = false
   local caps = {}
   for position = 1, count do
-    local shadow = ARGV[at] == '1'
-    local kinds = {byte(ARGV[at + 1], 1, -1)}
+    local shadow, parts = ARGV[at] == '1', {byte(ARGV[at + 1], 1, -1)}
     at = at + 2
-    local windows = {}
-    for w = 1, #kinds do
-      windows[2 * w - 1], windows[2 * w] = kinds[w], tonumber(ARGV[at], 16)
-      at = at + 1
+    local windows, window_count, budgets = {}, 0, nil
+    local rate, burst, cost, slots, lease = 0, 0, 0, 0, 0
+    for p = 1, #parts do
+      local part = parts[p]
+      if part < BUCKET then
+        windows[window_count + 1], windows[window_count + 2] = part, tonumber(ARGV[at], 16)
+        window_count, at = window_count + 2, at + 1
+      elseif part == BUCKET then
+        rate, burst, cost = tonumber(ARGV[at], 16), tonumber(ARGV[at + 1], 16), tonumber(ARGV[at + 2], 16)
+        at = at + 3
+      elseif part == SLOTS then
+        slots, lease = tonumber(ARGV[at], 16), tonumber(ARGV[at + 1], 16)
+        at = at + 2
+      else
+        budgets = budgets or {}
+        budgets[#budgets + 1] = part - DAY_BUDGET
+        budgets[#budgets + 1] = tonumber(ARGV[at], 16)
+        at, budgeted = at + 1, true
+      end
     end
-    local rate, burst, cost = tonumber(ARGV[at], 16), 0, 0
-    if rate > 0 then
-      burst, cost = tonumber(ARGV[at + 1], 16), tonumber(ARGV[at + 2], 16)
-      at = at + 2
-    end
-    local slots, lease = tonumber(ARGV[at + 1], 16), 0
-    if slots > 0 then
-      lease = tonumber(ARGV[at + 2], 16)
-      at = at + 1
-    end
-    local day_budget, month_budget = tonumber(ARGV[at + 2], 16), tonumber(ARGV[at + 3], 16)
-    budgeted = budgeted or day_budget > 0 or month_budget > 0
-    caps[position] = {windows, rate, burst, cost, slots, lease, day_budget, month_budget, shadow}
-    at = at + 4
+    caps[position] = {windows = windows, rate = rate, burst = burst, cost = cost, slots = slots, lease = lease, budgets = budgets, shadow = shadow}
   end
   return caps, {byte(ARGV[at], 1, -1)}, budgeted, at + 1
 end
@@ -275,7 +284,8 @@ end
 local function write_requests(limit_count, requests_added, caps, caps_of, buckets, own_slots, own_ends, holder, now)
   local key_index = 1
   for limit = 1, limit_count do
-    local windows = caps[caps_of[limit]][1]
+    local limit_caps = caps[caps_of[limit]]
+    local windows = limit_caps.windows
     local admitted, bucket = requests_added[limit], buckets[limit]
     if admitted > 0 then
       for w = 1, #windows, 2 do
@@ -297,7 +307,7 @@ local function write_requests(limit_count, requests_added, caps, caps_of, bucket
     local own = own_slots[limit]
     if own then
       if admitted > 0 then
-        local lease = caps[caps_of[limit]][6]
+        local lease = limit_caps.lease
         local lease_end = now + lease
         if own_ends[limit] > lease_end then lease_end = own_ends[limit] end
         redis.call('HSET', KEYS[key_index], holder, format('%d:%d', own + admitted, lease_end))
@@ -308,9 +318,7 @@ local function write_requests(limit_count, requests_added, caps, caps_of, bucket
       key_index = key_index + 1
     end
     -- Each budget's two keys: write_reservations writes what it reserves.
-    for period = 1, 2 do
-      if caps[caps_of[limit]][6 + period] > 0 then key_index = key_index + 2 end
-    end
+    if limit_caps.budgets then key_index = key_index + #limit_caps.budgets end
   end
 end
 
@@ -389,7 +397,7 @@ local infinity = 1 / 0
 local key_index = 1
 for limit = 1, limit_count do
   local limit_caps = caps[caps_of[limit]]
-  local windows, rate = limit_caps[1], limit_caps[2]
+  local windows, rate = limit_caps.windows, limit_caps.rate
   local room = infinity
   if reserving then first_token_window[limit] = token_windows + 1 end
   for w = 1, #windows, 2 do
@@ -415,10 +423,10 @@ for limit = 1, limit_count do
     reply_len = reply_len + 2
     key_index = key_index + 2
   end
-  local deficit = 0
   if rate > 0 then
-    local burst, cost = limit_caps[3], limit_caps[4]
+    local burst, cost = limit_caps.burst, limit_caps.cost
     local since, max_deficit, cost_micro = now, (burst - cost) * MICRO, cost * MICRO
+    local deficit = 0
     local stored_deficit, stored_at = string.match(counters[key_index] or '', '^(%d+):(%d+)$')
     if stored_deficit then
       deficit, stored_at = stored_deficit + 0, stored_at + 0
@@ -434,11 +442,11 @@ for limit = 1, limit_count do
     if requests_fit + 1 < room then room = requests_fit + 1 end
     -- Twice the time an empty bucket takes to fill, as Spring does: it is full by then.
     buckets[limit] = {2 * math.ceil(burst * MICRO / rate), since, deficit, cost_micro}
+    reply_len = reply_len + 1
+    reply[reply_len] = deficit
     key_index = key_index + 1
   end
-  reply_len = reply_len + 1
-  reply[reply_len] = deficit
-  local slots = limit_caps[5]
+  local slots = limit_caps.slots
   if slots > 0 then
     local in_flight, own, own_end = read_slots(KEYS[key_index], holder, now, charging)
     if slots - in_flight < room then room = slots - in_flight end
@@ -447,25 +455,24 @@ for limit = 1, limit_count do
     reply[reply_len] = in_flight
     key_index = key_index + 1
   end
-  for period = 1, 2 do
-    local budget = limit_caps[6 + period]
-    if budget > 0 then
-      local spent, reserved = (counters[key_index] or 0) + 0, (counters[key_index + 1] or 0) + 0
-      local slack = budget - spent - reserved
-      if reserving then
-        token_windows = token_windows + 1
-        token_room[token_windows], token_scale[token_windows], token_part[token_windows] = slack, 1, COST
-        token_key[token_windows], token_ttl[token_windows], token_reserved[token_windows] = key_index + 1, CHARGE_TTL[2 + period], 0
-      elseif slack <= 0 then
-        room = 0
-      end
-      reply[reply_len + 1], reply[reply_len + 2] = spent, reserved
-      reply_len = reply_len + 2
-      key_index = key_index + 2
+  local budgets = limit_caps.budgets
+  for b = 1, budgets and #budgets or 0, 2 do
+    local period, budget = budgets[b], budgets[b + 1]
+    local spent, reserved = (counters[key_index] or 0) + 0, (counters[key_index + 1] or 0) + 0
+    local slack = budget - spent - reserved
+    if reserving then
+      token_windows = token_windows + 1
+      token_room[token_windows], token_scale[token_windows], token_part[token_windows] = slack, 1, COST
+      token_key[token_windows], token_ttl[token_windows], token_reserved[token_windows] = key_index + 1, CHARGE_TTL[3 + period], 0
+    elseif slack <= 0 then
+      room = 0
     end
+    reply[reply_len + 1], reply[reply_len + 2] = spent, reserved
+    reply_len = reply_len + 2
+    key_index = key_index + 2
   end
   if reserving then last_token_window[limit] = token_windows end
-  if limit_caps[9] then
+  if limit_caps.shadow then
     -- A shadow limit is read and charged as the others, and refuses nothing.
     room = infinity
     if reserving then

@@ -57,40 +57,44 @@ func refusalAmong(chain []Limit, d Decision, shadow bool) Refusal {
 		if l.Shadow != shadow {
 			continue
 		}
-		for k, capacity := range l.Each {
-			size, p, w := d.size(k.Kind()), at[k.Span()], d.Counts[i].Window[k]
-			if fits(w, capacity, size, p) {
-				continue
+		c := d.Counts[i]
+		for p := range l.parts().All {
+			var capacity, wait int64
+			k, isWindow := p.window()
+			switch {
+			case isWindow:
+				size, at := d.size(k.Kind()), at[k.Span()]
+				if capacity = l.Windows[k]; fits(c.Window[k], capacity, size, at) {
+					continue
+				}
+				wait = releaseIn(c.Window[k], capacity, size, at)
+			case p == BucketPart:
+				if l.Bucket.fits(c.Deficit) {
+					continue
+				}
+				capacity, wait = l.Bucket.Burst, l.Bucket.releaseIn(c.Deficit)
+			case p == SlotsPart:
+				if capacity = l.Concurrent.Max; c.Slots < capacity {
+					continue
+				}
+				ref.UntilFreed = true
+			default:
+				b := p.budget()
+				if capacity = l.Budgets.Max[b]; fitsBudget(c.Spent[b], c.Reserved[b], capacity, d.Reserve.Cost) {
+					continue
+				}
+				wait, ref.Exhausted = l.Budgets.Calendar.renewsIn(b, d.Now), true
+				if ref.First < 0 {
+					ref.Period, ref.Used, ref.RenewsAt = b, c.Spent[b]+c.Reserved[b], d.Now.UnixMillis+wait
+				}
 			}
 			if ref.First < 0 {
-				ref.First, ref.Kind, ref.Window, ref.Capacity = i, k.Kind(), k, capacity
+				ref.First, ref.Kind, ref.Capacity = i, p.refusalKind(), capacity
+				if isWindow {
+					ref.Window = k
+				}
 			}
-			ref.WaitMillis = max(ref.WaitMillis, releaseIn(w, capacity, size, p))
-		}
-		if b := l.Bucket; b.Rate > 0 && !b.fits(d.Counts[i].Deficit) {
-			if ref.First < 0 {
-				ref.First, ref.Kind, ref.Capacity = i, Burst, b.Burst
-			}
-			ref.WaitMillis = max(ref.WaitMillis, b.releaseIn(d.Counts[i].Deficit))
-		}
-		if m := l.Concurrent.Max; m > 0 && d.Counts[i].Slots >= m {
-			if ref.First < 0 {
-				ref.First, ref.Kind, ref.Capacity = i, Concurrency, m
-			}
-			ref.UntilFreed = true
-		}
-		c, calendar := d.Counts[i], l.Budgets.Calendar
-		for p, b := range l.EachBudget {
-			if fitsBudget(c.Spent[p], c.Reserved[p], b, d.Reserve.Cost) {
-				continue
-			}
-			renewsIn := calendar.renewsIn(p, d.Now)
-			if ref.First < 0 {
-				ref.First, ref.Kind, ref.Period, ref.Capacity = i, Budget, p, b
-				ref.Used, ref.RenewsAt = c.Spent[p]+c.Reserved[p], d.Now.UnixMillis+renewsIn
-			}
-			ref.Exhausted = true
-			ref.WaitMillis = max(ref.WaitMillis, renewsIn)
+			ref.WaitMillis = max(ref.WaitMillis, wait)
 		}
 	}
 	return ref

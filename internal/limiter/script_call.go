@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"math/bits"
 	"slices"
 	"strconv"
 	"strings"
@@ -122,42 +121,21 @@ func (c *scriptCall) add(chain []Limit, reserve TokenCounts) bool {
 	return true
 }
 
-// keys declares every key admit.lua touches: per limit and window it caps,
-// the current period and the previous one; then its token bucket; then its
-// slots; then its budgets' spent and reserved keys; then the key of each
-// charge, by charge class: the current period, or a settlement's own; then
-// the key of each restore, minute windows first, with its limit's reset
-// key; then the slots key of each limit freed. They are written into one buffer and
-// cut from one string: two allocations for a call's keys, not one each.
+// keys declares every key admit.lua touches: per limit, the keys of each
+// of its parts (writeKeys); then the key of each charge, by charge class:
+// the current period, or a settlement's own; then the key of each restore,
+// minute windows first, with its limit's reset key; then the slots key of
+// each limit freed. They are written into one buffer and cut from one
+// string: two allocations for a call's keys, not one each.
 func (c *scriptCall) keys(atMinute int64) []string {
 	var keys cutText
 	keys.grow(4*len(c.limits)+c.charges.count()+c.charges.restoreCount()+len(c.frees.limits), 64)
-	// Each span's current period.
-	current := [...]int64{Minute: atMinute, Day: DayOf(atMinute)}
 	for _, l := range c.limits {
-		for k := range l.Each {
-			b := current[k.Span()]
-			writePeriodKey(&keys.text, l.Prefix, k, b)
-			keys.end()
-			writePeriodKey(&keys.text, l.Prefix, k, b-1)
-			keys.end()
-		}
-		if l.Bucket.Rate > 0 {
-			writeBucketKey(&keys.text, l)
-			keys.end()
-		}
-		if l.Concurrent.Max > 0 {
-			writeSlotsKey(&keys.text, l)
-			keys.end()
-		}
-		for p := range l.EachBudget {
-			s := l.Budgets.Calendar.Span(p, atMinute)
-			s.writeKey(&keys.text, l.Prefix, p, false)
-			keys.end()
-			s.writeKey(&keys.text, l.Prefix, p, true)
-			keys.end()
+		for p := range l.parts().All {
+			writeKeys(&keys, l, p, atMinute)
 		}
 	}
+	current := [...]int64{Minute: atMinute, Day: DayOf(atMinute)}
 	for _, classKeys := range c.charges.keys {
 		for _, k := range classKeys {
 			if k.calendar != nil {
@@ -265,21 +243,10 @@ func (c *scriptCall) args(clock string, atMinute int64, peek bool, holder string
 		a.hex(n)
 	}
 	for _, l := range caps {
-		a.args = append(a.args, shadowArg(l.Shadow), windowKindsArg[l.Capped])
-		for _, capacity := range l.Each {
-			a.hex(capacity)
+		a.args = append(a.args, shadowArg(l.Shadow), l.partsArg())
+		for p := range l.parts().All {
+			l.writeArgs(&a, p)
 		}
-		a.hex(l.Bucket.Rate)
-		if l.Bucket.Rate > 0 {
-			a.hex(l.Bucket.Burst)
-			a.hex(l.Bucket.Cost)
-		}
-		a.hex(l.Concurrent.Max)
-		if l.Concurrent.Max > 0 {
-			a.hex(l.Concurrent.LeaseMillis)
-		}
-		a.hex(l.Budgets.Max[BudgetDay])
-		a.hex(l.Budgets.Max[BudgetMonth])
 	}
 	a.args = append(a.args, capsOf)
 	for m, chain := range c.chains {
@@ -369,14 +336,10 @@ func (c *scriptCall) distinctCaps() ([]Caps, string) {
 // admissions before it in the call, which decode replays.
 func (c *scriptCall) decode(reply []int64, charged bool) ([]Decision, error) {
 	k, n := len(c.chains), len(c.limits)
-	want := 2 + k + n
+	want := 2 + k
 	for _, l := range c.limits {
-		want += 2 * bits.OnesCount8(l.Capped)
-		if l.Concurrent.Max > 0 {
-			want++
-		}
-		for range l.EachBudget {
-			want += 2
+		for p := range l.parts().All {
+			want += p.keys()
 		}
 	}
 	if len(reply) != want || reply[0] != 1 {
@@ -388,16 +351,8 @@ func (c *scriptCall) decode(reply []int64, charged bool) ([]Decision, error) {
 	clear(state)
 	r := reply[2:]
 	for i, l := range c.limits {
-		for k := range l.Each {
-			state[i].Window[k] = Window{Cur: r[0], Prev: r[1]}
-			r = r[2:]
-		}
-		state[i].Deficit, r = r[0], r[1:]
-		if l.Concurrent.Max > 0 {
-			state[i].Slots, r = r[0], r[1:]
-		}
-		for p := range l.EachBudget {
-			state[i].Spent[p], state[i].Reserved[p], r = r[0], r[1], r[2:]
+		for p := range l.parts().All {
+			r = state[i].read(p, r)
 		}
 	}
 	c.decisions = slices.Grow(c.decisions[:0], k)[:k]

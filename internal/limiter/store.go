@@ -304,23 +304,25 @@ type Decision struct {
 func (d Decision) size(k kind) int64 { return d.Reserve.Of(k) }
 
 // countsAfter is c, the counts of limit l that d read, as d's admission
-// leaves them: its size added to the current period of each window l caps,
+// leaves them, part by part: its size added to the current period of each window l caps,
 // l's cost to its bucket's deficit, a slot to its concurrency cap's, and
 // the reserved cost to what its budgets hold reserved. The in-process
 // store writes them, a call of admit.lua replays them for the admissions
 // after, and the headers of an admitted request count it in them.
 func (d Decision) CountsAfter(l Limit, c Counts) Counts {
-	for k := range l.Each {
-		c.Window[k].Cur += d.size(k.Kind())
-	}
-	if l.Bucket.Rate > 0 {
-		c.Deficit += l.Bucket.Cost * MicroTokens
-	}
-	if l.Concurrent.Max > 0 {
-		c.Slots++
-	}
-	for p := range l.EachBudget {
-		c.Reserved[p] += d.Reserve.Cost
+	for p := range l.parts().All {
+		if k, ok := p.window(); ok {
+			c.Window[k].Cur += d.size(k.Kind())
+			continue
+		}
+		switch p {
+		case BucketPart:
+			c.Deficit += l.Bucket.Cost * MicroTokens
+		case SlotsPart:
+			c.Slots++
+		default:
+			c.Reserved[p.budget()] += d.Reserve.Cost
+		}
 	}
 	return c
 }
@@ -329,15 +331,14 @@ func (d Decision) CountsAfter(l Limit, c Counts) Counts {
 // outage.
 var ErrBadReply = errors.New("rolter_ratelimit: unexpected reply from the store")
 
-// resetNames is what a reset of l clears, by name: each window it caps,
-// then "bucket" for its token bucket.
+// resetNames is what a reset of l clears, by name: each part it has that
+// the reset does not keep (each window it caps, then "bucket").
 func resetNames(l Limit) []string {
 	names := make([]string, 0, NumWindows+1)
-	for k := range l.Each {
-		names = append(names, k.String())
-	}
-	if l.Bucket.Rate > 0 {
-		names = append(names, "bucket")
+	for p := range l.parts().All {
+		if !p.KeptByReset() {
+			names = append(names, p.String())
+		}
 	}
 	return names
 }

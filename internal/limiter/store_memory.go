@@ -375,15 +375,16 @@ func (s *MemoryStore) Describe() storeDescription { return storeDescription{Kind
 func (s *MemoryStore) Reset(_ context.Context, l Limit) ([]string, error) {
 	c := s.lockedCounter(l.Prefix)
 	defer c.mu.Unlock()
-	for k := range l.Each {
-		periods := c.periods(k)
-		periods[0].n, periods[1].n = 0, 0
+	for p := range l.parts().All {
+		if k, ok := p.window(); ok {
+			periods := c.periods(k)
+			periods[0].n, periods[1].n = 0, 0
+		} else if p == BucketPart {
+			c.bkt = bucketState{}
+		}
 	}
 	if l.capsTokens() {
 		c.other().resetAt = s.now()
-	}
-	if l.Bucket.Rate > 0 {
-		c.bkt = bucketState{}
 	}
 	return resetNames(l), nil
 }
@@ -407,19 +408,8 @@ func (s *MemoryStore) decide(chain []Limit, reserve TokenCounts, charge bool, bu
 	clear(buf)
 	d := Decision{Now: now, Counts: buf, Reserve: reserve}
 	for i, l := range chain {
-		c := &d.Counts[i]
-		for k := range l.Each {
-			c.Window[k] = readWindow(cs[i].periods(k), at[k.Span()].Period)
-		}
-		if l.Bucket.Rate > 0 {
-			c.Deficit = l.Bucket.refilled(cs[i].bkt.deficit, cs[i].bkt.at, now.UnixMillis)
-		}
-		if l.Concurrent.Max > 0 {
-			c.Slots = cs[i].slots.at(now.UnixMillis)
-		}
-		for p := range l.EachBudget {
-			b := cs[i].budget(p, l.Budgets.Calendar.SpanAt(p, now))
-			c.Spent[p], c.Reserved[p] = b.spent, b.reserved
+		for p := range l.parts().All {
+			cs[i].read(&d.Counts[i], l, p, at, now)
 		}
 	}
 	// What admit.lua decides, from the same counts: refusalOf is the
@@ -434,26 +424,51 @@ func (s *MemoryStore) decide(chain []Limit, reserve TokenCounts, charge bool, bu
 	return d
 }
 
+// read reads into counts what c holds of l's part p at now (at: its
+// position in each span), under c.mu: a window's current and previous
+// period, the bucket's deficit refilled to now, the slots whose lease has
+// not ended, a budget's current period.
+func (c *memoryCounter) read(counts *Counts, l Limit, p Part, at [2]Position, now moment) {
+	if k, ok := p.window(); ok {
+		counts.Window[k] = readWindow(c.periods(k), at[k.Span()].Period)
+		return
+	}
+	switch p {
+	case BucketPart:
+		counts.Deficit = l.Bucket.refilled(c.bkt.deficit, c.bkt.at, now.UnixMillis)
+	case SlotsPart:
+		counts.Slots = c.slots.at(now.UnixMillis)
+	default:
+		b := c.budget(p.budget(), l.Budgets.Calendar.SpanAt(p.budget(), now))
+		counts.Spent[p.budget()], counts.Reserved[p.budget()] = b.spent, b.reserved
+	}
+}
+
 // write stores after, the counts of l that an admission at read as before
 // and charged, under c.mu: the windows' current periods by what the charge
 // added (a window it left alone keeps no period alive for the sweep), the
 // bucket's deficit as of now, the slots, and the budgets' reservations.
 func (c *memoryCounter) write(l Limit, at [2]Position, before, after Counts, now moment) {
-	for k := range l.Each {
-		if n := after.Window[k].Cur - before.Window[k].Cur; n != 0 {
-			add(c.periods(k), at[k.Span()].Period, n)
+	for p := range l.parts().All {
+		if k, ok := p.window(); ok {
+			if n := after.Window[k].Cur - before.Window[k].Cur; n != 0 {
+				add(c.periods(k), at[k.Span()].Period, n)
+			}
+			continue
 		}
-	}
-	if l.Bucket.Rate > 0 {
-		since := max(c.bkt.at, now.UnixMillis)
-		c.bkt = bucketState{deficit: after.Deficit, at: since, fullAt: since + CeilDiv(after.Deficit, l.Bucket.Rate)}
-	}
-	if after.Slots > before.Slots {
-		c.slots = c.slots.taken(after.Slots, now.UnixMillis, l.Concurrent.LeaseMillis)
-	}
-	for p := range l.EachBudget {
-		if n := after.Reserved[p] - before.Reserved[p]; n != 0 {
-			c.addBudget(p, l.Budgets.Calendar.SpanAt(p, now), 0, n)
+		switch p {
+		case BucketPart:
+			since := max(c.bkt.at, now.UnixMillis)
+			c.bkt = bucketState{deficit: after.Deficit, at: since, fullAt: since + CeilDiv(after.Deficit, l.Bucket.Rate)}
+		case SlotsPart:
+			if after.Slots > before.Slots {
+				c.slots = c.slots.taken(after.Slots, now.UnixMillis, l.Concurrent.LeaseMillis)
+			}
+		default:
+			b := p.budget()
+			if n := after.Reserved[b] - before.Reserved[b]; n != 0 {
+				c.addBudget(b, l.Budgets.Calendar.SpanAt(b, now), 0, n)
+			}
 		}
 	}
 }

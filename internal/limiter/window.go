@@ -308,22 +308,6 @@ func ResetIn(w Window, p Position) int64 {
 	return 0
 }
 
-// windowKindsArg is, for each mask of capped windows, the bytes admit.lua
-// reads them from: each window's windowKind, in order; boxed once, as an
-// argument of the call.
-var windowKindsArg = func() (args [1 << NumWindows]any) {
-	for m := range args {
-		var kinds []byte
-		for k := range NumWindows {
-			if m&(1<<k) != 0 {
-				kinds = append(kinds, byte(k))
-			}
-		}
-		args[m] = string(kinds)
-	}
-	return args
-}()
-
 // writeInt writes n in base to text.
 func writeInt(text *strings.Builder, n int64, base int) {
 	var digits [64]byte

@@ -1,0 +1,224 @@
+package limiter
+
+import (
+	"math/bits"
+	"sync/atomic"
+)
+
+// Part is one thing a limit counts, whose counters the stores keep: a
+// window (its number is its WindowKind), the token bucket, the requests in
+// flight, or a budget. A limit's parts, in Part order, are the layout that
+// every reader of its counters shares (Caps.Parts): the keys of a call of
+// admit.lua, its caps' arguments and its reply, the decoder, countsAfter,
+// the refusal, the reset and the in-process store. admit.lua numbers them
+// alike. A new kind of cap is a Part, its case in the functions below and
+// in the in-process store, and its arithmetic in admit.lua.
+type Part uint8
+
+const (
+	// The windows are parts 0 to NumWindows-1, by WindowKind.
+	BucketPart Part = Part(NumWindows) + iota
+	SlotsPart
+	DayBudgetPart
+	MonthBudgetPart
+	NumParts
+)
+
+// WindowPart is the part of window k.
+func WindowPart(k WindowKind) Part { return Part(k) }
+
+// BudgetPart is the part of budget p.
+func BudgetPart(p BudgetPeriod) Part { return DayBudgetPart + Part(p) }
+
+// window is a window part's window.
+func (p Part) window() (WindowKind, bool) { return WindowKind(p), p < Part(NumWindows) }
+
+// budget is a budget part's period.
+func (p Part) budget() BudgetPeriod { return BudgetPeriod(p - DayBudgetPart) }
+
+// String is the part's name in the admin API's reset: a window's cap, or
+// "bucket", "concurrent", "budget_day" or "budget_month".
+func (p Part) String() string {
+	if k, ok := p.window(); ok {
+		return k.String()
+	}
+	switch p {
+	case BucketPart:
+		return "bucket"
+	case SlotsPart:
+		return "concurrent"
+	}
+	return p.budget().CapName()
+}
+
+// refusalKind is what a refusal by the part says it refused on.
+func (p Part) refusalKind() kind {
+	if k, ok := p.window(); ok {
+		return k.Kind()
+	}
+	switch p {
+	case BucketPart:
+		return Burst
+	case SlotsPart:
+		return Concurrency
+	}
+	return Budget
+}
+
+// KeptByReset reports whether the admin API's reset keeps what the part
+// counts: the requests in flight, which are still in flight, and what a
+// budget holds, which was spent.
+func (p Part) KeptByReset() bool { return p >= SlotsPart }
+
+// keys is how many keys the part has in a call of admit.lua, and how many
+// numbers its reply gives of it: a window's current and previous period, a
+// bucket's deficit, the slots in flight, and a budget's spent and reserved.
+func (p Part) keys() int {
+	if p == BucketPart || p == SlotsPart {
+		return 1
+	}
+	return 2
+}
+
+// partSet is a set of parts: bit p is set where part p is in it.
+type partSet uint16
+
+// parts are the parts c has.
+func (c *Caps) parts() partSet {
+	m := partSet(c.Capped)
+	if c.Bucket.Rate > 0 {
+		m |= 1 << BucketPart
+	}
+	if c.Concurrent.Max > 0 {
+		m |= 1 << SlotsPart
+	}
+	for p, budget := range c.Budgets.Max {
+		if budget > 0 {
+			m |= 1 << BudgetPart(BudgetPeriod(p))
+		}
+	}
+	return m
+}
+
+// All yields the parts of s, in Part order. (A loop over c.parts().All
+// compiles to a plain loop, where a loop over c.Parts calls its body once
+// per part.)
+func (s partSet) All(yield func(Part) bool) {
+	for ; s != 0; s &= s - 1 {
+		if !yield(Part(bits.TrailingZeros16(uint16(s)))) {
+			return
+		}
+	}
+}
+
+// Parts yields the parts c has, in Part order.
+func (c *Caps) Parts(yield func(Part) bool) { c.parts().All(yield) }
+
+// Has reports whether c has part p.
+func (c *Caps) Has(p Part) bool { return c.parts()&(1<<p) != 0 }
+
+// Without leaves part p out of c.
+func (c *Caps) Without(p Part) {
+	if k, ok := p.window(); ok {
+		c.Windows[k] = 0
+		c.Capped = c.Windows.Mask()
+		return
+	}
+	switch p {
+	case BucketPart:
+		c.Bucket = TokenBucket{}
+	case SlotsPart:
+		c.Concurrent = concurrencyCap{}
+	default:
+		c.Budgets.Max[p.budget()] = 0
+	}
+}
+
+// writeKeys writes the keys of l's part p in a call of admit.lua whose
+// minute period is atMinute: a window's current period and previous one,
+// the bucket's, the slots', a budget's spent and reserved in its current
+// period.
+func writeKeys(keys *cutText, l Limit, p Part, atMinute int64) {
+	if k, ok := p.window(); ok {
+		b := atMinute
+		if k.Span() == Day {
+			b = DayOf(atMinute)
+		}
+		writePeriodKey(&keys.text, l.Prefix, k, b)
+		keys.end()
+		writePeriodKey(&keys.text, l.Prefix, k, b-1)
+		keys.end()
+		return
+	}
+	switch p {
+	case BucketPart:
+		writeBucketKey(&keys.text, l)
+		keys.end()
+	case SlotsPart:
+		writeSlotsKey(&keys.text, l)
+		keys.end()
+	default:
+		s := l.Budgets.Calendar.Span(p.budget(), atMinute)
+		s.writeKey(&keys.text, l.Prefix, p.budget(), false)
+		keys.end()
+		s.writeKey(&keys.text, l.Prefix, p.budget(), true)
+		keys.end()
+	}
+}
+
+// writeArgs appends c's caps of part p to a call's arguments: a window's
+// cap; the bucket's rate (milli-tokens per second), burst and cost; the
+// most requests in flight and the lease of a slot (milliseconds); a
+// budget's cap (nano-dollars).
+func (c *Caps) writeArgs(a *callArgs, p Part) {
+	if k, ok := p.window(); ok {
+		a.hex(c.Windows[k])
+		return
+	}
+	switch p {
+	case BucketPart:
+		a.hex(c.Bucket.Rate)
+		a.hex(c.Bucket.Burst)
+		a.hex(c.Bucket.Cost)
+	case SlotsPart:
+		a.hex(c.Concurrent.Max)
+		a.hex(c.Concurrent.LeaseMillis)
+	default:
+		a.hex(c.Budgets.Max[p.budget()])
+	}
+}
+
+// partsArgs are, for each mask of parts, the parts as admit.lua reads them:
+// a byte each. Each is made and boxed on first use, once.
+var partsArgs [1 << NumParts]atomic.Value
+
+// partsArg is the argument of the parts of c.
+func (c *Caps) partsArg() any {
+	m := c.parts()
+	if arg := partsArgs[m].Load(); arg != nil {
+		return arg
+	}
+	var parts []byte
+	for p := range m.All {
+		parts = append(parts, byte(p))
+	}
+	partsArgs[m].Store(string(parts))
+	return partsArgs[m].Load()
+}
+
+// read reads part p of c from the start of a reply, and returns the rest.
+func (c *Counts) read(p Part, r []int64) []int64 {
+	if k, ok := p.window(); ok {
+		c.Window[k] = Window{Cur: r[0], Prev: r[1]}
+		return r[2:]
+	}
+	switch p {
+	case BucketPart:
+		c.Deficit = r[0]
+	case SlotsPart:
+		c.Slots = r[0]
+	default:
+		c.Spent[p.budget()], c.Reserved[p.budget()] = r[0], r[1]
+	}
+	return r[p.keys():]
+}
