@@ -533,8 +533,32 @@ func (g *usageGroup) read(r *http.Request, scope string) (UsageLimit, error) {
 	}
 	windows := [limiter.NumWindows]**UsageCounter{limiter.RPM: &entry.RPM, limiter.TPM: &entry.TPM, limiter.ITPM: &entry.ITPM, limiter.OTPM: &entry.OTPM,
 		limiter.RPD: &entry.RPD, limiter.TPD: &entry.TPD, limiter.ITPD: &entry.ITPD, limiter.OTPD: &entry.OTPD}
-	for k, capacity := range l.Each {
-		*windows[k] = usageCounter(d.Counts[0].Window[k], capacity, d.Now.In(k.Span()))
+	budgets := [limiter.NumBudgetPeriods]**UsageBudget{limiter.BudgetDay: &entry.BudgetDay, limiter.BudgetMonth: &entry.BudgetMonth}
+	c := d.Counts[0]
+	for p := range l.Parts {
+		k, isWindow := p.Window()
+		switch {
+		case isWindow:
+			*windows[k] = usageCounter(c.Window[k], l.Windows[k], d.Now.In(k.Span()))
+		case p == limiter.BucketPart:
+			b := l.Bucket
+			full := limiter.CeilDiv(c.Deficit, b.Rate)
+			entry.Bucket = &UsageBucket{
+				BurstCapacity:   b.Burst,
+				ReplenishRate:   b.RateText,
+				RequestedTokens: b.Cost,
+				Tokens:          float64(max(b.Burst*limiter.MicroTokens-c.Deficit, 0)/1000) / 1000,
+				Remaining:       b.Left(c.Deficit),
+				Full:            (time.Duration(full) * time.Millisecond).String(),
+				FullMillis:      full,
+			}
+		case p == limiter.SlotsPart:
+			m := l.Concurrent.Max
+			entry.Concurrent = &UsageSlots{Limit: m, InFlight: c.Slots, Remaining: max(m-c.Slots, 0)}
+		default:
+			b := p.Budget()
+			*budgets[b] = usageBudget(d, l.Budgets.Calendar, b, l.Budgets.Max[b])
+		}
 	}
 	for _, p := range g.perRequest {
 		if entry.PerRequest == nil {
@@ -544,27 +568,6 @@ func (g *usageGroup) read(r *http.Request, scope string) (UsageLimit, error) {
 		if k := limiter.WindowKindNamed(p.kind.name); k < limiter.NumWindows && p.fallback == "" {
 			(*windows[k]).Limit, (*windows[k]).Remaining = 0, 0
 		}
-	}
-	if b := l.Bucket; b.Rate > 0 {
-		deficit := d.Counts[0].Deficit
-		full := limiter.CeilDiv(deficit, b.Rate)
-		entry.Bucket = &UsageBucket{
-			BurstCapacity:   b.Burst,
-			ReplenishRate:   b.RateText,
-			RequestedTokens: b.Cost,
-			Tokens:          float64(max(b.Burst*limiter.MicroTokens-deficit, 0)/1000) / 1000,
-			Remaining:       b.Left(deficit),
-			Full:            (time.Duration(full) * time.Millisecond).String(),
-			FullMillis:      full,
-		}
-	}
-	if m := l.Concurrent.Max; m > 0 {
-		held := d.Counts[0].Slots
-		entry.Concurrent = &UsageSlots{Limit: m, InFlight: held, Remaining: max(m-held, 0)}
-	}
-	budgets := [limiter.NumBudgetPeriods]**UsageBudget{limiter.BudgetDay: &entry.BudgetDay, limiter.BudgetMonth: &entry.BudgetMonth}
-	for p, budget := range l.EachBudget {
-		*budgets[p] = usageBudget(d, l.Budgets.Calendar, p, budget)
 	}
 	return entry, nil
 }

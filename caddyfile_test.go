@@ -343,7 +343,7 @@ var caddyfileBadCases = append([]caddyfileBadCase{
 	{"default limit twice", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5\n\tlimit key * rpm 5\n}", `a second limit for scope "key" id "*"`, 4},
 	{"limit without id", "rolter_ratelimit {\n\tscope key x\n\tlimit key\n}", "wrong argument count", 3},
 	{"limit without anything", "rolter_ratelimit {\n\tlimit\n}", "wrong argument count", 2},
-	{"limit without rpm or tpm", "rolter_ratelimit {\n\tscope key x\n\tlimit key *\n}", `limit for scope "key" id "*" sets no cap: give rpm, tpm, itpm, otpm, rpd, tpd, itpd, otpd, rate and burst, concurrent, budget_day or budget_month`, 3},
+	{"limit without rpm or tpm", "rolter_ratelimit {\n\tscope key x\n\tlimit key *\n}", `limit for scope "key" id "*" sets no cap: give rpm, tpm, itpm, otpm, rpd, tpd, itpd, otpd, rate, burst, cost, concurrent, budget_day or budget_month`, 3},
 	{"limit with an empty id", "rolter_ratelimit {\n\tscope key x\n\tlimit key \"\" rpm 5\n}", `limit for scope "key" has an empty id`, 3},
 	{"rpm zero", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 0\n}", `rpm must be a positive integer, not "0"`, 3},
 	{"tpm zero", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 tpm 0\n}", `tpm must be a positive integer, not "0"`, 3},

@@ -22,9 +22,11 @@ const (
 
 // capKind is one cap a limit line may give. It is the one place that tells
 // the cap's name, how its value is written and bounded, its field in
-// LimitConfig and what the load log leaves out when the cap comes per
-// request: the Caddyfile's limit lines, the caps per request (set, given,
-// nominal, described) and the messages that list the caps all read it.
+// LimitConfig, and the part of a limit it caps (limiter.Part), which says
+// what a refusal by it is, what the admin API's reset keeps and what the
+// load log leaves out when the cap comes per request: the Caddyfile's
+// limit lines, the caps per request (set, given, nominal, described), the
+// reset and the messages that list the caps all read it.
 type capKind struct {
 	name  string
 	value capValue
@@ -33,14 +35,7 @@ type capKind struct {
 	// with at load, and the live view reads its counters with.
 	nominal string
 	index   int // its place in capKinds, and in LimitConfig.capFields
-	// omit leaves the cap out of caps, for the load log of a cap that
-	// comes per request.
-	omit func(*limiter.Caps)
-	// kept says why the admin API's reset keeps what the cap counts, and
-	// in whether a limit's caps have the cap; "" for a cap the reset
-	// clears.
-	kept string
-	in   func(*limiter.Caps) bool
+	part    limiter.Part
 }
 
 // capKinds are the caps a limit line may give, in the order the messages
@@ -49,20 +44,17 @@ type capKind struct {
 var capKinds = func() []capKind {
 	kinds := make([]capKind, 0, numCapKinds)
 	for k := range limiter.NumWindows {
-		kinds = append(kinds, capKind{name: k.String(), value: capInteger, most: limiter.MaxCap, nominal: "1",
-			omit: func(c *limiter.Caps) { c.Windows[k] = 0; c.Capped = c.Windows.Mask() }})
+		kinds = append(kinds, capKind{name: k.String(), value: capInteger, most: limiter.MaxCap, nominal: "1", part: limiter.WindowPart(k)})
 	}
-	noBucket := func(c *limiter.Caps) { c.Bucket = limiter.TokenBucket{} }
 	kinds = append(kinds,
-		capKind{name: "rate", value: capRate, nominal: "1", omit: noBucket},
-		capKind{name: "burst", value: capInteger, most: limiter.MaxBurst, nominal: strconv.Itoa(limiter.MaxBurst), omit: noBucket},
-		capKind{name: "cost", value: capInteger, most: limiter.MaxCap, nominal: "1", omit: noBucket},
-		capKind{name: "concurrent", value: capInteger, most: limiter.MaxCap, nominal: "1",
-			omit: func(c *limiter.Caps) { c.Concurrent.Max = 0 },
-			kept: keptSlotsWhy, in: func(c *limiter.Caps) bool { return c.Concurrent.Max > 0 }},
-		budgetKind(limiter.BudgetDay),
-		budgetKind(limiter.BudgetMonth),
+		capKind{name: "rate", value: capRate, nominal: "1", part: limiter.BucketPart},
+		capKind{name: "burst", value: capInteger, most: limiter.MaxBurst, nominal: strconv.Itoa(limiter.MaxBurst), part: limiter.BucketPart},
+		capKind{name: "cost", value: capInteger, most: limiter.MaxCap, nominal: "1", part: limiter.BucketPart},
+		capKind{name: "concurrent", value: capInteger, most: limiter.MaxCap, nominal: "1", part: limiter.SlotsPart},
 	)
+	for p := range limiter.NumBudgetPeriods {
+		kinds = append(kinds, capKind{name: p.CapName(), value: capUSD, nominal: "1", part: limiter.BudgetPart(p)})
+	}
 	for i := range kinds {
 		kinds[i].index = i
 	}
@@ -84,13 +76,6 @@ func (l *LimitConfig) capFields() (integers [numCapKinds]*int64, decimals [numCa
 	decimals[w], integers[w+1], integers[w+2], integers[w+3] = &l.Rate, &l.Burst, &l.Cost, &l.Concurrent
 	decimals[w+4], decimals[w+5] = &l.BudgetDay, &l.BudgetMonth
 	return integers, decimals
-}
-
-// budgetKind is the cap of budget p.
-func budgetKind(p limiter.BudgetPeriod) capKind {
-	return capKind{name: p.CapName(), value: capUSD, nominal: "1",
-		omit: func(c *limiter.Caps) { c.Budgets.Max[p] = 0 },
-		kept: keptSpentWhy, in: func(c *limiter.Caps) bool { return c.Budgets.Max[p] > 0 }}
 }
 
 // capKindNamed is the cap called name.

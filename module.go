@@ -678,8 +678,8 @@ func (l LimitConfig) validate() error {
 			return fmt.Errorf("limit for scope %q id %q: %s must be a positive integer of at most %d, not %d", l.Scope, l.ID, limiter.WindowKind(k), int64(limiter.MaxCap), n)
 		}
 	}
-	if l.windowCaps() == (limiter.WindowCaps{}) && l.Rate == "" && l.Burst == 0 && l.Cost == 0 && l.Concurrent == 0 && l.BudgetDay == "" && l.BudgetMonth == "" && len(l.PerRequest) == 0 {
-		return fmt.Errorf("limit for scope %q id %q sets no cap: give rpm, tpm, itpm, otpm, rpd, tpd, itpd, otpd, rate and burst, concurrent, budget_day or budget_month", l.Scope, l.ID)
+	if !slices.ContainsFunc(capKinds, func(k capKind) bool { return k.given(&l) }) && len(l.PerRequest) == 0 {
+		return fmt.Errorf("limit for scope %q id %q sets no cap: give %s", l.Scope, l.ID, capNames(", ", " or "))
 	}
 	nominal, err := l.nominal()
 	if err == nil {

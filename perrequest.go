@@ -134,7 +134,7 @@ func (s *limitSpec) describe(name string) string {
 	var per strings.Builder
 	for _, p := range s.perRequest {
 		fmt.Fprintf(&per, " %s %s", p.kind.name, p.describe())
-		p.kind.omit(&caps)
+		caps.Without(p.kind.part)
 	}
 	return caps.Describe(name) + per.String()
 }

@@ -116,11 +116,14 @@ type ResetKept struct {
 	Why  string `json:"why"`
 }
 
-// Why a reset keeps slots and budgets: the decisions of ResetPath's doc.
-const (
-	keptSlotsWhy = "requests in flight are still running: each holder's renewal rewrites its own count, so clearing the slots would be undone, and they free themselves as the requests end"
-	keptSpentWhy = "spent is money the upstream charged, and reserved belongs to requests in flight, whose settlements take it back (clearing it would make them under-count): to unblock a budget, raise it in the config"
-)
+// keptWhy says why a reset keeps what part p counts (p.KeptByReset): the
+// decisions of ResetPath's doc.
+func keptWhy(p limiter.Part) string {
+	if p == limiter.SlotsPart {
+		return "requests in flight are still running: each holder's renewal rewrites its own count, so clearing the slots would be undone, and they free themselves as the requests end"
+	}
+	return "spent is money the upstream charged, and reserved belongs to requests in flight, whose settlements take it back (clearing it would make them under-count): to unblock a budget, raise it in the config"
+}
 
 // resetLogger is the reset's logger: admin API modules are not provisioned,
 // so it is the process's, named.
@@ -163,8 +166,8 @@ func (a AdminAPI) serveReset(w http.ResponseWriter, r *http.Request) error {
 		inProcess = inProcess || g.storeKind == "memory"
 	}
 	for _, k := range capKinds {
-		if k.kept != "" && kept[k.name] {
-			answer.Kept = append(answer.Kept, ResetKept{What: k.name, Why: k.kept})
+		if kept[k.name] {
+			answer.Kept = append(answer.Kept, ResetKept{What: k.name, Why: keptWhy(k.part)})
 		}
 	}
 	if onRedis {
@@ -198,7 +201,7 @@ func (g *usageGroup) reset(ctx context.Context, scope string) (ResetLimit, error
 func keptNames(l limiter.Limit) []string {
 	names := []string{}
 	for _, k := range capKinds {
-		if k.kept != "" && k.in(l.Caps) {
+		if k.part.KeptByReset() && l.Has(k.part) {
 			names = append(names, k.name)
 		}
 	}

@@ -47,6 +47,15 @@
 // (scriptBatch). The in-process store makes the same decisions under
 // per-counter locks taken in one global order.
 //
+// What a limit counts is its parts (Part): each window it caps, its token
+// bucket, its requests in flight, each budget. Every reader of its counters
+// walks them in one order (Caps.Parts): the keys of a call of admit.lua,
+// the caps it passes and the reply it reads, the decision's counts after
+// an admission (countsAfter), the refusal, the reset, and the in-process
+// store's reads and writes. A new kind of cap is a part, its case in each
+// of those, and its arithmetic in both stores, which the differential test
+// keeps alike.
+//
 // On Redis Cluster every key of a chain carries the hash tag of the chain's
 // root (its outermost scope with a value), so that the script runs on one
 // shard.

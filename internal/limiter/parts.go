@@ -30,16 +30,16 @@ func WindowPart(k WindowKind) Part { return Part(k) }
 // BudgetPart is the part of budget p.
 func BudgetPart(p BudgetPeriod) Part { return DayBudgetPart + Part(p) }
 
-// window is a window part's window.
-func (p Part) window() (WindowKind, bool) { return WindowKind(p), p < Part(NumWindows) }
+// Window is a window part's window, and whether p is one.
+func (p Part) Window() (WindowKind, bool) { return WindowKind(p), p < Part(NumWindows) }
 
-// budget is a budget part's period.
-func (p Part) budget() BudgetPeriod { return BudgetPeriod(p - DayBudgetPart) }
+// Budget is a budget part's period.
+func (p Part) Budget() BudgetPeriod { return BudgetPeriod(p - DayBudgetPart) }
 
 // String is the part's name in the admin API's reset: a window's cap, or
 // "bucket", "concurrent", "budget_day" or "budget_month".
 func (p Part) String() string {
-	if k, ok := p.window(); ok {
+	if k, ok := p.Window(); ok {
 		return k.String()
 	}
 	switch p {
@@ -48,12 +48,12 @@ func (p Part) String() string {
 	case SlotsPart:
 		return "concurrent"
 	}
-	return p.budget().CapName()
+	return p.Budget().CapName()
 }
 
 // refusalKind is what a refusal by the part says it refused on.
 func (p Part) refusalKind() kind {
-	if k, ok := p.window(); ok {
+	if k, ok := p.Window(); ok {
 		return k.Kind()
 	}
 	switch p {
@@ -119,7 +119,7 @@ func (c *Caps) Has(p Part) bool { return c.parts()&(1<<p) != 0 }
 
 // Without leaves part p out of c.
 func (c *Caps) Without(p Part) {
-	if k, ok := p.window(); ok {
+	if k, ok := p.Window(); ok {
 		c.Windows[k] = 0
 		c.Capped = c.Windows.Mask()
 		return
@@ -130,7 +130,7 @@ func (c *Caps) Without(p Part) {
 	case SlotsPart:
 		c.Concurrent = concurrencyCap{}
 	default:
-		c.Budgets.Max[p.budget()] = 0
+		c.Budgets.Max[p.Budget()] = 0
 	}
 }
 
@@ -139,7 +139,7 @@ func (c *Caps) Without(p Part) {
 // the bucket's, the slots', a budget's spent and reserved in its current
 // period.
 func writeKeys(keys *cutText, l Limit, p Part, atMinute int64) {
-	if k, ok := p.window(); ok {
+	if k, ok := p.Window(); ok {
 		b := atMinute
 		if k.Span() == Day {
 			b = DayOf(atMinute)
@@ -158,10 +158,10 @@ func writeKeys(keys *cutText, l Limit, p Part, atMinute int64) {
 		writeSlotsKey(&keys.text, l)
 		keys.end()
 	default:
-		s := l.Budgets.Calendar.Span(p.budget(), atMinute)
-		s.writeKey(&keys.text, l.Prefix, p.budget(), false)
+		s := l.Budgets.Calendar.Span(p.Budget(), atMinute)
+		s.writeKey(&keys.text, l.Prefix, p.Budget(), false)
 		keys.end()
-		s.writeKey(&keys.text, l.Prefix, p.budget(), true)
+		s.writeKey(&keys.text, l.Prefix, p.Budget(), true)
 		keys.end()
 	}
 }
@@ -171,7 +171,7 @@ func writeKeys(keys *cutText, l Limit, p Part, atMinute int64) {
 // most requests in flight and the lease of a slot (milliseconds); a
 // budget's cap (nano-dollars).
 func (c *Caps) writeArgs(a *callArgs, p Part) {
-	if k, ok := p.window(); ok {
+	if k, ok := p.Window(); ok {
 		a.hex(c.Windows[k])
 		return
 	}
@@ -184,7 +184,7 @@ func (c *Caps) writeArgs(a *callArgs, p Part) {
 		a.hex(c.Concurrent.Max)
 		a.hex(c.Concurrent.LeaseMillis)
 	default:
-		a.hex(c.Budgets.Max[p.budget()])
+		a.hex(c.Budgets.Max[p.Budget()])
 	}
 }
 
@@ -208,7 +208,7 @@ func (c *Caps) partsArg() any {
 
 // read reads part p of c from the start of a reply, and returns the rest.
 func (c *Counts) read(p Part, r []int64) []int64 {
-	if k, ok := p.window(); ok {
+	if k, ok := p.Window(); ok {
 		c.Window[k] = Window{Cur: r[0], Prev: r[1]}
 		return r[2:]
 	}
@@ -218,7 +218,7 @@ func (c *Counts) read(p Part, r []int64) []int64 {
 	case SlotsPart:
 		c.Slots = r[0]
 	default:
-		c.Spent[p.budget()], c.Reserved[p.budget()] = r[0], r[1]
+		c.Spent[p.Budget()], c.Reserved[p.Budget()] = r[0], r[1]
 	}
 	return r[p.keys():]
 }

@@ -60,7 +60,7 @@ func refusalAmong(chain []Limit, d Decision, shadow bool) Refusal {
 		c := d.Counts[i]
 		for p := range l.parts().All {
 			var capacity, wait int64
-			k, isWindow := p.window()
+			k, isWindow := p.Window()
 			switch {
 			case isWindow:
 				size, at := d.size(k.Kind()), at[k.Span()]
@@ -79,7 +79,7 @@ func refusalAmong(chain []Limit, d Decision, shadow bool) Refusal {
 				}
 				ref.UntilFreed = true
 			default:
-				b := p.budget()
+				b := p.Budget()
 				if capacity = l.Budgets.Max[b]; fitsBudget(c.Spent[b], c.Reserved[b], capacity, d.Reserve.Cost) {
 					continue
 				}

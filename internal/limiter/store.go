@@ -311,7 +311,7 @@ func (d Decision) size(k kind) int64 { return d.Reserve.Of(k) }
 // after, and the headers of an admitted request count it in them.
 func (d Decision) CountsAfter(l Limit, c Counts) Counts {
 	for p := range l.parts().All {
-		if k, ok := p.window(); ok {
+		if k, ok := p.Window(); ok {
 			c.Window[k].Cur += d.size(k.Kind())
 			continue
 		}
@@ -321,7 +321,7 @@ func (d Decision) CountsAfter(l Limit, c Counts) Counts {
 		case SlotsPart:
 			c.Slots++
 		default:
-			c.Reserved[p.budget()] += d.Reserve.Cost
+			c.Reserved[p.Budget()] += d.Reserve.Cost
 		}
 	}
 	return c

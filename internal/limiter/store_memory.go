@@ -376,7 +376,7 @@ func (s *MemoryStore) Reset(_ context.Context, l Limit) ([]string, error) {
 	c := s.lockedCounter(l.Prefix)
 	defer c.mu.Unlock()
 	for p := range l.parts().All {
-		if k, ok := p.window(); ok {
+		if k, ok := p.Window(); ok {
 			periods := c.periods(k)
 			periods[0].n, periods[1].n = 0, 0
 		} else if p == BucketPart {
@@ -429,7 +429,7 @@ func (s *MemoryStore) decide(chain []Limit, reserve TokenCounts, charge bool, bu
 // period, the bucket's deficit refilled to now, the slots whose lease has
 // not ended, a budget's current period.
 func (c *memoryCounter) read(counts *Counts, l Limit, p Part, at [2]Position, now moment) {
-	if k, ok := p.window(); ok {
+	if k, ok := p.Window(); ok {
 		counts.Window[k] = readWindow(c.periods(k), at[k.Span()].Period)
 		return
 	}
@@ -439,8 +439,8 @@ func (c *memoryCounter) read(counts *Counts, l Limit, p Part, at [2]Position, no
 	case SlotsPart:
 		counts.Slots = c.slots.at(now.UnixMillis)
 	default:
-		b := c.budget(p.budget(), l.Budgets.Calendar.SpanAt(p.budget(), now))
-		counts.Spent[p.budget()], counts.Reserved[p.budget()] = b.spent, b.reserved
+		b := c.budget(p.Budget(), l.Budgets.Calendar.SpanAt(p.Budget(), now))
+		counts.Spent[p.Budget()], counts.Reserved[p.Budget()] = b.spent, b.reserved
 	}
 }
 
@@ -450,7 +450,7 @@ func (c *memoryCounter) read(counts *Counts, l Limit, p Part, at [2]Position, no
 // bucket's deficit as of now, the slots, and the budgets' reservations.
 func (c *memoryCounter) write(l Limit, at [2]Position, before, after Counts, now moment) {
 	for p := range l.parts().All {
-		if k, ok := p.window(); ok {
+		if k, ok := p.Window(); ok {
 			if n := after.Window[k].Cur - before.Window[k].Cur; n != 0 {
 				add(c.periods(k), at[k.Span()].Period, n)
 			}
@@ -465,7 +465,7 @@ func (c *memoryCounter) write(l Limit, at [2]Position, before, after Counts, now
 				c.slots = c.slots.taken(after.Slots, now.UnixMillis, l.Concurrent.LeaseMillis)
 			}
 		default:
-			b := p.budget()
+			b := p.Budget()
 			if n := after.Reserved[b] - before.Reserved[b]; n != 0 {
 				c.addBudget(b, l.Budgets.Calendar.SpanAt(b, now), 0, n)
 			}
