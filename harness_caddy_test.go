@@ -85,6 +85,21 @@ var caddyAdmin = sync.OnceValue(func() int {
 	}
 })
 
+// unloadGateways loads a config of the admin API alone into the in-process
+// Caddy: the sites of earlier tests stop, and their handlers let go of
+// their stores.
+func unloadGateways(t *testing.T) {
+	t.Helper()
+	admin := caddyAdmin()
+	code, answer, err := postLoad(admin, fmt.Sprintf("{\n\tadmin localhost:%d\n\tpersist_config off\n}\n", admin), false)
+	if err == nil && code != http.StatusOK {
+		err = fmt.Errorf("%d %s", code, answer)
+	}
+	if err != nil {
+		t.Fatalf("unloading the gateways of earlier tests: %v", err)
+	}
+}
+
 // gateway is a Caddy site on loopback whose routes are a test's.
 type gateway struct {
 	tester *caddytest.Tester // its Client talks to the site

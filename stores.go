@@ -14,10 +14,18 @@ import (
 // memoryStores holds the one in-process store, kept across config reloads.
 var memoryStores = caddy.NewUsagePool()
 
+// The stores' clocks, read when a store is made: this machine's, and
+// Redis's TIME. A test that must start at a given second of a minute moves
+// them rather than wait for it (wait_test.go).
+var (
+	memoryStoreClock = limiter.SystemUnixMillis
+	redisStoreClock  = limiter.SystemRedisClock
+)
+
 func acquireMemoryStore() (limiter.Store, func() error, error) {
 	const key = "memory"
 	v, _, err := memoryStores.LoadOrNew(key, func() (caddy.Destructor, error) {
-		s := limiter.NewMemoryStore(30*time.Second, limiter.SystemUnixMillis)
+		s := limiter.NewMemoryStore(30*time.Second, memoryStoreClock)
 		s.StartRenewal()
 		return s, nil
 	})
@@ -38,7 +46,7 @@ var redisStores = caddy.NewUsagePool()
 func acquireRedisStore(config *RedisConfig, timeout time.Duration) (limiter.Store, func() error, error) {
 	key := config.poolKey(timeout)
 	v, _, err := redisStores.LoadOrNew(key, func() (caddy.Destructor, error) {
-		s, err := limiter.NewRedisStore(config.deployment(), timeout, limiter.SystemRedisClock)
+		s, err := limiter.NewRedisStore(config.deployment(), timeout, redisStoreClock)
 		if err == nil {
 			s.StartRenewal()
 		}

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -349,11 +350,16 @@ func TestALinesWaitersTakeTheirTurnsInTheOrderTheyJoined(t *testing.T) {
 // next (60 × 59/60 = 59 then), and so does tpm 5400 spent by 60 requests
 // reserving 90 tokens each (5400 × 59/60 + 90 = 5400); the test spends them
 // then, and each store's three routes (no wait, wait 10s, wait 1s) share
-// its counters.
+// its counters. Rather than wait for second 58, the stores' clocks are
+// moved there, by an offset that stays put while the waits elapse.
 func TestAMinuteWindowsRefusalIsHeldExactlyItsRetryAfter(t *testing.T) {
+	var offset atomic.Int64 // milliseconds added to this machine's clock
+	moved := func() time.Time { return time.Now().Add(time.Duration(offset.Load()) * time.Millisecond) }
+	moveClocks(t, func() int64 { return moved().UnixMilli() },
+		limiter.RedisClock{Gateway: moved, Script: func(at time.Time) string { return limiter.HexArg(at.UnixMilli()) }})
 	stores := map[string]string{"memory": ""}
 	if redistest.Enabled() {
-		stores["redis"] = redisLine(t)
+		stores["redis"] = "redis " + redistest.NewServer(t).URL()
 	}
 	var site strings.Builder
 	for name, store := range stores {
@@ -387,14 +393,13 @@ func TestAMinuteWindowsRefusalIsHeldExactlyItsRetryAfter(t *testing.T) {
 		ms, err := strconv.ParseInt(res.Header.Get("Retry-After-Ms"), 10, 64)
 		if res.StatusCode != http.StatusTooManyRequests || err != nil {
 			t.Fatalf("%s at second %v of the minute: %d, retry-after-ms %q: want a refusal with its wait", what,
-				time.Duration(time.Now().UnixMilli()%60_000)*time.Millisecond, res.StatusCode, res.Header.Get("Retry-After-Ms"))
+				time.Duration(moved().UnixMilli()%60_000)*time.Millisecond, res.StatusCode, res.Header.Get("Retry-After-Ms"))
 		}
 		return time.Duration(ms) * time.Millisecond
 	}
 
-	// Second 58 of a minute, by this machine's clock, which both stores read.
-	into := time.Duration(time.Now().UnixMilli()%60_000) * time.Millisecond
-	time.Sleep((58*time.Second - into + time.Minute) % time.Minute)
+	// Second 58 of a minute, by the stores' clocks.
+	offset.Store((58_000 - time.Now().UnixMilli()%60_000 + 60_000) % 60_000)
 	var wg sync.WaitGroup
 	for _, s := range subjects {
 		for range 60 {
