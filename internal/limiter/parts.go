@@ -65,6 +65,16 @@ func (p Part) refusalKind() kind {
 	return Budget
 }
 
+// cachedRefusal reports whether the Redis store's refusal cache keeps the
+// part's refusals: those of a request window and of the bucket, which end
+// at a moment the refusal tells. The others it leaves to Redis: a token
+// window's and a budget's depend on the request's reservation, and
+// requests in flight end at no moment known.
+func (p Part) cachedRefusal() bool {
+	k, ok := p.Window()
+	return ok && k.Kind() == Requests || p == BucketPart
+}
+
 // KeptByReset reports whether the admin API's reset keeps what the part
 // counts: the requests in flight, which are still in flight, and what a
 // budget holds, which was spent.

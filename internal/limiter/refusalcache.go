@@ -180,18 +180,15 @@ func (c *refusalCache) refusedLocally(chain []Limit, now time.Time) (a Admission
 	return Admission{Decision: d, Limits: sub, Refusal: RefusalOf(cached, d)}, true
 }
 
-// cachedCaps is l as the cache decides it: without its token windows, its
-// concurrency cap and its budgets, which the cache leaves to the store.
+// cachedCaps is l as the cache decides it: with only the parts whose
+// refusals it keeps (Part.cachedRefusal).
 func cachedCaps(l Limit) Limit {
 	caps := *l.Caps
-	for k := range caps.Each {
-		if k.Kind() != Requests {
-			caps.Windows[k] = 0
+	for p := range caps.parts().All {
+		if !p.cachedRefusal() {
+			caps.Without(p)
 		}
 	}
-	caps.Capped = caps.Windows.Mask()
-	caps.Concurrent = concurrencyCap{}
-	caps.Budgets = BudgetCaps{}
 	l.Caps = &caps
 	return l
 }
