@@ -17,7 +17,8 @@
 --           the previous one; then, if it has a token bucket, the bucket's
 --           key; then, if it caps requests in flight, its slots key; then
 --           for each budget it has (day, then month), the keys of what its
---           current period holds spent, then reserved. Then, for each
+--           current period holds spent, then reserved; then, if it learns
+--           the provider's quota, its learned key. Then, for each
 --           charge, the key it charges: the minute windows' charges first,
 --           then the day windows', the day budgets' and the month
 --           budgets'; a settlement's are its reservation's periods. Then,
@@ -62,7 +63,7 @@
 -- then      per distinct caps: whether they are a shadow limit's ("1":
 --           counted as the others, never refusing); then its parts, one
 --           argument of a byte per part, its Part (a window's windowKind,
---           BUCKET, SLOTS, DAY_BUDGET or MONTH_BUDGET); then the caps of
+--           BUCKET, SLOTS, DAY_BUDGET, MONTH_BUDGET or LEARNED); then the caps of
 --           each part: a window's cap; a token bucket's rate in
 --           milli-tokens per second, its burst and its cost; the most
 --           requests in flight and the lease of a slot in milliseconds; a
@@ -101,6 +102,18 @@
 -- BUDGET_DAY_TTL from the write that creates them and a month's
 -- BUDGET_MONTH_TTL, past any period's end. budget.go has the rest.
 --
+-- A learned key holds what a limit learned of the provider's quota
+-- (learned.go), as text: until when a refusal pauses it, then per quota
+-- (requests, tokens, input, output) its limit, its deficit in millionths
+-- as of a moment, that moment, its refill rate in millionths a
+-- millisecond (a double, "%.17g"), when it is full again (from then on it
+-- holds nothing back) and the moment of its report. A request fits while
+-- it is not paused and each quota that holds anything back has room for
+-- what the request takes of it (a request, or the part of its reservation
+-- that the quota counts), as a token window's room is read; an admitted
+-- one adds that to the quota's deficit refilled to now. learn.lua writes
+-- a report, and the key expires when its pause and its quotas have ended.
+--
 -- A slots key is a hash: per holder, "<slots>:<lease end, unix ms>". A
 -- limit's requests in flight are the slots of the holders whose lease has
 -- not ended; a request fits while they are below the cap. An admission adds
@@ -115,7 +128,10 @@
 -- Reply: {1, now_ms, then per limit, per part as KEYS has them: for each
 -- window it caps the current and previous count, then if it has a token
 -- bucket its deficit, then if it caps requests in flight their number,
--- then for each budget it has what is spent and what is reserved; then per
+-- then for each budget it has what is spent and what is reserved, then if
+-- it learns the provider's quota until when it is paused and for each
+-- quota its limit, deficit, rate in millionths of a millionth a
+-- millisecond and end (all 0 for one that holds nothing back); then per
 -- admission 1 (admitted) or 0}, with the
 -- counts as read (the deficit refilled to now) after the token charges and
 -- the frees and before the admissions: the caller replays the admissions in
@@ -139,7 +155,11 @@ local CHARGE_TTL = {MINUTE_TTL, DAY_TTL, BUDGET_DAY_TTL, BUDGET_MONTH_TTL}
 -- TOKENS, INPUT, OUTPUT, and COST (a budget's).
 local KINDS, REQUESTS, TOKENS, INPUT, OUTPUT, COST = 4, 0, 1, 2, 3, 4
 -- parts.go's numbering of a limit's parts after its windows (0 to 7).
-local BUCKET, SLOTS, DAY_BUDGET = 8, 9, 10
+local BUCKET, SLOTS, DAY_BUDGET, LEARNED = 8, 9, 10, 12
+-- learned.go's quotas a limit learns of the provider: requests, then the
+-- token quotas, whose number k is the part of a reservation each counts
+-- (TOKENS, INPUT, OUTPUT).
+local NUM_LEARNED = 4
 -- A token bucket counts micro-tokens: its rate, in milli-tokens per
 -- second, then refills a whole number of them each millisecond.
 local MICRO = 1000000
@@ -242,8 +262,8 @@ end
 -- fields: windows, flat, each window's windowKind and cap; rate, burst and
 -- cost, a token bucket's (rate 0: none); slots and lease, the cap on
 -- requests in flight and a slot's lease (slots 0: none); budgets, flat,
--- each budget's period (0 a day, 1 a month) and cap, nil for none; and
--- shadow. Then the caps of each limit, whether any caps have a budget, and
+-- each budget's period (0 a day, 1 a month) and cap, nil for none; learn,
+-- whether it learns the provider's quota; and shadow. Then the caps of each limit, whether any caps have a budget, and
 -- the argument after them.
 local function read_caps(at, count)
   local budgeted = false
@@ -252,7 +272,7 @@ local function read_caps(at, count)
     local shadow, parts = ARGV[at] == '1', {byte(ARGV[at + 1], 1, -1)}
     at = at + 2
     local windows, window_count, budgets = {}, 0, nil
-    local rate, burst, cost, slots, lease = 0, 0, 0, 0, 0
+    local rate, burst, cost, slots, lease, learn = 0, 0, 0, 0, 0, nil
     for p = 1, #parts do
       local part = parts[p]
       if part < BUCKET then
@@ -264,6 +284,8 @@ local function read_caps(at, count)
       elseif part == SLOTS then
         slots, lease = tonumber(ARGV[at], 16), tonumber(ARGV[at + 1], 16)
         at = at + 2
+      elseif part == LEARNED then
+        learn = true
       else
         budgets = budgets or {}
         budgets[#budgets + 1] = part - DAY_BUDGET
@@ -272,6 +294,9 @@ local function read_caps(at, count)
       end
     end
     caps[position] = {windows = windows, rate = rate, burst = burst, cost = cost, slots = slots, lease = lease, budgets = budgets, shadow = shadow}
+    -- Set apart: a ninth field doubles a table's hash part, which every
+    -- set of caps would pay for the few that learn.
+    if learn then caps[position].learn = true end
   end
   return caps, {byte(ARGV[at], 1, -1)}, budgeted, at + 1
 end
@@ -317,8 +342,10 @@ local function write_requests(limit_count, requests_added, caps, caps_of, bucket
       end
       key_index = key_index + 1
     end
-    -- Each budget's two keys: write_reservations writes what it reserves.
+    -- Each budget's two keys: write_reservations writes what it reserves;
+    -- the learned quota's: the end of the script.
     if limit_caps.budgets then key_index = key_index + #limit_caps.budgets end
+    if limit_caps.learn then key_index = key_index + 1 end
   end
 end
 
@@ -328,7 +355,7 @@ end
 local function write_reservations(token_windows, token_reserved, token_key, token_ttl)
   for window = 1, token_windows do
     local reserved = token_reserved[window]
-    if reserved > 0 then
+    if reserved > 0 and token_key[window] then
       local key = KEYS[token_key[window]]
       if redis.call('INCRBY', key, format('%d', reserved)) == reserved then
         redis.call('EXPIRE', key, token_ttl[window])
@@ -377,6 +404,11 @@ local caps, caps_of, budgeted, admissions_at = read_caps(FIXED_ARGS + charges + 
 -- the slots its holder holds, nil where it has no such cap, and own_ends,
 -- when their lease ends.
 local requests_left, requests_added, buckets, own_slots, own_ends = {}, {}, {}, {}, {}
+-- learned, per limit that learns the provider's quota (nil until one
+-- does): its key's index, its state as read, and for each quota that holds
+-- anything back its base in the state, its deficit refilled to now and its
+-- token window.
+local learned
 -- With reservations, each token window, and each budget, has a room of
 -- its own too, in flat arrays rather than a table per window: token_room,
 -- in its span's units times its length, token_scale (the length; a
@@ -471,6 +503,54 @@ for limit = 1, limit_count do
     reply_len = reply_len + 2
     key_index = key_index + 2
   end
+  if limit_caps.learn then
+    -- The provider's quota as learned: paused, none of it fits; each quota
+    -- that holds anything back until its end fits as a bucket refilled to
+    -- now, the requests quota in whole requests, the token quotas as the
+    -- token windows do (learned.go).
+    local state
+    if counters[key_index] then
+      state = {}
+      for field in string.gmatch(counters[key_index], '[^:]+') do state[#state + 1] = tonumber(field) end
+    end
+    local paused, quotas = state and state[1] or 0, {}
+    if paused > now then room = 0 end
+    reply_len = reply_len + 1
+    reply[reply_len] = paused
+    for k = 0, NUM_LEARNED - 1 do
+      local base = 1 + 6 * k
+      local quota_limit, deficit, rate_pico, quota_until = 0, 0, 0, 0
+      if state and state[base + 1] > 0 and now < state[base + 5] then
+        local rate = state[base + 4]
+        quota_limit, deficit, quota_until = state[base + 1], state[base + 2], state[base + 5]
+        local elapsed = now - state[base + 3]
+        if elapsed > 0 then
+          deficit = deficit - floor(rate * elapsed)
+          if deficit < 0 then deficit = 0 end
+        end
+        rate_pico = floor(rate * 1000000)
+        local slack, window = quota_limit * MICRO - deficit, false
+        if k == 0 then
+          local requests_fit = floor(slack / MICRO)
+          if requests_fit * MICRO > slack then requests_fit = requests_fit - 1 end -- a quotient rounded up
+          if requests_fit < room then room = requests_fit end
+        elseif reserving then
+          token_windows = token_windows + 1
+          token_room[token_windows], token_scale[token_windows], token_part[token_windows] = slack, MICRO, k
+          token_key[token_windows], token_ttl[token_windows], token_reserved[token_windows] = false, false, 0
+          window = token_windows
+        elseif slack <= 0 then
+          room = 0
+        end
+        quotas[#quotas + 1] = {base, deficit, window}
+      end
+      reply[reply_len + 1], reply[reply_len + 2], reply[reply_len + 3], reply[reply_len + 4] = quota_limit, deficit, rate_pico, quota_until
+      reply_len = reply_len + 4
+    end
+    learned = learned or {}
+    learned[limit] = {key_index, state, quotas}
+    key_index = key_index + 1
+  end
   if reserving then last_token_window[limit] = token_windows end
   if limit_caps.shadow then
     -- A shadow limit is read and charged as the others, and refuses nothing.
@@ -540,5 +620,32 @@ end
 if charging then
   write_requests(limit_count, requests_added, caps, caps_of, buckets, own_slots, own_ends, holder, now)
   if reserving then write_reservations(token_windows, token_reserved, token_key, token_ttl) end
+  -- What each limit's admissions took of the learned quotas that hold
+  -- anything back: a request each from its requests quota, and what they
+  -- reserved from its token quotas, on the deficits refilled to now
+  -- (learned.go's admitted); the key keeps its expiry.
+  if learned then
+    for limit, l in pairs(learned) do
+      local state, quotas, changed = l[2], l[3], false
+      for q = 1, #quotas do
+        local base, deficit, window = quotas[q][1], quotas[q][2], quotas[q][3]
+        local taken = 0
+        if base == 1 then taken = requests_added[limit] elseif window then taken = token_reserved[window] end
+        if taken > 0 then
+          state[base + 2] = deficit + taken * MICRO
+          if now > state[base + 3] then state[base + 3] = now end
+          changed = true
+        end
+      end
+      if changed then
+        local fields = {format('%d', state[1])}
+        for k = 0, NUM_LEARNED - 1 do
+          local base = 1 + 6 * k
+          fields[k + 2] = format('%d:%d:%d:%.17g:%d:%d', state[base + 1], state[base + 2], state[base + 3], state[base + 4], state[base + 5], state[base + 6])
+        end
+        redis.call('SET', KEYS[l[1]], table.concat(fields, ':'), 'KEEPTTL')
+      end
+    end
+  end
 end
 return reply

@@ -150,6 +150,27 @@
 // and live a few days past their period for the settlements of long
 // responses.
 //
+// # The provider's own quota
+//
+// A limit that learns (Caps.Learn) also admits within what the provider
+// last said of its own quota for the limit's id (Store.Learn, with what
+// the module read of the provider's answer). OpenAI and Anthropic refill
+// their quotas continuously, and their reset is the moment a quota is
+// full again: so a report is a bucket, which held what remained at the
+// report, holds the limit at the reset, and refills evenly between. The
+// requests admitted and the tokens reserved since the report are taken
+// from it as the admission takes them from a bucket, and once it is full
+// again it holds nothing back. Each of the four quotas a provider may
+// report (requests, tokens, input and output tokens) is such a bucket, and
+// a provider's refusal pauses the limit until its wait ends. A report older
+// than the one a quota holds never overwrites it; a report never raises a
+// configured cap, which is decided beside it. All of it is read and
+// charged in the one atomic admission, on both stores: a limit's learned
+// key holds it on Redis (admit.lua), where it expires when the last of its
+// pause and quotas ends. The counts are in millionths, the refill rate a
+// double both stores compute and round alike, so that every number stays
+// exact below 2^53 for quotas of up to 10^9 (MaxLearned).
+//
 // # Refusals cost Redis nothing
 //
 // A limit Redis refused on requests (per minute or per day) or a token

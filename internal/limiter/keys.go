@@ -8,6 +8,7 @@ package limiter
 //	  bkt                      the token bucket (writeBucketKey)
 //	  slots                    the holders of the slots (slotsKey)
 //	  reset                    the moment of the last reset (writeResetKey)
+//	  learned                  the provider's quota as learned (writeLearnedKey)
 //	  spent|reserved:<day|month>:<period>   a budget's (periodSpan.writeKey)
 //
 // The id is digested unless its scope is readable (KeyID), and on Redis
@@ -142,6 +143,13 @@ func writeSlotsKey(text *strings.Builder, l Limit) {
 func writeResetKey(text *strings.Builder, prefix string) {
 	text.WriteString(prefix)
 	text.WriteString("reset")
+}
+
+// writeLearnedKey writes to text the key of what the limit with prefix
+// learned of the provider's quota (learned.go).
+func writeLearnedKey(text *strings.Builder, prefix string) {
+	text.WriteString(prefix)
+	text.WriteString("learned")
 }
 
 // writeBucketKey writes to text the key of a limit's token bucket.

@@ -21,6 +21,8 @@ const (
 	SlotsPart
 	DayBudgetPart
 	MonthBudgetPart
+	// LearnedPart is the provider's own quota, as the limit learned it.
+	LearnedPart
 	NumParts
 )
 
@@ -36,6 +38,9 @@ func (p Part) Window() (WindowKind, bool) { return WindowKind(p), p < Part(NumWi
 // Budget is a budget part's period.
 func (p Part) Budget() BudgetPeriod { return BudgetPeriod(p - DayBudgetPart) }
 
+// isBudget reports whether p is a budget's part.
+func (p Part) isBudget() bool { return p == DayBudgetPart || p == MonthBudgetPart }
+
 // String is the part's name in the admin API's reset: a window's cap, or
 // "bucket", "concurrent", "budget_day" or "budget_month".
 func (p Part) String() string {
@@ -47,6 +52,8 @@ func (p Part) String() string {
 		return "bucket"
 	case SlotsPart:
 		return "concurrent"
+	case LearnedPart:
+		return "learn"
 	}
 	return p.Budget().CapName()
 }
@@ -61,6 +68,8 @@ func (p Part) refusalKind() kind {
 		return Burst
 	case SlotsPart:
 		return Concurrency
+	case LearnedPart:
+		return Provider
 	}
 	return Budget
 }
@@ -76,18 +85,31 @@ func (p Part) cachedRefusal() bool {
 }
 
 // KeptByReset reports whether the admin API's reset keeps what the part
-// counts: the requests in flight, which are still in flight, and what a
-// budget holds, which was spent.
+// counts: the requests in flight, which are still in flight, what a
+// budget holds, which was spent, and what the provider said of its quota,
+// which is the provider's to say.
 func (p Part) KeptByReset() bool { return p >= SlotsPart }
 
-// keys is how many keys the part has in a call of admit.lua, and how many
-// numbers its reply gives of it: a window's current and previous period, a
-// bucket's deficit, the slots in flight, and a budget's spent and reserved.
+// keys is how many keys the part has in a call of admit.lua: a window's
+// current and previous period, a budget's spent and reserved, the
+// bucket's, the slots', the learned quota's.
 func (p Part) keys() int {
-	if p == BucketPart || p == SlotsPart {
-		return 1
+	if _, ok := p.Window(); ok || p.isBudget() {
+		return 2
 	}
-	return 2
+	return 1
+}
+
+// replies is how many numbers the reply of a call of admit.lua gives of
+// the part: one for each of its keys (a window's current and previous
+// count, the bucket's deficit, the slots in flight, a budget's spent and
+// reserved), and for the learned quota, until when it is paused, then each
+// quota's limit, deficit, rate and end (LearnedCounts).
+func (p Part) replies() int {
+	if p == LearnedPart {
+		return 1 + 4*NumLearned
+	}
+	return p.keys()
 }
 
 // partSet is a set of parts: bit p is set where part p is in it.
@@ -106,6 +128,9 @@ func (c *Caps) parts() partSet {
 		if budget > 0 {
 			m |= 1 << BudgetPart(BudgetPeriod(p))
 		}
+	}
+	if c.Learn {
+		m |= 1 << LearnedPart
 	}
 	return m
 }
@@ -139,6 +164,8 @@ func (c *Caps) Without(p Part) {
 		c.Bucket = TokenBucket{}
 	case SlotsPart:
 		c.Concurrent = concurrencyCap{}
+	case LearnedPart:
+		c.Learn = false
 	default:
 		c.Budgets.Max[p.Budget()] = 0
 	}
@@ -167,6 +194,9 @@ func writeKeys(keys *cutText, l Limit, p Part, atMinute int64) {
 	case SlotsPart:
 		writeSlotsKey(&keys.text, l)
 		keys.end()
+	case LearnedPart:
+		writeLearnedKey(&keys.text, l.Prefix)
+		keys.end()
 	default:
 		s := l.Budgets.Calendar.Span(p.Budget(), atMinute)
 		s.writeKey(&keys.text, l.Prefix, p.Budget(), false)
@@ -179,7 +209,8 @@ func writeKeys(keys *cutText, l Limit, p Part, atMinute int64) {
 // writeArgs appends c's caps of part p to a call's arguments: a window's
 // cap; the bucket's rate (milli-tokens per second), burst and cost; the
 // most requests in flight and the lease of a slot (milliseconds); a
-// budget's cap (nano-dollars).
+// budget's cap (nano-dollars). The learned quota has none: the provider's
+// answers give them.
 func (c *Caps) writeArgs(a *callArgs, p Part) {
 	if k, ok := p.Window(); ok {
 		a.hex(c.Windows[k])
@@ -193,6 +224,7 @@ func (c *Caps) writeArgs(a *callArgs, p Part) {
 	case SlotsPart:
 		a.hex(c.Concurrent.Max)
 		a.hex(c.Concurrent.LeaseMillis)
+	case LearnedPart:
 	default:
 		a.hex(c.Budgets.Max[p.Budget()])
 	}
@@ -227,8 +259,14 @@ func (c *Counts) read(p Part, r []int64) []int64 {
 		c.Deficit = r[0]
 	case SlotsPart:
 		c.Slots = r[0]
+	case LearnedPart:
+		c.Learned.PausedUntil = r[0]
+		for k := range c.Learned.Quotas {
+			q := r[1+4*k:]
+			c.Learned.Quotas[k] = LearnedCount{Limit: q[0], Deficit: q[1], RatePico: q[2], Until: q[3]}
+		}
 	default:
 		c.Spent[p.Budget()], c.Reserved[p.Budget()] = r[0], r[1]
 	}
-	return r[p.keys():]
+	return r[p.replies():]
 }

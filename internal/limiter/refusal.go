@@ -78,6 +78,11 @@ func refusalAmong(chain []Limit, d Decision, shadow bool) Refusal {
 					continue
 				}
 				ref.UntilFreed = true
+			case p == LearnedPart:
+				var refuses bool
+				if capacity, wait, refuses = learnedRefusal(c.Learned, d); !refuses {
+					continue
+				}
 			default:
 				b := p.Budget()
 				if capacity = l.Budgets.Max[b]; fitsBudget(c.Spent[b], c.Reserved[b], capacity, d.Reserve.Cost) {

@@ -200,12 +200,14 @@ func (c *scriptCall) args(clock string, atMinute int64, peek bool, holder string
 	case peek:
 		mode = "p"
 	case reserving:
-		// Input and output sizes only when a window of the call counts them.
+		// Input and output sizes only when a window of the call counts
+		// them, or a learned quota may.
 		var capped uint8
+		learns := false
 		for _, l := range c.limits {
-			capped |= l.Capped
+			capped, learns = capped|l.Capped, learns || l.Learn
 		}
-		mode, split = "r", capped&(1<<ITPM|1<<OTPM|1<<ITPD|1<<OTPD) != 0
+		mode, split = "r", learns || capped&(1<<ITPM|1<<OTPM|1<<ITPD|1<<OTPD) != 0
 		if split {
 			mode = "s"
 		}
@@ -243,7 +245,7 @@ func (c *scriptCall) args(clock string, atMinute int64, peek bool, holder string
 		a.hex(n)
 	}
 	for _, l := range caps {
-		a.args = append(a.args, shadowArg(l.Shadow), l.partsArg())
+		a.args = append(a.args, flagArg(l.Shadow), l.partsArg())
 		for p := range l.parts().All {
 			l.writeArgs(&a, p)
 		}
@@ -339,7 +341,7 @@ func (c *scriptCall) decode(reply []int64, charged bool) ([]Decision, error) {
 	want := 2 + k
 	for _, l := range c.limits {
 		for p := range l.parts().All {
-			want += p.keys()
+			want += p.replies()
 		}
 	}
 	if len(reply) != want || reply[0] != 1 {
@@ -390,9 +392,10 @@ var smallHexArgs = func() (args [256]any) {
 	return args
 }()
 
-// shadowArg is whether caps are a shadow limit's, as admit.lua reads it.
-func shadowArg(shadow bool) any {
-	if shadow {
+// flagArg is a flag as admit.lua reads it: whether caps are a shadow
+// limit's, or a report a refusal.
+func flagArg(flag bool) any {
+	if flag {
 		return "1"
 	}
 	return "0"

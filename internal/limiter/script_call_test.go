@@ -236,8 +236,8 @@ func TestCoalescedTokenChargesAddUpExactly(t *testing.T) {
 // same counts, and the same counters after. Twin limits (the same caps under
 // other ids) get the same history, then the same admissions, batched on one
 // side and one by one on the other; caps, histories and chains are random,
-// with windows, token windows, buckets and caps on requests in flight, with
-// and without reservations. The history's admitted requests hold slots,
+// with windows, token windows, buckets, caps on requests in flight and
+// learned quotas (the history's reports), with and without reservations. The history's admitted requests hold slots,
 // some of whose leases have lapsed by the batch; the batch carries frees of
 // some of them and token charges of responses among its admissions, in any
 // order, which the call makes before its admissions read, as one by one
@@ -248,7 +248,7 @@ func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 	s := newTestRedisStore(t, redistest.EnvURL(t))
 	ctx := context.Background()
 	batch := &scriptBatch{}
-	var admissions, readSlots, slotRefusals, frees int
+	var admissions, readSlots, slotRefusals, readLearned, providerRefusals, frees int
 	check := func(err error) { // a charge's or a free's outcome
 		if err != nil {
 			t.Error(err)
@@ -306,11 +306,23 @@ func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 					settle(t, pinned(s, when), c, Charge{Tokens: tokens})
 				}
 			}
+			for range rng.IntN(3) { // what the provider said of its quota
+				a, b := chain()
+				r := randomReport(rng, when)
+				learnOrFail(t, s, a, r)
+				learnOrFail(t, s, b, r)
+			}
 		}
 		// Every other trial reserves: some admissions reserve input and
 		// output tokens on their token windows (up to past the caps), some
 		// none. Frees of requests of the history and token charges ride
 		// among them. The batch is one call, as the coalescer makes it.
+		for range rng.IntN(3) { // and just before the batch
+			a, b := chain()
+			r := randomReport(rng, at)
+			learnOrFail(t, s, a, r)
+			learnOrFail(t, s, b, r)
+		}
 		batch.store = pinned(s, at)
 		var items []*scriptItem
 		var alone [][]Limit
@@ -377,6 +389,12 @@ func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 			if slices.ContainsFunc(d.Counts, func(c Counts) bool { return c.Slots > 0 }) {
 				readSlots++
 			}
+			if slices.ContainsFunc(d.Counts, func(c Counts) bool { return c.Learned != LearnedCounts{} }) {
+				readLearned++
+			}
+			if !d.Admitted && RefusalOf(alone[m], d).Kind == Provider {
+				providerRefusals++
+			}
 			m++
 		}
 		admissions, frees = admissions+len(alone), frees+len(freedB)
@@ -402,7 +420,8 @@ func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 			freeAndWait(t, s, held[0]) // and waits for the others, which ride before
 		}
 	}
-	t.Logf("%d admissions batched, %d of them reading slots in flight, %d refused for want of one; %d frees batched", admissions, readSlots, slotRefusals, frees)
+	t.Logf("%d admissions batched, %d of them reading slots in flight, %d refused for want of one, %d reading a learned quota, %d refused by one; %d frees batched",
+		admissions, readSlots, slotRefusals, readLearned, providerRefusals, frees)
 }
 
 // The store reuses its batches, each emptied after its call: a call made

@@ -41,6 +41,11 @@ type Store interface {
 	RefusedUnread(chain []Limit) (Admission, bool)
 	// peek reads the chain's counters as admit would, and charges nothing.
 	Peek(ctx context.Context, chain []Limit) (Decision, error)
+	// Learn writes what the provider's answer to a request of chain
+	// reported of its quota to every limit of chain that learns it,
+	// without making its caller wait: done gets the outcome, once, as
+	// charge's does. It is never replayed.
+	Learn(chain []Limit, r Report, done func(error))
 	// charge charges c to every token window and budget of chain, without
 	// making its caller wait: done gets the outcome, once, from another goroutine or
 	// before charge returns. It is never replayed: a double charge would
@@ -216,6 +221,9 @@ type Caps struct {
 	// shadow: the limit is counted as the others are, in the same atomic
 	// step, but never refuses (the module's shadow limits).
 	Shadow bool
+	// Learn: the limit learns the provider's own quota from its answers
+	// (Store.Learn), and admits within what it learned (learned.go).
+	Learn bool
 }
 
 // windowLimitCaps are the caps of windows w, without a bucket.
@@ -287,6 +295,7 @@ type Counts struct {
 	// spent and reserved are each budget's, in its current period, by
 	// budgetPeriod.
 	Spent, Reserved [NumBudgetPeriods]int64
+	Learned         LearnedCounts // a limit that learns the provider's quota
 }
 
 // decision is what a store answers to an admission.
@@ -320,6 +329,12 @@ func (d Decision) CountsAfter(l Limit, c Counts) Counts {
 			c.Deficit += l.Bucket.Cost * MicroTokens
 		case SlotsPart:
 			c.Slots++
+		case LearnedPart:
+			for k, q := range c.Learned.Quotas {
+				if q.Limit > 0 {
+					c.Learned.Quotas[k].Deficit += d.size(learnedKinds[k]) * MicroTokens
+				}
+			}
 		default:
 			c.Reserved[p.Budget()] += d.Reserve.Cost
 		}

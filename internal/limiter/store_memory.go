@@ -76,6 +76,15 @@ type otherCounts struct {
 	// unix milliseconds: a settlement of a reservation admitted before it
 	// finds the reservation gone (charge.windowTokens).
 	resetAt int64
+	learned Learned // what the limit learned of the provider's quota
+}
+
+// learned is what c learned of the provider's quota, under c.mu.
+func (c *memoryCounter) learned() Learned {
+	if c.others == nil {
+		return Learned{}
+	}
+	return c.others.learned
 }
 
 // other is c's other counts, under c.mu, made on first use.
@@ -185,6 +194,9 @@ func (c *memoryCounter) periods(k WindowKind) *[2]periodCount {
 // readAt reports whether an admission at now may still read a period of
 // the counter's windows or budgets, under c.mu.
 func (c *memoryCounter) readAt(now moment) bool {
+	if l := c.learned(); l.PausedUntil > now.UnixMillis || slices.ContainsFunc(l.Quotas[:], func(q LearnedQuota) bool { return q.Until > now.UnixMillis }) {
+		return true
+	}
 	if c.budgets != nil {
 		for _, b := range c.budgets {
 			if b[0].span.End > now.UnixMillis {
@@ -438,6 +450,8 @@ func (c *memoryCounter) read(counts *Counts, l Limit, p Part, at [2]Position, no
 		counts.Deficit = l.Bucket.refilled(c.bkt.deficit, c.bkt.at, now.UnixMillis)
 	case SlotsPart:
 		counts.Slots = c.slots.at(now.UnixMillis)
+	case LearnedPart:
+		counts.Learned = c.learned().counts(now.UnixMillis)
 	default:
 		b := c.budget(p.Budget(), l.Budgets.Calendar.SpanAt(p.Budget(), now))
 		counts.Spent[p.Budget()], counts.Reserved[p.Budget()] = b.spent, b.reserved
@@ -463,6 +477,13 @@ func (c *memoryCounter) write(l Limit, at [2]Position, before, after Counts, now
 		case SlotsPart:
 			if after.Slots > before.Slots {
 				c.slots = c.slots.taken(after.Slots, now.UnixMillis, l.Concurrent.LeaseMillis)
+			}
+		case LearnedPart:
+			for k, q := range after.Learned.Quotas {
+				if q.Limit > 0 && q.Deficit != before.Learned.Quotas[k].Deficit {
+					learned := &c.other().learned.Quotas[k]
+					learned.Deficit, learned.At = q.Deficit, max(learned.At, now.UnixMillis)
+				}
 			}
 		default:
 			b := p.Budget()
@@ -512,6 +533,18 @@ func (s *MemoryStore) lockedCounter(prefix string) *memoryCounter {
 		}
 		c.mu.Unlock()
 	}
+}
+
+// Learn learns r on every limit of chain that learns, at once.
+func (s *MemoryStore) Learn(chain []Limit, r Report, done func(error)) {
+	for _, l := range chain {
+		if l.Learn {
+			c := s.lockedCounter(l.Prefix)
+			c.other().learned = c.other().learned.learn(r)
+			c.mu.Unlock()
+		}
+	}
+	done(nil)
 }
 
 // charge charges at once: the in-process store has no round trip to

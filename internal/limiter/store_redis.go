@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -515,6 +516,43 @@ func (s *RedisStore) Charge(chain []Limit, c Charge, done func(error)) {
 		return
 	}
 	s.ride(&scriptItem{chain: chain, charge: c, done: done})
+}
+
+// learnLua is learn.lua, which writes a provider's report.
+//
+//go:embed learn.lua
+var learnLua string
+
+var learnScript = redis.NewScript(learnLua)
+
+// Learn writes the report on the learned key of each limit of chain that
+// learns, in a call of learn.lua of its own, in a goroutine.
+func (s *RedisStore) Learn(chain []Limit, r Report, done func(error)) {
+	var keys cutText
+	keys.grow(len(chain), 64)
+	for _, l := range chain {
+		if l.Learn {
+			writeLearnedKey(&keys.text, l.Prefix)
+			keys.end()
+		}
+	}
+	if len(keys.ends) == 0 {
+		done(nil)
+		return
+	}
+	args := make([]any, 0, 3+3*NumLearned)
+	args = append(args, strconv.FormatInt(r.At, 10), flagArg(r.Refused), strconv.FormatInt(r.Wait, 10))
+	for _, q := range r.Quotas {
+		args = append(args, strconv.FormatInt(q.Limit, 10), strconv.FormatInt(q.Remaining, 10), strconv.FormatInt(q.ResetMillis, 10))
+	}
+	go func() {
+		start := time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+		defer cancel()
+		err := learnScript.Run(ctx, s.client, keys.strings(), args...).Err()
+		watch.RedisCall("learn", time.Since(start), err)
+		done(err)
+	}()
 }
 
 // ride puts an item nobody waits for (a token charge, a free) in the

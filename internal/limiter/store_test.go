@@ -598,6 +598,7 @@ func runConformance(t *testing.T, kit storeKit) {
 	runWindowConformance(t, kit)
 	runSlotConformance(t, kit)
 	runBudgetConformance(t, kit)
+	runLearnedConformance(t, kit)
 }
 
 // fill admits n requests of chain at the pinned time, all of which must fit.

@@ -70,7 +70,30 @@ func randomCaps(t testing.TB, rng *rand.Rand) Caps {
 		caps = CapsOfWindows(WindowCaps{RPM: 3})
 	}
 	caps.Shadow = rng.IntN(10) < 2
+	caps.Learn = rng.IntN(10) < 3
 	return caps
+}
+
+// randomReport is a provider's report at about now, a second late at most
+// (older than one a limit holds now and then): each quota now and then,
+// in requests or tens of tokens, full again within a minute, and now and
+// then a refusal of up to 5 s.
+func randomReport(rng *rand.Rand, now int64) Report {
+	r := Report{At: now - rng.Int64N(1000)}
+	for k := range r.Quotas {
+		if rng.IntN(2) == 0 {
+			continue
+		}
+		limit := 1 + rng.Int64N(12)
+		if k > 0 {
+			limit *= 10
+		}
+		r.Quotas[k] = ReportedQuota{Limit: limit, Remaining: rng.Int64N(limit + 1), ResetMillis: rng.Int64N(60_000)}
+	}
+	if rng.IntN(6) == 0 {
+		r.Refused, r.Wait = true, rng.Int64N(5000)
+	}
+	return r
 }
 
 // randomChain is the positions of 1 to most of n limits, in a random order.
@@ -189,15 +212,15 @@ func runAlikeHistories(t *testing.T, seed uint64, redisURL string) {
 	}
 	close(seeds)
 	workers.Wait()
-	t.Logf("%d histories of %d steps from seed %d in %v: %d admissions, %d admitted, %d refused by Redis's cache, %d refused for want of a slot, %d by a budget; %d settlements, %d frees (%d of a lapsed lease), %d renewals, %d resets",
-		n, alikeSteps, seed, time.Since(start), tally.admissions.Load(), tally.admitted.Load(), tally.cached.Load(), tally.slotRefusals.Load(), tally.budgetRefusals.Load(),
-		tally.settlements.Load(), tally.frees.Load(), tally.lapsedFrees.Load(), tally.renewals.Load(), tally.resets.Load())
+	t.Logf("%d histories of %d steps from seed %d in %v: %d admissions, %d admitted, %d refused by Redis's cache, %d refused for want of a slot, %d by a budget, %d by the provider's quota; %d settlements, %d frees (%d of a lapsed lease), %d renewals, %d resets, %d reports",
+		n, alikeSteps, seed, time.Since(start), tally.admissions.Load(), tally.admitted.Load(), tally.cached.Load(), tally.slotRefusals.Load(), tally.budgetRefusals.Load(), tally.providerRefusals.Load(),
+		tally.settlements.Load(), tally.frees.Load(), tally.lapsedFrees.Load(), tally.renewals.Load(), tally.resets.Load(), tally.reports.Load())
 }
 
 // alikeTally is what the histories did, so that a run shows what it
 // compared.
 type alikeTally struct {
-	admissions, admitted, cached, slotRefusals, budgetRefusals, settlements, frees, lapsedFrees, renewals, resets atomic.Int64
+	admissions, admitted, cached, slotRefusals, budgetRefusals, providerRefusals, settlements, frees, lapsedFrees, renewals, resets, reports atomic.Int64
 }
 
 // alikeHistory is one random history, run through the in-process store and
@@ -241,7 +264,7 @@ func (h *alikeHistory) run() {
 	}
 	h.now = nextDay() + h.rng.Int64N(dayMinutes*MinuteMillis)
 	for range alikeSteps {
-		switch n := h.rng.IntN(25); {
+		switch n := h.rng.IntN(27); {
 		case n < 9:
 			h.admit()
 		case n < 12:
@@ -256,6 +279,8 @@ func (h *alikeHistory) run() {
 			h.renew()
 		case n < 20:
 			h.reset()
+		case n < 22:
+			h.learn()
 		default:
 			h.tick()
 		}
@@ -298,6 +323,22 @@ func (h *alikeHistory) must(err error) {
 	}
 }
 
+// learn has both stores learn a random report for a chain.
+func (h *alikeHistory) learn() {
+	chain, r := h.chain(), randomReport(h.rng, h.now)
+	h.log("learn %v on %v", r, scopesOf(chain))
+	stores := []Store{h.memory}
+	if h.redis != nil {
+		stores = append(stores, h.redis)
+	}
+	for _, s := range stores {
+		done := make(chan error, 1)
+		s.Learn(chain, r, func(err error) { done <- err })
+		h.must(<-done)
+	}
+	h.tally.reports.Add(1)
+}
+
 // admit admits a chain as the handler does: refusedUnread first, which may
 // spare it the body, then admit.
 func (h *alikeHistory) admit() {
@@ -334,6 +375,8 @@ func (h *alikeHistory) admit() {
 		h.tally.slotRefusals.Add(1)
 	} else if a.Refusal.Kind == Budget {
 		h.tally.budgetRefusals.Add(1)
+	} else if a.Refusal.Kind == Provider {
+		h.tally.providerRefusals.Add(1)
 	}
 	if h.redis == nil {
 		return
@@ -379,7 +422,8 @@ func (h *alikeHistory) asCached(chain []Limit, a Admission, sub []Limit) Admissi
 }
 
 // withoutStoreCounts is a with the counts that the refusal cache leaves to
-// the store left out: those of token windows, and the slots in flight.
+// the store left out: those of token windows, the slots in flight, the
+// budgets and the learned quotas.
 func withoutStoreCounts(a Admission) Admission {
 	a.Counts = slices.Clone(a.Counts)
 	for i := range a.Counts {
@@ -390,6 +434,7 @@ func withoutStoreCounts(a Admission) Admission {
 		}
 		a.Counts[i].Slots = 0
 		a.Counts[i].Spent, a.Counts[i].Reserved = [NumBudgetPeriods]int64{}, [NumBudgetPeriods]int64{}
+		a.Counts[i].Learned = LearnedCounts{}
 	}
 	return a
 }

@@ -20,6 +20,8 @@ const (
 	TooLarge
 	Concurrency
 	Budget
+	// Provider is the provider's own quota, as a limit learned it.
+	Provider
 )
 
 // String is the kind's name in placeholders, metrics and logs.
@@ -39,6 +41,8 @@ func (k kind) String() string {
 		return "concurrency"
 	case Budget:
 		return "budget"
+	case Provider:
+		return "provider"
 	}
 	return "requests"
 }
@@ -48,7 +52,7 @@ func (k kind) String() string {
 // and "insufficient_quota", OpenAI's for a spent budget.
 func (k kind) ErrorType() string {
 	switch k {
-	case Requests, Burst, Concurrency:
+	case Requests, Burst, Concurrency, Provider:
 		return "requests"
 	case Budget:
 		return "insufficient_quota"

@@ -1,0 +1,60 @@
+-- learn.lua: what a provider's answer said of its own quota, learned by
+-- the limits of the request's chain that learn it (learned.go's learn,
+-- which the in-process store runs in Go).
+--
+-- KEYS      the learned keys of those limits (on Redis Cluster, of one
+--           chain root).
+-- ARGV[1]   the answer's moment, in unix milliseconds of Redis's clock.
+-- ARGV[2]   "1" if the provider refused the request, and ARGV[3] its wait
+--           in milliseconds.
+-- then      per quota (requests, tokens, input tokens, output tokens): its
+--           limit (0: not reported), what remained and the milliseconds
+--           until it is full again.
+--
+-- A learned key holds its text as admit.lua reads it: the pause's end,
+-- then per quota its limit, deficit in millionths, the deficit's moment,
+-- refill rate in millionths a millisecond (a double), end and report's
+-- moment. A report older than the one a quota holds leaves it; a quota
+-- reported full, or full again at once, holds nothing back. The key
+-- expires when its pause and its quotas end, and goes at once if they
+-- already have.
+
+local MICRO, NUM_LEARNED, MAX_LEARNED = 1000000, 4, 1000000000
+local at, refused, wait = tonumber(ARGV[1]), ARGV[2] == '1', tonumber(ARGV[3])
+for i = 1, #KEYS do
+  local state = {}
+  local text = redis.call('GET', KEYS[i])
+  if text then
+    for field in string.gmatch(text, '[^:]+') do state[#state + 1] = tonumber(field) end
+  else
+    for f = 1, 1 + 6 * NUM_LEARNED do state[f] = 0 end
+  end
+  if refused and at + wait > state[1] then state[1] = at + wait end
+  for k = 0, NUM_LEARNED - 1 do
+    local base, limit, remaining, reset = 1 + 6 * k, tonumber(ARGV[4 + 3 * k]), tonumber(ARGV[5 + 3 * k]), tonumber(ARGV[6 + 3 * k])
+    if limit > 0 and limit <= MAX_LEARNED and at >= state[base + 6] then
+      if remaining < 0 then remaining = 0 elseif remaining > limit then remaining = limit end
+      local deficit = (limit - remaining) * MICRO
+      if deficit == 0 or reset <= 0 then
+        state[base + 1], state[base + 2], state[base + 3], state[base + 4], state[base + 5], state[base + 6] = 0, 0, 0, 0, 0, at
+      else
+        state[base + 1], state[base + 2], state[base + 3], state[base + 4], state[base + 5], state[base + 6] = limit, deficit, at, deficit / reset, at + reset, at
+      end
+    end
+  end
+  local ends = state[1]
+  for k = 0, NUM_LEARNED - 1 do
+    if state[6 + 6 * k] > ends then ends = state[6 + 6 * k] end
+  end
+  if ends > at then
+    local fields = {string.format('%d', state[1])}
+    for k = 0, NUM_LEARNED - 1 do
+      local base = 1 + 6 * k
+      fields[k + 2] = string.format('%d:%d:%d:%.17g:%d:%d', state[base + 1], state[base + 2], state[base + 3], state[base + 4], state[base + 5], state[base + 6])
+    end
+    redis.call('SET', KEYS[i], table.concat(fields, ':'), 'PXAT', string.format('%d', ends))
+  else
+    redis.call('DEL', KEYS[i])
+  end
+end
+return 1

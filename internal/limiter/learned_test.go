@@ -1,0 +1,137 @@
+package limiter
+
+import (
+	"context"
+	"testing"
+
+	"github.com/rolter/caddy-ratelimit/internal/redistest"
+)
+
+// newLearningLimit is a limit that learns the provider's quota, with caps
+// of its own.
+func newLearningLimit(scope, id string, caps Caps) Limit {
+	caps.Learn = true
+	return NewLimit("", scope, id, caps)
+}
+
+// learnOrFail has s learn r for chain, and waits until it has.
+func learnOrFail(t *testing.T, s Store, chain []Limit, r Report) {
+	t.Helper()
+	done := make(chan error, 1)
+	s.Learn(chain, r, func(err error) { done <- err })
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// requestsReport reports a requests quota of limit with remaining left,
+// full again in reset milliseconds.
+func requestsReport(at, limit, remaining, reset int64) Report {
+	r := Report{At: at}
+	r.Quotas[0] = ReportedQuota{Limit: limit, Remaining: remaining, ResetMillis: reset}
+	return r
+}
+
+// admitted is the admission of chain on s at the pinned time at,
+// reserving reserve.
+func admitted(t *testing.T, s Store, chain []Limit, at int64, reserve TokenCounts) Admission {
+	t.Helper()
+	a, err := pinned(s, at).Admit(context.Background(), chain, reserve)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+func runLearnedConformance(t *testing.T, kit storeKit) {
+	// A report is a bucket: it held what remained at the report, holds the
+	// limit at the reset, and refills evenly between; once full again it
+	// holds nothing back.
+	t.Run("AReportedQuotaAdmitsWhatRemainsAndRefillsEvenlyUntilItsReset", func(t *testing.T) {
+		stores := kit.replicas(t, 2)
+		at := pinnedBase() + 1000
+		chain := []Limit{newLearningLimit("provider", redistest.UniqueID(t), Caps{})}
+		learnOrFail(t, stores[0], chain, requestsReport(at, 10, 2, 8000)) // 8 missing, one back each second
+		for i, s := range stores {
+			if a := admitted(t, s, chain, at+100, TokenCounts{}); !a.Admitted {
+				t.Fatalf("replica %d: request %d of the 2 that remained refused", i, i+1)
+			}
+		}
+		a := admitted(t, stores[1], chain, at+100, TokenCounts{})
+		if a.Admitted || a.Refusal.Kind != Provider || a.Refusal.WaitMillis != 900 {
+			t.Fatalf("a third request: admitted %v, kind %v, wait %d ms; want refused by the provider's quota for 900 ms", a.Admitted, a.Refusal.Kind, a.Refusal.WaitMillis)
+		}
+		if !admitted(t, stores[0], chain, at+1000, TokenCounts{}).Admitted {
+			t.Fatal("a request refused a second after the report, when the quota had refilled one")
+		}
+		if admitted(t, stores[0], chain, at+1000, TokenCounts{}).Admitted {
+			t.Fatal("two requests admitted where one had refilled")
+		}
+		for i := range 20 {
+			if !admitted(t, stores[i%2], chain, at+8000, TokenCounts{}).Admitted {
+				t.Fatalf("request %d refused at the reset, when the report holds nothing back any more", i)
+			}
+		}
+	})
+	t.Run("ConcurrentAdmissionsOnThreeReplicasTakeExactlyWhatTheReportLeft", func(t *testing.T) {
+		stores := kit.replicas(t, 3)
+		at := pinnedBase() + 1000
+		chain := []Limit{newLearningLimit("provider", redistest.UniqueID(t), Caps{})}
+		learnOrFail(t, stores[2], chain, requestsReport(at, 1000, 5, 60_000))
+		if got := raceAdmissions(t, stores, chain, 48, at); got != 5 {
+			t.Fatalf("admitted %d of 48 where the provider reported 5 remaining, want exactly 5", got)
+		}
+	})
+	t.Run("AProviderRefusalPausesEveryReplicaUntilItsWait", func(t *testing.T) {
+		stores := kit.replicas(t, 2)
+		at := pinnedBase() + 1000
+		chain := []Limit{newLearningLimit("provider", redistest.UniqueID(t), Caps{})}
+		learnOrFail(t, stores[0], chain, Report{At: at, Refused: true, Wait: 1500})
+		a := admitted(t, stores[1], chain, at+1499, TokenCounts{})
+		if a.Admitted || a.Refusal.Kind != Provider || a.Refusal.WaitMillis != 1 {
+			t.Fatalf("1 ms before the wait ends: admitted %v, kind %v, wait %d; want refused for 1 ms", a.Admitted, a.Refusal.Kind, a.Refusal.WaitMillis)
+		}
+		if !admitted(t, stores[1], chain, at+1500, TokenCounts{}).Admitted {
+			t.Fatal("refused once the provider's wait ended")
+		}
+	})
+	t.Run("AnOlderReportNeverOverwritesANewerOne", func(t *testing.T) {
+		s := kit.replicas(t, 1)[0]
+		at := pinnedBase() + 1000
+		chain := []Limit{newLearningLimit("provider", redistest.UniqueID(t), Caps{})}
+		learnOrFail(t, s, chain, requestsReport(at+100, 5, 0, 10_000))
+		learnOrFail(t, s, chain, requestsReport(at+50, 5, 5, 10_000)) // answered earlier, learned later
+		if a := admitted(t, s, chain, at+100, TokenCounts{}); a.Admitted {
+			t.Fatal("an older report of a full quota overwrote the newer one of an empty quota")
+		}
+	})
+	t.Run("TokensAreTakenAsReservedAndReturnAsTheQuotaRefills", func(t *testing.T) {
+		s := kit.replicas(t, 1)[0]
+		at := pinnedBase() + 1000
+		chain := []Limit{newLearningLimit("provider", redistest.UniqueID(t), Caps{})}
+		r := Report{At: at}
+		r.Quotas[1] = ReportedQuota{Limit: 1000, Remaining: 300, ResetMillis: 7000} // 0.1 token a millisecond
+		learnOrFail(t, s, chain, r)
+		if !admitted(t, s, chain, at, totalTokens(300)).Admitted {
+			t.Fatal("a reservation of the 300 tokens that remained refused")
+		}
+		a := admitted(t, s, chain, at, totalTokens(100))
+		if a.Admitted || a.Refusal.Kind != Provider || a.Refusal.WaitMillis != 1000 {
+			t.Fatalf("100 tokens more: admitted %v, kind %v, wait %d; want refused until 100 tokens refill, 1000 ms", a.Admitted, a.Refusal.Kind, a.Refusal.WaitMillis)
+		}
+		if !admitted(t, s, chain, at+1000, totalTokens(100)).Admitted {
+			t.Fatal("100 tokens refused once 100 had refilled")
+		}
+	})
+	t.Run("ALearnedQuotaNeverRaisesAConfiguredCap", func(t *testing.T) {
+		s := kit.replicas(t, 1)[0]
+		at := pinnedBase() + 1000
+		chain := []Limit{newLearningLimit("provider", redistest.UniqueID(t), CapsOfWindows(WindowCaps{RPM: 2}))}
+		learnOrFail(t, s, chain, requestsReport(at, 1000, 999, 60_000))
+		admitOrFail(t, s, chain, at)
+		admitOrFail(t, s, chain, at)
+		if a := admitted(t, s, chain, at, TokenCounts{}); a.Admitted || a.Refusal.Kind != Requests {
+			t.Fatalf("a third request under rpm 2 with 997 left at the provider: admitted %v, kind %v", a.Admitted, a.Refusal.Kind)
+		}
+	})
+}
