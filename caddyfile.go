@@ -48,7 +48,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		}
 //		scope <name> <value> [readable] [required] [joined]  # repeatable; <value> is usually a placeholder
 //		limit <scope> <id>|<prefix>*|* [rpm|tpm|itpm|otpm|rpd|tpd|itpd|otpd <n>]... [rate <per-second> burst <n> [cost <n>]] [concurrent <n>]
-//		      [budget_day <usd>] [budget_month <usd>] [shadow]
+//		      [budget_day <usd>] [budget_month <usd>] [shadow] [learn]
 //		                                           # repeatable; rpm requests, tpm tokens, itpm input tokens and otpm
 //		                                           # output tokens per minute; rpd, tpd, itpd, otpd per day;
 //		                                           # concurrent: requests in flight at once; budget_day and
@@ -618,11 +618,15 @@ func parseLimit(d *caddyfile.Dispenser) (LimitConfig, error) {
 	for d.NextArg() {
 		name := d.Val()
 		switch name {
-		case "shadow":
-			if l.Shadow {
+		case "shadow", "learn":
+			flag := &l.Shadow
+			if name == "learn" {
+				flag = &l.Learn
+			}
+			if *flag {
 				return l, d.Errf("%s is given twice", name)
 			}
-			l.Shadow = true
+			*flag = true
 			continue
 		case "else":
 			if len(l.PerRequest) > 0 {
@@ -632,7 +636,7 @@ func parseLimit(d *caddyfile.Dispenser) (LimitConfig, error) {
 		}
 		kind, ok := capKindNamed(name)
 		if !ok {
-			return l, d.Errf("unrecognized limit option '%s': expecting %s", name, capNames(", ", " or "))
+			return l, d.Errf("unrecognized limit option '%s': expecting %s, or shadow or learn", name, capNames(", ", " or "))
 		}
 		if seen[name] {
 			return l, d.Errf("%s is given twice", name)

@@ -138,6 +138,27 @@ var caddyfileGoodCases = []caddyfileGoodCase{
 		},
 	},
 	{
+		name: "limits that learn the provider's quota, with caps of their own or none",
+		input: `rolter_ratelimit {
+			scope key {http.request.header.X-Api-Key}
+			scope provider openai-org1/{http.rolter_ratelimit.model} readable
+			limit key * rpm 60
+			limit provider * tpm 2000000 rpm 10000 learn
+			limit provider openai-org1/gpt-4o-mini learn
+		}`,
+		want: &Handler{
+			Scopes: []Scope{
+				{Name: "key", Value: "{http.request.header.X-Api-Key}"},
+				{Name: "provider", Value: "openai-org1/{http.rolter_ratelimit.model}", Readable: true},
+			},
+			Limits: []LimitConfig{
+				{Scope: "key", ID: "*", RPM: 60},
+				{Scope: "provider", ID: "*", RPM: 10000, TPM: 2000000, Learn: true},
+				{Scope: "provider", ID: "openai-org1/gpt-4o-mini", Learn: true},
+			},
+		},
+	},
+	{
 		name: "limit before its scope line",
 		input: `rolter_ratelimit {
 			limit org acme rpm 5
@@ -362,7 +383,7 @@ var caddyfileBadCases = append([]caddyfileBadCase{
 	{"itpd twice", "rolter_ratelimit {\n\tscope key x\n\tlimit key * itpd 5 otpd 5 itpd 6\n}", "itpd is given twice", 3},
 	{"otpm without value", "rolter_ratelimit {\n\tscope key x\n\tlimit key * otpm\n}", "wrong argument count or unexpected line ending after 'otpm'", 3},
 	{"tpd above the largest cap", "rolter_ratelimit {\n\tscope key x\n\tlimit key * tpd 100000000001\n}", `limit for scope "key" id "*": tpd must be a positive integer of at most 100000000000, not 100000000001`, 3},
-	{"unknown limit option", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rps 5\n}", "unrecognized limit option 'rps': expecting rpm, tpm, itpm, otpm, rpd, tpd, itpd, otpd, rate, burst, cost, concurrent, budget_day or budget_month", 3},
+	{"unknown limit option", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rps 5\n}", "unrecognized limit option 'rps': expecting rpm, tpm, itpm, otpm, rpd, tpd, itpd, otpd, rate, burst, cost, concurrent, budget_day or budget_month, or shadow or learn", 3},
 	{"concurrent zero", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 concurrent 0\n}", `concurrent must be a positive integer, not "0"`, 3},
 	{"concurrent negative", "rolter_ratelimit {\n\tscope key x\n\tlimit key * concurrent -5\n}", `concurrent must be a positive integer, not "-5"`, 3},
 	{"concurrent without value", "rolter_ratelimit {\n\tscope key x\n\tlimit key * concurrent\n}", "wrong argument count or unexpected line ending after 'concurrent'", 3},
@@ -408,10 +429,12 @@ var caddyfileBadCases = append([]caddyfileBadCase{
 	{"else without a value", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm {h} else\n}", "wrong argument count or unexpected line ending after 'else'", 3},
 	{"a cap per request given twice", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm {h} else 5 rpm 6\n}", "rpm is given twice", 3},
 	{"a cap per request without a value", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm\n}", "wrong argument count or unexpected line ending after 'rpm'", 3},
+	{"learn twice on a limit", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 learn learn\n}", "learn is given twice", 3},
+	{"learn with a value on a limit", "rolter_ratelimit {\n\tscope key x\n\tlimit key * learn on\n}", "unrecognized limit option 'on'", 3},
 	{"shadow twice on a limit", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 shadow shadow\n}", "shadow is given twice", 3},
 	{"shadow alone on a limit", "rolter_ratelimit {\n\tscope key x\n\tlimit key * shadow\n}", `limit for scope "key" id "*" sets no cap`, 3},
 	{"shadow with a value on a limit", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 shadow on\n}", "unrecognized limit option 'on'", 3},
-	{"an unknown limit option beside shadow", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 shadows\n}", "unrecognized limit option 'shadows': expecting rpm, tpm, itpm, otpm, rpd, tpd, itpd, otpd, rate, burst, cost, concurrent, budget_day or budget_month", 3},
+	{"an unknown limit option beside shadow", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 shadows\n}", "unrecognized limit option 'shadows': expecting rpm, tpm, itpm, otpm, rpd, tpd, itpd, otpd, rate, burst, cost, concurrent, budget_day or budget_month, or shadow or learn", 3},
 	{"shadow maybe", "rolter_ratelimit {\n\tshadow maybe\n}", `shadow must be on or off, not "maybe"`, 2},
 	{"shadow without a value", "rolter_ratelimit {\n\tshadow\n}", "wrong argument count or unexpected line ending after 'shadow'", 2},
 	{"shadow twice", "rolter_ratelimit {\n\tshadow on\n\tshadow off\n}", "shadow is given twice", 3},

@@ -353,6 +353,15 @@ type LimitConfig struct {
 	// refuse is charged on its counters all the same (they show what the
 	// traffic is) and passes, marked shadow_refused (shadow.go).
 	Shadow bool `json:"shadow,omitempty"`
+	// Learn learns the provider's own quota for each id of the limit from
+	// the provider's answers (learn.go): their rate-limit headers
+	// (OpenAI's, Azure OpenAI's and Anthropic's) and refusals (429 with its
+	// wait; Anthropic's 529). A request is then admitted only within what
+	// the provider last reported, besides the limit's own caps, which a
+	// report never raises; a limit may learn with no cap of its own. The
+	// scope's id usually names the provider's quota: the model, or an org
+	// key and the model.
+	Learn bool `json:"learn,omitempty"`
 }
 
 // PriceConfig is the price of a model, of every model whose name starts
@@ -678,7 +687,7 @@ func (l LimitConfig) validate() error {
 			return fmt.Errorf("limit for scope %q id %q: %s must be a positive integer of at most %d, not %d", l.Scope, l.ID, limiter.WindowKind(k), int64(limiter.MaxCap), n)
 		}
 	}
-	if !slices.ContainsFunc(capKinds, func(k capKind) bool { return k.given(&l) }) && len(l.PerRequest) == 0 {
+	if !slices.ContainsFunc(capKinds, func(k capKind) bool { return k.given(&l) }) && len(l.PerRequest) == 0 && !l.Learn {
 		return fmt.Errorf("limit for scope %q id %q sets no cap: give %s", l.Scope, l.ID, capNames(", ", " or "))
 	}
 	nominal, err := l.nominal()
@@ -721,7 +730,7 @@ func (l LimitConfig) windowCaps() (w limiter.WindowCaps) {
 // calendar aside; its error is a configuration mistake.
 func (l LimitConfig) caps() (limiter.Caps, error) {
 	caps := limiter.CapsOfWindows(l.windowCaps())
-	caps.Concurrent.Max = l.Concurrent
+	caps.Concurrent.Max, caps.Learn = l.Concurrent, l.Learn
 	for p, usd := range [limiter.NumBudgetPeriods]json.Number{limiter.BudgetDay: l.BudgetDay, limiter.BudgetMonth: l.BudgetMonth} {
 		if usd == "" {
 			continue

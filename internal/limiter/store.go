@@ -271,6 +271,9 @@ func (c Caps) Describe(name string) string {
 	if c.Budgets.Calendar != nil {
 		fmt.Fprintf(&s, " (%s)", c.Budgets.Calendar.Name)
 	}
+	if c.Learn {
+		s.WriteString(" learn")
+	}
 	if c.Shadow {
 		s.WriteString(" shadow")
 	}
