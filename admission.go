@@ -231,14 +231,17 @@ func (h *Handler) admitOrAnswer(w http.ResponseWriter, req *request, chain []lim
 	if limiter.HoldsSlots(chain) {
 		defer h.store.Free(chain)
 	}
-	switch rw := h.admitted(w, req, chain, a.Decision, metering); {
-	case rw == nil:
+	rw := h.admitted(w, req, chain, a.Decision, metering)
+	if rw == nil {
 		return next.ServeHTTP(w, req.Request)
-	case !metering:
-		return next.ServeHTTP(rw, req.Request)
-	default:
-		return pass(rw, a.Decision)
 	}
+	if rw.learn != nil {
+		defer rw.learn.end()
+	}
+	if !metering {
+		return next.ServeHTTP(rw, req.Request)
+	}
+	return pass(rw, a.Decision)
 }
 
 // resolve finds the request's chain. What its scopes read must be what the

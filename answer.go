@@ -284,6 +284,11 @@ func refusalMessage(r limiter.Refusal, chain []limiter.Limit) string {
 			scope, pricing.FormatUSD(r.Capacity), r.Period, pricing.FormatUSD(r.Used), renews, l.Budgets.Calendar.Name)
 	case limiter.Concurrency:
 		reached = fmt.Sprintf("Concurrency limit reached for %s: %d requests in flight.", scope, r.Capacity)
+	case limiter.Provider:
+		reached = fmt.Sprintf("The provider's own quota is reached for %s: a quota of %d, as the provider last reported it.", scope, r.Capacity)
+		if r.Capacity == 0 {
+			reached = fmt.Sprintf("The provider's own quota is reached for %s: the provider refused a request and asked for a wait.", scope)
+		}
 	case limiter.Burst:
 		b := chain[r.First].Bucket
 		reached = fmt.Sprintf("Rate limit reached for %s: burst capacity %d, refilled at %s per second; a request takes %d.",

@@ -32,6 +32,7 @@ type responseWriter struct {
 	strip       *usageStripper    // set when the client did not ask for stream usage
 	asked       tokenest.Estimate // what the request asks of the model, which bounds its charge (usageCeiling)
 	session     *realtimeSession  // set for a metered WebSocket session
+	learn       *learning         // set when a limit of the chain learns the provider's quota
 	wroteHeader bool
 	unreached   bool // the handlers after this one failed without reaching the upstream (unreached)
 	status      int  // the final status written, once wroteHeader
@@ -44,6 +45,9 @@ func (w *responseWriter) WriteHeader(status int) {
 	}
 	w.wroteHeader, w.status = true, status
 	h := w.Header()
+	if w.learn != nil { // before this handler's own rate-limit headers replace the provider's
+		w.learn.header(status, h)
+	}
 	w.headers.reapply(h)
 	if w.metering && status < 300 {
 		w.meter = &w.meterState
@@ -70,6 +74,9 @@ func (w *responseWriter) Write(p []byte) (int, error) {
 	if w.meter != nil {
 		w.meter.Write(p)
 	}
+	if w.learn != nil {
+		w.learn.read(p)
+	}
 	if w.strip != nil {
 		return w.strip.write(&w.ResponseWriterWrapper, p)
 	}
@@ -82,7 +89,7 @@ func (w *responseWriter) ReadFrom(r io.Reader) (int64, error) {
 	if !w.wroteHeader {
 		w.WriteHeader(http.StatusOK)
 	}
-	if w.meter == nil && w.strip == nil {
+	if w.meter == nil && w.strip == nil && (w.learn == nil || w.learn.refusal == nil) {
 		return w.ResponseWriterWrapper.ReadFrom(r)
 	}
 	return io.Copy(writerOnly{w}, r)
@@ -187,11 +194,11 @@ func (h *Handler) admitted(w http.ResponseWriter, req *request, chain []limiter.
 		setOutcome(req.repl, outcomeAdmitted)
 	}
 	tokensReserved.add(d.Reserve)
-	families := h.families(req.dia)
-	if !families.any() && !metering {
+	families, learn := h.families(req.dia), h.newLearning(chain, d)
+	if !families.any() && !metering && learn == nil {
 		return nil
 	}
-	rw := &responseWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, metering: metering}
+	rw := &responseWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, metering: metering, learn: learn}
 	if families.any() {
 		rw.headers = families.headersFor(chain, d, true)
 		rw.headers.apply(w.Header())

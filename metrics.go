@@ -20,7 +20,7 @@ var (
 	}, []string{"outcome"})
 	refusalsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "refusals_total",
-		Help: "Refused requests (and realtime events a spent budget refuses), by the scope name, kind (requests, tokens, input_tokens, output_tokens, burst, too_large, concurrency, budget; for a shadow limit also unreadable: a cap per request not given validly) and window (minute, day, or a budget's day, month; empty for a bucket or a concurrency cap) of the first refusing limit, and shadow: true for a request a shadow limit would have refused, which passed.",
+		Help: "Refused requests (and realtime events a spent budget refuses), by the scope name, kind (requests, tokens, input_tokens, output_tokens, burst, too_large, concurrency, budget, provider: the provider's own quota, as a limit learned it; for a shadow limit also unreadable: a cap per request not given validly) and window (minute, day, or a budget's day, month; empty for a bucket or a concurrency cap) of the first refusing limit, and shadow: true for a request a shadow limit would have refused, which passed.",
 	}, []string{"scope", "kind", "window", "shadow"})
 	refusalsCachedTotal = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "refusals_cached_total",
@@ -48,7 +48,7 @@ var (
 	}, []string{"what"})
 	redisDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "redis_call_duration_seconds",
-		Help:    "Redis calls of the limiter, by operation: admit, record_tokens, free_slots, renew_slots, peek, reset.",
+		Help:    "Redis calls of the limiter, by operation: admit, record_tokens, free_slots, renew_slots, peek, reset, learn.",
 		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1},
 	}, []string{"op"})
 	redisErrorsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -136,7 +136,7 @@ var outcomeRecords = func() map[string]outcomeRecord {
 
 // registerMetrics registers the process's collectors in a config's registry.
 func registerMetrics(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{admissionsTotal, refusalsTotal, refusalsCachedTotal, tokensChargedTotal, tokensReservedTotal, tokensReturnedTotal, spendReservedTotal, spendChargedTotal, spendReturnedTotal, unmeteredTotal, usageClampedTotal, redisDuration, redisErrorsTotal, sessionsOpen, requestBodyBytes, waitDuration, waitingNow, slotsHeld, memoryCounters} {
+	for _, c := range []prometheus.Collector{admissionsTotal, refusalsTotal, refusalsCachedTotal, tokensChargedTotal, tokensReservedTotal, tokensReturnedTotal, spendReservedTotal, spendChargedTotal, spendReturnedTotal, unmeteredTotal, usageClampedTotal, redisDuration, redisErrorsTotal, sessionsOpen, requestBodyBytes, waitDuration, waitingNow, slotsHeld, memoryCounters, providerPausedIDs} {
 		if err := reg.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return err
 		}

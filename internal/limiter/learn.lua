@@ -15,7 +15,10 @@
 -- then per quota its limit, deficit in millionths, the deficit's moment,
 -- refill rate in millionths a millisecond (a double), end and report's
 -- moment. A report older than the one a quota holds leaves it; a quota
--- reported full, or full again at once, holds nothing back. The key
+-- takes the report's deficit, or what it holds taken now if that is more
+-- (requests admitted after the reported one may not have reached the
+-- provider yet); one reported full, or full again at once, holds nothing
+-- back unless it holds something taken now. The key
 -- expires when its pause and its quotas end, and goes at once if they
 -- already have.
 
@@ -33,12 +36,26 @@ for i = 1, #KEYS do
   for k = 0, NUM_LEARNED - 1 do
     local base, limit, remaining, reset = 1 + 6 * k, tonumber(ARGV[4 + 3 * k]), tonumber(ARGV[5 + 3 * k]), tonumber(ARGV[6 + 3 * k])
     if limit > 0 and limit <= MAX_LEARNED and at >= state[base + 6] then
+      -- What the quota holds taken now, of the same limit (learned.go).
+      local taken = 0
+      if state[base + 1] > 0 and at < state[base + 5] and state[base + 1] == limit then
+        taken = state[base + 2]
+        local elapsed = at - state[base + 3]
+        if elapsed > 0 then
+          taken = taken - math.floor(state[base + 4] * elapsed)
+          if taken < 0 then taken = 0 end
+        end
+      end
       if remaining < 0 then remaining = 0 elseif remaining > limit then remaining = limit end
       local deficit = (limit - remaining) * MICRO
-      if deficit == 0 or reset <= 0 then
+      if (deficit == 0 or reset <= 0) and taken == 0 then
         state[base + 1], state[base + 2], state[base + 3], state[base + 4], state[base + 5], state[base + 6] = 0, 0, 0, 0, 0, at
+      elseif deficit == 0 or reset <= 0 then
+        state[base + 6] = at
       else
-        state[base + 1], state[base + 2], state[base + 3], state[base + 4], state[base + 5], state[base + 6] = limit, deficit, at, deficit / reset, at + reset, at
+        local rate, ends = deficit / reset, at + reset
+        if taken > deficit then deficit, ends = taken, at + math.ceil(taken / rate) end
+        state[base + 1], state[base + 2], state[base + 3], state[base + 4], state[base + 5], state[base + 6] = limit, deficit, at, rate, ends, at
       end
     end
   end

@@ -57,24 +57,42 @@ type Learned struct {
 	Quotas      [NumLearned]LearnedQuota
 }
 
-// learn is l after the report r. A quota that r reports full, or full
-// again at once, holds nothing back; and a limit whose pause and quotas
-// all end by r.At forgets them (admit.lua deletes its key).
+// learn is l after the report r. A quota takes the report's deficit, or
+// what it holds taken now if that is more (what the report cannot count
+// yet), refilling at the report's rate until it is full again; a quota
+// that r reports full, or full again at once, holds nothing back unless it
+// holds something taken now. A limit whose pause and quotas all end by
+// r.At forgets them (learn.lua deletes its key).
 func (l Learned) learn(r Report) Learned {
 	if r.Refused {
 		l.PausedUntil = max(l.PausedUntil, r.At+r.Wait)
 	}
 	for k, q := range r.Quotas {
-		if q.Limit <= 0 || q.Limit > MaxLearned || r.At < l.Quotas[k].Reported {
+		cur := l.Quotas[k]
+		if q.Limit <= 0 || q.Limit > MaxLearned || r.At < cur.Reported {
 			continue
+		}
+		// What the quota holds taken now, of the same limit: requests
+		// admitted after this one may be on their way to the provider,
+		// which the report does not count yet.
+		var taken int64
+		if cur.holds(r.At) && cur.Limit == q.Limit {
+			taken = cur.refilled(r.At)
 		}
 		deficit := (q.Limit - min(max(q.Remaining, 0), q.Limit)) * MicroTokens
-		if deficit == 0 || q.ResetMillis <= 0 {
+		switch {
+		case (deficit == 0 || q.ResetMillis <= 0) && taken == 0:
 			l.Quotas[k] = LearnedQuota{Reported: r.At}
-			continue
+		case deficit == 0 || q.ResetMillis <= 0:
+			l.Quotas[k].Reported = r.At
+		default:
+			rate := float64(deficit) / float64(q.ResetMillis)
+			until := r.At + q.ResetMillis
+			if taken > deficit {
+				deficit, until = taken, r.At+int64(math.Ceil(float64(taken)/rate))
+			}
+			l.Quotas[k] = LearnedQuota{Limit: q.Limit, Deficit: deficit, At: r.At, Rate: rate, Until: until, Reported: r.At}
 		}
-		l.Quotas[k] = LearnedQuota{Limit: q.Limit, Deficit: deficit, At: r.At,
-			Rate: float64(deficit) / float64(q.ResetMillis), Until: r.At + q.ResetMillis, Reported: r.At}
 	}
 	if l.PausedUntil <= r.At && !slices.ContainsFunc(l.Quotas[:], func(q LearnedQuota) bool { return q.Until > r.At }) {
 		return Learned{}

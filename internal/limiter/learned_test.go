@@ -105,6 +105,32 @@ func runLearnedConformance(t *testing.T, kit storeKit) {
 			t.Fatal("an older report of a full quota overwrote the newer one of an empty quota")
 		}
 	})
+	// The report of an answer cannot count the requests admitted after
+	// its own, which may still be on their way to the provider: the quota
+	// keeps what it holds taken when that is more than the report says.
+	t.Run("AReportKeepsTheRequestsAdmittedAfterTheOneItAnswers", func(t *testing.T) {
+		s := kit.replicas(t, 1)[0]
+		at := pinnedBase() + 1000
+		chain := []Limit{newLearningLimit("provider", redistest.UniqueID(t), Caps{})}
+		learnOrFail(t, s, chain, requestsReport(at, 10, 5, 600_000)) // slow: one back a minute
+		for range 3 {
+			admitOrFail(t, s, chain, at)
+		}
+		learnOrFail(t, s, chain, requestsReport(at+10, 10, 4, 600_000)) // the provider saw one of the three
+		admitted := 0
+		for range 5 {
+			if admitOrFail(t, s, chain, at+10).Admitted {
+				admitted++
+			}
+		}
+		if admitted != 2 {
+			t.Fatalf("admitted %d after a report that saw one of three requests in flight, want the 2 that remain of 5", admitted)
+		}
+		learnOrFail(t, s, chain, requestsReport(at+20, 10, 0, 600_000)) // another client of the provider took more
+		if admitOrFail(t, s, chain, at+20).Admitted {
+			t.Fatal("admitted after a report of none remaining")
+		}
+	})
 	t.Run("TokensAreTakenAsReservedAndReturnAsTheQuotaRefills", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
 		at := pinnedBase() + 1000

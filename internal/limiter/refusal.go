@@ -21,7 +21,7 @@ type Refusal struct {
 // refusing budget; "" for a bucket or a concurrency cap.
 func (r Refusal) WindowName() string {
 	switch r.Kind {
-	case Burst, Concurrency:
+	case Burst, Concurrency, Provider:
 		return ""
 	case Budget:
 		return r.Period.String()

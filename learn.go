@@ -1,0 +1,180 @@
+package ratelimit
+
+import (
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/rolter/caddy-ratelimit/internal/limiter"
+	"github.com/rolter/caddy-ratelimit/internal/provider"
+)
+
+// learning is what the answer to an admitted request teaches the limits of
+// its chain that learn the provider's own quota (LimitConfig.Learn): read
+// from the answer's status and headers as they are written, before the
+// handler's own rate-limit headers replace the provider's, and written to
+// the store at once. A refusal that gives no wait in its headers may give
+// it in its body (Gemini's RetryInfo): its first bytes are kept, and it is
+// written when the response ends.
+type learning struct {
+	h     *Handler
+	chain []limiter.Limit
+	// The admission's moment by the store's clock, and by this machine's
+	// monotonic one: a report's moment is the first plus what has elapsed
+	// on the second, so that replicas with skewed clocks order their
+	// reports alike.
+	admittedAt int64
+	since      time.Time
+	refusal    *provider.Report // a refusal whose wait may be in its body
+	body       []byte           // that body's first bytes
+}
+
+// refusalBodyRead is how much of a refusal's body is read for its wait:
+// Gemini's error bodies are a few hundred bytes.
+const refusalBodyRead = 16 << 10
+
+// learnsQuota reports whether a limit of chain learns the provider's quota.
+func learnsQuota(chain []limiter.Limit) bool {
+	for _, l := range chain {
+		if l.Learn {
+			return true
+		}
+	}
+	return false
+}
+
+// newLearning is the learning of the answer to an admission of chain
+// decided at d, or nil if no limit of chain learns.
+func (h *Handler) newLearning(chain []limiter.Limit, d limiter.Decision) *learning {
+	if !learnsQuota(chain) {
+		return nil
+	}
+	return &learning{h: h, chain: chain, admittedAt: d.Now.UnixMillis, since: time.Now()}
+}
+
+// header reads the answer's status and headers.
+func (l *learning) header(status int, header http.Header) {
+	r := provider.Of(status, header, time.Now())
+	switch {
+	case r.Refused && r.WaitHeader == "" && status == http.StatusTooManyRequests:
+		l.refusal = &r
+	case r.Reports():
+		l.write(r)
+	}
+}
+
+// read keeps the first bytes of a refusal's body.
+func (l *learning) read(p []byte) {
+	if l.refusal != nil && len(l.body) < refusalBodyRead {
+		l.body = append(l.body, p[:min(len(p), refusalBodyRead-len(l.body))]...)
+	}
+}
+
+// end writes a refusal that waited for its body, with the wait the body
+// gives, if any.
+func (l *learning) end() {
+	if l.refusal == nil {
+		return
+	}
+	if wait, ok := provider.WaitInBody(l.body); ok {
+		l.refusal.Wait, l.refusal.WaitHeader = wait, "RetryInfo"
+	}
+	l.write(*l.refusal)
+	l.refusal = nil
+}
+
+// write has the store learn r, without waiting for it: the store stays
+// usable until it has.
+func (l *learning) write(r provider.Report) {
+	report := limiter.Report{At: l.admittedAt + time.Since(l.since).Milliseconds(), Refused: r.Refused, Wait: ceilMillis(r.Wait)}
+	for k, q := range r.Quotas {
+		report.Quotas[k] = limiter.ReportedQuota{Limit: q.Limit, Remaining: q.Remaining, ResetMillis: ceilMillis(q.Reset)}
+	}
+	if r.Refused {
+		providerPauses.paused(l.chain, time.Now().Add(r.Wait))
+		if l.h.logger.Core().Enabled(zap.DebugLevel) {
+			l.h.logger.Debug("the provider refused: its quota's limits pause", zap.String("scope", l.chain[0].Scope),
+				zap.Duration("wait", r.Wait), zap.String("from", r.WaitHeader))
+		}
+	}
+	l.h.store.Hold()
+	l.h.store.Learn(l.chain, report, func(err error) {
+		if err != nil {
+			l.h.logger.Warn("the provider's report could not be written to the rate limit store", zap.Error(err))
+		}
+		l.h.store.Release()
+	})
+}
+
+// ceilMillis is d in whole milliseconds, rounded up: a quota is not full
+// before the provider said.
+func ceilMillis(d time.Duration) int64 {
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}
+
+// providerPauses are the learning limits that this process saw the
+// provider pause, by key prefix: the gauge of ids paused now reads them.
+var providerPauses = pauseLedger{until: make(map[string]pausedLimit)}
+
+type pauseLedger struct {
+	mu    sync.Mutex
+	until map[string]pausedLimit
+}
+
+type pausedLimit struct {
+	scope string
+	until time.Time
+}
+
+// paused records that the learning limits of chain are paused until.
+func (p *pauseLedger) paused(chain []limiter.Limit, until time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.until) >= 1024 { // bounded by the pauses running now, scraped or not
+		p.forgetEnded(time.Now())
+	}
+	for _, l := range chain {
+		if l.Learn && until.After(p.until[l.Prefix].until) {
+			p.until[l.Prefix] = pausedLimit{scope: l.Scope, until: until}
+		}
+	}
+}
+
+// byScope counts the limits paused now, by scope name, and forgets those
+// whose pause has ended.
+func (p *pauseLedger) byScope() map[string]int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.forgetEnded(time.Now())
+	counts := make(map[string]int)
+	for _, l := range p.until {
+		counts[l.scope]++
+	}
+	return counts
+}
+
+// forgetEnded forgets the pauses ended by now, under p.mu.
+func (p *pauseLedger) forgetEnded(now time.Time) {
+	for prefix, l := range p.until {
+		if !now.Before(l.until) {
+			delete(p.until, prefix)
+		}
+	}
+}
+
+// pausedIDs is the gauge of the ids paused now, by scope name.
+type pausedIDs struct{ desc *prometheus.Desc }
+
+var providerPausedIDs = pausedIDs{prometheus.NewDesc("caddy_rolter_ratelimit_provider_paused_ids",
+	"Ids of limits that learn the provider's quota which the provider's refusals pause now, as this process learned them, by scope name.", []string{"scope"}, nil)}
+
+func (c pausedIDs) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c pausedIDs) Collect(ch chan<- prometheus.Metric) {
+	for scope, n := range providerPauses.byScope() {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), scope)
+	}
+}
