@@ -131,6 +131,25 @@ func (s headerSet) reapply(h http.Header) {
 	}
 }
 
+// upstreams is h without the values s set: the upstream's headers, which
+// reverse_proxy adds after them (an upstream may send a header of the
+// same name, such as OpenAI's x-ratelimit-*).
+func (s headerSet) upstreams(h http.Header) http.Header {
+	if len(s.values) == 0 {
+		return h
+	}
+	out := make(http.Header, len(h))
+	for name, vs := range h {
+		if len(vs) > 0 && s.sets(name, vs[0]) {
+			vs = vs[1:]
+		}
+		if len(vs) > 0 {
+			out[name] = vs
+		}
+	}
+	return out
+}
+
 // sets reports whether s sets header name to value.
 func (s headerSet) sets(name, value string) bool {
 	for _, v := range s.values {
