@@ -125,13 +125,14 @@ func (p *standInProvider) mode(_ *fakeUpstream, w http.ResponseWriter, r *http.R
 }
 
 // providerSite is a gateway's routes, by the X-Route header: each a
-// handler on Redis at url whose key scope and provider scope (the org)
-// are the request's, the provider's limit with caps far above the
-// provider's quota, learning it or not, and with the extra lines.
-func providerSite(url string, routes map[string]string) string {
+// handler on store (a redis line, or "" in process) whose key scope and
+// provider scope (the org) are the request's, the provider's limit with
+// caps far above the provider's quota, learning it or not, and with the
+// extra lines.
+func providerSite(store string, routes map[string]string) string {
 	var site strings.Builder
 	for route, lines := range routes {
-		fmt.Fprintf(&site, "\t@%s header X-Route %[1]s\n\thandle @%[1]s {\n%s\t}\n", route, limited(flightStore("redis "+url), `
+		fmt.Fprintf(&site, "\t@%s header X-Route %[1]s\n\thandle @%[1]s {\n%s\t}\n", route, limited(flightStore(store), `
 			scope key {http.request.header.X-Api-Key}
 			scope provider {http.request.header.X-Org} readable
 			limit key * rpm 100000
@@ -210,7 +211,7 @@ func TestGatewaysThatLearnTheProvidersQuotaLetAtMostOneOfItsRefusalsThroughEach(
 	url := redistest.EnvURL(t)
 	provider := newStandInProvider(300, 30*time.Second)
 	up := newFakeUpstream(t, provider.mode)
-	gws := startCaddyProcesses(t, 3, up, providerSite(url, map[string]string{
+	gws := startCaddyProcesses(t, 3, up, providerSite("redis "+url, map[string]string{
 		"learn": "limit provider * rpm 100000 learn",
 		"wait":  "limit provider * rpm 100000 learn\nwait 5s",
 		"blind": "limit provider * rpm 100000",
@@ -291,5 +292,28 @@ func TestGatewaysThatLearnTheProvidersQuotaLetAtMostOneOfItsRefusalsThroughEach(
 			t.Errorf("without learn, %d of the provider's refusals reached clients; the run is meant to drive it past its quota", byProvider)
 		}
 		t.Logf("without learn: the provider refused %d, all of which reached clients", byProvider)
+	})
+}
+
+// One gateway learns the provider's quota on either store alike: six keys
+// sending steadily through it meet at most one of the provider's
+// refusals, and use its quota to at least 90%.
+func TestAGatewayLearnsTheProvidersQuotaOnEitherStore(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		provider := newStandInProvider(300, 30*time.Second)
+		up := newFakeUpstream(t, provider.mode)
+		gw := startGateway(t, up.URL, providerSite(store, map[string]string{"learn": "limit provider * rpm 100000 learn"}))
+		org := redistest.UniqueID(t)
+		byGateway, byProvider := sendSteadily(t, []string{gw.url}, "learn", "openai", org, 6, 3*time.Second)
+		counts := provider.of(org)
+		elapsed := time.Duration(counts.last.Load() - counts.first.Load())
+		capacity := float64(provider.limit) * (1 + elapsed.Seconds()/provider.window.Seconds())
+		t.Logf("%v: served %d of a capacity of %.0f; the provider refused %d, the gateway %d", elapsed, counts.served.Load(), capacity, counts.refused.Load(), byGateway)
+		if refused := counts.refused.Load(); refused > 1 || byProvider != refused {
+			t.Errorf("the provider refused %d requests, %d of which reached a client; want at most one", refused, byProvider)
+		}
+		if used := float64(counts.served.Load()) / capacity; used < 0.9 {
+			t.Errorf("the provider's quota was used to %.1f%%, want at least 90%%", 100*used)
+		}
 	})
 }

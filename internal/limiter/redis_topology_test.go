@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -460,5 +461,40 @@ func TestClusterShadowLimitsCountAndRefuseNothingAndCapsVaryOnOneCounter(t *test
 	raised := []Limit{NewLimit(tag, "key", "k", CapsOfWindows(WindowCaps{RPM: 12}))}
 	if got := raceAdmissions(t, stores, raised, 5, at); got != 2 {
 		t.Fatalf("a plan raised from 10 to 12 admitted %d more, want 2", got)
+	}
+}
+
+// On a cluster what a limit learned of the provider's quota is in its
+// chain's slot, learned by one replica and read by the others in the same
+// atomic admission: 40 racing admissions on three replicas against a
+// report of 7 remaining admit exactly 7, and the provider's refusal pauses
+// them all.
+func TestClusterLearnedQuotasAreExactAndInTheirChainsSlot(t *testing.T) {
+	c := redistest.NewCluster(t, 3)
+	stores := clusterStores(t, c, 3)
+	at := pinnedBase() + 1000
+	org := "org-" + redistest.UniqueID(t)
+	tag := ChainTag("org", org)
+	chain := []Limit{
+		NewLimit(tag, "key", "k", CapsOfWindows(WindowCaps{RPM: 1 << 30})),
+		NewLimit(tag, "provider", org, Caps{Learn: true}),
+	}
+	var key strings.Builder
+	writeLearnedKey(&key, chain[1].Prefix)
+	if c.KeySlot(key.String()) != c.KeySlot(PeriodKey(chain[0].Prefix, RPM, at/MinuteMillis)) {
+		t.Fatal("the learned key is outside its chain's slot")
+	}
+	learnOrFail(t, stores[0], chain, requestsReport(at, 100, 7, 600_000))
+	if got := raceAdmissions(t, stores, chain, 40, at); got != 7 {
+		t.Fatalf("admitted %d of 40 against a report of 7 remaining, want exactly 7", got)
+	}
+	learnOrFail(t, stores[1], chain, Report{At: at + 10, Refused: true, Wait: 1000})
+	if a := admitted(t, stores[2], chain, at+500, TokenCounts{}); a.Admitted || a.Refusal.Kind != Provider || a.Refusal.WaitMillis < 510 {
+		t.Fatalf("during the pause: admitted %v, kind %v, wait %d", a.Admitted, a.Refusal.Kind, a.Refusal.WaitMillis)
+	}
+	for i, s := range stores {
+		if a := admitted(t, s, chain, at+600_000, TokenCounts{}); !a.Admitted {
+			t.Fatalf("replica %d refused once the report and the pause had ended", i)
+		}
 	}
 }
