@@ -17,6 +17,7 @@ import (
 
 	"github.com/rolter/caddy-ratelimit/internal/limiter"
 	"github.com/rolter/caddy-ratelimit/internal/pricing"
+	"github.com/rolter/caddy-ratelimit/internal/provider"
 )
 
 func init() {
@@ -170,6 +171,43 @@ type UsageLimit struct {
 	BudgetDay *UsageBudget `json:"budget_day,omitempty"`
 	// BudgetMonth is the spend budget of the calendar month.
 	BudgetMonth *UsageBudget `json:"budget_month,omitempty"`
+	// Learned is what the limit learned of the provider's own quota for
+	// the id; absent when the limit does not learn.
+	Learned *UsageLearned `json:"learned,omitempty"`
+}
+
+// UsageLearned is what a limit learned of the provider's own quota for
+// one id, from the provider's answers (LimitConfig.Learn).
+type UsageLearned struct {
+	// PausedUntil is when the provider's last refusal stops pausing the
+	// id (RFC 3339 with milliseconds, UTC), PausedForMillis how long from
+	// the live view's moment, and PausedBy where the wait came from
+	// (retry-after-ms, retry-after, RetryInfo, or default: a refusal
+	// without one); absent when the id is not paused.
+	PausedUntil     string `json:"paused_until,omitempty"`
+	PausedForMillis int64  `json:"paused_for_ms,omitempty"`
+	PausedBy        string `json:"paused_by,omitempty"`
+	// Quotas are the quotas that hold anything back now, by kind:
+	// requests, tokens, input_tokens, output_tokens.
+	Quotas map[string]UsageLearnedQuota `json:"quotas,omitempty"`
+}
+
+// UsageLearnedQuota is one of the provider's quotas as a limit learned
+// it: a bucket that the last report left with what remained, refilling
+// evenly until it is full, when it holds nothing back any more.
+type UsageLearnedQuota struct {
+	// Limit is the quota the provider reported.
+	Limit int64 `json:"limit"`
+	// Remaining is what it holds now, in whole requests or tokens.
+	Remaining int64 `json:"remaining"`
+	// FullAt is when it is full again (RFC 3339 with milliseconds, UTC),
+	// FullInMillis how long from the live view's moment.
+	FullAt       string `json:"full_at"`
+	FullInMillis int64  `json:"full_in_ms"`
+	// ReportedAt is when the provider's answer reported it, and Header
+	// the header its limit came in.
+	ReportedAt string `json:"reported_at"`
+	Header     string `json:"header,omitempty"`
 }
 
 // UsageBudget is a spend budget in its current period. Amounts are US
@@ -555,6 +593,8 @@ func (g *usageGroup) read(r *http.Request, scope string) (UsageLimit, error) {
 		case p == limiter.SlotsPart:
 			m := l.Concurrent.Max
 			entry.Concurrent = &UsageSlots{Limit: m, InFlight: c.Slots, Remaining: max(m-c.Slots, 0)}
+		case p == limiter.LearnedPart:
+			entry.Learned = usageLearned(c.Learned, d.Now.UnixMillis)
 		default:
 			b := p.Budget()
 			*budgets[b] = usageBudget(d, l.Budgets.Calendar, b, l.Budgets.Max[b])
@@ -570,6 +610,27 @@ func (g *usageGroup) read(r *http.Request, scope string) (UsageLimit, error) {
 		}
 	}
 	return entry, nil
+}
+
+func usageLearned(c limiter.LearnedCounts, now int64) *UsageLearned {
+	at := func(unixMillis int64) string {
+		return time.UnixMilli(unixMillis).UTC().Format("2006-01-02T15:04:05.000Z07:00")
+	}
+	u := &UsageLearned{}
+	if c.PausedUntil > now {
+		u.PausedUntil, u.PausedForMillis, u.PausedBy = at(c.PausedUntil), c.PausedUntil-now, learnedFrom(c.PausedFrom)
+	}
+	for k, q := range c.Quotas {
+		if q.Limit == 0 {
+			continue
+		}
+		if u.Quotas == nil {
+			u.Quotas = make(map[string]UsageLearnedQuota)
+		}
+		u.Quotas[provider.Kind(k).String()] = UsageLearnedQuota{Limit: q.Limit, Remaining: max(q.Limit*limiter.MicroTokens-q.Deficit, 0) / limiter.MicroTokens,
+			FullAt: at(q.Until), FullInMillis: q.Until - now, ReportedAt: at(q.Reported), Header: learnedFrom(q.From)}
+	}
+	return u
 }
 
 func usageBudget(d limiter.Decision, c *limiter.Calendar, p limiter.BudgetPeriod, budget int64) *UsageBudget {

@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -89,9 +90,9 @@ func (l *learning) end() {
 // write has the store learn r, without waiting for it: the store stays
 // usable until it has.
 func (l *learning) write(r provider.Report) {
-	report := limiter.Report{At: l.admittedAt + time.Since(l.since).Milliseconds(), Refused: r.Refused, Wait: ceilMillis(r.Wait)}
+	report := limiter.Report{At: l.admittedAt + time.Since(l.since).Milliseconds(), Refused: r.Refused, Wait: ceilMillis(r.Wait), WaitFrom: learnedSource(r.WaitHeader)}
 	for k, q := range r.Quotas {
-		report.Quotas[k] = limiter.ReportedQuota{Limit: q.Limit, Remaining: q.Remaining, ResetMillis: ceilMillis(q.Reset)}
+		report.Quotas[k] = limiter.ReportedQuota{Limit: q.Limit, Remaining: q.Remaining, ResetMillis: ceilMillis(q.Reset), From: learnedSource(q.Header)}
 	}
 	if r.Refused {
 		providerPauses.paused(l.chain, time.Now().Add(r.Wait))
@@ -107,6 +108,31 @@ func (l *learning) write(r provider.Report) {
 		}
 		l.h.store.Release()
 	})
+}
+
+// learnedSources are where a report may come from, as the store keeps it:
+// a code, the source's index plus one (0: none).
+var learnedSources = []string{
+	"x-ratelimit-limit-requests", "x-ratelimit-limit-tokens",
+	"anthropic-ratelimit-requests-limit", "anthropic-ratelimit-tokens-limit", "anthropic-ratelimit-input-tokens-limit", "anthropic-ratelimit-output-tokens-limit",
+	"retry-after-ms", "retry-after", "RetryInfo", "default",
+}
+
+// learnedSource is the code of the source named name ("" is the default
+// wait).
+func learnedSource(name string) int64 {
+	if name == "" {
+		name = "default"
+	}
+	return int64(slices.Index(learnedSources, name) + 1)
+}
+
+// learnedFrom is the source of code, "" for none or one unknown.
+func learnedFrom(code int64) string {
+	if code < 1 || code > int64(len(learnedSources)) {
+		return ""
+	}
+	return learnedSources[code-1]
 }
 
 // ceilMillis is d in whole milliseconds, rounded up: a quota is not full

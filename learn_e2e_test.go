@@ -315,5 +315,46 @@ func TestAGatewayLearnsTheProvidersQuotaOnEitherStore(t *testing.T) {
 		if used := float64(counts.served.Load()) / capacity; used < 0.9 {
 			t.Errorf("the provider's quota was used to %.1f%%, want at least 90%%", 100*used)
 		}
+		// The live view shows what was learned, from which header, when,
+		// and when it ends; then the pause a refusal asked for.
+		v, body := getLiveView(t, "scope=provider&id="+org)
+		if len(v.Limits) != 1 || v.Limits[0].Learned == nil {
+			t.Fatalf("live view: %s", body)
+		}
+		q, ok := v.Limits[0].Learned.Quotas["requests"]
+		if !ok || q.Limit != 300 || q.Header != "x-ratelimit-limit-requests" || q.FullInMillis <= 0 || q.FullInMillis > 30_000 || q.ReportedAt == "" {
+			t.Errorf("the learned requests quota in the live view: %+v (%s)", q, body)
+		}
+		// Once the gateway lets one through (the run left the quota
+		// empty), the provider refuses it for a minute.
+		eventually(t, func() error {
+			req, _ := http.NewRequest("POST", gw.url+"/v1/chat/completions", strings.NewReader(`{"model":"m"}`))
+			setHeaders(req, []string{"X-Api-Key: k", "X-Org: " + org, "X-Route: learn", "X-Refuse-Ms: 60000"})
+			if res, body := mustDo(t, http.DefaultClient, req); !strings.Contains(string(body), "stand-in provider") {
+				return fmt.Errorf("the gateway answered %d %s", res.StatusCode, body)
+			}
+			return nil
+		})
+		eventually(t, func() error {
+			v, body = getLiveView(t, "scope=provider&id="+org)
+			if l := v.Limits[0].Learned; l.PausedBy != "retry-after-ms" || l.PausedForMillis < 50_000 || l.PausedUntil == "" {
+				return fmt.Errorf("the live view shows no pause of a minute by retry-after-ms: %s", body)
+			}
+			return nil
+		})
+		// The metrics count the provider's pause and the refusals it makes.
+		before := scrape(t)[`caddy_rolter_ratelimit_refusals_total{kind="provider",scope="provider",shadow="false",window=""}`]
+		req, _ := http.NewRequest("POST", gw.url+"/v1/chat/completions", strings.NewReader(`{"model":"m"}`))
+		setHeaders(req, []string{"X-Api-Key: k", "X-Org: " + org, "X-Route: learn"})
+		if res, body := mustDo(t, http.DefaultClient, req); res.StatusCode != http.StatusTooManyRequests || !strings.Contains(string(body), "provider's own quota") {
+			t.Fatalf("during the provider's pause: %d %s", res.StatusCode, body)
+		}
+		metrics := scrape(t)
+		if got := metrics[`caddy_rolter_ratelimit_refusals_total{kind="provider",scope="provider",shadow="false",window=""}`]; got != before+1 {
+			t.Errorf("refusals of kind provider went from %v to %v, want one more", before, got)
+		}
+		if got := metrics[`caddy_rolter_ratelimit_provider_paused_ids{scope="provider"}`]; got < 1 {
+			t.Errorf("provider_paused_ids of scope provider is %v, want the paused org counted", got)
+		}
 	})
 }

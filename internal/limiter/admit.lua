@@ -103,11 +103,12 @@
 -- BUDGET_MONTH_TTL, past any period's end. budget.go has the rest.
 --
 -- A learned key holds what a limit learned of the provider's quota
--- (learned.go), as text: until when a refusal pauses it, then per quota
--- (requests, tokens, input, output) its limit, its deficit in millionths
--- as of a moment, that moment, its refill rate in millionths a
--- millisecond (a double, "%.17g"), when it is full again (from then on it
--- holds nothing back) and the moment of its report. A request fits while
+-- (learned.go), as text: until when a refusal pauses it and where its wait
+-- came from, then per quota (requests, tokens, input, output) its limit,
+-- its deficit in millionths as of a moment, that moment, its refill rate
+-- in millionths a millisecond (a double, "%.17g"), when it is full again
+-- (from then on it holds nothing back), the moment of its report and
+-- where it came from (the module's codes of the headers). A request fits while
 -- it is not paused and each quota that holds anything back has room for
 -- what the request takes of it (a request, or the part of its reservation
 -- that the quota counts), as a token window's room is read; an admitted
@@ -129,9 +130,10 @@
 -- window it caps the current and previous count, then if it has a token
 -- bucket its deficit, then if it caps requests in flight their number,
 -- then for each budget it has what is spent and what is reserved, then if
--- it learns the provider's quota until when it is paused and for each
--- quota its limit, deficit, rate in millionths of a millionth a
--- millisecond and end (all 0 for one that holds nothing back); then per
+-- it learns the provider's quota until when it is paused and where from,
+-- and for each quota its limit, deficit, rate in millionths of a
+-- millionth a millisecond, end, report's moment and where from (all 0 for
+-- one that holds nothing back); then per
 -- admission 1 (admitted) or 0}, with the
 -- counts as read (the deficit refilled to now) after the token charges and
 -- the frees and before the admissions: the caller replays the admissions in
@@ -515,14 +517,14 @@ for limit = 1, limit_count do
     end
     local paused, quotas = state and state[1] or 0, {}
     if paused > now then room = 0 end
-    reply_len = reply_len + 1
-    reply[reply_len] = paused
+    reply[reply_len + 1], reply[reply_len + 2] = paused, state and state[2] or 0
+    reply_len = reply_len + 2
     for k = 0, NUM_LEARNED - 1 do
-      local base = 1 + 6 * k
-      local quota_limit, deficit, rate_pico, quota_until = 0, 0, 0, 0
+      local base = 2 + 7 * k
+      local quota_limit, deficit, rate_pico, quota_until, reported, from = 0, 0, 0, 0, 0, 0
       if state and state[base + 1] > 0 and now < state[base + 5] then
         local rate = state[base + 4]
-        quota_limit, deficit, quota_until = state[base + 1], state[base + 2], state[base + 5]
+        quota_limit, deficit, quota_until, reported, from = state[base + 1], state[base + 2], state[base + 5], state[base + 6], state[base + 7]
         local elapsed = now - state[base + 3]
         if elapsed > 0 then
           deficit = deficit - floor(rate * elapsed)
@@ -544,8 +546,8 @@ for limit = 1, limit_count do
         end
         quotas[#quotas + 1] = {base, deficit, window}
       end
-      reply[reply_len + 1], reply[reply_len + 2], reply[reply_len + 3], reply[reply_len + 4] = quota_limit, deficit, rate_pico, quota_until
-      reply_len = reply_len + 4
+      reply[reply_len + 1], reply[reply_len + 2], reply[reply_len + 3], reply[reply_len + 4], reply[reply_len + 5], reply[reply_len + 6] = quota_limit, deficit, rate_pico, quota_until, reported, from
+      reply_len = reply_len + 6
     end
     learned = learned or {}
     learned[limit] = {key_index, state, quotas}
@@ -630,7 +632,7 @@ if charging then
       for q = 1, #quotas do
         local base, deficit, window = quotas[q][1], quotas[q][2], quotas[q][3]
         local taken = 0
-        if base == 1 then taken = requests_added[limit] elseif window then taken = token_reserved[window] end
+        if base == 2 then taken = requests_added[limit] elseif window then taken = token_reserved[window] end
         if taken > 0 then
           state[base + 2] = deficit + taken * MICRO
           if now > state[base + 3] then state[base + 3] = now end
@@ -638,10 +640,10 @@ if charging then
         end
       end
       if changed then
-        local fields = {format('%d', state[1])}
+        local fields = {format('%d:%d', state[1], state[2])}
         for k = 0, NUM_LEARNED - 1 do
-          local base = 1 + 6 * k
-          fields[k + 2] = format('%d:%d:%d:%.17g:%d:%d', state[base + 1], state[base + 2], state[base + 3], state[base + 4], state[base + 5], state[base + 6])
+          local base = 2 + 7 * k
+          fields[k + 2] = format('%d:%d:%d:%.17g:%d:%d:%d', state[base + 1], state[base + 2], state[base + 3], state[base + 4], state[base + 5], state[base + 6], state[base + 7])
         end
         redis.call('SET', KEYS[l[1]], table.concat(fields, ':'), 'KEEPTTL')
       end

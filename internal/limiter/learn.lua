@@ -5,16 +5,17 @@
 -- KEYS      the learned keys of those limits (on Redis Cluster, of one
 --           chain root).
 -- ARGV[1]   the answer's moment, in unix milliseconds of Redis's clock.
--- ARGV[2]   "1" if the provider refused the request, and ARGV[3] its wait
---           in milliseconds.
+-- ARGV[2]   "1" if the provider refused the request, ARGV[3] its wait in
+--           milliseconds, and ARGV[4] where the wait came from (the
+--           module's code of a header).
 -- then      per quota (requests, tokens, input tokens, output tokens): its
---           limit (0: not reported), what remained and the milliseconds
---           until it is full again.
+--           limit (0: not reported), what remained, the milliseconds
+--           until it is full again and where it came from.
 --
--- A learned key holds its text as admit.lua reads it: the pause's end,
--- then per quota its limit, deficit in millionths, the deficit's moment,
--- refill rate in millionths a millisecond (a double), end and report's
--- moment. A report older than the one a quota holds leaves it; a quota
+-- A learned key holds its text as admit.lua reads it: the pause's end
+-- and where from, then per quota its limit, deficit in millionths, the
+-- deficit's moment, refill rate in millionths a millisecond (a double),
+-- end, report's moment and where from. A report older than the one a quota holds leaves it; a quota
 -- takes the report's deficit, or what it holds taken now if that is more
 -- (requests admitted after the reported one may not have reached the
 -- provider yet); one reported full, or full again at once, holds nothing
@@ -23,18 +24,18 @@
 -- already have.
 
 local MICRO, NUM_LEARNED, MAX_LEARNED = 1000000, 4, 1000000000
-local at, refused, wait = tonumber(ARGV[1]), ARGV[2] == '1', tonumber(ARGV[3])
+local at, refused, wait, wait_from = tonumber(ARGV[1]), ARGV[2] == '1', tonumber(ARGV[3]), tonumber(ARGV[4])
 for i = 1, #KEYS do
   local state = {}
   local text = redis.call('GET', KEYS[i])
   if text then
     for field in string.gmatch(text, '[^:]+') do state[#state + 1] = tonumber(field) end
   else
-    for f = 1, 1 + 6 * NUM_LEARNED do state[f] = 0 end
+    for f = 1, 2 + 7 * NUM_LEARNED do state[f] = 0 end
   end
-  if refused and at + wait > state[1] then state[1] = at + wait end
+  if refused and at + wait > state[1] then state[1], state[2] = at + wait, wait_from end
   for k = 0, NUM_LEARNED - 1 do
-    local base, limit, remaining, reset = 1 + 6 * k, tonumber(ARGV[4 + 3 * k]), tonumber(ARGV[5 + 3 * k]), tonumber(ARGV[6 + 3 * k])
+    local base, limit, remaining, reset, from = 2 + 7 * k, tonumber(ARGV[5 + 4 * k]), tonumber(ARGV[6 + 4 * k]), tonumber(ARGV[7 + 4 * k]), tonumber(ARGV[8 + 4 * k])
     if limit > 0 and limit <= MAX_LEARNED and at >= state[base + 6] then
       -- What the quota holds taken now, of the same limit (learned.go).
       local taken = 0
@@ -49,25 +50,25 @@ for i = 1, #KEYS do
       if remaining < 0 then remaining = 0 elseif remaining > limit then remaining = limit end
       local deficit = (limit - remaining) * MICRO
       if (deficit == 0 or reset <= 0) and taken == 0 then
-        state[base + 1], state[base + 2], state[base + 3], state[base + 4], state[base + 5], state[base + 6] = 0, 0, 0, 0, 0, at
+        state[base + 1], state[base + 2], state[base + 3], state[base + 4], state[base + 5], state[base + 6], state[base + 7] = 0, 0, 0, 0, 0, at, from
       elseif deficit == 0 or reset <= 0 then
-        state[base + 6] = at
+        state[base + 6], state[base + 7] = at, from
       else
         local rate, ends = deficit / reset, at + reset
         if taken > deficit then deficit, ends = taken, at + math.ceil(taken / rate) end
-        state[base + 1], state[base + 2], state[base + 3], state[base + 4], state[base + 5], state[base + 6] = limit, deficit, at, rate, ends, at
+        state[base + 1], state[base + 2], state[base + 3], state[base + 4], state[base + 5], state[base + 6], state[base + 7] = limit, deficit, at, rate, ends, at, from
       end
     end
   end
   local ends = state[1]
   for k = 0, NUM_LEARNED - 1 do
-    if state[6 + 6 * k] > ends then ends = state[6 + 6 * k] end
+    if state[7 + 7 * k] > ends then ends = state[7 + 7 * k] end
   end
   if ends > at then
-    local fields = {string.format('%d', state[1])}
+    local fields = {string.format('%d:%d', state[1], state[2])}
     for k = 0, NUM_LEARNED - 1 do
-      local base = 1 + 6 * k
-      fields[k + 2] = string.format('%d:%d:%d:%.17g:%d:%d', state[base + 1], state[base + 2], state[base + 3], state[base + 4], state[base + 5], state[base + 6])
+      local base = 2 + 7 * k
+      fields[k + 2] = string.format('%d:%d:%d:%.17g:%d:%d:%d', state[base + 1], state[base + 2], state[base + 3], state[base + 4], state[base + 5], state[base + 6], state[base + 7])
     end
     redis.call('SET', KEYS[i], table.concat(fields, ':'), 'PXAT', string.format('%d', ends))
   else

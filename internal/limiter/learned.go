@@ -29,32 +29,35 @@ const MaxLearned = 1_000_000_000
 // milliseconds of the store's clock: a report older than the one a quota
 // holds never overwrites it.
 type Report struct {
-	At      int64
-	Quotas  [NumLearned]ReportedQuota
-	Refused bool
-	Wait    int64 // milliseconds
+	At       int64
+	Quotas   [NumLearned]ReportedQuota
+	Refused  bool
+	Wait     int64 // milliseconds
+	WaitFrom int64 // where the wait came from: the caller's code, kept for the live view
 }
 
-// ReportedQuota is one quota of a report.
-type ReportedQuota struct{ Limit, Remaining, ResetMillis int64 }
+// ReportedQuota is one quota of a report; From is where it came from,
+// the caller's code, kept for the live view.
+type ReportedQuota struct{ Limit, Remaining, ResetMillis, From int64 }
 
 // LearnedQuota is one of a provider's quotas as a limit learned it: a
 // bucket of Limit that the last report left Deficit millionths below full
 // as of At, which refills evenly at Rate millionths a millisecond (what was
 // missing then over the time the provider said it takes to be full again)
 // until Until, from which on it holds nothing back. Reported is the
-// report's moment.
+// report's moment, From where it came from.
 type LearnedQuota struct {
-	Limit, Deficit, At int64
-	Rate               float64
-	Until, Reported    int64
+	Limit, Deficit, At    int64
+	Rate                  float64
+	Until, Reported, From int64
 }
 
 // Learned is what a limit learned of the provider's quota: each quota, and
-// until when the provider's last refusal keeps requests from it.
+// until when the provider's last refusal keeps requests from it, and
+// where its wait came from.
 type Learned struct {
-	PausedUntil int64
-	Quotas      [NumLearned]LearnedQuota
+	PausedUntil, PausedFrom int64
+	Quotas                  [NumLearned]LearnedQuota
 }
 
 // learn is l after the report r. A quota takes the report's deficit, or
@@ -64,8 +67,8 @@ type Learned struct {
 // holds something taken now. A limit whose pause and quotas all end by
 // r.At forgets them (learn.lua deletes its key).
 func (l Learned) learn(r Report) Learned {
-	if r.Refused {
-		l.PausedUntil = max(l.PausedUntil, r.At+r.Wait)
+	if r.Refused && r.At+r.Wait > l.PausedUntil {
+		l.PausedUntil, l.PausedFrom = r.At+r.Wait, r.WaitFrom
 	}
 	for k, q := range r.Quotas {
 		cur := l.Quotas[k]
@@ -82,16 +85,16 @@ func (l Learned) learn(r Report) Learned {
 		deficit := (q.Limit - min(max(q.Remaining, 0), q.Limit)) * MicroTokens
 		switch {
 		case (deficit == 0 || q.ResetMillis <= 0) && taken == 0:
-			l.Quotas[k] = LearnedQuota{Reported: r.At}
+			l.Quotas[k] = LearnedQuota{Reported: r.At, From: q.From}
 		case deficit == 0 || q.ResetMillis <= 0:
-			l.Quotas[k].Reported = r.At
+			l.Quotas[k].Reported, l.Quotas[k].From = r.At, q.From
 		default:
 			rate := float64(deficit) / float64(q.ResetMillis)
 			until := r.At + q.ResetMillis
 			if taken > deficit {
 				deficit, until = taken, r.At+int64(math.Ceil(float64(taken)/rate))
 			}
-			l.Quotas[k] = LearnedQuota{Limit: q.Limit, Deficit: deficit, At: r.At, Rate: rate, Until: until, Reported: r.At}
+			l.Quotas[k] = LearnedQuota{Limit: q.Limit, Deficit: deficit, At: r.At, Rate: rate, Until: until, Reported: r.At, From: q.From}
 		}
 	}
 	if l.PausedUntil <= r.At && !slices.ContainsFunc(l.Quotas[:], func(q LearnedQuota) bool { return q.Until > r.At }) {
@@ -114,10 +117,10 @@ func (q LearnedQuota) refilled(now int64) int64 {
 
 // counts is what an admission at now reads of l.
 func (l Learned) counts(now int64) LearnedCounts {
-	c := LearnedCounts{PausedUntil: l.PausedUntil}
+	c := LearnedCounts{PausedUntil: l.PausedUntil, PausedFrom: l.PausedFrom}
 	for k, q := range l.Quotas {
 		if q.holds(now) {
-			c.Quotas[k] = LearnedCount{Limit: q.Limit, Deficit: q.refilled(now), RatePico: int64(math.Floor(q.Rate * 1e6)), Until: q.Until}
+			c.Quotas[k] = LearnedCount{Limit: q.Limit, Deficit: q.refilled(now), RatePico: int64(math.Floor(q.Rate * 1e6)), Until: q.Until, Reported: q.Reported, From: q.From}
 		}
 	}
 	return c
@@ -126,11 +129,11 @@ func (l Learned) counts(now int64) LearnedCounts {
 // LearnedCounts are a limit's learned quotas as an admission read them:
 // until when a refusal keeps requests from the provider, and each quota
 // that holds anything back then (Limit 0: none), its deficit refilled to
-// the admission's moment and its rate in millionths of a millionth a
-// millisecond.
+// the admission's moment, its rate in millionths of a millionth a
+// millisecond, its end, and its report's moment and where from.
 type LearnedCounts struct {
-	PausedUntil int64
-	Quotas      [NumLearned]LearnedCount
+	PausedUntil, PausedFrom int64
+	Quotas                  [NumLearned]LearnedCount
 }
 
 // learnedRefusal is whether the learned quotas c refuse the admission d,
@@ -154,7 +157,7 @@ func learnedRefusal(c LearnedCounts, d Decision) (capacity, wait int64, refuses 
 }
 
 // LearnedCount is one quota of LearnedCounts.
-type LearnedCount struct{ Limit, Deficit, RatePico, Until int64 }
+type LearnedCount struct{ Limit, Deficit, RatePico, Until, Reported, From int64 }
 
 // fits reports whether an admission of size (of the quota's kind) fits q:
 // size fits within what it holds, or, for nothing of its kind, it is not

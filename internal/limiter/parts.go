@@ -103,11 +103,12 @@ func (p Part) keys() int {
 // replies is how many numbers the reply of a call of admit.lua gives of
 // the part: one for each of its keys (a window's current and previous
 // count, the bucket's deficit, the slots in flight, a budget's spent and
-// reserved), and for the learned quota, until when it is paused, then each
-// quota's limit, deficit, rate and end (LearnedCounts).
+// reserved), and for the learned quota, until when it is paused and where
+// from, then each quota's limit, deficit, rate, end, report's moment and
+// where from (LearnedCounts).
 func (p Part) replies() int {
 	if p == LearnedPart {
-		return 1 + 4*NumLearned
+		return 2 + 6*NumLearned
 	}
 	return p.keys()
 }
@@ -260,10 +261,10 @@ func (c *Counts) read(p Part, r []int64) []int64 {
 	case SlotsPart:
 		c.Slots = r[0]
 	case LearnedPart:
-		c.Learned.PausedUntil = r[0]
+		c.Learned.PausedUntil, c.Learned.PausedFrom = r[0], r[1]
 		for k := range c.Learned.Quotas {
-			q := r[1+4*k:]
-			c.Learned.Quotas[k] = LearnedCount{Limit: q[0], Deficit: q[1], RatePico: q[2], Until: q[3]}
+			q := r[2+6*k:]
+			c.Learned.Quotas[k] = LearnedCount{Limit: q[0], Deficit: q[1], RatePico: q[2], Until: q[3], Reported: q[4], From: q[5]}
 		}
 	default:
 		c.Spent[p.Budget()], c.Reserved[p.Budget()] = r[0], r[1]

@@ -540,10 +540,10 @@ func (s *RedisStore) Learn(chain []Limit, r Report, done func(error)) {
 		done(nil)
 		return
 	}
-	args := make([]any, 0, 3+3*NumLearned)
-	args = append(args, strconv.FormatInt(r.At, 10), flagArg(r.Refused), strconv.FormatInt(r.Wait, 10))
+	args := make([]any, 0, 4+4*NumLearned)
+	args = append(args, strconv.FormatInt(r.At, 10), flagArg(r.Refused), strconv.FormatInt(r.Wait, 10), strconv.FormatInt(r.WaitFrom, 10))
 	for _, q := range r.Quotas {
-		args = append(args, strconv.FormatInt(q.Limit, 10), strconv.FormatInt(q.Remaining, 10), strconv.FormatInt(q.ResetMillis, 10))
+		args = append(args, strconv.FormatInt(q.Limit, 10), strconv.FormatInt(q.Remaining, 10), strconv.FormatInt(q.ResetMillis, 10), strconv.FormatInt(q.From, 10))
 	}
 	go func() {
 		start := time.Now()

@@ -88,10 +88,10 @@ func randomReport(rng *rand.Rand, now int64) Report {
 		if k > 0 {
 			limit *= 10
 		}
-		r.Quotas[k] = ReportedQuota{Limit: limit, Remaining: rng.Int64N(limit + 1), ResetMillis: rng.Int64N(60_000)}
+		r.Quotas[k] = ReportedQuota{Limit: limit, Remaining: rng.Int64N(limit + 1), ResetMillis: rng.Int64N(60_000), From: 1 + rng.Int64N(9)}
 	}
 	if rng.IntN(6) == 0 {
-		r.Refused, r.Wait = true, rng.Int64N(5000)
+		r.Refused, r.Wait, r.WaitFrom = true, rng.Int64N(5000), 1+rng.Int64N(9)
 	}
 	return r
 }
