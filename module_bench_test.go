@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"syscall"
 	"testing"
@@ -19,7 +20,7 @@ import (
 
 // benchUpstream stands in for reverse_proxy to bench/upstream: it reads the
 // request body and copies bench/upstream's answer, as reverse_proxy does.
-func benchUpstream(b *testing.B) caddyhttp.Handler {
+func benchUpstream(b *testing.B, quotaHeaders bool) caddyhttp.Handler {
 	body, err := os.ReadFile("bench/upstream/completion.json")
 	if err != nil {
 		b.Fatal(err)
@@ -30,6 +31,10 @@ func benchUpstream(b *testing.B) caddyhttp.Handler {
 		h := w.Header()
 		h["Content-Type"] = []string{"application/json"}
 		h["Content-Length"] = length
+		if quotaHeaders { // as OpenAI's answers report its quota
+			h["X-Ratelimit-Limit-Requests"], h["X-Ratelimit-Remaining-Requests"], h["X-Ratelimit-Reset-Requests"] = []string{"100000000"}, []string{"99999999"}, []string{"1ms"}
+			h["X-Ratelimit-Limit-Tokens"], h["X-Ratelimit-Remaining-Tokens"], h["X-Ratelimit-Reset-Tokens"] = []string{"1000000000"}, []string{"999990000"}, []string{"1ms"}
+		}
 		w.WriteHeader(http.StatusOK)
 		_, err := io.Copy(w, bytes.NewReader(body))
 		return err
@@ -53,7 +58,7 @@ func (w *discardWriter) WriteHeader(int)             {}
 // Every request carries its key's plan, X-Plan-Rpm, which only the
 // per-request-cap chain reads.
 func benchmarkHandler(b *testing.B, h *Handler) {
-	upstream := benchUpstream(b)
+	upstream := benchUpstream(b, h != nil && slices.ContainsFunc(h.Limits, func(l LimitConfig) bool { return l.Learn }))
 	body := []byte(`{"model":"gpt-4o-mini","max_tokens":64,"messages":[{"role":"user","content":"Say ok."}]}`)
 	b.ReportAllocs()
 	b.SetParallelism(16) // 32 clients on 2 cores, as bench/run's wrk
@@ -102,6 +107,7 @@ const (
 	budgetChain                  // budget_month on each limit, the model priced
 	perRequestChain              // the key's rpm from the request's X-Plan-Rpm
 	rpmOnlyChain                 // rpm alone on each limit, and headers off: bench/run's memory-rpm site
+	learnChain                   // the org's limit learns the provider's quota, which each answer reports
 )
 
 // benchmarkChainHandler limits the four scopes of bench/run's limited site,
@@ -131,6 +137,8 @@ func benchmarkChainHandler(b *testing.B, redis *RedisConfig, reserve bool, varia
 			}
 		case rpmOnlyChain:
 			l.TPM = 0
+		case learnChain:
+			l.Learn = s[0] == "org"
 		}
 		h.Limits = append(h.Limits, l)
 	}
@@ -151,7 +159,8 @@ func benchmarkChainHandler(b *testing.B, redis *RedisConfig, reserve bool, varia
 // header (rpm {http.request.header.X-Plan-Rpm}), and with rpm alone on each
 // limit and headers off (the least the limiter does for a request): the
 // differences are what reservation, a cap on requests in flight, a budget,
-// a cap per request and the token limits cost.
+// a cap per request and the token limits cost; and with the org's limit
+// learning the provider's quota, which each answer reports as OpenAI's do.
 func BenchmarkHandler(b *testing.B) {
 	b.Run("none", func(b *testing.B) { benchmarkHandler(b, nil) })
 	names, configs := []string{"memory"}, []*RedisConfig{nil}
@@ -163,12 +172,14 @@ func BenchmarkHandler(b *testing.B) {
 		inFlight, budget := benchmarkChainHandler(b, configs[i], true, inFlightChain), benchmarkChainHandler(b, configs[i], true, budgetChain)
 		perRequest := benchmarkChainHandler(b, configs[i], true, perRequestChain)
 		rpmOnly := benchmarkChainHandler(b, configs[i], true, rpmOnlyChain)
+		learn := benchmarkChainHandler(b, configs[i], true, learnChain)
 		b.Run(name, func(b *testing.B) { benchmarkHandler(b, h) })
 		b.Run(name+"/reactive", func(b *testing.B) { benchmarkHandler(b, reactive) })
 		b.Run(name+"/in-flight-cap", func(b *testing.B) { benchmarkHandler(b, inFlight) })
 		b.Run(name+"/budget", func(b *testing.B) { benchmarkHandler(b, budget) })
 		b.Run(name+"/per-request-cap", func(b *testing.B) { benchmarkHandler(b, perRequest) })
 		b.Run(name+"/rpm-only", func(b *testing.B) { benchmarkHandler(b, rpmOnly) })
+		b.Run(name+"/learn", func(b *testing.B) { benchmarkHandler(b, learn) })
 	}
 }
 

@@ -46,7 +46,7 @@ func BenchmarkWaiting(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.Run(name, func(b *testing.B) {
-			upstream := benchUpstream(b)
+			upstream := benchUpstream(b, false)
 			body := []byte(`{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say ok."}]}`)
 			key := "bench-wait-" + redistest.UniqueID(b)
 			hangUp, stop := context.WithCancel(context.Background())
