@@ -131,23 +131,24 @@ func (s headerSet) reapply(h http.Header) {
 	}
 }
 
-// upstreams is h without the values s set: the upstream's headers, which
-// reverse_proxy adds after them (an upstream may send a header of the
-// same name, such as OpenAI's x-ratelimit-*).
-func (s headerSet) upstreams(h http.Header) http.Header {
-	if len(s.values) == 0 {
-		return h
+// upstreamHeader is an answer's header as the upstream sent it: without
+// the values this handler set (ours), which reverse_proxy adds the
+// upstream's after (an upstream may send a header of the same name, such
+// as OpenAI's x-ratelimit-*). Names are canonical.
+type upstreamHeader struct {
+	h    http.Header
+	ours *headerSet
+}
+
+func (u upstreamHeader) Get(name string) string {
+	vs := u.h[name]
+	if len(vs) > 0 && u.ours.sets(name, vs[0]) {
+		vs = vs[1:]
 	}
-	out := make(http.Header, len(h))
-	for name, vs := range h {
-		if len(vs) > 0 && s.sets(name, vs[0]) {
-			vs = vs[1:]
-		}
-		if len(vs) > 0 {
-			out[name] = vs
-		}
+	if len(vs) == 0 {
+		return ""
 	}
-	return out
+	return vs[0]
 }
 
 // sets reports whether s sets header name to value.

@@ -57,7 +57,7 @@ func (h *Handler) newLearning(chain []limiter.Limit, d limiter.Decision) *learni
 }
 
 // header reads the answer's status and headers.
-func (l *learning) header(status int, header http.Header) {
+func (l *learning) header(status int, header provider.Header) {
 	r := provider.Of(status, header, time.Now())
 	switch {
 	case r.Refused && r.WaitHeader == "" && status == http.StatusTooManyRequests:

@@ -46,7 +46,7 @@ func (w *responseWriter) WriteHeader(status int) {
 	w.wroteHeader, w.status = true, status
 	h := w.Header()
 	if w.learn != nil { // before this handler's own rate-limit headers replace the provider's
-		w.learn.header(status, w.headers.upstreams(h))
+		w.learn.header(status, upstreamHeader{h, &w.headers})
 	}
 	w.headers.reapply(h)
 	if w.metering && status < 300 {

@@ -26,14 +26,21 @@ func benchUpstream(b *testing.B, quotaHeaders bool) caddyhttp.Handler {
 		b.Fatal(err)
 	}
 	length := []string{strconv.Itoa(len(body))}
+	// As OpenAI's answers report its quota; made once, as the stand-in's
+	// other headers are, so that the benchmark counts the limiter's work.
+	quota := map[string][]string{
+		"X-Ratelimit-Limit-Requests": {"100000000"}, "X-Ratelimit-Remaining-Requests": {"99999999"}, "X-Ratelimit-Reset-Requests": {"1ms"},
+		"X-Ratelimit-Limit-Tokens": {"1000000000"}, "X-Ratelimit-Remaining-Tokens": {"999990000"}, "X-Ratelimit-Reset-Tokens": {"1ms"},
+	}
 	return caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 		io.Copy(io.Discard, r.Body)
 		h := w.Header()
 		h["Content-Type"] = []string{"application/json"}
 		h["Content-Length"] = length
-		if quotaHeaders { // as OpenAI's answers report its quota
-			h["X-Ratelimit-Limit-Requests"], h["X-Ratelimit-Remaining-Requests"], h["X-Ratelimit-Reset-Requests"] = []string{"100000000"}, []string{"99999999"}, []string{"1ms"}
-			h["X-Ratelimit-Limit-Tokens"], h["X-Ratelimit-Remaining-Tokens"], h["X-Ratelimit-Reset-Tokens"] = []string{"1000000000"}, []string{"999990000"}, []string{"1ms"}
+		if quotaHeaders {
+			for name, v := range quota {
+				h[name] = v[:1:1] // an Add copies
+			}
 		}
 		w.WriteHeader(http.StatusOK)
 		_, err := io.Copy(w, bytes.NewReader(body))

@@ -104,11 +104,13 @@
 --
 -- A learned key holds what a limit learned of the provider's quota
 -- (learned.go), as text: until when a refusal pauses it and where its wait
--- came from, then per quota (requests, tokens, input, output) its limit,
--- its deficit in millionths as of a moment, that moment, its refill rate
--- in millionths a millisecond (a double, "%.17g"), when it is full again
--- (from then on it holds nothing back), the moment of its report and
--- where it came from (the module's codes of the headers). A request fits while
+-- came from, then, after a '|' each, per quota (requests, tokens, input,
+-- output) its limit, its deficit in millionths as of a moment, that
+-- moment, its refill rate in millionths a millisecond (a double,
+-- "%.17g"), when it is full again (from then on it holds nothing back),
+-- the moment of its report and where it came from (the module's codes of
+-- the headers); every number hexadecimal but the rate. An admission reads
+-- and writes back only the quotas that hold anything back. A request fits while
 -- it is not paused and each quota that holds anything back has room for
 -- what the request takes of it (a request, or the part of its reservation
 -- that the quota counts), as a token window's room is read; an admitted
@@ -509,23 +511,29 @@ for limit = 1, limit_count do
     -- The provider's quota as learned: paused, none of it fits; each quota
     -- that holds anything back until its end fits as a bucket refilled to
     -- now, the requests quota in whole requests, the token quotas as the
-    -- token windows do (learned.go).
-    local state
+    -- token windows do (learned.go). Only the quotas that hold are read.
+    local head, segments, paused, paused_from, quotas = nil, nil, 0, 0, {}
     if counters[key_index] then
-      state = {}
-      for field in string.gmatch(counters[key_index], '[^:]+') do state[#state + 1] = tonumber(field) end
+      local s1, s2, s3, s4
+      head, s1, s2, s3, s4 = match(counters[key_index], '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
+      segments = {s1, s2, s3, s4}
+      local p, f = match(head, '^(%x+):(%x+)$')
+      paused, paused_from = tonumber(p, 16), tonumber(f, 16)
     end
-    local paused, quotas = state and state[1] or 0, {}
     if paused > now then room = 0 end
-    reply[reply_len + 1], reply[reply_len + 2] = paused, state and state[2] or 0
+    reply[reply_len + 1], reply[reply_len + 2] = paused, paused_from
     reply_len = reply_len + 2
     for k = 0, NUM_LEARNED - 1 do
-      local base = 2 + 7 * k
       local quota_limit, deficit, rate_pico, quota_until, reported, from = 0, 0, 0, 0, 0, 0
-      if state and state[base + 1] > 0 and now < state[base + 5] then
-        local rate = state[base + 4]
-        quota_limit, deficit, quota_until, reported, from = state[base + 1], state[base + 2], state[base + 5], state[base + 6], state[base + 7]
-        local elapsed = now - state[base + 3]
+      local limit_text, deficit_text, at_text, rate_text, until_text, reported_text, from_text
+      if segments then
+        limit_text, deficit_text, at_text, rate_text, until_text, reported_text, from_text = match(segments[k + 1], '^(%x+):(%x+):(%x+):([^:]+):(%x+):(%x+):(%x+)$')
+      end
+      if limit_text and limit_text ~= '0' and now < tonumber(until_text, 16) then
+        local rate = tonumber(rate_text)
+        quota_limit, deficit, quota_until = tonumber(limit_text, 16), tonumber(deficit_text, 16), tonumber(until_text, 16)
+        reported, from = tonumber(reported_text, 16), tonumber(from_text, 16)
+        local elapsed = now - tonumber(at_text, 16)
         if elapsed > 0 then
           deficit = deficit - floor(rate * elapsed)
           if deficit < 0 then deficit = 0 end
@@ -544,13 +552,15 @@ for limit = 1, limit_count do
         elseif slack <= 0 then
           room = 0
         end
-        quotas[#quotas + 1] = {base, deficit, window}
+        -- What writing the quota back needs: its deficit refilled to now,
+        -- its token window, and its fields as they are.
+        quotas[#quotas + 1] = {k + 1, deficit, window, quota_limit, tonumber(at_text, 16), rate_text, quota_until, reported, from}
       end
       reply[reply_len + 1], reply[reply_len + 2], reply[reply_len + 3], reply[reply_len + 4], reply[reply_len + 5], reply[reply_len + 6] = quota_limit, deficit, rate_pico, quota_until, reported, from
       reply_len = reply_len + 6
     end
     learned = learned or {}
-    learned[limit] = {key_index, state, quotas}
+    learned[limit] = {key_index, head, segments, quotas}
     key_index = key_index + 1
   end
   if reserving then last_token_window[limit] = token_windows end
@@ -628,24 +638,20 @@ if charging then
   -- (learned.go's admitted); the key keeps its expiry.
   if learned then
     for limit, l in pairs(learned) do
-      local state, quotas, changed = l[2], l[3], false
+      local segments, quotas, changed = l[3], l[4], false
       for q = 1, #quotas do
-        local base, deficit, window = quotas[q][1], quotas[q][2], quotas[q][3]
+        local quota = quotas[q]
         local taken = 0
-        if base == 2 then taken = requests_added[limit] elseif window then taken = token_reserved[window] end
+        if quota[1] == 1 then taken = requests_added[limit] elseif quota[3] then taken = token_reserved[quota[3]] end
         if taken > 0 then
-          state[base + 2] = deficit + taken * MICRO
-          if now > state[base + 3] then state[base + 3] = now end
+          local at = quota[5]
+          if now > at then at = now end
+          segments[quota[1]] = format('%x:%x:%x:%s:%x:%x:%x', quota[4], quota[2] + taken * MICRO, at, quota[6], quota[7], quota[8], quota[9])
           changed = true
         end
       end
       if changed then
-        local fields = {format('%d:%d', state[1], state[2])}
-        for k = 0, NUM_LEARNED - 1 do
-          local base = 2 + 7 * k
-          fields[k + 2] = format('%d:%d:%d:%.17g:%d:%d:%d', state[base + 1], state[base + 2], state[base + 3], state[base + 4], state[base + 5], state[base + 6], state[base + 7])
-        end
-        redis.call('SET', KEYS[l[1]], table.concat(fields, ':'), 'KEEPTTL')
+        redis.call('SET', KEYS[l[1]], l[2] .. '|' .. table.concat(segments, '|'), 'KEEPTTL')
       end
     end
   end

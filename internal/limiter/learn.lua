@@ -29,7 +29,12 @@ for i = 1, #KEYS do
   local state = {}
   local text = redis.call('GET', KEYS[i])
   if text then
-    for field in string.gmatch(text, '[^:]+') do state[#state + 1] = tonumber(field) end
+    -- Hexadecimal, but each rate (field 6 + 7k), a decimal double; a '|'
+    -- before each quota.
+    for field in string.gmatch(text, '[^:|]+') do
+      local f = #state + 1
+      state[f] = (f - 6) % 7 == 0 and f > 2 and tonumber(field) or tonumber(field, 16)
+    end
   else
     for f = 1, 2 + 7 * NUM_LEARNED do state[f] = 0 end
   end
@@ -65,12 +70,12 @@ for i = 1, #KEYS do
     if state[7 + 7 * k] > ends then ends = state[7 + 7 * k] end
   end
   if ends > at then
-    local fields = {string.format('%d:%d', state[1], state[2])}
+    local fields = {string.format('%x:%x', state[1], state[2])}
     for k = 0, NUM_LEARNED - 1 do
       local base = 2 + 7 * k
-      fields[k + 2] = string.format('%d:%d:%d:%.17g:%d:%d:%d', state[base + 1], state[base + 2], state[base + 3], state[base + 4], state[base + 5], state[base + 6], state[base + 7])
+      fields[k + 2] = string.format('%x:%x:%x:%.17g:%x:%x:%x', state[base + 1], state[base + 2], state[base + 3], state[base + 4], state[base + 5], state[base + 6], state[base + 7])
     end
-    redis.call('SET', KEYS[i], table.concat(fields, ':'), 'PXAT', string.format('%d', ends))
+    redis.call('SET', KEYS[i], table.concat(fields, '|'), 'PXAT', string.format('%d', ends))
   else
     redis.call('DEL', KEYS[i])
   end

@@ -15,7 +15,7 @@ func newLearningLimit(scope, id string, caps Caps) Limit {
 }
 
 // learnOrFail has s learn r for chain, and waits until it has.
-func learnOrFail(t *testing.T, s Store, chain []Limit, r Report) {
+func learnOrFail(t testing.TB, s Store, chain []Limit, r Report) {
 	t.Helper()
 	done := make(chan error, 1)
 	s.Learn(chain, r, func(err error) { done <- err })
@@ -160,4 +160,40 @@ func runLearnedConformance(t *testing.T, kit storeKit) {
 			t.Fatalf("a third request under rpm 2 with 997 left at the provider: admitted %v, kind %v", a.Admitted, a.Refusal.Kind)
 		}
 	})
+}
+
+// The reports that come while one is written on the same keys wait for
+// it, merged: the newest's quotas and the longest pause, in one call. 200
+// reports at once cost far fewer calls, and leave the state of the last.
+func TestReportsThatComeWhileOneIsWrittenAreMergedIntoTheNext(t *testing.T) {
+	srv := redistest.NewServer(t)
+	s := newTestRedisStore(t, srv.URL())
+	at := pinnedBase() + 1000
+	chain := []Limit{newLearningLimit("provider", redistest.UniqueID(t), Caps{})}
+	before := redistest.ScriptCalls(t, srv.URL())
+	done := make(chan error, 200)
+	for i := range int64(200) {
+		r := requestsReport(at+i, 1000, 1000-i, 600_000) // each newer one with one less remaining
+		if i == 50 {
+			r.Refused, r.Wait = true, 5000 // the longest pause, in an older report
+		}
+		s.Learn(chain, r, func(err error) { done <- err })
+	}
+	for range 200 {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	calls := redistest.ScriptCalls(t, srv.URL()) - before
+	t.Logf("200 reports in %d calls", calls)
+	if calls >= 100 {
+		t.Errorf("200 reports at once took %d calls of learn.lua", calls)
+	}
+	a := admitted(t, s, chain, at+5000, TokenCounts{})
+	if a.Admitted || a.Refusal.Kind != Provider || a.Counts[0].Learned.Quotas[0].Limit != 1000 {
+		t.Fatalf("after the reports: admitted %v, kind %v, %+v; want the pause of the older report still on", a.Admitted, a.Refusal.Kind, a.Counts[0].Learned)
+	}
+	if d := a.Counts[0].Learned.Quotas[0].Deficit; d < 190*MicroTokens || d > 199*MicroTokens {
+		t.Fatalf("the requests quota holds %d millionths taken, want the newest report's 199, refilled for about 5 s", d)
+	}
 }

@@ -64,6 +64,9 @@ type RedisStore struct {
 	batches  sync.Pool
 	stop     chan struct{}
 	renewing sync.WaitGroup
+	// reports coalesces the reports of each set of learned keys
+	// (reportQueue).
+	reports reportQueue
 }
 
 // slotCallsMax is more calls than are ever in flight at once: a renewal
@@ -102,7 +105,7 @@ func NewRedisStore(config *RedisDeployment, timeout time.Duration, clock RedisCl
 	if err != nil {
 		return nil, err
 	}
-	s := &RedisStore{clock: clock, client: client, config: config, timeout: timeout, refusals: newRefusalCache(),
+	s := &RedisStore{clock: clock, client: client, config: config, timeout: timeout, refusals: newRefusalCache(), reports: reportQueue{waiting: make(map[string]*waitingReport)},
 		holder: rand.Text(), held: newHeldSlots(), slotCalls: semaphore.NewWeighted(slotCallsMax), stop: make(chan struct{})}
 	s.freed = func(error) { s.Release() }
 	if config.topology() != cluster {
@@ -526,7 +529,8 @@ var learnLua string
 var learnScript = redis.NewScript(learnLua)
 
 // Learn writes the report on the learned key of each limit of chain that
-// learns, in a call of learn.lua of its own, in a goroutine.
+// learns, in calls of learn.lua of their own, in a goroutine, coalesced
+// per set of keys (reportQueue).
 func (s *RedisStore) Learn(chain []Limit, r Report, done func(error)) {
 	var keys cutText
 	keys.grow(len(chain), 64)
@@ -540,19 +544,91 @@ func (s *RedisStore) Learn(chain []Limit, r Report, done func(error)) {
 		done(nil)
 		return
 	}
+	id := keys.text.String()
+	q := &s.reports
+	q.mu.Lock()
+	if w, sending := q.waiting[id]; sending {
+		w.add(r, done)
+		q.mu.Unlock()
+		return
+	}
+	q.waiting[id] = &waitingReport{}
+	q.mu.Unlock()
+	go s.sendReports(id, keys.strings(), r, []func(error){done})
+}
+
+// reportQueue coalesces the reports of each set of learned keys: one call
+// of learn.lua in flight at a time, and the reports that come meanwhile
+// merged into the next (merged), so that a provider answering thousands of
+// requests a second costs Redis a call per round trip rather than one per
+// answer.
+type reportQueue struct {
+	mu      sync.Mutex
+	waiting map[string]*waitingReport // by the keys, joined; present while a call of them is in flight
+}
+
+// waitingReport is what waits for the call in flight of its keys.
+type waitingReport struct {
+	report Report
+	dones  []func(error)
+}
+
+func (w *waitingReport) add(r Report, done func(error)) {
+	if len(w.dones) == 0 {
+		w.report = r
+	} else {
+		w.report = merged(w.report, r)
+	}
+	w.dones = append(w.dones, done)
+}
+
+// merged is the report that stands for a and b: the newer one's quotas (an
+// older report would not overwrite them), and the later of their pauses.
+func merged(a, b Report) Report {
+	if b.At < a.At {
+		a, b = b, a
+	}
+	if a.Refused && (!b.Refused || a.At+a.Wait > b.At+b.Wait) {
+		b.Refused, b.Wait, b.WaitFrom = true, max(a.At+a.Wait-b.At, 0), a.WaitFrom
+	}
+	return b
+}
+
+// sendReports writes r on keys, then what waited meanwhile, until nothing
+// waits.
+func (s *RedisStore) sendReports(id string, keys []string, r Report, dones []func(error)) {
+	for {
+		err := s.sendReport(keys, r)
+		for _, done := range dones {
+			done(err)
+		}
+		q := &s.reports
+		q.mu.Lock()
+		w := q.waiting[id]
+		if len(w.dones) == 0 {
+			delete(q.waiting, id)
+			q.mu.Unlock()
+			return
+		}
+		r, dones = w.report, w.dones
+		*w = waitingReport{}
+		q.mu.Unlock()
+	}
+}
+
+// sendReport is a call of learn.lua that learns r on keys.
+func (s *RedisStore) sendReport(keys []string, r Report) error {
 	args := make([]any, 0, 4+4*NumLearned)
 	args = append(args, strconv.FormatInt(r.At, 10), flagArg(r.Refused), strconv.FormatInt(r.Wait, 10), strconv.FormatInt(r.WaitFrom, 10))
 	for _, q := range r.Quotas {
 		args = append(args, strconv.FormatInt(q.Limit, 10), strconv.FormatInt(q.Remaining, 10), strconv.FormatInt(q.ResetMillis, 10), strconv.FormatInt(q.From, 10))
 	}
-	go func() {
-		start := time.Now()
-		ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
-		defer cancel()
-		err := learnScript.Run(ctx, s.client, keys.strings(), args...).Err()
-		watch.RedisCall("learn", time.Since(start), err)
-		done(err)
-	}()
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+	defer cancel()
+	err := learnScript.Run(ctx, s.client, keys, args...).Err()
+	watch.RedisCall("learn", time.Since(start), err)
+	return err
 }
 
 // ride puts an item nobody waits for (a token charge, a free) in the

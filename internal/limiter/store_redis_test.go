@@ -334,6 +334,14 @@ func BenchmarkAdmissionRedisServerTime(b *testing.B) {
 				b.Run(name+"/budget", func(b *testing.B) {
 					benchmarkRedisTime(b, url, concurrent, TokenCounts{Total: 1000, Cost: 600_000}, false, budgeted)
 				})
+				// The shared limit learns the provider's quota, which a
+				// report has filled (as every answer's does).
+				learning := func(key int) []Limit { return withLearning(chainOf(key)) }
+				b.Run(name+"/reserving/learned", func(b *testing.B) {
+					learnOrFail(b, newTestRedisStore(b, url), learning(0), Report{At: time.Now().UnixMilli(), Quotas: [NumLearned]ReportedQuota{
+						{Limit: MaxLearned, Remaining: MaxLearned - 1, ResetMillis: 3_600_000}, {Limit: MaxLearned, Remaining: MaxLearned - 1000, ResetMillis: 3_600_000}}})
+					benchmarkRedisTime(b, url, concurrent, totalTokens(1000), false, learning)
+				})
 			}
 		}
 	}
@@ -388,6 +396,15 @@ func withSlots(chain []Limit) []Limit {
 	for i := range chain {
 		chain[i].Concurrent = concurrencyCap{Max: 1 << 40, LeaseMillis: DefaultSlotLease.Milliseconds()}
 	}
+	return chain
+}
+
+// withLearning is chain whose last limit learns the provider's quota.
+func withLearning(chain []Limit) []Limit {
+	last := &chain[len(chain)-1]
+	caps := *last.Caps
+	caps.Learn = true
+	last.Caps = &caps
 	return chain
 }
 

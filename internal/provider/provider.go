@@ -81,11 +81,17 @@ const MaxWait = 24 * time.Hour
 // StatusOverloaded is Anthropic's status for an API overloaded for everyone.
 const StatusOverloaded = 529
 
+// Header is what Of reads of an answer's headers: an http.Header, or a view
+// of one. The names it asks for are canonical.
+type Header interface{ Get(name string) string }
+
 // Of reads the report of an answer's status and headers, which arrived at
 // now: Anthropic's resets are moments, read against the answer's Date when
 // it has one (the provider's clock, as its resets are), else against now.
-// A refusal's wait from a body (Gemini's RetryInfo) is WaitInBody's.
-func Of(status int, h http.Header, now time.Time) Report {
+// A refusal's wait from a body (Gemini's RetryInfo) is WaitInBody's. A
+// header absent is not parsed: an answer without a report costs a few map
+// lookups.
+func Of(status int, h Header, now time.Time) Report {
 	var r Report
 	readOpenAI(&r, h)
 	readAnthropic(&r, h, now)
@@ -98,52 +104,74 @@ func Of(status int, h http.Header, now time.Time) Report {
 	return r
 }
 
-// openAIKinds are the kinds OpenAI's headers name, as they name them.
-var openAIKinds = [...]struct {
-	kind Kind
-	name string
-}{{Requests, "requests"}, {Tokens, "tokens"}}
+// quotaHeaders are the canonical names of one quota's headers, and its
+// limit's as the live view names it.
+type quotaHeaders struct {
+	kind                    Kind
+	limit, remaining, reset string
+	name                    string
+}
+
+// headersOf are the headers of the quotas a provider names name ("X-Ratelimit-%s-requests", …).
+func headersOf(format string, kinds ...Kind) []quotaHeaders {
+	names := map[Kind]string{Requests: "Requests", Tokens: "Tokens", InputTokens: "Input-Tokens", OutputTokens: "Output-Tokens"}
+	var out []quotaHeaders
+	for _, k := range kinds {
+		h := func(field string) string { return http.CanonicalHeaderKey(strings.NewReplacer("%k", names[k], "%f", field).Replace(format)) }
+		out = append(out, quotaHeaders{kind: k, limit: h("Limit"), remaining: h("Remaining"), reset: h("Reset"), name: strings.ToLower(h("Limit"))})
+	}
+	return out
+}
+
+var (
+	openAIHeaders    = headersOf("X-Ratelimit-%f-%k", Requests, Tokens)
+	anthropicHeaders = headersOf("Anthropic-Ratelimit-%k-%f", Requests, Tokens, InputTokens, OutputTokens)
+)
 
 // readOpenAI reads x-ratelimit-{limit,remaining,reset}-{requests,tokens}:
 // integers, and a reset as Go writes a duration ("6m0s", "1s", "20ms").
-func readOpenAI(r *Report, h http.Header) {
-	for _, k := range openAIKinds {
-		limitHeader := "X-Ratelimit-Limit-" + k.name
-		limit, remaining, ok := counts(h.Get(limitHeader), h.Get("X-Ratelimit-Remaining-"+k.name))
-		reset, err := time.ParseDuration(h.Get("X-Ratelimit-Reset-" + k.name))
-		if ok && err == nil && reset >= 0 {
-			r.Quotas[k.kind] = Quota{Limit: limit, Remaining: remaining, Reset: min(reset, MaxWait), Header: strings.ToLower(limitHeader)}
+func readOpenAI(r *Report, h Header) {
+	for _, q := range openAIHeaders {
+		limit, remaining, ok := counts(h.Get(q.limit), h.Get(q.remaining))
+		if !ok {
+			continue
+		}
+		if reset, err := time.ParseDuration(h.Get(q.reset)); err == nil && reset >= 0 {
+			r.Quotas[q.kind] = Quota{Limit: limit, Remaining: remaining, Reset: min(reset, MaxWait), Header: q.name}
 		}
 	}
 }
-
-// anthropicKinds are the kinds Anthropic's headers name, as they name them.
-var anthropicKinds = [...]struct {
-	kind Kind
-	name string
-}{{Requests, "Requests"}, {Tokens, "Tokens"}, {InputTokens, "Input-Tokens"}, {OutputTokens, "Output-Tokens"}}
 
 // readAnthropic reads anthropic-ratelimit-{requests,tokens,input-tokens,
 // output-tokens}-{limit,remaining,reset}: integers, and a reset as an RFC
 // 3339 moment. Its tokens quota, where it sends one, is the most
 // restrictive of its token quotas now.
-func readAnthropic(r *Report, h http.Header, now time.Time) {
-	if date, err := http.ParseTime(h.Get("Date")); err == nil {
-		now = date
-	}
-	for _, k := range anthropicKinds {
-		prefix := "Anthropic-Ratelimit-" + k.name + "-"
-		limit, remaining, ok := counts(h.Get(prefix+"Limit"), h.Get(prefix+"Remaining"))
-		at, err := time.Parse(time.RFC3339, h.Get(prefix+"Reset"))
-		if ok && err == nil {
-			r.Quotas[k.kind] = Quota{Limit: limit, Remaining: remaining, Reset: min(max(at.Sub(now), 0), MaxWait), Header: strings.ToLower(prefix + "limit")}
+func readAnthropic(r *Report, h Header, now time.Time) {
+	dated := false
+	for _, q := range anthropicHeaders {
+		limit, remaining, ok := counts(h.Get(q.limit), h.Get(q.remaining))
+		if !ok {
+			continue
+		}
+		if !dated {
+			if date, err := http.ParseTime(h.Get("Date")); err == nil {
+				now = date
+			}
+			dated = true
+		}
+		if at, err := time.Parse(time.RFC3339, h.Get(q.reset)); err == nil {
+			r.Quotas[q.kind] = Quota{Limit: limit, Remaining: remaining, Reset: min(max(at.Sub(now), 0), MaxWait), Header: q.name}
 		}
 	}
 }
 
 // counts reads a quota's limit and what remains of it: whole numbers, the
-// limit above 0; what remains is at most the limit.
+// limit above 0; what remains is at most the limit. An absent limit is not
+// parsed.
 func counts(limitText, remainingText string) (limit, remaining int64, ok bool) {
+	if limitText == "" {
+		return 0, 0, false
+	}
 	limit, err := strconv.ParseInt(limitText, 10, 64)
 	if err != nil || limit <= 0 {
 		return 0, 0, false
@@ -158,7 +186,7 @@ func counts(limitText, remainingText string) (limit, remaining int64, ok bool) {
 // retryAfter is a refusal's wait as the providers' SDKs read it (the
 // OpenAI SDK's retryRequest): retry-after-ms, milliseconds, a decimal;
 // else retry-after, seconds, a decimal, or an HTTP date.
-func retryAfter(h http.Header, now time.Time) (time.Duration, string, bool) {
+func retryAfter(h Header, now time.Time) (time.Duration, string, bool) {
 	if ms, err := strconv.ParseFloat(h.Get("Retry-After-Ms"), 64); err == nil && ms >= 0 && !math.IsInf(ms, 0) {
 		return bounded(ms * float64(time.Millisecond)), "retry-after-ms", true
 	}
