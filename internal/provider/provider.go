@@ -112,12 +112,15 @@ type quotaHeaders struct {
 	name                    string
 }
 
-// headersOf are the headers of the quotas a provider names name ("X-Ratelimit-%s-requests", …).
+// headersOf are the headers of kinds' quotas, named by format, whose %k is
+// the kind ("Input-Tokens") and %f the field ("Limit").
 func headersOf(format string, kinds ...Kind) []quotaHeaders {
 	names := map[Kind]string{Requests: "Requests", Tokens: "Tokens", InputTokens: "Input-Tokens", OutputTokens: "Output-Tokens"}
-	var out []quotaHeaders
+	out := make([]quotaHeaders, 0, len(kinds))
 	for _, k := range kinds {
-		h := func(field string) string { return http.CanonicalHeaderKey(strings.NewReplacer("%k", names[k], "%f", field).Replace(format)) }
+		h := func(field string) string {
+			return http.CanonicalHeaderKey(strings.NewReplacer("%k", names[k], "%f", field).Replace(format))
+		}
 		out = append(out, quotaHeaders{kind: k, limit: h("Limit"), remaining: h("Remaining"), reset: h("Reset"), name: strings.ToLower(h("Limit"))})
 	}
 	return out
