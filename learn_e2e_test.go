@@ -205,7 +205,7 @@ func retryAfterOf(res *http.Response) time.Duration {
 // provider limit caps far above the provider's real quota (300 requests,
 // refilled continuously over 30 s) take it from six keys sending
 // steadily, with OpenAI's headers and with Anthropic's, and with wait 5s
-// no client is refused at all. Without learn the same run gets many of the
+// no client is refused at all, with either. Without learn the same run gets many of the
 // provider's refusals.
 func TestGatewaysThatLearnTheProvidersQuotaLetAtMostOneOfItsRefusalsThroughEach(t *testing.T) {
 	url := redistest.EnvURL(t)
@@ -225,6 +225,7 @@ func TestGatewaysThatLearnTheProvidersQuotaLetAtMostOneOfItsRefusalsThroughEach(
 		{"learn", "openai", false},
 		{"learn", "anthropic", false},
 		{"wait", "openai", true},
+		{"wait", "anthropic", true},
 	} {
 		t.Run(c.route+"/"+c.dialect, func(t *testing.T) {
 			org := redistest.UniqueID(t)
