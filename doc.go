@@ -98,7 +98,23 @@
 // one process are capped (max_waiting); past the cap a request is refused
 // at once. One whose client goes away ends its wait, charged nothing: its
 // body is read whole before it waits, or it does not wait (heldWhole), and
-// it takes a waiting place only once its body is read.
+// it takes a waiting place only once its body is read. A refusal by the
+// provider's own quota, as a limit learned it, waits as a window's does.
+//
+// # The provider's own quota
+//
+// A limit that learns (LimitConfig.Learn) reads every answer to its
+// admitted requests for what the provider says of its own quota (learn.go,
+// with internal/provider): its rate-limit headers as they are written,
+// before this handler's own replace them, and a refusal's wait, from its
+// headers or, for Gemini, its body's first bytes. The report goes to the
+// store without the response waiting for it; the store learns it, and
+// every admission of the id on every replica is decided within it in the
+// same atomic step (internal/limiter's package doc, "The provider's own
+// quota"). A report's moment is its request's admission by the store's
+// clock plus what elapsed on this machine's monotonic clock, so that
+// replicas order their reports alike. The live view shows what was
+// learned; provider_paused_ids counts the pauses this process read.
 //
 // # Realtime sessions
 //
