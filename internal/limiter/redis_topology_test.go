@@ -14,6 +14,19 @@ import (
 	"github.com/rolter/caddy-ratelimit/internal/redistest"
 )
 
+// clusterOrgChain is a cluster of three primaries, three stores on it, a
+// pinned moment, and a chain rooted at an org: a key whose caps admit
+// everything, then the org's limit in scope, of the caps of its id.
+func clusterOrgChain(t *testing.T, scope string, caps func(org string) Caps) (*redistest.Cluster, []Store, int64, []Limit) {
+	c := redistest.NewCluster(t, 3)
+	org := "org-" + redistest.UniqueID(t)
+	tag := ChainTag("org", org)
+	return c, clusterStores(t, c, 3), pinnedBase() + 1000, []Limit{
+		NewLimit(tag, "key", "k", CapsOfWindows(WindowCaps{RPM: 1 << 30})),
+		NewLimit(tag, scope, org, caps(org)),
+	}
+}
+
 func clusterStores(t *testing.T, c *redistest.Cluster, n int) []Store {
 	stores := make([]Store, n)
 	for i := range stores {
@@ -317,16 +330,8 @@ func BenchmarkAdmissionsSingleNodeVersusCluster(b *testing.B) {
 // renewal, one call per chain root in one pipeline, writes the slots of
 // every root a limiter holds.
 func TestClusterSlotsAreExactAndRenewedInEachChainsSlot(t *testing.T) {
-	c := redistest.NewCluster(t, 3)
-	stores := clusterStores(t, c, 3)
-	at := pinnedBase() + 1000
 	const lease = 30 * time.Second
-	org := "org-" + redistest.UniqueID(t)
-	tag := ChainTag("org", org)
-	chain := []Limit{
-		NewLimit(tag, "key", "k", CapsOfWindows(WindowCaps{RPM: 1 << 30})),
-		NewLimit(tag, "org", org, *newSlotLimit("org", org, 5, 0, lease).Caps),
-	}
+	c, stores, at, chain := clusterOrgChain(t, "org", func(org string) Caps { return *newSlotLimit("org", org, 5, 0, lease).Caps })
 	if got := raceAdmissions(t, stores, chain, 30, at); got != 5 {
 		t.Fatalf("admitted %d of 30 racing requests against concurrent 5, want exactly 5", got)
 	}
@@ -363,15 +368,9 @@ func TestClusterSlotsAreExactAndRenewedInEachChainsSlot(t *testing.T) {
 // their settlements, from another limiter, land in the chain's slot and
 // the reservations' period.
 func TestClusterBudgetsAreExactAndSettleInTheirSlot(t *testing.T) {
-	c := redistest.NewCluster(t, 3)
-	stores := clusterStores(t, c, 3)
-	at := pinnedBase() + 1000
-	org := "org-" + redistest.UniqueID(t)
-	tag := ChainTag("org", org)
-	chain := []Limit{
-		NewLimit(tag, "key", "k", CapsOfWindows(WindowCaps{RPM: 1 << 30})),
-		NewLimit(tag, "org", org, *newBudgetLimit(t, "org", org, 0, 10*usd, 0, "Europe/Paris").Caps),
-	}
+	c, stores, at, chain := clusterOrgChain(t, "org", func(org string) Caps {
+		return *newBudgetLimit(t, "org", org, 0, 10*usd, 0, "Europe/Paris").Caps
+	})
 	var decisions []Decision
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -470,15 +469,7 @@ func TestClusterShadowLimitsCountAndRefuseNothingAndCapsVaryOnOneCounter(t *test
 // report of 7 remaining admit exactly 7, and the provider's refusal pauses
 // them all.
 func TestClusterLearnedQuotasAreExactAndInTheirChainsSlot(t *testing.T) {
-	c := redistest.NewCluster(t, 3)
-	stores := clusterStores(t, c, 3)
-	at := pinnedBase() + 1000
-	org := "org-" + redistest.UniqueID(t)
-	tag := ChainTag("org", org)
-	chain := []Limit{
-		NewLimit(tag, "key", "k", CapsOfWindows(WindowCaps{RPM: 1 << 30})),
-		NewLimit(tag, "provider", org, Caps{Learn: true}),
-	}
+	c, stores, at, chain := clusterOrgChain(t, "provider", func(string) Caps { return Caps{Learn: true} })
 	var key strings.Builder
 	writeLearnedKey(&key, chain[1].Prefix)
 	if c.KeySlot(key.String()) != c.KeySlot(PeriodKey(chain[0].Prefix, RPM, at/MinuteMillis)) {
