@@ -516,9 +516,10 @@ for limit = 1, limit_count do
     if counters[key_index] then
       local s1, s2, s3, s4
       head, s1, s2, s3, s4 = match(counters[key_index], '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
-      segments = {s1, s2, s3, s4}
-      local p, f = match(head, '^(%x+):(%x+)$')
-      paused, paused_from = tonumber(p, 16), tonumber(f, 16)
+      local p, f = match(head or '', '^(%x+):(%x+)$')
+      if p then -- a key of another shape holds nothing
+        segments, paused, paused_from = {s1, s2, s3, s4}, tonumber(p, 16), tonumber(f, 16)
+      end
     end
     if paused > now then room = 0 end
     reply[reply_len + 1], reply[reply_len + 2] = paused, paused_from

@@ -26,16 +26,21 @@
 local MICRO, NUM_LEARNED, MAX_LEARNED = 1000000, 4, 1000000000
 local at, refused, wait, wait_from = tonumber(ARGV[1]), ARGV[2] == '1', tonumber(ARGV[3]), tonumber(ARGV[4])
 for i = 1, #KEYS do
-  local state = {}
+  local state, fields, shaped = {}, 0, true
   local text = redis.call('GET', KEYS[i])
   if text then
     -- Hexadecimal, but each rate (field 6 + 7k), a decimal double; a '|'
     -- before each quota.
     for field in string.gmatch(text, '[^:|]+') do
-      local f = #state + 1
-      state[f] = (f - 6) % 7 == 0 and f > 2 and tonumber(field) or tonumber(field, 16)
+      fields = fields + 1
+      local n
+      if (fields - 6) % 7 == 0 and fields > 2 then n = tonumber(field) else n = tonumber(field, 16) end
+      shaped = shaped and n ~= nil
+      state[fields] = n or 0
     end
-  else
+  end
+  if not shaped or fields ~= 2 + 7 * NUM_LEARNED then -- none, or a key of another shape
+    state = {}
     for f = 1, 2 + 7 * NUM_LEARNED do state[f] = 0 end
   end
   if refused and at + wait > state[1] then state[1], state[2] = at + wait, wait_from end

@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/rolter/caddy-ratelimit/internal/redistest"
@@ -195,5 +196,29 @@ func TestReportsThatComeWhileOneIsWrittenAreMergedIntoTheNext(t *testing.T) {
 	}
 	if d := a.Counts[0].Learned.Quotas[0].Deficit; d < 190*MicroTokens || d > 199*MicroTokens {
 		t.Fatalf("the requests quota holds %d millionths taken, want the newest report's 199, refilled for about 5 s", d)
+	}
+}
+
+// A learned key of another shape (written by hand, or by another version)
+// holds nothing back and fails no admission, and the next report replaces
+// it.
+func TestALearnedKeyOfAnotherShapeHoldsNothingAndIsReplaced(t *testing.T) {
+	url := redistest.EnvURL(t)
+	s := newTestRedisStore(t, url)
+	at := pinnedBase() + 1000
+	chain := []Limit{newLearningLimit("provider", redistest.UniqueID(t), Caps{})}
+	var key strings.Builder
+	writeLearnedKey(&key, chain[0].Prefix)
+	for _, junk := range []string{"junk", "1:2|x|y|z|w", "0:0|zz:1:2:3:4:5:6|0|0|0", ""} {
+		if err := redistest.TestClient(t, url).Set(context.Background(), key.String(), junk, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if a := admitted(t, s, chain, at, TokenCounts{}); !a.Admitted {
+			t.Fatalf("a learned key holding %q refused a request: %+v", junk, a.Refusal)
+		}
+		learnOrFail(t, s, chain, requestsReport(at, 10, 0, 60_000))
+		if a := admitted(t, s, chain, at, TokenCounts{}); a.Admitted || a.Refusal.Kind != Provider {
+			t.Fatalf("after a report of none remaining over a key that held %q: admitted %v, kind %v", junk, a.Admitted, a.Refusal.Kind)
+		}
 	}
 }
