@@ -116,6 +116,11 @@ func (p Part) replies() int {
 // partSet is a set of parts: bit p is set where part p is in it.
 type partSet uint16
 
+// splitParts are the parts that count a reservation's input or output
+// apart: those windows, and the learned quotas (Anthropic's input and
+// output tokens).
+const splitParts partSet = 1<<ITPM | 1<<OTPM | 1<<ITPD | 1<<OTPD | 1<<LearnedPart
+
 // parts are the parts c has.
 func (c *Caps) parts() partSet {
 	m := partSet(c.Capped)

@@ -15,17 +15,20 @@ import (
 )
 
 // clusterOrgChain is a cluster of three primaries, three stores on it, a
-// pinned moment, and a chain rooted at an org: a key whose caps admit
-// everything, then the org's limit in scope, of the caps of its id.
-func clusterOrgChain(t *testing.T, scope string, caps func(org string) Caps) (*redistest.Cluster, []Store, int64, []Limit) {
+// pinned moment, and a chain rooted at an org: a key of keyCaps, then the
+// org's limit in scope, of the caps of its id.
+func clusterOrgChain(t *testing.T, keyCaps Caps, scope string, caps func(org string) Caps) (*redistest.Cluster, []Store, int64, []Limit) {
 	c := redistest.NewCluster(t, 3)
 	org := "org-" + redistest.UniqueID(t)
 	tag := ChainTag("org", org)
 	return c, clusterStores(t, c, 3), pinnedBase() + 1000, []Limit{
-		NewLimit(tag, "key", "k", CapsOfWindows(WindowCaps{RPM: 1 << 30})),
+		NewLimit(tag, "key", "k", keyCaps),
 		NewLimit(tag, scope, org, caps(org)),
 	}
 }
+
+// admitsAll are the caps of a key that admits everything.
+var admitsAll = CapsOfWindows(WindowCaps{RPM: 1 << 30})
 
 func clusterStores(t *testing.T, c *redistest.Cluster, n int) []Store {
 	stores := make([]Store, n)
@@ -51,12 +54,7 @@ func orgChain(org, key, team string, keyRPM, orgRPM int64) []Limit {
 // three limiters admit exactly 10 against the org's tpm 10500, and a
 // settlement lands in its chain's slot and period.
 func TestClusterReservationsHoldTheTPMAndSettleInTheirSlot(t *testing.T) {
-	c := redistest.NewCluster(t, 3)
-	stores := clusterStores(t, c, 3)
-	at := pinnedBase() + 1000
-	org := "org-" + redistest.UniqueID(t)
-	tag := ChainTag("org", org)
-	chain := []Limit{NewLimit(tag, "key", "k", CapsOfWindows(WindowCaps{TPM: 1 << 30})), NewLimit(tag, "org", org, CapsOfWindows(WindowCaps{TPM: 10_500}))}
+	c, stores, at, chain := clusterOrgChain(t, CapsOfWindows(WindowCaps{TPM: 1 << 30}), "org", func(string) Caps { return CapsOfWindows(WindowCaps{TPM: 10_500}) })
 	if got := raceReservations(t, stores, chain, 40, 1000, at); got != 10 {
 		t.Fatalf("admitted %d of 40 reservations of 1000 against tpm 10500, want exactly 10", got)
 	}
@@ -71,15 +69,9 @@ func TestClusterReservationsHoldTheTPMAndSettleInTheirSlot(t *testing.T) {
 // exactly 10 against a tpd of 10500, counted in the day periods of the
 // chain's slot, and a settlement minutes later still lands in its day.
 func TestClusterDayWindowsAreExactAndSettleInTheirSlot(t *testing.T) {
-	c := redistest.NewCluster(t, 3)
-	stores := clusterStores(t, c, 3)
-	at := pinnedBase() + 1000
-	org := "org-" + redistest.UniqueID(t)
-	tag := ChainTag("org", org)
-	chain := []Limit{
-		NewLimit(tag, "key", "k", CapsOfWindows(WindowCaps{RPD: 1000})),
-		NewLimit(tag, "org", org, CapsOfWindows(WindowCaps{TPD: 10_500, RPD: 1000})),
-	}
+	c, stores, at, chain := clusterOrgChain(t, CapsOfWindows(WindowCaps{RPD: 1000}), "org", func(string) Caps {
+		return CapsOfWindows(WindowCaps{TPD: 10_500, RPD: 1000})
+	})
 	if got := raceReservations(t, stores, chain, 40, 1000, at); got != 10 {
 		t.Fatalf("admitted %d of 40 reservations of 1000 against tpd 10500, want exactly 10", got)
 	}
@@ -331,7 +323,7 @@ func BenchmarkAdmissionsSingleNodeVersusCluster(b *testing.B) {
 // every root a limiter holds.
 func TestClusterSlotsAreExactAndRenewedInEachChainsSlot(t *testing.T) {
 	const lease = 30 * time.Second
-	c, stores, at, chain := clusterOrgChain(t, "org", func(org string) Caps { return *newSlotLimit("org", org, 5, 0, lease).Caps })
+	c, stores, at, chain := clusterOrgChain(t, admitsAll, "org", func(org string) Caps { return *newSlotLimit("org", org, 5, 0, lease).Caps })
 	if got := raceAdmissions(t, stores, chain, 30, at); got != 5 {
 		t.Fatalf("admitted %d of 30 racing requests against concurrent 5, want exactly 5", got)
 	}
@@ -368,7 +360,7 @@ func TestClusterSlotsAreExactAndRenewedInEachChainsSlot(t *testing.T) {
 // their settlements, from another limiter, land in the chain's slot and
 // the reservations' period.
 func TestClusterBudgetsAreExactAndSettleInTheirSlot(t *testing.T) {
-	c, stores, at, chain := clusterOrgChain(t, "org", func(org string) Caps {
+	c, stores, at, chain := clusterOrgChain(t, admitsAll, "org", func(org string) Caps {
 		return *newBudgetLimit(t, "org", org, 0, 10*usd, 0, "Europe/Paris").Caps
 	})
 	var decisions []Decision
@@ -469,7 +461,7 @@ func TestClusterShadowLimitsCountAndRefuseNothingAndCapsVaryOnOneCounter(t *test
 // report of 7 remaining admit exactly 7, and the provider's refusal pauses
 // them all.
 func TestClusterLearnedQuotasAreExactAndInTheirChainsSlot(t *testing.T) {
-	c, stores, at, chain := clusterOrgChain(t, "provider", func(string) Caps { return Caps{Learn: true} })
+	c, stores, at, chain := clusterOrgChain(t, admitsAll, "provider", func(string) Caps { return Caps{Learn: true} })
 	var key strings.Builder
 	writeLearnedKey(&key, chain[1].Prefix)
 	if c.KeySlot(key.String()) != c.KeySlot(PeriodKey(chain[0].Prefix, RPM, at/MinuteMillis)) {

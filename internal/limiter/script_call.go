@@ -200,14 +200,12 @@ func (c *scriptCall) args(clock string, atMinute int64, peek bool, holder string
 	case peek:
 		mode = "p"
 	case reserving:
-		// Input and output sizes only when a window of the call counts
-		// them, or a learned quota may.
-		var capped uint8
-		learns := false
+		// Input and output sizes only when a part of the call counts them.
+		var parts partSet
 		for _, l := range c.limits {
-			capped, learns = capped|l.Capped, learns || l.Learn
+			parts |= l.parts()
 		}
-		mode, split = "r", learns || capped&(1<<ITPM|1<<OTPM|1<<ITPD|1<<OTPD) != 0
+		mode, split = "r", parts&splitParts != 0
 		if split {
 			mode = "s"
 		}
