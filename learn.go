@@ -18,8 +18,10 @@ import (
 // from the answer's status and headers as they are written, before the
 // handler's own rate-limit headers replace the provider's, and written to
 // the store at once. A refusal that gives no wait in its headers may give
-// it in its body (Gemini's RetryInfo): its first bytes are kept, and it is
-// written when the response ends.
+// it in its body (Gemini's RetryInfo): it is written at once with the
+// default wait, so that a body slow to come (or a client slow to read it)
+// delays no replica's pause, and again with the body's wait, read from its
+// first bytes, when the response ends.
 type learning struct {
 	h     *Handler
 	chain []limiter.Limit
@@ -29,13 +31,17 @@ type learning struct {
 	// reports alike.
 	admittedAt int64
 	since      time.Time
-	refusal    *provider.Report // a refusal whose wait may be in its body
+	refusal    *provider.Report // a refusal written with the default wait, whose own may be in its body
 	body       []byte           // that body's first bytes
 }
 
+// A provider report's quotas are the store's, kind for kind: requests,
+// tokens, input tokens, output tokens (this fails to compile otherwise).
+var _ [limiter.NumLearned]limiter.ReportedQuota = [provider.NumKinds]limiter.ReportedQuota{}
+
 // refusalBodyRead is how much of a refusal's body is read for its wait:
-// Gemini's error bodies are a few hundred bytes.
-const refusalBodyRead = 16 << 10
+// Gemini's error bodies are a few hundred bytes to a couple of KiB.
+const refusalBodyRead = 8 << 10
 
 // learnsQuota reports whether a limit of chain learns the provider's quota.
 func learnsQuota(chain []limiter.Limit) bool {
@@ -59,10 +65,10 @@ func (h *Handler) newLearning(chain []limiter.Limit, d limiter.Decision) *learni
 // header reads the answer's status and headers.
 func (l *learning) header(status int, header provider.Header) {
 	r := provider.Of(status, header, time.Now())
-	switch {
-	case r.Refused && r.WaitHeader == "" && status == http.StatusTooManyRequests:
+	if r.Refused && r.WaitHeader == "" && status == http.StatusTooManyRequests {
 		l.refusal = &r
-	case r.Reports():
+	}
+	if r.Reports() {
 		l.write(r)
 	}
 }
@@ -74,16 +80,16 @@ func (l *learning) read(p []byte) {
 	}
 }
 
-// end writes a refusal that waited for its body, with the wait the body
-// gives, if any.
+// end writes a refusal again with the wait its body gives, if it gives
+// one: the store keeps the later of two pauses.
 func (l *learning) end() {
 	if l.refusal == nil {
 		return
 	}
 	if wait, ok := provider.WaitInBody(l.body); ok {
 		l.refusal.Wait, l.refusal.WaitHeader = wait, "RetryInfo"
+		l.write(*l.refusal)
 	}
-	l.write(*l.refusal)
 	l.refusal = nil
 }
 
@@ -103,8 +109,8 @@ func (l *learning) write(r provider.Report) {
 	}
 	l.h.store.Hold()
 	l.h.store.Learn(l.chain, report, func(err error) {
-		if err != nil {
-			l.h.logger.Warn("the provider's report could not be written to the rate limit store", zap.Error(err))
+		if err != nil { // an outage is one line per interval, not one per answer
+			l.h.learnWarn.log(l.h.logger, "the provider's report could not be written to the rate limit store", zap.Error(err))
 		}
 		l.h.store.Release()
 	})

@@ -25,7 +25,9 @@ import (
 // moments, to the second); a request the bucket cannot take gets 429 with
 // the wait until it can (retry-after-ms for OpenAI, retry-after in whole
 // seconds for Anthropic), and counts in refused. A request whose
-// X-Refuse-Ms header asks for it is refused with that retry-after-ms.
+// X-Refuse-Ms header asks for it is refused with that retry-after-ms, and
+// one whose X-Refuse-Gemini asks for it as Gemini refuses: the wait (a
+// protobuf duration such as "45s") only in its body's RetryInfo.
 type standInProvider struct {
 	limit  int64
 	window time.Duration
@@ -93,6 +95,13 @@ func (p *standInProvider) mode(_ *fakeUpstream, w http.ResponseWriter, r *http.R
 		h.Set("retry-after-ms", ms)
 		w.WriteHeader(http.StatusTooManyRequests)
 		io.WriteString(w, `{"error":{"message":"stand-in provider: slow down","type":"requests","code":"rate_limit_exceeded"}}`)
+		return
+	}
+	if delay := r.Header.Get("X-Refuse-Gemini"); delay != "" {
+		counts.refused.Add(1)
+		h.Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusTooManyRequests)
+		fmt.Fprintf(w, `{"error":{"code":429,"message":"stand-in provider: quota exceeded","status":"RESOURCE_EXHAUSTED","details":[{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":%q}]}}`, delay)
 		return
 	}
 	ok, remaining, untilFull, untilOne := p.take(org, now)
@@ -357,5 +366,20 @@ func TestAGatewayLearnsTheProvidersQuotaOnEitherStore(t *testing.T) {
 		if got := metrics[`caddy_rolter_ratelimit_provider_paused_ids{scope="provider"}`]; got < 1 {
 			t.Errorf("provider_paused_ids of scope provider is %v, want the paused org counted", got)
 		}
+		// Gemini gives its wait only in its refusal's body: the pause
+		// takes it once the body is read.
+		gemini := redistest.UniqueID(t)
+		req, _ = http.NewRequest("POST", gw.url+"/v1/chat/completions", strings.NewReader(`{"model":"m"}`))
+		setHeaders(req, []string{"X-Api-Key: k", "X-Org: " + gemini, "X-Route: learn", "X-Refuse-Gemini: 45s"})
+		if res, body := mustDo(t, http.DefaultClient, req); !strings.Contains(string(body), "RESOURCE_EXHAUSTED") {
+			t.Fatalf("the provider's Gemini refusal: %d %s", res.StatusCode, body)
+		}
+		eventually(t, func() error {
+			v, body = getLiveView(t, "scope=provider&id="+gemini)
+			if l := v.Limits[0].Learned; l.PausedBy != "RetryInfo" || l.PausedForMillis < 40_000 || l.PausedForMillis > 45_000 {
+				return fmt.Errorf("the live view shows no pause of 45 s by RetryInfo: %s", body)
+			}
+			return nil
+		})
 	})
 }

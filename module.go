@@ -254,6 +254,7 @@ type Handler struct {
 	bodyWarn                *warnLimiter // bodies over body_memory
 	badLimitWarn            *warnLimiter // caps per request missing or not valid
 	shadowLog               *warnLimiter // shadow refusals, at info
+	learnWarn               *warnLimiter // provider reports the store could not write
 }
 
 // Scope is one link of the chain.
@@ -438,6 +439,7 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
 	h.warn, h.chargeWarn, h.usageWarn, h.bodyWarn, h.badLimitWarn, h.shadowLog = new(warnLimiter), new(warnLimiter), new(warnLimiter), new(warnLimiter), new(warnLimiter), new(warnLimiter)
+	h.learnWarn = new(warnLimiter)
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return err
 	}
