@@ -18,7 +18,9 @@
 --           key; then, if it caps requests in flight, its slots key; then
 --           for each budget it has (day, then month), the keys of what its
 --           current period holds spent, then reserved; then, if it learns
---           the provider's quota, its learned key. Then, for each
+--           the provider's quota, its learned key; then, if it has floors,
+--           for each of their classes the keys of each window it caps
+--           (current period, then previous), then its floors key. Then, for each
 --           charge, the key it charges: the minute windows' charges first,
 --           then the day windows', the day budgets' and the month
 --           budgets'; a settlement's are its reservation's periods. Then,
@@ -63,12 +65,14 @@
 -- then      per distinct caps: whether they are a shadow limit's ("1":
 --           counted as the others, never refusing); then its parts, one
 --           argument of a byte per part, its Part (a window's windowKind,
---           BUCKET, SLOTS, DAY_BUDGET, MONTH_BUDGET or LEARNED); then the caps of
+--           BUCKET, SLOTS, DAY_BUDGET, MONTH_BUDGET, LEARNED or FLOORS); then the caps of
 --           each part: a window's cap; a token bucket's rate in
 --           milli-tokens per second, its burst and its cost; the most
 --           requests in flight and the lease of a slot in milliseconds; a
---           budget's cap in nano-dollars.
--- then      one argument of L bytes: each limit's caps (1-based).
+--           budget's cap in nano-dollars; the floors' percents, a byte each.
+-- then      one argument of L bytes: each limit's caps (1-based); then one
+--           of L bytes, each limit's class on its floors (0: none), or ""
+--           when no limit of the call has floors.
 -- then      per admission, in arrival order: with "r", the tokens it
 --           reserves, or with "s" (when the call caps input or output
 --           tokens) the tokens in all, of input and of output; then with
@@ -117,6 +121,20 @@
 -- one adds that to the quota's deficit refilled to now. learn.lua writes
 -- a report, and the key expires when its pause and its quotas have ended.
 --
+-- Floors (floors.go) keep a percent of each share of a limit (each
+-- window, the bucket, each learned quota) for the requests of a class
+-- while it asks: a class asks for ASKING milliseconds after one of its
+-- requests came to an admission, admitted or not. A request of a class
+-- fits a share beside what the floors of the other classes that ask hold
+-- of it: each floor's percent of the share's cap, less what its class
+-- uses of it, if that is less. What a class uses of a window its windows
+-- count, beside the limit's; of a deficit share (the bucket, a learned
+-- quota), its part of the deficit, which the floors key holds as of the
+-- deficit it was written with (its basis), and which shrinks in
+-- proportion as the deficit refills. The floors key holds, as hexadecimal
+-- numbers after a ':' each, when each class last asked, each deficit
+-- share's basis, then each class's part of each.
+--
 -- A slots key is a hash: per holder, "<slots>:<lease end, unix ms>". A
 -- limit's requests in flight are the slots of the holders whose lease has
 -- not ended; a request fits while they are below the cap. An admission adds
@@ -135,7 +153,9 @@
 -- it learns the provider's quota until when it is paused and where from,
 -- and for each quota its limit, deficit, rate in millionths of a
 -- millionth a millisecond, end, report's moment and where from (all 0 for
--- one that holds nothing back); then per
+-- one that holds nothing back), then if it has floors what they hold of
+-- each share it has for the other classes and the class that holds the
+-- most, and until when the classes that hold anything ask; then per
 -- admission 1 (admitted) or 0}, with the
 -- counts as read (the deficit refilled to now) after the token charges and
 -- the frees and before the admissions: the caller replays the admissions in
@@ -159,11 +179,15 @@ local CHARGE_TTL = {MINUTE_TTL, DAY_TTL, BUDGET_DAY_TTL, BUDGET_MONTH_TTL}
 -- TOKENS, INPUT, OUTPUT, and COST (a budget's).
 local KINDS, REQUESTS, TOKENS, INPUT, OUTPUT, COST = 4, 0, 1, 2, 3, 4
 -- parts.go's numbering of a limit's parts after its windows (0 to 7).
-local BUCKET, SLOTS, DAY_BUDGET, LEARNED = 8, 9, 10, 12
+local BUCKET, SLOTS, DAY_BUDGET, LEARNED, FLOORS = 8, 9, 10, 12, 13
 -- learned.go's quotas a limit learns of the provider: requests, then the
 -- token quotas, whose number k is the part of a reservation each counts
 -- (TOKENS, INPUT, OUTPUT).
 local NUM_LEARNED = 4
+-- floors.go's: how long a class asks after its last request, and how long
+-- a floors key lives after its last write (a day: it matters much less
+-- long, and a later write scales what it holds to the deficits then).
+local ASKING, FLOORS_TTL = 10000, 86400
 -- A token bucket counts micro-tokens: its rate, in milli-tokens per
 -- second, then refills a whole number of them each millisecond.
 local MICRO = 1000000
@@ -276,7 +300,7 @@ local function read_caps(at, count)
     local shadow, parts = ARGV[at] == '1', {byte(ARGV[at + 1], 1, -1)}
     at = at + 2
     local windows, window_count, budgets = {}, 0, nil
-    local rate, burst, cost, slots, lease, learn = 0, 0, 0, 0, 0, nil
+    local rate, burst, cost, slots, lease, learn, floors = 0, 0, 0, 0, 0, nil, nil
     for p = 1, #parts do
       local part = parts[p]
       if part < BUCKET then
@@ -290,6 +314,9 @@ local function read_caps(at, count)
         at = at + 2
       elseif part == LEARNED then
         learn = true
+      elseif part == FLOORS then
+        floors = {byte(ARGV[at], 1, -1)}
+        at = at + 1
       else
         budgets = budgets or {}
         budgets[#budgets + 1] = part - DAY_BUDGET
@@ -301,8 +328,117 @@ local function read_caps(at, count)
     -- Set apart: a ninth field doubles a table's hash part, which every
     -- set of caps would pay for the few that learn.
     if learn then caps[position].learn = true end
+    if floors then caps[position].floors = floors end
   end
-  return caps, {byte(ARGV[at], 1, -1)}, budgeted, at + 1
+  return caps, {byte(ARGV[at], 1, -1)}, {byte(ARGV[at + 1], 1, -1)}, budgeted, at + 2
+end
+
+-- Returns what a floors key's text holds (floors.go's floorState): when
+-- each of the classes last asked, then each of the deficit shares' basis,
+-- then each class's part of each, flat; all zero for a text of another
+-- shape (its floors changed).
+local function read_floors(text, classes, shares)
+  local fields, n = {}, 0
+  for field in string.gmatch(text or '', '%x+') do
+    n = n + 1
+    fields[n] = tonumber(field, 16)
+  end
+  local want = classes + shares + classes * shares
+  if n ~= want then
+    for i = 1, want do fields[i] = 0 end
+  end
+  return fields
+end
+
+-- Returns what the floors of the classes other than class that ask at now
+-- hold of a share whose capacity is cap (counted in units of scale each):
+-- each floor's percent of it, whole, less what its class uses of it
+-- (usage), if that is less; and the class that holds the most
+-- (floors.go's floorHeld).
+local function floor_held(floors, state, class, cap, scale, usage, now)
+  local held, by, most = 0, 0, 0
+  for i = 1, #floors do
+    local asked = state[i]
+    if i ~= class and asked > 0 and now < asked + ASKING then
+      local h = floor(floors[i] * cap / 100) * scale - usage[i]
+      if h > 0 then
+        held = held + h
+        if h > most then most, by = h, i end
+      end
+    end
+  end
+  return held, by
+end
+
+-- Returns a class's part d of a deficit share whose total was basis, now
+-- that its total is total: in proportion when the total fell
+-- (floors.go's scaledDeficit).
+local function scaled_deficit(d, total, basis)
+  if total >= basis then return d end
+  return floor(d * (total / basis))
+end
+
+-- Returns what the floors of fl hold of its deficit share d (the bucket,
+-- then each learned quota), whose total is total now and whose capacity
+-- cap, and adds it to fl's reply; keeps, for the write, the total and each
+-- class's part now, and what an admission takes of it: per_request
+-- millionths (the bucket's cost, a request), or what it reserves on token
+-- window window.
+local function floor_deficit(fl, floors, d, total, cap, per_request, window, now)
+  local state, classes, shares = fl.state, #floors, fl.shares
+  local usage = {}
+  for i = 1, classes do
+    usage[i] = scaled_deficit(state[classes + shares + (i - 1) * shares + d], total, state[classes + d])
+  end
+  local held, by = floor_held(floors, state, fl.class, cap, MICRO, usage, now)
+  fl.reply[#fl.reply + 1], fl.reply[#fl.reply + 2] = held, by
+  fl.deficits[d] = {total, usage, per_request, window}
+  return held
+end
+
+-- Writes the state of each limit of floored back, whether its class was
+-- admitted or not (a class that is refused asks too): the class's windows
+-- count what it was admitted, as the limit's do; the floors key, when
+-- each class last asked, and each deficit share's total after the call
+-- (its basis) with each class's part of it refilled to now, and what the
+-- class took added to its own.
+local function write_floors(floored, caps, caps_of, requests_added, token_reserved, now)
+  for limit, fl in pairs(floored) do
+    local floors = caps[caps_of[limit]].floors
+    local class, state, classes, shares, admitted = fl.class, fl.state, #floors, fl.shares, requests_added[limit]
+    if class > 0 then
+      state[class] = now
+      for j = 1, #fl.windows do
+        local kind, window = fl.windows[j][1], fl.windows[j][2]
+        local n = admitted
+        if kind % KINDS ~= REQUESTS then n = window and token_reserved[window] or 0 end
+        if n > 0 then
+          local key = KEYS[fl.base + (class - 1) * 2 * #fl.windows + 2 * (j - 1)]
+          if redis.call('INCRBY', key, format('%d', n)) == n then redis.call('EXPIRE', key, kind >= KINDS and DAY_TTL or MINUTE_TTL) end
+        end
+      end
+    end
+    for d = 1, shares do
+      local share, basis = fl.deficits[d], 0
+      local taken = 0
+      if share then
+        if share[4] then taken = token_reserved[share[4]] * MICRO else taken = admitted * share[3] end
+        basis = share[1] + taken
+      end
+      state[classes + d] = basis
+      for i = 1, classes do
+        local part = 0
+        if share then
+          part = share[2][i]
+          if i == class then part = part + taken end
+        end
+        state[classes + shares + (i - 1) * shares + d] = part
+      end
+    end
+    local text = {}
+    for f = 1, #state do text[f] = format('%x', state[f]) end
+    redis.call('SET', KEYS[fl.text_key], table.concat(text, ':'), 'EX', FLOORS_TTL)
+  end
 end
 
 -- Adds each limit's admissions to its request windows, its bucket and its
@@ -350,6 +486,8 @@ local function write_requests(limit_count, requests_added, caps, caps_of, bucket
     -- the learned quota's: the end of the script.
     if limit_caps.budgets then key_index = key_index + #limit_caps.budgets end
     if limit_caps.learn then key_index = key_index + 1 end
+    -- The floors': write_floors writes them.
+    if limit_caps.floors then key_index = key_index + #limit_caps.floors * #windows + 1 end
   end
 end
 
@@ -395,7 +533,7 @@ if restores > 0 then restore_reservations(limit_keys + charges, FIXED_ARGS + cha
 if charges > 0 then charge_counters(limit_keys, FIXED_ARGS, class_charges) end
 if frees > 0 then free_slots(limit_keys + charges + 2 * restores, FIXED_ARGS + charges + 2 * restores, frees, holder, now) end
 local counters = limit_keys > 0 and redis.call('MGET', unpack(KEYS, 1, limit_keys)) or {}
-local caps, caps_of, budgeted, admissions_at = read_caps(FIXED_ARGS + charges + 2 * restores + frees + 1, caps_count)
+local caps, caps_of, classes_of, budgeted, admissions_at = read_caps(FIXED_ARGS + charges + 2 * restores + frees + 1, caps_count)
 
 -- Per limit: requests_left, the whole requests that still fit (a request
 -- takes 1), so that deciding an admission is one comparison per limit: the
@@ -413,6 +551,13 @@ local requests_left, requests_added, buckets, own_slots, own_ends = {}, {}, {}, 
 -- anything back its base in the state, its deficit refilled to now and its
 -- token window.
 local learned
+-- floored, per limit that has floors (nil until one does): what their
+-- state holds (read_floors), the limit's class in the call, what they hold
+-- of each share for the other classes, for the reply, and what writing
+-- the state back needs: per window its kind and token window, per deficit
+-- share its total and each class's part, refilled to now, and its token
+-- window.
+local floored
 -- With reservations, each token window, and each budget, has a room of
 -- its own too, in flat arrays rather than a table per window: token_room,
 -- in its span's units times its length, token_scale (the length; a
@@ -436,6 +581,17 @@ for limit = 1, limit_count do
   local windows, rate = limit_caps.windows, limit_caps.rate
   local room = infinity
   if reserving then first_token_window[limit] = token_windows + 1 end
+  -- The floors' keys follow every other part's: each class's windows, a
+  -- current and a previous period each, then the floors key.
+  local floors, fl = limit_caps.floors, nil
+  if floors then
+    local shares = (rate > 0 and 1 or 0) + (limit_caps.learn and NUM_LEARNED or 0)
+    local base = key_index + #windows + (rate > 0 and 1 or 0) + (limit_caps.slots > 0 and 1 or 0) + (limit_caps.budgets and #limit_caps.budgets or 0) + (limit_caps.learn and 1 or 0)
+    local text_key = base + #floors * #windows
+    fl = {class = classes_of[limit] or 0, base = base, text_key = text_key, shares = shares, state = read_floors(counters[text_key], #floors, shares), reply = {}, windows = {}, deficits = {}}
+    floored = floored or {}
+    floored[limit] = fl
+  end
   for w = 1, #windows, 2 do
     local kind, cap = windows[w], windows[w + 1]
     local length, weight = MINUTE, minute_weight
@@ -444,6 +600,17 @@ for limit = 1, limit_count do
     local current, previous = (counters[key_index] or 0) + 0, (counters[key_index + 1] or 0) + 0
     -- Multiplied by length, so that every number is an integer.
     local slack = (cap - current) * length - previous * weight
+    if fl then
+      local usage = {}
+      for i = 1, #floors do
+        local at = fl.base + (i - 1) * #windows + w - 1
+        usage[i] = (counters[at] or 0) * length + (counters[at + 1] or 0) * weight
+      end
+      local held, by = floor_held(floors, fl.state, fl.class, cap, length, usage, now)
+      slack = slack - held
+      fl.reply[#fl.reply + 1], fl.reply[#fl.reply + 2] = held, by
+      fl.windows[#fl.windows + 1] = {kind, reserving and kind % KINDS ~= REQUESTS and token_windows + 1}
+    end
     if kind % KINDS == REQUESTS then
       local requests_fit = floor(slack / length)
       if requests_fit * length > slack then requests_fit = requests_fit - 1 end -- a quotient rounded up
@@ -473,8 +640,10 @@ for limit = 1, limit_count do
         since = stored_at -- a clock gone back refills nothing
       end
     end
-    local requests_fit = floor((max_deficit - deficit) / cost_micro)
-    if requests_fit * cost_micro > max_deficit - deficit then requests_fit = requests_fit - 1 end -- a quotient rounded up
+    local left = max_deficit - deficit
+    if fl then left = left - floor_deficit(fl, floors, 1, deficit, burst, cost_micro, false, now) end
+    local requests_fit = floor(left / cost_micro)
+    if requests_fit * cost_micro > left then requests_fit = requests_fit - 1 end -- a quotient rounded up
     if requests_fit + 1 < room then room = requests_fit + 1 end
     -- Twice the time an empty bucket takes to fill, as Spring does: it is full by then.
     buckets[limit] = {2 * math.ceil(burst * MICRO / rate), since, deficit, cost_micro}
@@ -541,6 +710,7 @@ for limit = 1, limit_count do
         end
         rate_pico = floor(rate * 1000000)
         local slack, window = quota_limit * MICRO - deficit, false
+        if fl then slack = slack - floor_deficit(fl, floors, fl.shares - NUM_LEARNED + k + 1, deficit, quota_limit, k == 0 and MICRO or 0, k > 0 and reserving and token_windows + 1, now) end
         if k == 0 then
           local requests_fit = floor(slack / MICRO)
           if requests_fit * MICRO > slack then requests_fit = requests_fit - 1 end -- a quotient rounded up
@@ -556,6 +726,8 @@ for limit = 1, limit_count do
         -- What writing the quota back needs: its deficit refilled to now,
         -- its token window, and its fields as they are.
         quotas[#quotas + 1] = {k + 1, deficit, window, quota_limit, tonumber(at_text, 16), rate_text, quota_until, reported, from}
+      elseif fl then
+        fl.reply[#fl.reply + 1], fl.reply[#fl.reply + 2] = 0, 0
       end
       reply[reply_len + 1], reply[reply_len + 2], reply[reply_len + 3], reply[reply_len + 4], reply[reply_len + 5], reply[reply_len + 6] = quota_limit, deficit, rate_pico, quota_until, reported, from
       reply_len = reply_len + 6
@@ -563,6 +735,20 @@ for limit = 1, limit_count do
     learned = learned or {}
     learned[limit] = {key_index, head, segments, quotas}
     key_index = key_index + 1
+  end
+  if fl then
+    -- What the floors hold of each share, by which class, and until when
+    -- the classes that hold anything ask (at least now).
+    local until_ms = now
+    for r = 1, #fl.reply, 2 do
+      local by = fl.reply[r + 1]
+      if fl.reply[r] > 0 and fl.state[by] + ASKING > until_ms then until_ms = fl.state[by] + ASKING end
+      reply[reply_len + 1], reply[reply_len + 2] = fl.reply[r], by
+      reply_len = reply_len + 2
+    end
+    reply_len = reply_len + 1
+    reply[reply_len] = until_ms
+    key_index = fl.text_key + 1
   end
   if reserving then last_token_window[limit] = token_windows end
   if limit_caps.shadow then
@@ -656,5 +842,6 @@ if charging then
       end
     end
   end
+  if floored then write_floors(floored, caps, caps_of, requests_added, token_reserved, now) end
 end
 return reply

@@ -9,6 +9,8 @@ package limiter
 //	  slots                    the holders of the slots (slotsKey)
 //	  reset                    the moment of the last reset (writeResetKey)
 //	  learned                  the provider's quota as learned (writeLearnedKey)
+//	  floors                   what the floors' classes asked and used (writeFloorsKey)
+//	  f<class>:<window>:<period>   a floor's class's count in a window's period
 //	  spent|reserved:<day|month>:<period>   a budget's (periodSpan.writeKey)
 //
 // The id is digested unless its scope is readable (KeyID), and on Redis
@@ -16,6 +18,7 @@ package limiter
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"strconv"
 	"strings"
 )
 
@@ -150,6 +153,20 @@ func writeResetKey(text *strings.Builder, prefix string) {
 func writeLearnedKey(text *strings.Builder, prefix string) {
 	text.WriteString(prefix)
 	text.WriteString("learned")
+}
+
+// writeFloorsKey writes to text the key of what the classes of the
+// floors of the limit with prefix asked and used (floors.go).
+func writeFloorsKey(text *strings.Builder, prefix string) {
+	text.WriteString(prefix)
+	text.WriteString("floors")
+}
+
+// ofClass is l as its class's windows count: with the prefix of the
+// class's keys.
+func (l Limit) ofClass(class uint8) Limit {
+	l.Prefix += "f" + strconv.Itoa(int(class)) + ":"
+	return l
 }
 
 // writeBucketKey writes to text the key of a limit's token bucket.

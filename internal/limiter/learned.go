@@ -137,23 +137,36 @@ type LearnedCounts struct {
 }
 
 // learnedRefusal is whether the learned quotas c refuse the admission d,
-// with the limit of the first quota that refuses (0 for a pause) and the
-// wait until every one admits it: the pause's end, and each quota's
-// refill, at most until it holds nothing back.
-func learnedRefusal(c LearnedCounts, d Decision) (capacity, wait int64, refuses bool) {
+// beside what the floors f hold of them, with the limit of the first quota
+// that refuses (0 for a pause), the wait until every one admits it (the
+// pause's end, and each quota's refill, at most until it holds nothing
+// back), and the class whose floor holds what the first refused, if it
+// fits without the floors.
+func learnedRefusal(c LearnedCounts, f *FloorCounts, d Decision) (capacity, wait int64, floor uint8, refuses bool) {
 	now := d.Now.UnixMillis
 	if c.PausedUntil > now {
 		refuses, wait = true, c.PausedUntil-now
 	}
 	for k, q := range c.Quotas {
-		if size := d.size(learnedKinds[k]); !q.fits(size) {
-			if !refuses {
-				capacity = q.Limit
-			}
-			refuses, wait = true, max(wait, q.releaseIn(now, size))
+		size, share := d.size(learnedKinds[k]), LearnedShare(k)
+		beside := q
+		beside.Deficit += f.Held[share]
+		if beside.fits(size) {
+			continue
 		}
+		quotaWait := q.releaseIn(now, size)
+		if f.Held[share] > 0 {
+			quotaWait = f.wait(quotaWait, beside.releaseIn(now, size), d.Now)
+		}
+		if !refuses {
+			capacity = q.Limit
+			if f.Held[share] > 0 && q.fits(size) {
+				floor = f.By[share]
+			}
+		}
+		refuses, wait = true, max(wait, quotaWait)
 	}
-	return capacity, wait, refuses
+	return capacity, wait, floor, refuses
 }
 
 // LearnedCount is one quota of LearnedCounts.

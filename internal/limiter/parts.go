@@ -23,6 +23,10 @@ const (
 	MonthBudgetPart
 	// LearnedPart is the provider's own quota, as the limit learned it.
 	LearnedPart
+	// FloorsPart is what the limit's floors keep for their classes
+	// (floors.go): it refuses nothing itself, but takes from the room of
+	// each of the other parts it divides.
+	FloorsPart
 	NumParts
 )
 
@@ -54,6 +58,8 @@ func (p Part) String() string {
 		return "concurrent"
 	case LearnedPart:
 		return "learn"
+	case FloorsPart:
+		return "floors"
 	}
 	return p.Budget().CapName()
 }
@@ -86,31 +92,60 @@ func (p Part) cachedRefusal() bool {
 
 // KeptByReset reports whether the admin API's reset keeps what the part
 // counts: the requests in flight, which are still in flight, what a
-// budget holds, which was spent, and what the provider said of its quota,
-// which is the provider's to say.
+// budget holds, which was spent, what the provider said of its quota,
+// which is the provider's to say, and what the classes of the floors
+// used, which ages out as the windows slide and the deficits refill.
 func (p Part) KeptByReset() bool { return p >= SlotsPart }
 
-// keys is how many keys the part has in a call of admit.lua: a window's
-// current and previous period, a budget's spent and reserved, the
-// bucket's, the slots', the learned quota's.
-func (p Part) keys() int {
-	if _, ok := p.Window(); ok || p.isBudget() {
+// replies is how many numbers the reply of a call of admit.lua gives of
+// c's part p: one for each of its keys (a window's current and previous
+// count, the bucket's deficit, the slots in flight, a budget's spent and
+// reserved); for the learned quota, until when it is paused and where
+// from, then each quota's limit, deficit, rate, end, report's moment and
+// where from (LearnedCounts); for the floors, what they hold of each share
+// c has and by which class, then until when (FloorCounts).
+func (c *Caps) replies(p Part) int {
+	switch _, window := p.Window(); {
+	case window || p.isBudget():
 		return 2
+	case p == LearnedPart:
+		return 2 + 6*NumLearned
+	case p == FloorsPart:
+		return 2*c.floorShares() + 1
 	}
 	return 1
 }
 
-// replies is how many numbers the reply of a call of admit.lua gives of
-// the part: one for each of its keys (a window's current and previous
-// count, the bucket's deficit, the slots in flight, a budget's spent and
-// reserved), and for the learned quota, until when it is paused and where
-// from, then each quota's limit, deficit, rate, end, report's moment and
-// where from (LearnedCounts).
-func (p Part) replies() int {
-	if p == LearnedPart {
-		return 2 + 6*NumLearned
+// floorShares is how many shares c's floors divide: each window it caps,
+// its bucket, the learned quotas.
+func (c *Caps) floorShares() int {
+	n := bits.OnesCount8(c.Capped)
+	if c.Bucket.Rate > 0 {
+		n++
 	}
-	return p.keys()
+	if c.Learn {
+		n += NumLearned
+	}
+	return n
+}
+
+// eachShare yields the shares c's floors divide, in share order.
+func (c *Caps) eachShare(yield func(int) bool) {
+	for k := range c.Each {
+		if !yield(int(k)) {
+			return
+		}
+	}
+	if c.Bucket.Rate > 0 && !yield(BucketShare) {
+		return
+	}
+	if c.Learn {
+		for k := range NumLearned {
+			if !yield(LearnedShare(k)) {
+				return
+			}
+		}
+	}
 }
 
 // partSet is a set of parts: bit p is set where part p is in it.
@@ -137,6 +172,9 @@ func (c *Caps) parts() partSet {
 	}
 	if c.Learn {
 		m |= 1 << LearnedPart
+	}
+	if c.Floors[0] > 0 {
+		m |= 1 << FloorsPart
 	}
 	return m
 }
@@ -172,6 +210,8 @@ func (c *Caps) Without(p Part) {
 		c.Concurrent = concurrencyCap{}
 	case LearnedPart:
 		c.Learn = false
+	case FloorsPart:
+		c.Floors = [MaxFloors]uint8{}
 	default:
 		c.Budgets.Max[p.Budget()] = 0
 	}
@@ -203,6 +243,14 @@ func writeKeys(keys *cutText, l Limit, p Part, atMinute int64) {
 	case LearnedPart:
 		writeLearnedKey(&keys.text, l.Prefix)
 		keys.end()
+	case FloorsPart:
+		for class := range l.NumFloors() {
+			for k := range l.Each {
+				writeKeys(keys, l.ofClass(uint8(class+1)), WindowPart(k), atMinute)
+			}
+		}
+		writeFloorsKey(&keys.text, l.Prefix)
+		keys.end()
 	default:
 		s := l.Budgets.Calendar.Span(p.Budget(), atMinute)
 		s.writeKey(&keys.text, l.Prefix, p.Budget(), false)
@@ -215,8 +263,8 @@ func writeKeys(keys *cutText, l Limit, p Part, atMinute int64) {
 // writeArgs appends c's caps of part p to a call's arguments: a window's
 // cap; the bucket's rate (milli-tokens per second), burst and cost; the
 // most requests in flight and the lease of a slot (milliseconds); a
-// budget's cap (nano-dollars). The learned quota has none: the provider's
-// answers give them.
+// budget's cap (nano-dollars); the floors' percents, a byte each. The
+// learned quota has none: the provider's answers give them.
 func (c *Caps) writeArgs(a *callArgs, p Part) {
 	if k, ok := p.Window(); ok {
 		a.hex(c.Windows[k])
@@ -231,6 +279,8 @@ func (c *Caps) writeArgs(a *callArgs, p Part) {
 		a.hex(c.Concurrent.Max)
 		a.hex(c.Concurrent.LeaseMillis)
 	case LearnedPart:
+	case FloorsPart:
+		a.args = append(a.args, string(c.Floors[:c.NumFloors()]))
 	default:
 		a.hex(c.Budgets.Max[p.Budget()])
 	}
@@ -254,8 +304,9 @@ func (c *Caps) partsArg() any {
 	return partsArgs[m].Load()
 }
 
-// read reads part p of c from the start of a reply, and returns the rest.
-func (c *Counts) read(p Part, r []int64) []int64 {
+// read reads part p of caps from the start of a reply into c, and returns
+// the rest.
+func (c *Counts) read(caps *Caps, p Part, r []int64) []int64 {
 	if k, ok := p.Window(); ok {
 		c.Window[k] = Window{Cur: r[0], Prev: r[1]}
 		return r[2:]
@@ -271,8 +322,15 @@ func (c *Counts) read(p Part, r []int64) []int64 {
 			q := r[2+6*k:]
 			c.Learned.Quotas[k] = LearnedCount{Limit: q[0], Deficit: q[1], RatePico: q[2], Until: q[3], Reported: q[4], From: q[5]}
 		}
+	case FloorsPart:
+		at := 0
+		for share := range caps.eachShare {
+			c.Floors.Held[share], c.Floors.By[share] = r[at], uint8(r[at+1])
+			at += 2
+		}
+		c.Floors.Until = r[at]
 	default:
 		c.Spent[p.Budget()], c.Reserved[p.Budget()] = r[0], r[1]
 	}
-	return r[p.replies():]
+	return r[caps.replies(p):]
 }

@@ -15,6 +15,10 @@ type Refusal struct {
 	// A refusing budget's period: what it holds spent and reserved, and
 	// when it renews (unix milliseconds).
 	Used, RenewsAt int64
+	// Floor is the class whose floor holds what the first refusing limit
+	// refused, if what refused fits without the floors (floors.go); 0:
+	// none.
+	Floor uint8
 }
 
 // windowName is the span of the refusing window, or the period of the
@@ -58,29 +62,46 @@ func refusalAmong(chain []Limit, d Decision, shadow bool) Refusal {
 			continue
 		}
 		c := d.Counts[i]
+		f := &c.Floors
 		for p := range l.parts().All {
 			var capacity, wait int64
+			var floor uint8
 			k, isWindow := p.Window()
 			switch {
 			case isWindow:
-				size, at := d.size(k.Kind()), at[k.Span()]
-				if capacity = l.Windows[k]; fits(c.Window[k], capacity, size, at) {
+				size, at, held := d.size(k.Kind()), at[k.Span()], f.Held[k]
+				if capacity = l.Windows[k]; fitsBeside(c.Window[k], capacity, size, held, at) {
 					continue
 				}
 				wait = releaseIn(c.Window[k], capacity, size, at)
+				if held > 0 {
+					wait = f.wait(wait, windowReleaseBeside(c.Window[k], capacity, size, held, at), d.Now)
+					if fits(c.Window[k], capacity, size, at) {
+						floor = f.By[k]
+					}
+				}
 			case p == BucketPart:
-				if l.Bucket.fits(c.Deficit) {
+				held := f.Held[BucketShare]
+				if l.Bucket.fits(c.Deficit + held) {
 					continue
 				}
 				capacity, wait = l.Bucket.Burst, l.Bucket.releaseIn(c.Deficit)
+				if held > 0 {
+					wait = f.wait(wait, l.Bucket.releaseIn(c.Deficit+held), d.Now)
+					if l.Bucket.fits(c.Deficit) {
+						floor = f.By[BucketShare]
+					}
+				}
 			case p == SlotsPart:
 				if capacity = l.Concurrent.Max; c.Slots < capacity {
 					continue
 				}
 				ref.UntilFreed = true
+			case p == FloorsPart: // each share refuses beside its floors
+				continue
 			case p == LearnedPart:
 				var refuses bool
-				if capacity, wait, refuses = learnedRefusal(c.Learned, d); !refuses {
+				if capacity, wait, floor, refuses = learnedRefusal(c.Learned, f, d); !refuses {
 					continue
 				}
 			default:
@@ -94,7 +115,7 @@ func refusalAmong(chain []Limit, d Decision, shadow bool) Refusal {
 				}
 			}
 			if ref.First < 0 {
-				ref.First, ref.Kind, ref.Capacity = i, p.refusalKind(), capacity
+				ref.First, ref.Kind, ref.Capacity, ref.Floor = i, p.refusalKind(), capacity, floor
 				if isWindow {
 					ref.Window = k
 				}

@@ -149,7 +149,13 @@ func (sh *refusalShard) makeRoom(now time.Time) {
 // the latest moment the store's clock can read (the earliest of their
 // bounds), and its refusal names the first of them and waits for the last
 // release.
+//
+// A chain with floors is left to the store: its admission, refused or
+// not, is a class's asking, which the store writes (floors.go).
 func (c *refusalCache) refusedLocally(chain []Limit, now time.Time) (a Admission, ok bool) {
+	if hasFloors(chain) {
+		return Admission{}, false
+	}
 	var sub []Limit
 	var found []cachedRefusal
 	for _, l := range chain {

@@ -82,8 +82,10 @@ const MaxCallLimits = 255
 
 // add appends an admission, unless that would make the call ambiguous or too
 // large: a limit whose counters are in the call already under other caps
-// (two handlers sharing counters) must be decided in another call. A call of
-// one admission needs no index of its limits.
+// (two handlers sharing counters), or for another class of its floors
+// (what the floors hold for the others is then one number per share), must
+// be decided in another call. A call of one admission needs no index of
+// its limits.
 func (c *scriptCall) add(chain []Limit, reserve TokenCounts) bool {
 	if len(c.chains) == 1 && c.position == nil {
 		c.position = make(map[string]int, 4*len(c.limits))
@@ -94,7 +96,7 @@ func (c *scriptCall) add(chain []Limit, reserve TokenCounts) bool {
 	fresh := 0
 	for _, l := range chain {
 		i, ok := c.position[l.Prefix]
-		if ok && *c.limits[i].Caps != *l.Caps {
+		if ok && (*c.limits[i].Caps != *l.Caps || c.limits[i].Class != l.Class) {
 			return false
 		}
 		if !ok {
@@ -248,7 +250,7 @@ func (c *scriptCall) args(clock string, atMinute int64, peek bool, holder string
 			l.writeArgs(&a, p)
 		}
 	}
-	a.args = append(a.args, capsOf)
+	a.args = append(a.args, capsOf, c.classes())
 	for m, chain := range c.chains {
 		switch r := c.reserves[m]; {
 		case split:
@@ -331,6 +333,19 @@ func (c *scriptCall) distinctCaps() ([]Caps, string) {
 	return caps, string(of)
 }
 
+// classes is each limit's class on its floors, a byte each, or "" when
+// no limit of the call has floors.
+func (c *scriptCall) classes() string {
+	if !hasFloors(c.limits) {
+		return ""
+	}
+	classes := make([]byte, len(c.limits))
+	for i, l := range c.limits {
+		classes[i] = l.Class
+	}
+	return string(classes)
+}
+
 // decode reads the reply into one decision per admission. The reply has the
 // counts as the call found them; each admission read them as charged by the
 // admissions before it in the call, which decode replays.
@@ -339,7 +354,7 @@ func (c *scriptCall) decode(reply []int64, charged bool) ([]Decision, error) {
 	want := 2 + k
 	for _, l := range c.limits {
 		for p := range l.parts().All {
-			want += p.replies()
+			want += l.replies(p)
 		}
 	}
 	if len(reply) != want || reply[0] != 1 {
@@ -352,7 +367,7 @@ func (c *scriptCall) decode(reply []int64, charged bool) ([]Decision, error) {
 	r := reply[2:]
 	for i, l := range c.limits {
 		for p := range l.parts().All {
-			r = state[i].read(p, r)
+			r = state[i].read(l.Caps, p, r)
 		}
 	}
 	c.decisions = slices.Grow(c.decisions[:0], k)[:k]
@@ -461,6 +476,9 @@ func (c *chargeCall) add(chain []Limit, ch Charge, now moment) {
 			key := chargeKey{prefix: l.Prefix, window: k, period: ch.periodIn(k.Span())}
 			if n := ch.Tokens.Of(k.Kind()); n != 0 {
 				c.addTo(key, n)
+				if l.Class > 0 && l.Floors[0] > 0 { // and to its class's window, which no reset clears
+					c.addTo(chargeKey{prefix: l.ofClass(l.Class).Prefix, window: k, period: key.period}, n)
+				}
 			}
 			if n := ch.reserved.Of(k.Kind()); n != 0 {
 				key.restore, key.admitted = true, ch.admitted

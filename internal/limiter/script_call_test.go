@@ -237,7 +237,9 @@ func TestCoalescedTokenChargesAddUpExactly(t *testing.T) {
 // other ids) get the same history, then the same admissions, batched on one
 // side and one by one on the other; caps, histories and chains are random,
 // with windows, token windows, buckets, caps on requests in flight and
-// learned quotas (the history's reports), with and without reservations. The history's admitted requests hold slots,
+// learned quotas (the history's reports), and floors, whose classes the
+// history's requests mix and each limit of the batch has one of, with and
+// without reservations. The history's admitted requests hold slots,
 // some of whose leases have lapsed by the batch; the batch carries frees of
 // some of them and token charges of responses among its admissions, in any
 // order, which the call makes before its admissions read, as one by one
@@ -248,7 +250,7 @@ func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 	s := newTestRedisStore(t, redistest.EnvURL(t))
 	ctx := context.Background()
 	batch := &scriptBatch{}
-	var admissions, readSlots, slotRefusals, readLearned, providerRefusals, frees int
+	var admissions, readSlots, slotRefusals, readLearned, providerRefusals, readFloors, floorRefusals, frees int
 	check := func(err error) { // a charge's or a free's outcome
 		if err != nil {
 			t.Error(err)
@@ -267,13 +269,29 @@ func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 				// enough for a batch to fill.
 				caps.Concurrent = concurrencyCap{Max: 1 + rng.Int64N(2), LeaseMillis: 3000 + rng.Int64N(3001)}
 			}
+			if i == 1 && caps.Floors[0] == 0 { // and floors, whose classes a batch may not mix
+				caps.Floors = randomFloors(rng)
+			}
 			sideA = append(sideA, NewLimit("", fmt.Sprint("s", i), id+"a", caps))
 			sideB = append(sideB, NewLimit("", fmt.Sprint("s", i), id+"b", caps))
 		}
-		// chain picks 1 to 3 of the limits, in any order, on both sides.
+		// chain picks 1 to 3 of the limits, in any order, on both sides,
+		// each of a random class of its floors (if it has floors) before
+		// the batch, and of one in it (a call holds one class of a limit).
+		inBatch := false
+		var batchClass [5]uint8
+		for i, l := range sideA {
+			batchClass[i] = uint8(rng.IntN(l.NumFloors() + 1))
+		}
 		chain := func() (a, b []Limit) {
 			for _, i := range randomChain(rng, len(sideA), 3) {
-				a, b = append(a, sideA[i]), append(b, sideB[i])
+				class := batchClass[i]
+				if !inBatch {
+					class = uint8(rng.IntN(sideA[i].NumFloors() + 1))
+				}
+				la, lb := sideA[i], sideB[i]
+				la.Class, lb.Class = class, class
+				a, b = append(a, la), append(b, lb)
 			}
 			return a, b
 		}
@@ -324,6 +342,7 @@ func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 			learnOrFail(t, s, b, r)
 		}
 		batch.store = pinned(s, at)
+		inBatch = true
 		var items []*scriptItem
 		var alone [][]Limit
 		var reserves []TokenCounts
@@ -395,6 +414,12 @@ func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 			if !d.Admitted && RefusalOf(alone[m], d).Kind == Provider {
 				providerRefusals++
 			}
+			if slices.ContainsFunc(d.Counts, func(c Counts) bool { return c.Floors.Held != [FloorShares]int64{} }) {
+				readFloors++
+			}
+			if !d.Admitted && RefusalOf(alone[m], d).Floor > 0 {
+				floorRefusals++
+			}
 			m++
 		}
 		admissions, frees = admissions+len(alone), frees+len(freedB)
@@ -420,8 +445,8 @@ func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 			freeAndWait(t, s, held[0]) // and waits for the others, which ride before
 		}
 	}
-	t.Logf("%d admissions batched, %d of them reading slots in flight, %d refused for want of one, %d reading a learned quota, %d refused by one; %d frees batched",
-		admissions, readSlots, slotRefusals, readLearned, providerRefusals, frees)
+	t.Logf("%d admissions batched, %d of them reading slots in flight, %d refused for want of one, %d reading a learned quota, %d refused by one, %d reading what floors hold, %d refused for a floor; %d frees batched",
+		admissions, readSlots, slotRefusals, readLearned, providerRefusals, readFloors, floorRefusals, frees)
 }
 
 // The store reuses its batches, each emptied after its call: a call made

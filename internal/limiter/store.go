@@ -205,6 +205,9 @@ type Limit struct {
 	Scope  string // the scope's name, for messages and logs
 	ID     string // the id as it appears in keys: digested unless its scope is readable
 	Prefix string // of the limit's keys: keys.go spells them
+	// Class is the request's class on the limit's floors: the first floor
+	// (1-based) whose scope id its chain has; 0 for none (floors.go).
+	Class uint8
 	// The caps, shared by every limit of one line and never changed once
 	// a limit has them: a chain is copied and walked many times a request,
 	// and the caps are most of a limit's size.
@@ -224,6 +227,10 @@ type Caps struct {
 	// Learn: the limit learns the provider's own quota from its answers
 	// (Store.Learn), and admits within what it learned (learned.go).
 	Learn bool
+	// Floors are the percents of each share of the limit that the
+	// floors of classes 1, 2, … keep for their requests while they ask
+	// (floors.go); 0 ends them.
+	Floors [MaxFloors]uint8
 }
 
 // windowLimitCaps are the caps of windows w, without a bucket.
@@ -274,6 +281,9 @@ func (c Caps) Describe(name string) string {
 	if c.Learn {
 		s.WriteString(" learn")
 	}
+	for i := range c.NumFloors() {
+		fmt.Fprintf(&s, " floor%d %d%%", i+1, c.Floors[i])
+	}
 	if c.Shadow {
 		s.WriteString(" shadow")
 	}
@@ -299,6 +309,7 @@ type Counts struct {
 	// budgetPeriod.
 	Spent, Reserved [NumBudgetPeriods]int64
 	Learned         LearnedCounts // a limit that learns the provider's quota
+	Floors          FloorCounts   // what a limit's floors hold for other classes
 }
 
 // decision is what a store answers to an admission.
@@ -338,6 +349,7 @@ func (d Decision) CountsAfter(l Limit, c Counts) Counts {
 					c.Learned.Quotas[k].Deficit += d.size(learnedKinds[k]) * MicroTokens
 				}
 			}
+		case FloorsPart: // what the floors of other classes hold is theirs
 		default:
 			c.Reserved[p.Budget()] += d.Reserve.Cost
 		}

@@ -76,7 +76,17 @@ type otherCounts struct {
 	// unix milliseconds: a settlement of a reservation admitted before it
 	// finds the reservation gone (charge.windowTokens).
 	resetAt int64
-	learned Learned // what the limit learned of the provider's quota
+	learned Learned     // what the limit learned of the provider's quota
+	floors  *floorState // what its floors' classes asked and used
+}
+
+// floors is c's floors' state, under c.mu, made on first use.
+func (c *memoryCounter) floors() *floorState {
+	o := c.other()
+	if o.floors == nil {
+		o.floors = new(floorState)
+	}
+	return o.floors
 }
 
 // learned is what c learned of the provider's quota, under c.mu.
@@ -195,6 +205,9 @@ func (c *memoryCounter) periods(k WindowKind) *[2]periodCount {
 // the counter's windows or budgets, under c.mu.
 func (c *memoryCounter) readAt(now moment) bool {
 	if l := c.learned(); l.PausedUntil > now.UnixMillis || slices.ContainsFunc(l.Quotas[:], func(q LearnedQuota) bool { return q.Until > now.UnixMillis }) {
+		return true
+	}
+	if c.others != nil && c.others.floors != nil && slices.ContainsFunc(c.others.floors.asked[:], func(asked int64) bool { return asking(asked, now.UnixMillis) }) {
 		return true
 	}
 	if c.budgets != nil {
@@ -362,6 +375,9 @@ func (s *MemoryStore) Admit(_ context.Context, chain []Limit, reserve TokenCount
 // refusedUnread peeks: the in-process store knows every refusal without a
 // round trip (a concurrency cap's too, which no body changes either). The peek's counts stay on the stack unless it refuses.
 func (s *MemoryStore) RefusedUnread(chain []Limit) (Admission, bool) {
+	if hasFloors(chain) {
+		return Admission{}, false // its admission, refused or not, is a class's asking
+	}
 	var buf [stackChain]Counts
 	peeked := s.decide(chain, TokenCounts{}, false, buf[:0])
 	if peeked.Admitted {
@@ -427,10 +443,20 @@ func (s *MemoryStore) decide(chain []Limit, reserve TokenCounts, charge bool, bu
 	// What admit.lua decides, from the same counts: refusalOf is the
 	// script's comparisons in Go, and leaves out shadow limits as it does.
 	d.Admitted = RefusalOf(chain, d).First < 0
-	if d.Admitted && charge {
-		for i, l := range chain {
-			cs[i].write(l, at, d.Counts[i], d.CountsAfter(l, d.Counts[i]), now)
+	if !charge {
+		return d
+	}
+	for i, l := range chain {
+		after := d.Counts[i]
+		if d.Admitted {
+			after = d.CountsAfter(l, after)
+			cs[i].write(l, at, d.Counts[i], after, now)
 		}
+		if l.Floors[0] > 0 { // a class asks whether admitted or not
+			cs[i].floors().admitted(l.Caps, l.Class, &d.Counts[i], &after, at, now.UnixMillis)
+		}
+	}
+	if d.Admitted {
 		s.held.take(chain, 1) // under the counters' locks, which the renewal takes too
 	}
 	return d
@@ -452,6 +478,12 @@ func (c *memoryCounter) read(counts *Counts, l Limit, p Part, at [2]Position, no
 		counts.Slots = c.slots.at(now.UnixMillis)
 	case LearnedPart:
 		counts.Learned = c.learned().counts(now.UnixMillis)
+	case FloorsPart:
+		f := &floorState{}
+		if c.others != nil && c.others.floors != nil {
+			f = c.others.floors
+		}
+		counts.Floors = f.counts(l.Caps, l.Class, counts, at, now.UnixMillis)
 	default:
 		b := c.budget(p.Budget(), l.Budgets.Calendar.SpanAt(p.Budget(), now))
 		counts.Spent[p.Budget()], counts.Reserved[p.Budget()] = b.spent, b.reserved
@@ -485,6 +517,7 @@ func (c *memoryCounter) write(l Limit, at [2]Position, before, after Counts, now
 					learned.Deficit, learned.At = q.Deficit, max(learned.At, now.UnixMillis)
 				}
 			}
+		case FloorsPart: // decide writes them, whether admitted or not
 		default:
 			b := p.Budget()
 			if n := after.Reserved[b] - before.Reserved[b]; n != 0 {
@@ -569,6 +602,9 @@ func (s *MemoryStore) add(chain []Limit, ch Charge) {
 					b = now.In(k.Span()).Period
 				}
 				add(c.periods(k), b, ch.windowTokens(k.Kind(), c.resetAt()))
+				if l.Class > 0 && l.Floors[0] > 0 { // and to its class's window, which no reset clears
+					add(&c.floors().windows[l.Class-1][k], b, ch.Tokens.Of(k.Kind()))
+				}
 			}
 		}
 		for p := range l.EachBudget {

@@ -599,6 +599,7 @@ func runConformance(t *testing.T, kit storeKit) {
 	runSlotConformance(t, kit)
 	runBudgetConformance(t, kit)
 	runLearnedConformance(t, kit)
+	runFloorsConformance(t, kit)
 }
 
 // fill admits n requests of chain at the pinned time, all of which must fit.

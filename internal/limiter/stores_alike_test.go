@@ -71,7 +71,24 @@ func randomCaps(t testing.TB, rng *rand.Rand) Caps {
 	}
 	caps.Shadow = rng.IntN(10) < 2
 	caps.Learn = rng.IntN(10) < 3
+	if rng.IntN(10) < 3 {
+		caps.Floors = randomFloors(rng)
+	}
 	return caps
+}
+
+// randomFloors are 1 to 3 floors of 10% to 70% each, together at most
+// 100%.
+func randomFloors(rng *rand.Rand) (floors [MaxFloors]uint8) {
+	left := 100
+	for i := range 1 + rng.IntN(3) {
+		if left < 10 {
+			break
+		}
+		floors[i] = uint8(10 + rng.IntN(min(left, 70)-9))
+		left -= int(floors[i])
+	}
+	return floors
 }
 
 // randomReport is a provider's report at about now, a second late at most
@@ -212,15 +229,15 @@ func runAlikeHistories(t *testing.T, seed uint64, redisURL string) {
 	}
 	close(seeds)
 	workers.Wait()
-	t.Logf("%d histories of %d steps from seed %d in %v: %d admissions, %d admitted, %d refused by Redis's cache, %d refused for want of a slot, %d by a budget, %d by the provider's quota; %d settlements, %d frees (%d of a lapsed lease), %d renewals, %d resets, %d reports",
-		n, alikeSteps, seed, time.Since(start), tally.admissions.Load(), tally.admitted.Load(), tally.cached.Load(), tally.slotRefusals.Load(), tally.budgetRefusals.Load(), tally.providerRefusals.Load(),
+	t.Logf("%d histories of %d steps from seed %d in %v: %d admissions, %d admitted, %d refused by Redis's cache, %d refused for want of a slot, %d by a budget, %d by the provider's quota, %d for a floor; %d settlements, %d frees (%d of a lapsed lease), %d renewals, %d resets, %d reports",
+		n, alikeSteps, seed, time.Since(start), tally.admissions.Load(), tally.admitted.Load(), tally.cached.Load(), tally.slotRefusals.Load(), tally.budgetRefusals.Load(), tally.providerRefusals.Load(), tally.floorRefusals.Load(),
 		tally.settlements.Load(), tally.frees.Load(), tally.lapsedFrees.Load(), tally.renewals.Load(), tally.resets.Load(), tally.reports.Load())
 }
 
 // alikeTally is what the histories did, so that a run shows what it
 // compared.
 type alikeTally struct {
-	admissions, admitted, cached, slotRefusals, budgetRefusals, providerRefusals, settlements, frees, lapsedFrees, renewals, resets, reports atomic.Int64
+	admissions, admitted, cached, slotRefusals, budgetRefusals, providerRefusals, floorRefusals, settlements, frees, lapsedFrees, renewals, resets, reports atomic.Int64
 }
 
 // alikeHistory is one random history, run through the in-process store and
@@ -298,7 +315,9 @@ func (h *alikeHistory) chain() []Limit {
 	var chain []Limit
 	for _, i := range randomChain(h.rng, alikePool, 4) {
 		if !slices.ContainsFunc(chain, func(l Limit) bool { return l.Prefix == h.pool[i].Prefix }) {
-			chain = append(chain, h.pool[i])
+			l := h.pool[i]
+			l.Class = uint8(h.rng.IntN(l.NumFloors() + 1)) // a request of a floor's class, or of none
+			chain = append(chain, l)
 		}
 	}
 	return chain
@@ -377,6 +396,9 @@ func (h *alikeHistory) admit() {
 		h.tally.budgetRefusals.Add(1)
 	} else if a.Refusal.Kind == Provider {
 		h.tally.providerRefusals.Add(1)
+	}
+	if !a.Admitted && a.Refusal.Floor > 0 {
+		h.tally.floorRefusals.Add(1)
 	}
 	if h.redis == nil {
 		return

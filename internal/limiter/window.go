@@ -246,11 +246,17 @@ func (w Window) Estimate(p Position) float64 {
 // reservation its tokens. Size 0 is tokens not reserved, which exist only
 // once a response reports them: they fit while estimate < capacity.
 func fits(w Window, capacity, size int64, p Position) bool {
+	return fitsBeside(w, capacity, size, 0, p)
+}
+
+// fitsBeside is fits with held (in units times length) taken from the
+// window's room: what floors hold of it for other classes (floors.go).
+func fitsBeside(w Window, capacity, size, held int64, p Position) bool {
 	length := Spans[p.span].Length
 	if size == 0 {
-		return w.weighted(p.into, length) < capacity*length
+		return w.weighted(p.into, length)+held < capacity*length
 	}
-	return w.weighted(p.into, length)+size*length <= capacity*length
+	return w.weighted(p.into, length)+held+size*length <= capacity*length
 }
 
 // releaseIn is how many milliseconds after p a counter that refuses an
