@@ -335,6 +335,9 @@ func (h *Handler) chain(req *request) (chain []limiter.Limit, refused *answer) {
 			return nil, new(h.badLimit(s.Name, bad))
 		}
 		chain = append(chain, limiter.Limit{Scope: s.Name, ID: id, Caps: caps})
+		if len(spec.floorClass.scopes) > 0 {
+			chain[len(chain)-1].Class = spec.floorClass.of(h, req)
+		}
 	}
 	limiter.TagPrefixes(tag, chain)
 	return chain, nil

@@ -148,6 +148,9 @@ func (h *Handler) limitRefusal(req *request, a limiter.Admission) answer {
 	if ref.Kind == limiter.Budget {
 		ans.code, ans.capacity, ans.quota = "insufficient_quota", pricing.FormatUSD(ref.Capacity), true
 	}
+	if ref.Floor > 0 {
+		ans.message = h.floorMessage(ref, l) + retryText(ref)
+	}
 	return ans
 }
 
@@ -297,8 +300,13 @@ func refusalMessage(r limiter.Refusal, chain []limiter.Limit) string {
 		reached = fmt.Sprintf("Rate limit reached for %s: limit %d %s (%s per %s).",
 			scope, r.Capacity, r.Window.Unit(), r.Window.Noun(), limiter.Spans[r.Window.Span()].Name)
 	}
+	return reached + retryText(r)
+}
+
+// retryText tells when to retry after the refusal r.
+func retryText(r limiter.Refusal) string {
 	if !r.KnowsWait() {
-		return reached + " Please try again once a request in flight has ended."
+		return " Please try again once a request in flight has ended."
 	}
-	return fmt.Sprintf("%s Please try again in %ds.", reached, r.RetryAfterSeconds())
+	return fmt.Sprintf(" Please try again in %ds.", r.RetryAfterSeconds())
 }

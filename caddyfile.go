@@ -48,7 +48,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		}
 //		scope <name> <value> [readable] [required] [joined]  # repeatable; <value> is usually a placeholder
 //		limit <scope> <id>|<prefix>*|* [rpm|tpm|itpm|otpm|rpd|tpd|itpd|otpd <n>]... [rate <per-second> burst <n> [cost <n>]] [concurrent <n>]
-//		      [budget_day <usd>] [budget_month <usd>] [shadow] [learn]
+//		      [budget_day <usd>] [budget_month <usd>] [shadow] [learn] [floor <scope> <id> <percent>%]...
 //		                                           # repeatable; rpm requests, tpm tokens, itpm input tokens and otpm
 //		                                           # output tokens per minute; rpd, tpd, itpd, otpd per day;
 //		                                           # concurrent: requests in flight at once; budget_day and
@@ -56,6 +56,9 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		                                           # any <n> or <usd> may be a placeholder, resolved per request,
 //		                                           # followed by else <value> for when it is missing or not valid;
 //		                                           # shadow: counted, never refusing (a limit being tried);
+//		                                           # learn: admits within the provider's quota as its answers report it;
+//		                                           # floor: keeps that share of each cap for requests whose id in
+//		                                           # <scope> is <id> while they ask (at most 8, 100% together);
 //		                                           # <prefix>* is one pool for every id starting with
 //		                                           # <prefix> (the longest wins; an exact id beats it); * is the
 //		                                           # default for every id of that scope
@@ -154,6 +157,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		scope  string
 		tok    caddyfile.Token
 		budget bool // it has budget_day or budget_month
+		floors []FloorConfig
 	}
 	var limitLines []limitLine
 	// Every subdirective but scope and limit is given at most once.
@@ -203,7 +207,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			seenLimits[k] = true
 			h.Limits = append(h.Limits, l)
-			limitLines = append(limitLines, limitLine{l.Scope, sub, l.BudgetDay != "" || l.BudgetMonth != ""})
+			limitLines = append(limitLines, limitLine{l.Scope, sub, l.BudgetDay != "" || l.BudgetMonth != "", l.Floors})
 
 		case "on_redis_error":
 			o, err := option(d, func(v string) (*Handler, error) { return &Handler{OnRedisError: v}, nil })
@@ -390,6 +394,11 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	for _, l := range limitLines {
 		if !declared[l.scope] {
 			return errAt(l.tok, fmt.Errorf("limit for scope %q, which has no scope line", l.scope))
+		}
+		for _, f := range l.floors {
+			if !declared[f.Scope] {
+				return errAt(l.tok, fmt.Errorf("floor %s %s names scope %q, which has no scope line", f.Scope, f.ID, f.Scope))
+			}
 		}
 	}
 	// So may its prices: a budget without any is blamed on the first
@@ -603,6 +612,23 @@ func parsePrice(d *caddyfile.Dispenser) (PriceConfig, error) {
 	return p, noBlock(d, sub)
 }
 
+// parseFloor parses the arguments of a limit line's floor, whose name is
+// the current token: floor <scope> <id> <percent>%.
+func parseFloor(d *caddyfile.Dispenser) (FloorConfig, error) {
+	var f FloorConfig
+	var percent string
+	if !d.Args(&f.Scope, &f.ID, &percent) {
+		return f, d.Err("floor needs a scope, an id and a share: floor plan prod 60%")
+	}
+	digits, ok := strings.CutSuffix(percent, "%")
+	n, err := strconv.Atoi(digits)
+	if !ok || err != nil || n < 1 || n > 100 {
+		return f, d.Errf("floor %s %s %s: the share kept is a whole percent from 1%% to 100%%, such as 60%%", f.Scope, f.ID, percent)
+	}
+	f.Percent = n
+	return f, nil
+}
+
 // parseLimit parses the arguments of a limit line, whose name is the current
 // token: its options in any order, each once.
 func parseLimit(d *caddyfile.Dispenser) (LimitConfig, error) {
@@ -628,6 +654,13 @@ func parseLimit(d *caddyfile.Dispenser) (LimitConfig, error) {
 			}
 			*flag = true
 			continue
+		case "floor":
+			f, err := parseFloor(d)
+			if err != nil {
+				return l, err
+			}
+			l.Floors = append(l.Floors, f) // checked with the whole line, below
+			continue
 		case "else":
 			if len(l.PerRequest) > 0 {
 				return l, d.Err("else is given twice, or after a cap whose value is not a placeholder")
@@ -636,7 +669,7 @@ func parseLimit(d *caddyfile.Dispenser) (LimitConfig, error) {
 		}
 		kind, ok := capKindNamed(name)
 		if !ok {
-			return l, d.Errf("unrecognized limit option '%s': expecting %s, or shadow or learn", name, capNames(", ", " or "))
+			return l, d.Errf("unrecognized limit option '%s': expecting %s, or shadow, learn or floor", name, capNames(", ", " or "))
 		}
 		if seen[name] {
 			return l, d.Errf("%s is given twice", name)

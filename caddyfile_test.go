@@ -159,6 +159,18 @@ var caddyfileGoodCases = []caddyfileGoodCase{
 		},
 	},
 	{
+		name: "a limit with floors, whose scope line may come after it",
+		input: `rolter_ratelimit {
+			scope provider openai readable
+			limit provider * tpm 600000 floor plan prod 60% floor plan batch 10%
+			scope plan {http.request.header.X-Plan}
+		}`,
+		want: &Handler{
+			Scopes: []Scope{{Name: "provider", Value: "openai", Readable: true}, {Name: "plan", Value: "{http.request.header.X-Plan}"}},
+			Limits: []LimitConfig{{Scope: "provider", ID: "*", TPM: 600000, Floors: []FloorConfig{{Scope: "plan", ID: "prod", Percent: 60}, {Scope: "plan", ID: "batch", Percent: 10}}}},
+		},
+	},
+	{
 		name: "limit before its scope line",
 		input: `rolter_ratelimit {
 			limit org acme rpm 5
@@ -383,7 +395,7 @@ var caddyfileBadCases = append([]caddyfileBadCase{
 	{"itpd twice", "rolter_ratelimit {\n\tscope key x\n\tlimit key * itpd 5 otpd 5 itpd 6\n}", "itpd is given twice", 3},
 	{"otpm without value", "rolter_ratelimit {\n\tscope key x\n\tlimit key * otpm\n}", "wrong argument count or unexpected line ending after 'otpm'", 3},
 	{"tpd above the largest cap", "rolter_ratelimit {\n\tscope key x\n\tlimit key * tpd 100000000001\n}", `limit for scope "key" id "*": tpd must be a positive integer of at most 100000000000, not 100000000001`, 3},
-	{"unknown limit option", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rps 5\n}", "unrecognized limit option 'rps': expecting rpm, tpm, itpm, otpm, rpd, tpd, itpd, otpd, rate, burst, cost, concurrent, budget_day or budget_month, or shadow or learn", 3},
+	{"unknown limit option", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rps 5\n}", "unrecognized limit option 'rps': expecting rpm, tpm, itpm, otpm, rpd, tpd, itpd, otpd, rate, burst, cost, concurrent, budget_day or budget_month, or shadow, learn or floor", 3},
 	{"concurrent zero", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 concurrent 0\n}", `concurrent must be a positive integer, not "0"`, 3},
 	{"concurrent negative", "rolter_ratelimit {\n\tscope key x\n\tlimit key * concurrent -5\n}", `concurrent must be a positive integer, not "-5"`, 3},
 	{"concurrent without value", "rolter_ratelimit {\n\tscope key x\n\tlimit key * concurrent\n}", "wrong argument count or unexpected line ending after 'concurrent'", 3},
@@ -429,12 +441,22 @@ var caddyfileBadCases = append([]caddyfileBadCase{
 	{"else without a value", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm {h} else\n}", "wrong argument count or unexpected line ending after 'else'", 3},
 	{"a cap per request given twice", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm {h} else 5 rpm 6\n}", "rpm is given twice", 3},
 	{"a cap per request without a value", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm\n}", "wrong argument count or unexpected line ending after 'rpm'", 3},
+	{"a floor without its share", "rolter_ratelimit {\n\tscope key x\n\tscope plan y\n\tlimit key * rpm 5 floor plan prod\n}", "floor needs a scope, an id and a share: floor plan prod 60%", 4},
+	{"a floor's share without %", "rolter_ratelimit {\n\tscope key x\n\tscope plan y\n\tlimit key * rpm 5 floor plan prod 60\n}", "floor plan prod 60: the share kept is a whole percent from 1% to 100%, such as 60%", 4},
+	{"a floor's share of a fraction", "rolter_ratelimit {\n\tscope key x\n\tscope plan y\n\tlimit key * rpm 5 floor plan prod 2.5%\n}", "floor plan prod 2.5%: the share kept is a whole percent", 4},
+	{"a floor of 0%", "rolter_ratelimit {\n\tscope key x\n\tscope plan y\n\tlimit key * rpm 5 floor plan prod 0%\n}", "floor plan prod 0%: the share kept is a whole percent", 4},
+	{"floors above the whole", "rolter_ratelimit {\n\tscope key x\n\tscope plan y\n\tlimit key * rpm 5 floor plan prod 60% floor plan batch 50%\n}", `limit for scope "key" id "*": the floors keep 110% together, more than the whole`, 4},
+	{"a floor twice", "rolter_ratelimit {\n\tscope key x\n\tscope plan y\n\tlimit key * rpm 5 floor plan prod 10% floor plan prod 20%\n}", "floor plan prod is given twice", 4},
+	{"a floor on the limit's own scope", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 floor key prod 10%\n}", "floor key prod names the limit's own scope", 3},
+	{"a floor on a limit it does not divide", "rolter_ratelimit {\n\tscope key x\n\tscope plan y\n\tlimit key * concurrent 5 floor plan prod 10%\n}", "floors divide windows, a token bucket or what learn learns, and the limit has none", 4},
+	{"nine floors", "rolter_ratelimit {\n\tscope key x\n\tscope plan y\n\tlimit key * rpm 5 floor plan a 1% floor plan b 1% floor plan c 1% floor plan d 1% floor plan e 1% floor plan f 1% floor plan g 1% floor plan h 1% floor plan i 1%\n}", "9 floors, at most 8", 4},
+	{"a floor of a scope without a scope line", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 floor plan prod 10%\n}", `floor plan prod names scope "plan", which has no scope line`, 3},
 	{"learn twice on a limit", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 learn learn\n}", "learn is given twice", 3},
 	{"learn with a value on a limit", "rolter_ratelimit {\n\tscope key x\n\tlimit key * learn on\n}", "unrecognized limit option 'on'", 3},
 	{"shadow twice on a limit", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 shadow shadow\n}", "shadow is given twice", 3},
 	{"shadow alone on a limit", "rolter_ratelimit {\n\tscope key x\n\tlimit key * shadow\n}", `limit for scope "key" id "*" sets no cap`, 3},
 	{"shadow with a value on a limit", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 shadow on\n}", "unrecognized limit option 'on'", 3},
-	{"an unknown limit option beside shadow", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 shadows\n}", "unrecognized limit option 'shadows': expecting rpm, tpm, itpm, otpm, rpd, tpd, itpd, otpd, rate, burst, cost, concurrent, budget_day or budget_month, or shadow or learn", 3},
+	{"an unknown limit option beside shadow", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 shadows\n}", "unrecognized limit option 'shadows': expecting rpm, tpm, itpm, otpm, rpd, tpd, itpd, otpd, rate, burst, cost, concurrent, budget_day or budget_month, or shadow, learn or floor", 3},
 	{"shadow maybe", "rolter_ratelimit {\n\tshadow maybe\n}", `shadow must be on or off, not "maybe"`, 2},
 	{"shadow without a value", "rolter_ratelimit {\n\tshadow\n}", "wrong argument count or unexpected line ending after 'shadow'", 2},
 	{"shadow twice", "rolter_ratelimit {\n\tshadow on\n\tshadow off\n}", "shadow is given twice", 3},

@@ -363,6 +363,26 @@ type LimitConfig struct {
 	// scope's id usually names the provider's quota: the model, or an org
 	// key and the model.
 	Learn bool `json:"learn,omitempty"`
+	// Floors keep a share of each of the limit's caps (its windows, its
+	// bucket, and what Learn learned) for the requests of a class: those
+	// whose chain has the floor's id in the floor's scope. While a class
+	// asks (for 10 s after each of its requests), what its floor still has
+	// is held from every other request; a class alone is admitted up to the
+	// whole cap. A request's class is the first floor its chain matches. At
+	// most 8, of at most 100% together (floors.go).
+	Floors []FloorConfig `json:"floors,omitempty"`
+}
+
+// FloorConfig is one floor of a limit: Percent of each of its caps kept
+// for the requests whose id in Scope is ID.
+type FloorConfig struct {
+	// Scope names a scope of the chain, other than the limit's own.
+	Scope string `json:"scope"`
+	// ID is the id in that scope, as requests give it (placeholders such
+	// as {env.PROD_PLAN} are resolved when the config loads).
+	ID string `json:"id"`
+	// Percent is the share kept, a whole percent from 1 to 100.
+	Percent int `json:"percent"`
 }
 
 // PriceConfig is the price of a model, of every model whose name starts
@@ -465,6 +485,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		sl := h.limits[lc.Scope]
 		spec, err := h.specOf(lc, calendar)
 		if err != nil {
+			return err
+		}
+		if spec.floorClass, err = h.floorClassOf(lc, repl); err != nil {
 			return err
 		}
 		id := "*"
@@ -598,6 +621,11 @@ func (h *Handler) Validate() error {
 		if !scopes[l.Scope] {
 			return fmt.Errorf("limit for scope %q, which has no scope line", l.Scope)
 		}
+		for _, f := range l.Floors {
+			if !scopes[f.Scope] {
+				return fmt.Errorf("limit for scope %q id %q: floor %s %s names scope %q, which has no scope line", l.Scope, l.ID, f.Scope, f.ID, f.Scope)
+			}
+		}
 		if seen[[2]string{l.Scope, l.ID}] {
 			return fmt.Errorf("a second limit for scope %q id %q", l.Scope, l.ID)
 		}
@@ -692,6 +720,9 @@ func (l LimitConfig) validate() error {
 	if !slices.ContainsFunc(capKinds, func(k capKind) bool { return k.given(&l) }) && len(l.PerRequest) == 0 && !l.Learn {
 		return fmt.Errorf("limit for scope %q id %q sets no cap: give %s", l.Scope, l.ID, capNames(", ", " or "))
 	}
+	if err := l.validateFloors(); err != nil {
+		return err
+	}
 	nominal, err := l.nominal()
 	if err == nil {
 		_, err = nominal.caps()
@@ -733,6 +764,9 @@ func (l LimitConfig) windowCaps() (w limiter.WindowCaps) {
 func (l LimitConfig) caps() (limiter.Caps, error) {
 	caps := limiter.CapsOfWindows(l.windowCaps())
 	caps.Concurrent.Max, caps.Learn = l.Concurrent, l.Learn
+	for i, f := range l.Floors {
+		caps.Floors[i] = uint8(f.Percent) // validateFloors bounds them
+	}
 	for p, usd := range [limiter.NumBudgetPeriods]json.Number{limiter.BudgetDay: l.BudgetDay, limiter.BudgetMonth: l.BudgetMonth} {
 		if usd == "" {
 			continue

@@ -44,6 +44,7 @@ type limitSpec struct {
 	perRequest []perRequestCap
 	line       lineSettings
 	config     LimitConfig // the line without its per-request caps
+	floorClass floorClass  // how a request's class on its floors is found
 }
 
 // specOf is the spec of the handler's limit line lc, whose budgets cover
