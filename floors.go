@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/caddyserver/caddy/v2"
+
 	"github.com/rolter/caddy-ratelimit/internal/limiter"
 )
 

@@ -166,3 +166,31 @@ func TestGatewaysOnAClusterKeepEachFloorOfASharedBucket(t *testing.T) {
 	up := newUpstream(t)
 	floorsAreKept(t, up, urlsOf(startCaddyProcesses(t, 3, up, floorsSite("redis cluster "+strings.Join(c.URLs(), " ")))))
 }
+
+// A request refused for what another class's floor holds of a token window
+// is told so, in its dialect, with the floor, its share and the cap; a
+// request of that class is admitted in its stead.
+func TestARefusalForAFloorNamesItsClassShareAndCap(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		gw := startGateway(t, newUpstream(t).URL, limited(flightStore(store), `
+			scope plan {http.request.header.X-Plan}
+			scope provider {http.request.header.X-Org} readable
+			limit provider * tpm 1000 floor plan prod 60%
+			`))
+		org := redistest.UniqueID(t)
+		ask := func(plan string, maxTokens int) (*http.Response, []byte) {
+			return gw.send(t, "POST", "/v1/chat/completions", fmt.Sprintf(`{"model":"m","max_tokens":%d,"messages":[{"role":"user","content":"hi"}]}`, maxTokens), "X-Plan: "+plan, "X-Org: "+org)
+		}
+		if res, body := ask("prod", 500); res.StatusCode != http.StatusOK {
+			t.Fatalf("prod's first request: %d %s", res.StatusCode, body)
+		}
+		res, body := ask("batch", 450)
+		want := "Reserved for plan prod: 60% of provider's 1000 tokens per minute. Please try again in "
+		if res.StatusCode != http.StatusTooManyRequests || !strings.Contains(string(body), want) || !strings.Contains(string(body), `"type":"tokens"`) {
+			t.Fatalf("batch beside what prod's floor holds: %d %s, want 429 telling %q", res.StatusCode, body, want)
+		}
+		if res, body := ask("prod", 450); res.StatusCode != http.StatusOK {
+			t.Fatalf("prod within its floor: %d %s", res.StatusCode, body)
+		}
+	})
+}

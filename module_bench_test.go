@@ -115,6 +115,7 @@ const (
 	perRequestChain              // the key's rpm from the request's X-Plan-Rpm
 	rpmOnlyChain                 // rpm alone on each limit, and headers off: bench/run's memory-rpm site
 	learnChain                   // the org's limit learns the provider's quota, which each answer reports
+	floorsChain                  // and keeps 60% of it for the request's team, and 10% for another
 )
 
 // benchmarkChainHandler limits the four scopes of bench/run's limited site,
@@ -146,6 +147,10 @@ func benchmarkChainHandler(b *testing.B, redis *RedisConfig, reserve bool, varia
 			l.TPM = 0
 		case learnChain:
 			l.Learn = s[0] == "org"
+		case floorsChain:
+			if l.Learn = s[0] == "org"; l.Learn {
+				l.Floors = []FloorConfig{{Scope: "team", ID: "bench-team", Percent: 60}, {Scope: "team", ID: "other-team", Percent: 10}}
+			}
 		}
 		h.Limits = append(h.Limits, l)
 	}
@@ -167,7 +172,8 @@ func benchmarkChainHandler(b *testing.B, redis *RedisConfig, reserve bool, varia
 // limit and headers off (the least the limiter does for a request): the
 // differences are what reservation, a cap on requests in flight, a budget,
 // a cap per request and the token limits cost; and with the org's limit
-// learning the provider's quota, which each answer reports as OpenAI's do.
+// learning the provider's quota, which each answer reports as OpenAI's do,
+// and with floors on it, of which the request's team has one.
 func BenchmarkHandler(b *testing.B) {
 	b.Run("none", func(b *testing.B) { benchmarkHandler(b, nil) })
 	names, configs := []string{"memory"}, []*RedisConfig{nil}
@@ -179,7 +185,7 @@ func BenchmarkHandler(b *testing.B) {
 		inFlight, budget := benchmarkChainHandler(b, configs[i], true, inFlightChain), benchmarkChainHandler(b, configs[i], true, budgetChain)
 		perRequest := benchmarkChainHandler(b, configs[i], true, perRequestChain)
 		rpmOnly := benchmarkChainHandler(b, configs[i], true, rpmOnlyChain)
-		learn := benchmarkChainHandler(b, configs[i], true, learnChain)
+		learn, floors := benchmarkChainHandler(b, configs[i], true, learnChain), benchmarkChainHandler(b, configs[i], true, floorsChain)
 		b.Run(name, func(b *testing.B) { benchmarkHandler(b, h) })
 		b.Run(name+"/reactive", func(b *testing.B) { benchmarkHandler(b, reactive) })
 		b.Run(name+"/in-flight-cap", func(b *testing.B) { benchmarkHandler(b, inFlight) })
@@ -187,6 +193,7 @@ func BenchmarkHandler(b *testing.B) {
 		b.Run(name+"/per-request-cap", func(b *testing.B) { benchmarkHandler(b, perRequest) })
 		b.Run(name+"/rpm-only", func(b *testing.B) { benchmarkHandler(b, rpmOnly) })
 		b.Run(name+"/learn", func(b *testing.B) { benchmarkHandler(b, learn) })
+		b.Run(name+"/learn/floors", func(b *testing.B) { benchmarkHandler(b, floors) })
 	}
 }
 

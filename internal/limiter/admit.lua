@@ -184,10 +184,6 @@ local BUCKET, SLOTS, DAY_BUDGET, LEARNED, FLOORS = 8, 9, 10, 12, 13
 -- token quotas, whose number k is the part of a reservation each counts
 -- (TOKENS, INPUT, OUTPUT).
 local NUM_LEARNED = 4
--- floors.go's: how long a class asks after its last request, and how long
--- a floors key lives after its last write (a day: it matters much less
--- long, and a later write scales what it holds to the deficits then).
-local ASKING, FLOORS_TTL = 10000, 86400
 -- A token bucket counts micro-tokens: its rate, in milli-tokens per
 -- second, then refills a whole number of them each millisecond.
 local MICRO = 1000000
@@ -333,112 +329,142 @@ local function read_caps(at, count)
   return caps, {byte(ARGV[at], 1, -1)}, {byte(ARGV[at + 1], 1, -1)}, budgeted, at + 2
 end
 
--- Returns what a floors key's text holds (floors.go's floorState): when
--- each of the classes last asked, then each of the deficit shares' basis,
--- then each class's part of each, flat; all zero for a text of another
--- shape (its floors changed).
-local function read_floors(text, classes, shares)
-  local fields, n = {}, 0
-  for field in string.gmatch(text or '', '%x+') do
-    n = n + 1
-    fields[n] = tonumber(field, 16)
-  end
-  local want = classes + shares + classes * shares
-  if n ~= want then
-    for i = 1, want do fields[i] = 0 end
-  end
-  return fields
-end
+-- The floors' functions (floors.go), made by floors_functions only in a
+-- call that has a limit with floors: a closure made on every call costs
+-- Redis about 2k instructions, and one that captures the script's locals
+-- more, so these capture none of them and take the constants they share
+-- with the script as arguments.
+local function floors_functions(MICRO, KINDS, REQUESTS, MINUTE_TTL, DAY_TTL)
+  local floor, format = math.floor, string.format
+  -- floors.go's: how long a class asks after its last request, and how long
+  -- a floors key lives after its last write (a day: it matters much less
+  -- long, and a later write scales what it holds to the deficits then).
+  local ASKING, FLOORS_TTL = 10000, 86400
 
--- Returns what the floors of the classes other than class that ask at now
--- hold of a share whose capacity is cap (counted in units of scale each):
--- each floor's percent of it, whole, less what its class uses of it
--- (usage), if that is less; and the class that holds the most
--- (floors.go's floorHeld).
-local function floor_held(floors, state, class, cap, scale, usage, now)
-  local held, by, most = 0, 0, 0
-  for i = 1, #floors do
-    local asked = state[i]
-    if i ~= class and asked > 0 and now < asked + ASKING then
-      local h = floor(floors[i] * cap / 100) * scale - usage[i]
-      if h > 0 then
-        held = held + h
-        if h > most then most, by = h, i end
-      end
+  -- Returns what a floors key's text holds (floors.go's floorState): when
+  -- each of the classes last asked, then each of the deficit shares' basis,
+  -- then each class's part of each, flat; all zero for a text of another
+  -- shape (its floors changed).
+  local function read_floors(text, classes, shares)
+    local fields, n = {}, 0
+    for field in string.gmatch(text or '', '%x+') do
+      n = n + 1
+      fields[n] = tonumber(field, 16)
     end
+    local want = classes + shares + classes * shares
+    if n ~= want then
+      for i = 1, want do fields[i] = 0 end
+    end
+    return fields
   end
-  return held, by
-end
 
--- Returns a class's part d of a deficit share whose total was basis, now
--- that its total is total: in proportion when the total fell
--- (floors.go's scaledDeficit).
-local function scaled_deficit(d, total, basis)
-  if total >= basis then return d end
-  return floor(d * (total / basis))
-end
-
--- Returns what the floors of fl hold of its deficit share d (the bucket,
--- then each learned quota), whose total is total now and whose capacity
--- cap, and adds it to fl's reply; keeps, for the write, the total and each
--- class's part now, and what an admission takes of it: per_request
--- millionths (the bucket's cost, a request), or what it reserves on token
--- window window.
-local function floor_deficit(fl, floors, d, total, cap, per_request, window, now)
-  local state, classes, shares = fl.state, #floors, fl.shares
-  local usage = {}
-  for i = 1, classes do
-    usage[i] = scaled_deficit(state[classes + shares + (i - 1) * shares + d], total, state[classes + d])
-  end
-  local held, by = floor_held(floors, state, fl.class, cap, MICRO, usage, now)
-  fl.reply[#fl.reply + 1], fl.reply[#fl.reply + 2] = held, by
-  fl.deficits[d] = {total, usage, per_request, window}
-  return held
-end
-
--- Writes the state of each limit of floored back, whether its class was
--- admitted or not (a class that is refused asks too): the class's windows
--- count what it was admitted, as the limit's do; the floors key, when
--- each class last asked, and each deficit share's total after the call
--- (its basis) with each class's part of it refilled to now, and what the
--- class took added to its own.
-local function write_floors(floored, caps, caps_of, requests_added, token_reserved, now)
-  for limit, fl in pairs(floored) do
-    local floors = caps[caps_of[limit]].floors
-    local class, state, classes, shares, admitted = fl.class, fl.state, #floors, fl.shares, requests_added[limit]
-    if class > 0 then
-      state[class] = now
-      for j = 1, #fl.windows do
-        local kind, window = fl.windows[j][1], fl.windows[j][2]
-        local n = admitted
-        if kind % KINDS ~= REQUESTS then n = window and token_reserved[window] or 0 end
-        if n > 0 then
-          local key = KEYS[fl.base + (class - 1) * 2 * #fl.windows + 2 * (j - 1)]
-          if redis.call('INCRBY', key, format('%d', n)) == n then redis.call('EXPIRE', key, kind >= KINDS and DAY_TTL or MINUTE_TTL) end
+  -- Returns what the floors of the classes other than class that ask at now
+  -- hold of a share whose capacity is cap (counted in units of scale each):
+  -- each floor's percent of it, whole, less what its class uses of it
+  -- (usage), if that is less; and the class that holds the most
+  -- (floors.go's floorHeld).
+  local function floor_held(floors, state, class, cap, scale, usage, now)
+    local held, by, most = 0, 0, 0
+    for i = 1, #floors do
+      local asked = state[i]
+      if i ~= class and asked > 0 and now < asked + ASKING then
+        local h = floor(floors[i] * cap / 100) * scale - usage[i]
+        if h > 0 then
+          held = held + h
+          if h > most then most, by = h, i end
         end
       end
     end
-    for d = 1, shares do
-      local share, basis = fl.deficits[d], 0
-      local taken = 0
-      if share then
-        if share[4] then taken = token_reserved[share[4]] * MICRO else taken = admitted * share[3] end
-        basis = share[1] + taken
+    return held, by
+  end
+
+  -- Returns a class's part d of a deficit share whose total was basis, now
+  -- that its total is total: in proportion when the total fell
+  -- (floors.go's scaledDeficit).
+  local function scaled_deficit(d, total, basis)
+    if total >= basis then return d end
+    return floor(d * (total / basis))
+  end
+
+  -- Returns what the floors of fl hold of its deficit share d (the bucket,
+  -- then each learned quota), whose total is total now and whose capacity
+  -- cap, and adds it to fl's reply; keeps, for the write, the total and each
+  -- class's part now, and what an admission takes of it: per_request
+  -- millionths (the bucket's cost, a request), or what it reserves on token
+  -- window window.
+  local function floor_deficit(fl, floors, d, total, cap, per_request, window, now)
+    local state, classes, shares = fl.state, #floors, fl.shares
+    local usage = {}
+    for i = 1, classes do
+      usage[i] = scaled_deficit(state[classes + shares + (i - 1) * shares + d], total, state[classes + d])
+    end
+    local held, by = floor_held(floors, state, fl.class, cap, MICRO, usage, now)
+    fl.reply[#fl.reply + 1], fl.reply[#fl.reply + 2] = held, by
+    fl.deficits[d] = {total, usage, per_request, window}
+    return held
+  end
+
+  -- Writes the state of each limit of floored back, whether its class was
+  -- admitted or not (a class that is refused asks too): the class's windows
+  -- count what it was admitted, as the limit's do; the floors key, when
+  -- each class last asked, and each deficit share's total after the call
+  -- (its basis) with each class's part of it refilled to now, and what the
+  -- class took added to its own.
+  local function write_floors(floored, caps, caps_of, requests_added, token_reserved, now)
+    for limit, fl in pairs(floored) do
+      local floors = caps[caps_of[limit]].floors
+      local class, state, classes, shares, admitted = fl.class, fl.state, #floors, fl.shares, requests_added[limit]
+      if class > 0 then
+        state[class] = now
+        for j = 1, #fl.windows do
+          local kind, window = fl.windows[j][1], fl.windows[j][2]
+          local n = admitted
+          if kind % KINDS ~= REQUESTS then n = window and token_reserved[window] or 0 end
+          if n > 0 then
+            local key = KEYS[fl.base + (class - 1) * 2 * #fl.windows + 2 * (j - 1)]
+            if redis.call('INCRBY', key, format('%d', n)) == n then redis.call('EXPIRE', key, kind >= KINDS and DAY_TTL or MINUTE_TTL) end
+          end
+        end
       end
-      state[classes + d] = basis
-      for i = 1, classes do
-        local part = 0
+      for d = 1, shares do
+        local share, basis = fl.deficits[d], 0
+        local taken = 0
         if share then
-          part = share[2][i]
-          if i == class then part = part + taken end
+          if share[4] then taken = token_reserved[share[4]] * MICRO else taken = admitted * share[3] end
+          basis = share[1] + taken
         end
-        state[classes + shares + (i - 1) * shares + d] = part
+        state[classes + d] = basis
+        for i = 1, classes do
+          local part = 0
+          if share then
+            part = share[2][i]
+            if i == class then part = part + taken end
+          end
+          state[classes + shares + (i - 1) * shares + d] = part
+        end
       end
+      local text = {}
+      for f = 1, #state do text[f] = format('%x', state[f]) end
+      redis.call('SET', KEYS[fl.text_key], table.concat(text, ':'), 'EX', FLOORS_TTL)
     end
-    local text = {}
-    for f = 1, #state do text[f] = format('%x', state[f]) end
-    redis.call('SET', KEYS[fl.text_key], table.concat(text, ':'), 'EX', FLOORS_TTL)
   end
+
+  -- Adds to reply, which holds reply_len numbers, what the floors of fl
+  -- hold of each share and by which class, then until when the classes
+  -- that hold anything ask (at least now); returns its length then.
+  local function reply_floors(fl, reply, reply_len, now)
+    local until_ms = now
+    for r = 1, #fl.reply, 2 do
+      local by = fl.reply[r + 1]
+      if fl.reply[r] > 0 and fl.state[by] + ASKING > until_ms then until_ms = fl.state[by] + ASKING end
+      reply[reply_len + 1], reply[reply_len + 2] = fl.reply[r], by
+      reply_len = reply_len + 2
+    end
+    reply[reply_len + 1] = until_ms
+    return reply_len + 1
+  end
+
+  return read_floors, floor_held, floor_deficit, reply_floors, write_floors
 end
 
 -- Adds each limit's admissions to its request windows, its bucket and its
@@ -556,8 +582,9 @@ local learned
 -- of each share for the other classes, for the reply, and what writing
 -- the state back needs: per window its kind and token window, per deficit
 -- share its total and each class's part, refilled to now, and its token
--- window.
+-- window. The floors' functions are made by the first limit with floors.
 local floored
+local read_floors, floor_held, floor_deficit, reply_floors, write_floors
 -- With reservations, each token window, and each budget, has a room of
 -- its own too, in flat arrays rather than a table per window: token_room,
 -- in its span's units times its length, token_scale (the length; a
@@ -585,6 +612,9 @@ for limit = 1, limit_count do
   -- current and a previous period each, then the floors key.
   local floors, fl = limit_caps.floors, nil
   if floors then
+    if not read_floors then
+      read_floors, floor_held, floor_deficit, reply_floors, write_floors = floors_functions(MICRO, KINDS, REQUESTS, MINUTE_TTL, DAY_TTL)
+    end
     local shares = (rate > 0 and 1 or 0) + (limit_caps.learn and NUM_LEARNED or 0)
     local base = key_index + #windows + (rate > 0 and 1 or 0) + (limit_caps.slots > 0 and 1 or 0) + (limit_caps.budgets and #limit_caps.budgets or 0) + (limit_caps.learn and 1 or 0)
     local text_key = base + #floors * #windows
@@ -737,17 +767,7 @@ for limit = 1, limit_count do
     key_index = key_index + 1
   end
   if fl then
-    -- What the floors hold of each share, by which class, and until when
-    -- the classes that hold anything ask (at least now).
-    local until_ms = now
-    for r = 1, #fl.reply, 2 do
-      local by = fl.reply[r + 1]
-      if fl.reply[r] > 0 and fl.state[by] + ASKING > until_ms then until_ms = fl.state[by] + ASKING end
-      reply[reply_len + 1], reply[reply_len + 2] = fl.reply[r], by
-      reply_len = reply_len + 2
-    end
-    reply_len = reply_len + 1
-    reply[reply_len] = until_ms
+    reply_len = reply_floors(fl, reply, reply_len, now)
     key_index = fl.text_key + 1
   end
   if reserving then last_token_window[limit] = token_windows end

@@ -171,6 +171,34 @@
 // double both stores compute and round alike, so that every number stays
 // exact below 2^53 for quotas of up to 10^9 (MaxLearned).
 //
+// # Priority floors
+//
+// A limit's floors (Caps.Floors) keep a percent of each of its shares
+// (each window, the bucket, each learned quota) for the requests of a
+// class (Limit.Class, which the module finds per request), while the
+// class asks: for FloorAskingMillis after one of its requests came to an
+// admission of the limit, admitted or not. A request fits a share beside
+// what the floors of the other classes that ask hold of it: each floor's
+// percent of the share's cap, whole, less what its class uses of it, if
+// that is less (FloorCounts). A class alone is held nothing from; a class
+// that asks is never refused for what its floor still has, as long as
+// what the others use came while it asked.
+//
+// What a class uses of a window is counted in windows of its own beside
+// the limit's, in the same periods, so that the estimates add up; a
+// settlement moves both. What it uses of a deficit share (the bucket, a
+// learned quota) is its part of the deficit, kept with the deficit it was
+// written beside (its basis) and scaled in proportion as the deficit
+// refills, in the same double operations in both stores
+// (scaledDeficit): the classes' parts never add up to more than the
+// deficit, so that what floors hold never strands what nobody holds.
+//
+// Floors refuse nothing themselves (FloorsPart): they take from each
+// share's room, which stays one number per share in a call of admit.lua
+// because a call holds one class of a limit. A chain with floors is never
+// refused from the refusal cache: its refusal is its class's asking,
+// which the store writes.
+//
 // # Refusals cost Redis nothing
 //
 // A limit Redis refused on requests (per minute or per day) or a token

@@ -337,10 +337,18 @@ func BenchmarkAdmissionRedisServerTime(b *testing.B) {
 				// The shared limit learns the provider's quota, which a
 				// report has filled (as every answer's does).
 				learning := func(key int) []Limit { return withLearning(chainOf(key)) }
+				report := Report{At: time.Now().UnixMilli(), Quotas: [NumLearned]ReportedQuota{
+					{Limit: MaxLearned, Remaining: MaxLearned - 1, ResetMillis: 3_600_000}, {Limit: MaxLearned, Remaining: MaxLearned - 1000, ResetMillis: 3_600_000}}}
 				b.Run(name+"/reserving/learned", func(b *testing.B) {
-					learnOrFail(b, newTestRedisStore(b, url), learning(0), Report{At: time.Now().UnixMilli(), Quotas: [NumLearned]ReportedQuota{
-						{Limit: MaxLearned, Remaining: MaxLearned - 1, ResetMillis: 3_600_000}, {Limit: MaxLearned, Remaining: MaxLearned - 1000, ResetMillis: 3_600_000}}})
+					learnOrFail(b, newTestRedisStore(b, url), learning(0), report)
 					benchmarkRedisTime(b, url, concurrent, totalTokens(1000), false, learning)
+				})
+				// And has two floors, of 60% and 10%, for the first of
+				// which every request comes.
+				floored := func(key int) []Limit { return withFloors(learning(key)) }
+				b.Run(name+"/reserving/learned/floors", func(b *testing.B) {
+					learnOrFail(b, newTestRedisStore(b, url), floored(0), report)
+					benchmarkRedisTime(b, url, concurrent, totalTokens(1000), false, floored)
 				})
 			}
 		}
@@ -405,6 +413,16 @@ func withLearning(chain []Limit) []Limit {
 	caps := *last.Caps
 	caps.Learn = true
 	last.Caps = &caps
+	return chain
+}
+
+// withFloors is chain whose last limit has floors of 60% and 10%, and
+// whose request is of the first's class.
+func withFloors(chain []Limit) []Limit {
+	last := &chain[len(chain)-1]
+	caps := *last.Caps
+	caps.Floors = [MaxFloors]uint8{60, 10}
+	last.Caps, last.Class = &caps, 1
 	return chain
 }
 
