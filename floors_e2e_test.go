@@ -2,7 +2,6 @@ package ratelimit
 
 import (
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -62,16 +61,11 @@ func flood(t *testing.T, wg *sync.WaitGroup, gateways []string, plan, org string
 	for i := range clients {
 		wg.Go(func() {
 			for time.Now().Before(end) {
-				req, _ := http.NewRequest("POST", gateways[i%len(gateways)]+"/v1/chat/completions", strings.NewReader(`{"model":"m","max_tokens":10}`))
-				req.Header.Set("X-Plan", plan)
-				req.Header.Set("X-Org", org)
-				res, err := http.DefaultClient.Do(req)
+				res, body, err := postChat(gateways[i%len(gateways)], "X-Plan", plan, "X-Org", org)
 				if err != nil {
 					t.Error(err)
 					return
 				}
-				body, _ := io.ReadAll(res.Body)
-				res.Body.Close()
 				switch res.StatusCode {
 				case http.StatusOK:
 					c.mu.Lock()

@@ -165,18 +165,11 @@ func sendSteadily(t *testing.T, gateways []string, route, dialect, org string, k
 		key := redistest.UniqueID(t)
 		wg.Go(func() {
 			for time.Now().Before(end) {
-				req, _ := http.NewRequest("POST", gateways[i%len(gateways)]+"/v1/chat/completions", strings.NewReader(`{"model":"m","max_tokens":10}`))
-				req.Header.Set("X-Api-Key", key)
-				req.Header.Set("X-Org", org)
-				req.Header.Set("X-Route", route)
-				req.Header.Set("X-Dialect", dialect)
-				res, err := http.DefaultClient.Do(req)
+				res, body, err := postChat(gateways[i%len(gateways)], "X-Api-Key", key, "X-Org", org, "X-Route", route, "X-Dialect", dialect)
 				if err != nil {
 					t.Error(err)
 					return
 				}
-				body, _ := io.ReadAll(res.Body)
-				res.Body.Close()
 				if res.StatusCode == http.StatusOK {
 					continue
 				}
@@ -196,6 +189,26 @@ func sendSteadily(t *testing.T, gateways []string, route, dialect, org string, k
 	}
 	wg.Wait()
 	return byGateway.Load(), byProvider.Load()
+}
+
+// postChat sends a small chat completion to gateway with headers (names
+// and values, in turn), as the load tests' clients do, and reads its
+// answer.
+func postChat(gateway string, headers ...string) (*http.Response, []byte, error) {
+	req, err := http.NewRequest("POST", gateway+"/v1/chat/completions", strings.NewReader(`{"model":"m","max_tokens":10}`))
+	if err != nil {
+		return nil, nil, err
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer res.Body.Close()
+	body, err := io.ReadAll(res.Body)
+	return res, body, err
 }
 
 // retryAfterOf is a refusal's wait as an SDK reads it: retry-after-ms,

@@ -40,14 +40,21 @@ func admitFloors(t *testing.T, s Store, l Limit, class uint8, at int64, reserve 
 	return a
 }
 
+// admitEach admits n requests of class on l at at, every one of which
+// must fit.
+func admitEach(t *testing.T, s Store, l Limit, class uint8, at int64, n int) {
+	t.Helper()
+	for range n {
+		admitFloors(t, s, l, class, at, TokenCounts{}, true, 0)
+	}
+}
+
 func runFloorsConformance(t *testing.T, kit storeKit) {
 	t.Run("AClassAloneIsAdmittedUpToTheWholeCap", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
 		at := pinnedBase() + 1000
 		l := newFloorLimit("provider", CapsOfWindows(WindowCaps{RPM: 10}), 60, 10)
-		for range 10 {
-			admitFloors(t, s, l, batchClass, at, TokenCounts{}, true, 0)
-		}
+		admitEach(t, s, l, batchClass, at, 10)
 		admitFloors(t, s, l, batchClass, at, TokenCounts{}, false, 0)
 	})
 	// prod asks once: what its floor still has (6 - 1 of 10) is held for
@@ -57,18 +64,14 @@ func runFloorsConformance(t *testing.T, kit storeKit) {
 		at := pinnedBase() + 1000
 		l := newFloorLimit("provider", CapsOfWindows(WindowCaps{RPM: 10}), 60, 10)
 		admitFloors(t, stores[0], l, prodClass, at, TokenCounts{}, true, 0)
-		for range 3 {
-			admitFloors(t, stores[1], l, batchClass, at+1, TokenCounts{}, true, 0)
-		}
+		admitEach(t, stores[1], l, batchClass, at+1, 3)
 		admitFloors(t, stores[1], l, anyClass, at+1, TokenCounts{}, true, 0)
 		a := admitFloors(t, stores[1], l, batchClass, at+2, TokenCounts{}, false, prodClass)
 		if a.Refusal.Kind != Requests || a.Refusal.Window != RPM || a.Refusal.Capacity != 10 {
 			t.Fatalf("batch refused %+v, want by the rpm of 10", a.Refusal)
 		}
 		admitFloors(t, stores[0], l, anyClass, at+2, TokenCounts{}, false, prodClass)
-		for range 5 { // prod's 6, and the 10
-			admitFloors(t, stores[0], l, prodClass, at+3, TokenCounts{}, true, 0)
-		}
+		admitEach(t, stores[0], l, prodClass, at+3, 5) // prod's 6, and the 10
 		admitFloors(t, stores[0], l, prodClass, at+3, TokenCounts{}, false, 0)
 	})
 	t.Run("AClassThatStopsAskingLeavesItsFloorToTheOthers", func(t *testing.T) {
@@ -76,16 +79,12 @@ func runFloorsConformance(t *testing.T, kit storeKit) {
 		at := pinnedBase() + 1000
 		l := newFloorLimit("provider", CapsOfWindows(WindowCaps{RPM: 10}), 60)
 		admitFloors(t, s, l, prodClass, at, TokenCounts{}, true, 0)
-		for range 4 {
-			admitFloors(t, s, l, anyClass, at+1, TokenCounts{}, true, 0)
-		}
+		admitEach(t, s, l, anyClass, at+1, 4)
 		a := admitFloors(t, s, l, anyClass, at+FloorAskingMillis-1, TokenCounts{}, false, prodClass)
 		if a.Refusal.WaitMillis != 1 {
 			t.Fatalf("others told to wait %d ms, want 1: prod stops asking then", a.Refusal.WaitMillis)
 		}
-		for range 5 {
-			admitFloors(t, s, l, anyClass, at+FloorAskingMillis, TokenCounts{}, true, 0)
-		}
+		admitEach(t, s, l, anyClass, at+FloorAskingMillis, 5)
 	})
 	// The floor is exact across replicas racing: of rpm 30, prod's floor
 	// of 50% holds 14 for it after its first request.
@@ -119,24 +118,16 @@ func runFloorsConformance(t *testing.T, kit storeKit) {
 		s := kit.replicas(t, 1)[0]
 		at := pinnedBase() + 1000
 		l := newFloorLimit("provider", Caps{Bucket: newTokenBucket(t, "1", 10, 1)}, 50)
-		for range 2 {
-			admitFloors(t, s, l, prodClass, at, TokenCounts{}, true, 0)
-		}
-		for range 5 { // 10 - 2 - the 3 held
-			admitFloors(t, s, l, anyClass, at, TokenCounts{}, true, 0)
-		}
+		admitEach(t, s, l, prodClass, at, 2)
+		admitEach(t, s, l, anyClass, at, 5) // 10 - 2 - the 3 held
 		a := admitFloors(t, s, l, anyClass, at, TokenCounts{}, false, prodClass)
 		if a.Refusal.Kind != Burst || a.Refusal.WaitMillis != 1000 {
 			t.Fatalf("others refused %+v, want by the bucket, for the 1 s it takes to refill a token beside what prod's floor holds", a.Refusal)
 		}
-		for range 3 {
-			admitFloors(t, s, l, prodClass, at, TokenCounts{}, true, 0)
-		}
+		admitEach(t, s, l, prodClass, at, 3)
 		// 4 s later 4 tokens are back; prod's 5 of the 10 taken weigh 3
 		// (5 × 6/10), so its floor holds 2 of them.
-		for range 2 {
-			admitFloors(t, s, l, anyClass, at+4000, TokenCounts{}, true, 0)
-		}
+		admitEach(t, s, l, anyClass, at+4000, 2)
 		admitFloors(t, s, l, anyClass, at+4000, TokenCounts{}, false, prodClass)
 	})
 	// A learned quota's floor: the provider reported 9 of 10 requests left.
@@ -146,16 +137,12 @@ func runFloorsConformance(t *testing.T, kit storeKit) {
 		l := newFloorLimit("provider", Caps{Learn: true}, 50)
 		learnOrFail(t, s, ofClass(l, anyClass), requestsReport(at, 10, 9, 60_000))
 		admitFloors(t, s, l, prodClass, at, TokenCounts{}, true, 0)
-		for range 4 { // 10 - 2 - the 4 held
-			admitFloors(t, s, l, anyClass, at, TokenCounts{}, true, 0)
-		}
+		admitEach(t, s, l, anyClass, at, 4) // 10 - 2 - the 4 held
 		a := admitFloors(t, s, l, anyClass, at, TokenCounts{}, false, prodClass)
 		if a.Refusal.Kind != Provider || a.Refusal.Capacity != 10 {
 			t.Fatalf("others refused %+v, want by the provider's quota of 10", a.Refusal)
 		}
-		for range 4 {
-			admitFloors(t, s, l, prodClass, at, TokenCounts{}, true, 0)
-		}
+		admitEach(t, s, l, prodClass, at, 4)
 		admitFloors(t, s, l, prodClass, at, TokenCounts{}, false, 0)
 	})
 }
