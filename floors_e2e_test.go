@@ -23,12 +23,22 @@ func floorsSite(store string) string {
 		`)
 }
 
-// The floors' bucket: its burst, its refill a second, and its period.
-const (
-	floorsBurst  = 40
-	floorsRate   = 80
-	floorsPeriod = floorsBurst * time.Second / floorsRate
-)
+// sharedCap is the capacity the floors divide: what it holds full, and
+// what it gets back each second.
+type sharedCap struct{ full, perSecond int }
+
+// floorsBucket is floorsSite's bucket.
+var floorsBucket = sharedCap{full: 40, perSecond: 80}
+
+// period is how long the capacity takes to fill.
+func (c sharedCap) period() time.Duration {
+	return time.Duration(c.full) * time.Second / time.Duration(c.perSecond)
+}
+
+// gives is what the capacity gives over d from full.
+func (c sharedCap) gives(d time.Duration) float64 {
+	return float64(c.full) + float64(c.perSecond)*d.Seconds()
+}
 
 // classTraffic is what the clients of one plan saw: when each of their
 // requests was admitted (answered 200), and one refusal's message that
@@ -56,12 +66,12 @@ func (c *classTraffic) admittedIn(from, to time.Time) int {
 // (client i through gateway i mod len(gateways)) until end, each as an SDK
 // does: the next as soon as one is answered, after the Retry-After-Ms of
 // a refusal.
-func flood(t *testing.T, wg *sync.WaitGroup, gateways []string, plan, org string, clients int, end time.Time) *classTraffic {
+func flood(t *testing.T, wg *sync.WaitGroup, gateways []string, plan, org string, extra []string, clients int, end time.Time) *classTraffic {
 	c := new(classTraffic)
 	for i := range clients {
 		wg.Go(func() {
 			for time.Now().Before(end) {
-				res, body, err := postChat(gateways[i%len(gateways)], "X-Plan", plan, "X-Org", org)
+				res, body, err := postChat(gateways[i%len(gateways)], append([]string{"X-Plan", plan, "X-Org", org}, extra...)...)
 				if err != nil {
 					t.Error(err)
 					return
@@ -88,28 +98,29 @@ func flood(t *testing.T, wg *sync.WaitGroup, gateways []string, plan, org string
 	return c
 }
 
-// floorsAreKept has batch's clients take the bucket alone for four periods,
-// then prod's start and both send for five more, through the gateways, and
-// checks the floors' promises: batch alone uses at least 95% of what the
-// bucket gives; prod, from one period after it starts, has at least its
-// 60% of the admissions, and batch its 10%; a batch request refused meanwhile is told what prod's
-// floor holds; and the upstream never sees more than the bucket gives.
-func floorsAreKept(t *testing.T, up *fakeUpstream, gateways []string) {
+// floorsAreKept has batch's clients take the capacity c alone for three
+// of its periods, then prod's start and both send for five more, through
+// the gateways, each request with the extra headers, and checks the
+// floors' promises: batch alone uses at least 95% of what the capacity
+// gives; prod, from one period after it starts, has at least its 60% of
+// the admissions, and batch its 10%; and a batch request refused meanwhile
+// is told what prod's floor holds, of.
+func floorsAreKept(t *testing.T, gateways []string, c sharedCap, extra []string, of string) {
 	org := redistest.UniqueID(t)
 	start := time.Now()
-	prodStart, end := start.Add(4*floorsPeriod), start.Add(9*floorsPeriod)
+	prodStart, end := start.Add(3*c.period()), start.Add(8*c.period())
 	var wg sync.WaitGroup
-	batch := flood(t, &wg, gateways, "batch", org, 6, end)
+	batch := flood(t, &wg, gateways, "batch", org, extra, 6, end)
 	time.Sleep(time.Until(prodStart))
-	prod := flood(t, &wg, gateways, "prod", org, 6, end)
+	prod := flood(t, &wg, gateways, "prod", org, extra, 6, end)
 	wg.Wait()
 
-	alone, given := batch.admittedIn(start, prodStart), floorsBurst+floorsRate*prodStart.Sub(start).Seconds()
-	t.Logf("batch alone: %d admitted of the %.0f the bucket gave", alone, given)
+	alone, given := batch.admittedIn(start, prodStart), c.gives(prodStart.Sub(start))
+	t.Logf("batch alone: %d admitted of the %.0f the capacity gave", alone, given)
 	if float64(alone) < 0.95*given {
-		t.Errorf("batch alone was admitted %d, less than 95%% of the %.0f the bucket gave", alone, given)
+		t.Errorf("batch alone was admitted %d, less than 95%% of the %.0f the capacity gave", alone, given)
 	}
-	settled := prodStart.Add(floorsPeriod)
+	settled := prodStart.Add(c.period())
 	p, b := prod.admittedIn(settled, end), batch.admittedIn(settled, end)
 	t.Logf("from one period after prod started: prod %d, batch %d", p, b)
 	// Two requests of slack: one at each edge of the stretch measured,
@@ -120,10 +131,9 @@ func floorsAreKept(t *testing.T, up *fakeUpstream, gateways []string) {
 	if share := float64(b) / float64(p+b); share < 0.1 {
 		t.Errorf("batch had %.1f%% of the admissions while prod asked, less than its floor's 10%%", 100*share)
 	}
-	if want := fmt.Sprintf("Reserved for plan prod: 60%% of provider's burst capacity of %d.", floorsBurst); !strings.Contains(batch.floor, want) {
+	if want := "Reserved for plan prod: 60% of provider's " + of; !strings.Contains(batch.floor, want) {
 		t.Errorf("batch's refusals told %q, want one telling %q", batch.floor, want)
 	}
-	bucketNeverOverspent(t, up.arrivals())
 }
 
 // bucketNeverOverspent checks that no stretch of the upstream's arrivals
@@ -133,7 +143,7 @@ func floorsAreKept(t *testing.T, up *fakeUpstream, gateways []string) {
 func bucketNeverOverspent(t *testing.T, arrivals []time.Time) {
 	for i, from := range arrivals {
 		for j := i; j < len(arrivals); j++ {
-			if n, most := j-i+1, floorsBurst+floorsRate*arrivals[j].Sub(from).Seconds()+1; float64(n) > most {
+			if n, most := j-i+1, floorsBucket.gives(arrivals[j].Sub(from))+1; float64(n) > most {
 				t.Fatalf("%d requests reached the upstream in %v, more than the bucket gives: %.0f", n, arrivals[j].Sub(from), most)
 			}
 		}
@@ -145,11 +155,14 @@ func bucketNeverOverspent(t *testing.T, arrivals []time.Time) {
 func TestGatewaysKeepEachFloorOfASharedBucket(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		up := newUpstream(t)
+		var gateways []string
 		if store == "" {
-			floorsAreKept(t, up, []string{startGateway(t, up.URL, floorsSite(store)).url})
-			return
+			gateways = []string{startGateway(t, up.URL, floorsSite(store)).url}
+		} else {
+			gateways = urlsOf(startCaddyProcesses(t, 3, up, floorsSite(store)))
 		}
-		floorsAreKept(t, up, urlsOf(startCaddyProcesses(t, 3, up, floorsSite(store))))
+		floorsAreKept(t, gateways, floorsBucket, nil, "burst capacity of 40.")
+		bucketNeverOverspent(t, up.arrivals())
 	})
 }
 
@@ -158,7 +171,22 @@ func TestGatewaysKeepEachFloorOfASharedBucket(t *testing.T) {
 func TestGatewaysOnAClusterKeepEachFloorOfASharedBucket(t *testing.T) {
 	c := redistest.NewCluster(t, 3)
 	up := newUpstream(t)
-	floorsAreKept(t, up, urlsOf(startCaddyProcesses(t, 3, up, floorsSite("redis cluster "+strings.Join(c.URLs(), " ")))))
+	floorsAreKept(t, urlsOf(startCaddyProcesses(t, 3, up, floorsSite("redis cluster "+strings.Join(c.URLs(), " ")))), floorsBucket, nil, "burst capacity of 40.")
+	bucketNeverOverspent(t, up.arrivals())
+}
+
+// Three gateway processes on one Redis keep the floors of the provider's
+// own quota as they learn it: a stand-in provider's 40 requests, refilled
+// in half a second.
+func TestGatewaysKeepEachFloorOfTheProvidersLearnedQuota(t *testing.T) {
+	url := redistest.EnvURL(t)
+	quota := sharedCap{full: 40, perSecond: 80}
+	provider := newStandInProvider(int64(quota.full), quota.period())
+	up := newFakeUpstream(t, provider.mode)
+	gws := startCaddyProcesses(t, 3, up, providerSite("redis "+url, map[string]string{
+		"floors": "scope plan {http.request.header.X-Plan}\nlimit provider * learn floor plan prod 60% floor plan batch 10%",
+	}))
+	floorsAreKept(t, urlsOf(gws), quota, []string{"X-Route", "floors", "X-Dialect", "openai"}, "quota of 40, as the provider last reported it.")
 }
 
 // A request refused for what another class's floor holds of a token window
