@@ -126,18 +126,19 @@ func (s *limitSpec) capsFor(req *request) (caps *limiter.Caps, bad string) {
 }
 
 // describe is the limit's caps after name, for the log: its caps per
-// request as configured, not at their stand-in values.
+// request as configured, not at their stand-in values, and its floors as
+// the line gives them.
 func (s *limitSpec) describe(name string) string {
-	if len(s.perRequest) == 0 {
-		return s.caps.Describe(name)
-	}
 	caps := s.caps // the stand-in values left out
-	var per strings.Builder
+	var more strings.Builder
 	for _, p := range s.perRequest {
-		fmt.Fprintf(&per, " %s %s", p.kind.name, p.describe())
+		fmt.Fprintf(&more, " %s %s", p.kind.name, p.describe())
 		caps.Without(p.kind.part)
 	}
-	return caps.Describe(name) + per.String()
+	for _, f := range s.config.Floors {
+		fmt.Fprintf(&more, " floor %s %s %d%%", f.Scope, f.ID, f.Percent)
+	}
+	return caps.Describe(name) + more.String()
 }
 
 // describe is the cap's value as configured, with its fallback.

@@ -252,14 +252,16 @@ func TestAPlanNameMappedToCapsByMap(t *testing.T) {
 }
 
 // The log of the limits loaded shows a cap per request as configured, not
-// at the stand-in value its checks use.
+// at the stand-in value its checks use, and the floors as the line gives
+// them.
 func TestTheLoadedLimitsLogShowsCapsPerRequestAsConfigured(t *testing.T) {
-	lc := LimitConfig{Scope: "key", ID: "*", TPM: 1000, Shadow: true, PerRequest: map[string]PerRequestCap{"rpm": {Value: "{http.request.header.X-Plan-Rpm}", Else: "60"}}}
+	lc := LimitConfig{Scope: "key", ID: "*", TPM: 1000, Shadow: true, PerRequest: map[string]PerRequestCap{"rpm": {Value: "{http.request.header.X-Plan-Rpm}", Else: "60"}},
+		Floors: []FloorConfig{{Scope: "plan", ID: "prod", Percent: 60}}}
 	spec, err := new(Handler).specOf(lc, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := spec.describe("key *"), "key * tpm 1000 shadow rpm {http.request.header.X-Plan-Rpm} else 60"; got != want {
+	if got, want := spec.describe("key *"), "key * tpm 1000 shadow rpm {http.request.header.X-Plan-Rpm} else 60 floor plan prod 60%"; got != want {
 		t.Fatalf("%q, want %q", got, want)
 	}
 }

@@ -281,9 +281,6 @@ func (c Caps) Describe(name string) string {
 	if c.Learn {
 		s.WriteString(" learn")
 	}
-	for i := range c.NumFloors() {
-		fmt.Fprintf(&s, " floor%d %d%%", i+1, c.Floors[i])
-	}
 	if c.Shadow {
 		s.WriteString(" shadow")
 	}
