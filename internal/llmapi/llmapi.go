@@ -24,6 +24,16 @@
 //	…/publishers/anthropic/…/<model>:rawPredict, :streamRawPredict
 //	                                        Anthropic Messages on Vertex AI
 //	                                        (model count-tokens: no output)
+//	…/model/<model>/converse, …/converse-stream
+//	                                        Bedrock Converse
+//	…/model/<model>/invoke, …/invoke-with-response-stream
+//	                                        Bedrock InvokeModel
+//	…/v2/chat                               Cohere chat
+//
+// A Bedrock model is everything between the path's last /model/ and its
+// method, as the path is decoded: a model id, an inference profile
+// (us.anthropic.claude-…), or an ARN, which its clients URL-encode whole,
+// slashes included (arn:aws:bedrock:…:inference-profile/us.anthropic.…).
 //
 // Any other path is Unknown, and is answered as OpenAI's; of Gemini's
 // …/models/<model>:embedContent and :batchEmbedContents, whose bodies this
@@ -47,6 +57,14 @@ const (
 	Responses
 	Messages
 	Gemini
+	// Converse is Bedrock's Converse and ConverseStream: one request shape
+	// for every model it serves.
+	Converse
+	// Invoke is Bedrock's InvokeModel and InvokeModelWithResponseStream,
+	// whose bodies are the model's own (Anthropic's Messages for its
+	// models).
+	Invoke
+	CohereChat // Cohere's v2 chat
 )
 
 // Provider is whose API it is: whose SDK reads the gateway's answers, and
@@ -57,6 +75,8 @@ const (
 	OpenAI Provider = iota // and every API this package does not know
 	Anthropic
 	Google
+	Bedrock
+	Cohere
 )
 
 // Call is what a path says of the request.
@@ -66,8 +86,8 @@ type Call struct {
 	// token-counting calls).
 	NoOutput bool
 	// Model is the model the path names: Gemini's and Vertex AI's
-	// …/models/<model>:<method>, Azure OpenAI's deployment; "" when only
-	// the body names it.
+	// …/models/<model>:<method>, Azure OpenAI's deployment, Bedrock's
+	// …/model/<model>/<method>; "" when only the body names it.
 	Model string
 	// Azure: the path is Azure OpenAI's (under /openai/), whose callers may
 	// send an api-key header in place of a bearer token.
@@ -81,6 +101,10 @@ func (c Call) Provider() Provider {
 		return Anthropic
 	case Gemini:
 		return Google
+	case Converse, Invoke:
+		return Bedrock
+	case CohereChat:
+		return Cohere
 	}
 	return OpenAI
 }
@@ -114,6 +138,12 @@ func Of(urlPath string) Call {
 		c.API = Messages
 	case last == "count_tokens" && prev == "messages":
 		c.API, c.NoOutput = Messages, true
+	case last == "converse" || last == "converse-stream":
+		return c.bedrock(path, last, Converse)
+	case last == "invoke" || last == "invoke-with-response-stream":
+		return c.bedrock(path, last, Invoke)
+	case last == "chat" && prev == "v2":
+		c.API = CohereChat
 	default:
 		return c.method(path, last)
 	}
@@ -144,6 +174,18 @@ func (c Call) method(path, last string) Call {
 	if named {
 		c.Model = model
 	}
+	return c
+}
+
+// bedrock reads a Bedrock runtime call …/model/<model>/<method>, whose
+// method is last: its model is all between the last /model/ and the
+// method, since an ARN has slashes of its own.
+func (c Call) bedrock(path, method string, api API) Call {
+	i := strings.LastIndex(path, "/model/")
+	if i < 0 || len(path)-len(method)-1 <= i+len("/model/") {
+		return c
+	}
+	c.API, c.Model, c.Azure = api, path[i+len("/model/"):len(path)-len(method)-1], false
 	return c
 }
 

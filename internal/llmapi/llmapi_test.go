@@ -45,6 +45,20 @@ func TestPathsAreToldByTheirEndUnderAnyPrefix(t *testing.T) {
 		{"/v1beta/tunedModels/m:embedContent", Call{}},
 		{"/v1/projects/p/locations/l/publishers/google/models/m:rawPredict", Call{}},
 		{"/v1/CHAT/COMPLETIONS", Call{}},
+		{"/model/anthropic.claude-3-5-haiku-20241022-v1:0/converse", Call{API: Converse, Model: "anthropic.claude-3-5-haiku-20241022-v1:0"}},
+		{"/model/us.anthropic.claude-sonnet-4-20250514-v1:0/converse-stream", Call{API: Converse, Model: "us.anthropic.claude-sonnet-4-20250514-v1:0"}},
+		{"/bedrock/model/meta.llama3-70b-instruct-v1:0/invoke", Call{API: Invoke, Model: "meta.llama3-70b-instruct-v1:0"}},
+		{"/model/anthropic.claude-3-haiku-20240307-v1:0/invoke-with-response-stream", Call{API: Invoke, Model: "anthropic.claude-3-haiku-20240307-v1:0"}},
+		// An ARN's slashes are encoded by its clients, and decoded in the path.
+		{"/model/arn:aws:bedrock:us-east-1:123456789012:inference-profile/us.anthropic.claude-3-7-sonnet-20250219-v1:0/converse",
+			Call{API: Converse, Model: "arn:aws:bedrock:us-east-1:123456789012:inference-profile/us.anthropic.claude-3-7-sonnet-20250219-v1:0"}},
+		{"/model/cheap/../dear/converse", Call{API: Converse, Model: "dear"}},
+		{"/openai/model/m/invoke", Call{API: Invoke, Model: "m"}},
+		{"/model/converse", Call{}},
+		{"/model//converse", Call{}},
+		{"/v2/chat", Call{API: CohereChat}},
+		{"/cohere/v2/chat", Call{API: CohereChat}},
+		{"/v1/chat", Call{}},
 	} {
 		if got := Of(c.path); got != c.want {
 			t.Errorf("Of(%q) = %+v, want %+v", c.path, got, c.want)
@@ -53,7 +67,7 @@ func TestPathsAreToldByTheirEndUnderAnyPrefix(t *testing.T) {
 }
 
 func TestEachAPIIsItsProvidersAndAnUnknownOneOpenAIs(t *testing.T) {
-	for api, want := range map[API]Provider{Unknown: OpenAI, Chat: OpenAI, Completions: OpenAI, Embeddings: OpenAI, Responses: OpenAI, Messages: Anthropic, Gemini: Google} {
+	for api, want := range map[API]Provider{Unknown: OpenAI, Chat: OpenAI, Completions: OpenAI, Embeddings: OpenAI, Responses: OpenAI, Messages: Anthropic, Gemini: Google, Converse: Bedrock, Invoke: Bedrock, CohereChat: Cohere} {
 		if got := (Call{API: api}).Provider(); got != want {
 			t.Errorf("API %d: provider %d, want %d", api, got, want)
 		}
@@ -63,7 +77,7 @@ func TestEachAPIIsItsProvidersAndAnUnknownOneOpenAIs(t *testing.T) {
 // Telling a call costs no allocation when its path is clean, as nearly
 // every request's is: it runs on every request.
 func TestACleanPathIsToldWithoutAllocating(t *testing.T) {
-	for _, path := range []string{"/v1/chat/completions", "/v1/chat/completions/", "/v1beta/models/gemini-2.5-pro:streamGenerateContent?alt=sse"} {
+	for _, path := range []string{"/v1/chat/completions", "/v1/chat/completions/", "/v1beta/models/gemini-2.5-pro:streamGenerateContent?alt=sse", "/model/us.anthropic.claude-sonnet-4-20250514-v1:0/converse-stream"} {
 		if n := testing.AllocsPerRun(20, func() { Of(path) }); n != 0 {
 			t.Errorf("Of(%q): %v allocations a call", path, n)
 		}
