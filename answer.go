@@ -43,6 +43,7 @@ type answer struct {
 	headers     headerSet
 	noRetry     bool // x-should-retry: false, which OpenAI's and Anthropic's SDKs obey
 	quota       bool // a spent budget: each dialect's quota error (dialect.go)
+	tooLarge    bool // a request no wait would admit (dialect.go)
 	closeConn   bool // the rest of the request's body is not wanted
 	// failure is not a refusal: on_refusal does not apply to it.
 	failure bool
@@ -101,7 +102,7 @@ func (h *Handler) answer(w http.ResponseWriter, req *request, a answer) error {
 	if h.OnRefusal == "error" && !a.failure {
 		return caddyhttp.Error(a.status, errors.New(a.message))
 	}
-	return req.dia.write(w, errorAnswer{status: a.status, message: a.message, typ: a.typ, code: a.code, scope: a.scope, retryMillis: a.retryMillis, quota: a.quota})
+	return req.dia.write(w, errorAnswer{status: a.status, message: a.message, typ: a.typ, code: a.code, scope: a.scope, retryMillis: a.retryMillis, quota: a.quota, tooLarge: a.tooLarge})
 }
 
 // setOutcome records an admission's outcome in the placeholder and the metrics.
@@ -139,7 +140,7 @@ func (h *Handler) limitRefusal(req *request, a limiter.Admission) answer {
 		retryMillis = 0
 	}
 	ans := answer{
-		outcome: outcomeRefused, status: cmp.Or(h.Status, http.StatusTooManyRequests), message: refusalMessage(ref, a.Limits),
+		outcome: outcomeRefused, status: cmp.Or(h.Status, req.dia.limitStatus(ref.Kind == limiter.Budget, false)), message: refusalMessage(ref, a.Limits),
 		typ: ref.Kind.ErrorType(), code: "rate_limit_exceeded",
 		scope: l.Scope, kind: ref.Kind.String(), window: ref.WindowName(), capacity: strconv.FormatInt(ref.Capacity, 10), id: l.ID,
 		retryMillis: retryMillis, headers: h.families(req.dia).headersFor(a.Limits, a.Decision, false),
@@ -170,12 +171,12 @@ func (h *Handler) tooLarge(req *request, chain []limiter.Limit, over tooLargeFor
 	l, k := chain[over.limit], over.window
 	capacity, requested := l.Windows[k], reserve.Of(k.Kind())
 	a := answer{
-		outcome: outcomeRefused, status: cmp.Or(h.Status, http.StatusTooManyRequests),
+		outcome: outcomeRefused, status: cmp.Or(h.Status, req.dia.limitStatus(false, true)),
 		message: fmt.Sprintf("Request too large for %s on %s per %s (%s): Limit %d, Requested %d. The input or output tokens must be reduced in order to run successfully.",
 			l.Scope, k.Noun(), limiter.Spans[k.Span()].Per, k.Unit(), capacity, requested),
 		typ: limiter.TooLarge.ErrorType(), code: "rate_limit_exceeded",
 		scope: l.Scope, kind: limiter.TooLarge.String(), window: limiter.Spans[k.Span()].Name, capacity: strconv.FormatInt(capacity, 10), id: l.ID, requested: requested,
-		noRetry: true,
+		noRetry: true, tooLarge: true,
 	}
 	if over.overBudget {
 		p := over.budget

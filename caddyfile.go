@@ -66,7 +66,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		on_refusal respond|error                   # default respond: the handler writes the refusal itself
 //		status <code>                              # of every refusal by a limit, 400-599; default 429
 //		headers openai|ietf|scg|anthropic|off ...  # default: the dialect's (anthropic for Anthropic, else openai); several may be listed
-//		dialect openai|anthropic|gemini            # the shape of the handler's answers; default: the API the path names
+//		dialect openai|anthropic|gemini|bedrock|cohere  # the shape of the handler's answers; default: the API the path names
 //		ensure_stream_usage on|off                 # default on: ask OpenAI streams for their usage
 //		reserve_tokens on|off                      # default on: reserve each request's tokens at admission
 //		reserve_output <n>                         # default 1024: the output reserved for a request that names no cap

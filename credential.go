@@ -11,7 +11,12 @@ import (
 type credentialSource struct {
 	header string // canonical
 	bearer bool   // an "Authorization: Bearer <credential>" header
-	query  string // a query parameter, when header is ""
+	// sigv4: AWS Signature Version 4, whose credential is the access key
+	// id it names, never its signature: the Credential of an
+	// "Authorization: AWS4-HMAC-SHA256 Credential=<id>/<date>/…" header, or
+	// a presigned URL's X-Amz-Credential=<id>/<date>/… parameter.
+	sigv4 bool
+	query string // a query parameter, when header is ""
 }
 
 var (
@@ -20,6 +25,8 @@ var (
 	anthropicSource = credentialSource{header: "X-Api-Key"}
 	googKeySource   = credentialSource{header: "X-Goog-Api-Key"}
 	googQuerySource = credentialSource{query: "key"}
+	sigv4Source     = credentialSource{header: "Authorization", sigv4: true}
+	sigv4Presigned  = credentialSource{query: "X-Amz-Credential", sigv4: true}
 )
 
 // credentialSources are where the API of a request reads its credential,
@@ -27,13 +34,16 @@ var (
 // OpenAI's bearer token (Azure OpenAI's paths, under /openai/, also its
 // api-key header), Anthropic's x-api-key and the bearer token its SDK sends
 // for auth tokens, Gemini's x-goog-api-key, its ?key= and the OAuth bearer
-// token of Vertex AI.
+// token of Vertex AI, Bedrock's SigV4 access key id (signed or presigned)
+// and the bearer token of its API keys.
 func credentialSources(req *request) []credentialSource {
 	switch req.dia {
 	case dialectAnthropic:
 		return []credentialSource{anthropicSource, bearerSource}
 	case dialectGemini:
 		return []credentialSource{googKeySource, googQuerySource, bearerSource}
+	case dialectBedrock:
+		return []credentialSource{sigv4Source, bearerSource, sigv4Presigned}
 	}
 	if req.call.Azure {
 		return []credentialSource{azureKeySource, bearerSource}
@@ -69,13 +79,9 @@ func credential(req *request) (value, ambiguous string) {
 		case len(values) > 1:
 			return "", s.name() + " more than once"
 		}
-		v := values[0]
-		if s.bearer {
-			token, ok := cutBearer(v)
-			if !ok {
-				continue
-			}
-			v = token
+		v, ok := s.read(values[0])
+		if !ok {
+			continue
 		}
 		switch {
 		case v == "":
@@ -86,6 +92,39 @@ func credential(req *request) (value, ambiguous string) {
 		}
 	}
 	return value, ""
+}
+
+// read is the credential a value of the source carries, if it carries one
+// in the source's form.
+func (s credentialSource) read(v string) (string, bool) {
+	switch {
+	case s.bearer:
+		return cutBearer(v)
+	case s.sigv4 && s.header != "":
+		return sigv4KeyID(v)
+	case s.sigv4:
+		id, _, ok := strings.Cut(v, "/")
+		return id, ok
+	}
+	return v, true
+}
+
+// sigv4KeyID is the access key id of an Authorization header of AWS's
+// Signature Version 4 (AWS4-HMAC-SHA256, or SigV4a's AWS4-ECDSA-P256-SHA256):
+// the first part of its Credential, which names the key; the signature,
+// which proves it, is never read.
+func sigv4KeyID(authorization string) (string, bool) {
+	scheme, params, ok := strings.Cut(strings.TrimSpace(authorization), " ")
+	if !ok || !strings.HasPrefix(scheme, "AWS4-") {
+		return "", false
+	}
+	for param := range strings.SplitSeq(params, ",") {
+		if scope, ok := strings.CutPrefix(strings.TrimSpace(param), "Credential="); ok {
+			id, _, ok := strings.Cut(scope, "/")
+			return id, ok
+		}
+	}
+	return "", false
 }
 
 // cutBearer is the token of an Authorization header of the Bearer scheme.

@@ -138,6 +138,9 @@ func TestDialectOfAPathIsTheAPIItNames(t *testing.T) {
 		"/v1/projects/p/locations/l/publishers/anthropic/models/claude-sonnet-4@20250514:rawPredict":       dialectAnthropic,
 		"/v1/projects/p/locations/l/publishers/anthropic/models/claude-sonnet-4@20250514:streamRawPredict": dialectAnthropic,
 		"/v1/projects/p/locations/l/publishers/google/models/gemini-2.5-pro:generateContent":               dialectGemini,
+		bedrockConverse: dialectBedrock,
+		"/model/anthropic.claude-3-haiku-20240307-v1:0/invoke-with-response-stream": dialectBedrock,
+		"/v2/chat": dialectCohere,
 	} {
 		if got := dialectOf("", llmapi.Of(path)); got != want {
 			t.Errorf("%s: dialect %d, want %d", path, got, want)

@@ -152,11 +152,13 @@ type Handler struct {
 	Realtime *RealtimeConfig `json:"realtime,omitempty"`
 
 	// Dialect is the API shape of the handler's own answers (refusals and
-	// errors): "openai", "anthropic" or "gemini". Default: the API the
-	// request's path names (Anthropic's …/v1/messages and its models on
-	// Vertex AI, Gemini's …/models/<model>:generateContent and its
-	// siblings), else OpenAI. It also names the API whose credential the
-	// api_key placeholder reads.
+	// errors): "openai", "anthropic", "gemini", "bedrock" or "cohere".
+	// Default: the API the request's path names (Anthropic's
+	// …/v1/messages and its models on Vertex AI, Gemini's
+	// …/models/<model>:generateContent and its siblings, Bedrock's
+	// …/model/<model>/converse and its siblings, Cohere's …/v2/chat), else
+	// OpenAI. It also names the API whose credential the api_key
+	// placeholder reads.
 	Dialect string `json:"dialect,omitempty"`
 
 	// ReserveTokens reserves, when a request is admitted, the tokens it may
@@ -648,9 +650,9 @@ func (h *Handler) Validate() error {
 		return err
 	}
 	switch h.Dialect {
-	case "", "openai", "anthropic", "gemini":
+	case "", "openai", "anthropic", "gemini", "bedrock", "cohere":
 	default:
-		return fmt.Errorf("dialect must be openai, anthropic or gemini, not %q", h.Dialect)
+		return fmt.Errorf("dialect must be openai, anthropic, gemini, bedrock or cohere, not %q", h.Dialect)
 	}
 	if h.ReserveOutput < 0 {
 		return fmt.Errorf("reserve_output must be a positive number of tokens, not %d", h.ReserveOutput)

@@ -126,6 +126,16 @@ func TestTheAPIKeyPlaceholderIsTheCredentialEachProviderReads(t *testing.T) {
 	})
 }
 
+// bedrockConverse is a Bedrock Converse path.
+const bedrockConverse = "/model/us.anthropic.claude-sonnet-4-20250514-v1:0/converse"
+
+// sigv4Authorization is the Authorization header of a request signed with
+// AWS Signature Version 4 by the access key id.
+func sigv4Authorization(accessKeyID string) string {
+	return "AWS4-HMAC-SHA256 Credential=" + accessKeyID + "/20261206/us-east-1/bedrock/aws4_request, " +
+		"SignedHeaders=content-type;host;x-amz-date, Signature=fe5f80f77d5fa3beca038a248ff027d0445342fe2855ddc963176630326f1024"
+}
+
 func TestCredentialIsReadFromTheSourcesOfTheRequestsAPI(t *testing.T) {
 	for _, c := range []struct {
 		path          string
@@ -142,6 +152,15 @@ func TestCredentialIsReadFromTheSourcesOfTheRequestsAPI(t *testing.T) {
 		{"/v1/projects/p/locations/l/publishers/anthropic/models/claude:rawPredict", http.Header{"Authorization": {"Bearer ya29"}, "X-Goog-Api-Key": {"g"}}, "ya29", ""},
 		{"/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse&key=gk", http.Header{"X-Goog-Api-Key": {"gk"}}, "gk", ""},
 		{"/v1beta/models/gemini-2.5-flash:generateContent?key=a&key=b", nil, "", "the query parameter key more than once"},
+		{bedrockConverse, http.Header{"Authorization": {sigv4Authorization("AKIDEXAMPLE")}}, "AKIDEXAMPLE", ""},
+		{bedrockConverse, http.Header{"Authorization": {"AWS4-ECDSA-P256-SHA256 Credential=AKIDV4A/20261206/bedrock/aws4_request, SignedHeaders=host, Signature=3045"}}, "AKIDV4A", ""},
+		{bedrockConverse, http.Header{"Authorization": {"Bearer ABSKbedrockapikey"}}, "ABSKbedrockapikey", ""},
+		{bedrockConverse + "?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIDPRESIGNED%2F20261206%2Fus-east-1%2Fbedrock%2Faws4_request&X-Amz-Signature=ab", nil, "AKIDPRESIGNED", ""},
+		{bedrockConverse + "?X-Amz-Credential=AKIDOTHER%2F20261206%2Fus-east-1%2Fbedrock%2Faws4_request", http.Header{"Authorization": {sigv4Authorization("AKIDEXAMPLE")}}, "",
+			"two credentials, in the header Authorization and the query parameter X-Amz-Credential"},
+		{bedrockConverse, http.Header{"Authorization": {sigv4Authorization("AKIDA"), sigv4Authorization("AKIDB")}}, "", "the header Authorization more than once"},
+		{bedrockConverse, http.Header{"Authorization": {"AWS4-HMAC-SHA256 SignedHeaders=host, Signature=ab"}, "X-Api-Key": {"k"}}, "", ""},
+		{"/v2/chat", http.Header{"Authorization": {"Bearer co-key"}}, "co-key", ""},
 	} {
 		r := httptest.NewRequest("POST", c.path, nil)
 		r.Header = c.headers
