@@ -936,7 +936,8 @@ func TestEachProvidersCachedInputIsPricedAsItReportsIt(t *testing.T) {
 
 // A budget refusal is each dialect's quota error: OpenAI's
 // insufficient_quota, Anthropic's enforced_spend_limit_reached, Google's
-// QuotaFailure beside the RetryInfo.
+// QuotaFailure beside the RetryInfo; Bedrock's and Cohere's message, whose
+// status and code dialect_test.go checks.
 func TestABudgetRefusalIsEachDialectsQuotaError(t *testing.T) {
 	e := errorAnswer{status: 429, message: "Budget reached", typ: "insufficient_quota", code: "insufficient_quota", scope: "team", retryMillis: 3_600_000, quota: true}
 	for d, want := range map[dialect]string{
@@ -944,6 +945,8 @@ func TestABudgetRefusalIsEachDialectsQuotaError(t *testing.T) {
 		dialectAnthropic: `{"error":{"details":{"error_code":"enforced_spend_limit_reached"},"message":"Budget reached","type":"rate_limit_error"},"type":"error"}`,
 		dialectGemini: `{"error":{"code":429,"details":[{"@type":"type.googleapis.com/google.rpc.QuotaFailure","violations":[{"description":"Budget reached","subject":"team"}]},` +
 			`{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"3600.000s"}],"message":"Budget reached","status":"RESOURCE_EXHAUSTED"}}`,
+		dialectBedrock: `{"message":"Budget reached"}`,
+		dialectCohere:  `{"message":"Budget reached"}`,
 	} {
 		w := httptest.NewRecorder()
 		if err := d.write(w, e); err != nil {

@@ -348,7 +348,7 @@ var caddyfileBadCases = append([]caddyfileBadCase{
 	{"scope without value", "rolter_ratelimit {\n\tscope key\n}", "wrong argument count", 2},
 	{"scope without anything", "rolter_ratelimit {\n\tscope\n}", "wrong argument count", 2},
 	{"scope with an unknown option", "rolter_ratelimit {\n\tscope key {http.request.header.X-Api-Key} extra\n}", "unrecognized scope option 'extra': expecting readable, required or joined", 2},
-	{"dialect unknown", "rolter_ratelimit {\n\tdialect cohere\n}", `dialect must be openai, anthropic or gemini, not "cohere"`, 2},
+	{"dialect unknown", "rolter_ratelimit {\n\tdialect mistral\n}", `dialect must be openai, anthropic, gemini, bedrock or cohere, not "mistral"`, 2},
 	{"reserve_tokens with a bad value", "rolter_ratelimit {\n\treserve_tokens yes\n}", `reserve_tokens must be on or off, not "yes"`, 2},
 	{"reserve_tokens twice", "rolter_ratelimit {\n\treserve_tokens on\n\treserve_tokens off\n}", "reserve_tokens is given twice", 3},
 	{"reserve_output zero", "rolter_ratelimit {\n\treserve_output 0\n}", `reserve_output must be a positive number of tokens, not "0"`, 2},

@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"encoding/json"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -144,6 +145,49 @@ func TestDialectOfAPathIsTheAPIItNames(t *testing.T) {
 	} {
 		if got := dialectOf("", llmapi.Of(path)); got != want {
 			t.Errorf("%s: dialect %d, want %d", path, got, want)
+		}
+	}
+}
+
+// Bedrock's answers carry, in x-amzn-ErrorType, the code by which the AWS
+// SDKs decide to retry: ThrottlingException for a refusal that a wait
+// helps, with the wait in x-amz-retry-after in milliseconds; codes they
+// never retry for a spent budget and a request too large, which are 400
+// (the JavaScript SDK retries any 429); and each other status's code.
+// Cohere's spent budget is 402, its request too large 400.
+func TestBedrocksAndCoheresRefusalsCarryWhatTheirSDKsDecideToRetryBy(t *testing.T) {
+	for _, c := range []struct {
+		name        string
+		d           dialect
+		quota, huge bool
+		status      int
+		code        string
+	}{
+		{"Bedrock throttled", dialectBedrock, false, false, 429, "ThrottlingException"},
+		{"Bedrock budget", dialectBedrock, true, false, 400, "ServiceQuotaExceededException"},
+		{"Bedrock too large", dialectBedrock, false, true, 400, "ValidationException"},
+		{"Cohere throttled", dialectCohere, false, false, 429, ""},
+		{"Cohere budget", dialectCohere, true, false, 402, ""},
+		{"Cohere too large", dialectCohere, false, true, 400, ""},
+		{"OpenAI budget", dialectOpenAI, true, false, 429, ""},
+		{"Anthropic too large", dialectAnthropic, false, true, 429, ""},
+	} {
+		status := c.d.limitStatus(c.quota, c.huge)
+		w := httptest.NewRecorder()
+		if err := c.d.write(w, errorAnswer{status: status, message: "m", retryMillis: 1250, quota: c.quota, tooLarge: c.huge}); err != nil {
+			t.Fatal(err)
+		}
+		h := w.Result().Header
+		if status != c.status || h.Get("X-Amzn-Errortype") != c.code {
+			t.Errorf("%s: %d %q, want %d %q", c.name, status, h.Get("X-Amzn-Errortype"), c.status, c.code)
+		}
+		if want := map[bool]string{true: "1250"}[c.d == dialectBedrock]; h.Get("X-Amz-Retry-After") != want {
+			t.Errorf("%s: x-amz-retry-after %q, want %q", c.name, h.Get("X-Amz-Retry-After"), want)
+		}
+	}
+	for status, code := range map[int]string{400: "ValidationException", 403: "AccessDeniedException", 503: "ServiceUnavailableException", 500: "InternalServerException"} {
+		if got := bedrockErrorCode(errorAnswer{status: status}); got != code {
+			t.Errorf("Bedrock's %d: %s, want %s", status, got, code)
 		}
 	}
 }

@@ -92,8 +92,9 @@ func TestARepeatedKeyHeaderIsRefusedWith400AndMakesNoCounter(t *testing.T) {
 
 // {http.rolter_ratelimit.api_key} is the credential the request's API reads,
 // as its provider reads it: junk in another provider's header changes
-// nothing, each provider's own header and query parameter count as one key,
-// and two credentials that differ are refused with 400.
+// nothing, each provider's own header and query parameter count as one key
+// (Bedrock's SigV4 its access key id, whatever it signs), and two
+// credentials that differ are refused with 400.
 func TestTheAPIKeyPlaceholderIsTheCredentialEachProviderReads(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		up := newUpstream(t)
@@ -101,6 +102,7 @@ func TestTheAPIKeyPlaceholderIsTheCredentialEachProviderReads(t *testing.T) {
 			scope key {http.rolter_ratelimit.api_key} required
 			limit key * rpm 1`))
 		openai, anthropic, gemini, azure := redistest.UniqueID(t), redistest.UniqueID(t), redistest.UniqueID(t), redistest.UniqueID(t)
+		bedrock, bedrockAPIKey := redistest.UniqueID(t), redistest.UniqueID(t)
 		const geminiPath = "/v1beta/models/gemini-2.5-flash:generateContent"
 		for _, c := range []struct {
 			name, path string
@@ -118,6 +120,14 @@ func TestTheAPIKeyPlaceholderIsTheCredentialEachProviderReads(t *testing.T) {
 			{"Gemini's two keys that differ", geminiPath + "?key=" + redistest.UniqueID(t), []string{"X-Goog-Api-Key: " + redistest.UniqueID(t)}, 400},
 			{"Anthropic's key sent twice", "/v1/messages", []string{"X-Api-Key: " + redistest.UniqueID(t), "X-Api-Key: " + redistest.UniqueID(t)}, 400},
 			{"no credential the API reads", "/v1/chat/completions", []string{"X-Goog-Api-Key: " + redistest.UniqueID(t)}, 403},
+			{"Bedrock's SigV4 access key id", bedrockConverse, []string{"Authorization: " + sigv4Authorization(bedrock)}, 200},
+			{"Bedrock's access key id signing another request", bedrockConverse,
+				[]string{"Authorization: " + strings.Replace(sigv4Authorization(bedrock), "Signature=fe5f", "Signature=0000", 1)}, 429},
+			{"Bedrock's API key", bedrockConverse, []string{"Authorization: Bearer " + bedrockAPIKey}, 200},
+			{"Bedrock's URL presigned by the same access key", bedrockConverse + "?X-Amz-Credential=" + bedrock + "%2F20261206%2Fus-east-1%2Fbedrock%2Faws4_request", nil, 429},
+			{"Bedrock's two access keys", bedrockConverse + "?X-Amz-Credential=" + redistest.UniqueID(t) + "%2F20261206%2Fus-east-1%2Fbedrock%2Faws4_request",
+				[]string{"Authorization: " + sigv4Authorization(redistest.UniqueID(t))}, 400},
+			{"Cohere's bearer token, as OpenAI's", "/v2/chat", []string{"Authorization: Bearer " + openai}, 429},
 		} {
 			if res, body := gw.postModel(t, c.path, c.headers...); res.StatusCode != c.status {
 				t.Errorf("%s: %d %s, want %d", c.name, res.StatusCode, body, c.status)
