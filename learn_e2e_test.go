@@ -240,34 +240,50 @@ func TestGatewaysThatLearnTheProvidersQuotaLetAtMostOneOfItsRefusalsThroughEach(
 	}))
 	gateways := urlsOf(gws)
 	const run = 6 * time.Second
-	for _, c := range []struct {
-		route, dialect string
-		waits          bool
-	}{
-		{"learn", "openai", false},
-		{"learn", "anthropic", false},
-		{"wait", "openai", true},
-		{"wait", "anthropic", true},
-	} {
-		t.Run(c.route+"/"+c.dialect, func(t *testing.T) {
+	// The five runs are of five orgs, each the provider's quota of its
+	// own: they run at once, as independent as one after another (the
+	// gateways serve about 10 requests a second for each learning run),
+	// in a fifth of the time.
+	t.Run("steadily", func(t *testing.T) {
+		for _, c := range []struct {
+			route, dialect string
+			waits          bool
+		}{
+			{"learn", "openai", false},
+			{"learn", "anthropic", false},
+			{"wait", "openai", true},
+			{"wait", "anthropic", true},
+		} {
+			t.Run(c.route+"/"+c.dialect, func(t *testing.T) {
+				t.Parallel()
+				org := redistest.UniqueID(t)
+				byGateway, byProvider := sendSteadily(t, gateways, c.route, c.dialect, org, 6, run)
+				counts := provider.of(org)
+				elapsed := time.Duration(counts.last.Load() - counts.first.Load())
+				capacity := float64(provider.limit) + float64(provider.limit)*elapsed.Seconds()/provider.window.Seconds()
+				used := float64(counts.served.Load()) / capacity
+				t.Logf("%v: served %d of a capacity of %.0f (%.1f%%); the provider refused %d, the gateways %d", elapsed, counts.served.Load(), capacity, 100*used, counts.refused.Load(), byGateway)
+				if refused := counts.refused.Load(); refused > int64(len(gws)) || byProvider != refused {
+					t.Errorf("the provider refused %d requests, %d of which reached a client; want at most one per gateway, %d", refused, byProvider, len(gws))
+				}
+				if used < 0.9 {
+					t.Errorf("the provider's quota was used to %.1f%%, want at least 90%%", 100*used)
+				}
+				if c.waits && byGateway > 0 {
+					t.Errorf("with wait 5s, the gateways refused %d requests that waiting would have admitted", byGateway)
+				}
+			})
+		}
+		t.Run("without learn", func(t *testing.T) {
+			t.Parallel()
 			org := redistest.UniqueID(t)
-			byGateway, byProvider := sendSteadily(t, gateways, c.route, c.dialect, org, 6, run)
-			counts := provider.of(org)
-			elapsed := time.Duration(counts.last.Load() - counts.first.Load())
-			capacity := float64(provider.limit) + float64(provider.limit)*elapsed.Seconds()/provider.window.Seconds()
-			used := float64(counts.served.Load()) / capacity
-			t.Logf("%v: served %d of a capacity of %.0f (%.1f%%); the provider refused %d, the gateways %d", elapsed, counts.served.Load(), capacity, 100*used, counts.refused.Load(), byGateway)
-			if refused := counts.refused.Load(); refused > int64(len(gws)) || byProvider != refused {
-				t.Errorf("the provider refused %d requests, %d of which reached a client; want at most one per gateway, %d", refused, byProvider, len(gws))
+			_, byProvider := sendSteadily(t, gateways, "blind", "openai", org, 6, 3*time.Second)
+			if byProvider < 10 {
+				t.Errorf("without learn, %d of the provider's refusals reached clients; the run is meant to drive it past its quota", byProvider)
 			}
-			if used < 0.9 {
-				t.Errorf("the provider's quota was used to %.1f%%, want at least 90%%", 100*used)
-			}
-			if c.waits && byGateway > 0 {
-				t.Errorf("with wait 5s, the gateways refused %d requests that waiting would have admitted", byGateway)
-			}
+			t.Logf("without learn: the provider refused %d, all of which reached clients", byProvider)
 		})
-	}
+	})
 	// A provider's refusal pauses its quota on every gateway until the end
 	// of the wait it gave, which each gateway's refusal announces to the
 	// millisecond.
@@ -307,14 +323,6 @@ func TestGatewaysThatLearnTheProvidersQuotaLetAtMostOneOfItsRefusalsThroughEach(
 				t.Errorf("%s once the provider's wait has ended: %d %s", gw, res.StatusCode, body)
 			}
 		}
-	})
-	t.Run("without learn", func(t *testing.T) {
-		org := redistest.UniqueID(t)
-		_, byProvider := sendSteadily(t, gateways, "blind", "openai", org, 6, 3*time.Second)
-		if byProvider < 10 {
-			t.Errorf("without learn, %d of the provider's refusals reached clients; the run is meant to drive it past its quota", byProvider)
-		}
-		t.Logf("without learn: the provider refused %d, all of which reached clients", byProvider)
 	})
 }
 
