@@ -9,13 +9,20 @@
 //     values, or one top-level array of them, as Gemini's streamGenerateContent
 //     answers without alt=sse). Each top-level object is a document.
 //   - text/event-stream: each event's data payload is a document.
+//   - application/vnd.amazon.eventstream, Bedrock's streams: each event's
+//     payload is a document, and so is a chunk event's base64 bytes, a
+//     model's own event (see eventstream.go).
 //
-// In a document, the usage object is the value of the top-level key "usage"
-// or "usageMetadata", or of the "usage" key inside the top-level "message"
-// (Anthropic's message_start) or "response" (the Responses API's
-// response.completed) object. Only its numeric members are read, the
-// numeric members of its OpenAI details objects, and the objects of its
-// "iterations" array (Anthropic's server-side compaction):
+// In a document, the usage object is the value of the top-level key "usage",
+// "usageMetadata" or "amazon-bedrock-invocationMetrics", or of the "usage"
+// key inside the top-level "message" (Anthropic's message_start),
+// "response" (the Responses API's response.completed) or "delta" (Cohere's
+// message-end) object. Only its numeric members are read, the numeric
+// members of its OpenAI details objects and of Cohere's billed_units, and
+// the objects of its "iterations" array (Anthropic's server-side
+// compaction). Bedrock's InvokeModel also reports its counts in its
+// response's header, which is read as a usage object and is the response's
+// final report:
 //
 //	OpenAI chat/completions/embeddings  prompt_tokens completion_tokens total_tokens
 //	                                    prompt_tokens_details: cached_tokens audio_tokens
@@ -31,12 +38,20 @@
 //	Gemini                              promptTokenCount candidatesTokenCount totalTokenCount
 //	                                    thoughtsTokenCount toolUsePromptTokenCount
 //	                                    cachedContentTokenCount
+//	Bedrock Converse, ConverseStream    inputTokens outputTokens totalTokens
+//	                                    cacheReadInputTokens cacheWriteInputTokens
+//	Bedrock invocation metrics          inputTokenCount outputTokenCount
+//	                                    cacheReadInputTokenCount cacheWriteInputTokenCount
+//	Bedrock InvokeModel's header        x-amzn-bedrock-input-token-count, -output-token-count,
+//	                                    -cache-read-input-token-count, -cache-write-input-token-count
+//	Cohere v2 chat                      billed_units: input_tokens output_tokens
 //
 // Nothing else is read: not Anthropic's cache_creation object (its
 // ephemeral_5m_input_tokens and ephemeral_1h_input_tokens split
 // cache_creation_input_tokens, which is read instead), nor Gemini's
 // *TokensDetails lists by modality, nor OpenAI's text_tokens, image_tokens,
-// cached_tokens_details, accepted/rejected_prediction_tokens.
+// cached_tokens_details, accepted/rejected_prediction_tokens, nor Cohere's
+// usage.tokens (what its model read and wrote, which Cohere does not bill).
 //
 // A response may report usage more than once, and each shape says what a
 // later report means; the meter follows the shape, not the largest number:
@@ -89,12 +104,16 @@
 //	Gemini            CacheRead inside Input (inside promptTokenCount);
 //	                  Reasoning inside Output (thoughtsTokenCount, which Output
 //	                  adds to candidatesTokenCount)
+//	Bedrock           CacheRead and CacheWrite inside Input, which adds them to
+//	                  inputTokens (the input no cache served or took)
+//	Cohere            none: its billed units are the counts
 //
 // So the uncached input, priced at the full input rate, is Input - CacheRead
-// for OpenAI and Gemini, and Input - CacheWrite for Anthropic, whose
-// CacheRead comes on top of Input. UncachedInput is it: prompt_tokens or
-// input_tokens less cached_tokens (OpenAI), input_tokens (Anthropic), prompt +
-// tool-use prompt less cached content (Gemini). AudioInput counts audio input cached or
+// for OpenAI and Gemini, Input - CacheWrite for Anthropic, whose CacheRead
+// comes on top of Input, and Input - CacheRead - CacheWrite for Bedrock.
+// UncachedInput is it: prompt_tokens or input_tokens less cached_tokens
+// (OpenAI), input_tokens (Anthropic), prompt + tool-use prompt less cached
+// content (Gemini), inputTokens (Bedrock), billed input (Cohere). AudioInput counts audio input cached or
 // not (the Realtime API's split of cached tokens by modality is not read). The output at the text
 // rate is Output - AudioOutput (reasoning is billed as output; Reasoning is
 // what of Output was spent on it). Anthropic reports no reasoning apart
@@ -114,7 +133,8 @@
 // Memory per response is bounded whatever the body: the JSON scanner is a
 // byte-at-a-time state machine that holds no part of the body (a few dozen
 // bytes of state), the SSE scanner holds one event of at most MaxEvent
-// bytes, and a compressed body adds its decoder's window (32 KiB for
+// bytes, the event stream reader one message of at most MaxEvent bytes with
+// its payload and a chunk's decoded bytes, and a compressed body adds its decoder's window (32 KiB for
 // gzip/deflate, at most 8 MiB for zstd, at most 16 MiB for brotli).
 //
 // Compressed bodies are decoded from the meter's own copy: see decode.go.

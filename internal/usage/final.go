@@ -14,12 +14,14 @@ package usage
 //
 //   - its top-level "type" is a terminal type (isTerminalType): Anthropic's
 //     message_delta, the Responses API's response.completed,
-//     response.incomplete and response.failed;
+//     response.incomplete and response.failed, Cohere's message-end;
 //   - or its usage is at its top level ("usage", Gemini's "usageMetadata")
 //     and its choices ("choices", Gemini's "candidates"), if it has any,
 //     include one with a finish reason ("finish_reason", "finishReason"):
 //     OpenAI's usage chunk (choices []), a compatible backend's last chunk
 //     (usage beside the finish reason), Gemini's chunk with a finishReason,
+//     Bedrock's metadata event (ConverseStream) and a model's last chunk
+//     with its amazon-bedrock-invocationMetrics (InvokeModelWithResponseStream),
 //     and every non-streamed JSON answer.
 //
 // A JSON body (not a stream of events) whose top-level value was read whole
@@ -59,7 +61,8 @@ func (d documentMarks) terminal() bool {
 func isTerminalType(t []byte) bool {
 	switch string(t) {
 	case "message_delta", // Anthropic Messages (message_stop, without usage, follows)
-		"response.completed", "response.incomplete", "response.failed": // OpenAI Responses
+		"response.completed", "response.incomplete", "response.failed", // OpenAI Responses
+		"message-end": // Cohere's v2 chat
 		return true
 	}
 	return false

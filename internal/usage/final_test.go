@@ -21,9 +21,10 @@ func finalOf(h http.Header, body []byte, n int) bool {
 // terminalLine matches each API's terminal event in a stream, as the
 // providers document it: Anthropic's message_delta, the Responses API's
 // response.completed (or incomplete, failed), Gemini's chunk with a
-// finishReason, OpenAI's usage chunk (its choices empty).
+// finishReason, OpenAI's usage chunk (its choices empty), Cohere's
+// message-end.
 var (
-	terminalLine = regexp.MustCompile(`"type":\s*"(message_delta|response\.(completed|incomplete|failed))"|"finishReason":\s*"`)
+	terminalLine = regexp.MustCompile(`"type":\s*"(message_delta|message-end|response\.(completed|incomplete|failed))"|"finishReason":\s*"`)
 	noChoices    = regexp.MustCompile(`"choices":\s*\[\s*\]`)
 	usageOpens   = regexp.MustCompile(`"usage":\s*\{`)
 )
@@ -65,6 +66,10 @@ func checkFinalFromItsTerminalEvent(t *testing.T, name, contentType string, body
 	t.Helper()
 	h := usagetest.Header(contentType, "")
 	first, last := finalAt(body, strings.EqualFold(MediaType(contentType), "text/event-stream"))
+	if strings.HasSuffix(name, ".eventstream.json") {
+		ends := usagetest.EventStreamTerminals(t, name)
+		first, last = ends[0], ends[len(ends)-1]
+	}
 	if first < 0 {
 		t.Fatalf("%s: no terminal event", name)
 	}

@@ -9,8 +9,8 @@ type role uint8
 
 const (
 	roleNone       role = iota // nothing in it matters: it is skipped
-	roleRoot                   // a document: its usage, usageMetadata, message, response, type, choices and candidates keys matter
-	roleWrapper                // a root's "message" or "response": its usage key matters
+	roleRoot                   // a document: its usage, usageMetadata, amazon-bedrock-invocationMetrics, message, response, delta, type, choices and candidates keys matter
+	roleWrapper                // a root's "message", "response" or "delta": its usage key matters
 	roleUsage                  // a usage object: its numeric members are tallied, its iterations and details keys followed
 	roleDetails                // one of a usage object's details objects: its numeric members are tallied as parts
 	roleList                   // a top-level array: its objects are documents
@@ -150,9 +150,9 @@ func (s *jsonScanner) keyDone() {
 	switch s.top() {
 	case roleRoot:
 		switch string(k) {
-		case "usage", "usageMetadata":
+		case "usage", "usageMetadata", "amazon-bedrock-invocationMetrics":
 			s.valRole = roleUsage
-		case "message", "response":
+		case "message", "response", "delta": // delta: Cohere's message-end
 			s.valRole = roleWrapper
 		case "choices", "candidates":
 			s.valRole = roleChoices

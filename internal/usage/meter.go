@@ -23,6 +23,7 @@ const (
 	bodyNone body = iota // not metered: Write does nothing
 	bodyJSON
 	bodySSE
+	bodyEventStream // AWS's binary event stream (eventstream.go)
 )
 
 // Meter reads one response body for the usage its upstream reports. It
@@ -33,8 +34,13 @@ type Meter struct {
 	coding coding
 
 	tally tally
-	json  jsonScanner // the JSON body, or one SSE event's data at a time
-	sse   *SSEScanner // SSE bodies only
+	json  jsonScanner        // the JSON body, or one SSE event's data, or one event stream's event, at a time
+	sse   *SSEScanner        // SSE bodies only
+	es    *eventStreamReader // event streams only
+
+	// headerFinal: the response's header reported its usage (Bedrock's
+	// InvokeModel), which is its final report.
+	headerFinal bool
 
 	oversize int  // SSE events skipped for their size
 	failed   bool // corrupt data or an internal fault: unmetered whatever was found
@@ -65,9 +71,13 @@ func (m *Meter) Start(h http.Header) {
 	m.json.tally = &m.tally
 	m.json.whole = m.body == bodyJSON
 	m.json.reset()
-	if m.body == bodySSE {
+	switch m.body {
+	case bodySSE:
 		m.sse = NewSSEScanner(MaxEvent, m.onEvent)
+	case bodyEventStream:
+		m.es = &eventStreamReader{m: m}
 	}
+	m.readHeader(h)
 	if m.body == bodyNone {
 		m.stopped = true
 	}
@@ -94,6 +104,8 @@ func bodyOf(h http.Header) body {
 		return bodySSE
 	case strings.EqualFold(ct, "application/json"):
 		return bodyJSON
+	case strings.EqualFold(ct, "application/vnd.amazon.eventstream"):
+		return bodyEventStream
 	case len(ct) > len("+json") && strings.IndexByte(ct, '/') > 0 &&
 		strings.EqualFold(ct[len(ct)-len("+json"):], "+json"):
 		return bodyJSON
@@ -136,7 +148,7 @@ func (m *Meter) Finish() (Usage, bool) {
 // reported nothing.
 func (m *Meter) Final() bool {
 	_, metered := m.Finish()
-	return metered && m.json.final
+	return metered && (m.json.final || m.headerFinal)
 }
 
 func (m *Meter) finish() {
@@ -154,7 +166,7 @@ func (m *Meter) finish() {
 		// a truncated stream is metered with what it reported.
 		m.sse.Flush()
 	}
-	m.sse = nil
+	m.sse, m.es = nil, nil
 }
 
 // recoverFault turns a panic (a bug: no input should cause one) into an
@@ -169,10 +181,41 @@ func (m *Meter) recoverFault() {
 
 // feed reads decoded body bytes.
 func (m *Meter) feed(p []byte) {
-	if m.body == bodySSE {
+	switch m.body {
+	case bodySSE:
 		m.sse.Write(p)
-	} else {
+	case bodyEventStream:
+		m.es.write(p)
+	default:
 		m.json.write(p)
+	}
+}
+
+// bedrockCountHeaders are the headers in which Bedrock reports the tokens
+// of an InvokeModel call (whose body is the model's own answer), and the
+// fields they are.
+var bedrockCountHeaders = [...]struct {
+	name  string
+	field field
+}{
+	{"X-Amzn-Bedrock-Input-Token-Count", fieldBedrockInputTokens},
+	{"X-Amzn-Bedrock-Output-Token-Count", fieldBedrockOutputTokens},
+	{"X-Amzn-Bedrock-Cache-Read-Input-Token-Count", fieldBedrockCacheReadTokens},
+	{"X-Amzn-Bedrock-Cache-Write-Input-Token-Count", fieldBedrockCacheWriteTokens},
+}
+
+// readHeader reads the usage a response's header reports: Bedrock's
+// counts of an InvokeModel call, the whole call's, sent once it is done:
+// its final report. A header that is not a count is not read. Other
+// responses cost a map lookup per header.
+func (m *Meter) readHeader(h http.Header) {
+	for _, c := range bedrockCountHeaders {
+		if v := h[c.name]; len(v) == 1 {
+			if n, ok := parseCount([]byte(v[0])); ok {
+				m.tally.record(c.field, n)
+				m.headerFinal = true
+			}
+		}
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 
@@ -563,27 +564,25 @@ func TestOnlyEventsThatMayCarryUsageAreScanned(t *testing.T) {
 	}
 }
 
-// FuzzUsageMeter feeds arbitrary bodies, as JSON or SSE, in any of the
-// codings, split at arbitrary points: the meter must not panic, must charge
-// the same whatever the split, must charge no part above the total, and must
-// stay within its memory bounds.
+// FuzzUsageMeter feeds arbitrary bodies, as JSON, SSE or an AWS event
+// stream (fuzzShapes), in any of the codings, split at arbitrary points: the
+// meter must not panic, must charge the same whatever the split, must charge
+// no part above the total, and must stay within its memory bounds.
 func FuzzUsageMeter(f *testing.F) {
 	for i, file := range usagetest.Files() {
 		raw := usagetest.Read(f, file)
-		sse := strings.HasSuffix(file, ".sse")
+		shape := uint8(slices.Index(fuzzShapes, usagetest.ContentType(file)))
 		for c, coding := range usagetest.Encodings {
-			f.Add(sse, uint8(c), usagetest.Encode(f, coding, raw), uint64(i*31+c))
+			f.Add(shape, uint8(c), usagetest.Encode(f, coding, raw), uint64(i*31+c))
 		}
-		f.Add(!sse, uint8(0), raw, uint64(i))
+		f.Add(shape+1, uint8(0), raw, uint64(i))
 	}
-	f.Add(true, uint8(0), []byte("data: {\"usage\":{\"total_tokens\":5}}\r\rdata: x\r"), uint64(3))
-	f.Add(false, uint8(0), []byte(`[{"usage":{"total_tokens":5}},{"message":{"usage":{"input_tokens":1e400}}}]`), uint64(5))
-	f.Add(false, uint8(0), []byte(`[{"message":{"usage":{"iterations":[{"input_tokens":1,"cache_creation":{}},[{}],{"output_tokens":2}]}}},{"usageMetadata":{"promptTokenCount":3}}]`), uint64(7))
-	f.Fuzz(func(t *testing.T, sse bool, coding uint8, body []byte, seed uint64) {
-		ct := "application/json"
-		if sse {
-			ct = "text/event-stream"
-		}
+	f.Add(uint8(1), uint8(0), []byte("data: {\"usage\":{\"total_tokens\":5}}\r\rdata: x\r"), uint64(3))
+	f.Add(uint8(0), uint8(0), []byte(`[{"usage":{"total_tokens":5}},{"message":{"usage":{"input_tokens":1e400}}}]`), uint64(5))
+	f.Add(uint8(0), uint8(0), []byte(`[{"message":{"usage":{"iterations":[{"input_tokens":1,"cache_creation":{}},[{}],{"output_tokens":2}]}}},{"usageMetadata":{"promptTokenCount":3}}]`), uint64(7))
+	f.Add(uint8(2), uint8(0), []byte("\xff\xff\xff\xff\x00\x00\x00\x10\x00\x00\x00\x00"), uint64(9))
+	f.Fuzz(func(t *testing.T, shape, coding uint8, body []byte, seed uint64) {
+		ct := fuzzShapes[int(shape)%len(fuzzShapes)]
 		h := usagetest.Header(ct, usagetest.EncodingHeader(usagetest.Encodings[int(coding)%len(usagetest.Encodings)]))
 		whole, wholeMetered := meterUsage(h, [][]byte{body})
 		r := rand.New(rand.NewPCG(seed, seed>>32))
@@ -598,6 +597,9 @@ func FuzzUsageMeter(f *testing.F) {
 			m.Write(c)
 			if m.sse != nil && (cap(m.sse.data) > 2*MaxEvent || cap(m.sse.line) > 2*MaxEvent) {
 				t.Fatalf("SSE buffers grew to %d and %d", cap(m.sse.data), cap(m.sse.line))
+			}
+			if m.es != nil && !m.es.withinBounds() {
+				t.Fatalf("event stream buffers grew to %d, %d and %d", cap(m.es.msg), cap(m.es.payload), cap(m.es.chunk))
 			}
 		}
 		split, splitMetered := m.Finish()
@@ -617,6 +619,9 @@ func FuzzUsageMeter(f *testing.F) {
 		}
 	})
 }
+
+// fuzzShapes are the Content-Types FuzzUsageMeter reads a body as.
+var fuzzShapes = []string{usagetest.ContentType("x.json"), usagetest.ContentType("x.sse"), usagetest.ContentType("x.eventstream.json")}
 
 // partsWithinWholes reports whether each priced part of u is at most its
 // whole, and none is negative.

@@ -35,6 +35,17 @@ const (
 	fieldInputAudioTokens          // input_token_details.audio_tokens
 	fieldOutputReasoningTokens     // output_tokens_details.reasoning_tokens
 	fieldOutputAudioTokens         // output_token_details.audio_tokens
+	// Bedrock: Converse's usage (inputTokens, …) and the same counts in
+	// amazon-bedrock-invocationMetrics (inputTokenCount, …) and in
+	// InvokeModel's x-amzn-bedrock-*-token-count headers
+	fieldBedrockInputTokens // the input read from no cache and written to none
+	fieldBedrockOutputTokens
+	fieldBedrockTotalTokens
+	fieldBedrockCacheReadTokens
+	fieldBedrockCacheWriteTokens
+	// Cohere: the members of usage.billed_units (see detailsOf)
+	fieldBilledInputTokens
+	fieldBilledOutputTokens
 	fieldCount
 )
 
@@ -67,6 +78,16 @@ func fieldOf(key []byte) field {
 		return fieldToolUsePromptTokenCount
 	case "cachedContentTokenCount":
 		return fieldCachedContentTokenCount
+	case "inputTokens", "inputTokenCount":
+		return fieldBedrockInputTokens
+	case "outputTokens", "outputTokenCount":
+		return fieldBedrockOutputTokens
+	case "totalTokens":
+		return fieldBedrockTotalTokens
+	case "cacheReadInputTokens", "cacheReadInputTokenCount":
+		return fieldBedrockCacheReadTokens
+	case "cacheWriteInputTokens", "cacheWriteInputTokenCount":
+		return fieldBedrockCacheWriteTokens
 	}
 	return fieldNone
 }
@@ -80,6 +101,9 @@ const (
 	detailsCompletion         // completion_tokens_details: parts of completion_tokens
 	detailsInput              // input_tokens_details, input_token_details: parts of input_tokens
 	detailsOutput             // output_tokens_details, output_token_details: parts of output_tokens
+	// detailsBilled is Cohere's billed_units: what Cohere bills, beside
+	// its usage.tokens (what its model read and wrote), which is not read.
+	detailsBilled
 )
 
 // detailsOf names the details object a usage object's key is, if any. The
@@ -95,14 +119,26 @@ func detailsOf(key []byte) details {
 		return detailsInput
 	case "output_tokens_details", "output_token_details":
 		return detailsOutput
+	case "billed_units":
+		return detailsBilled
 	}
 	return detailsNone
 }
 
 // field names the count a details object's key is, if any. Only the parts
 // that are priced apart are read: text_tokens, image_tokens,
-// accepted_prediction_tokens and the like are not.
+// accepted_prediction_tokens and the like are not; nor Cohere's billed
+// search_units and classifications, which are not tokens.
 func (d details) field(key []byte) field {
+	if d == detailsBilled {
+		switch string(key) {
+		case "input_tokens":
+			return fieldBilledInputTokens
+		case "output_tokens":
+			return fieldBilledOutputTokens
+		}
+		return fieldNone
+	}
 	switch string(key) {
 	case "cached_tokens":
 		switch d {
@@ -133,8 +169,9 @@ func (d details) field(key []byte) field {
 	return fieldNone
 }
 
-// fieldsDetails are the fields of details objects: parts of other fields,
-// which alone do not make a response metered.
+// fieldsDetails are the fields of OpenAI's details objects: parts of other
+// fields, which alone do not make a response metered (Cohere's billed
+// units are whole counts: not among them).
 const fieldsDetails = 1<<fieldPromptCachedTokens | 1<<fieldPromptAudioTokens |
 	1<<fieldCompletionReasoningTokens | 1<<fieldCompletionAudioTokens |
 	1<<fieldInputCachedTokens | 1<<fieldInputAudioTokens |
@@ -385,6 +422,17 @@ func (it *iterations) summed() Usage { return it.run.plus(it.cur.usage()) }
 //	           Output      candidatesTokenCount + thoughtsTokenCount
 //	           CacheRead   cachedContentTokenCount
 //	           Reasoning   thoughtsTokenCount
+//	Bedrock    Total       totalTokens, or Input + Output
+//	           Input       inputTokens + cacheReadInputTokens + cacheWriteInputTokens
+//	                       (inputTokens is only what no cache served or took)
+//	           Output      outputTokens
+//	           CacheRead   cacheReadInputTokens (inside Input)
+//	           CacheWrite  cacheWriteInputTokens (inside Input)
+//	           (or inputTokenCount, … of amazon-bedrock-invocationMetrics and
+//	           InvokeModel's headers: the same counts)
+//	Cohere     Total       Input + Output
+//	           Input       billed_units.input_tokens
+//	           Output      billed_units.output_tokens
 //
 // Where a total is reported it is what the provider charges; a total smaller
 // than the parts reported beside it is taken to have left some out, and the
@@ -442,7 +490,15 @@ func (t *tally) usage() (Usage, bool) {
 	gemini.CacheRead = min(v[fieldCachedContentTokenCount], v[fieldPromptTokenCount])
 	gemini.UncachedInput = gemini.Input - gemini.CacheRead
 	gemini.Reasoning = v[fieldThoughtsTokenCount]
-	return openai.max(responses).max(anthropic).max(gemini), true
+	bedrock := withTotal(v[fieldBedrockTotalTokens],
+		v[fieldBedrockInputTokens]+v[fieldBedrockCacheReadTokens]+v[fieldBedrockCacheWriteTokens],
+		v[fieldBedrockOutputTokens])
+	bedrock.UncachedInput = v[fieldBedrockInputTokens]
+	bedrock.CacheRead = v[fieldBedrockCacheReadTokens]
+	bedrock.CacheWrite = v[fieldBedrockCacheWriteTokens]
+	cohere := withTotal(0, v[fieldBilledInputTokens], v[fieldBilledOutputTokens])
+	cohere.UncachedInput = cohere.Input
+	return openai.max(responses).max(anthropic).max(gemini).max(bedrock).max(cohere), true
 }
 
 // withTotal is a family's usage from its reported total (0 if none) and its

@@ -65,6 +65,20 @@ var Goldens = []Golden{
 	{"gemini_stream_down.sse", 79, 38, 17 + 24, true}, // prompt 42, then 38 + 17 + 24 thoughts
 	{"gemini_stream_array_down.json", 12, 7, 5, true}, // prompt 9, then 7 + 5
 	{"gemini_cached_stream.sse", 5655, 5210, 85 + 360, true},
+	// Bedrock: inputTokens is the input no cache served or took; the
+	// input is it and the cache reads and writes. ConverseStream's usage
+	// is in its metadata event. InvokeModelWithResponseStream carries
+	// Anthropic's events as chunks, and Bedrock's own count of them in the
+	// last (amazon-bedrock-invocationMetrics), charged once; a model of
+	// another family (Llama) reports only the latter.
+	{"bedrock_converse.json", 24 + 102 + 1581 + 142, 24 + 1581 + 142, 102, true},
+	{"bedrock_converse_stream.eventstream.json", 76, 19, 57, true},
+	{"bedrock_invoke_stream.eventstream.json", 12 + 88 + 2048, 12 + 2048, 88, true},
+	{"bedrock_invoke_llama_stream.eventstream.json", 18 + 42, 18, 42, true},
+	{"bedrock_converse_stream_exception.eventstream.json", 0, 0, 0, false}, // throttled before its metadata
+	// Cohere: usage.billed_units, what Cohere bills, not usage.tokens.
+	{"cohere_chat.json", 9 + 212, 9, 212, true},
+	{"cohere_chat_stream.sse", 14 + 58, 14, 58, true}, // message-end's delta.usage
 	// No usage: nothing is charged.
 	{"openai_error.json", 0, 0, 0, false},
 	{"anthropic_error.json", 0, 0, 0, false},
@@ -125,6 +139,14 @@ var GoldenParts = map[string]Parts{
 	"gemini_stream_down.sse":        {UncachedInput: 38, Reasoning: 24}, // prompt 42, then 38
 	"gemini_stream_array_down.json": {UncachedInput: 7},                 // prompt 9, then 7
 	"gemini_cached_stream.sse":      {UncachedInput: 5210 - 4096, CacheRead: 4096, Reasoning: 360},
+	// Bedrock: cacheReadInputTokens and cacheWriteInputTokens, both inside
+	// the input, beside inputTokens.
+	"bedrock_converse.json":                        {UncachedInput: 24, CacheRead: 1581, CacheWrite: 142},
+	"bedrock_converse_stream.eventstream.json":     {UncachedInput: 19},
+	"bedrock_invoke_stream.eventstream.json":       {UncachedInput: 12, CacheRead: 2048},
+	"bedrock_invoke_llama_stream.eventstream.json": {UncachedInput: 18},
+	"cohere_chat.json":                             {UncachedInput: 9},
+	"cohere_chat_stream.sse":                       {UncachedInput: 14},
 }
 
 //go:embed testdata
@@ -143,20 +165,30 @@ func Files() []string {
 	return names
 }
 
-// Read returns the sample body in file, a copy the caller may change.
+// Read returns the sample body in file, a copy the caller may change: an
+// event stream sample's messages encoded (EventStream).
 func Read(t testing.TB, file string) []byte {
 	t.Helper()
 	b, err := testdata.ReadFile(path.Join("testdata", file))
 	if err != nil {
 		t.Fatal(err)
 	}
+	if strings.HasSuffix(file, eventStreamSuffix) {
+		return EventStream(t, b)
+	}
 	return b
 }
 
+// eventStreamSuffix ends the name of an event stream sample.
+const eventStreamSuffix = ".eventstream.json"
+
 // ContentType is the Content-Type a provider sends a sample with.
 func ContentType(file string) string {
-	if strings.HasSuffix(file, ".sse") {
+	switch {
+	case strings.HasSuffix(file, ".sse"):
 		return "text/event-stream; charset=utf-8"
+	case strings.HasSuffix(file, eventStreamSuffix):
+		return "application/vnd.amazon.eventstream"
 	}
 	return "application/json; charset=utf-8"
 }
