@@ -38,6 +38,18 @@
 //	             tools[] as JSON
 //	gemini       contents[].parts[], systemInstruction.parts[]; tools[] as
 //	             JSON; generateContentRequest (countTokens), read as a request
+//	converse     Bedrock's Converse: messages[].content[] and system[], as
+//	             blocks (below); toolConfig as JSON
+//	invoke       Bedrock's InvokeModel, the model's own body: Anthropic's
+//	             as messages; Meta's and Mistral's prompt, Titan's inputText
+//	cohere       Cohere's v2 chat: messages[] as chat's (and each tool_plan);
+//	             tools[] and documents[] as JSON
+//
+// A Converse block is a union, named by its one member: text counts its
+// text; image, document and video are media; toolUse its name and its
+// input as JSON; toolResult its content's blocks; json (a tool result's) as
+// JSON; guardContent its text ({"text": …}) and image; reasoningContent and
+// cachePoint count nothing.
 //
 // Content (chat and Anthropic messages, system, tool_result content,
 // Responses content and outputs) is a string, or parts that count by type:
@@ -68,6 +80,10 @@
 //	responses    max_output_tokens
 //	messages     max_tokens
 //	gemini       generationConfig.maxOutputTokens × generationConfig.candidateCount
+//	converse     inferenceConfig.maxTokens
+//	invoke       max_tokens (Anthropic, Mistral) or max_gen_len (Meta), not
+//	             both; Titan's textGenerationConfig.maxTokenCount is not read
+//	cohere       max_tokens
 //
 // Embeddings and the token counts are Capped with Output 0. A legacy
 // completion without max_tokens is not capped, although OpenAI then stops at

@@ -11,6 +11,7 @@ import (
 var apiPaths = []string{
 	chatPath, completionsPath, embeddingsPath, responsesPath, "/v1/responses/input_tokens",
 	messagesPath, "/v1/messages/count_tokens", geminiPath, "/v1beta/models/m:countTokens",
+	conversePath, invokePath, coherePath,
 }
 
 // FuzzOf holds Of, for every API, to: no panic; the estimate's invariants;

@@ -65,11 +65,20 @@ var shapes = map[string][]struct{ key, shape string }{
 		{"max_output_tokens", "count"}, {"system", "content"}, {"contents", "[geminiContent]"},
 		{"systemInstruction", "geminiContent"}, {"system_instruction", "geminiContent"},
 		{"generationConfig", "config"}, {"generation_config", "config"},
-		{"generateContentRequest", "request"}, {"generate_content_request", "request"}, {"model", "word"}},
+		{"generateContentRequest", "request"}, {"generate_content_request", "request"}, {"model", "word"},
+		{"toolConfig", "any"}, {"inferenceConfig", "converseConfig"}, {"documents", "[any]"}, {"inputText", "word"},
+		{"max_gen_len", "count"}},
 	"message": {{"role", "word"}, {"content", "content"}, {"name", "word"}, {"tool_calls", "[toolCall]"},
-		{"function_call", "call"}},
-	"toolCall": {{"id", "word"}, {"type", "word"}, {"function", "call"}, {"custom", "call"}},
-	"call":     {{"name", "word"}, {"arguments", "word"}, {"input", "word"}},
+		{"function_call", "call"}, {"tool_plan", "word"}},
+	// Bedrock Converse's content blocks.
+	"block": {{"text", "word"}, {"image", "any"}, {"document", "any"}, {"video", "any"}, {"toolUse", "toolUse"},
+		{"toolResult", "toolResult"}, {"json", "any"}, {"guardContent", "guard"}, {"cachePoint", "any"}},
+	"toolUse":        {{"toolUseId", "word"}, {"name", "word"}, {"input", "any"}},
+	"toolResult":     {{"toolUseId", "word"}, {"content", "[block]"}, {"status", "word"}},
+	"guard":          {{"text", "guardText"}, {"image", "any"}},
+	"converseConfig": {{"maxTokens", "count"}, {"temperature", "count"}},
+	"toolCall":       {{"id", "word"}, {"type", "word"}, {"function", "call"}, {"custom", "call"}},
+	"call":           {{"name", "word"}, {"arguments", "word"}, {"input", "word"}},
 	"part": {{"type", "word"}, {"type", "word"}, {"text", "word"}, {"refusal", "word"}, {"name", "word"},
 		{"input", "any"}, {"content", "content"}, {"source", "source"}, {"image_url", "any"}},
 	"source": {{"type", "word"}, {"data", "word"}, {"content", "content"}, {"media_type", "word"}},
@@ -143,10 +152,11 @@ func (g *generator) array(shape string, depth int) {
 
 // unions are the shapes that are one of others, at random.
 var unions = map[string][]string{
-	"content": {"word", "[part]", "[part]"},
-	"prompt":  {"word", "[word]", "[count]", "[[count]]"},
-	"input":   {"prompt", "[item]", "[item]"},
-	"any":     {"object", "[any]", "word", "count", "literal", "literal"},
+	"content":   {"word", "[part]", "[part]", "[block]"},
+	"guardText": {"word", "guard"},
+	"prompt":    {"word", "[word]", "[count]", "[[count]]"},
+	"input":     {"prompt", "[item]", "[item]"},
+	"any":       {"object", "[any]", "word", "count", "literal", "literal"},
 }
 
 func (g *generator) value(shape string, depth int) {
@@ -174,7 +184,8 @@ func (g *generator) value(shape string, depth int) {
 
 // anyShape is a shape of object at random.
 func (g *generator) anyShape() string {
-	names := []string{"request", "message", "toolCall", "call", "part", "source", "item", "geminiContent", "geminiPart", "config"}
+	names := []string{"request", "message", "toolCall", "call", "part", "source", "item", "geminiContent", "geminiPart", "config",
+		"block", "toolUse", "toolResult", "guard", "converseConfig"}
 	return names[g.r.IntN(len(names))]
 }
 

@@ -27,6 +27,10 @@ func TestModelIsReadFromThePathOrTheBodyAsEachAPINamesIt(t *testing.T) {
 		{"/v1/chat/completions", `{"metadata":{"model":"nested"}}`, ""},
 		{"/v1/chat/completions", `{"model":"gpt-4o"} trailing`, ""},
 		{"/v1/chat/completions", `{"model":"gpt-4o",}`, ""},
+		{"/model/us.anthropic.claude-sonnet-4-20250514-v1:0/converse", `{"messages":[]}`, "us.anthropic.claude-sonnet-4-20250514-v1:0"},
+		{"/model/arn:aws:bedrock:us-east-1:123456789012:application-inference-profile/a1b2/invoke", `{"model":"ignored"}`,
+			"arn:aws:bedrock:us-east-1:123456789012:application-inference-profile/a1b2"},
+		{"/v2/chat", `{"model":"command-a-03-2025","messages":[]}`, "command-a-03-2025"},
 	} {
 		if got, ambiguous := Model(llmapi.Of(c.path), []byte(c.body)); got != c.want || ambiguous {
 			t.Errorf("Model(llmapi.Of(%q), %s) = %q, %v, want %q, false", c.path, c.body, got, ambiguous, c.want)

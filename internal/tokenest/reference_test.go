@@ -55,6 +55,12 @@ func refEstimate(path string, m map[string]any) Estimate {
 		r = refMessages(m)
 	case llmapi.Gemini:
 		r = refGemini(m)
+	case llmapi.Converse:
+		r = refConverse(m)
+	case llmapi.Invoke:
+		r = refInvoke(m)
+	case llmapi.CohereChat:
+		r = refCohere(m)
 	}
 	in := (r.t.chars+3)/4 + r.t.tokens + r.t.media*MediaTokens
 	e := Estimate{Input: min(in, limit), Known: true, Choices: max(r.mult, 1)}
@@ -298,6 +304,75 @@ func refGemini(m map[string]any) (r refReading) {
 	return r
 }
 
+func refConverse(m map[string]any) (r refReading) {
+	r.t = refSum(m["messages"], func(message map[string]any) tally { return refBlocks(message["content"]) })
+	r.t.add(refBlocks(m["system"]))
+	if v, ok := m["toolConfig"]; ok {
+		r.t.chars += refJSON(v)
+	}
+	config := refObject(m["inferenceConfig"])
+	r.refCap(refMult(), refRespelled(m, "inferenceConfig") || refRespelled(config, "maxTokens"), config["maxTokens"])
+	return r
+}
+
+// refBlocks counts Converse's content blocks: each a union, whose members
+// say what it is.
+func refBlocks(v any) tally {
+	return refSum(v, func(b map[string]any) (t tally) {
+		t.chars += refText(b["text"])
+		for _, k := range []string{"image", "document", "video"} {
+			if _, ok := b[k]; ok {
+				t.media++
+			}
+		}
+		if use, ok := b["toolUse"].(map[string]any); ok {
+			t.chars += refText(use["name"])
+			if in, ok := use["input"]; ok {
+				t.chars += refJSON(in)
+			}
+		}
+		t.add(refBlocks(refObject(b["toolResult"])["content"]))
+		if v, ok := b["json"]; ok {
+			t.chars += refJSON(v)
+		}
+		if v, ok := b["guardContent"]; ok {
+			t.add(refGuard(v))
+		}
+		return t
+	})
+}
+
+// refGuard counts a guardContent: its text, itself {"text": …}, and its
+// image.
+func refGuard(v any) (t tally) {
+	if s, ok := v.(string); ok {
+		return tally{chars: refText(s)}
+	}
+	m := refObject(v)
+	if text, ok := m["text"]; ok {
+		t = refGuard(text)
+	}
+	if _, ok := m["image"]; ok {
+		t.media++
+	}
+	return t
+}
+
+func refInvoke(m map[string]any) (r refReading) {
+	r.t = refContent(m["system"])
+	r.t.add(refSum(m["messages"], refMessage))
+	r.t.chars += refJSONEach(m["tools"]) + refText(m["prompt"]) + refText(m["inputText"])
+	r.refCap(refMult(), refRespelled(m, "max_tokens", "max_gen_len"), m["max_tokens"], m["max_gen_len"])
+	return r
+}
+
+func refCohere(m map[string]any) (r refReading) {
+	r.t = refSum(m["messages"], refMessage)
+	r.t.chars += refJSONEach(m["tools"]) + refJSONEach(m["documents"])
+	r.refCap(refMult(), refRespelled(m, "max_tokens"), m["max_tokens"])
+	return r
+}
+
 func refGeminiContent(m map[string]any) tally {
 	return refSum(m["parts"], func(part map[string]any) (t tally) {
 		for _, m := range geminiPartMembers {
@@ -320,7 +395,7 @@ func refGeminiContent(m map[string]any) tally {
 
 func refMessage(m map[string]any) tally {
 	t := refContent(m["content"])
-	t.chars += refText(m["name"]) + refCall(m["function_call"])
+	t.chars += refText(m["name"]) + refCall(m["function_call"]) + refText(m["tool_plan"])
 	calls, _ := m["tool_calls"].([]any)
 	for _, c := range calls {
 		c := refObject(c)

@@ -96,6 +96,12 @@ func read(call llmapi.Call, body []byte, prefix bool) (r reading, ok bool) {
 		r = messages(&p)
 	case llmapi.Gemini:
 		r = gemini(&p)
+	case llmapi.Converse:
+		r = converse(&p)
+	case llmapi.Invoke:
+		r = invoke(&p)
+	case llmapi.CohereChat:
+		r = cohere(&p)
 	}
 	if !prefix && (p.bad || p.ws()) {
 		return reading{}, false
@@ -243,33 +249,68 @@ func gemini(p *parser) (r reading) {
 	return r
 }
 
+// converse reads a Bedrock Converse or ConverseStream request: every
+// model's, in one shape.
+func converse(p *parser) (r reading) {
+	var c [1]opt
+	r.tally = p.object(converseMembers, c[:])
+	r.setCap(c[0], opt{})
+	return r
+}
+
+// invoke reads a Bedrock InvokeModel request, whose body is the model's
+// own: Anthropic's Messages (max_tokens), or Meta's and Mistral's prompt
+// (max_gen_len, max_tokens), or Amazon Titan's inputText (its cap, inside
+// textGenerationConfig, is not read: the default applies). A cap given
+// under both names is not one this package can be sure of.
+func invoke(p *parser) (r reading) {
+	var c [2]opt
+	r.tally = p.object(invokeMembers, c[:])
+	r.setCap(oneOf(c[0], c[1]), opt{})
+	return r
+}
+
+// cohere reads a Cohere v2 chat request.
+func cohere(p *parser) (r reading) {
+	var c [1]opt
+	r.tally = p.object(cohereMembers, c[:])
+	r.setCap(c[0], opt{})
+	return r
+}
+
 // shape is what the value of a member counts.
 type shape uint8
 
 const (
-	shapeText           shape = iota // a string: its characters
-	shapeJSON                        // any value, as JSON
-	shapeMedia                       // any value: one media part
-	shapeDefinitions                 // an array: each element as JSON
-	shapeContent                     // see content
-	shapePrompt                      // see prompt
-	shapeInput                       // a Responses input: a string, or items
-	shapeMessages                    // an array of messageMembers
-	shapeToolCalls                   // an array of toolCallMembers
-	shapeCall                        // callMembers
-	shapeGeminiContents              // an array of geminiContentMembers
-	shapeGeminiContent               // geminiContentMembers
-	shapeGeminiParts                 // an array of geminiPartMembers
-	shapeGeminiRequest               // geminiMembers, for their input only
-	shapeCount                       // a count, read into counts[at]
-	shapeGeminiConfig                // geminiConfigMembers, read into counts[at:at+4]
+	shapeText               shape = iota // a string: its characters
+	shapeJSON                            // any value, as JSON
+	shapeMedia                           // any value: one media part
+	shapeDefinitions                     // an array: each element as JSON
+	shapeContent                         // see content
+	shapePrompt                          // see prompt
+	shapeInput                           // a Responses input: a string, or items
+	shapeMessages                        // an array of messageMembers
+	shapeToolCalls                       // an array of toolCallMembers
+	shapeCall                            // callMembers
+	shapeGeminiContents                  // an array of geminiContentMembers
+	shapeGeminiContent                   // geminiContentMembers
+	shapeGeminiParts                     // an array of geminiPartMembers
+	shapeGeminiRequest                   // geminiMembers, for their input only
+	shapeCount                           // a count, read into counts[at]
+	shapeConfig                          // an object of config's members, its counts read into counts[at:at+len(config)]
+	shapeConverseBlocks                  // an array of converseBlockMembers
+	shapeConverseMessages                // an array of converseMessageMembers
+	shapeConverseToolUse                 // converseToolUseMembers
+	shapeConverseToolResult              // converseToolResultMembers
+	shapeConverseGuard                   // converseGuardMembers
 )
 
 // member is a member of an object that counts, and its shape.
 type member struct {
-	key   string
-	shape shape
-	at    int // for shapeCount and shapeGeminiConfig
+	key    string
+	shape  shape
+	at     int      // for shapeCount and shapeConfig
+	config []member // for shapeConfig: each a shapeCount
 }
 
 // What each object reads; any other member counts nothing.
@@ -311,8 +352,8 @@ var (
 		{key: "tools", shape: shapeDefinitions},
 		{key: "generateContentRequest", shape: shapeGeminiRequest},
 		{key: "generate_content_request", shape: shapeGeminiRequest},
-		{key: "generationConfig", shape: shapeGeminiConfig, at: 0},
-		{key: "generation_config", shape: shapeGeminiConfig, at: 4},
+		{key: "generationConfig", shape: shapeConfig, at: 0, config: geminiConfigMembers},
+		{key: "generation_config", shape: shapeConfig, at: 4, config: geminiConfigMembers},
 	}
 	geminiConfigMembers = []member{
 		{key: "maxOutputTokens", shape: shapeCount, at: 0},
@@ -321,12 +362,55 @@ var (
 		{key: "candidate_count", shape: shapeCount, at: 3},
 	}
 
-	// An element of messages[]: OpenAI chat's or Anthropic's.
+	// Bedrock's Converse request. Its content blocks are unions: each
+	// block's one member says what it is.
+	converseMembers = []member{
+		{key: "messages", shape: shapeConverseMessages},
+		{key: "system", shape: shapeConverseBlocks},
+		{key: "toolConfig", shape: shapeJSON},
+		{key: "inferenceConfig", shape: shapeConfig, config: []member{{key: "maxTokens", shape: shapeCount}}},
+	}
+	converseMessageMembers = []member{{key: "content", shape: shapeConverseBlocks}}
+	converseBlockMembers   = []member{
+		{key: "text", shape: shapeText},
+		{key: "image", shape: shapeMedia},
+		{key: "document", shape: shapeMedia},
+		{key: "video", shape: shapeMedia},
+		{key: "toolUse", shape: shapeConverseToolUse},
+		{key: "toolResult", shape: shapeConverseToolResult},
+		{key: "json", shape: shapeJSON}, // a tool result's
+		{key: "guardContent", shape: shapeConverseGuard},
+	}
+	converseToolUseMembers    = []member{{key: "name", shape: shapeText}, {key: "input", shape: shapeJSON}}
+	converseToolResultMembers = []member{{key: "content", shape: shapeConverseBlocks}}
+	// guardContent's text is {"text": …, "qualifiers": […]}.
+	converseGuardMembers = []member{{key: "text", shape: shapeConverseGuard}, {key: "image", shape: shapeMedia}}
+	// Bedrock's InvokeModel request: Anthropic's Messages, or a prompt.
+	invokeMembers = []member{
+		{key: "system", shape: shapeContent},
+		{key: "messages", shape: shapeMessages},
+		{key: "tools", shape: shapeDefinitions},
+		{key: "prompt", shape: shapeText},    // Meta, Mistral
+		{key: "inputText", shape: shapeText}, // Amazon Titan
+		{key: "max_tokens", shape: shapeCount, at: 0},
+		{key: "max_gen_len", shape: shapeCount, at: 1},
+	}
+	// Cohere's v2 chat request: its messages are chat's, with a tool plan
+	// beside their tool calls; its documents go to the model.
+	cohereMembers = []member{
+		{key: "messages", shape: shapeMessages},
+		{key: "tools", shape: shapeDefinitions},
+		{key: "documents", shape: shapeDefinitions},
+		{key: "max_tokens", shape: shapeCount, at: 0},
+	}
+
+	// An element of messages[]: OpenAI chat's, Anthropic's, Cohere's.
 	messageMembers = []member{
 		{key: "content", shape: shapeContent},
 		{key: "name", shape: shapeText},
 		{key: "tool_calls", shape: shapeToolCalls},
 		{key: "function_call", shape: shapeCall},
+		{key: "tool_plan", shape: shapeText}, // Cohere
 	}
 	// An element of an OpenAI assistant message's tool_calls.
 	toolCallMembers = []member{{key: "function", shape: shapeCall}, {key: "custom", shape: shapeCall}}
@@ -375,10 +459,10 @@ func (p *parser) object(members []member, counts []opt) tally {
 			switch m.shape {
 			case shapeCount:
 				counts[m.at].read(p)
-			case shapeGeminiConfig:
-				c := counts[m.at : m.at+4]
+			case shapeConfig:
+				c := counts[m.at : m.at+len(m.config)]
 				clear(c)
-				p.object(geminiConfigMembers, c)
+				p.object(m.config, c)
 			default:
 				each[i] = p.shaped(m.shape)
 			}
@@ -408,8 +492,8 @@ func (m member) respelled(key []byte) uint16 {
 	switch m.shape {
 	case shapeCount:
 		return 1 << m.at
-	case shapeGeminiConfig:
-		return 0xf << m.at
+	case shapeConfig:
+		return (1<<len(m.config) - 1) << m.at
 	}
 	return 0
 }
@@ -452,6 +536,19 @@ func (p *parser) shaped(s shape) tally {
 	case shapeGeminiRequest:
 		var c [8]opt
 		return p.object(geminiMembers, c[:])
+	case shapeConverseBlocks:
+		return p.eachObject(converseBlockMembers)
+	case shapeConverseMessages:
+		return p.eachObject(converseMessageMembers)
+	case shapeConverseToolUse:
+		return p.object(converseToolUseMembers, nil)
+	case shapeConverseToolResult:
+		return p.object(converseToolResultMembers, nil)
+	case shapeConverseGuard:
+		if p.peek() == '"' {
+			return tally{chars: p.text()}
+		}
+		return p.object(converseGuardMembers, nil)
 	}
 	p.skip()
 	return tally{}

@@ -19,6 +19,9 @@ const (
 	messagesPath    = "/v1/messages"
 	geminiPath      = "/v1beta/models/gemini-2.5-flash:generateContent"
 	vertexClaude    = "/v1/projects/p/locations/us-east5/publishers/anthropic/models/claude-sonnet-4@20250514:rawPredict"
+	conversePath    = "/model/us.anthropic.claude-sonnet-4-20250514-v1:0/converse"
+	invokePath      = "/model/anthropic.claude-3-5-haiku-20241022-v1:0/invoke-with-response-stream"
+	coherePath      = "/v2/chat"
 )
 
 // inputCase is a body and what its input counts: characters, token ids and
@@ -116,6 +119,34 @@ var inputCases = []inputCase{
 		`{"contents":[],"tools":[{"functionDeclarations":[{"name":"f","description":"d","parameters":{"type":"OBJECT"}}]}]}`, 88, 0, 0},
 	{"gemini countTokens generateContentRequest", "/v1beta/models/gemini-2.5-flash:countTokens",
 		`{"generateContentRequest":{"model":"models/gemini-2.5-flash","contents":[{"parts":[{"text":"abcd"}]}],"systemInstruction":{"parts":[{"text":"ef"}]}}}`, 6, 0, 0},
+
+	// Bedrock Converse: content blocks are unions, each named by its member.
+	{"converse text blocks, system blocks, a cache point counts nothing", conversePath,
+		`{"system":[{"text":"Be terse."},{"cachePoint":{"type":"default"}}],"messages":[{"role":"user","content":[{"text":"Hello"},{"text":", world"}]}],"inferenceConfig":{"maxTokens":512,"temperature":0.5}}`,
+		9 + 5 + 7, 0, 0},
+	{"converse image, document and video blocks are media", conversePath,
+		`{"messages":[{"role":"user","content":[{"image":{"format":"png","source":{"bytes":"iVBORw0KGgo="}}},{"document":{"format":"pdf","name":"a","source":{"bytes":"JVBERi0="}}},{"video":{"format":"mp4","source":{"s3Location":{"uri":"s3://b/v.mp4"}}}},{"text":"What?"}]}]}`,
+		5, 0, 3},
+	{"converse toolUse name and input as compact JSON, toolResult its blocks", conversePath,
+		`{"messages":[{"role":"assistant","content":[{"toolUse":{"toolUseId":"t1","name":"get_weather","input":{"city":"Paris"}}}]},{"role":"user","content":[{"toolResult":{"toolUseId":"t1","content":[{"text":"Sunny"},{"json":{"temp":21}},{"image":{"format":"png","source":{"bytes":"AA=="}}}],"status":"success"}}]}]}`,
+		11 + 16 + 5 + 11, 0, 1},
+	{"converse guardContent text is sent to the model; reasoning counts nothing", conversePath,
+		`{"messages":[{"role":"user","content":[{"guardContent":{"text":{"text":"Guard me","qualifiers":["guard_content"]}}},{"reasoningContent":{"reasoningText":{"text":"hmm"}}}]}]}`,
+		8, 0, 0},
+	{"converse toolConfig as compact JSON", conversePath,
+		`{"messages":[],"toolConfig":{"tools":[{"toolSpec":{"name":"f","inputSchema":{"json":{}}}}]}}`, 63, 0, 0},
+
+	// Bedrock InvokeModel: the model's own body.
+	{"invoke Anthropic's body", invokePath,
+		`{"anthropic_version":"bedrock-2023-05-31","max_tokens":100,"system":"Be terse.","messages":[{"role":"user","content":[{"type":"text","text":"Hello"}]}]}`,
+		9 + 5, 0, 0},
+	{"invoke Meta's prompt", invokePath, `{"prompt":"<|begin_of_text|>Hi","max_gen_len":64,"temperature":0.5}`, 19, 0, 0},
+	{"invoke Titan's inputText", invokePath, `{"inputText":"Hello","textGenerationConfig":{"maxTokenCount":64}}`, 5, 0, 0},
+
+	// Cohere v2 chat: chat's messages, with a tool plan, and documents.
+	{"cohere messages, tool calls, tool plan, tools and documents as JSON", coherePath,
+		`{"model":"command-a-03-2025","messages":[{"role":"user","content":"Weather?"},{"role":"assistant","tool_plan":"Look it up.","tool_calls":[{"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c1","content":[{"type":"text","text":"Sunny"}]}],"tools":[{"type":"function","function":{"name":"get_weather","parameters":{}}}],"documents":[{"id":"d1","data":{"text":"abc"}}]}`,
+		8 + 11 + 11 + 2 + 5 + 69 + 33, 0, 0},
 }
 
 func TestEachAPIsInputIsReadFromItsOwnFields(t *testing.T) {
@@ -238,6 +269,13 @@ var outputCases = []outputCase{
 	{"messages count_tokens capped at 0, whatever max_tokens says", "/v1/messages/count_tokens", `{"max_tokens":100,"messages":[]}`, 0, true},
 	{"messages count-tokens on Vertex AI capped at 0", "/v1/projects/p/locations/l/publishers/anthropic/models/count-tokens:rawPredict", `{"max_tokens":100,"messages":[]}`, 0, true},
 	{"gemini countTokens capped at 0", "/v1beta/models/gemini-2.5-flash:countTokens", `{"generationConfig":{"maxOutputTokens":64}}`, 0, true},
+	{"converse inferenceConfig.maxTokens", conversePath, `{"messages":[],"inferenceConfig":{"maxTokens":512}}`, 512, true},
+	{"converse maxTokens under another spelling is no cap", conversePath, `{"inferenceConfig":{"maxTokens":512,"MaxTokens":5}}`, 0, false},
+	{"converse without inferenceConfig", conversePath, `{"messages":[]}`, 0, false},
+	{"invoke max_tokens", invokePath, `{"anthropic_version":"bedrock-2023-05-31","max_tokens":100}`, 100, true},
+	{"invoke max_gen_len", invokePath, `{"prompt":"x","max_gen_len":64}`, 64, true},
+	{"invoke both caps: none it can trust", invokePath, `{"max_tokens":100,"max_gen_len":64}`, 0, false},
+	{"cohere max_tokens", coherePath, `{"model":"command-a-03-2025","messages":[],"max_tokens":300}`, 300, true},
 	{"responses input_tokens capped at 0", "/v1/responses/input_tokens", `{"input":"x","max_output_tokens":500}`, 0, true},
 }
 
