@@ -901,9 +901,10 @@ func TestAJSONConfigWithABadPriceOrBudgetFailsToLoadSayingWhy(t *testing.T) {
 }
 
 // Each provider's cached input is priced as it reports it: OpenAI's and
-// Gemini's prompt counts include their cache reads, Anthropic's input
-// excludes its cache reads and writes, which it reports apart; reasoning is
-// output. The costs are worked out by hand at $2.50 per million input
+// Gemini's prompt counts include their cache reads, Anthropic's and
+// Bedrock's input excludes their cache reads and writes, which they report
+// apart; reasoning is output; Cohere's billed units are priced, not the
+// tokens its model read. The costs are worked out by hand at $2.50 per million input
 // tokens, $10 output, $1.25 cache read, $3.125 cache write.
 func TestEachProvidersCachedInputIsPricedAsItReportsIt(t *testing.T) {
 	e, err := pricing.Inline("m", "2.50", "10", "1.25", "3.125")
@@ -924,6 +925,10 @@ func TestEachProvidersCachedInputIsPricedAsItReportsIt(t *testing.T) {
 			500*2_500 + 1000*3_125 + 1500*1_250 + 100*10_000},
 		{"gemini", `{"usageMetadata":{"promptTokenCount":2000,"cachedContentTokenCount":1500,"candidatesTokenCount":60,"thoughtsTokenCount":40,"totalTokenCount":2100}}`,
 			500*2_500 + 1500*1_250 + 100*10_000},
+		{"bedrock", `{"usage":{"inputTokens":500,"cacheReadInputTokens":1500,"cacheWriteInputTokens":1000,"outputTokens":100,"totalTokens":3100}}`,
+			500*2_500 + 1000*3_125 + 1500*1_250 + 100*10_000},
+		{"cohere", `{"usage":{"billed_units":{"input_tokens":500,"output_tokens":100},"tokens":{"input_tokens":2500,"output_tokens":100}}}`,
+			500*2_500 + 100*10_000},
 	} {
 		m := usage.NewMeter(http.Header{"Content-Type": {"application/json"}})
 		m.Write([]byte(c.body))

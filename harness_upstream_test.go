@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -46,7 +47,8 @@ type fakeUpstream struct {
 	answers  []scriptedAnswer
 }
 
-// An upstreamMode answers a request that reached u, its body read.
+// An upstreamMode answers a request that reached u, its body read (and
+// readable again).
 type upstreamMode func(u *fakeUpstream, w http.ResponseWriter, r *http.Request)
 
 // upstreamRequest is a request as the upstream received it.
@@ -97,6 +99,7 @@ func (u *fakeUpstream) serve(w http.ResponseWriter, r *http.Request) {
 	for p := u.peak.Load(); n > p && !u.peak.CompareAndSwap(p, n); p = u.peak.Load() {
 	}
 	body, _ := io.ReadAll(r.Body)
+	r.Body = io.NopCloser(bytes.NewReader(body)) // for the mode to read again
 	u.mu.Lock()
 	u.received = append(u.received, upstreamRequest{at: at, header: r.Header.Clone(), contentLength: r.ContentLength, body: body})
 	u.mu.Unlock()

@@ -205,10 +205,15 @@ type sdkRefusal struct {
 	Code, Type, ErrorCode, Message                                            string
 	Body                                                                      googleErrorBody // Google's: the body its ApiError's message carries
 	Start, End                                                                int64           // unix milliseconds before and after the call
-	Responses                                                                 []struct {
-		Status                                int
-		RetryAfter, RetryAfterMs, ShouldRetry string
-	}
+	Responses                                                                 []sdkResponse
+}
+
+// sdkResponse is a response an SDK's fetch got (refusals.mjs's
+// recordingFetch).
+type sdkResponse struct {
+	Status                                int
+	RetryAfter, RetryAfterMs, ShouldRetry string
+	At                                    int64 // unix milliseconds
 }
 
 // checkOneResponse checks that the SDK raised an error of status after one

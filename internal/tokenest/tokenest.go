@@ -91,17 +91,17 @@ func read(call llmapi.Call, body []byte, prefix bool) (r reading, ok bool) {
 	case llmapi.Embeddings:
 		r = embeddings(&p)
 	case llmapi.Responses:
-		r = responses(&p)
+		r = oneCap(&p, responsesMembers)
 	case llmapi.Messages:
-		r = messages(&p)
+		r = oneCap(&p, messagesMembers)
 	case llmapi.Gemini:
 		r = gemini(&p)
 	case llmapi.Converse:
-		r = converse(&p)
+		r = oneCap(&p, converseMembers)
 	case llmapi.Invoke:
 		r = invoke(&p)
 	case llmapi.CohereChat:
-		r = cohere(&p)
+		r = oneCap(&p, cohereMembers)
 	}
 	if !prefix && (p.bad || p.ws()) {
 		return reading{}, false
@@ -222,18 +222,13 @@ func embeddings(p *parser) (r reading) {
 	return r
 }
 
-// responses reads an OpenAI Responses request.
-func responses(p *parser) (r reading) {
+// oneCap reads a request whose members have one count, its output cap, for
+// one choice: an OpenAI Responses request (max_output_tokens), an Anthropic
+// Messages request and a Cohere v2 chat request (max_tokens), a Bedrock
+// Converse request (inferenceConfig.maxTokens, one shape for every model).
+func oneCap(p *parser, members []member) (r reading) {
 	var c [1]opt
-	r.tally = p.object(responsesMembers, c[:])
-	r.setCap(c[0], opt{})
-	return r
-}
-
-// messages reads an Anthropic Messages request.
-func messages(p *parser) (r reading) {
-	var c [1]opt
-	r.tally = p.object(messagesMembers, c[:])
+	r.tally = p.object(members, c[:])
 	r.setCap(c[0], opt{})
 	return r
 }
@@ -249,15 +244,6 @@ func gemini(p *parser) (r reading) {
 	return r
 }
 
-// converse reads a Bedrock Converse or ConverseStream request: every
-// model's, in one shape.
-func converse(p *parser) (r reading) {
-	var c [1]opt
-	r.tally = p.object(converseMembers, c[:])
-	r.setCap(c[0], opt{})
-	return r
-}
-
 // invoke reads a Bedrock InvokeModel request, whose body is the model's
 // own: Anthropic's Messages (max_tokens), or Meta's and Mistral's prompt
 // (max_gen_len, max_tokens), or Amazon Titan's inputText (its cap, inside
@@ -267,14 +253,6 @@ func invoke(p *parser) (r reading) {
 	var c [2]opt
 	r.tally = p.object(invokeMembers, c[:])
 	r.setCap(oneOf(c[0], c[1]), opt{})
-	return r
-}
-
-// cohere reads a Cohere v2 chat request.
-func cohere(p *parser) (r reading) {
-	var c [1]opt
-	r.tally = p.object(cohereMembers, c[:])
-	r.setCap(c[0], opt{})
 	return r
 }
 

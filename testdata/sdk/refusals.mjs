@@ -2,8 +2,9 @@
 // every response the SDK got from the gateway, and the report of one call
 // the gateway is to refuse.
 
-// recordingFetch records, of each response, its status and the headers
-// that tell an SDK whether and when to retry.
+// recordingFetch records, of each response, its status, the headers that
+// tell an SDK whether and when to retry, and when it came (unix
+// milliseconds).
 export function recordingFetch() {
   const responses = [];
   const recording = async (url, init) => {
@@ -13,6 +14,7 @@ export function recordingFetch() {
       retryAfter: res.headers.get('retry-after') ?? '',
       retryAfterMs: res.headers.get('retry-after-ms') ?? '',
       shouldRetry: res.headers.get('x-should-retry') ?? '',
+      at: Date.now(),
     });
     return res;
   };
