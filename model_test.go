@@ -223,14 +223,17 @@ func TestAModelNamedUnderTwoSpellingsOfItsKeyIsRefusedWhereTheModelCounts(t *tes
 // The model a path names is read as an upstream that normalises the path
 // reads it (dot segments resolved, repeated slashes dropped), so that a
 // client cannot be counted at one model and served another: Azure's
-// deployment behind "..", and Gemini's model behind "//" or "/.", count in
-// the model's own pool.
+// deployment behind "..", Gemini's model behind "//" or "/.", and
+// Bedrock's behind ".." or encoded, count in the model's own pool.
 func TestAModelInThePathIsCountedAsANormalisingUpstreamReadsIt(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		gw, f := dearPoolGateway(t, store)
 		for _, paths := range [][]string{
 			{"/openai/deployments/" + f + "-cheap/../" + f + "-dear/chat/completions", "/openai/deployments/" + f + "-dear/chat/completions"},
 			{"/v1beta/models//" + f + "-dear:generateContent", "/v1beta/models/" + f + "-dear:generateContent/."},
+			// Bedrock's model, as its clients encode it (an ARN's every
+			// colon and slash), is counted decoded.
+			{"/model/" + f + "-cheap/../" + f + "-dear/converse", "/model/" + f + "%2Ddear/converse-stream"},
 		} {
 			var got []int
 			for _, path := range paths {

@@ -28,6 +28,7 @@
 //	                                        Bedrock Converse
 //	…/model/<model>/invoke, …/invoke-with-response-stream
 //	                                        Bedrock InvokeModel
+//	…/model/<model>/count-tokens            Bedrock CountTokens         no output
 //	…/v2/chat                               Cohere chat
 //
 // A Bedrock model is everything between the path's last /model/ and its
@@ -142,6 +143,11 @@ func Of(urlPath string) Call {
 		return c.bedrock(path, last, Converse)
 	case last == "invoke" || last == "invoke-with-response-stream":
 		return c.bedrock(path, last, Invoke)
+	case last == "count-tokens":
+		// Its body wraps a Converse or InvokeModel request, which is not
+		// read: the call is free, and produces no output.
+		c = c.bedrock(path, last, Converse)
+		c.NoOutput = c.API == Converse
 	case last == "chat" && prev == "v2":
 		c.API = CohereChat
 	default:

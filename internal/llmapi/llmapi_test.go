@@ -57,6 +57,8 @@ func TestPathsAreToldByTheirEndUnderAnyPrefix(t *testing.T) {
 		{"/model/converse", Call{}},
 		{"/model//converse", Call{}},
 		{"/v2/chat", Call{API: CohereChat}},
+		{"/model/anthropic.claude-3-5-haiku-20241022-v1:0/count-tokens", Call{API: Converse, NoOutput: true, Model: "anthropic.claude-3-5-haiku-20241022-v1:0"}},
+		{"/v1/messages/count-tokens", Call{}},
 		{"/cohere/v2/chat", Call{API: CohereChat}},
 		{"/v1/chat", Call{}},
 	} {
