@@ -171,10 +171,15 @@
 // which sets the outcome, the placeholders, the metrics, the headers,
 // on_refusal and the dialect once. The dialect is the API the request's
 // path names (internal/llmapi), so that each provider's SDK reads a refusal
-// as its own error: OpenAI's, Anthropic's or Google's error shape, a spent
-// budget as each provider's exhausted quota, with Retry-After and
-// retry-after-ms the exact wait, and x-should-retry false past a minute,
-// which the SDKs obey rather than retry into the same refusal.
+// as its own error: OpenAI's, Anthropic's, Google's, Bedrock's or Cohere's
+// error shape, a spent budget as each provider's exhausted quota, with
+// Retry-After and retry-after-ms the exact wait, and x-should-retry false
+// past a minute, which the OpenAI and Anthropic SDKs obey rather than retry
+// into the same refusal. The AWS SDKs retry by the error code in
+// x-amzn-ErrorType, after x-amz-retry-after, and the JavaScript one any
+// 429; Cohere's any 429: so those dialects answer what no wait helps (a
+// spent budget, a request too large) with their providers' 400 or 402
+// (dialect.limitStatus).
 //
 // # The admin API
 //
