@@ -140,7 +140,7 @@ func (h *Handler) limitRefusal(req *request, a limiter.Admission) answer {
 		retryMillis = 0
 	}
 	ans := answer{
-		outcome: outcomeRefused, status: cmp.Or(h.Status, req.dia.limitStatus(ref.Kind == limiter.Budget, false)), message: refusalMessage(ref, a.Limits),
+		outcome: outcomeRefused, status: cmp.Or(h.Status, req.dia.limitStatus(ref.Kind == limiter.Budget, false)), message: refusalMessage(ref, a.Limits, a.Reserve.Cost),
 		typ: ref.Kind.ErrorType(), code: "rate_limit_exceeded",
 		scope: l.Scope, kind: ref.Kind.String(), window: ref.WindowName(), capacity: strconv.FormatInt(ref.Capacity, 10), id: l.ID,
 		retryMillis: retryMillis, headers: h.families(req.dia).headersFor(a.Limits, a.Decision, false),
@@ -276,14 +276,19 @@ var storeUnavailable = answer{outcome: outcomeFailedClosed, status: http.StatusS
 	message: "The rate limiter is unavailable; please retry shortly.", typ: "server_error", code: "rate_limiter_unavailable", failure: true}
 
 // refusalMessage names the scope and the cap, never the id, and the wait when it
-// is known.
-func refusalMessage(r limiter.Refusal, chain []limiter.Limit) string {
+// is known. A budget that still has money, but less than what the request
+// may cost (cost, its reservation), says both: the client may ask for less.
+func refusalMessage(r limiter.Refusal, chain []limiter.Limit, cost int64) string {
 	scope := chain[r.First].Scope
 	var reached string
 	switch r.Kind {
 	case limiter.Budget:
 		l := chain[r.First]
 		renews := time.UnixMilli(r.RenewsAt).In(l.Budgets.Calendar.Location).Format(time.RFC3339)
+		if left := r.Capacity - r.Used; left > 0 && cost > left {
+			return fmt.Sprintf("Not enough budget left for %s: this request may cost up to $%s; $%s is left of $%s per %s. Ask for fewer tokens (max_tokens), or try again once it renews at %s (%s).",
+				scope, pricing.FormatUSD(cost), pricing.FormatUSD(left), pricing.FormatUSD(r.Capacity), r.Period, renews, l.Budgets.Calendar.Name)
+		}
 		return fmt.Sprintf("Budget reached for %s: $%s per %s, of which $%s is spent or reserved. It renews at %s (%s); please try again then.",
 			scope, pricing.FormatUSD(r.Capacity), r.Period, pricing.FormatUSD(r.Used), renews, l.Budgets.Calendar.Name)
 	case limiter.Concurrency:

@@ -298,8 +298,8 @@ type bedrockSDKAttempt struct {
 // raised as ThrottlingException when the SDK may not retry, and with
 // retries is retried once, no sooner than the x-amz-retry-after the
 // refusal announced, and answered. A spent budget is raised as
-// ServiceQuotaExceededException after one attempt: the SDK does not retry
-// it.
+// ServiceQuotaExceededException after one attempt, saying that the request
+// may cost more than is left: the SDK does not retry it.
 func TestTheAWSSDKCallsEachBedrockAPIThroughTheGatewayChargedExactlyAndReadsItsRefusals(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		gw, key := sdkRefusalsGateway(t, store)
@@ -353,7 +353,7 @@ func TestTheAWSSDKCallsEachBedrockAPIThroughTheGatewayChargedExactlyAndReadsItsR
 
 		b := r.BudgetRefused
 		if r.BudgetFirst.Error != "" || b.Error != "ServiceQuotaExceededException" || !b.ServiceQuotaExceeded || b.Attempts != 1 ||
-			!strings.Contains(b.Message, "Budget reached for key") {
+			!strings.HasPrefix(b.Message, "Not enough budget left for key: this request may cost up to $0.0015375;") {
 			t.Errorf("budget: first %+v, then %+v; want the first answered and the next raised as ServiceQuotaExceededException, not retried", r.BudgetFirst, b)
 		}
 		last := r.Attempts[len(r.Attempts)-1]
@@ -428,7 +428,8 @@ func TestCoheresSDKIsChargedItsBilledUnitsAndReadsItsRefusals(t *testing.T) {
 		}
 
 		b := r.BudgetRefused
-		if r.BudgetFirst.Error != "" || !b.CohereError || b.Status != 402 || len(b.Responses) != 1 || !strings.Contains(b.Message, "Budget reached for key") {
+		if r.BudgetFirst.Error != "" || !b.CohereError || b.Status != 402 || len(b.Responses) != 1 ||
+			!strings.Contains(b.Message, "Not enough budget left for key: this request may cost up to $0.0015375;") {
 			t.Errorf("budget: first %+v, then %+v; want the next raised with status 402 after one response", r.BudgetFirst, b)
 		}
 	})

@@ -272,10 +272,14 @@ func fortyAgainstTen(t *testing.T, urls []string, admin int, up *fakeUpstream, r
 		}
 		for i, a := range refused {
 			var e openAIError
-			want := "Budget reached for team: $" + strings.TrimRight(usdText(budget), "0") + " per day"
+			// Spent or reserved, or with less left than the request may
+			// cost (as earlier requests settle), its message names the
+			// team's budget.
+			want := "$" + strings.TrimRight(usdText(budget), "0") + " per day"
 			if a.err != nil || a.status != http.StatusTooManyRequests || json.Unmarshal([]byte(a.body), &e) != nil ||
-				e.Error.Type != "insufficient_quota" || e.Error.Code != "insufficient_quota" || !strings.HasPrefix(e.Error.Message, want) {
-				t.Fatalf("refused request %d: %d %s %v, want 429 insufficient_quota starting %q", i, a.status, a.body, a.err, want)
+				e.Error.Type != "insufficient_quota" || e.Error.Code != "insufficient_quota" ||
+				!strings.Contains(e.Error.Message, " for team: ") || !strings.Contains(e.Error.Message, want) {
+				t.Fatalf("refused request %d: %d %s %v, want 429 insufficient_quota naming the team's %q", i, a.status, a.body, a.err, want)
 			}
 			if p := budgetWaitProblem(a.header, nextMidnight(sent, time.UTC), sent, received); p != "" {
 				t.Fatalf("refused request %d: %s", i, p)
@@ -965,7 +969,8 @@ func TestABudgetRefusalIsEachDialectsQuotaError(t *testing.T) {
 
 // A budget refusal names the scope, the budget and its period, what is
 // spent or reserved, and when it renews in its time zone, never the id;
-// its wait is exact to the renewal.
+// its wait is exact to the renewal. A budget with money left, but less than
+// the request may cost, says how much of each.
 func TestABudgetRefusalSaysWhichBudgetAndWhenItRenews(t *testing.T) {
 	paris, err := limiter.CalendarOf("Europe/Paris")
 	if err != nil {
@@ -982,9 +987,19 @@ func TestABudgetRefusalSaysWhichBudgetAndWhenItRenews(t *testing.T) {
 		t.Fatalf("refusal %+v, want the team's day budget, renewing in 9 hours", ref)
 	}
 	want := "Budget reached for team: $10.00 per day, of which $9.999999999 is spent or reserved. It renews at 2026-03-11T00:00:00+01:00 (Europe/Paris); please try again then."
-	if got := refusalMessage(ref, chain); got != want {
+	if got := refusalMessage(ref, chain, 0); got != want {
 		t.Fatalf("message\n%s\nwant\n%s", got, want)
 	}
+	// With money left, but less than what the request may cost, it says so:
+	// the client may ask for less.
+	d.Counts[1].Reserved[limiter.BudgetDay] = pricing.NanoPerUSD - 14_300_000
+	d.Reserve.Cost = 15_400_000
+	ref = limiter.RefusalOf(chain, d)
+	want = "Not enough budget left for team: this request may cost up to $0.0154; $0.0143 is left of $10.00 per day. Ask for fewer tokens (max_tokens), or try again once it renews at 2026-03-11T00:00:00+01:00 (Europe/Paris)."
+	if got := refusalMessage(ref, chain, d.Reserve.Cost); ref.First != 1 || got != want {
+		t.Fatalf("message\n%s\nwant\n%s", got, want)
+	}
+	d.Counts[1].Reserved[limiter.BudgetDay] = pricing.NanoPerUSD - 1
 	d.Reserve.Cost = 1
 	if ref := limiter.RefusalOf(chain, d); ref.First >= 0 {
 		t.Fatalf("a cost that fits exactly was refused: %+v", ref)

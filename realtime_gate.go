@@ -319,7 +319,7 @@ func (g *sessionGate) look() {
 	g.refusal = nil
 	if ref := limiter.RefusalOf(g.budgets, d); ref.First >= 0 {
 		l := g.budgets[ref.First]
-		g.refusal = &answer{message: refusalMessage(ref, g.budgets), typ: limiter.Budget.ErrorType(), code: "insufficient_quota",
+		g.refusal = &answer{message: refusalMessage(ref, g.budgets, d.Reserve.Cost), typ: limiter.Budget.ErrorType(), code: "insufficient_quota",
 			scope: l.Scope, kind: limiter.Budget.String(), window: ref.WindowName(), id: l.ID}
 	}
 }

@@ -58,7 +58,8 @@ func TestEachProvidersSDKReadsASpentBudgetAsItsQuotaErrorAndRetriesNeitherItNorA
 					t.Fatalf("%s, %s budget: %+v, want the first request answered and the second refused", script, p, r)
 				}
 				r.checkOneResponse(t, script+", "+p+" budget", 429)
-				if !strings.Contains(r.Message, "Budget reached for sdk_budget_"+p) {
+				// The second request may cost more than the budget has left.
+				if !strings.Contains(r.Message, "Not enough budget left for sdk_budget_"+p+": this request may cost up to $") {
 					t.Errorf("%s, %s budget: the SDK's message %q is not the budget's refusal", script, p, r.Message)
 				}
 				res, renewal := r.Responses[0], renews[p]
@@ -116,8 +117,8 @@ func TestEachProvidersSDKReadsASpentBudgetAsItsQuotaErrorAndRetriesNeitherItNorA
 				t.Errorf("the SDK raised %s (ApiError %v) of code %d, status %q; want an ApiError 429 RESOURCE_EXHAUSTED", r.Name, r.APIError, e.Code, e.Status)
 			}
 			quota, retry := e.detail("QuotaFailure"), e.detail("RetryInfo")
-			if quota == nil || len(quota.Violations) != 1 || quota.Violations[0].Subject != "sdk_budget_day" || !strings.HasPrefix(quota.Violations[0].Description, "Budget reached for sdk_budget_day") {
-				t.Errorf("the error's details %+v, want a QuotaFailure whose violation names the scope sdk_budget_day and says the budget is reached", e.Details)
+			if quota == nil || len(quota.Violations) != 1 || quota.Violations[0].Subject != "sdk_budget_day" || !strings.HasPrefix(quota.Violations[0].Description, "Not enough budget left for sdk_budget_day") {
+				t.Errorf("the error's details %+v, want a QuotaFailure whose violation names the scope sdk_budget_day and says what is left", e.Details)
 			}
 			if ms, _ := strconv.ParseInt(r.Responses[0].RetryAfterMs, 10, 64); retry == nil || retry.RetryDelay != fmt.Sprintf("%d.%03ds", ms/1000, ms%1000) {
 				t.Errorf("the error's details %+v, want a RetryInfo of the retry-after-ms %s", e.Details, r.Responses[0].RetryAfterMs)
