@@ -84,6 +84,10 @@ var (
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "waiting_requests",
 		Help: "Requests waiting (wait) in this process.",
 	}, func() float64 { return float64(waitingRequests.Load()) })
+	waitsDeclinedTotal = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "waits_declined_total",
+		Help: "Requests that wait would have held, refused at once because max_waiting requests were waiting already in this process.",
+	})
 	slotsHeld = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "slots_held",
 		Help: "Slots of caps on requests in flight that this process holds (its requests in flight under them), by the scope name of the cap.",
@@ -136,7 +140,7 @@ var outcomeRecords = func() map[string]outcomeRecord {
 
 // registerMetrics registers the process's collectors in a config's registry.
 func registerMetrics(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{admissionsTotal, refusalsTotal, refusalsCachedTotal, tokensChargedTotal, tokensReservedTotal, tokensReturnedTotal, spendReservedTotal, spendChargedTotal, spendReturnedTotal, unmeteredTotal, usageClampedTotal, redisDuration, redisErrorsTotal, sessionsOpen, requestBodyBytes, waitDuration, waitingNow, slotsHeld, memoryCounters, providerPausedIDs} {
+	for _, c := range []prometheus.Collector{admissionsTotal, refusalsTotal, refusalsCachedTotal, tokensChargedTotal, tokensReservedTotal, tokensReturnedTotal, spendReservedTotal, spendChargedTotal, spendReturnedTotal, unmeteredTotal, usageClampedTotal, redisDuration, redisErrorsTotal, sessionsOpen, requestBodyBytes, waitDuration, waitingNow, waitsDeclinedTotal, slotsHeld, memoryCounters, providerPausedIDs} {
 		if err := reg.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return err
 		}

@@ -3,7 +3,7 @@
 #
 #   ./test.sh [extra go test args, e.g. -run TestX -v]
 #
-# 1. installs redis-server, redis-tools, gcc and node (apt) when they are
+# 1. installs redis-server, redis-tools, gcc, node and prometheus (apt) when they are
 #    missing (as root; otherwise it says what to install), and the
 #    providers' SDKs of testdata/sdk (npm ci, unless node_modules matches
 #    the lock file),
@@ -115,11 +115,17 @@ command -v gcc >/dev/null || missing+=(gcc libc6-dev)
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
 	missing+=(nodejs npm)
 fi
+# dashboards_test.go holds the dashboard and the alert rules to a real
+# Prometheus.
+if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+	missing+=(prometheus)
+fi
 if ((${#missing[@]})); then
 	apt_install "${missing[@]}"
 fi
 redis-server --version
 node --version
+prometheus --version 2>&1 | head -1
 
 begin_phase "npm ci (testdata/sdk)"
 # npm ci only when node_modules is not what the lock file names: the lock

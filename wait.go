@@ -43,6 +43,7 @@ func (h *Handler) waitFor(ref limiter.Refusal, waited time.Duration) (time.Durat
 // request must not go on.
 func (h *Handler) beginWaiting(req *request, by time.Time) (bool, error) {
 	if waitingRequests.Load() >= h.maxWaiting() {
+		waitsDeclinedTotal.Inc()
 		return false, nil // its body is not worth reading
 	}
 	if whole, err := heldWhole(req, h.bodyMemory(), by); !whole {
@@ -51,6 +52,7 @@ func (h *Handler) beginWaiting(req *request, by time.Time) (bool, error) {
 	for {
 		n := waitingRequests.Load()
 		if n >= h.maxWaiting() {
+			waitsDeclinedTotal.Inc()
 			return false, nil
 		}
 		if waitingRequests.CompareAndSwap(n, n+1) {
