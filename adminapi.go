@@ -166,6 +166,12 @@ type UsageLimit struct {
 	// caps are shown against 1 (a burst against the largest): the cap that
 	// applies is each request's.
 	PerRequest map[string]string `json:"per_request,omitempty"`
+	// Carried is, for those caps, the value the last request of the id
+	// that this Caddy process read carried ("120"), or the fallback it
+	// took ("60 (else)") when its own was missing or not valid; absent
+	// before any request of the id since the process started (or once
+	// ten thousand other ids have come since).
+	Carried map[string]string `json:"carried,omitempty"`
 	// BudgetDay is the spend budget of the calendar day; absent when the
 	// limit has none.
 	BudgetDay *UsageBudget `json:"budget_day,omitempty"`
@@ -599,6 +605,9 @@ func (g *usageGroup) read(r *http.Request, scope string) (UsageLimit, error) {
 			b := p.Budget()
 			*budgets[b] = usageBudget(d, l.Budgets.Calendar, b, l.Budgets.Max[b])
 		}
+	}
+	if len(g.perRequest) > 0 {
+		entry.Carried = described(lastCarried.of(scope, g.id))
 	}
 	for _, p := range g.perRequest {
 		if entry.PerRequest == nil {

@@ -326,13 +326,15 @@ func (h *Handler) chain(req *request) (chain []limiter.Limit, refused *answer) {
 		if spec == nil {
 			continue
 		}
-		caps, bad := spec.capsFor(req)
+		caps, carried, bad := spec.capsFor(req)
 		switch {
 		case bad != "" && spec.line.shadow:
 			h.unreadableShadowLimit(req, s.Name, bad)
 			continue
 		case bad != "":
 			return nil, new(h.badLimit(s.Name, bad))
+		case carried != nil:
+			lastCarried.note(s.Name, id, carried)
 		}
 		chain = append(chain, limiter.Limit{Scope: s.Name, ID: id, Caps: caps})
 		if len(spec.floorClass.scopes) > 0 {

@@ -224,7 +224,7 @@ func BenchmarkCapsFor(b *testing.B) {
 		b.Run(tc.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				if _, bad := spec.capsFor(req); bad != "" {
+				if _, _, bad := spec.capsFor(req); bad != "" {
 					b.Fatal(bad)
 				}
 			}

@@ -102,27 +102,33 @@ func newLimitSpec(lc LimitConfig, caps limiter.Caps, line lineSettings) *limitSp
 // capsFor is the caps that apply to a request: the line's own (shared by
 // its every limit) when it has no caps per request, else the line's with
 // those of its caps per request the request gives, or else their
-// fallbacks; bad
-// names a cap per request that the request does not give validly and
-// that has no fallback, or that makes the caps inconsistent (a cost
-// above the burst).
-func (s *limitSpec) capsFor(req *request) (caps *limiter.Caps, bad string) {
+// fallbacks, and those (carried: each cap's value as the request gave it,
+// or "" where it took the fallback); bad names a cap per request that the request does not give
+// validly and that has no fallback, or that makes the caps inconsistent (a
+// cost above the burst).
+func (s *limitSpec) capsFor(req *request) (caps *limiter.Caps, carried []carriedCap, bad string) {
 	if len(s.perRequest) == 0 {
-		return &s.caps, ""
+		return &s.caps, nil, ""
 	}
 	lc := s.config
-	for _, p := range s.perRequest {
+	carried = make([]carriedCap, len(s.perRequest))
+	for i, p := range s.perRequest {
 		v := p.valueFor(req)
-		if p.kind.set(&lc, v) != nil && (p.fallback == "" || p.kind.set(&lc, p.fallback) != nil) {
-			return nil, p.kind.name
+		switch {
+		case p.kind.set(&lc, v) == nil:
+			carried[i] = carriedCap{p, v}
+		case p.fallback != "" && p.kind.set(&lc, p.fallback) == nil:
+			carried[i] = carriedCap{p, ""}
+		default:
+			return nil, nil, p.kind.name
 		}
 	}
 	built, err := lc.caps()
 	if err != nil {
-		return nil, s.perRequest[0].kind.name
+		return nil, nil, s.perRequest[0].kind.name
 	}
 	s.line.applyTo(&built)
-	return &built, ""
+	return &built, carried, ""
 }
 
 // describe is the limit's caps after name, for the log: its caps per

@@ -129,8 +129,9 @@ func TestAClientSuppliedPlanHeaderIsDroppedByForwardAuth(t *testing.T) {
 }
 
 // The headers of an admitted request describe the cap that applied to it,
-// its plan's; the live view says the rpm comes per request, shows the
-// counter, and marks a shadow limit.
+// its plan's; the live view says the rpm comes per request, the cap the
+// id's last request carried (or the fallback it took), shows the counter,
+// and marks a shadow limit.
 func TestHeadersReportTheRequestsCapAndTheLiveViewSaysItComesPerRequest(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		key, org := redistest.UniqueID(t), redistest.UniqueID(t)
@@ -143,8 +144,17 @@ func TestHeadersReportTheRequestsCapAndTheLiveViewSaysItComesPerRequest(t *testi
 			t.Fatalf("%d %s, limit %q remaining %q: want the plan's 7 with 6 left", res.StatusCode, body, res.Header.Get("X-Ratelimit-Limit-Requests"), res.Header.Get("X-Ratelimit-Remaining-Requests"))
 		}
 		view, raw := getLiveView(t, "scope=key&id="+key)
-		if len(view.Limits) != 1 || view.Limits[0].PerRequest["rpm"] != "{http.request.header.X-Plan-Rpm} else 2" || view.Limits[0].RPM == nil || view.Limits[0].RPM.Estimate != 1 || view.Limits[0].RPM.Limit != 2 {
-			t.Fatalf("live view %s: want the rpm per request, else 2, and 1 request counted", raw)
+		if len(view.Limits) != 1 || view.Limits[0].PerRequest["rpm"] != "{http.request.header.X-Plan-Rpm} else 2" || view.Limits[0].RPM == nil || view.Limits[0].RPM.Estimate != 1 || view.Limits[0].RPM.Limit != 2 ||
+			view.Limits[0].Carried["rpm"] != "7" {
+			t.Fatalf("live view %s: want the rpm per request, else 2, the 7 its last request carried, and 1 request counted", raw)
+		}
+		// A key without a plan: its request took the fallback.
+		planless := redistest.UniqueID(t)
+		if res, body := gw.do(t, "X-Api-Key: "+planless, "X-Org: "+redistest.UniqueID(t)); res.StatusCode != http.StatusOK {
+			t.Fatalf("a key without a plan: %d %s", res.StatusCode, body)
+		}
+		if view, raw := getLiveView(t, "scope=key&id="+planless); len(view.Limits) != 1 || view.Limits[0].Carried["rpm"] != "2 (else)" {
+			t.Fatalf("live view %s: want the fallback its last request took, 2 (else)", raw)
 		}
 		view, raw = getLiveView(t, "scope=org&id="+org)
 		if len(view.Limits) != 1 || !view.Limits[0].Shadow || view.Limits[0].RPM.Estimate != 1 {
@@ -176,7 +186,8 @@ func TestEveryCapCanComeWithTheRequestCheckedAsTheConfigsValues(t *testing.T) {
 		setHeaders(r, headers)
 		repl := caddy.NewReplacer()
 		repl.Set("custom.cost", cost)
-		return spec.capsFor(&request{Request: r, repl: repl})
+		caps, _, bad := spec.capsFor(&request{Request: r, repl: repl})
+		return caps, bad
 	}
 	all := []string{"X-Rpm: 60", "X-Rate: 0.5", "X-Burst: 4", "X-Parallel: 3", "X-Budget: 12.50"}
 	got, bad := capsOf("2", append(all, "X-Tpd: 9000")...)
