@@ -35,6 +35,9 @@ type request struct {
 	// session: a WebSocket handshake, whose model is the one its URL
 	// names (call.Model, set by serveSession), never its body's.
 	session bool
+	// modelEntry is the configured id of its chain's first limit of a
+	// scope whose value is the model (modelLabel).
+	modelEntry string
 }
 
 // newRequest is a value, which the handler's calls take by pointer: it
@@ -133,7 +136,8 @@ func (h *Handler) passMetered(rw *responseWriter, req *request, next caddyhttp.H
 	if h.EnsureStreamUsage == nil || *h.EnsureStreamUsage {
 		rw.strip = requestStreamUsage(req, m.body.whole())
 	}
-	rw.asked = m.est
+	rw.asked, rw.model = m.est, modelLabel(m.price, req.modelEntry)
+	tokensOfModel(rw.model).reserved.add(d.Reserve)
 	if m.price != nil {
 		spendReservedTotal.WithLabelValues(m.price.Name).Add(float64(d.Reserve.Cost))
 	}
@@ -337,6 +341,9 @@ func (h *Handler) chain(req *request) (chain []limiter.Limit, refused *answer) {
 			lastCarried.note(s.Name, id, carried)
 		}
 		chain = append(chain, limiter.Limit{Scope: s.Name, ID: id, Caps: caps})
+		if req.modelEntry == "" && s.Value == "{"+placeholderModel+"}" {
+			req.modelEntry = spec.config.ID
+		}
 		if len(spec.floorClass.scopes) > 0 {
 			chain[len(chain)-1].Class = spec.floorClass.of(h, req)
 		}

@@ -653,11 +653,11 @@ func TestARequestTooLargeForItsBudgetIsRefusedAndChargesNothing(t *testing.T) {
 	})
 }
 
-// The spend counters move by exactly what each request reserved, was
-// charged and was given back, under the name of the price entry that
-// priced it as configured (a prefix's with its '*', "*"), never the model
-// the client asked for: a made-up model under "*" makes no series of its
-// own.
+// The spend and token counters move by exactly what each request
+// reserved, was charged and was given back, under the name of the price
+// entry that priced it as configured (a prefix's with its '*', "*"), never
+// the model the client asked for: a made-up model under "*" makes no
+// series of its own.
 func TestSpendMetricsMoveByTheExactAmountsUnderTheConfiguredPriceName(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		up := newUpstream(t)
@@ -689,6 +689,14 @@ func TestSpendMetricsMoveByTheExactAmountsUnderTheConfiguredPriceName(t *testing
 			for what, want := range map[string]int64{"reserved": r.reserved, "returned": r.returned} {
 				if got := after[series(what, r.entry)] - before[series(what, r.entry)]; got != float64(want) {
 					t.Errorf("%s rose by %v for %s, want %d", series(what, r.entry), got, r.model, want)
+				}
+			}
+			// Its tokens, under the same entry: 10 in and 20 out charged
+			// of the 10 and 100 reserved.
+			for what, want := range map[string]int64{"charged": 30, "reserved": budgetInput + budgetMaxTokens, "returned": budgetInput + budgetMaxTokens - 30} {
+				tokens := fmt.Sprintf(`caddy_rolter_ratelimit_tokens_%s_total{kind="total",model=%q}`, what, r.entry)
+				if got := after[tokens] - before[tokens]; got != float64(want) {
+					t.Errorf("%s rose by %v for %s, want %d", tokens, got, r.model, want)
 				}
 			}
 			if text := metricsText(t); strings.Contains(text, r.model) {

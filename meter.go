@@ -31,6 +31,7 @@ type responseWriter struct {
 	meterState  usage.Meter       // in the writer's own allocation
 	strip       *usageStripper    // set when the client did not ask for stream usage
 	asked       tokenest.Estimate // what the request asks of the model, which bounds its charge (usageCeiling)
+	model       string            // the model label of its token metrics (modelLabel)
 	session     *realtimeSession  // set for a metered WebSocket session
 	learn       *learning         // set when a limit of the chain learns the provider's quota
 	wroteHeader bool
@@ -193,7 +194,6 @@ func (h *Handler) admitted(w http.ResponseWriter, req *request, chain []limiter.
 	if !h.shadowRefused(w, req, chain, d) {
 		setOutcome(req.repl, outcomeAdmitted)
 	}
-	tokensReserved.add(d.Reserve)
 	families, learn := h.families(req.dia), h.newLearning(chain, d)
 	if !families.any() && !metering && learn == nil {
 		return nil
@@ -215,14 +215,14 @@ func (h *Handler) admitted(w http.ResponseWriter, req *request, chain []limiter.
 // chain, and what they cost, in the current periods, and waits for the
 // outcome, so that a session's last charge lands before its store is
 // released.
-func (h *Handler) chargeSession(chain []limiter.Limit, tokens limiter.TokenCounts, price *pricing.Entry) {
+func (h *Handler) chargeSession(chain []limiter.Limit, tokens limiter.TokenCounts, price *pricing.Entry, model string) {
 	if tokens.IsZero() {
 		return
 	}
 	c := limiter.Charge{Tokens: tokens}
 	done := make(chan error, 1)
 	h.store.Charge(chain, c, func(err error) { done <- err })
-	h.settled(c, tokens, price, <-done)
+	h.settled(c, tokens, price, model, <-done)
 }
 
 // meterResponse finishes the admitted response's metering and charges its
@@ -266,7 +266,7 @@ func (h *Handler) meterResponse(w *responseWriter, chain []limiter.Limit, d limi
 		return
 	}
 	h.store.Charge(chain, c, func(err error) {
-		h.settled(c, charged, price, err)
+		h.settled(c, charged, price, w.model, err)
 		h.store.Release()
 	})
 }
@@ -302,15 +302,17 @@ func unreached(err error) bool {
 }
 
 // settled counts a charge once the store has it, or logs its failure: the
-// tokens and the cost finally charged, and what a settlement gave back.
-func (h *Handler) settled(c limiter.Charge, charged limiter.TokenCounts, price *pricing.Entry, err error) {
+// tokens (under their model label) and the cost finally charged, and what a
+// settlement gave back.
+func (h *Handler) settled(c limiter.Charge, charged limiter.TokenCounts, price *pricing.Entry, model string, err error) {
 	if err != nil {
 		h.chargeWarn.log(h.logger, "recording tokens failed; they are not charged", zap.Error(err), zap.Int64("tokens", charged.Total),
 			zap.String("cost_usd", pricing.FormatUSD(charged.Cost)))
 		return
 	}
-	tokensCharged.add(charged)
-	tokensReturned.add(limiter.TokenCounts{Total: max(-c.Tokens.Total, 0), Input: max(-c.Tokens.Input, 0), Output: max(-c.Tokens.Output, 0)})
+	tokens := tokensOfModel(model)
+	tokens.charged.add(charged)
+	tokens.returned.add(limiter.TokenCounts{Total: max(-c.Tokens.Total, 0), Input: max(-c.Tokens.Input, 0), Output: max(-c.Tokens.Output, 0)})
 	if price != nil {
 		spendChargedTotal.WithLabelValues(price.Name).Add(float64(charged.Cost))
 		spendReturnedTotal.WithLabelValues(price.Name).Add(float64(max(c.Unreserve-charged.Cost, 0)))

@@ -2,11 +2,13 @@ package ratelimit
 
 import (
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rolter/caddy-ratelimit/internal/limiter"
+	"github.com/rolter/caddy-ratelimit/internal/pricing"
 )
 
 // The collectors live with the process, so that counters keep counting across
@@ -28,16 +30,16 @@ var (
 	})
 	tokensChargedTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "tokens_charged_total",
-		Help: "Tokens charged to the chains of admitted responses and realtime sessions (a settled reservation counts what it finally charged), by kind: total (what tpm and tpd count), input, output.",
-	}, []string{"kind"})
+		Help: "Tokens charged to the chains of admitted responses and realtime sessions (a settled reservation counts what it finally charged), by kind: total (what tpm and tpd count), input, output; and model: the configured entry of the request's model (modelLabel).",
+	}, []string{"kind", "model"})
 	tokensReservedTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "tokens_reserved_total",
-		Help: "Tokens reserved by admitted requests on their chains' token windows, by kind: total, input, output.",
-	}, []string{"kind"})
+		Help: "Tokens reserved by admitted requests on their chains' token windows, by kind: total, input, output; and model, as tokens_charged_total.",
+	}, []string{"kind", "model"})
 	tokensReturnedTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "tokens_returned_total",
-		Help: "Reserved tokens given back when responses settled below their reservation, by kind: total, input, output.",
-	}, []string{"kind"})
+		Help: "Reserved tokens given back when responses settled below their reservation, by kind: total, input, output; and model, as tokens_charged_total.",
+	}, []string{"kind", "model"})
 	unmeteredTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "unmetered_total",
 		Help: "Metered responses with no usage found, and realtime messages that could not be read, by what: response, realtime_message.",
@@ -152,10 +154,38 @@ func registerMetrics(reg prometheus.Registerer) error {
 // output), looked up once: every admission and response adds to them.
 type tokenCounters [3]prometheus.Counter
 
-var tokensCharged, tokensReserved, tokensReturned = tokenCountersOf(tokensChargedTotal), tokenCountersOf(tokensReservedTotal), tokenCountersOf(tokensReturnedTotal)
+// tokenMetrics are the token counters of one model label: charged,
+// reserved and returned.
+type tokenMetrics struct{ charged, reserved, returned tokenCounters }
 
-func tokenCountersOf(c *prometheus.CounterVec) tokenCounters {
-	return tokenCounters{c.WithLabelValues("total"), c.WithLabelValues("input"), c.WithLabelValues("output")}
+// tokenMetricsByModel holds each model label's counters, made once: the
+// labels are the configured entries, a bounded set.
+var tokenMetricsByModel sync.Map // model label → *tokenMetrics
+
+// tokensOfModel is the token counters of the model label.
+func tokensOfModel(model string) *tokenMetrics {
+	if m, ok := tokenMetricsByModel.Load(model); ok {
+		return m.(*tokenMetrics)
+	}
+	of := func(c *prometheus.CounterVec) tokenCounters {
+		return tokenCounters{c.WithLabelValues("total", model), c.WithLabelValues("input", model), c.WithLabelValues("output", model)}
+	}
+	m, _ := tokenMetricsByModel.LoadOrStore(model, &tokenMetrics{of(tokensChargedTotal), of(tokensReservedTotal), of(tokensReturnedTotal)})
+	return m.(*tokenMetrics)
+}
+
+// modelLabel is the model label of a request's token and spend metrics:
+// the configured entry of its model, never the model the request names
+// (any string a client sends would be a series): the price entry that
+// priced it (its name as configured: gpt-4o-mini, claude-sonnet-4*, *),
+// else the id of the limit of a scope whose value is the model that its
+// chain holds as configured (an id, a prefix pool such as gpt-4o*, or *),
+// else "".
+func modelLabel(price *pricing.Entry, modelEntry string) string {
+	if price != nil {
+		return price.Name
+	}
+	return modelEntry
 }
 
 // add adds the tokens of each kind that t has.

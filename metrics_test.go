@@ -93,9 +93,9 @@ func checkMetrics(t *testing.T, srv *redistest.Server) {
 		`caddy_rolter_ratelimit_admissions_total{outcome="admitted"}`:                                       3,
 		`caddy_rolter_ratelimit_admissions_total{outcome="refused"}`:                                        1,
 		`caddy_rolter_ratelimit_refusals_total{kind="requests",scope="key",shadow="false",window="minute"}`: 1,
-		`caddy_rolter_ratelimit_tokens_charged_total{kind="total"}`:                                         2 * 1163,
-		`caddy_rolter_ratelimit_tokens_charged_total{kind="input"}`:                                         2 * 1117,
-		`caddy_rolter_ratelimit_tokens_charged_total{kind="output"}`:                                        2 * 46,
+		`caddy_rolter_ratelimit_tokens_charged_total{kind="total",model=""}`:                                         2 * 1163,
+		`caddy_rolter_ratelimit_tokens_charged_total{kind="input",model=""}`:                                         2 * 1117,
+		`caddy_rolter_ratelimit_tokens_charged_total{kind="output",model=""}`:                                        2 * 46,
 		`caddy_rolter_ratelimit_unmetered_total{what="response"}`:                                           1,
 	}
 	if srv != nil {
@@ -139,4 +139,33 @@ func checkMetrics(t *testing.T, srv *redistest.Server) {
 	if got := scrape(t)[name]; got != reloaded[name]+1 {
 		t.Fatalf("%s is %v after one more admission, want %v", name, got, reloaded[name]+1)
 	}
+}
+
+// Without a price, a request's tokens are counted under the configured id
+// of its chain's limit of the model scope (a prefix pool's with its '*', or
+// "*"), never the model it asked for; a chain without one, under "".
+func TestTokenMetricsCarryTheConfiguredModelEntryNeverTheModelAsked(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		up := newUpstream(t)
+		family := redistest.UniqueID(t) + "-gpt"
+		gw := startGateway(t, up.URL, limited(store, fmt.Sprintf(`
+			scope key {http.request.header.X-Api-Key}
+			scope model {http.rolter_ratelimit.model} readable
+			limit key * tpm 100000
+			limit model %s* tpm 100000
+			limit model * tpm 100000`, family)))
+		used := up.json(openAIUsage(`{"prompt_tokens":10,"completion_tokens":20,"total_tokens":30}`))
+		for _, c := range []struct{ model, entry string }{{family + "-4o", family + "*"}, {"made-up-" + redistest.UniqueID(t), "*"}} {
+			charged := fmt.Sprintf(`caddy_rolter_ratelimit_tokens_charged_total{kind="total",model=%q}`, c.entry)
+			before := scrape(t)[charged]
+			body := fmt.Sprintf(`{"model":%q,"max_tokens":50,"messages":[]}`, c.model)
+			if res, got := gw.postChat(t, body, "X-Api-Key: "+redistest.UniqueID(t), used); res.StatusCode != 200 {
+				t.Fatalf("%s: %d %s", c.model, res.StatusCode, got)
+			}
+			waitMetric(t, charged, before+30)
+			if strings.Contains(metricsText(t), c.model) {
+				t.Errorf("the metrics name the model %s a client asked for", c.model)
+			}
+		}
+	})
 }

@@ -127,12 +127,12 @@ func TestAnUpstreamErrorGivesTheReservationBack(t *testing.T) {
 		up := newFakeUpstream(t, answerUsage(500, 0))
 		gw := startGateway(t, up.URL, limited(store, orgTPM10500))
 		org := redistest.UniqueID(t)
-		before := scrape(t)[`caddy_rolter_ratelimit_tokens_returned_total{kind="total"}`]
+		before := scrape(t)[`caddy_rolter_ratelimit_tokens_returned_total{kind="total",model=""}`]
 		if res, _ := gw.postChat(t, chatAbout1000, "X-Org: "+org); res.StatusCode != 500 {
 			t.Fatalf("status %d, want the upstream's 500", res.StatusCode)
 		}
 		waitCharged(t, store, orgTokens(org), 0)
-		waitMetric(t, `caddy_rolter_ratelimit_tokens_returned_total{kind="total"}`, before+1000)
+		waitMetric(t, `caddy_rolter_ratelimit_tokens_returned_total{kind="total",model=""}`, before+1000)
 	})
 }
 
@@ -144,7 +144,7 @@ func TestAClientThatLeavesBeforeTheResponseHeadersIsChargedItsReservation(t *tes
 		up := newUpstream(t) // holds the request (X-Upstream: held) until the gateway gives it up
 		gw := startGateway(t, up.URL, limited(store, orgTPM10500))
 		org := redistest.UniqueID(t)
-		charged := scrape(t)[`caddy_rolter_ratelimit_tokens_charged_total{kind="total"}`]
+		charged := scrape(t)[`caddy_rolter_ratelimit_tokens_charged_total{kind="total",model=""}`]
 		ctx, cancel := context.WithCancel(context.Background())
 		req, err := http.NewRequestWithContext(ctx, "POST", gw.url+"/v1/chat/completions", strings.NewReader(chatAbout1000))
 		if err != nil {
@@ -165,7 +165,7 @@ func TestAClientThatLeavesBeforeTheResponseHeadersIsChargedItsReservation(t *tes
 			t.Fatalf("the client's request ended with %v, want it canceled", err)
 		}
 		<-up.abandoned
-		waitMetric(t, `caddy_rolter_ratelimit_tokens_charged_total{kind="total"}`, charged+1000)
+		waitMetric(t, `caddy_rolter_ratelimit_tokens_charged_total{kind="total",model=""}`, charged+1000)
 		waitCharged(t, store, orgTokens(org), 1000)
 	})
 }
@@ -199,7 +199,7 @@ func TestAnUpstreamThatTimesOutBeforeItsHeadersIsChargedTheReservation(t *testin
 func settlesAfterAFailure(t *testing.T, store string, gw *gateway, status int, how string, tpm int64, headers ...string) {
 	t.Helper()
 	org := redistest.UniqueID(t)
-	metric := `caddy_rolter_ratelimit_tokens_` + how + `_total{kind="total"}`
+	metric := `caddy_rolter_ratelimit_tokens_` + how + `_total{kind="total",model=""}`
 	before := scrape(t)[metric]
 	if res, body := gw.postChat(t, chatAbout1000, append([]string{"X-Org: " + org}, headers...)...); res.StatusCode != status {
 		t.Fatalf("%d %s, want reverse_proxy's %d", res.StatusCode, body, status)
