@@ -93,9 +93,9 @@ func checkMetrics(t *testing.T, srv *redistest.Server) {
 		`caddy_rolter_ratelimit_admissions_total{outcome="admitted"}`:                                       3,
 		`caddy_rolter_ratelimit_admissions_total{outcome="refused"}`:                                        1,
 		`caddy_rolter_ratelimit_refusals_total{kind="requests",scope="key",shadow="false",window="minute"}`: 1,
-		`caddy_rolter_ratelimit_tokens_charged_total{kind="total",model=""}`:                                         2 * 1163,
-		`caddy_rolter_ratelimit_tokens_charged_total{kind="input",model=""}`:                                         2 * 1117,
-		`caddy_rolter_ratelimit_tokens_charged_total{kind="output",model=""}`:                                        2 * 46,
+		`caddy_rolter_ratelimit_tokens_charged_total{kind="total",model=""}`:                                2 * 1163,
+		`caddy_rolter_ratelimit_tokens_charged_total{kind="input",model=""}`:                                2 * 1117,
+		`caddy_rolter_ratelimit_tokens_charged_total{kind="output",model=""}`:                               2 * 46,
 		`caddy_rolter_ratelimit_unmetered_total{what="response"}`:                                           1,
 	}
 	if srv != nil {
