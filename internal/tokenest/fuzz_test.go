@@ -27,6 +27,9 @@ func FuzzOf(f *testing.F) {
 	}
 	f.Add(chatPath, []byte(typicalChat))
 	f.Add(chatPath, imageChat(100))
+	f.Add(conversePath, []byte(converseBody))
+	f.Add(invokePath, []byte(invokeBody))
+	f.Add(coherePath, []byte(cohereBody))
 	f.Add("/x", []byte(`{"a":"\ud83d\ude00\ud83d","b":[1,-0.5e3,true,null,{}]}`))
 	g := generator{rand.New(rand.NewPCG(3, 4)), &bytes.Buffer{}}
 	for i := range 40 {

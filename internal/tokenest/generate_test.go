@@ -67,7 +67,7 @@ var shapes = map[string][]struct{ key, shape string }{
 		{"generationConfig", "config"}, {"generation_config", "config"},
 		{"generateContentRequest", "request"}, {"generate_content_request", "request"}, {"model", "word"},
 		{"toolConfig", "any"}, {"inferenceConfig", "converseConfig"}, {"documents", "[any]"}, {"inputText", "word"},
-		{"max_gen_len", "count"}},
+		{"max_gen_len", "count"}, {"textGenerationConfig", "titanConfig"}},
 	"message": {{"role", "word"}, {"content", "content"}, {"name", "word"}, {"tool_calls", "[toolCall]"},
 		{"function_call", "call"}, {"tool_plan", "word"}},
 	// Bedrock Converse's content blocks.
@@ -77,10 +77,11 @@ var shapes = map[string][]struct{ key, shape string }{
 	"toolResult":     {{"toolUseId", "word"}, {"content", "[block]"}, {"status", "word"}},
 	"guard":          {{"text", "guardText"}, {"image", "any"}},
 	"converseConfig": {{"maxTokens", "count"}, {"temperature", "count"}},
+	"titanConfig":    {{"maxTokenCount", "count"}, {"temperature", "count"}},
 	"toolCall":       {{"id", "word"}, {"type", "word"}, {"function", "call"}, {"custom", "call"}},
 	"call":           {{"name", "word"}, {"arguments", "word"}, {"input", "word"}},
 	"part": {{"type", "word"}, {"type", "word"}, {"text", "word"}, {"refusal", "word"}, {"name", "word"},
-		{"input", "any"}, {"content", "content"}, {"source", "source"}, {"image_url", "any"}},
+		{"input", "any"}, {"content", "content"}, {"source", "source"}, {"image_url", "any"}, {"document", "any"}},
 	"source": {{"type", "word"}, {"data", "word"}, {"content", "content"}, {"media_type", "word"}},
 	"item": {{"type", "word"}, {"role", "word"}, {"content", "content"}, {"output", "content"},
 		{"name", "word"}, {"arguments", "word"}, {"input", "word"}},
@@ -185,7 +186,7 @@ func (g *generator) value(shape string, depth int) {
 // anyShape is a shape of object at random.
 func (g *generator) anyShape() string {
 	names := []string{"request", "message", "toolCall", "call", "part", "source", "item", "geminiContent", "geminiPart", "config",
-		"block", "toolUse", "toolResult", "guard", "converseConfig"}
+		"block", "toolUse", "toolResult", "guard", "converseConfig", "titanConfig"}
 	return names[g.r.IntN(len(names))]
 }
 

@@ -434,7 +434,8 @@ func (p *parser) jsonChars() int64 { return p.value(true) }
 
 // value reads the value at the cursor, however deep, without recursion:
 // p.objs says what each container it opened is. When count is set it returns
-// the value's characters as compact JSON (see jsonChars).
+// the value's characters as compact JSON (see jsonChars); a value cut short
+// counts up to the cut, so that a longer prefix never counts less.
 func (p *parser) value(count bool) int64 {
 	base := p.depth
 	var n int64
@@ -442,7 +443,7 @@ func (p *parser) value(count bool) int64 {
 		// At a value.
 		if !p.ws() {
 			p.fail()
-			return 0
+			return n
 		}
 		switch c := p.b[p.i]; c {
 		case '{', '[':
@@ -452,7 +453,7 @@ func (p *parser) value(count bool) int64 {
 			n++
 			if !p.ws() {
 				p.fail()
-				return 0
+				return n
 			}
 			if e := p.b[p.i]; e == '}' && c == '{' || e == ']' && c == '[' {
 				p.i++
@@ -479,7 +480,7 @@ func (p *parser) value(count bool) int64 {
 			}
 			if !p.ws() {
 				p.fail()
-				return 0
+				return n
 			}
 			obj := p.objs[p.depth/64]&(1<<(p.depth%64)) != 0
 			c := p.b[p.i]

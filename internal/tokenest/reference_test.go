@@ -362,7 +362,9 @@ func refInvoke(m map[string]any) (r refReading) {
 	r.t = refContent(m["system"])
 	r.t.add(refSum(m["messages"], refMessage))
 	r.t.chars += refJSONEach(m["tools"]) + refText(m["prompt"]) + refText(m["inputText"])
-	r.refCap(refMult(), refRespelled(m, "max_tokens", "max_gen_len"), m["max_tokens"], m["max_gen_len"])
+	titan := refObject(m["textGenerationConfig"])
+	respelled := refRespelled(m, "max_tokens", "max_gen_len", "textGenerationConfig") || refRespelled(titan, "maxTokenCount")
+	r.refCap(refMult(), respelled, m["max_tokens"], m["max_gen_len"], titan["maxTokenCount"])
 	return r
 }
 
@@ -432,6 +434,10 @@ func refPart(m map[string]any) tally {
 			return tally{chars: refText(src["data"])}
 		case "content":
 			return refContent(src["content"])
+		}
+		_, sourced := m["source"]
+		if doc, ok := m["document"]; ok && !sourced {
+			return tally{chars: refJSON(doc)} // Cohere's
 		}
 		return tally{media: 1}
 	case "tool_use", "server_tool_use":

@@ -245,14 +245,16 @@ func gemini(p *parser) (r reading) {
 }
 
 // invoke reads a Bedrock InvokeModel request, whose body is the model's
-// own: Anthropic's Messages (max_tokens), or Meta's and Mistral's prompt
-// (max_gen_len, max_tokens), or Amazon Titan's inputText (its cap, inside
-// textGenerationConfig, is not read: the default applies). A cap given
-// under both names is not one this package can be sure of.
+// own: Anthropic's Messages (max_tokens), or Meta's, Mistral's and
+// DeepSeek's prompt (max_gen_len, max_tokens), or Amazon Titan's inputText
+// (textGenerationConfig.maxTokenCount). Bedrock checks each body against
+// its model's schema and refuses a member it does not know, so a cap read
+// is one the model takes; a cap given under two names is not one this
+// package can be sure of all the same.
 func invoke(p *parser) (r reading) {
-	var c [2]opt
+	var c [3]opt
 	r.tally = p.object(invokeMembers, c[:])
-	r.setCap(oneOf(c[0], c[1]), opt{})
+	r.setCap(oneOf(c[0], c[1], c[2]), opt{})
 	return r
 }
 
@@ -368,11 +370,13 @@ var (
 		{key: "system", shape: shapeContent},
 		{key: "messages", shape: shapeMessages},
 		{key: "tools", shape: shapeDefinitions},
-		{key: "prompt", shape: shapeText},    // Meta, Mistral
+		{key: "prompt", shape: shapeText},    // Meta, Mistral, DeepSeek
 		{key: "inputText", shape: shapeText}, // Amazon Titan
 		{key: "max_tokens", shape: shapeCount, at: 0},
 		{key: "max_gen_len", shape: shapeCount, at: 1},
+		{key: "textGenerationConfig", shape: shapeConfig, at: 2, config: titanConfigMembers},
 	}
+	titanConfigMembers = []member{{key: "maxTokenCount", shape: shapeCount}}
 	// Cohere's v2 chat request: its messages are chat's, with a tool plan
 	// beside their tool calls; its documents go to the model.
 	cohereMembers = []member{
@@ -591,7 +595,7 @@ const (
 	partText                // counts its text
 	partRefusal             // counts its refusal
 	partMedia               // counts MediaTokens
-	partDocument            // counts by its source
+	partDocument            // counts by its source, or its document as JSON
 	partToolUse             // counts its name and its input as JSON
 	partToolResult          // counts its content
 )
@@ -603,13 +607,13 @@ var partKinds = map[string]partKind{
 	"input_text":      partText, // Responses
 	"output_text":     partText, // Responses
 	"refusal":         partRefusal,
-	"image_url":       partMedia, // OpenAI chat
-	"input_audio":     partMedia, // OpenAI chat, Responses
-	"file":            partMedia, // OpenAI chat
-	"input_image":     partMedia, // Responses
-	"input_file":      partMedia, // Responses
-	"image":           partMedia, // Anthropic
-	"document":        partDocument,
+	"image_url":       partMedia,    // OpenAI chat, Cohere
+	"input_audio":     partMedia,    // OpenAI chat, Responses
+	"file":            partMedia,    // OpenAI chat
+	"input_image":     partMedia,    // Responses
+	"input_file":      partMedia,    // Responses
+	"image":           partMedia,    // Anthropic
+	"document":        partDocument, // Anthropic, Cohere
 	"tool_use":        partToolUse,
 	"server_tool_use": partToolUse,
 	"tool_result":     partToolResult,
@@ -626,11 +630,18 @@ func (p *parser) part() tally {
 	case partMedia:
 		return tally{media: 1}
 	case partDocument:
-		switch o.source.kind {
-		case sourceText:
+		switch {
+		case o.source.kind == sourceText:
 			return tally{chars: o.source.data}
-		case sourceContent:
+		case o.source.kind == sourceContent:
 			return o.source.content
+		case o.documented && !o.source.given:
+			return tally{chars: o.document}
+		case p.bad:
+			// A prefix cut before the source says what it is: counting it
+			// as media now would count more than the text it may turn out
+			// to be.
+			return tally{}
 		}
 		return tally{media: 1}
 	case partToolUse:
@@ -652,6 +663,8 @@ type typedObject struct {
 	inputJSON                      int64 // as JSON
 	content, output                tally
 	source                         source
+	document                       int64 // Cohere's, as JSON
+	documented                     bool  // it has a document
 }
 
 func (p *parser) typed() (o typedObject) {
@@ -680,6 +693,8 @@ func (p *parser) typed() (o typedObject) {
 			o.output = p.content()
 		case "source":
 			o.source = p.source()
+		case "document":
+			o.document, o.documented = p.jsonChars(), true
 		default:
 			p.skip()
 		}
@@ -693,6 +708,7 @@ type source struct {
 	kind    sourceKind
 	data    int64
 	content tally
+	given   bool // the part has a source, of whatever kind
 }
 
 type sourceKind uint8
@@ -704,6 +720,7 @@ const (
 )
 
 func (p *parser) source() (s source) {
+	s.given = true
 	p.members(func(k word) {
 		switch string(k.bytes()) {
 		case "type":

@@ -147,6 +147,9 @@ var inputCases = []inputCase{
 	{"cohere messages, tool calls, tool plan, tools and documents as JSON", coherePath,
 		`{"model":"command-a-03-2025","messages":[{"role":"user","content":"Weather?"},{"role":"assistant","tool_plan":"Look it up.","tool_calls":[{"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c1","content":[{"type":"text","text":"Sunny"}]}],"tools":[{"type":"function","function":{"name":"get_weather","parameters":{}}}],"documents":[{"id":"d1","data":{"text":"abc"}}]}`,
 		8 + 11 + 11 + 2 + 5 + 69 + 33, 0, 0},
+	{"cohere document part counts its document as JSON, image_url is media", coherePath,
+		`{"messages":[{"role":"tool","tool_call_id":"c1","content":[{"type":"document","document":{"id":"r","data":{"temp":"21"}}}]},{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}}]}]}`,
+		31, 0, 1},
 }
 
 func TestEachAPIsInputIsReadFromItsOwnFields(t *testing.T) {
@@ -275,7 +278,13 @@ var outputCases = []outputCase{
 	{"invoke max_tokens", invokePath, `{"anthropic_version":"bedrock-2023-05-31","max_tokens":100}`, 100, true},
 	{"invoke max_gen_len", invokePath, `{"prompt":"x","max_gen_len":64}`, 64, true},
 	{"invoke both caps: none it can trust", invokePath, `{"max_tokens":100,"max_gen_len":64}`, 0, false},
+	{"invoke Titan's textGenerationConfig.maxTokenCount", invokePath, `{"inputText":"x","textGenerationConfig":{"maxTokenCount":300,"topP":0.9}}`, 300, true},
+	{"invoke Titan's cap beside another: none it can trust", invokePath, `{"max_gen_len":64,"textGenerationConfig":{"maxTokenCount":300}}`, 0, false},
+	{"invoke Titan's cap under another spelling is no cap", invokePath, `{"textGenerationConfig":{"maxTokenCount":300,"MaxTokenCount":3}}`, 0, false},
+	{"invoke reads no Converse cap", invokePath, `{"inferenceConfig":{"maxTokens":512,"max_new_tokens":512}}`, 0, false},
 	{"cohere max_tokens", coherePath, `{"model":"command-a-03-2025","messages":[],"max_tokens":300}`, 300, true},
+	{"cohere reads no other API's field", coherePath, `{"max_completion_tokens":300,"maxTokens":300}`, 0, false},
+	{"converse reads no top-level cap", conversePath, `{"max_tokens":300,"maxTokens":300}`, 0, false},
 	{"responses input_tokens capped at 0", "/v1/responses/input_tokens", `{"input":"x","max_output_tokens":500}`, 0, true},
 }
 
@@ -330,6 +339,11 @@ func TestACapThatIsNotAPositiveIntegerIsNoCap(t *testing.T) {
 			{responsesPath, `{"max_output_tokens":` + v + `}`},
 			{messagesPath, `{"max_tokens":` + v + `}`},
 			{geminiPath, `{"generationConfig":{"maxOutputTokens":` + v + `}}`},
+			{conversePath, `{"inferenceConfig":{"maxTokens":` + v + `}}`},
+			{invokePath, `{"max_tokens":` + v + `}`},
+			{invokePath, `{"max_gen_len":` + v + `}`},
+			{invokePath, `{"textGenerationConfig":{"maxTokenCount":` + v + `}}`},
+			{coherePath, `{"max_tokens":` + v + `}`},
 		} {
 			if e := ofPath(c.path, []byte(c.body)); !e.Known || e.Capped || e.Output != 0 {
 				t.Errorf("%s %s: %+v, want known and not capped", c.path, c.body, e)
@@ -404,6 +418,16 @@ func TestMediaCountsAFixedEstimateNotItsBytes(t *testing.T) {
 			`{"contents":[{"parts":[{"inlineData":{"mimeType":"image/png","data":"` + data + `"}}]}]}`},
 		{"gemini inline_data", geminiPath,
 			`{"contents":[{"parts":[{"inline_data":{"mime_type":"audio/wav","data":"` + data + `"}}]}]}`},
+		{"converse image", conversePath,
+			`{"messages":[{"role":"user","content":[{"image":{"format":"png","source":{"bytes":"` + data + `"}}}]}]}`},
+		{"converse document in a toolResult", conversePath,
+			`{"messages":[{"role":"user","content":[{"toolResult":{"toolUseId":"t","content":[{"document":{"format":"pdf","name":"a","source":{"bytes":"` + data + `"}}}]}}]}]}`},
+		{"converse video", conversePath,
+			`{"messages":[{"role":"user","content":[{"video":{"format":"mp4","source":{"bytes":"` + data + `"}}}]}]}`},
+		{"invoke Anthropic image", invokePath,
+			`{"anthropic_version":"bedrock-2023-05-31","max_tokens":1,"messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"` + data + `"}}]}]}`},
+		{"cohere image_url", coherePath,
+			`{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,` + data + `"}}]}]}`},
 	} {
 		if e := ofPath(c.path, []byte(c.body)); !e.Known || e.Input != MediaTokens {
 			t.Errorf("%s: %+v, want Input %d", c.name, e, MediaTokens)
@@ -489,6 +513,12 @@ func TestACountGivenUnderAnotherSpellingOfItsKeyIsNoCap(t *testing.T) {
 		{geminiPath, `{"generationConfig":{"maxOutputTokens":10,"CandidateCount":8}}`},
 		{geminiPath, `{"generationConfig":{"maxOutputTokens":10},"GenerationConfig":{"maxOutputTokens":4096}}`},
 		{geminiPath, `{"generationConfig":{"maxOutputTokens":10},"generationconfig":{}}`},
+		{conversePath, `{"inferenceConfig":{"maxTokens":10},"InferenceConfig":{"maxTokens":4096}}`},
+		{conversePath, `{"inferenceConfig":{"maxTokens":10,"maxtokens":4096}}`},
+		{invokePath, `{"max_tokens":10,"Max_Tokens":4096}`},
+		{invokePath, `{"max_gen_len":10,"MAX_GEN_LEN":4096}`},
+		{invokePath, `{"textGenerationConfig":{"maxTokenCount":10},"textgenerationconfig":{"maxTokenCount":4096}}`},
+		{coherePath, `{"max_tokens":10,"MAX_TOKENS":4096}`},
 	} {
 		if e := ofPath(c.path, []byte(c.body)); !e.Known || e.Capped {
 			t.Errorf("%s %s: %+v, want a request that names no cap", c.path, c.body, e)
@@ -567,9 +597,22 @@ func TestOtherPathsAreUnknown(t *testing.T) {
 }
 
 func TestOfAllocatesNothing(t *testing.T) {
-	for name, body := range map[string][]byte{"chat": []byte(typicalChat), "image": imageChat(1 << 20)} {
-		if n := testing.AllocsPerRun(20, func() { ofPath(chatPath, body) }); n != 0 {
-			t.Errorf("%s: %v allocations a call", name, n)
+	for _, c := range []struct {
+		name, path string
+		body       []byte
+	}{
+		{"chat", chatPath, []byte(typicalChat)},
+		{"image", chatPath, imageChat(1 << 20)},
+		{"converse", conversePath, []byte(converseBody)},
+		{"invoke", invokePath, []byte(invokeBody)},
+		{"cohere", coherePath, []byte(cohereBody)},
+	} {
+		call := llmapi.Of(c.path)
+		if n := testing.AllocsPerRun(20, func() { Of(call, c.body) }); n != 0 {
+			t.Errorf("%s: %v allocations a call", c.name, n)
+		}
+		if n := testing.AllocsPerRun(20, func() { OfPrefix(call, c.body[:len(c.body)/2]) }); n != 0 {
+			t.Errorf("%s: %v allocations a call of OfPrefix", c.name, n)
 		}
 	}
 }
@@ -630,6 +673,9 @@ func TestAPrefixEstimatesNoLessThanAShorterPrefixAndTheWholeAsOf(t *testing.T) {
 		"/v1/messages":         `{"model":"claude","max_tokens":64,"system":"s","messages":[{"role":"user","content":[{"type":"text","text":"hello there"},{"type":"image","source":{"type":"base64","data":"AAAA"}}]}]}`,
 		"/v1beta/models/gemini-2.5-flash:generateContent": `{"contents":[{"role":"user","parts":[{"text":"a long question"},{"inline_data":{"mime_type":"image/png","data":"AAAA"}}]}]}`,
 		"/v1/completions": `{"model":"m","prompt":[1,2,3,4,5,6]}`,
+		conversePath:      converseBody,
+		invokePath:        invokeBody,
+		coherePath:        cohereBody,
 	}
 	for path, body := range bodies {
 		whole := ofPath(path, []byte(body))
