@@ -20,7 +20,8 @@
 --           current period holds spent, then reserved; then, if it learns
 --           the provider's quota, its learned key; then, if it has floors,
 --           for each of their classes the keys of each window it caps
---           (current period, then previous), then its floors key. Then, for each
+--           (current period, then previous), then its floors key; then,
+--           if it notifies, its notify key. Then, for each
 --           charge, the key it charges: the minute windows' charges first,
 --           then the day windows', the day budgets' and the month
 --           budgets'; a settlement's are its reservation's periods. Then,
@@ -65,11 +66,15 @@
 -- then      per distinct caps: whether they are a shadow limit's ("1":
 --           counted as the others, never refusing); then its parts, one
 --           argument of a byte per part, its Part (a window's windowKind,
---           BUCKET, SLOTS, DAY_BUDGET, MONTH_BUDGET, LEARNED or FLOORS); then the caps of
+--           BUCKET, SLOTS, DAY_BUDGET, MONTH_BUDGET, LEARNED, FLOORS or
+--           NOTIFY); then the caps of
 --           each part: a window's cap; a token bucket's rate in
 --           milli-tokens per second, its burst and its cost; the most
 --           requests in flight and the lease of a slot in milliseconds; a
---           budget's cap in nano-dollars; the floors' percents, a byte each.
+--           budget's cap in nano-dollars; the floors' percents, a byte each;
+--           for notify, how many fractions, then per cap it watches (each
+--           part before LEARNED), a budget's current period (its first
+--           minute) before it, the level at which each fraction is reached.
 -- then      one argument of L bytes: each limit's caps (1-based); then one
 --           of L bytes, each limit's class on its floors (0: none), or ""
 --           when no limit of the call has floors.
@@ -135,6 +140,12 @@
 -- numbers after a ':' each, when each class last asked, each deficit
 -- share's basis, then each class's part of each.
 --
+-- A notify key (notify.go) holds, per cap it watches, the period of its
+-- last report and how many of its fractions it reported; the call's
+-- admissions, admitted or refused, write it when their levels took a cap
+-- past another fraction, or into another period (write_notices). The
+-- gateway replays them to know which admission reported which.
+--
 -- A slots key is a hash: per holder, "<slots>:<lease end, unix ms>". A
 -- limit's requests in flight are the slots of the holders whose lease has
 -- not ended; a request fits while they are below the cap. An admission adds
@@ -155,7 +166,8 @@
 -- millionth a millisecond, end, report's moment and where from (all 0 for
 -- one that holds nothing back), then if it has floors what they hold of
 -- each share it has for the other classes and the class that holds the
--- most, and until when the classes that hold anything ask; then per
+-- most, and until when the classes that hold anything ask, then if it
+-- notifies what its notify key holds of each cap it watches; then per
 -- admission 1 (admitted) or 0}, with the
 -- counts as read (the deficit refilled to now) after the token charges and
 -- the frees and before the admissions: the caller replays the admissions in
@@ -179,7 +191,7 @@ local CHARGE_TTL = {MINUTE_TTL, DAY_TTL, BUDGET_DAY_TTL, BUDGET_MONTH_TTL}
 -- TOKENS, INPUT, OUTPUT, and COST (a budget's).
 local KINDS, REQUESTS, TOKENS, INPUT, OUTPUT, COST = 4, 0, 1, 2, 3, 4
 -- parts.go's numbering of a limit's parts after its windows (0 to 7).
-local BUCKET, SLOTS, DAY_BUDGET, LEARNED, FLOORS = 8, 9, 10, 12, 13
+local BUCKET, SLOTS, DAY_BUDGET, LEARNED, FLOORS, NOTIFY = 8, 9, 10, 12, 13, 14
 -- learned.go's quotas a limit learns of the provider: requests, then the
 -- token quotas, whose number k is the part of a reservation each counts
 -- (TOKENS, INPUT, OUTPUT).
@@ -296,7 +308,7 @@ local function read_caps(at, count)
     local shadow, parts = ARGV[at] == '1', {byte(ARGV[at + 1], 1, -1)}
     at = at + 2
     local windows, window_count, budgets = {}, 0, nil
-    local rate, burst, cost, slots, lease, learn, floors = 0, 0, 0, 0, 0, nil, nil
+    local rate, burst, cost, slots, lease, learn, floors, notify = 0, 0, 0, 0, 0, nil, nil, nil
     for p = 1, #parts do
       local part = parts[p]
       if part < BUCKET then
@@ -310,6 +322,23 @@ local function read_caps(at, count)
         at = at + 2
       elseif part == LEARNED then
         learn = true
+      elseif part == NOTIFY then
+        -- Per cap it watches (each part before LEARNED), in order: a
+        -- budget's current period, then the level of each fraction.
+        local n = tonumber(ARGV[at], 16)
+        at = at + 1
+        notify = {}
+        for q = 1, #parts do
+          local watched = parts[q]
+          if watched < LEARNED then
+            local spec = {watched, 0}
+            if watched >= DAY_BUDGET then
+              spec[2], at = tonumber(ARGV[at], 16), at + 1
+            end
+            for i = 1, n do spec[2 + i] = tonumber(ARGV[at + i - 1], 16) end
+            notify[#notify + 1], at = spec, at + n
+          end
+        end
       elseif part == FLOORS then
         floors = {byte(ARGV[at], 1, -1)}
         at = at + 1
@@ -325,6 +354,7 @@ local function read_caps(at, count)
     -- set of caps would pay for the few that learn.
     if learn then caps[position].learn = true end
     if floors then caps[position].floors = floors end
+    if notify then caps[position].notify = notify end
   end
   return caps, {byte(ARGV[at], 1, -1)}, {byte(ARGV[at + 1], 1, -1)}, budgeted, at + 2
 end
@@ -512,8 +542,10 @@ local function write_requests(limit_count, requests_added, caps, caps_of, bucket
     -- the learned quota's: the end of the script.
     if limit_caps.budgets then key_index = key_index + #limit_caps.budgets end
     if limit_caps.learn then key_index = key_index + 1 end
-    -- The floors': write_floors writes them.
+    -- The floors' and the notify key: write_floors and write_notices
+    -- write them.
     if limit_caps.floors then key_index = key_index + #limit_caps.floors * #windows + 1 end
+    if limit_caps.notify then key_index = key_index + 1 end
   end
 end
 
@@ -532,6 +564,34 @@ local function write_reservations(token_windows, token_reserved, token_key, toke
   end
 end
 
+-- Writes what each limit of noticed reports of its caps (notify.go), the
+-- admissions of the call, admitted or not, having seen their levels: how
+-- many of its fractions each cap's level reached after them, or, for a
+-- window or a budget in the period of its last report, as many as it held
+-- if more. The key holds "<part>=<period * 16 + reported>" per cap, joined
+-- by ',', in hexadecimal, and is written only when that changed: it lives
+-- as long as the longest-lived of its caps' keys.
+local function write_notices(noticed, caps, caps_of, requests_added, token_reserved)
+  for limit, nc in pairs(noticed) do
+    local specs, levels, held = caps[caps_of[limit]].notify, nc[2], nc[3]
+    local text, changed, ttl = {}, false, 0
+    for j = 1, #specs do
+      local spec, level = specs[j], levels[j]
+      local part, reached, fractions = spec[1], 0, #spec - 2
+      local used = level[1] + level[2] * requests_added[limit]
+      if level[3] then used = used + token_reserved[level[3]] * level[4] end
+      while reached < fractions and used >= spec[3 + reached] do reached = reached + 1 end
+      local period, was = level[5], held[part] or 0
+      if period ~= 0 and floor(was / 16) == period and was % 16 > reached then reached = was % 16 end
+      local state = period * 16 + reached
+      changed = changed or state ~= was
+      text[j] = format('%x=%x', part, state)
+      if level[6] > ttl then ttl = level[6] end
+    end
+    if changed then redis.call('SET', KEYS[nc[1]], table.concat(text, ','), 'EX', ttl) end
+  end
+end
+
 local now = tonumber(ARGV[1], 16)
 if not now then
   local time = redis.call('TIME')
@@ -545,6 +605,7 @@ end
 local seconds = floor(now / 1000)
 local minute_weight = MINUTE - (now - minute_period * MINUTE)
 local day_weight = DAY - (seconds - floor(seconds / DAY) * DAY)
+local day_period = floor(seconds / DAY)
 local split = ARGV[3] == 's'
 local reserving = split or ARGV[3] == 'r'
 local charging = reserving or ARGV[3] == 'a'
@@ -584,6 +645,12 @@ local learned
 -- share its total and each class's part, refilled to now, and its token
 -- window. The floors' functions are made by the first limit with floors.
 local floored
+-- noticed, per limit that notifies (nil until one does): its notify key's
+-- index, each cap's level as read and what raises it, and what the key
+-- held, by part. A level is {as read, what an admitted request adds, the
+-- token window whose reservations add to it and their scale, the cap's
+-- period (0: none), its key's time to live}.
+local noticed
 local read_floors, floor_held, floor_deficit, reply_floors, write_floors
 -- With reservations, each token window, and each budget, has a room of
 -- its own too, in flat arrays rather than a table per window: token_room,
@@ -611,6 +678,7 @@ for limit = 1, limit_count do
   -- The floors' keys follow every other part's: each class's windows, a
   -- current and a previous period each, then the floors key.
   local floors, fl = limit_caps.floors, nil
+  local levels = limit_caps.notify and {}
   if floors then
     if not read_floors then
       read_floors, floor_held, floor_deficit, reply_floors, write_floors = floors_functions(MICRO, KINDS, REQUESTS, MINUTE_TTL, DAY_TTL)
@@ -652,6 +720,11 @@ for limit = 1, limit_count do
     elseif slack <= 0 then
       room = 0
     end
+    if levels then
+      local requests = kind % KINDS == REQUESTS
+      levels[#levels + 1] = {current * length + previous * weight, requests and length or 0, not requests and reserving and token_windows, length,
+        kind >= KINDS and day_period or minute_period, kind >= KINDS and DAY_TTL or MINUTE_TTL}
+    end
     reply[reply_len + 1], reply[reply_len + 2] = current, previous
     reply_len = reply_len + 2
     key_index = key_index + 2
@@ -677,6 +750,7 @@ for limit = 1, limit_count do
     if requests_fit + 1 < room then room = requests_fit + 1 end
     -- Twice the time an empty bucket takes to fill, as Spring does: it is full by then.
     buckets[limit] = {2 * math.ceil(burst * MICRO / rate), since, deficit, cost_micro}
+    if levels then levels[#levels + 1] = {deficit, cost_micro, false, 0, 0, math.ceil(buckets[limit][1] / 1000)} end
     reply_len = reply_len + 1
     reply[reply_len] = deficit
     key_index = key_index + 1
@@ -686,6 +760,7 @@ for limit = 1, limit_count do
     local in_flight, own, own_end = read_slots(KEYS[key_index], holder, now, charging)
     if slots - in_flight < room then room = slots - in_flight end
     own_slots[limit], own_ends[limit] = own, own_end
+    if levels then levels[#levels + 1] = {in_flight, 1, false, 0, 0, DAY_TTL} end
     reply_len = reply_len + 1
     reply[reply_len] = in_flight
     key_index = key_index + 1
@@ -701,6 +776,9 @@ for limit = 1, limit_count do
       token_key[token_windows], token_ttl[token_windows], token_reserved[token_windows] = key_index + 1, CHARGE_TTL[3 + period], 0
     elseif slack <= 0 then
       room = 0
+    end
+    if levels then
+      levels[#levels + 1] = {spent + reserved, 0, reserving and token_windows, 1, limit_caps.notify[#levels + 1][2], CHARGE_TTL[3 + period]}
     end
     reply[reply_len + 1], reply[reply_len + 2] = spent, reserved
     reply_len = reply_len + 2
@@ -769,6 +847,15 @@ for limit = 1, limit_count do
   if fl then
     reply_len = reply_floors(fl, reply, reply_len, now)
     key_index = fl.text_key + 1
+  end
+  if levels then
+    local held, specs = {}, limit_caps.notify
+    for part, state in string.gmatch(counters[key_index] or '', '(%x+)=(%x+)') do held[tonumber(part, 16)] = tonumber(state, 16) end
+    for j = 1, #specs do reply[reply_len + j] = held[specs[j][1]] or 0 end
+    reply_len = reply_len + #specs
+    noticed = noticed or {}
+    noticed[limit] = {key_index, levels, held}
+    key_index = key_index + 1
   end
   if reserving then last_token_window[limit] = token_windows end
   if limit_caps.shadow then
@@ -863,5 +950,6 @@ if charging then
     end
   end
   if floored then write_floors(floored, caps, caps_of, requests_added, token_reserved, now) end
+  if noticed then write_notices(noticed, caps, caps_of, requests_added, token_reserved) end
 end
 return reply

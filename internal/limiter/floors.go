@@ -209,3 +209,12 @@ func windowReleaseBeside(w Window, capacity, size, held int64, p Position) int64
 func hasFloors(chain []Limit) bool {
 	return slices.ContainsFunc(chain, func(l Limit) bool { return l.Floors[0] > 0 })
 }
+
+// writesWhenRefused reports whether an admission of chain writes to the
+// store even when it is refused: a limit's floors note a class's asking
+// (floors.go), and its notify part a level the refusal read (a budget
+// that settlements took past a fraction: notify.go). Such a chain's
+// refusals are the store's to make, never a refusal cache's.
+func writesWhenRefused(chain []Limit) bool {
+	return slices.ContainsFunc(chain, func(l Limit) bool { return l.Floors[0] > 0 || l.Notify[0] > 0 })
+}

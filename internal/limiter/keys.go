@@ -162,6 +162,13 @@ func writeFloorsKey(text *strings.Builder, prefix string) {
 	text.WriteString("floors")
 }
 
+// writeNotifyKey writes to text the key of what the limit with prefix
+// reported of its caps' crossings (notify.go).
+func writeNotifyKey(text *strings.Builder, prefix string) {
+	text.WriteString(prefix)
+	text.WriteString("notified")
+}
+
 // ofClass is l as its class's windows count: with the prefix of the
 // class's keys.
 func (l Limit) ofClass(class uint8) Limit {

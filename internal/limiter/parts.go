@@ -27,6 +27,9 @@ const (
 	// (floors.go): it refuses nothing itself, but takes from the room of
 	// each of the other parts it divides.
 	FloorsPart
+	// NotifyPart is what the limit last reported of its caps' crossings
+	// (notify.go): it refuses nothing.
+	NotifyPart
 	NumParts
 )
 
@@ -60,6 +63,8 @@ func (p Part) String() string {
 		return "learn"
 	case FloorsPart:
 		return "floors"
+	case NotifyPart:
+		return "notify"
 	}
 	return p.Budget().CapName()
 }
@@ -94,7 +99,8 @@ func (p Part) cachedRefusal() bool {
 // counts: the requests in flight, which are still in flight, what a
 // budget holds, which was spent, what the provider said of its quota,
 // which is the provider's to say, and what the classes of the floors
-// used, which ages out as the windows slide and the deficits refill.
+// used, which ages out as the windows slide and the deficits refill, and
+// what the limit reported of its crossings in their periods.
 func (p Part) KeptByReset() bool { return p >= SlotsPart }
 
 // replies is how many numbers the reply of a call of admit.lua gives of
@@ -103,7 +109,8 @@ func (p Part) KeptByReset() bool { return p >= SlotsPart }
 // reserved); for the learned quota, until when it is paused and where
 // from, then each quota's limit, deficit, rate, end, report's moment and
 // where from (LearnedCounts); for the floors, what they hold of each share
-// c has and by which class, then until when (FloorCounts).
+// c has and by which class, then until when (FloorCounts); for notify,
+// what it holds of each cap it watches (NotifyState).
 func (c *Caps) replies(p Part) int {
 	switch _, window := p.Window(); {
 	case window || p.isBudget():
@@ -112,6 +119,8 @@ func (c *Caps) replies(p Part) int {
 		return 2 + 6*NumLearned
 	case p == FloorsPart:
 		return 2*c.floorShares() + 1
+	case p == NotifyPart:
+		return bits.OnesCount16(uint16(c.notified()))
 	}
 	return 1
 }
@@ -176,6 +185,9 @@ func (c *Caps) parts() partSet {
 	if c.Floors[0] > 0 {
 		m |= 1 << FloorsPart
 	}
+	if c.Notify[0] > 0 {
+		m |= 1 << NotifyPart
+	}
 	return m
 }
 
@@ -212,6 +224,8 @@ func (c *Caps) Without(p Part) {
 		c.Learn = false
 	case FloorsPart:
 		c.Floors = [MaxFloors]uint8{}
+	case NotifyPart:
+		c.Notify = [MaxNotify]uint8{}
 	default:
 		c.Budgets.Max[p.Budget()] = 0
 	}
@@ -251,6 +265,9 @@ func writeKeys(keys *cutText, l Limit, p Part, atMinute int64) {
 		}
 		writeFloorsKey(&keys.text, l.Prefix)
 		keys.end()
+	case NotifyPart:
+		writeNotifyKey(&keys.text, l.Prefix)
+		keys.end()
 	default:
 		s := l.Budgets.Calendar.Span(p.Budget(), atMinute)
 		s.writeKey(&keys.text, l.Prefix, p.Budget(), false)
@@ -263,9 +280,10 @@ func writeKeys(keys *cutText, l Limit, p Part, atMinute int64) {
 // writeArgs appends c's caps of part p to a call's arguments: a window's
 // cap; the bucket's rate (milli-tokens per second), burst and cost; the
 // most requests in flight and the lease of a slot (milliseconds); a
-// budget's cap (nano-dollars); the floors' percents, a byte each. The
-// learned quota has none: the provider's answers give them.
-func (c *Caps) writeArgs(a *callArgs, p Part) {
+// budget's cap (nano-dollars); the floors' percents, a byte each; the
+// notify part's thresholds (notifyArgs) in the call's minute period
+// atMinute. The learned quota has none: the provider's answers give them.
+func (c *Caps) writeArgs(a *callArgs, p Part, atMinute int64) {
 	if k, ok := p.Window(); ok {
 		a.hex(c.Windows[k])
 		return
@@ -281,6 +299,8 @@ func (c *Caps) writeArgs(a *callArgs, p Part) {
 	case LearnedPart:
 	case FloorsPart:
 		a.args = append(a.args, string(c.Floors[:c.NumFloors()]))
+	case NotifyPart:
+		c.notifyArgs(a, atMinute)
 	default:
 		a.hex(c.Budgets.Max[p.Budget()])
 	}
@@ -329,6 +349,12 @@ func (c *Counts) read(caps *Caps, p Part, r []int64) []int64 {
 			at += 2
 		}
 		c.Floors.Until = r[at]
+	case NotifyPart:
+		at := 0
+		for q := range caps.notified().All {
+			c.Notified[q] = NotifyState(r[at])
+			at++
+		}
 	default:
 		c.Spent[p.Budget()], c.Reserved[p.Budget()] = r[0], r[1]
 	}

@@ -99,6 +99,8 @@ func refusalAmong(chain []Limit, d Decision, shadow bool) Refusal {
 				ref.UntilFreed = true
 			case p == FloorsPart: // each share refuses beside its floors
 				continue
+			case p == NotifyPart:
+				continue
 			case p == LearnedPart:
 				var refuses bool
 				if capacity, wait, floor, refuses = learnedRefusal(c.Learned, f, d); !refuses {

@@ -150,10 +150,10 @@ func (sh *refusalShard) makeRoom(now time.Time) {
 // bounds), and its refusal names the first of them and waits for the last
 // release.
 //
-// A chain with floors is left to the store: its admission, refused or
-// not, is a class's asking, which the store writes (floors.go).
+// A chain whose admission writes even when refused (writesWhenRefused) is
+// left to the store.
 func (c *refusalCache) refusedLocally(chain []Limit, now time.Time) (a Admission, ok bool) {
-	if hasFloors(chain) {
+	if writesWhenRefused(chain) {
 		return Admission{}, false
 	}
 	var sub []Limit

@@ -247,7 +247,7 @@ func (c *scriptCall) args(clock string, atMinute int64, peek bool, holder string
 	for _, l := range caps {
 		a.args = append(a.args, flagArg(l.Shadow), l.partsArg())
 		for p := range l.parts().All {
-			l.writeArgs(&a, p)
+			l.writeArgs(&a, p, atMinute)
 		}
 	}
 	a.args = append(a.args, capsOf, c.classes())
@@ -381,10 +381,15 @@ func (c *scriptCall) decode(reply []int64, charged bool) ([]Decision, error) {
 		for x := range len(chain) {
 			d.Counts[x] = state[chain[x]-1]
 		}
-		if d.Admitted && charged {
+		if charged {
 			for x := range len(chain) {
 				i := chain[x] - 1
-				state[i] = d.CountsAfter(c.limits[i], state[i])
+				if d.Admitted {
+					state[i] = d.CountsAfter(c.limits[i], state[i])
+				}
+				if c.limits[i].Notify[0] > 0 { // as admit.lua notices, admitted or not
+					state[i].notice(c.limits[i], now)
+				}
 			}
 		}
 		ds[m] = d

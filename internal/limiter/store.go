@@ -231,6 +231,10 @@ type Caps struct {
 	// floors of classes 1, 2, … keep for their requests while they ask
 	// (floors.go); 0 ends them.
 	Floors [MaxFloors]uint8
+	// Notify are the fractions of each of the limit's caps, in whole
+	// percents from low to high, whose crossings its ids report once
+	// (notify.go); 0 ends them.
+	Notify [MaxNotify]uint8
 }
 
 // windowLimitCaps are the caps of windows w, without a bucket.
@@ -281,6 +285,12 @@ func (c Caps) Describe(name string) string {
 	if c.Learn {
 		s.WriteString(" learn")
 	}
+	if n := c.NumNotify(); n > 0 {
+		s.WriteString(" notify")
+		for _, pct := range c.Notify[:n] {
+			fmt.Fprintf(&s, " %d%%", pct)
+		}
+	}
 	if c.Shadow {
 		s.WriteString(" shadow")
 	}
@@ -307,6 +317,9 @@ type Counts struct {
 	Spent, Reserved [NumBudgetPeriods]int64
 	Learned         LearnedCounts // a limit that learns the provider's quota
 	Floors          FloorCounts   // what a limit's floors hold for other classes
+	// Notified is what a limit that notifies reported of its caps, by
+	// part (notify.go).
+	Notified [LearnedPart]NotifyState
 }
 
 // decision is what a store answers to an admission.
@@ -346,7 +359,7 @@ func (d Decision) CountsAfter(l Limit, c Counts) Counts {
 					c.Learned.Quotas[k].Deficit += d.size(learnedKinds[k]) * MicroTokens
 				}
 			}
-		case FloorsPart: // what the floors of other classes hold is theirs
+		case FloorsPart, NotifyPart: // the floors' hold is other classes'; notice follows the notify part
 		default:
 			c.Reserved[p.Budget()] += d.Reserve.Cost
 		}

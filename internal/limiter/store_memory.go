@@ -76,8 +76,9 @@ type otherCounts struct {
 	// unix milliseconds: a settlement of a reservation admitted before it
 	// finds the reservation gone (charge.windowTokens).
 	resetAt int64
-	learned Learned     // what the limit learned of the provider's quota
-	floors  *floorState // what its floors' classes asked and used
+	learned  Learned     // what the limit learned of the provider's quota
+	floors   *floorState // what its floors' classes asked and used
+	notified [LearnedPart]NotifyState
 }
 
 // floors is c's floors' state, under c.mu, made on first use.
@@ -375,8 +376,8 @@ func (s *MemoryStore) Admit(_ context.Context, chain []Limit, reserve TokenCount
 // refusedUnread peeks: the in-process store knows every refusal without a
 // round trip (a concurrency cap's too, which no body changes either). The peek's counts stay on the stack unless it refuses.
 func (s *MemoryStore) RefusedUnread(chain []Limit) (Admission, bool) {
-	if hasFloors(chain) {
-		return Admission{}, false // its admission, refused or not, is a class's asking
+	if writesWhenRefused(chain) {
+		return Admission{}, false
 	}
 	var buf [stackChain]Counts
 	peeked := s.decide(chain, TokenCounts{}, false, buf[:0])
@@ -455,6 +456,10 @@ func (s *MemoryStore) decide(chain []Limit, reserve TokenCounts, charge bool, bu
 		if l.Floors[0] > 0 { // a class asks whether admitted or not
 			cs[i].floors().admitted(l.Caps, l.Class, &d.Counts[i], &after, at, now.UnixMillis)
 		}
+		if l.Notify[0] > 0 { // a refused admission reports a level it read too
+			after.notice(l, now)
+			cs[i].other().notified = after.Notified
+		}
 	}
 	if d.Admitted {
 		s.held.take(chain, 1) // under the counters' locks, which the renewal takes too
@@ -484,6 +489,10 @@ func (c *memoryCounter) read(counts *Counts, l Limit, p Part, at [2]Position, no
 			f = c.others.floors
 		}
 		counts.Floors = f.counts(l.Caps, l.Class, counts, at, now.UnixMillis)
+	case NotifyPart:
+		if c.others != nil {
+			counts.Notified = c.others.notified
+		}
 	default:
 		b := c.budget(p.Budget(), l.Budgets.Calendar.SpanAt(p.Budget(), now))
 		counts.Spent[p.Budget()], counts.Reserved[p.Budget()] = b.spent, b.reserved
@@ -517,7 +526,7 @@ func (c *memoryCounter) write(l Limit, at [2]Position, before, after Counts, now
 					learned.Deficit, learned.At = q.Deficit, max(learned.At, now.UnixMillis)
 				}
 			}
-		case FloorsPart: // decide writes them, whether admitted or not
+		case FloorsPart, NotifyPart: // decide writes them, whether admitted or not
 		default:
 			b := p.Budget()
 			if n := after.Reserved[b] - before.Reserved[b]; n != 0 {

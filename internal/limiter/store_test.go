@@ -600,6 +600,7 @@ func runConformance(t *testing.T, kit storeKit) {
 	runBudgetConformance(t, kit)
 	runLearnedConformance(t, kit)
 	runFloorsConformance(t, kit)
+	runNotifyConformance(t, kit)
 }
 
 // fill admits n requests of chain at the pinned time, all of which must fit.

@@ -74,7 +74,21 @@ func randomCaps(t testing.TB, rng *rand.Rand) Caps {
 	if rng.IntN(10) < 3 {
 		caps.Floors = randomFloors(rng)
 	}
+	if rng.IntN(10) < 4 {
+		caps.Notify = randomNotify(rng)
+	}
 	return caps
+}
+
+// randomNotify are 1 to 4 fractions from 1% to 100%, from low to high:
+// with the small caps of randomCaps, some levels reach two at once.
+func randomNotify(rng *rand.Rand) (notify [MaxNotify]uint8) {
+	percents := rng.Perm(100)[:1+rng.IntN(4)]
+	slices.Sort(percents)
+	for i, p := range percents {
+		notify[i] = uint8(p + 1)
+	}
+	return notify
 }
 
 // randomFloors are 1 to 3 floors of 10% to 70% each, together at most
@@ -229,15 +243,15 @@ func runAlikeHistories(t *testing.T, seed uint64, redisURL string) {
 	}
 	close(seeds)
 	workers.Wait()
-	t.Logf("%d histories of %d steps from seed %d in %v: %d admissions, %d admitted, %d refused by Redis's cache, %d refused for want of a slot, %d by a budget, %d by the provider's quota, %d for a floor; %d settlements, %d frees (%d of a lapsed lease), %d renewals, %d resets, %d reports",
-		n, alikeSteps, seed, time.Since(start), tally.admissions.Load(), tally.admitted.Load(), tally.cached.Load(), tally.slotRefusals.Load(), tally.budgetRefusals.Load(), tally.providerRefusals.Load(), tally.floorRefusals.Load(),
+	t.Logf("%d histories of %d steps from seed %d in %v: %d admissions, %d admitted, %d refused by Redis's cache, %d refused for want of a slot, %d by a budget, %d by the provider's quota, %d for a floor; %d crossings reported; %d settlements, %d frees (%d of a lapsed lease), %d renewals, %d resets, %d reports",
+		n, alikeSteps, seed, time.Since(start), tally.admissions.Load(), tally.admitted.Load(), tally.cached.Load(), tally.slotRefusals.Load(), tally.budgetRefusals.Load(), tally.providerRefusals.Load(), tally.floorRefusals.Load(), tally.crossings.Load(),
 		tally.settlements.Load(), tally.frees.Load(), tally.lapsedFrees.Load(), tally.renewals.Load(), tally.resets.Load(), tally.reports.Load())
 }
 
 // alikeTally is what the histories did, so that a run shows what it
 // compared.
 type alikeTally struct {
-	admissions, admitted, cached, slotRefusals, budgetRefusals, providerRefusals, floorRefusals, settlements, frees, lapsedFrees, renewals, resets, reports atomic.Int64
+	admissions, admitted, cached, slotRefusals, budgetRefusals, providerRefusals, floorRefusals, crossings, settlements, frees, lapsedFrees, renewals, resets, reports atomic.Int64
 }
 
 // alikeHistory is one random history, run through the in-process store and
@@ -400,6 +414,7 @@ func (h *alikeHistory) admit() {
 	if !a.Admitted && a.Refusal.Floor > 0 {
 		h.tally.floorRefusals.Add(1)
 	}
+	h.tally.crossings.Add(int64(len(Crossings(chain, a.Decision))))
 	if h.redis == nil {
 		return
 	}
