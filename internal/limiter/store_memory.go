@@ -75,7 +75,7 @@ type otherCounts struct {
 	// resetAt is when the counter's windows were last reset (by the admin API), in
 	// unix milliseconds: a settlement of a reservation admitted before it
 	// finds the reservation gone (charge.windowTokens).
-	resetAt int64
+	resetAt  int64
 	learned  Learned     // what the limit learned of the provider's quota
 	floors   *floorState // what its floors' classes asked and used
 	notified [LearnedPart]NotifyState
