@@ -661,6 +661,16 @@ func parseLimit(d *caddyfile.Dispenser) (LimitConfig, error) {
 			}
 			l.Floors = append(l.Floors, f) // checked with the whole line, below
 			continue
+		case "notify":
+			if l.Notify != nil {
+				return l, d.Err("notify is given twice")
+			}
+			fractions, err := parseNotify(d)
+			if err != nil {
+				return l, err
+			}
+			l.Notify = fractions // checked with the whole line, below
+			continue
 		case "else":
 			if len(l.PerRequest) > 0 {
 				return l, d.Err("else is given twice, or after a cap whose value is not a placeholder")
@@ -669,7 +679,7 @@ func parseLimit(d *caddyfile.Dispenser) (LimitConfig, error) {
 		}
 		kind, ok := capKindNamed(name)
 		if !ok {
-			return l, d.Errf("unrecognized limit option '%s': expecting %s, or shadow, learn or floor", name, capNames(", ", " or "))
+			return l, d.Errf("unrecognized limit option '%s': expecting %s, or shadow, learn, floor or notify", name, capNames(", ", " or "))
 		}
 		if seen[name] {
 			return l, d.Errf("%s is given twice", name)

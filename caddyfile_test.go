@@ -171,6 +171,19 @@ var caddyfileGoodCases = []caddyfileGoodCase{
 		},
 	},
 	{
+		name: "a limit that notifies, in any order, beside its other options",
+		input: `rolter_ratelimit {
+			scope team {http.request.header.X-Team}
+			limit team * notify 100% 80% 95% budget_month 500 rpm 60
+			price * input 1 output 1
+		}`,
+		want: &Handler{
+			Scopes: []Scope{{Name: "team", Value: "{http.request.header.X-Team}"}},
+			Limits: []LimitConfig{{Scope: "team", ID: "*", RPM: 60, BudgetMonth: "500", Notify: []json.Number{"1", "0.8", "0.95"}}},
+			Prices: []PriceConfig{{Model: "*", Input: "1", Output: "1"}},
+		},
+	},
+	{
 		name: "limit before its scope line",
 		input: `rolter_ratelimit {
 			limit org acme rpm 5
@@ -395,7 +408,7 @@ var caddyfileBadCases = append([]caddyfileBadCase{
 	{"itpd twice", "rolter_ratelimit {\n\tscope key x\n\tlimit key * itpd 5 otpd 5 itpd 6\n}", "itpd is given twice", 3},
 	{"otpm without value", "rolter_ratelimit {\n\tscope key x\n\tlimit key * otpm\n}", "wrong argument count or unexpected line ending after 'otpm'", 3},
 	{"tpd above the largest cap", "rolter_ratelimit {\n\tscope key x\n\tlimit key * tpd 100000000001\n}", `limit for scope "key" id "*": tpd must be a positive integer of at most 100000000000, not 100000000001`, 3},
-	{"unknown limit option", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rps 5\n}", "unrecognized limit option 'rps': expecting rpm, tpm, itpm, otpm, rpd, tpd, itpd, otpd, rate, burst, cost, concurrent, budget_day or budget_month, or shadow, learn or floor", 3},
+	{"unknown limit option", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rps 5\n}", "unrecognized limit option 'rps': expecting rpm, tpm, itpm, otpm, rpd, tpd, itpd, otpd, rate, burst, cost, concurrent, budget_day or budget_month, or shadow, learn, floor or notify", 3},
 	{"concurrent zero", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 concurrent 0\n}", `concurrent must be a positive integer, not "0"`, 3},
 	{"concurrent negative", "rolter_ratelimit {\n\tscope key x\n\tlimit key * concurrent -5\n}", `concurrent must be a positive integer, not "-5"`, 3},
 	{"concurrent without value", "rolter_ratelimit {\n\tscope key x\n\tlimit key * concurrent\n}", "wrong argument count or unexpected line ending after 'concurrent'", 3},
@@ -450,13 +463,21 @@ var caddyfileBadCases = append([]caddyfileBadCase{
 	{"a floor on the limit's own scope", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 floor key prod 10%\n}", "floor key prod names the limit's own scope", 3},
 	{"a floor on a limit it does not divide", "rolter_ratelimit {\n\tscope key x\n\tscope plan y\n\tlimit key * concurrent 5 floor plan prod 10%\n}", "floors divide windows, a token bucket or what learn learns, and the limit has none", 4},
 	{"nine floors", "rolter_ratelimit {\n\tscope key x\n\tscope plan y\n\tlimit key * rpm 5 floor plan a 1% floor plan b 1% floor plan c 1% floor plan d 1% floor plan e 1% floor plan f 1% floor plan g 1% floor plan h 1% floor plan i 1%\n}", "9 floors, at most 8", 4},
+	{"notify without a percent", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 notify\n}", "notify needs the percents of each cap it reports the crossing of: notify 80% 95% 100%", 3},
+	{"notify followed by another option", "rolter_ratelimit {\n\tscope key x\n\tlimit key * notify rpm 5\n}", "notify needs the percents", 3},
+	{"notify of 0%", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 notify 0%\n}", "notify 0%: a fraction is a whole percent from 1% to 100%, such as 80%", 3},
+	{"notify above the whole", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 notify 80% 120%\n}", "notify 120%: a fraction is a whole percent", 3},
+	{"notify of a fraction of a percent", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 notify 99.5%\n}", "notify 99.5%: a fraction is a whole percent", 3},
+	{"a percent notified twice", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 notify 80% 80%\n}", `limit for scope "key" id "*": notify 80% is given twice`, 3},
+	{"notify given twice", "rolter_ratelimit {\n\tscope key x\n\tlimit key * notify 80% rpm 5 notify 95%\n}", "notify is given twice", 3},
+	{"nine notify fractions", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 notify 10% 20% 30% 40% 50% 60% 70% 80% 90%\n}", "9 notify fractions, at most 8", 3},
 	{"a floor of a scope without a scope line", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 floor plan prod 10%\n}", `floor plan prod names scope "plan", which has no scope line`, 3},
 	{"learn twice on a limit", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 learn learn\n}", "learn is given twice", 3},
 	{"learn with a value on a limit", "rolter_ratelimit {\n\tscope key x\n\tlimit key * learn on\n}", "unrecognized limit option 'on'", 3},
 	{"shadow twice on a limit", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 shadow shadow\n}", "shadow is given twice", 3},
 	{"shadow alone on a limit", "rolter_ratelimit {\n\tscope key x\n\tlimit key * shadow\n}", `limit for scope "key" id "*" sets no cap`, 3},
 	{"shadow with a value on a limit", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 shadow on\n}", "unrecognized limit option 'on'", 3},
-	{"an unknown limit option beside shadow", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 shadows\n}", "unrecognized limit option 'shadows': expecting rpm, tpm, itpm, otpm, rpd, tpd, itpd, otpd, rate, burst, cost, concurrent, budget_day or budget_month, or shadow, learn or floor", 3},
+	{"an unknown limit option beside shadow", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 shadows\n}", "unrecognized limit option 'shadows': expecting rpm, tpm, itpm, otpm, rpd, tpd, itpd, otpd, rate, burst, cost, concurrent, budget_day or budget_month, or shadow, learn, floor or notify", 3},
 	{"shadow maybe", "rolter_ratelimit {\n\tshadow maybe\n}", `shadow must be on or off, not "maybe"`, 2},
 	{"shadow without a value", "rolter_ratelimit {\n\tshadow\n}", "wrong argument count or unexpected line ending after 'shadow'", 2},
 	{"shadow twice", "rolter_ratelimit {\n\tshadow on\n\tshadow off\n}", "shadow is given twice", 3},
@@ -900,10 +921,10 @@ func cfHandlerJSON(t *testing.T, config []byte, name string) json.RawMessage {
 	return objects[i]
 }
 
-// TestJSONValidationRejectsEachPerRequestMistake checks the mistakes of
-// per_request that only a JSON config can make, the Caddyfile's syntax
+// TestJSONValidationRejectsEachMistakeOnlyJSONCanMake checks the mistakes of
+// per_request and notify that only a JSON config can make, the Caddyfile's syntax
 // having no way to write them.
-func TestJSONValidationRejectsEachPerRequestMistake(t *testing.T) {
+func TestJSONValidationRejectsEachMistakeOnlyJSONCanMake(t *testing.T) {
 	const scopes = `"scopes":[{"name":"key","value":"x"}]`
 	for _, tc := range []struct{ name, limit, want string }{
 		{"an unknown cap", `"per_request":{"rps":{"value":"{h}"}}`,
@@ -924,6 +945,14 @@ func TestJSONValidationRejectsEachPerRequestMistake(t *testing.T) {
 			`limit for scope "key" id "*": tpm {env.ROLTER_TEST_UNSET_CAP} is "" when the config loads: tpm must be a positive integer of at most 100000000000, not ""`},
 		{"an else rate with four decimals", `"burst":3,"per_request":{"rate":{"value":"{h}","else":"0.0005"}}`,
 			`limit for scope "key" id "*": rate else: rate "0.0005": at most three decimal places`},
+		{"a notify fraction of a fraction of a percent", `"rpm":5,"notify":[0.8,0.955]`,
+			`limit for scope "key" id "*": notify 0.955: a fraction is a whole percent above 0 and at most 1, such as 0.8 (80%)`},
+		{"a notify fraction above 1", `"rpm":5,"notify":[1.5]`,
+			`limit for scope "key" id "*": notify 1.5: a fraction is a whole percent above 0 and at most 1, such as 0.8 (80%)`},
+		{"a notify fraction of 0", `"rpm":5,"notify":[0]`,
+			`limit for scope "key" id "*": notify 0: a fraction is a whole percent above 0 and at most 1, such as 0.8 (80%)`},
+		{"a notify fraction given twice", `"rpm":5,"notify":[0.8,0.80]`,
+			`limit for scope "key" id "*": notify 80% is given twice`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			config := `{` + scopes + `,"limits":[{"scope":"key","id":"*",` + tc.limit + `}]}`

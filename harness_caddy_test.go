@@ -408,6 +408,7 @@ func caddyBinary(t *testing.T) string {
 type caddyProcess struct {
 	url    string
 	admin  int
+	log    string // the file of its log: Caddy's JSON lines
 	cmd    *exec.Cmd
 	exited chan struct{}
 }
@@ -486,7 +487,7 @@ func tryCaddyProcess(t *testing.T, bin string, port, admin int, caddyfile string
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &caddyProcess{url: fmt.Sprintf("http://127.0.0.1:%d", port), admin: admin, cmd: cmd, exited: make(chan struct{})}
+	p := &caddyProcess{url: fmt.Sprintf("http://127.0.0.1:%d", port), admin: admin, log: logFile.Name(), cmd: cmd, exited: make(chan struct{})}
 	go func() {
 		cmd.Wait()
 		close(p.exited)
@@ -549,6 +550,14 @@ func urlsOf(gws []*caddyProcess) []string {
 	out := make([]string, len(gws))
 	for i, g := range gws {
 		out[i] = g.url
+	}
+	return out
+}
+
+func logsOf(gws []*caddyProcess) []string {
+	out := make([]string, len(gws))
+	for i, g := range gws {
+		out[i] = g.log
 	}
 	return out
 }

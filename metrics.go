@@ -86,6 +86,10 @@ var (
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "waiting_requests",
 		Help: "Requests waiting (wait) in this process.",
 	}, func() float64 { return float64(waitingRequests.Load()) })
+	thresholdsCrossedTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "thresholds_crossed_total",
+		Help: "Crossings of a limit's notify fractions, each counted once across every gateway (by the gateway whose admission reached it), by scope name, cap (rpm, tpm, …, bucket, concurrent, budget_day, budget_month) and percent.",
+	}, []string{"scope", "cap", "percent"})
 	waitsDeclinedTotal = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "rolter_ratelimit", Name: "waits_declined_total",
 		Help: "Requests that wait would have held, refused at once because max_waiting requests were waiting already in this process.",
@@ -142,7 +146,7 @@ var outcomeRecords = func() map[string]outcomeRecord {
 
 // registerMetrics registers the process's collectors in a config's registry.
 func registerMetrics(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{admissionsTotal, refusalsTotal, refusalsCachedTotal, tokensChargedTotal, tokensReservedTotal, tokensReturnedTotal, spendReservedTotal, spendChargedTotal, spendReturnedTotal, unmeteredTotal, usageClampedTotal, redisDuration, redisErrorsTotal, sessionsOpen, requestBodyBytes, waitDuration, waitingNow, waitsDeclinedTotal, slotsHeld, memoryCounters, providerPausedIDs} {
+	for _, c := range []prometheus.Collector{admissionsTotal, refusalsTotal, refusalsCachedTotal, tokensChargedTotal, tokensReservedTotal, tokensReturnedTotal, spendReservedTotal, spendChargedTotal, spendReturnedTotal, unmeteredTotal, usageClampedTotal, redisDuration, redisErrorsTotal, sessionsOpen, requestBodyBytes, waitDuration, waitingNow, waitsDeclinedTotal, thresholdsCrossedTotal, slotsHeld, memoryCounters, providerPausedIDs} {
 		if err := reg.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return err
 		}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyevents"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
@@ -257,6 +258,10 @@ type Handler struct {
 	badLimitWarn            *warnLimiter // caps per request missing or not valid
 	shadowLog               *warnLimiter // shadow refusals, at info
 	learnWarn               *warnLimiter // provider reports the store could not write
+	// events emits the crossings of notify fractions, with the context
+	// of the handler's config; nil when no limit notifies.
+	events    *caddyevents.App
+	eventsCtx caddy.Context
 }
 
 // Scope is one link of the chain.
@@ -373,6 +378,17 @@ type LimitConfig struct {
 	// whole cap. A request's class is the first floor its chain matches. At
 	// most 8, of at most 100% together (floors.go).
 	Floors []FloorConfig `json:"floors,omitempty"`
+	// Notify names fractions of each of the limit's caps (its windows, its
+	// bucket, its requests in flight, its budgets), such as [0.8, 0.95, 1],
+	// whole percents, at most 8: the admission that first takes an id's
+	// level of a cap to or past one reports it, in the same atomic step,
+	// so that across every gateway each crossing is reported once: a
+	// window's and a budget's once per period (the minute or day, the
+	// budget's day or month), a bucket's and the requests in flight's
+	// again once their level fell below it. A crossing is a Caddy event,
+	// rolter_ratelimit.threshold, a line of the log at info level, and a
+	// count of caddy_rolter_ratelimit_thresholds_crossed_total (notify.go).
+	Notify []json.Number `json:"notify,omitempty"`
 }
 
 // FloorConfig is one floor of a limit: Percent of each of its caps kept
@@ -463,6 +479,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.warn, h.chargeWarn, h.usageWarn, h.bodyWarn, h.badLimitWarn, h.shadowLog = new(warnLimiter), new(warnLimiter), new(warnLimiter), new(warnLimiter), new(warnLimiter), new(warnLimiter)
 	h.learnWarn = new(warnLimiter)
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return err
+	}
+	if err := h.provisionEvents(ctx); err != nil {
 		return err
 	}
 	repl := caddy.NewReplacer()
@@ -725,6 +744,9 @@ func (l LimitConfig) validate() error {
 	if err := l.validateFloors(); err != nil {
 		return err
 	}
+	if _, err := l.notifyPercents(); err != nil {
+		return err
+	}
 	nominal, err := l.nominal()
 	if err == nil {
 		_, err = nominal.caps()
@@ -769,6 +791,11 @@ func (l LimitConfig) caps() (limiter.Caps, error) {
 	for i, f := range l.Floors {
 		caps.Floors[i] = uint8(f.Percent) // validateFloors bounds them
 	}
+	notify, err := l.notifyPercents()
+	if err != nil {
+		return caps, err
+	}
+	caps.Notify = notify
 	for p, usd := range [limiter.NumBudgetPeriods]json.Number{limiter.BudgetDay: l.BudgetDay, limiter.BudgetMonth: l.BudgetMonth} {
 		if usd == "" {
 			continue

@@ -73,7 +73,7 @@ var errClientGone = errors.New("rolter_ratelimit: the client went away while its
 // those waiting.
 func (h *Handler) admitWaiting(req *request, chain []limiter.Limit, reserve limiter.TokenCounts) (limiter.Admission, error) {
 	if h.Wait <= 0 {
-		return h.store.Admit(req.Context(), chain, reserve)
+		return h.admit(req, chain, reserve)
 	}
 	start, waiting := time.Now(), false
 	var place *waitPlace
@@ -105,7 +105,7 @@ func (h *Handler) admitWaiting(req *request, chain []limiter.Limit, reserve limi
 				return limiter.Admission{}, err
 			}
 		}
-		a, err := h.store.Admit(req.Context(), chain, reserve)
+		a, err := h.admit(req, chain, reserve)
 		if err == nil && a.Admitted && place != nil {
 			next = nextRelease(chain, a.Decision, place.key)
 		}
