@@ -51,6 +51,13 @@ type Store interface {
 	// before charge returns. It is never replayed: a double charge would
 	// outlive the failure.
 	Charge(chain []Limit, c Charge, done func(error))
+	// Tally adds n of measure m to the top-consumer tallies of each id of
+	// ids in the current day and month of calendar c, without making its
+	// caller wait (top.go).
+	Tally(c *Calendar, ids []TopID, m TopMeasure, n int64)
+	// Top answers the n ids of scope with the most of measure m in its
+	// tally of period p, the one holding now by calendar c, most first.
+	Top(ctx context.Context, c *Calendar, scope string, m TopMeasure, p BudgetPeriod, n int) ([]TopEntry, error)
 	// reset clears l's window counters and its token bucket, and keeps its
 	// slots and budgets (the admin API's reset); it answers what it cleared by name.
 	Reset(ctx context.Context, l Limit) (cleared []string, err error)

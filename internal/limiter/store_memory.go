@@ -23,6 +23,7 @@ type MemoryStore struct {
 	seq      atomic.Uint64 // lock order of new counters
 	counters atomic.Int64  // held in the shards
 	held     *heldSlots    // the slots its admissions hold, renewed while they do
+	tallies  tallies       // the top consumers (top.go)
 	stop     chan struct{}
 	done     sync.WaitGroup // the sweep, and the renewal once started
 }
@@ -645,6 +646,7 @@ func (s *MemoryStore) sweepLoop(every time.Duration) {
 func (s *MemoryStore) sweep() {
 	now := s.clock()
 	latest := now.UnixMillis
+	s.tallies.sweep(latest)
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()

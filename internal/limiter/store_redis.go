@@ -67,6 +67,10 @@ type RedisStore struct {
 	// reports coalesces the reports of each set of learned keys
 	// (reportQueue).
 	reports reportQueue
+	// tallies are the top consumers' additions not yet sent, which
+	// tallySend sends together (top.go).
+	tallies   tallies
+	tallySend resettableOnce
 }
 
 // slotCallsMax is more calls than are ever in flight at once: a renewal
@@ -129,6 +133,7 @@ func (s *RedisStore) Destruct() error {
 func (s *RedisStore) closeClient() {
 	close(s.stop)
 	s.renewing.Wait()
+	s.sendTallies()
 	s.client.Close()
 }
 

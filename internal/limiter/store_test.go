@@ -601,6 +601,7 @@ func runConformance(t *testing.T, kit storeKit) {
 	runLearnedConformance(t, kit)
 	runFloorsConformance(t, kit)
 	runNotifyConformance(t, kit)
+	runTopConformance(t, kit)
 }
 
 // fill admits n requests of chain at the pinned time, all of which must fit.
