@@ -73,11 +73,13 @@ func (AdminAPI) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Routes returns the live view's route, and the reset's (reset.go).
+// Routes returns the live view's route, the reset's (reset.go) and the top
+// consumers' (top.go).
 func (a AdminAPI) Routes() []caddy.AdminRoute {
 	return []caddy.AdminRoute{
 		{Pattern: UsagePath, Handler: caddy.AdminHandlerFunc(a.serveUsage)},
 		{Pattern: ResetPath, Handler: caddy.AdminHandlerFunc(a.serveReset)},
+		{Pattern: TopPath, Handler: caddy.AdminHandlerFunc(a.serveTop)},
 	}
 }
 

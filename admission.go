@@ -38,6 +38,8 @@ type request struct {
 	// modelEntry is the configured id of its chain's first limit of a
 	// scope whose value is the model (modelLabel).
 	modelEntry string
+	// top are its ids of the scopes whose top consumers are tallied.
+	top []limiter.TopID
 }
 
 // newRequest is a value, which the handler's calls take by pointer: it
@@ -349,6 +351,9 @@ func (h *Handler) chain(req *request) (chain []limiter.Limit, refused *answer) {
 		}
 	}
 	limiter.TagPrefixes(tag, chain)
+	if len(h.topScopes) > 0 {
+		req.top = h.topIDs(req)
+	}
 	return chain, nil
 }
 

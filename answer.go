@@ -78,6 +78,7 @@ func (h *Handler) answer(w http.ResponseWriter, req *request, a answer) error {
 	hdr := w.Header()
 	if a.kind != "" {
 		refusalsTotal.WithLabelValues(a.scope, a.kind, a.window, "false").Inc()
+		h.tally(req.top, limiter.TopRefusals, 1)
 		req.repl.Set(placeholderRefusedKind, a.kind)
 		req.repl.Set(placeholderRefusedWindow, a.window)
 		req.repl.Set(placeholderRefusedLimit, a.capacity)

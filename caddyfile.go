@@ -160,6 +160,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		floors []FloorConfig
 	}
 	var limitLines []limitLine
+	var topLine caddyfile.Token // its scopes, too, may come after it
 	// Every subdirective but scope and limit is given at most once.
 	given := make(map[string]bool)
 
@@ -262,6 +263,14 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			h.Realtime = realtime
+
+		case "top":
+			top, err := parseTop(d)
+			if err != nil {
+				return err
+			}
+			h.Top = top
+			topLine = sub
 
 		case "ensure_stream_usage", "reserve_tokens":
 			on, err := onOff(d)
@@ -399,6 +408,11 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if !declared[f.Scope] {
 				return errAt(l.tok, fmt.Errorf("floor %s %s names scope %q, which has no scope line", f.Scope, f.ID, f.Scope))
 			}
+		}
+	}
+	if h.Top != nil {
+		if err := h.Top.validate(declared); err != nil {
+			return errAt(topLine, err)
 		}
 	}
 	// So may its prices: a budget without any is blamed on the first

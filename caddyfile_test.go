@@ -184,6 +184,18 @@ var caddyfileGoodCases = []caddyfileGoodCase{
 		},
 	},
 	{
+		name: "a top line before its scopes, with n",
+		input: `rolter_ratelimit {
+			top key team 20
+			scope key {http.request.header.X-Api-Key}
+			scope team {http.request.header.X-Team}
+		}`,
+		want: &Handler{
+			Scopes: []Scope{{Name: "key", Value: "{http.request.header.X-Api-Key}"}, {Name: "team", Value: "{http.request.header.X-Team}"}},
+			Top:    &TopConfig{Scopes: []string{"key", "team"}, N: 20},
+		},
+	},
+	{
 		name: "limit before its scope line",
 		input: `rolter_ratelimit {
 			limit org acme rpm 5
@@ -471,6 +483,13 @@ var caddyfileBadCases = append([]caddyfileBadCase{
 	{"a percent notified twice", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 notify 80% 80%\n}", `limit for scope "key" id "*": notify 80% is given twice`, 3},
 	{"notify given twice", "rolter_ratelimit {\n\tscope key x\n\tlimit key * notify 80% rpm 5 notify 95%\n}", "notify is given twice", 3},
 	{"nine notify fractions", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 notify 10% 20% 30% 40% 50% 60% 70% 80% 90%\n}", "9 notify fractions, at most 8", 3},
+	{"top without a scope", "rolter_ratelimit {\n\tscope key x\n\ttop\n}", "top names no scope: top <scope>… [n]", 3},
+	{"top with only a number", "rolter_ratelimit {\n\tscope key x\n\ttop 5\n}", "top names no scope", 3},
+	{"top's n not last", "rolter_ratelimit {\n\tscope key x\n\tscope team y\n\ttop key 5 team\n}", "top's n, 5, comes last", 4},
+	{"top's n of 0", "rolter_ratelimit {\n\tscope key x\n\ttop key 0\n}", "top's n must be from 1 to 1000, not 0", 3},
+	{"top of a scope without a scope line", "rolter_ratelimit {\n\ttop plan\n\tscope key x\n}", `top names scope "plan", which has no scope line`, 2},
+	{"top naming a scope twice", "rolter_ratelimit {\n\tscope key x\n\ttop key key\n}", `top names scope "key" twice`, 3},
+	{"top given twice", "rolter_ratelimit {\n\tscope key x\n\ttop key\n\ttop key\n}", "top is given twice", 4},
 	{"a floor of a scope without a scope line", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 floor plan prod 10%\n}", `floor plan prod names scope "plan", which has no scope line`, 3},
 	{"learn twice on a limit", "rolter_ratelimit {\n\tscope key x\n\tlimit key * rpm 5 learn learn\n}", "learn is given twice", 3},
 	{"learn with a value on a limit", "rolter_ratelimit {\n\tscope key x\n\tlimit key * learn on\n}", "unrecognized limit option 'on'", 3},
@@ -629,6 +648,7 @@ func TestCaddyfileErrorsSayWhatJSONValidationSays(t *testing.T) {
 		{"a budget of 0", "rolter_ratelimit {\n\tscope key x\n\tlimit key a budget_day 0.00\n}", 3,
 			`{"scopes":[{"name":"key","value":"x"}],"limits":[{"scope":"key","id":"a","budget_day":0.00}]}`},
 		{"a time zone that does not exist", "rolter_ratelimit {\n\tbudget_timezone Europe/Atlantis\n}", 2, `{"budget_timezone":"Europe/Atlantis"}`},
+		{"top of a scope without a scope line", "rolter_ratelimit {\n\tscope key x\n\ttop key plan\n}", 3, `{"scopes":[{"name":"key","value":"x"}],"top":{"scopes":["key","plan"]}}`},
 		{"an else that is not a value of the cap", "rolter_ratelimit {\n\tscope key x\n\tlimit key a rpm {h} else abc\n}", 3,
 			`{"scopes":[{"name":"key","value":"x"}],"limits":[{"scope":"key","id":"a","per_request":{"rpm":{"value":"{h}","else":"abc"}}}]}`},
 		{"an else above the burst", "rolter_ratelimit {\n\tscope key x\n\tlimit key a rate 1 burst 2 cost {h} else 3\n}", 3,

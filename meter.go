@@ -34,6 +34,7 @@ type responseWriter struct {
 	model       string            // the model label of its token metrics (modelLabel)
 	session     *realtimeSession  // set for a metered WebSocket session
 	learn       *learning         // set when a limit of the chain learns the provider's quota
+	top         []limiter.TopID   // the request's ids whose top consumers are tallied
 	wroteHeader bool
 	unreached   bool // the handlers after this one failed without reaching the upstream (unreached)
 	status      int  // the final status written, once wroteHeader
@@ -194,11 +195,12 @@ func (h *Handler) admitted(w http.ResponseWriter, req *request, chain []limiter.
 	if !h.shadowRefused(w, req, chain, d) {
 		setOutcome(req.repl, outcomeAdmitted)
 	}
+	h.tally(req.top, limiter.TopRequests, 1)
 	families, learn := h.families(req.dia), h.newLearning(chain, d)
 	if !families.any() && !metering && learn == nil {
 		return nil
 	}
-	rw := &responseWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, metering: metering, learn: learn}
+	rw := &responseWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, metering: metering, learn: learn, top: req.top}
 	if families.any() {
 		rw.headers = families.headersFor(chain, d, true)
 		rw.headers.apply(w.Header())
@@ -215,14 +217,14 @@ func (h *Handler) admitted(w http.ResponseWriter, req *request, chain []limiter.
 // chain, and what they cost, in the current periods, and waits for the
 // outcome, so that a session's last charge lands before its store is
 // released.
-func (h *Handler) chargeSession(chain []limiter.Limit, tokens limiter.TokenCounts, price *pricing.Entry, model string) {
+func (h *Handler) chargeSession(chain []limiter.Limit, tokens limiter.TokenCounts, price *pricing.Entry, model string, top []limiter.TopID) {
 	if tokens.IsZero() {
 		return
 	}
 	c := limiter.Charge{Tokens: tokens}
 	done := make(chan error, 1)
 	h.store.Charge(chain, c, func(err error) { done <- err })
-	h.settled(c, tokens, price, model, <-done)
+	h.settled(c, tokens, price, model, top, <-done)
 }
 
 // meterResponse finishes the admitted response's metering and charges its
@@ -266,7 +268,7 @@ func (h *Handler) meterResponse(w *responseWriter, chain []limiter.Limit, d limi
 		return
 	}
 	h.store.Charge(chain, c, func(err error) {
-		h.settled(c, charged, price, w.model, err)
+		h.settled(c, charged, price, w.model, w.top, err)
 		h.store.Release()
 	})
 }
@@ -303,13 +305,15 @@ func unreached(err error) bool {
 
 // settled counts a charge once the store has it, or logs its failure: the
 // tokens (under their model label) and the cost finally charged, and what a
-// settlement gave back.
-func (h *Handler) settled(c limiter.Charge, charged limiter.TokenCounts, price *pricing.Entry, model string, err error) {
+// settlement gave back; and tallies the tokens and the cost to top.
+func (h *Handler) settled(c limiter.Charge, charged limiter.TokenCounts, price *pricing.Entry, model string, top []limiter.TopID, err error) {
 	if err != nil {
 		h.chargeWarn.log(h.logger, "recording tokens failed; they are not charged", zap.Error(err), zap.Int64("tokens", charged.Total),
 			zap.String("cost_usd", pricing.FormatUSD(charged.Cost)))
 		return
 	}
+	h.tally(top, limiter.TopTokens, charged.Total)
+	h.tally(top, limiter.TopSpend, charged.Cost)
 	tokens := tokensOfModel(model)
 	tokens.charged.add(charged)
 	tokens.returned.add(limiter.TokenCounts{Total: max(-c.Tokens.Total, 0), Input: max(-c.Tokens.Input, 0), Output: max(-c.Tokens.Output, 0)})

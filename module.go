@@ -152,6 +152,12 @@ type Handler struct {
 	// uncounted).
 	Realtime *RealtimeConfig `json:"realtime,omitempty"`
 
+	// Top keeps a tally of the ids of the scopes it names, per day and
+	// month, by requests, refusals, tokens and spend, which the admin
+	// API's GET /rolter_ratelimit/top answers (top.go). Absent: nothing is
+	// tallied.
+	Top *TopConfig `json:"top,omitempty"`
+
 	// Dialect is the API shape of the handler's own answers (refusals and
 	// errors): "openai", "anthropic", "gemini", "bedrock" or "cohere".
 	// Default: the API the request's path names (Anthropic's
@@ -262,6 +268,11 @@ type Handler struct {
 	// of the handler's config; nil when no limit notifies.
 	events    *caddyevents.App
 	eventsCtx caddy.Context
+	// calendar is budget_timezone's, whose periods the budgets and the
+	// top consumers' tallies are of; topScopes, the indices of Top's
+	// scopes in Scopes.
+	calendar  *limiter.Calendar
+	topScopes []int
 }
 
 // Scope is one link of the chain.
@@ -500,6 +511,14 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
+	h.calendar = calendar
+	if h.Top != nil {
+		for i, s := range h.Scopes {
+			if slices.Contains(h.Top.Scopes, s.Name) {
+				h.topScopes = append(h.topScopes, i)
+			}
+		}
+	}
 	h.limits = make(map[string]scopeLimits)
 	effective := make([]string, 0, len(h.Limits)) // for the log, ids as stored
 	for _, lc := range h.Limits {
@@ -704,6 +723,11 @@ func (h *Handler) Validate() error {
 	}
 	if h.Realtime != nil {
 		if err := h.Realtime.validate(); err != nil {
+			return err
+		}
+	}
+	if h.Top != nil {
+		if err := h.Top.validate(scopes); err != nil {
 			return err
 		}
 	}

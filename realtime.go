@@ -206,7 +206,7 @@ func (h *Handler) serveSession(w http.ResponseWriter, req *request, next caddyht
 	}
 	return h.admitOrAnswer(w, req, chain, limiter.TokenCounts{}, chainMetersTokens(chain), next, func(rw *responseWriter, d limiter.Decision) error {
 		removeDeflateOffer(req.Header)
-		s := &realtimeSession{h: h, tap: usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenest.Estimate{})), chain: chain, price: price, model: modelLabel(price, req.modelEntry)}
+		s := &realtimeSession{h: h, tap: usage.NewRealtimeTap(usage.MaxEvent, usageCeiling(tokenest.Estimate{})), chain: chain, price: price, model: modelLabel(price, req.modelEntry), top: req.top}
 		s.gate = newSessionGate(req.Context(), s)
 		rw.session = s
 		stop := s.meter()
@@ -230,6 +230,7 @@ type realtimeSession struct {
 	price *pricing.Entry
 	model string       // the model label of its token metrics (modelLabel)
 	gate  *sessionGate // with budgets: what the client may send
+	top   []limiter.TopID
 
 	mu      sync.Mutex // one charge at a time: by the flush interval, or by the gate
 	clamped int64      // the responses the tap had clamped at the last charge
@@ -268,7 +269,7 @@ func (s *realtimeSession) meter() (stop func()) {
 func (s *realtimeSession) flush() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.h.chargeSession(s.chain, tokensOf(s.tap.Take(), s.price), s.price, s.model)
+	s.h.chargeSession(s.chain, tokensOf(s.tap.Take(), s.price), s.price, s.model, s.top)
 	if n := s.tap.Clamped(); n > s.clamped {
 		s.h.usageClamped(s.chain, "realtime_response", n-s.clamped)
 		s.clamped = n

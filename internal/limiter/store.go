@@ -57,7 +57,7 @@ type Store interface {
 	Tally(c *Calendar, ids []TopID, m TopMeasure, n int64)
 	// Top answers the n ids of scope with the most of measure m in its
 	// tally of period p, the one holding now by calendar c, most first.
-	Top(ctx context.Context, c *Calendar, scope string, m TopMeasure, p BudgetPeriod, n int) ([]TopEntry, error)
+	Top(ctx context.Context, c *Calendar, scope string, m TopMeasure, p BudgetPeriod, n int) (TopTally, error)
 	// reset clears l's window counters and its token bucket, and keeps its
 	// slots and budgets (the admin API's reset); it answers what it cleared by name.
 	Reset(ctx context.Context, l Limit) (cleared []string, err error)

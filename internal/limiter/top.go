@@ -57,6 +57,13 @@ type TopEntry struct {
 	N  int64
 }
 
+// TopTally is the ids of a tally with the most, and the first moment of
+// its period (unix milliseconds).
+type TopTally struct {
+	Start int64
+	Top   []TopEntry
+}
+
 // tallyLinger is how long a gateway sums additions before it sends them.
 const tallyLinger = 50 * time.Millisecond
 
@@ -154,8 +161,9 @@ func (s *MemoryStore) Tally(c *Calendar, ids []TopID, m TopMeasure, n int64) {
 
 // Top is the n ids of scope with the most of measure m in its period p
 // holding now by calendar c, most first.
-func (s *MemoryStore) Top(_ context.Context, c *Calendar, scope string, m TopMeasure, p BudgetPeriod, n int) ([]TopEntry, error) {
-	return s.tallies.top(tallyKeys(c, scope, m, s.clock())[p], n), nil
+func (s *MemoryStore) Top(_ context.Context, c *Calendar, scope string, m TopMeasure, p BudgetPeriod, n int) (TopTally, error) {
+	k := tallyKeys(c, scope, m, s.clock())[p]
+	return TopTally{Start: k.span.Start, Top: s.tallies.top(k, n)}, nil
 }
 
 // Tally adds as the in-process store does, and sends what it summed
@@ -193,22 +201,23 @@ func (s *RedisStore) sendTallies() {
 const tallyAfterPeriod = 48 * time.Hour
 
 // Top sends what this store summed, then reads the n ids with the most.
-func (s *RedisStore) Top(ctx context.Context, c *Calendar, scope string, m TopMeasure, p BudgetPeriod, n int) ([]TopEntry, error) {
+func (s *RedisStore) Top(ctx context.Context, c *Calendar, scope string, m TopMeasure, p BudgetPeriod, n int) (TopTally, error) {
 	s.sendTallies()
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	start := time.Now()
-	z, err := s.client.ZRevRangeWithScores(ctx, tallyKeys(c, scope, m, s.gatewayMoment())[p].redisKey(), 0, int64(n)-1).Result()
+	k := tallyKeys(c, scope, m, s.gatewayMoment())[p]
+	z, err := s.client.ZRevRangeWithScores(ctx, k.redisKey(), 0, int64(n)-1).Result()
 	watch.RedisCall("top", time.Since(start), err)
 	if err != nil {
-		return nil, err
+		return TopTally{}, err
 	}
-	out := make([]TopEntry, len(z))
+	t := TopTally{Start: k.span.Start, Top: make([]TopEntry, len(z))}
 	for i, e := range z {
 		id, _ := e.Member.(string)
-		out[i] = TopEntry{ID: id, N: int64(e.Score)}
+		t.Top[i] = TopEntry{ID: id, N: int64(e.Score)}
 	}
-	return out, nil
+	return t, nil
 }
 
 // resettableOnce is a sync.Once that a sender resets once it has taken
