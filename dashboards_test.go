@@ -216,7 +216,7 @@ func makeEveryKindOfRefusal(t *testing.T) {
 			scope provider {http.request.header.X-Provider} readable
 			limit rpm * rpm 1
 			limit tpm * tpm 1000
-			limit burst * rate 0.1 burst 1
+			limit burst * rate 0.1 burst 1 notify 100%%
 			limit flight * concurrent 1
 			limit budget * budget_day 0.001
 			limit trial * rpm 1 shadow
