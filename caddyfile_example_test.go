@@ -6,12 +6,15 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/rolter/caddy-ratelimit/internal/limiter"
 )
 
 // The README's first command runs Caddyfile.example: it loads as it is
 // written (on other ports, bound to loopback), lets a key make five
 // requests a minute and refuses the sixth, and learns its stand-in
-// upstream's quota, which the live view shows as the file says.
+// upstream's quota, which the live view shows as the file says, and tallies
+// the key's requests and refusal in the top view.
 func TestTheExampleGatewayAdmitsFiveRequestsAMinuteAndLearnsItsUpstreamsQuota(t *testing.T) {
 	example, err := os.ReadFile("Caddyfile.example")
 	if err != nil {
@@ -51,5 +54,12 @@ func TestTheExampleGatewayAdmitsFiveRequestsAMinuteAndLearnsItsUpstreamsQuota(t 
 	}
 	if q := v.Limits[0].Learned.Quotas["requests"]; q.Limit != 10000 || q.Header != "x-ratelimit-limit-requests" {
 		t.Fatalf("the learned requests quota: %+v, want the stand-in's 10000 from x-ratelimit-limit-requests (%s)", q, body)
+	}
+	// The top keys: the one key, its five admissions and its refusal.
+	for by, want := range map[string]int64{"requests": 5, "refusals": 1} {
+		top := topAt(t, gw.admin, "scope=key&by="+by)
+		if len(top.Stores) != 1 || len(top.Stores[0].Top) != 1 || top.Stores[0].Top[0].Value != want || top.Stores[0].Top[0].ID != limiter.KeyID(false, "sk-test") {
+			t.Fatalf("the top keys by %s: %+v, want sk-test's digest with %d", by, top, want)
+		}
 	}
 }

@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"os"
@@ -116,6 +117,8 @@ const (
 	rpmOnlyChain                 // rpm alone on each limit, and headers off: bench/run's memory-rpm site
 	learnChain                   // the org's limit learns the provider's quota, which each answer reports
 	floorsChain                  // and keeps 60% of it for the request's team, and 10% for another
+	notifyChain                  // budgetChain whose every limit notifies at 80%, 95% and 100%, never reached
+	topChain                     // plainChain tallying the top consumers of every scope
 )
 
 // benchmarkChainHandler limits the four scopes of bench/run's limited site,
@@ -126,8 +129,10 @@ const (
 func benchmarkChainHandler(b *testing.B, redis *RedisConfig, reserve bool, variant chainVariant) *Handler {
 	h := &Handler{Redis: redis, ReserveTokens: &reserve}
 	switch variant {
-	case budgetChain:
+	case budgetChain, notifyChain:
 		h.Prices = []PriceConfig{{Model: "gpt-4o-mini", Input: "0.15", Output: "0.60", CacheRead: "0.075"}}
+	case topChain:
+		h.Top = &TopConfig{Scopes: []string{"key", "project", "team", "org"}}
 	case rpmOnlyChain:
 		h.Headers = []string{"off"}
 	}
@@ -139,6 +144,8 @@ func benchmarkChainHandler(b *testing.B, redis *RedisConfig, reserve bool, varia
 			l.Concurrent = 1e9
 		case budgetChain:
 			l.BudgetMonth = "1000000"
+		case notifyChain:
+			l.BudgetMonth, l.Notify = "1000000", []json.Number{"0.8", "0.95", "1"}
 		case perRequestChain:
 			if s[0] == "key" {
 				l.RPM, l.PerRequest = 0, map[string]PerRequestCap{"rpm": {Value: "{http.request.header.X-Plan-Rpm}"}}
@@ -154,7 +161,15 @@ func benchmarkChainHandler(b *testing.B, redis *RedisConfig, reserve bool, varia
 		}
 		h.Limits = append(h.Limits, l)
 	}
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	parent := caddy.Context{Context: context.Background()}
+	if variant == notifyChain { // its handler emits through the events app of a running config
+		if err := caddy.Load([]byte(`{"admin":{"disabled":true}}`), true); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { caddy.Stop() })
+		parent = caddy.ActiveContext()
+	}
+	ctx, cancel := caddy.NewContext(parent)
 	b.Cleanup(cancel)
 	if err := h.Provision(ctx); err != nil {
 		b.Fatal(err)
@@ -173,7 +188,9 @@ func benchmarkChainHandler(b *testing.B, redis *RedisConfig, reserve bool, varia
 // differences are what reservation, a cap on requests in flight, a budget,
 // a cap per request and the token limits cost; and with the org's limit
 // learning the provider's quota, which each answer reports as OpenAI's do,
-// and with floors on it, of which the request's team has one.
+// and with floors on it, of which the request's team has one; and the
+// budget chain notifying at 80%, 95% and 100%, and the plain chain
+// tallying the top consumers of its four scopes.
 func BenchmarkHandler(b *testing.B) {
 	b.Run("none", func(b *testing.B) { benchmarkHandler(b, nil) })
 	names, configs := []string{"memory"}, []*RedisConfig{nil}
@@ -186,6 +203,7 @@ func BenchmarkHandler(b *testing.B) {
 		perRequest := benchmarkChainHandler(b, configs[i], true, perRequestChain)
 		rpmOnly := benchmarkChainHandler(b, configs[i], true, rpmOnlyChain)
 		learn, floors := benchmarkChainHandler(b, configs[i], true, learnChain), benchmarkChainHandler(b, configs[i], true, floorsChain)
+		notify, top := benchmarkChainHandler(b, configs[i], true, notifyChain), benchmarkChainHandler(b, configs[i], true, topChain)
 		b.Run(name, func(b *testing.B) { benchmarkHandler(b, h) })
 		b.Run(name+"/reactive", func(b *testing.B) { benchmarkHandler(b, reactive) })
 		b.Run(name+"/in-flight-cap", func(b *testing.B) { benchmarkHandler(b, inFlight) })
@@ -194,6 +212,8 @@ func BenchmarkHandler(b *testing.B) {
 		b.Run(name+"/rpm-only", func(b *testing.B) { benchmarkHandler(b, rpmOnly) })
 		b.Run(name+"/learn", func(b *testing.B) { benchmarkHandler(b, learn) })
 		b.Run(name+"/learn/floors", func(b *testing.B) { benchmarkHandler(b, floors) })
+		b.Run(name+"/budget/notify", func(b *testing.B) { benchmarkHandler(b, notify) })
+		b.Run(name+"/top", func(b *testing.B) { benchmarkHandler(b, top) })
 	}
 }
 

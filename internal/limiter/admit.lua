@@ -325,12 +325,13 @@ local function read_caps(at, count)
       elseif part == NOTIFY then
         -- Per cap it watches (each part before LEARNED), in order: a
         -- budget's current period, then the level of each fraction.
-        local n = tonumber(ARGV[at], 16)
+        local n, mask = tonumber(ARGV[at], 16), 0
         at = at + 1
         notify = {}
         for q = 1, #parts do
           local watched = parts[q]
           if watched < LEARNED then
+            mask = mask + 2 ^ watched
             local spec = {watched, 0}
             if watched >= DAY_BUDGET then
               spec[2], at = tonumber(ARGV[at], 16), at + 1
@@ -339,6 +340,7 @@ local function read_caps(at, count)
             notify[#notify + 1], at = spec, at + n
           end
         end
+        notify.mask = format('%x', mask)
       elseif part == FLOORS then
         floors = {byte(ARGV[at], 1, -1)}
         at = at + 1
@@ -568,27 +570,41 @@ end
 -- admissions of the call, admitted or not, having seen their levels: how
 -- many of its fractions each cap's level reached after them, or, for a
 -- window or a budget in the period of its last report, as many as it held
--- if more. The key holds "<part>=<period * 16 + reported>" per cap, joined
--- by ',', in hexadecimal, and is written only when that changed: it lives
--- as long as the longest-lived of its caps' keys.
-local function write_notices(noticed, caps, caps_of, requests_added, token_reserved)
+-- if more. The key holds the mask of the parts it watches, then per part
+-- its period * 16 + how many it reported, in hexadecimal after a ':'
+-- each; it is written only when that changed (most calls change nothing,
+-- and make no text), and lives as long as the longest-lived of its caps'
+-- keys. What it held is in reply, where the reading put it.
+local function write_notices(noticed, caps, caps_of, requests_added, token_reserved, reply)
   for limit, nc in pairs(noticed) do
-    local specs, levels, held = caps[caps_of[limit]].notify, nc[2], nc[3]
-    local text, changed, ttl = {}, false, 0
-    for j = 1, #specs do
-      local spec, level = specs[j], levels[j]
-      local part, reached, fractions = spec[1], 0, #spec - 2
-      local used = level[1] + level[2] * requests_added[limit]
-      if level[3] then used = used + token_reserved[level[3]] * level[4] end
-      while reached < fractions and used >= spec[3 + reached] do reached = reached + 1 end
-      local period, was = level[5], held[part] or 0
-      if period ~= 0 and floor(was / 16) == period and was % 16 > reached then reached = was % 16 end
-      local state = period * 16 + reached
-      changed = changed or state ~= was
-      text[j] = format('%x=%x', part, state)
-      if level[6] > ttl then ttl = level[6] end
+    local specs, levels, at, added = caps[caps_of[limit]].notify, nc[2], nc[3], requests_added[limit]
+    local text, ttl = nil, 0
+    for pass = 1, 2 do
+      local changed = false
+      for j = 1, #specs do
+        local spec, b = specs[j], 6 * (j - 1)
+        local used = levels[b + 1] + levels[b + 2] * added
+        if levels[b + 3] then used = used + token_reserved[levels[b + 3]] * levels[b + 4] end
+        local reached, fractions = 0, #spec - 2
+        while reached < fractions and used >= spec[3 + reached] do reached = reached + 1 end
+        local period, was = levels[b + 5], reply[at + j]
+        if period ~= 0 and floor(was / 16) == period and was % 16 > reached then reached = was % 16 end
+        local state = period * 16 + reached
+        if text then
+          text[j + 1] = format('%x', state)
+          if levels[b + 6] > ttl then ttl = levels[b + 6] end
+        elseif state ~= was then
+          changed = true
+          break
+        end
+      end
+      if text then
+        redis.call('SET', KEYS[nc[1]], table.concat(text, ':'), 'EX', ttl)
+      elseif not changed then
+        break
+      end
+      text = {specs.mask}
     end
-    if changed then redis.call('SET', KEYS[nc[1]], table.concat(text, ','), 'EX', ttl) end
   end
 end
 
@@ -646,10 +662,11 @@ local learned
 -- window. The floors' functions are made by the first limit with floors.
 local floored
 -- noticed, per limit that notifies (nil until one does): its notify key's
--- index, each cap's level as read and what raises it, and what the key
--- held, by part. A level is {as read, what an admitted request adds, the
--- token window whose reservations add to it and their scale, the cap's
--- period (0: none), its key's time to live}.
+-- index, each cap's level as read and what raises it, and where in the
+-- reply what the key held is. A level is six numbers in a flat array: as
+-- read, what an admitted request adds, the token window whose
+-- reservations add to it (false: none) and their scale, the cap's period
+-- (0: none), its key's time to live.
 local noticed
 local read_floors, floor_held, floor_deficit, reply_floors, write_floors
 -- With reservations, each token window, and each budget, has a room of
@@ -722,8 +739,9 @@ for limit = 1, limit_count do
     end
     if levels then
       local requests = kind % KINDS == REQUESTS
-      levels[#levels + 1] = {current * length + previous * weight, requests and length or 0, not requests and reserving and token_windows, length,
-        kind >= KINDS and day_period or minute_period, kind >= KINDS and DAY_TTL or MINUTE_TTL}
+      local n = #levels
+      levels[n + 1], levels[n + 2], levels[n + 3] = current * length + previous * weight, requests and length or 0, not requests and reserving and token_windows
+      levels[n + 4], levels[n + 5], levels[n + 6] = length, kind >= KINDS and day_period or minute_period, kind >= KINDS and DAY_TTL or MINUTE_TTL
     end
     reply[reply_len + 1], reply[reply_len + 2] = current, previous
     reply_len = reply_len + 2
@@ -750,7 +768,10 @@ for limit = 1, limit_count do
     if requests_fit + 1 < room then room = requests_fit + 1 end
     -- Twice the time an empty bucket takes to fill, as Spring does: it is full by then.
     buckets[limit] = {2 * math.ceil(burst * MICRO / rate), since, deficit, cost_micro}
-    if levels then levels[#levels + 1] = {deficit, cost_micro, false, 0, 0, math.ceil(buckets[limit][1] / 1000)} end
+    if levels then
+      local n = #levels
+      levels[n + 1], levels[n + 2], levels[n + 3], levels[n + 4], levels[n + 5], levels[n + 6] = deficit, cost_micro, false, 0, 0, math.ceil(buckets[limit][1] / 1000)
+    end
     reply_len = reply_len + 1
     reply[reply_len] = deficit
     key_index = key_index + 1
@@ -760,7 +781,10 @@ for limit = 1, limit_count do
     local in_flight, own, own_end = read_slots(KEYS[key_index], holder, now, charging)
     if slots - in_flight < room then room = slots - in_flight end
     own_slots[limit], own_ends[limit] = own, own_end
-    if levels then levels[#levels + 1] = {in_flight, 1, false, 0, 0, DAY_TTL} end
+    if levels then
+      local n = #levels
+      levels[n + 1], levels[n + 2], levels[n + 3], levels[n + 4], levels[n + 5], levels[n + 6] = in_flight, 1, false, 0, 0, DAY_TTL
+    end
     reply_len = reply_len + 1
     reply[reply_len] = in_flight
     key_index = key_index + 1
@@ -778,7 +802,9 @@ for limit = 1, limit_count do
       room = 0
     end
     if levels then
-      levels[#levels + 1] = {spent + reserved, 0, reserving and token_windows, 1, limit_caps.notify[#levels + 1][2], CHARGE_TTL[3 + period]}
+      local n = #levels
+      levels[n + 1], levels[n + 2], levels[n + 3] = spent + reserved, 0, reserving and token_windows
+      levels[n + 4], levels[n + 5], levels[n + 6] = 1, limit_caps.notify[n / 6 + 1][2], CHARGE_TTL[3 + period]
     end
     reply[reply_len + 1], reply[reply_len + 2] = spent, reserved
     reply_len = reply_len + 2
@@ -849,12 +875,23 @@ for limit = 1, limit_count do
     key_index = fl.text_key + 1
   end
   if levels then
-    local held, specs = {}, limit_caps.notify
-    for part, state in string.gmatch(counters[key_index] or '', '(%x+)=(%x+)') do held[tonumber(part, 16)] = tonumber(state, 16) end
-    for j = 1, #specs do reply[reply_len + j] = held[specs[j][1]] or 0 end
+    -- What the key holds, if it watches the parts the limit has now.
+    local specs, at = limit_caps.notify, reply_len
+    for j = 1, #specs do reply[at + j] = 0 end
+    local mask, states = match(counters[key_index] or '', '^(%x+):(.*)$')
+    if mask == specs.mask then
+      local j = at
+      for state in string.gmatch(states, '%x+') do
+        j = j + 1
+        reply[j] = tonumber(state, 16)
+      end
+      if j ~= at + #specs then
+        for i = 1, #specs do reply[at + i] = 0 end
+      end
+    end
     reply_len = reply_len + #specs
     noticed = noticed or {}
-    noticed[limit] = {key_index, levels, held}
+    noticed[limit] = {key_index, levels, at}
     key_index = key_index + 1
   end
   if reserving then last_token_window[limit] = token_windows end
@@ -950,6 +987,6 @@ if charging then
     end
   end
   if floored then write_floors(floored, caps, caps_of, requests_added, token_reserved, now) end
-  if noticed then write_notices(noticed, caps, caps_of, requests_added, token_reserved) end
+  if noticed then write_notices(noticed, caps, caps_of, requests_added, token_reserved, reply) end
 end
 return reply

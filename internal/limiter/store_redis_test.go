@@ -334,6 +334,12 @@ func BenchmarkAdmissionRedisServerTime(b *testing.B) {
 				b.Run(name+"/budget", func(b *testing.B) {
 					benchmarkRedisTime(b, url, concurrent, TokenCounts{Total: 1000, Cost: 600_000}, false, budgeted)
 				})
+				// And the shared limit notifies at 80%, 95% and 100% of
+				// its caps (its windows and its budget), never reached.
+				notified := func(key int) []Limit { return withNotify(budgeted(key)) }
+				b.Run(name+"/budget/notify", func(b *testing.B) {
+					benchmarkRedisTime(b, url, concurrent, TokenCounts{Total: 1000, Cost: 600_000}, false, notified)
+				})
 				// The shared limit learns the provider's quota, which a
 				// report has filled (as every answer's does).
 				learning := func(key int) []Limit { return withLearning(chainOf(key)) }
@@ -404,6 +410,12 @@ func withSlots(chain []Limit) []Limit {
 	for i := range chain {
 		chain[i].Concurrent = concurrencyCap{Max: 1 << 40, LeaseMillis: DefaultSlotLease.Milliseconds()}
 	}
+	return chain
+}
+
+// withNotify is chain whose last limit notifies at 80%, 95% and 100%.
+func withNotify(chain []Limit) []Limit {
+	chain[len(chain)-1] = notifying(chain[len(chain)-1], 80, 95, 100)
 	return chain
 }
 
