@@ -235,6 +235,7 @@ func (c *memoryCounter) readAt(now moment) bool {
 // sweepEvery.
 func NewMemoryStore(sweepEvery time.Duration, now func() int64) *MemoryStore {
 	s := &MemoryStore{now: now, seed: maphash.MakeSeed(), held: newHeldSlots(), stop: make(chan struct{})}
+	s.tallies.carry = true
 	for i := range s.shards {
 		s.shards[i].table.Store(&counterTable{{}})
 	}

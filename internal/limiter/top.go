@@ -67,34 +67,45 @@ type TopTally struct {
 // tallyLinger is how long a gateway sums additions before it sends them.
 const tallyLinger = 50 * time.Millisecond
 
-// tallyKey names a tally: its scope, measure and period.
-type tallyKey struct {
-	scope   string
-	measure TopMeasure
-	budget  BudgetPeriod
-	span    periodSpan
+// redisTallyKey is the sorted set that holds the tally of measure m of
+// scope in period p, whose span is s.
+func redisTallyKey(scope string, m TopMeasure, p BudgetPeriod, s periodSpan) string {
+	return "rolter:top:" + scope + ":" + m.String() + ":" + p.String() + ":" + s.name
 }
 
-// redisKey is the sorted set that holds the tally.
-func (k tallyKey) redisKey() string {
-	return "rolter:top:" + k.scope + ":" + k.measure.String() + ":" + k.budget.String() + ":" + k.span.name
-}
-
-// tallyKeys are the keys of the tallies of measure m of scope at now by
-// calendar c: the day's and the month's.
-func tallyKeys(c *Calendar, scope string, m TopMeasure, now moment) [NumBudgetPeriods]tallyKey {
-	var keys [NumBudgetPeriods]tallyKey
+// spansAt are the day and the month of calendar c that hold now.
+func spansAt(c *Calendar, now moment) (spans [NumBudgetPeriods]periodSpan) {
 	for p := range NumBudgetPeriods {
-		keys[p] = tallyKey{scope: scope, measure: m, budget: p, span: c.SpanAt(p, now)}
+		spans[p] = c.SpanAt(p, now)
 	}
-	return keys
+	return spans
 }
 
 // tallies are tallies as one process sums them: the in-process store's
-// whole tallies, or what a Redis store has yet to send.
+// whole tallies, or what a Redis store has yet to send. Each measure of
+// each scope of each calendar has a tally of its ids in a day and a
+// month: an id's two counts in one entry, found once per addition.
 type tallies struct {
-	mu sync.Mutex
-	n  map[tallyKey]map[string]int64
+	// carry: the in-process store's, whose tally keeps its month's counts
+	// into the next day; a Redis store's additions of an ended period are
+	// sent under that period's keys.
+	carry   bool
+	mu      sync.Mutex
+	scopes  map[tallyScope]*scopeTally
+	retired []*scopeTally // a Redis store's, of periods that ended, not yet sent
+}
+
+type tallyScope struct {
+	calendar *Calendar
+	scope    string
+	measure  TopMeasure
+}
+
+// scopeTally is a tally's counts per id in the day and month of spans.
+type scopeTally struct {
+	key   tallyScope
+	spans [NumBudgetPeriods]periodSpan
+	ids   map[string]*[NumBudgetPeriods]int64
 }
 
 // add adds n of measure m to each id of ids in the tallies of the periods
@@ -103,53 +114,96 @@ func (t *tallies) add(c *Calendar, ids []TopID, m TopMeasure, n int64, now momen
 	if n == 0 {
 		return
 	}
+	spans := spansAt(c, now)
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.n == nil {
-		t.n = make(map[tallyKey]map[string]int64)
-	}
 	for _, id := range ids {
-		for _, k := range tallyKeys(c, id.Scope, m, now) {
-			ids := t.n[k]
-			if ids == nil {
-				ids = make(map[string]int64)
-				t.n[k] = ids
-			}
-			ids[id.ID] += n
+		st := t.current(tallyScope{c, id.Scope, m}, spans)
+		v := st.ids[id.ID]
+		if v == nil {
+			v = new([NumBudgetPeriods]int64)
+			st.ids[id.ID] = v
+		}
+		for p := range v {
+			v[p] += n
 		}
 	}
 }
 
-// top is the n ids of the tally k with the most, most first, and ties in
-// descending order of id, as Redis's ZREVRANGE orders them.
-func (t *tallies) top(k tallyKey, n int) []TopEntry {
+// current is the tally of k in the periods spans, under t.mu: the one
+// kept, moved into them if they are later (a day that ended drops its
+// day's counts, or is set aside to be sent), or a new one. An addition
+// whose periods are earlier than the tally's (its clock read before a
+// concurrent one that moved the tally on) counts in the tally's.
+func (t *tallies) current(k tallyScope, spans [NumBudgetPeriods]periodSpan) *scopeTally {
+	st := t.scopes[k]
+	switch {
+	case st == nil:
+	case st.spans == spans || spans[BudgetDay].Start < st.spans[BudgetDay].Start:
+		return st
+	case t.carry:
+		for id, v := range st.ids {
+			for p := range v {
+				if st.spans[p] != spans[p] {
+					v[p] = 0
+				}
+			}
+			if *v == [NumBudgetPeriods]int64{} {
+				delete(st.ids, id)
+			}
+		}
+		st.spans = spans
+		return st
+	default:
+		t.retired = append(t.retired, st)
+	}
+	if t.scopes == nil {
+		t.scopes = make(map[tallyScope]*scopeTally)
+	}
+	st = &scopeTally{key: k, spans: spans, ids: make(map[string]*[NumBudgetPeriods]int64)}
+	t.scopes[k] = st
+	return st
+}
+
+// top is the n ids of the tally k with the most in its period p, whose
+// span is s, most first, and ties in descending order of id, as Redis's
+// ZREVRANGE orders them.
+func (t *tallies) top(k tallyScope, p BudgetPeriod, s periodSpan, n int) []TopEntry {
 	t.mu.Lock()
-	out := make([]TopEntry, 0, len(t.n[k]))
-	for id, v := range t.n[k] {
-		out = append(out, TopEntry{ID: id, N: v})
+	var out []TopEntry
+	if st := t.scopes[k]; st != nil && st.spans[p] == s {
+		out = make([]TopEntry, 0, len(st.ids))
+		for id, v := range st.ids {
+			if v[p] != 0 {
+				out = append(out, TopEntry{ID: id, N: v[p]})
+			}
+		}
 	}
 	t.mu.Unlock()
 	slices.SortFunc(out, func(a, b TopEntry) int { return cmp.Or(cmp.Compare(b.N, a.N), strings.Compare(b.ID, a.ID)) })
 	return out[:min(n, len(out))]
 }
 
-// sweep drops the tallies whose period ended before now.
+// sweep drops the tallies whose month ended before now.
 func (t *tallies) sweep(now int64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for k := range t.n {
-		if k.span.End <= now {
-			delete(t.n, k)
+	for k, st := range t.scopes {
+		if st.spans[BudgetMonth].End <= now {
+			delete(t.scopes, k)
 		}
 	}
 }
 
 // take empties the tallies and returns what they held.
-func (t *tallies) take() map[tallyKey]map[string]int64 {
+func (t *tallies) take() []*scopeTally {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	held := t.n
-	t.n = nil
+	held := t.retired
+	for _, st := range t.scopes {
+		held = append(held, st)
+	}
+	t.scopes, t.retired = nil, nil
 	return held
 }
 
@@ -162,8 +216,8 @@ func (s *MemoryStore) Tally(c *Calendar, ids []TopID, m TopMeasure, n int64) {
 // Top is the n ids of scope with the most of measure m in its period p
 // holding now by calendar c, most first.
 func (s *MemoryStore) Top(_ context.Context, c *Calendar, scope string, m TopMeasure, p BudgetPeriod, n int) (TopTally, error) {
-	k := tallyKeys(c, scope, m, s.clock())[p]
-	return TopTally{Start: k.span.Start, Top: s.tallies.top(k, n)}, nil
+	span := c.SpanAt(p, s.clock())
+	return TopTally{Start: span.Start, Top: s.tallies.top(tallyScope{c, scope, m}, p, span, n)}, nil
 }
 
 // Tally adds as the in-process store does, and sends what it summed
@@ -184,13 +238,15 @@ func (s *RedisStore) sendTallies() {
 	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 	defer cancel()
 	start := time.Now()
-	_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for k, ids := range held {
-			key := k.redisKey()
-			for id, n := range ids {
-				p.ZIncrBy(ctx, key, float64(n), id)
+	_, err := s.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+		for _, st := range held {
+			for p, span := range st.spans {
+				key := redisTallyKey(st.key.scope, st.key.measure, BudgetPeriod(p), span)
+				for id, v := range st.ids {
+					pipe.ZIncrBy(ctx, key, float64(v[p]), id)
+				}
+				pipe.ExpireAt(ctx, key, time.UnixMilli(span.End).Add(tallyAfterPeriod))
 			}
-			p.ExpireAt(ctx, key, time.UnixMilli(k.span.End).Add(tallyAfterPeriod))
 		}
 		return nil
 	})
@@ -206,13 +262,13 @@ func (s *RedisStore) Top(ctx context.Context, c *Calendar, scope string, m TopMe
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	start := time.Now()
-	k := tallyKeys(c, scope, m, s.gatewayMoment())[p]
-	z, err := s.client.ZRevRangeWithScores(ctx, k.redisKey(), 0, int64(n)-1).Result()
+	span := c.SpanAt(p, s.gatewayMoment())
+	z, err := s.client.ZRevRangeWithScores(ctx, redisTallyKey(scope, m, p, span), 0, int64(n)-1).Result()
 	watch.RedisCall("top", time.Since(start), err)
 	if err != nil {
 		return TopTally{}, err
 	}
-	t := TopTally{Start: k.span.Start, Top: make([]TopEntry, len(z))}
+	t := TopTally{Start: span.Start, Top: make([]TopEntry, len(z))}
 	for i, e := range z {
 		id, _ := e.Member.(string)
 		t.Top[i] = TopEntry{ID: id, N: int64(e.Score)}

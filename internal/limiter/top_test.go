@@ -59,6 +59,33 @@ func runTopConformance(t *testing.T, kit storeKit) {
 			t.Fatalf("spend top %v %v, want none", got, err)
 		}
 	})
+
+	t.Run("ADaysTallyStartsAfreshWhileItsMonthKeepsCounting", func(t *testing.T) {
+		s := kit.replicas(t, 1)[0]
+		c, err := CalendarOf("UTC")
+		if err != nil {
+			t.Fatal(err)
+		}
+		scope := "team" + redistest.UniqueID(t)
+		month := time.Now().UTC()
+		at := time.Date(month.Year(), month.Month()+1, 1, 1, 0, 0, 0, time.UTC).UnixMilli() // its first two days
+		for day, ids := range [][]string{{"a", "a", "b"}, {"b"}} {
+			now := at + int64(day)*dayMinutes*MinuteMillis
+			for _, id := range ids {
+				pinned(s, now).Tally(c, []TopID{{scope, id}}, TopRequests, 1)
+			}
+		}
+		now := at + dayMinutes*MinuteMillis
+		for p, want := range map[BudgetPeriod][]TopEntry{BudgetDay: {{"b", 1}}, BudgetMonth: {{"b", 2}, {"a", 2}}} {
+			got, err := pinned(s, now).Top(context.Background(), c, scope, TopRequests, p, 10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got.Top, want) || got.Start != c.SpanAt(p, MomentAt(now)).Start {
+				t.Errorf("the %s's top the next day: %+v, want %v", p, got, want)
+			}
+		}
+	})
 }
 
 // A tally in Redis lives until two days past the end of its period.
@@ -74,13 +101,12 @@ func TestATallyExpiresTwoDaysAfterItsPeriodEnds(t *testing.T) {
 	if _, err := s.Top(context.Background(), c, scope, TopSpend, BudgetMonth, 1); err != nil {
 		t.Fatal(err)
 	}
-	now := s.gatewayMoment()
-	for p, k := range tallyKeys(c, scope, TopSpend, now) {
-		at, err := redistest.TestClient(t, url).ExpireTime(context.Background(), k.redisKey()).Result()
+	for p, span := range spansAt(c, s.gatewayMoment()) {
+		at, err := redistest.TestClient(t, url).ExpireTime(context.Background(), redisTallyKey(scope, TopSpend, BudgetPeriod(p), span)).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := time.UnixMilli(k.span.End).Add(48 * time.Hour); at != time.Duration(want.Unix())*time.Second {
+		if want := time.UnixMilli(span.End).Add(48 * time.Hour); at != time.Duration(want.Unix())*time.Second {
 			t.Errorf("the %s tally expires at %v, want %v", BudgetPeriod(p), time.Unix(int64(at/time.Second), 0).UTC(), want.UTC())
 		}
 	}
