@@ -87,12 +87,12 @@ func TestClusterLiveViewReadsTheCountersUnderTheGivenRoot(t *testing.T) {
 	}
 }
 
-// clusterTeamGateway is a gateway on a Redis Cluster of its own, of three
+// clusterTeamGateway is a gateway on the shared Redis Cluster, of three
 // primaries, whose chain is a team and its org (the chain's root), each
 // team capped at rpm.
 func clusterTeamGateway(t *testing.T, rpm int) *gateway {
 	t.Helper()
-	c := redistest.NewCluster(t, 3)
+	c := sharedCluster(t)
 	return startGateway(t, newUpstream(t).URL, fmt.Sprintf(`
 	rolter_ratelimit {
 		redis cluster %s

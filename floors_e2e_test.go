@@ -169,7 +169,7 @@ func TestGatewaysKeepEachFloorOfASharedBucket(t *testing.T) {
 // Three gateway processes on a Redis Cluster keep them too: a chain's
 // floors keys are in its root's slot.
 func TestGatewaysOnAClusterKeepEachFloorOfASharedBucket(t *testing.T) {
-	c := redistest.NewCluster(t, 3)
+	c := sharedCluster(t)
 	up := newUpstream(t)
 	floorsAreKept(t, urlsOf(startCaddyProcesses(t, 3, up, floorsSite("redis cluster "+strings.Join(c.URLs(), " ")))), floorsBucket, nil, "burst capacity of 40.")
 	bucketNeverOverspent(t, up.arrivals())

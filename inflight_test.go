@@ -587,7 +587,7 @@ func TestARefusalByTheSlotTakesNoRPMAndARefusalByRPMTakesNoSlot(t *testing.T) {
 // gateways, each with its own cluster client, cap requests in flight
 // exactly.
 func TestOnRedisClusterSlotsLiveInTheChainRootsSlotAndThreeGatewaysCapExactly(t *testing.T) {
-	c := redistest.NewCluster(t, 3)
+	c := sharedCluster(t)
 	up := newUpstream(t)
 	gws := startCaddyProcesses(t, 3, up, limited(flightStore("redis cluster "+strings.Join(c.URLs(), " ")), `
 			scope key {http.request.header.X-Api-Key}

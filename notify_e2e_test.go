@@ -147,7 +147,7 @@ func TestThreeGatewaysPushingABudgetThroughItsFractionsLogEachCrossingOnce(t *te
 		check(t, urlsOf(gws), up, logsOf(gws))
 	})
 	t.Run("cluster", func(t *testing.T) {
-		c := redistest.NewCluster(t, 3)
+		c := sharedCluster(t)
 		up := newUpstream(t)
 		gws := startCaddyProcesses(t, 3, up, thresholdSite("redis cluster "+strings.Join(c.URLs(), " ")))
 		check(t, urlsOf(gws), up, logsOf(gws))
@@ -238,7 +238,7 @@ func TestABudgetsCrossingsAreReportedAgainInItsNextPeriod(t *testing.T) {
 	stores := map[string]string{"memory": ""}
 	if redistest.Enabled() {
 		stores["redis"] = redisLine(t)
-		stores["cluster"] = "redis cluster " + strings.Join(redistest.NewCluster(t, 3).URLs(), " ")
+		stores["cluster"] = "redis cluster " + strings.Join(sharedCluster(t).URLs(), " ")
 	}
 	for name, store := range stores {
 		t.Run(name, func(t *testing.T) {

@@ -39,7 +39,7 @@ func TestWaitingRequestsAreAdmittedAsTheBucketAllowsInsteadOfRefused(t *testing.
 
 // So they are on a Redis Cluster, where calls are not coalesced.
 func TestOnAClusterWaitingRequestsAreAdmittedAsTheBucketAllows(t *testing.T) {
-	admittedAsTheBucketAllows(t, "redis cluster "+strings.Join(redistest.NewCluster(t, 3).URLs(), " "))
+	admittedAsTheBucketAllows(t, "redis cluster "+strings.Join(sharedCluster(t).URLs(), " "))
 }
 
 // On one Redis, the line makes about one call per waited request: the

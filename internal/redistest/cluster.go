@@ -41,14 +41,55 @@ type Cluster struct {
 func NewCluster(t testing.TB, primaries int) *Cluster {
 	t.Helper()
 	EnvURL(t)
+	c, err := startCluster(primaries, func() (string, error) { return t.TempDir(), nil })
+	if c != nil {
+		t.Cleanup(c.stopNodes)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// StartCluster is NewCluster for a cluster that outlives a test: tests of
+// one package that share it, each with ids of its own and none changing
+// its topology, spare 2 s each. Its caller stops it (Stop).
+func StartCluster(primaries int) (*Cluster, error) {
+	c, err := startCluster(primaries, func() (string, error) { return os.MkdirTemp("", "rolter-cluster-") })
+	if err != nil && c != nil {
+		c.Stop()
+	}
+	return c, err
+}
+
+// Stop stops a cluster of StartCluster's and removes its dirs.
+func (c *Cluster) Stop() {
+	c.stopNodes()
+	for _, n := range c.nodes {
+		os.RemoveAll(n.dir)
+	}
+}
+
+func (c *Cluster) stopNodes() {
+	for _, n := range c.nodes {
+		n.Stop()
+	}
+}
+
+// startCluster starts a cluster whose nodes' dirs dir makes; on an error,
+// what it started is in the cluster it returns, if any.
+func startCluster(primaries int, dir func() (string, error)) (*Cluster, error) {
 	if primaries < 1 {
-		t.Fatalf("NewCluster: %d primaries", primaries)
+		return nil, fmt.Errorf("NewCluster: %d primaries", primaries)
 	}
 	c := &Cluster{}
 	for range primaries {
-		dir := t.TempDir()
-		conf := filepath.Join(dir, "nodes.conf")
-		c.nodes = append(c.nodes, startWith(t, dir, nil, []string{
+		d, err := dir()
+		if err != nil {
+			return c, err
+		}
+		conf := filepath.Join(d, "nodes.conf")
+		n, err := start(d, nil, []string{
 			"--cluster-enabled", "yes",
 			"--cluster-config-file", conf,
 			"--cluster-node-timeout", "2000",
@@ -58,7 +99,11 @@ func NewCluster(t testing.TB, primaries int) *Cluster {
 				return err
 			}
 			return nil
-		}))
+		})
+		if err != nil {
+			return c, err
+		}
+		c.nodes = append(c.nodes, n)
 	}
 
 	// What redis-cli --cluster create does for primaries only, without its
@@ -70,7 +115,7 @@ func NewCluster(t testing.TB, primaries int) *Cluster {
 			{"CLUSTER", "SET-CONFIG-EPOCH", i + 1},
 		} {
 			if _, err := do(n.Addr(), cmd...); err != nil {
-				t.Fatalf("%v on %s: %v", cmd, n.Addr(), err)
+				return c, fmt.Errorf("%v on %s: %v", cmd, n.Addr(), err)
 			}
 		}
 	}
@@ -79,7 +124,7 @@ func NewCluster(t testing.TB, primaries int) *Cluster {
 	for i, a := range c.nodes {
 		for _, b := range c.nodes[i+1:] {
 			if _, err := do(a.Addr(), "CLUSTER", "MEET", "127.0.0.1", b.port); err != nil {
-				t.Fatalf("CLUSTER MEET %s on %s: %v", b.Addr(), a.Addr(), err)
+				return c, fmt.Errorf("CLUSTER MEET %s on %s: %v", b.Addr(), a.Addr(), err)
 			}
 		}
 	}
@@ -105,9 +150,9 @@ func NewCluster(t testing.TB, primaries int) *Cluster {
 		return nil
 	})
 	if err != nil {
-		t.Fatalf("cluster not ready within %v: %v", topologyReadyTimeout, err)
+		return c, fmt.Errorf("cluster not ready within %v: %v", topologyReadyTimeout, err)
 	}
-	return c
+	return c, nil
 }
 
 // Addrs are the nodes' host:port, in start order.
