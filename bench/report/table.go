@@ -177,6 +177,7 @@ func writeResults(w io.Writer, m measurements, b benchmarks) error {
 
 	writeSites(w, m, sitesInRounds)
 	writeSites(w, m, sitesInPairs)
+	writeSpeedGoals(w, m)
 
 	fmt.Fprintln(w, "\nRedis time by chain length (Go benchmark, each limit with rpm and tpm, 20000 admissions):")
 	t = table{w: w, widths: []int{-6, 20, 26, 22, 15},
@@ -270,8 +271,12 @@ func writeSites(w io.Writer, m measurements, f siteFigures) {
 		{"limited", "Redis, 4 scopes, rpm + tpm reserving", "share <= 0.30, vs plain >= 0.85", func(_, share, vsPlain float64) bool {
 			return share <= 0.30 && vsPlain >= 0.85
 		}},
+		{"mholt", "mholt/caddy-ratelimit, 4 zones", "(info)", nil},
 	} {
 		name, plain := f.site(site.name), f.plain(site.name)
+		if site.name == "mholt" && len(m[name+".requests"]) == 0 {
+			continue // built only from a source bench/run was given or found
+		}
 		plainCaddy := m.cpuPerRequest("caddy", plain)
 		added := perRound(m.cpuPerRequest("caddy", name), plainCaddy, diff)
 		redis := m.cpuPerRequest("redis", name)
@@ -295,6 +300,52 @@ func writeSites(w io.Writer, m measurements, f siteFigures) {
 		}
 		t.row(site.label, num(m.median(name+".rps"), "%.0f"), num(vsPlain, "%.3f"), num(median(added), "%+.1f us"),
 			spread(added), redisCell, shareCell, site.target, ok)
+	}
+}
+
+// writeSpeedGoals prints the four goals of issue 44 from the paired
+// rounds, each the median of the rounds' own figures, with their range:
+// redis-server's CPU per request of the Redis site; the Redis client's
+// side, the Redis site's Caddy CPU over its plain proxy less the
+// in-process token site's in the same round; the in-process token site
+// over its plain proxy; and the in-process rpm-only site against
+// mholt/caddy-ratelimit's four zones in the same round. They are meant
+// to be read with PIN=1, redis-server on a core of its own.
+func writeSpeedGoals(w io.Writer, m measurements) {
+	if len(m["pair.limited.requests"]) == 0 {
+		return
+	}
+	pinned := "redis-server pinned to a core of its own (PIN=1)"
+	if m.setting("pinned") != 1 {
+		pinned = "NOT pinned: every process shares the cores (run with PIN=1 for these goals)"
+	}
+	fmt.Fprintf(w, "\nSpeed goals (paired rounds; %s):\n", pinned)
+	t := table{w: w, widths: []int{-58, 12, 17, -22},
+		rule: "-----------------------------------------------------------+--------------+-------------------+-----------------------+-----"}
+	t.header("figure", "median", "rounds' range", "goal", "ok?")
+	added := func(site string) []float64 {
+		return perRound(m.cpuPerRequest("caddy", "pair."+site), m.cpuPerRequest("caddy", "pair."+site+".plain"), diff)
+	}
+	for _, g := range []struct {
+		label, goal string
+		rounds      []float64
+		meets       func(float64) bool
+	}{
+		{"redis-server CPU per request, Redis site", "<= 10 us", m.cpuPerRequest("redis", "pair.limited"), atMost(10)},
+		{"Redis client side: Redis site's Caddy CPU + less memory's", "<= +10 us", perRound(added("limited"), added("memory"), diff), atMost(10)},
+		{"in process, rpm + tpm reserving, OpenAI headers: Caddy +", "<= +20 us", added("memory"), atMost(20)},
+		{"in process, rpm only, headers off: Caddy + less mholt's", "<= 0 (no dearer)", perRound(added("memory-rpm"), added("mholt"), diff), atMost(0)},
+		{"  mholt/caddy-ratelimit, 4 zones: Caddy +", "(info)", added("mholt"), nil},
+	} {
+		v, format := median(g.rounds), "%+.1f us"
+		if strings.HasPrefix(g.label, "redis-server") {
+			format = "%.1f us" // not added over anything
+		}
+		ok := "-"
+		if g.meets != nil {
+			ok = check(v, g.meets)
+		}
+		t.row(g.label, num(v, format), spread(g.rounds), g.goal, ok)
 	}
 }
 
