@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/modules/caddyevents"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
@@ -264,10 +263,11 @@ type Handler struct {
 	badLimitWarn            *warnLimiter // caps per request missing or not valid
 	shadowLog               *warnLimiter // shadow refusals, at info
 	learnWarn               *warnLimiter // provider reports the store could not write
-	// events emits the crossings of notify fractions, with the context
-	// of the handler's config; nil when no limit notifies.
-	events    *caddyevents.App
-	eventsCtx caddy.Context
+	// crossingEvents queues the events of notify fractions' crossings for
+	// the goroutine that emits them (provisionEvents); nil when no limit
+	// notifies.
+	crossingEvents chan map[string]any
+	eventsWarn     *warnLimiter // events dropped
 	// calendar is budget_timezone's, whose periods the budgets and the
 	// top consumers' tallies are of; topScopes, the indices of Top's
 	// scopes in Scopes.
@@ -488,7 +488,7 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
 	h.warn, h.chargeWarn, h.usageWarn, h.bodyWarn, h.badLimitWarn, h.shadowLog = new(warnLimiter), new(warnLimiter), new(warnLimiter), new(warnLimiter), new(warnLimiter), new(warnLimiter)
-	h.learnWarn = new(warnLimiter)
+	h.learnWarn, h.eventsWarn = new(warnLimiter), new(warnLimiter)
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return err
 	}

@@ -95,8 +95,15 @@ func (h *Handler) notifies() bool {
 	return slices.ContainsFunc(h.Limits, func(l LimitConfig) bool { return len(l.Notify) > 0 })
 }
 
+// crossingsQueued is how many crossings' events may wait for the events
+// app's handlers, which one goroutine per handler runs in turn: beyond,
+// an event is dropped (its log line and count stay), so that a slow
+// subscriber and ids made up to cross fractions hold no more than this.
+const crossingsQueued = 1024
+
 // provisionEvents gets Caddy's events app, through which crossings are
-// emitted, when a limit notifies.
+// emitted, when a limit notifies, and starts the goroutine that emits
+// them until the config is unloaded.
 func (h *Handler) provisionEvents(ctx caddy.Context) error {
 	if !h.notifies() {
 		return nil
@@ -105,7 +112,18 @@ func (h *Handler) provisionEvents(ctx caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("getting the events app: %v", err)
 	}
-	h.events, h.eventsCtx = app.(*caddyevents.App), ctx
+	events, queue := app.(*caddyevents.App), make(chan map[string]any, crossingsQueued)
+	go func() {
+		for {
+			select {
+			case data := <-queue:
+				events.Emit(ctx, ThresholdEvent, data)
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	h.crossingEvents = queue
 	return nil
 }
 
@@ -113,7 +131,7 @@ func (h *Handler) provisionEvents(ctx caddy.Context) error {
 // reported.
 func (h *Handler) admit(req *request, chain []limiter.Limit, reserve limiter.TokenCounts) (limiter.Admission, error) {
 	a, err := h.store.Admit(req.Context(), chain, reserve)
-	if err == nil && h.events != nil {
+	if err == nil && h.crossingEvents != nil {
 		h.reportCrossings(chain, a)
 	}
 	return a, err
@@ -121,11 +139,10 @@ func (h *Handler) admit(req *request, chain []limiter.Limit, reserve limiter.Tok
 
 // reportCrossings reports the crossings the admission a of chain was the
 // first to reach: each as a Caddy event, a line of the log at info level
-// and a count of thresholds_crossed_total. The event's handlers run on a
-// goroutine of their own: a subscriber's work never delays the request.
+// and a count of thresholds_crossed_total. The event is queued for the
+// goroutine that emits them: a subscriber's work never delays the request.
 func (h *Handler) reportCrossings(chain []limiter.Limit, a limiter.Admission) {
-	crossings := limiter.Crossings(chain, a.Decision)
-	for _, c := range crossings {
+	for _, c := range limiter.Crossings(chain, a.Decision) {
 		l := chain[c.Limit]
 		data := crossingData(l, c)
 		thresholdsCrossedTotal.WithLabelValues(l.Scope, c.Part.String(), strconv.Itoa(int(c.Percent))).Inc()
@@ -134,8 +151,10 @@ func (h *Handler) reportCrossings(chain []limiter.Limit, a limiter.Admission) {
 			fields = append(fields, zap.Any(k, data[k]))
 		}
 		h.logger.Info("threshold crossed", fields...)
-		if h.events != nil {
-			go h.events.Emit(h.eventsCtx, ThresholdEvent, data)
+		select {
+		case h.crossingEvents <- data:
+		default:
+			h.eventsWarn.log(h.logger, "threshold events are dropped: the events app's handlers fall behind (their log lines and counts stay)")
 		}
 	}
 }

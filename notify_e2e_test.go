@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/rolter/caddy-ratelimit/internal/limiter"
 	"github.com/rolter/caddy-ratelimit/internal/redistest"
@@ -259,5 +261,37 @@ func TestABudgetsCrossingsAreReportedAgainInItsNextPeriod(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A crossing's event waits in a bounded queue for the goroutine that emits
+// it: when the queue is full (a slow subscriber, or made-up ids crossing
+// fractions by the thousand) the event is dropped with a warning, and its
+// log line still says it.
+func TestACrossingsEventBeyondTheQueueIsDroppedWithAWarningAndStillLogged(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	h := &Handler{logger: zap.New(core), eventsWarn: new(warnLimiter), crossingEvents: make(chan map[string]any, 1)}
+	c, err := limiter.CalendarOf("UTC")
+	if err != nil {
+		t.Fatal(err)
+	}
+	caps := limiter.Caps{Budgets: limiter.BudgetCaps{Max: [limiter.NumBudgetPeriods]int64{limiter.BudgetDay: 100}, Calendar: c}, Notify: [limiter.MaxNotify]uint8{50, 100}}
+	chain := []limiter.Limit{limiter.NewLimit("", "team", "t", caps)}
+	spent := limiter.Counts{Spent: [limiter.NumBudgetPeriods]int64{limiter.BudgetDay: 100}}
+	h.reportCrossings(chain, limiter.Admission{Decision: limiter.Decision{Now: limiter.MomentAt(time.Now().UnixMilli()), Counts: []limiter.Counts{spent}}})
+	if queued := len(h.crossingEvents); queued != 1 {
+		t.Fatalf("%d events queued, want the one the queue holds", queued)
+	}
+	crossed, warned := 0, 0
+	for _, e := range logs.All() {
+		switch {
+		case e.Message == "threshold crossed":
+			crossed++
+		case e.Level == zap.WarnLevel && strings.Contains(e.Message, "threshold events are dropped"):
+			warned++
+		}
+	}
+	if crossed != 2 || warned != 1 {
+		t.Fatalf("%d crossings logged and %d warnings, want both crossings (50%% and 100%%) and one warning", crossed, warned)
 	}
 }

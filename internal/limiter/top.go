@@ -3,6 +3,7 @@ package limiter
 import (
 	"cmp"
 	"context"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -89,7 +90,10 @@ type tallies struct {
 	// carry: the in-process store's, whose tally keeps its month's counts
 	// into the next day; a Redis store's additions of an ended period are
 	// sent under that period's keys.
-	carry   bool
+	carry bool
+	// most is how many ids a tally keeps (0: mostTallied): ids a client
+	// makes up (a new API key per request) must not grow it for a month.
+	most    int
 	mu      sync.Mutex
 	scopes  map[tallyScope]*scopeTally
 	retired []*scopeTally // a Redis store's, of periods that ended, not yet sent
@@ -121,12 +125,36 @@ func (t *tallies) add(c *Calendar, ids []TopID, m TopMeasure, n int64, now momen
 		st := t.current(tallyScope{c, id.Scope, m}, spans)
 		v := st.ids[id.ID]
 		if v == nil {
+			if t.carry && len(st.ids) >= t.keeps() {
+				st.prune(t.keeps() / 2)
+			}
 			v = new([NumBudgetPeriods]int64)
 			st.ids[id.ID] = v
 		}
 		for p := range v {
 			v[p] += n
 		}
+	}
+}
+
+// mostTallied is how many ids a tally keeps by default: those with the
+// most in its month (on Redis, in each of its sets), so that made-up ids
+// cannot grow it without bound. An id dropped restarts from zero if it
+// comes back.
+const mostTallied = 100_000
+
+// keeps is how many ids a tally keeps.
+func (t *tallies) keeps() int { return cmp.Or(t.most, mostTallied) }
+
+// prune keeps the n ids of st with the most in its month: dropping half at
+// once, a tally full of made-up ids sorts itself once per n of them.
+func (st *scopeTally) prune(n int) {
+	ids := slices.Collect(maps.Keys(st.ids))
+	slices.SortFunc(ids, func(a, b string) int {
+		return cmp.Or(cmp.Compare(st.ids[b][BudgetMonth], st.ids[a][BudgetMonth]), strings.Compare(b, a))
+	})
+	for _, id := range ids[min(n, len(ids)):] {
+		delete(st.ids, id)
 	}
 }
 
@@ -245,6 +273,7 @@ func (s *RedisStore) sendTallies() {
 				for id, v := range st.ids {
 					pipe.ZIncrBy(ctx, key, float64(v[p]), id)
 				}
+				pipe.ZRemRangeByRank(ctx, key, 0, -int64(s.tallies.keeps())-1)
 				pipe.ExpireAt(ctx, key, time.UnixMilli(span.End).Add(tallyAfterPeriod))
 			}
 		}

@@ -60,6 +60,35 @@ func runTopConformance(t *testing.T, kit storeKit) {
 		}
 	})
 
+	t.Run("ATallyKeepsItsIDsWithTheMostAndNoMoreThanItsBound", func(t *testing.T) {
+		s := kit.replicas(t, 1)[0]
+		switch s := s.(type) {
+		case *MemoryStore:
+			s.tallies.most = 4
+		case *RedisStore:
+			s.tallies.most = 4
+		}
+		c, err := CalendarOf("UTC")
+		if err != nil {
+			t.Fatal(err)
+		}
+		scope := "team" + redistest.UniqueID(t)
+		// Six ids, each with more than the one before, as made-up keys
+		// come one after another.
+		for i, id := range []string{"a", "b", "c", "d", "e", "f"} {
+			s.Tally(c, []TopID{{scope, id}}, TopRequests, int64(i+1))
+		}
+		for _, p := range []BudgetPeriod{BudgetDay, BudgetMonth} {
+			got, err := s.Top(context.Background(), c, scope, TopRequests, p, 10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := []TopEntry{{"f", 6}, {"e", 5}, {"d", 4}, {"c", 3}}; !slices.Equal(got.Top, want) {
+				t.Errorf("the %s's top of a tally keeping 4: %v, want %v", p, got.Top, want)
+			}
+		}
+	})
+
 	t.Run("ADaysTallyStartsAfreshWhileItsMonthKeepsCounting", func(t *testing.T) {
 		s := kit.replicas(t, 1)[0]
 		c, err := CalendarOf("UTC")
