@@ -301,7 +301,8 @@ func chainMetersTokens(chain []limiter.Limit) bool {
 // (403), or a cap per request is missing or not valid and has no fallback
 // (503). On Redis Cluster every key carries the hash tag of the chain's
 // root: its outermost scope whose value is not empty, so that the whole
-// chain is one slot.
+// chain is one slot. It also gathers the request's ids of the scopes whose
+// top consumers are tallied (req.top), limited or not.
 func (h *Handler) chain(req *request) (chain []limiter.Limit, refused *answer) {
 	tag := ""
 	if h.Redis != nil && len(h.Redis.Cluster) > 0 {
@@ -315,7 +316,8 @@ func (h *Handler) chain(req *request) (chain []limiter.Limit, refused *answer) {
 	chain = make([]limiter.Limit, 0, len(h.Scopes))
 	for i, s := range h.Scopes {
 		sl, limited := h.limits[s.Name]
-		if !limited && !s.Required {
+		tallied := h.tallied != nil && h.tallied[i]
+		if !limited && !s.Required && !tallied {
 			continue
 		}
 		value := h.scopeValue(i, req)
@@ -325,10 +327,17 @@ func (h *Handler) chain(req *request) (chain []limiter.Limit, refused *answer) {
 			}
 			continue
 		}
+		if !limited && !tallied {
+			continue
+		}
+		stored := limiter.KeyID(s.Readable, value)
+		if tallied {
+			req.top = append(req.top, limiter.TopID{Scope: s.Name, ID: stored})
+		}
 		if !limited {
 			continue
 		}
-		id, spec, _ := sl.resolve(value, limiter.KeyID(s.Readable, value))
+		id, spec, _ := sl.resolve(value, stored)
 		if spec == nil {
 			continue
 		}
@@ -351,9 +360,6 @@ func (h *Handler) chain(req *request) (chain []limiter.Limit, refused *answer) {
 		}
 	}
 	limiter.TagPrefixes(tag, chain)
-	if len(h.topScopes) > 0 {
-		req.top = h.topIDs(req)
-	}
 	return chain, nil
 }
 

@@ -269,10 +269,10 @@ type Handler struct {
 	crossingEvents chan map[string]any
 	eventsWarn     *warnLimiter // events dropped
 	// calendar is budget_timezone's, whose periods the budgets and the
-	// top consumers' tallies are of; topScopes, the indices of Top's
-	// scopes in Scopes.
-	calendar  *limiter.Calendar
-	topScopes []int
+	// top consumers' tallies are of; tallied, by scope, whether Top
+	// names it (nil without Top).
+	calendar *limiter.Calendar
+	tallied  []bool
 }
 
 // Scope is one link of the chain.
@@ -513,10 +513,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.calendar = calendar
 	if h.Top != nil {
+		h.tallied = make([]bool, len(h.Scopes))
 		for i, s := range h.Scopes {
-			if slices.Contains(h.Top.Scopes, s.Name) {
-				h.topScopes = append(h.topScopes, i)
-			}
+			h.tallied[i] = slices.Contains(h.Top.Scopes, s.Name)
 		}
 	}
 	h.limits = make(map[string]scopeLimits)

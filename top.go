@@ -77,18 +77,6 @@ func parseTop(d *caddyfile.Dispenser) (*TopConfig, error) {
 	return c, noBlock(d, sub)
 }
 
-// topIDs are the ids of the top scopes that the request has.
-func (h *Handler) topIDs(req *request) []limiter.TopID {
-	var ids []limiter.TopID
-	for _, i := range h.topScopes {
-		if v := h.scopeValue(i, req); v != "" {
-			s := h.Scopes[i]
-			ids = append(ids, limiter.TopID{Scope: s.Name, ID: limiter.KeyID(s.Readable, v)})
-		}
-	}
-	return ids
-}
-
 // tally adds n of measure m to the tallies of ids.
 func (h *Handler) tally(ids []limiter.TopID, m limiter.TopMeasure, n int64) {
 	if len(ids) > 0 && n > 0 {

@@ -94,17 +94,18 @@ func (c *Caps) level(p Part, counts *Counts, at [2]Position) int64 {
 }
 
 // notifyPeriod is the period in which l's part p reports each fraction
-// once at now: a window's period of its span, a budget's first minute;
-// 0 for the bucket and the requests in flight, which report a fraction
-// again once their level fell below it.
-func notifyPeriod(l Limit, p Part, at [2]Position, now moment) int64 {
+// once at now, and its first moment (unix milliseconds): a window's period
+// of its span, a budget's first minute; 0 for the bucket and the requests
+// in flight, which report a fraction again once their level fell below it.
+func notifyPeriod(l Limit, p Part, at [2]Position, now moment) (period, start int64) {
 	if k, ok := p.Window(); ok {
-		return at[k.Span()].Period
+		return at[k.Span()].Period, now.UnixMillis - at[k.Span()].intoMillis
 	}
 	if p.isBudget() {
-		return FloorDiv(l.Budgets.Calendar.SpanAt(p.Budget(), now).Start, MinuteMillis)
+		start = l.Budgets.Calendar.SpanAt(p.Budget(), now).Start
+		return FloorDiv(start, MinuteMillis), start
 	}
-	return 0
+	return 0, 0
 }
 
 // notice sets what c's notify part holds of each cap of l, c being l's
@@ -115,7 +116,8 @@ func (c *Counts) notice(l Limit, now moment) {
 	at := [...]Position{now.In(Minute), now.In(Day)}
 	for p := range l.notified().All {
 		reached := l.reached(p, l.level(p, c, at))
-		period, held := notifyPeriod(l, p, at, now), c.Notified[p]
+		period, _ := notifyPeriod(l, p, at, now)
+		held := c.Notified[p]
 		if period != 0 && held.period() == period {
 			reached = max(reached, held.reported())
 		}
@@ -172,25 +174,17 @@ func Crossings(chain []Limit, d Decision) []Crossing {
 			case now.period() == 0: // fallen back below since its report?
 				from = min(from, l.reached(p, l.level(p, &d.Counts[i], at)))
 			}
-			for j := from; j < now.reported(); j++ {
-				out = append(out, Crossing{Limit: i, Part: p, Percent: l.Notify[j],
-					Period: periodStart(l, p, at, d.Now), Level: l.level(p, &after, at), Whole: l.whole(p)})
+			if from >= now.reported() {
+				continue
+			}
+			_, start := notifyPeriod(l, p, at, d.Now)
+			level := l.level(p, &after, at)
+			for _, pct := range l.Notify[from:now.reported()] {
+				out = append(out, Crossing{Limit: i, Part: p, Percent: pct, Period: start, Level: level, Whole: l.whole(p)})
 			}
 		}
 	}
 	return out
-}
-
-// periodStart is the first moment of the period of l's part p at now (0
-// for a part that has none).
-func periodStart(l Limit, p Part, at [2]Position, now moment) int64 {
-	if k, ok := p.Window(); ok {
-		return now.UnixMillis - at[k.Span()].intoMillis
-	}
-	if p.isBudget() {
-		return l.Budgets.Calendar.SpanAt(p.Budget(), now).Start
-	}
-	return 0
 }
 
 // notifyArgs appends the notify part's arguments of a call whose keys name

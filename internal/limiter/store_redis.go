@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -68,9 +69,9 @@ type RedisStore struct {
 	// (reportQueue).
 	reports reportQueue
 	// tallies are the top consumers' additions not yet sent, which
-	// tallySend sends together (top.go).
+	// tallySent says a send of them is scheduled (top.go).
 	tallies   tallies
-	tallySend resettableOnce
+	tallySent atomic.Bool
 }
 
 // slotCallsMax is more calls than are ever in flight at once: a renewal

@@ -252,13 +252,15 @@ func (s *MemoryStore) Top(_ context.Context, c *Calendar, scope string, m TopMea
 // within tallyLinger of its first addition.
 func (s *RedisStore) Tally(c *Calendar, ids []TopID, m TopMeasure, n int64) {
 	s.tallies.add(c, ids, m, n, s.gatewayMoment())
-	s.tallySend.Do(func() { time.AfterFunc(tallyLinger, s.sendTallies) })
+	if s.tallySent.CompareAndSwap(false, true) {
+		time.AfterFunc(tallyLinger, s.sendTallies)
+	}
 }
 
 // sendTallies sends what the store summed, as one pipeline of ZINCRBY and
 // the expiry of each set: two days past its period's end.
 func (s *RedisStore) sendTallies() {
-	s.tallySend.Reset()
+	s.tallySent.Store(false) // an addition from now on sends again
 	held := s.tallies.take()
 	if len(held) == 0 {
 		return
@@ -303,26 +305,4 @@ func (s *RedisStore) Top(ctx context.Context, c *Calendar, scope string, m TopMe
 		t.Top[i] = TopEntry{ID: id, N: int64(e.Score)}
 	}
 	return t, nil
-}
-
-// resettableOnce is a sync.Once that a sender resets once it has taken
-// what it sends: the next addition schedules the next send.
-type resettableOnce struct {
-	mu   sync.Mutex
-	done bool
-}
-
-func (o *resettableOnce) Do(f func()) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if !o.done {
-		o.done = true
-		f()
-	}
-}
-
-func (o *resettableOnce) Reset() {
-	o.mu.Lock()
-	o.done = false
-	o.mu.Unlock()
 }
