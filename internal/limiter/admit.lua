@@ -24,10 +24,10 @@
 --           if it notifies, its notify key. Then, for each
 --           charge, the key it charges: the minute windows' charges first,
 --           then the day windows', the day budgets' and the month
---           budgets'; a settlement's are its reservation's periods. Then,
---           for each restore, the key of the window period it may add to
---           and its limit's reset key: the minute windows' first. Then
---           the slots key of each limit whose slots the call frees.
+--           budgets'; a settlement's are its reservation's periods. Then
+--           the reset key of each limit whose windows a settlement may
+--           restore. Then the slots key of each limit whose slots the
+--           call frees.
 --           Every key the script touches is declared,
 --           so that Redis Cluster routes, redirects and migrates the call by
 --           the real keys.
@@ -56,13 +56,19 @@
 --           "p").
 -- ARGV[11]  the holder: the gateway process whose slots the call takes and
 --           frees.
--- ARGV[12]  the number of restores of minute windows, ARGV[13] of day
---           windows (0 with "p").
+-- ARGV[12]  the number of reset keys, ARGV[13] of the restores' arguments
+--           (0 with "p").
 -- then      per charge, what to add to its key, a decimal: tokens, or
 --           nano-dollars (negative for a settlement that gives some back);
---           then per restore, the admission of the reservations it adds
---           back (unix milliseconds) and what they reserved, a decimal;
---           then per limit freed, how many of the holder's slots it frees.
+--           then, if the call has reset keys, the earliest admission of
+--           its settlements that may restore (unix milliseconds), and per
+--           such settlement its admission, one argument of 7 bytes per
+--           window it may restore (the position of its charge among the
+--           charges and of its limit's reset key among the reset keys,
+--           1-based, 3 bytes each, most significant first, then which of
+--           the settlement's sizes it reserved, 1-based), and those sizes,
+--           decimal; then per limit freed, how many of the holder's slots
+--           it frees.
 -- then      per distinct caps: whether they are a shadow limit's ("1":
 --           counted as the others, never refusing); then its parts, one
 --           argument of a byte per part, its Part (a window's windowKind,
@@ -227,27 +233,36 @@ local function charge_counters(first_key, first_arg, class_charges)
 end
 
 -- Restores come before the charges: a limit reset after the admission of
--- reservations (its reset key, which holds when, is older) has lost them
--- from its windows, and their settlements' charges would take from what
--- others hold; class_restores[c] is how many there are of minute (1) and
--- day (2) windows, in order, each with two keys and two arguments.
-local function restore_reservations(first_key, first_arg, class_restores)
-  local resets, restore = {}, 0
-  for class = 1, 2 do
-    for _ = 1, class_restores[class] do
-      local at = 2 * restore
-      local key, reset_key = KEYS[first_key + at + 1], KEYS[first_key + at + 2]
-      local reset = resets[reset_key]
-      if not reset then
-        reset = tonumber(redis.call('GET', reset_key) or 0)
-        resets[reset_key] = reset
+-- a reservation (its reset key, which holds when, is later) has lost it
+-- from its windows, and its settlement's charge would take from what
+-- others hold. The reset keys are read at once, and the settlements' only
+-- when a limit was reset after the earliest of their admissions, which is
+-- rare. A settlement restores what it reserved to the window's key, its
+-- charge's, which lives as long as its charge class's (a minute window's
+-- before a day window's).
+local function restore_reservations(first_key, charges, reset_keys, first_arg, last_arg, minute_charges)
+  local resets = redis.call('MGET', unpack(KEYS, first_key + charges + 1, first_key + charges + reset_keys))
+  local latest = 0
+  for r = 1, reset_keys do
+    resets[r] = tonumber(resets[r] or 0)
+    if resets[r] > latest then latest = resets[r] end
+  end
+  if latest <= tonumber(ARGV[first_arg], 16) then return end
+  local at = first_arg + 1
+  while at <= last_arg do
+    local admitted, windows, sizes = tonumber(ARGV[at], 16), ARGV[at + 1], 0
+    for w = 1, #windows, 7 do
+      local c1, c2, c3, r1, r2, r3, size = byte(windows, w, w + 6)
+      if size > sizes then sizes = size end
+      if resets[(r1 * 256 + r2) * 256 + r3] > admitted then
+        local charge = (c1 * 256 + c2) * 256 + c3
+        local key, amount = KEYS[first_key + charge], ARGV[at + 1 + size]
+        if redis.call('INCRBY', key, amount) == amount + 0 then
+          redis.call('EXPIRE', key, CHARGE_TTL[charge <= minute_charges and 1 or 2])
+        end
       end
-      local amount = ARGV[first_arg + at + 2]
-      if reset > tonumber(ARGV[first_arg + at + 1], 16) and redis.call('INCRBY', key, amount) == amount + 0 then
-        redis.call('EXPIRE', key, CHARGE_TTL[class])
-      end
-      restore = restore + 1
     end
+    at = at + 2 + sizes
   end
 end
 
@@ -628,15 +643,16 @@ local charging = reserving or ARGV[3] == 'a'
 local limit_count, caps_count, frees, holder = tonumber(ARGV[4], 16), tonumber(ARGV[9], 16), tonumber(ARGV[10], 16), ARGV[11]
 local class_charges = {tonumber(ARGV[5], 16), tonumber(ARGV[6], 16), tonumber(ARGV[7], 16), tonumber(ARGV[8], 16)}
 local charges = class_charges[1] + class_charges[2] + class_charges[3] + class_charges[4]
-local class_restores = {tonumber(ARGV[12], 16), tonumber(ARGV[13], 16)}
-local restores = class_restores[1] + class_restores[2]
-local limit_keys = #KEYS - charges - 2 * restores - frees
+local reset_keys, restore_args = tonumber(ARGV[12], 16), tonumber(ARGV[13], 16)
+local limit_keys = #KEYS - charges - reset_keys - frees
 
-if restores > 0 then restore_reservations(limit_keys + charges, FIXED_ARGS + charges, class_restores) end
+if reset_keys > 0 then
+  restore_reservations(limit_keys, charges, reset_keys, FIXED_ARGS + charges + 1, FIXED_ARGS + charges + restore_args, class_charges[1])
+end
 if charges > 0 then charge_counters(limit_keys, FIXED_ARGS, class_charges) end
-if frees > 0 then free_slots(limit_keys + charges + 2 * restores, FIXED_ARGS + charges + 2 * restores, frees, holder, now) end
+if frees > 0 then free_slots(limit_keys + charges + reset_keys, FIXED_ARGS + charges + restore_args, frees, holder, now) end
 local counters = limit_keys > 0 and redis.call('MGET', unpack(KEYS, 1, limit_keys)) or {}
-local caps, caps_of, classes_of, budgeted, admissions_at = read_caps(FIXED_ARGS + charges + 2 * restores + frees + 1, caps_count)
+local caps, caps_of, classes_of, budgeted, admissions_at = read_caps(FIXED_ARGS + charges + restore_args + frees + 1, caps_count)
 
 -- Per limit: requests_left, the whole requests that still fit (a request
 -- takes 1), so that deciding an admission is one comparison per limit: the
@@ -648,7 +664,12 @@ local caps, caps_of, classes_of, budgeted, admissions_at = read_caps(FIXED_ARGS 
 -- bucket's {ttl, since, deficit, cost}, nil where it has none; own_slots,
 -- the slots its holder holds, nil where it has no such cap, and own_ends,
 -- when their lease ends.
-local requests_left, requests_added, buckets, own_slots, own_ends = {}, {}, {}, {}, {}
+-- The tables of a slot per limit are made whole, from the bytes of the
+-- argument of each limit's caps, which they overwrite: Lua 5.1 has no
+-- table.new, and a table grown an element at a time is rehashed at each
+-- power of two (bench/README.md).
+local per_limit = ARGV[admissions_at - 2]
+local requests_left, requests_added, buckets, own_slots, own_ends = {byte(per_limit, 1, -1)}, {byte(per_limit, 1, -1)}, {}, {}, {}
 -- learned, per limit that learns the provider's quota (nil until one
 -- does): its key's index, its state as read, and for each quota that holds
 -- anything back its base in the state, its deficit refilled to now and its
@@ -680,7 +701,9 @@ local read_floors, floor_held, floor_deficit, reply_floors, write_floors
 -- call makes none of these tables.
 local token_room, token_scale, token_part, token_key, token_ttl, token_reserved, first_token_window, last_token_window
 if reserving then
-  token_room, token_scale, token_part, token_key, token_ttl, token_reserved, first_token_window, last_token_window = {}, {}, {}, {}, {}, {}, {}, {}
+  -- Most limits have one token window: their tables are made whole too.
+  token_room, token_scale, token_part, token_key = {byte(per_limit, 1, -1)}, {byte(per_limit, 1, -1)}, {byte(per_limit, 1, -1)}, {byte(per_limit, 1, -1)}
+  token_ttl, token_reserved, first_token_window, last_token_window = {byte(per_limit, 1, -1)}, {byte(per_limit, 1, -1)}, {byte(per_limit, 1, -1)}, {byte(per_limit, 1, -1)}
 end
 local token_windows = 0
 -- The reply gets the counts as read.

@@ -125,13 +125,13 @@ func (c *scriptCall) add(chain []Limit, reserve TokenCounts) bool {
 
 // keys declares every key admit.lua touches: per limit, the keys of each
 // of its parts (writeKeys); then the key of each charge, by charge class:
-// the current period, or a settlement's own; then the key of each restore,
-// minute windows first, with its limit's reset key; then the slots key of
-// each limit freed. They are written into one buffer and cut from one
+// the current period, or a settlement's own; then the reset key of each
+// limit whose windows a settlement may restore; then the slots key of each
+// limit freed. They are written into one buffer and cut from one
 // string: two allocations for a call's keys, not one each.
 func (c *scriptCall) keys(atMinute int64) []string {
 	var keys cutText
-	keys.grow(4*len(c.limits)+c.charges.count()+c.charges.restoreCount()+len(c.frees.limits), 64)
+	keys.grow(4*len(c.limits)+c.charges.count()+len(c.charges.resets)+len(c.frees.limits), 64)
 	for _, l := range c.limits {
 		for p := range l.parts().All {
 			writeKeys(&keys, l, p, atMinute)
@@ -148,13 +148,9 @@ func (c *scriptCall) keys(atMinute int64) []string {
 			keys.end()
 		}
 	}
-	for _, spanKeys := range c.charges.restores {
-		for _, k := range spanKeys {
-			writePeriodKey(&keys.text, k.prefix, k.window, k.period)
-			keys.end()
-			writeResetKey(&keys.text, k.prefix)
-			keys.end()
-		}
+	for _, prefix := range c.charges.resets {
+		writeResetKey(&keys.text, prefix)
+		keys.end()
 	}
 	for _, l := range c.frees.limits {
 		writeSlotsKey(&keys.text, l)
@@ -215,7 +211,7 @@ func (c *scriptCall) args(clock string, atMinute int64, peek bool, holder string
 	caps, capsOf := c.distinctCaps()
 	costs := reserving && slices.ContainsFunc(caps, func(l Caps) bool { return l.Budgets.Max != [NumBudgetPeriods]int64{} })
 	var a callArgs
-	restores := 2 * c.charges.restoreCount()
+	restores := c.charges.restoreArgs()
 	a.grow(14+c.charges.count()+restores+len(c.frees.slots)+7*len(caps)+5*len(c.chains), c.charges.count()+restores+len(c.chains)+2*len(caps))
 	a.args = append(a.args, clock)
 	a.hex(atMinute)
@@ -227,20 +223,14 @@ func (c *scriptCall) args(clock string, atMinute int64, peek bool, holder string
 	a.hex(int64(len(caps)))
 	a.hex(int64(len(c.frees.slots)))
 	a.args = append(a.args, holder)
-	for _, spanKeys := range c.charges.restores {
-		a.hex(int64(len(spanKeys)))
-	}
+	a.hex(int64(len(c.charges.resets)))
+	a.hex(int64(restores))
 	for _, classAmounts := range c.charges.amounts {
 		for _, n := range classAmounts {
 			a.decimal(n)
 		}
 	}
-	for span, spanKeys := range c.charges.restores {
-		for i, k := range spanKeys {
-			a.hex(k.admitted)
-			a.decimal(c.charges.restored[span][i])
-		}
-	}
+	c.charges.writeRestores(&a)
 	for _, n := range c.frees.slots {
 		a.hex(n)
 	}
@@ -351,13 +341,7 @@ func (c *scriptCall) classes() string {
 // admissions before it in the call, which decode replays.
 func (c *scriptCall) decode(reply []int64, charged bool) ([]Decision, error) {
 	k, n := len(c.chains), len(c.limits)
-	want := 2 + k
-	for _, l := range c.limits {
-		for p := range l.parts().All {
-			want += l.replies(p)
-		}
-	}
-	if len(reply) != want || reply[0] != 1 {
+	if len(reply) != c.replyLen() || reply[0] != 1 {
 		return nil, fmt.Errorf("%w: admission reply of %d values for %d admissions of %d limits", ErrBadReply, len(reply), k, n)
 	}
 	now := MomentAt(reply[1])
@@ -397,6 +381,18 @@ func (c *scriptCall) decode(reply []int64, charged bool) ([]Decision, error) {
 	return ds, nil
 }
 
+// replyLen is how many numbers admit.lua answers the call: 1 and the
+// moment, the counts of each limit's parts, and a flag per admission.
+func (c *scriptCall) replyLen() int {
+	n := 2 + len(c.chains)
+	for _, l := range c.limits {
+		for p := range l.parts().All {
+			n += l.replies(p)
+		}
+	}
+	return n
+}
+
 // hexArg is a number argument of admit.lua.
 func HexArg(n int64) string { return strconv.FormatInt(n, 16) }
 
@@ -428,9 +424,42 @@ func flagArg(flag bool) any {
 type chargeCall struct {
 	keys     [numChargeClasses][]chargeKey // the script takes them class by class
 	amounts  [numChargeClasses][]int64
-	restores [2][]chargeKey // by span: minute windows', then day windows'
-	restored [2][]int64
-	position map[chargeKey]int // index in keys[its class], or a restore's in restores[its span]
+	position map[chargeKey]int // index in keys[its class]
+
+	// What a reset may have taken from the windows each settlement of a
+	// reservation charges: the settlements, each with the windows it may
+	// restore (restored, in order), and the limits whose reset keys they
+	// read, each once: the script reads those keys, and the settlements
+	// only when a limit was reset after the earliest of their admissions,
+	// which is rare (a restore per settlement and window, each with two
+	// keys and a read of its own, was a fifth of Redis's time per request).
+	settlements []restoringSettlement
+	restored    []restoredWindow
+	reserved    []int64        // per settlement, the distinct sizes its windows reserved
+	resets      []string       // prefixes
+	resetOf     map[string]int // prefix → index in resets
+}
+
+// restoringSettlement is the settlements of reservations admitted at one
+// moment, which a reset since may have taken from their windows: when they
+// were admitted (unix milliseconds), how many of the call's restored
+// windows are theirs, and how many distinct sizes those reserved (most
+// often one or two: each limit's tpm the requests' tokens, or the shared
+// limits' the sum of them).
+type restoringSettlement struct {
+	admitted int64
+	windows  int
+	sizes    int
+}
+
+// restoredWindow is a window a settlement restores if its limit was reset
+// after the settlement's admission: its charged key (the reservation's
+// period), its limit's reset key (an index in resets), and what the
+// reservation held of it (an index among its settlement's sizes).
+type restoredWindow struct {
+	key   chargeKey
+	reset int
+	size  int
 }
 
 // chargeClass is what a charged key counts, which decides how long it
@@ -449,8 +478,7 @@ const (
 // chargeKey is a counter a call charges: the period of a limit's token
 // window, or, with a calendar, of a budget's spent or reserved count.
 // Period 0 is the call's current one; a budget's period is named by any
-// minute period in it. A restore's is the period of a token window and
-// the admission of the reservations it adds back.
+// minute period in it.
 type chargeKey struct {
 	prefix   string
 	window   WindowKind
@@ -458,8 +486,6 @@ type chargeKey struct {
 	budget   BudgetPeriod
 	reserved bool
 	period   int64
-	restore  bool
-	admitted int64 // unix milliseconds
 }
 
 func (k chargeKey) class() chargeClass {
@@ -486,8 +512,8 @@ func (c *chargeCall) add(chain []Limit, ch Charge, now moment) {
 				}
 			}
 			if n := ch.reserved.Of(k.Kind()); n != 0 {
-				key.restore, key.admitted = true, ch.admitted
-				c.addTo(key, n)
+				c.addTo(key, 0) // the key it restores is declared as charged
+				c.restore(ch.admitted, key, c.resetIndex(l.Prefix), n)
 			}
 		}
 		for p := range l.EachBudget {
@@ -511,9 +537,6 @@ func (c *chargeCall) add(chain []Limit, ch Charge, now moment) {
 // addTo adds n to what the call adds to key.
 func (c *chargeCall) addTo(key chargeKey, n int64) {
 	keys, amounts := &c.keys[key.class()], &c.amounts[key.class()]
-	if key.restore {
-		keys, amounts = &c.restores[key.window.Span()], &c.restored[key.window.Span()]
-	}
 	i, ok := c.position[key]
 	if !ok {
 		if c.position == nil {
@@ -531,25 +554,104 @@ func (c *chargeCall) reset() {
 		clear(c.keys[class])
 		c.keys[class], c.amounts[class] = c.keys[class][:0], c.amounts[class][:0]
 	}
-	for span := range c.restores {
-		clear(c.restores[span])
-		c.restores[span], c.restored[span] = c.restores[span][:0], c.restored[span][:0]
-	}
 	clear(c.position)
+	clear(c.restored)
+	clear(c.resets)
+	clear(c.resetOf)
+	c.settlements, c.restored, c.reserved, c.resets = c.settlements[:0], c.restored[:0], c.reserved[:0], c.resets[:0]
 }
 
-// count is how many counters the call charges, or may restore: a call of
-// them is never replayed.
+// restore adds a window that a settlement admitted at admitted restores,
+// which reserved n tokens. The settlements of one moment's admissions
+// (often those of one call) are one: what they restore to a window is
+// summed.
+func (c *chargeCall) restore(admitted int64, key chargeKey, reset int, n int64) {
+	if len(c.settlements) == 0 || c.settlements[len(c.settlements)-1].admitted != admitted {
+		c.settlements = append(c.settlements, restoringSettlement{admitted: admitted})
+	}
+	s := &c.settlements[len(c.settlements)-1]
+	sizes, windows := c.reserved[len(c.reserved)-s.sizes:], c.restored[len(c.restored)-s.windows:]
+	w := slices.IndexFunc(windows, func(w restoredWindow) bool { return w.key == key })
+	if w >= 0 {
+		n += sizes[windows[w].size]
+	}
+	size := slices.Index(sizes, n)
+	if size < 0 {
+		size, s.sizes, c.reserved = s.sizes, s.sizes+1, append(c.reserved, n)
+	}
+	if w >= 0 {
+		windows[w].size = size
+	} else {
+		c.restored, s.windows = append(c.restored, restoredWindow{key: key, reset: reset, size: size}), s.windows+1
+	}
+}
+
+// resetIndex is the index of the reset key of the limit with prefix among
+// those the call reads.
+func (c *chargeCall) resetIndex(prefix string) int {
+	i, ok := c.resetOf[prefix]
+	if !ok {
+		if c.resetOf == nil {
+			c.resetOf = make(map[string]int)
+		}
+		i = len(c.resets)
+		c.resetOf[prefix], c.resets = i, append(c.resets, prefix)
+	}
+	return i
+}
+
+// count is how many counters the call charges, or may restore (each is
+// charged too): a call of them is never replayed.
 func (c *chargeCall) count() int {
-	n := c.restoreCount()
+	n := 0
 	for _, keys := range c.keys {
 		n += len(keys)
 	}
 	return n
 }
 
-// restoreCount is how many restores the call makes.
-func (c *chargeCall) restoreCount() int { return len(c.restores[Minute]) + len(c.restores[Day]) }
+// restoreArgs is how many arguments the restores take (writeRestores).
+func (c *chargeCall) restoreArgs() int {
+	if len(c.settlements) == 0 {
+		return 0
+	}
+	return 1 + 2*len(c.settlements) + len(c.reserved)
+}
+
+// writeRestores appends the restores' arguments: the earliest admission of
+// the call's settlements, then per settlement its admission, one argument
+// of 7 bytes per window it restores (the charge's position among the
+// call's charges and its reset key's among the call's reset keys, 1-based,
+// 3 bytes each, most significant first, then which of the settlement's
+// sizes it reserved, 1-based), and the sizes, decimal.
+func (c *chargeCall) writeRestores(a *callArgs) {
+	if len(c.settlements) == 0 {
+		return
+	}
+	var first [numChargeClasses]int // each class's first charge, 0-based
+	for class := 1; class < int(numChargeClasses); class++ {
+		first[class] = first[class-1] + len(c.keys[class-1])
+	}
+	earliest := c.settlements[0].admitted
+	for _, s := range c.settlements {
+		earliest = min(earliest, s.admitted)
+	}
+	a.hex(earliest)
+	restored, reserved := c.restored, c.reserved
+	for _, s := range c.settlements {
+		a.hex(s.admitted)
+		windows := make([]byte, 0, 7*s.windows)
+		for _, w := range restored[:s.windows] {
+			charge, reset := first[w.key.class()]+c.position[w.key]+1, w.reset+1
+			windows = append(windows, byte(charge>>16), byte(charge>>8), byte(charge), byte(reset>>16), byte(reset>>8), byte(reset), byte(w.size+1))
+		}
+		a.args = append(a.args, string(windows))
+		for _, n := range reserved[:s.sizes] {
+			a.decimal(n)
+		}
+		restored, reserved = restored[s.windows:], reserved[s.sizes:]
+	}
+}
 
 // scriptItem is one request's part of a call of admit.lua: its admission
 // (and its reservation); or, once it has ended, the token charge of its

@@ -327,6 +327,12 @@ func BenchmarkAdmissionRedisServerTime(b *testing.B) {
 				b.Run(name+"/reserving/settled", func(b *testing.B) {
 					benchmarkRedisTime(b, url, concurrent, totalTokens(1000), true, chainOf)
 				})
+				if !concurrent {
+					// Calls as the paired rounds of bench/run make them, with
+					// redis-server on a core of its own: 6 admissions each,
+					// with the settlements of the previous call's.
+					b.Run("chain=4/batch=6/reserving/settled", func(b *testing.B) { benchmarkRedisBatches(b, url, 6, chainOf) })
+				}
 				inFlight := func(key int) []Limit { return withSlots(chainOf(key)) }
 				b.Run(name+"/in-flight-cap", func(b *testing.B) { benchmarkRedisTime(b, url, concurrent, TokenCounts{}, false, inFlight) })
 				// 1000 tokens at $0.60 per million, on a month budget of each limit.
@@ -359,6 +365,49 @@ func BenchmarkAdmissionRedisServerTime(b *testing.B) {
 			}
 		}
 	}
+}
+
+// benchmarkRedisBatches reports Redis's time per admission of calls of
+// batch admissions, each reserving 1000 tokens, and with the settlements
+// of the previous call's admitted (70 tokens used): what the same shape
+// costs each time, where the coalescer's batches vary with the moment.
+func benchmarkRedisBatches(b *testing.B, url string, batch int, chainOf func(int) []Limit) {
+	s := newTestRedisStore(b, url)
+	admin := redistest.TestClient(b, url)
+	ctx := context.Background()
+	reserve := totalTokens(1000)
+	var call scriptCall
+	var settling [][]Limit
+	var admitted []Decision
+	send := func(first int) {
+		call.reset()
+		for i, chain := range settling {
+			call.charges.add(chain, Charge{Tokens: totalTokens(70).Minus(reserve)}.Settling(admitted[i]), s.gatewayMoment())
+		}
+		settling = settling[:0]
+		for key := first; key < first+batch; key++ {
+			chain := chainOf(key)
+			call.add(chain, reserve)
+			settling = append(settling, chain)
+		}
+		ds, _, err := s.call(ctx, &call, false)
+		if err != nil {
+			b.Fatal(err)
+		}
+		admitted = append(admitted[:0], ds...)
+	}
+	send(0) // loads the script
+	if err := admin.ConfigResetStat(ctx).Err(); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for first := batch; first < batch+b.N; first += batch {
+		send(first)
+	}
+	b.StopTimer()
+	calls, usec := redistest.CommandStats(b, admin, "evalsha")
+	b.ReportMetric(usec/float64(calls*int64(batch)), "redis-µs/admission")
+	b.ReportMetric(float64(batch), "admissions/call")
 }
 
 // BenchmarkAdmissionRedisServerTimeByActiveKeys reports the same for 4-scope

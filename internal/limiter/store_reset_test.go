@@ -213,3 +213,53 @@ func checkResetKeepsUsageInFlight(t *testing.T, kit storeKit) {
 		}
 	}
 }
+
+// One call of settlements restores to each window exactly what a reset
+// since each one's admission took from it: the settlements of a moment
+// restore together, and those admitted after the reset restore nothing.
+// Here two requests of one team are admitted at one moment, the team is
+// reset, a third request is admitted, and one call settles all three.
+func TestACallOfSettlementsRestoresWhatAResetTookFromEachAdmission(t *testing.T) {
+	s := newTestRedisStore(t, redistest.EnvURL(t))
+	ctx := context.Background()
+	at := pinnedBase() + 10_000
+	team := NewLimit("", "team", redistest.UniqueID(t), CapsOfWindows(WindowCaps{TPM: 100_000}))
+	chains := make([][]Limit, 3)
+	for i := range chains {
+		chains[i] = []Limit{NewLimit("", "key", fmt.Sprintf("%s-%d", redistest.UniqueID(t), i), CapsOfWindows(WindowCaps{TPM: 100_000})), team}
+	}
+	reserve := totalTokens(1000)
+	admitted := make([]Decision, 3)
+	for i, when := range []int64{at, at, at + 2} {
+		if i == 2 {
+			if _, err := pinned(s, at+1).Reset(ctx, team); err != nil {
+				t.Fatal(err)
+			}
+		}
+		a, err := pinned(s, when).Admit(ctx, chains[i], reserve)
+		if err != nil || !a.Admitted {
+			t.Fatalf("admission %d: %+v %v", i, a, err)
+		}
+		admitted[i] = a.Decision
+	}
+	used := []int64{300, 200, 100}
+	var call scriptCall
+	for i, chain := range chains {
+		call.charges.add(chain, Charge{Tokens: totalTokens(used[i]).Minus(reserve)}.Settling(admitted[i]), MomentAt(at+3))
+	}
+	if _, charged, err := pinned(s, at+3).call(ctx, &call, false); err != nil || charged != nil {
+		t.Fatalf("settlements: %v %v", charged, err)
+	}
+	for i, chain := range chains {
+		d, err := pinned(s, at+3).Peek(ctx, chain)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := d.Counts[0].Window[TPM].Cur; got != used[i] {
+			t.Errorf("key %d's tpm holds %d tokens, want the %d it used", i, got, used[i])
+		}
+		if got := d.Counts[1].Window[TPM].Cur; got != 600 {
+			t.Errorf("the team's tpm holds %d tokens, want 600: the three requests' use (the reset took the first two's reservations, and the third's came after it)", got)
+		}
+	}
+}
