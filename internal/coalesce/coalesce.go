@@ -19,7 +19,9 @@ import (
 // item thus costs no goroutine hand-off, and under load the items waiting on
 // a round trip go in one call, in arrival order. An item nobody waits for
 // rides in the next call, and takes a call of its own only when none comes
-// within the linger.
+// within the linger of the moment a call could be made for it: while every
+// call is in flight, the end of one either makes the next, which takes it,
+// or starts the linger.
 //
 // A call is one Batch: what it does with its items, and what it answers
 // each, is the Batch's.
@@ -33,7 +35,7 @@ type Coalescer[T any] struct {
 	waiting []*ticket[T]
 	riders  []T         // items that go in the next call, whoever makes it
 	flush   *time.Timer // makes a call for riders that none took within the linger
-	armed   bool        // flush is set to fire
+	armed   bool        // flush is set to fire: riders wait, and a call could be made
 }
 
 // maxBatch bounds the items of one call.
@@ -167,7 +169,12 @@ func (q *Coalescer[T]) call(first T) (next T, ok bool) {
 	}
 	clear(q.riders[len(kept):])
 	q.riders = kept
-	q.armFlush()
+	if len(kept) == 0 && q.armed {
+		// Nothing is left for the flush to send: a timer that fired for
+		// nothing would cost a goroutine, under load at every call.
+		q.armed = false
+		q.flush.Stop()
+	}
 	// The call takes what waits in arrival order, up to the first item that
 	// cannot join it: that one is first in the next.
 	i := 0
@@ -198,6 +205,7 @@ func (q *Coalescer[T]) call(first T) (next T, ok bool) {
 		}
 	}
 	q.calls--
+	q.armFlush() // for the riders this call had no room for, or that came meanwhile
 	return next, false
 }
 
@@ -211,10 +219,11 @@ func (q *Coalescer[T]) Ride(item T) {
 	q.mu.Unlock()
 }
 
-// armFlush sets the flush to fire within the linger if riders wait and it is
-// not set already. q.mu is held.
+// armFlush sets the flush to fire within the linger if riders wait, a call
+// could be made for them, and it is not set already: while every call is in
+// flight, the end of one arms it. q.mu is held.
 func (q *Coalescer[T]) armFlush() {
-	if len(q.riders) == 0 || q.armed {
+	if len(q.riders) == 0 || q.armed || q.calls >= q.maxCalls {
 		return
 	}
 	q.armed = true
@@ -226,12 +235,11 @@ func (q *Coalescer[T]) armFlush() {
 }
 
 // flushRiders makes a call for the riders that no call took, unless every
-// call is in flight: their ends are looked at again after the linger.
+// call is in flight: the end of one then takes them or arms the flush again.
 func (q *Coalescer[T]) flushRiders() {
 	q.mu.Lock()
 	q.armed = false
 	if len(q.riders) == 0 || q.calls >= q.maxCalls {
-		q.armFlush()
 		q.mu.Unlock()
 		return
 	}

@@ -213,8 +213,7 @@ func TestARiderGoesInTheNextCallAndAloneOnlyAfterTheLinger(t *testing.T) {
 }
 
 // A rider behind a call in flight, with nothing else coming, is sent after
-// that call: by the flush, which leaves the riders for a later look while
-// every call is in flight.
+// that call: by the flush, which the call's end arms.
 func TestARiderBehindABusyCallIsSentAfterIt(t *testing.T) {
 	r := &callRecorder{release: make(chan struct{})}
 	q := New(1, time.Millisecond, r.start)
@@ -230,6 +229,52 @@ func TestARiderBehindABusyCallIsSentAfterIt(t *testing.T) {
 		t.Fatalf("calls %v, want the busy call, then the rider's", calls)
 	}
 	waitIdle(q)
+}
+
+// The flush is set only while riders wait and a call could be made for them:
+// a call that takes every rider disarms it, and while every call is in flight
+// the end of one arms it, so that under load no timer fires for nothing.
+func TestTheFlushIsSetOnlyWhileRidersWaitAndACallCouldBeMade(t *testing.T) {
+	armed := func(q *Coalescer[int]) bool {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		return q.armed
+	}
+	r := &callRecorder{release: make(chan struct{})}
+	q := New(1, time.Hour, r.start)
+	r.answerFor(100)
+	q.Ride(100)
+	if !armed(q) {
+		t.Fatal("a rider with no call in flight left the flush unset")
+	}
+	first := submitAll(t, q, r, []int{0}, 0) // takes the rider, in flight until released
+	if armed(q) {
+		t.Fatal("the flush is still set after a call took every rider")
+	}
+	r.answerFor(200)
+	q.Ride(200)
+	if armed(q) {
+		t.Fatal("a rider behind the call in flight set the flush")
+	}
+	close(r.release)
+	first.Wait()
+	waitCallsEnded(q)
+	if !armed(q) {
+		t.Fatal("the call's end left its rider without a flush")
+	}
+}
+
+// waitCallsEnded returns once no call is in flight.
+func waitCallsEnded(q *Coalescer[int]) {
+	for {
+		q.mu.Lock()
+		calls := q.calls
+		q.mu.Unlock()
+		if calls == 0 {
+			return
+		}
+		runtime.Gosched()
+	}
 }
 
 // A waiter whose call does not come within its timeout gives up with

@@ -124,6 +124,13 @@ func (c *RedisDeployment) newClient(timeout time.Duration) (redis.UniversalClien
 		username, password = c.Username, c.Password
 	}
 	noHandshake := &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+	// RESP2 unless the URL asks for another: every reply the store reads
+	// has the same shape in both, and on RESP3 go-redis looks for push
+	// notifications, which nothing here subscribes to, around every call.
+	protocol := first.Protocol
+	if protocol == 0 {
+		protocol = 2
+	}
 	switch c.topology() {
 	case cluster:
 		addrs, err := addrsOf(c.Cluster)
@@ -134,7 +141,7 @@ func (c *RedisDeployment) newClient(timeout time.Duration) (redis.UniversalClien
 			Addrs: addrs, Username: username, Password: password, TLSConfig: tlsConfig,
 			MaxRetries: -1, MaxRedirects: 1,
 			DialerRetries: 1, DialTimeout: timeout, ReadTimeout: timeout, WriteTimeout: timeout, PoolTimeout: timeout,
-			ContextTimeoutEnabled: true, PoolSize: c.PoolSize,
+			ContextTimeoutEnabled: true, PoolSize: c.PoolSize, Protocol: protocol,
 			DisableIdentity: true, MaintNotificationsConfig: noHandshake,
 		}), nil
 	case sentinel:
@@ -148,7 +155,7 @@ func (c *RedisDeployment) newClient(timeout time.Duration) (redis.UniversalClien
 			Username: c.Username, Password: c.Password, DB: first.DB, TLSConfig: tlsConfig,
 			MaxRetries:    -1,
 			DialerRetries: 1, DialTimeout: timeout, ReadTimeout: timeout, WriteTimeout: timeout, PoolTimeout: timeout,
-			ContextTimeoutEnabled: true, PoolSize: c.PoolSize,
+			ContextTimeoutEnabled: true, PoolSize: c.PoolSize, Protocol: protocol,
 			DisableIdentity: true, // go-redis has no maintenance notifications for it
 		}), nil
 	}
@@ -157,6 +164,7 @@ func (c *RedisDeployment) newClient(timeout time.Duration) (redis.UniversalClien
 	first.DialerRetries = 1
 	first.DialTimeout, first.ReadTimeout, first.WriteTimeout, first.PoolTimeout = timeout, timeout, timeout, timeout
 	first.ContextTimeoutEnabled = true
+	first.Protocol = protocol
 	if c.PoolSize > 0 {
 		first.PoolSize = c.PoolSize
 	}

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -33,6 +35,27 @@ func newTestRedisStoreOf(t testing.TB, config *RedisDeployment, timeout time.Dur
 	registerTestClock(t, s, c)
 	t.Cleanup(func() { s.Destruct() })
 	return s
+}
+
+// The store speaks RESP2, whose replies it reads as RESP3's, unless its URL
+// asks for RESP3: then go-redis looks for push notifications around every
+// call.
+func TestTheStoreSpeaksRESP2UnlessItsURLAsksForAnother(t *testing.T) {
+	url := redistest.EnvURL(t)
+	for _, tc := range []struct{ url, want string }{{url, "resp=2"}, {url + "?protocol=3", "resp=3"}} {
+		s := newTestRedisStore(t, tc.url)
+		chain := []Limit{newLimit("key", redistest.UniqueID(t), 1, 0)}
+		if !admitOrFail(t, s, chain, 0).Admitted {
+			t.Fatalf("%s: the first request was refused", tc.url)
+		}
+		info, err := s.client.Do(context.Background(), "CLIENT", "INFO").Text()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Contains(strings.Fields(info), tc.want) {
+			t.Errorf("%s: CLIENT INFO %q, want %s", tc.url, info, tc.want)
+		}
+	}
 }
 
 func TestFirstAdmissionAfterClientKillIsStillEnforced(t *testing.T) {
