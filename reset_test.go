@@ -67,7 +67,7 @@ func TestResetAdmitsAgainAKeyRefusedByItsRPMOrByItsTokenBucket(t *testing.T) {
 			limit user * rate 0.001 burst 2`))
 		apiKey := "sk-" + redistest.UniqueID(t) + "-SECRET"
 		user := redistest.UniqueID(t)
-		clearOfMinuteEnd(t, 10*time.Second)
+		clearOfMinuteEnd(t, 5*time.Second)
 
 		// By the rpm: the third and fourth are refused (on Redis, the fourth by
 		// the refusal cache, which the reset must make forget).
@@ -105,7 +105,7 @@ func TestResetOnRedisClusterAdmitsAgainUnderTheGivenRoot(t *testing.T) {
 	gw := clusterTeamGateway(t, 2)
 	org, team := redistest.UniqueID(t), redistest.UniqueID(t)
 	headers := []string{"X-Org: " + org, "X-Team: " + team}
-	clearOfMinuteEnd(t, 10*time.Second)
+	clearOfMinuteEnd(t, 5*time.Second)
 	if got := statusesOf(t, gw, 4, headers...); !slices.Equal(got, []int{200, 200, 429, 429}) {
 		t.Fatalf("before the reset: %v, want 2 admitted of rpm 2, then refused", got)
 	}
@@ -132,7 +132,7 @@ func TestResetAnswersWhatItClearedAndKeptAndTheLiveViewShowsItsCountersAtZero(t 
 			limit team * rpm 10 tpm 1000 rpd 100 rate 1 burst 5 concurrent 3 budget_day 1
 			price m input 1 output 4`))
 		team := redistest.UniqueID(t)
-		clearOfMinuteEnd(t, 10*time.Second)
+		clearOfMinuteEnd(t, 5*time.Second)
 		call := openAICall("m", false)
 		for range 2 {
 			if res, body := call.send(t, gw, "X-Team: "+team); res.StatusCode != 200 {
@@ -379,7 +379,7 @@ func TestAResetDuringARequestKeepsTheTokensItsResponseReports(t *testing.T) {
 		c := flightClient(t)
 		team := redistest.UniqueID(t)
 		call := openAICall("m", false)
-		clearOfMinuteEnd(t, 10*time.Second)
+		clearOfMinuteEnd(t, 5*time.Second)
 		_, finish := heldBurstOf(t, []string{gw.url}, up, 1, func(url string) flightAnswer {
 			return postTo(c, url, call.path, call.body, "X-Team: "+team, "X-Upstream: "+upstreamHeld)
 		})
