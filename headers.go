@@ -186,7 +186,7 @@ func (f headerFamilies) headersFor(chain []limiter.Limit, d limiter.Decision, co
 		}
 		c := d.Counts[i]
 		if counted {
-			c = d.CountsAfter(l, c)
+			d.AddTo(l, &c)
 		}
 		for k, capacity := range l.Each {
 			w := c.Window[k]

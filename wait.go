@@ -143,7 +143,8 @@ func nextRelease(chain []limiter.Limit, d limiter.Decision, key string) time.Tim
 		if l.Prefix != key {
 			continue
 		}
-		after := limiter.Decision{Now: d.Now, Counts: []limiter.Counts{d.CountsAfter(l, d.Counts[i])}}
+		after := limiter.Decision{Now: d.Now, Counts: []limiter.Counts{d.Counts[i]}}
+		d.AddTo(l, &after.Counts[0])
 		if ref := limiter.RefusalOf(chain[i:i+1], after); ref.First >= 0 && ref.Passes() {
 			return time.Now().Add(time.Duration(ref.WaitMillis) * time.Millisecond)
 		}

@@ -51,7 +51,7 @@
 // bucket, its requests in flight, each budget. Every reader of its counters
 // walks them in one order (Caps.Parts): the keys of a call of admit.lua,
 // the caps it passes and the reply it reads, the decision's counts after
-// an admission (countsAfter), the refusal, the reset, and the in-process
+// an admission (AddTo), the refusal, the reset, and the in-process
 // store's reads and writes. A new kind of cap is a part, its case in each
 // of those, and its arithmetic in both stores, which the differential test
 // keeps alike.

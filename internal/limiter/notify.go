@@ -162,7 +162,7 @@ func Crossings(chain []Limit, d Decision) []Crossing {
 		}
 		after := d.Counts[i]
 		if d.Admitted {
-			after = d.CountsAfter(l, after)
+			d.AddTo(l, &after)
 		}
 		after.notice(l, d.Now)
 		for p := range l.notified().All {

@@ -9,7 +9,7 @@ import (
 // window (its number is its WindowKind), the token bucket, the requests in
 // flight, or a budget. A limit's parts, in Part order, are the layout that
 // every reader of its counters shares (Caps.Parts): the keys of a call of
-// admit.lua, its caps' arguments and its reply, the decoder, countsAfter,
+// admit.lua, its caps' arguments and its reply, the decoder, AddTo,
 // the refusal, the reset and the in-process store. admit.lua numbers them
 // alike. A new kind of cap is a Part, its case in the functions below and
 // in the in-process store, and its arithmetic in admit.lua.

@@ -61,7 +61,7 @@ func refusalAmong(chain []Limit, d Decision, shadow bool) Refusal {
 		if l.Shadow != shadow {
 			continue
 		}
-		c := d.Counts[i]
+		c := &d.Counts[i] // read only; a copy would cost more than the checks
 		f := &c.Floors
 		for p := range l.parts().All {
 			var capacity, wait int64

@@ -369,7 +369,7 @@ func (c *scriptCall) decode(reply []int64, charged bool) ([]Decision, error) {
 			for x := range len(chain) {
 				i := chain[x] - 1
 				if d.Admitted {
-					state[i] = d.CountsAfter(c.limits[i], state[i])
+					d.AddTo(c.limits[i], &state[i])
 				}
 				if c.limits[i].Notify[0] > 0 { // as admit.lua notices, admitted or not
 					state[i].notice(c.limits[i], now)

@@ -343,13 +343,14 @@ type Decision struct {
 // reservation: budget).
 func (d Decision) size(k kind) int64 { return d.Reserve.Of(k) }
 
-// countsAfter is c, the counts of limit l that d read, as d's admission
-// leaves them, part by part: its size added to the current period of each window l caps,
+// AddTo makes c, the counts of limit l that d read, the counts d's
+// admission leaves, part by part, in place (counts are hundreds of bytes,
+// which a copy in and out cost an admission more than its arithmetic): its size added to the current period of each window l caps,
 // l's cost to its bucket's deficit, a slot to its concurrency cap's, and
 // the reserved cost to what its budgets hold reserved. The in-process
 // store writes them, a call of admit.lua replays them for the admissions
 // after, and the headers of an admitted request count it in them.
-func (d Decision) CountsAfter(l Limit, c Counts) Counts {
+func (d Decision) AddTo(l Limit, c *Counts) {
 	for p := range l.parts().All {
 		if k, ok := p.Window(); ok {
 			c.Window[k].Cur += d.size(k.Kind())
@@ -371,7 +372,6 @@ func (d Decision) CountsAfter(l Limit, c Counts) Counts {
 			c.Reserved[p.Budget()] += d.Reserve.Cost
 		}
 	}
-	return c
 }
 
 // errBadReply marks a store answer of the wrong shape; it is handled like an

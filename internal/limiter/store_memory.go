@@ -452,8 +452,8 @@ func (s *MemoryStore) decide(chain []Limit, reserve TokenCounts, charge bool, bu
 	for i, l := range chain {
 		after := d.Counts[i]
 		if d.Admitted {
-			after = d.CountsAfter(l, after)
-			cs[i].write(l, at, d.Counts[i], after, now)
+			d.AddTo(l, &after)
+			cs[i].write(l, at, &d.Counts[i], &after, now)
 		}
 		if l.Floors[0] > 0 { // a class asks whether admitted or not
 			cs[i].floors().admitted(l.Caps, l.Class, &d.Counts[i], &after, at, now.UnixMillis)
@@ -505,7 +505,7 @@ func (c *memoryCounter) read(counts *Counts, l Limit, p Part, at [2]Position, no
 // and charged, under c.mu: the windows' current periods by what the charge
 // added (a window it left alone keeps no period alive for the sweep), the
 // bucket's deficit as of now, the slots, and the budgets' reservations.
-func (c *memoryCounter) write(l Limit, at [2]Position, before, after Counts, now moment) {
+func (c *memoryCounter) write(l Limit, at [2]Position, before, after *Counts, now moment) {
 	for p := range l.parts().All {
 		if k, ok := p.Window(); ok {
 			if n := after.Window[k].Cur - before.Window[k].Cur; n != 0 {
