@@ -62,13 +62,13 @@
 --           nano-dollars (negative for a settlement that gives some back);
 --           then, if the call has reset keys, the earliest admission of
 --           its settlements that may restore (unix milliseconds), and per
---           such settlement its admission, one argument of 7 bytes per
+--           such settlement its admission, one argument of 9 bytes per
 --           window it may restore (the position of its charge among the
---           charges and of its limit's reset key among the reset keys,
---           1-based, 3 bytes each, most significant first, then which of
---           the settlement's sizes it reserved, 1-based), and those sizes,
---           decimal; then per limit freed, how many of the holder's slots
---           it frees.
+--           charges, of its limit's reset key among the reset keys, and of
+--           what it reserved among the settlement's sizes, each 1-based, in
+--           3 bytes, most significant first), and those sizes, decimal,
+--           each named by a window; then per limit freed, how many of the
+--           holder's slots it frees.
 -- then      per distinct caps: whether they are a shadow limit's ("1":
 --           counted as the others, never refusing); then its parts, one
 --           argument of a byte per part, its Part (a window's windowKind,
@@ -251,8 +251,9 @@ local function restore_reservations(first_key, charges, reset_keys, first_arg, l
   local at = first_arg + 1
   while at <= last_arg do
     local admitted, windows, sizes = tonumber(ARGV[at], 16), ARGV[at + 1], 0
-    for w = 1, #windows, 7 do
-      local c1, c2, c3, r1, r2, r3, size = byte(windows, w, w + 6)
+    for w = 1, #windows, 9 do
+      local c1, c2, c3, r1, r2, r3, s1, s2, s3 = byte(windows, w, w + 8)
+      local size = (s1 * 256 + s2) * 256 + s3
       if size > sizes then sizes = size end
       if resets[(r1 * 256 + r2) * 256 + r3] > admitted then
         local charge = (c1 * 256 + c2) * 256 + c3

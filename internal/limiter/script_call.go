@@ -435,31 +435,27 @@ type chargeCall struct {
 	// keys and a read of its own, was a fifth of Redis's time per request).
 	settlements []restoringSettlement
 	restored    []restoredWindow
-	reserved    []int64        // per settlement, the distinct sizes its windows reserved
 	resets      []string       // prefixes
 	resetOf     map[string]int // prefix → index in resets
 }
 
 // restoringSettlement is the settlements of reservations admitted at one
 // moment, which a reset since may have taken from their windows: when they
-// were admitted (unix milliseconds), how many of the call's restored
-// windows are theirs, and how many distinct sizes those reserved (most
-// often one or two: each limit's tpm the requests' tokens, or the shared
-// limits' the sum of them).
+// were admitted (unix milliseconds), and how many of the call's restored
+// windows are theirs.
 type restoringSettlement struct {
 	admitted int64
 	windows  int
-	sizes    int
 }
 
 // restoredWindow is a window a settlement restores if its limit was reset
 // after the settlement's admission: its charged key (the reservation's
 // period), its limit's reset key (an index in resets), and what the
-// reservation held of it (an index among its settlement's sizes).
+// reservations held of it.
 type restoredWindow struct {
-	key   chargeKey
-	reset int
-	size  int
+	key      chargeKey
+	reset    int
+	reserved int64
 }
 
 // chargeClass is what a charged key counts, which decides how long it
@@ -558,7 +554,7 @@ func (c *chargeCall) reset() {
 	clear(c.restored)
 	clear(c.resets)
 	clear(c.resetOf)
-	c.settlements, c.restored, c.reserved, c.resets = c.settlements[:0], c.restored[:0], c.reserved[:0], c.resets[:0]
+	c.settlements, c.restored, c.resets = c.settlements[:0], c.restored[:0], c.resets[:0]
 }
 
 // restore adds a window that a settlement admitted at admitted restores,
@@ -570,20 +566,24 @@ func (c *chargeCall) restore(admitted int64, key chargeKey, reset int, n int64) 
 		c.settlements = append(c.settlements, restoringSettlement{admitted: admitted})
 	}
 	s := &c.settlements[len(c.settlements)-1]
-	sizes, windows := c.reserved[len(c.reserved)-s.sizes:], c.restored[len(c.restored)-s.windows:]
-	w := slices.IndexFunc(windows, func(w restoredWindow) bool { return w.key == key })
-	if w >= 0 {
-		n += sizes[windows[w].size]
+	windows := c.restored[len(c.restored)-s.windows:]
+	if w := slices.IndexFunc(windows, func(w restoredWindow) bool { return w.key == key }); w >= 0 {
+		windows[w].reserved += n
+		return
 	}
-	size := slices.Index(sizes, n)
-	if size < 0 {
-		size, s.sizes, c.reserved = s.sizes, s.sizes+1, append(c.reserved, n)
+	c.restored, s.windows = append(c.restored, restoredWindow{key: key, reset: reset, reserved: n}), s.windows+1
+}
+
+// sizesOf appends to sizes the distinct sizes that windows reserved, in
+// order: most often one or two (each limit's tpm the requests' tokens, the
+// shared limits' the sum of them), which the script's arguments name once.
+func sizesOf(sizes []int64, windows []restoredWindow) []int64 {
+	for _, w := range windows {
+		if !slices.Contains(sizes, w.reserved) {
+			sizes = append(sizes, w.reserved)
+		}
 	}
-	if w >= 0 {
-		windows[w].size = size
-	} else {
-		c.restored, s.windows = append(c.restored, restoredWindow{key: key, reset: reset, size: size}), s.windows+1
-	}
+	return sizes
 }
 
 // resetIndex is the index of the reset key of the limit with prefix among
@@ -615,15 +615,21 @@ func (c *chargeCall) restoreArgs() int {
 	if len(c.settlements) == 0 {
 		return 0
 	}
-	return 1 + 2*len(c.settlements) + len(c.reserved)
+	n, restored := 1+2*len(c.settlements), c.restored
+	var sizes []int64
+	for _, s := range c.settlements {
+		sizes = sizesOf(sizes[:0], restored[:s.windows])
+		n, restored = n+len(sizes), restored[s.windows:]
+	}
+	return n
 }
 
 // writeRestores appends the restores' arguments: the earliest admission of
 // the call's settlements, then per settlement its admission, one argument
-// of 7 bytes per window it restores (the charge's position among the
-// call's charges and its reset key's among the call's reset keys, 1-based,
-// 3 bytes each, most significant first, then which of the settlement's
-// sizes it reserved, 1-based), and the sizes, decimal.
+// of 9 bytes per window it restores (the charge's position among the
+// call's charges, its reset key's among the call's reset keys, and which
+// of the settlement's sizes it reserved, each 1-based, in 3 bytes, most
+// significant first), and those sizes, decimal, each named by a window.
 func (c *chargeCall) writeRestores(a *callArgs) {
 	if len(c.settlements) == 0 {
 		return
@@ -637,19 +643,21 @@ func (c *chargeCall) writeRestores(a *callArgs) {
 		earliest = min(earliest, s.admitted)
 	}
 	a.hex(earliest)
-	restored, reserved := c.restored, c.reserved
+	restored := c.restored
+	var sizes []int64
 	for _, s := range c.settlements {
 		a.hex(s.admitted)
-		windows := make([]byte, 0, 7*s.windows)
+		sizes = sizesOf(sizes[:0], restored[:s.windows])
+		windows := make([]byte, 0, 9*s.windows)
 		for _, w := range restored[:s.windows] {
-			charge, reset := first[w.key.class()]+c.position[w.key]+1, w.reset+1
-			windows = append(windows, byte(charge>>16), byte(charge>>8), byte(charge), byte(reset>>16), byte(reset>>8), byte(reset), byte(w.size+1))
+			charge, reset, size := first[w.key.class()]+c.position[w.key]+1, w.reset+1, slices.Index(sizes, w.reserved)+1
+			windows = append(windows, byte(charge>>16), byte(charge>>8), byte(charge), byte(reset>>16), byte(reset>>8), byte(reset), byte(size>>16), byte(size>>8), byte(size))
 		}
 		a.args = append(a.args, string(windows))
-		for _, n := range reserved[:s.sizes] {
+		for _, n := range sizes {
 			a.decimal(n)
 		}
-		restored, reserved = restored[s.windows:], reserved[s.sizes:]
+		restored = restored[s.windows:]
 	}
 }
 

@@ -263,3 +263,55 @@ func TestACallOfSettlementsRestoresWhatAResetTookFromEachAdmission(t *testing.T)
 		}
 	}
 }
+
+// The restores of settlements admitted at one moment, of different sizes,
+// some summed on a shared window, stay in step with those of the next
+// moment: here a key's request and two of its team's, reserving 1000, 500
+// and 500, admitted at one moment, the team reset, and a request of
+// another key of the team admitted after, all settled in one call.
+func TestRestoresOfSettlementsOfDifferentSizesAtOneMomentLeaveTheNextMomentsAlone(t *testing.T) {
+	s := newTestRedisStore(t, redistest.EnvURL(t))
+	ctx := context.Background()
+	at := pinnedBase() + 10_000
+	caps := CapsOfWindows(WindowCaps{TPM: 100_000})
+	team := NewLimit("", "team", redistest.UniqueID(t), caps)
+	keyA, keyC := NewLimit("", "key", redistest.UniqueID(t)+"-a", caps), NewLimit("", "key", redistest.UniqueID(t)+"-c", caps)
+	settlements := []struct {
+		chain         []Limit
+		admitted      int64
+		reserved, use int64
+	}{
+		{[]Limit{keyA}, at, 1000, 300},
+		{[]Limit{team}, at, 500, 100},
+		{[]Limit{team}, at, 500, 100},
+		{[]Limit{keyC, team}, at + 2, 1000, 50},
+	}
+	admitted := make([]Decision, len(settlements))
+	for i, st := range settlements {
+		if st.admitted > at {
+			if _, err := pinned(s, at+1).Reset(ctx, team); err != nil {
+				t.Fatal(err)
+			}
+		}
+		a, err := pinned(s, st.admitted).Admit(ctx, st.chain, totalTokens(st.reserved))
+		if err != nil || !a.Admitted {
+			t.Fatalf("admission %d: %+v %v", i, a, err)
+		}
+		admitted[i] = a.Decision
+	}
+	var call scriptCall
+	for i, st := range settlements {
+		call.charges.add(st.chain, Charge{Tokens: totalTokens(st.use).Minus(totalTokens(st.reserved))}.Settling(admitted[i]), MomentAt(at+3))
+	}
+	if _, charged, err := pinned(s, at+3).call(ctx, &call, false); err != nil || charged != nil {
+		t.Fatalf("settlements: %v %v", charged, err)
+	}
+	d, err := pinned(s, at+3).Peek(ctx, []Limit{keyA, keyC, team})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := []int64{d.Counts[0].Window[TPM].Cur, d.Counts[1].Window[TPM].Cur, d.Counts[2].Window[TPM].Cur}
+	if want := []int64{300, 50, 250}; !slices.Equal(got, want) {
+		t.Fatalf("tpm of the first key, the other key and the team %v, want %v: what each used (the reset took the team's reservations of the first moment, and the second's came after it)", got, want)
+	}
+}
