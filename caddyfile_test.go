@@ -353,6 +353,7 @@ var caddyfileBadCases = append([]caddyfileBadCase{
 	{"redis with two URLs", "rolter_ratelimit {\n\tredis redis://a redis://b\n}", "wrong argument count", 2},
 	{"redis with an http URL", "rolter_ratelimit {\n\tscope key x\n\tredis http://redis:6379\n}", "invalid redis URL", 3},
 	{"redis with a bad port", "rolter_ratelimit {\n\tredis redis://redis:port\n}", "invalid redis URL", 2},
+	{"redis with an unknown protocol", "rolter_ratelimit {\n\tredis redis://redis:6379?protocol=4\n}", "protocol 4: RESP2 or RESP3", 2},
 	{"redis with an empty URL", "rolter_ratelimit {\n\tredis \"\"\n}", "redis needs exactly one of a URL, cluster URLs or a sentinel", 2},
 	{"timeout not a duration", "rolter_ratelimit {\n\tredis redis://r {\n\t\ttimeout soon\n\t}\n}", `bad redis timeout "soon"`, 3},
 	{"timeout without unit", "rolter_ratelimit {\n\tredis redis://r {\n\t\ttimeout 100\n\t}\n}", `bad redis timeout "100"`, 3},

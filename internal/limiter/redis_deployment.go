@@ -196,5 +196,10 @@ func ParseRedisURL(url string) (*redis.Options, error) {
 		}
 		return nil, fmt.Errorf("invalid redis URL (redis://, rediss:// or unix://): %s", msg)
 	}
+	// go-redis takes any number, and a server then refuses the handshake at
+	// every connection: the store would fail each call, not the config.
+	if opts.Protocol != 0 && opts.Protocol != 2 && opts.Protocol != 3 {
+		return nil, fmt.Errorf("invalid redis URL: protocol %d: RESP2 or RESP3 (protocol=2 or protocol=3)", opts.Protocol)
+	}
 	return opts, nil
 }
