@@ -217,7 +217,9 @@ local FIXED_ARGS = 13
 
 -- Charges come before the reads, so that the call's admissions read them;
 -- class_charges[c] is how many there are of charge class c, in order.
--- Only the increment that creates a key sets its expiry.
+-- Only the increment that creates a key sets its expiry. A charge of 0
+-- (a key declared for a settlement's restore, whose response used what it
+-- reserved) changes nothing, and costs no command.
 local function charge_counters(first_key, first_arg, class_charges)
   local charge = 0
   for class = 1, #class_charges do
@@ -225,9 +227,11 @@ local function charge_counters(first_key, first_arg, class_charges)
     for _ = 1, class_charges[class] do
       charge = charge + 1
       local key, amount = KEYS[first_key + charge], ARGV[first_arg + charge]
-      local total = redis.call('INCRBY', key, amount)
-      if total == amount + 0 then redis.call('EXPIRE', key, ttl) end
-      if total < 0 then redis.call('SET', key, 0, 'KEEPTTL') end
+      if amount ~= '0' then
+        local total = redis.call('INCRBY', key, amount)
+        if total == amount + 0 then redis.call('EXPIRE', key, ttl) end
+        if total < 0 then redis.call('SET', key, 0, 'KEEPTTL') end
+      end
     end
   end
 end
