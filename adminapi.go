@@ -602,7 +602,7 @@ func (g *usageGroup) read(r *http.Request, scope string) (UsageLimit, error) {
 			m := l.Concurrent.Max
 			entry.Concurrent = &UsageSlots{Limit: m, InFlight: c.Slots, Remaining: max(m-c.Slots, 0)}
 		case p == limiter.LearnedPart:
-			entry.Learned = usageLearned(c.Learned, d.Now.UnixMillis)
+			entry.Learned = usageLearned(c.Extra.Learned, d.Now.UnixMillis)
 		default:
 			b := p.Budget()
 			*budgets[b] = usageBudget(d, l.Budgets.Calendar, b, l.Budgets.Max[b])

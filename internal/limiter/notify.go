@@ -108,21 +108,23 @@ func notifyPeriod(l Limit, p Part, at [2]Position, now moment) (period, start in
 	return 0, 0
 }
 
-// notice sets what c's notify part holds of each cap of l, c being l's
-// counts after an admission at now (or as a refused one read them): how
+// noticed is what l's notify part holds of each of its caps once an
+// admission at now left l's counts as c (or read them so, refused): how
 // many fractions the level reached, or, for a window and a budget in the
-// period of their last report, as many as it held if more.
-func (c *Counts) notice(l Limit, now moment) {
+// period of their last report, as many as c's notify part held if more.
+func (c *Counts) noticed(l Limit, now moment) [LearnedPart]NotifyState {
 	at := [...]Position{now.In(Minute), now.In(Day)}
+	notified := c.extra().Notified
 	for p := range l.notified().All {
 		reached := l.reached(p, l.level(p, c, at))
 		period, _ := notifyPeriod(l, p, at, now)
-		held := c.Notified[p]
+		held := notified[p]
 		if period != 0 && held.period() == period {
 			reached = max(reached, held.reported())
 		}
-		c.Notified[p] = notifyState(period, reached)
+		notified[p] = notifyState(period, reached)
 	}
+	return notified
 }
 
 // reached is how many of c's fractions the level of its part p reached.
@@ -164,9 +166,9 @@ func Crossings(chain []Limit, d Decision) []Crossing {
 		if d.Admitted {
 			d.AddTo(l, &after)
 		}
-		after.notice(l, d.Now)
+		noticed := after.noticed(l, d.Now)
 		for p := range l.notified().All {
-			before, now := d.Counts[i].Notified[p], after.Notified[p]
+			before, now := d.Counts[i].extra().Notified[p], noticed[p]
 			from := before.reported()
 			switch {
 			case before.period() != now.period():

@@ -337,22 +337,23 @@ func (c *Counts) read(caps *Caps, p Part, r []int64) []int64 {
 	case SlotsPart:
 		c.Slots = r[0]
 	case LearnedPart:
-		c.Learned.PausedUntil, c.Learned.PausedFrom = r[0], r[1]
-		for k := range c.Learned.Quotas {
+		learned := &c.fillExtra().Learned
+		learned.PausedUntil, learned.PausedFrom = r[0], r[1]
+		for k := range learned.Quotas {
 			q := r[2+6*k:]
-			c.Learned.Quotas[k] = LearnedCount{Limit: q[0], Deficit: q[1], RatePico: q[2], Until: q[3], Reported: q[4], From: q[5]}
+			learned.Quotas[k] = LearnedCount{Limit: q[0], Deficit: q[1], RatePico: q[2], Until: q[3], Reported: q[4], From: q[5]}
 		}
 	case FloorsPart:
-		at := 0
+		floors, at := &c.fillExtra().Floors, 0
 		for share := range caps.eachShare {
-			c.Floors.Held[share], c.Floors.By[share] = r[at], uint8(r[at+1])
+			floors.Held[share], floors.By[share] = r[at], uint8(r[at+1])
 			at += 2
 		}
-		c.Floors.Until = r[at]
+		floors.Until = r[at]
 	case NotifyPart:
-		at := 0
+		notified, at := &c.fillExtra().Notified, 0
 		for q := range caps.notified().All {
-			c.Notified[q] = NotifyState(r[at])
+			notified[q] = NotifyState(r[at])
 			at++
 		}
 	default:

@@ -372,7 +372,8 @@ func (c *scriptCall) decode(reply []int64, charged bool) ([]Decision, error) {
 					d.AddTo(c.limits[i], &state[i])
 				}
 				if c.limits[i].Notify[0] > 0 { // as admit.lua notices, admitted or not
-					state[i].notice(c.limits[i], now)
+					noticed := state[i].noticed(c.limits[i], now)
+					state[i].ownExtra().Notified = noticed
 				}
 			}
 		}

@@ -322,11 +322,55 @@ type Counts struct {
 	// spent and reserved are each budget's, in its current period, by
 	// budgetPeriod.
 	Spent, Reserved [NumBudgetPeriods]int64
-	Learned         LearnedCounts // a limit that learns the provider's quota
-	Floors          FloorCounts   // what a limit's floors hold for other classes
+	// Extra are the counts of the parts few limits have, nil for a limit
+	// with none of them. They are three times the size of the others,
+	// which every admission reads, copies and allocates for each limit of
+	// its chain. Copies of counts share them: a store fills them in as it
+	// reads them (fillExtra), and any other change is to a copy
+	// (ownExtra).
+	Extra *ExtraCounts
+}
+
+// ExtraCounts are what a limit that learns the provider's quota, has floors
+// or notifies reads of those parts.
+type ExtraCounts struct {
+	Learned LearnedCounts // a limit that learns the provider's quota
+	Floors  FloorCounts   // what a limit's floors hold for other classes
 	// Notified is what a limit that notifies reported of its caps, by
 	// part (notify.go).
 	Notified [LearnedPart]NotifyState
+}
+
+// noExtra is what counts without extra counts read of them: zeros, never
+// written.
+var noExtra ExtraCounts
+
+// extra is c's extra counts, to read.
+func (c *Counts) extra() *ExtraCounts {
+	if c.Extra == nil {
+		return &noExtra
+	}
+	return c.Extra
+}
+
+// ownExtra is c's extra counts, to write: a copy of those c shared with
+// the counts it was copied from, or zeros.
+func (c *Counts) ownExtra() *ExtraCounts {
+	e := new(ExtraCounts)
+	if c.Extra != nil {
+		*e = *c.Extra
+	}
+	c.Extra = e
+	return e
+}
+
+// fillExtra is the extra counts of c, counts a store is reading afresh, to
+// fill in: made once, whichever part comes first.
+func (c *Counts) fillExtra() *ExtraCounts {
+	if c.Extra == nil {
+		c.Extra = new(ExtraCounts)
+	}
+	return c.Extra
 }
 
 // decision is what a store answers to an admission.
@@ -344,10 +388,11 @@ type Decision struct {
 func (d Decision) size(k kind) int64 { return d.Reserve.Of(k) }
 
 // AddTo makes c, the counts of limit l that d read, the counts d's
-// admission leaves, part by part, in place (counts are hundreds of bytes,
-// which a copy in and out cost an admission more than its arithmetic): its size added to the current period of each window l caps,
-// l's cost to its bucket's deficit, a slot to its concurrency cap's, and
-// the reserved cost to what its budgets hold reserved. The in-process
+// admission leaves, part by part, in place (a copy in and out would cost
+// an admission more than its arithmetic): its size added to the current
+// period of each window l caps, l's cost to its bucket's deficit, a slot
+// to its concurrency cap's, and the reserved cost to what its budgets hold
+// reserved. The in-process
 // store writes them, a call of admit.lua replays them for the admissions
 // after, and the headers of an admitted request count it in them.
 func (d Decision) AddTo(l Limit, c *Counts) {
@@ -362,9 +407,10 @@ func (d Decision) AddTo(l Limit, c *Counts) {
 		case SlotsPart:
 			c.Slots++
 		case LearnedPart:
-			for k, q := range c.Learned.Quotas {
+			learned := &c.ownExtra().Learned
+			for k, q := range learned.Quotas {
 				if q.Limit > 0 {
-					c.Learned.Quotas[k].Deficit += d.size(learnedKinds[k]) * MicroTokens
+					learned.Quotas[k].Deficit += d.size(learnedKinds[k]) * MicroTokens
 				}
 			}
 		case FloorsPart, NotifyPart: // the floors' hold is other classes'; notice follows the notify part

@@ -459,8 +459,7 @@ func (s *MemoryStore) decide(chain []Limit, reserve TokenCounts, charge bool, bu
 			cs[i].floors().admitted(l.Caps, l.Class, &d.Counts[i], &after, at, now.UnixMillis)
 		}
 		if l.Notify[0] > 0 { // a refused admission reports a level it read too
-			after.notice(l, now)
-			cs[i].other().notified = after.Notified
+			cs[i].other().notified = after.noticed(l, now)
 		}
 	}
 	if d.Admitted {
@@ -484,16 +483,17 @@ func (c *memoryCounter) read(counts *Counts, l Limit, p Part, at [2]Position, no
 	case SlotsPart:
 		counts.Slots = c.slots.at(now.UnixMillis)
 	case LearnedPart:
-		counts.Learned = c.learned().counts(now.UnixMillis)
+		counts.fillExtra().Learned = c.learned().counts(now.UnixMillis)
 	case FloorsPart:
 		f := &floorState{}
 		if c.others != nil && c.others.floors != nil {
 			f = c.others.floors
 		}
-		counts.Floors = f.counts(l.Caps, l.Class, counts, at, now.UnixMillis)
+		counts.fillExtra().Floors = f.counts(l.Caps, l.Class, counts, at, now.UnixMillis)
 	case NotifyPart:
+		notified := &counts.fillExtra().Notified
 		if c.others != nil {
-			counts.Notified = c.others.notified
+			*notified = c.others.notified
 		}
 	default:
 		b := c.budget(p.Budget(), l.Budgets.Calendar.SpanAt(p.Budget(), now))
@@ -522,8 +522,8 @@ func (c *memoryCounter) write(l Limit, at [2]Position, before, after *Counts, no
 				c.slots = c.slots.taken(after.Slots, now.UnixMillis, l.Concurrent.LeaseMillis)
 			}
 		case LearnedPart:
-			for k, q := range after.Learned.Quotas {
-				if q.Limit > 0 && q.Deficit != before.Learned.Quotas[k].Deficit {
+			for k, q := range after.extra().Learned.Quotas {
+				if q.Limit > 0 && q.Deficit != before.extra().Learned.Quotas[k].Deficit {
 					learned := &c.other().learned.Quotas[k]
 					learned.Deficit, learned.At = q.Deficit, max(learned.At, now.UnixMillis)
 				}
