@@ -355,6 +355,12 @@ plain.rps 10000
 		{"limited", 17000, 306, 34, 20000, 296},   // 180 beside 148: +32, Redis 20
 		{"mholt", 20000, 316, 0, 20000, 300},      // 158 beside 150: +8
 		{"mholt", 20000, 306, 0, 20000, 296},      // 153 beside 148: +5
+		// Every Caddy collecting at 1 GiB: memory-rpm +6 and +4, mholt +8
+		// and +6.
+		{"memory-rpm@gclimit", 20000, 312, 0, 20000, 300},
+		{"memory-rpm@gclimit", 20000, 304, 0, 20000, 296},
+		{"mholt@gclimit", 20000, 316, 0, 20000, 300},
+		{"mholt@gclimit", 20000, 308, 0, 20000, 296},
 	} {
 		fmt.Fprintf(&pairs, "pair.%[1]s.requests %[2]d\npair.%[1]s.caddy_ticks %[3]d\npair.%[1]s.redis_ticks %[4]d\npair.%[1]s.rps %[2]d\n"+
 			"pair.%[1]s.plain.requests %[5]d\npair.%[1]s.plain.caddy_ticks %[6]d\npair.%[1]s.plain.rps %[5]d\n",
@@ -362,6 +368,10 @@ plain.rps 10000
 	}
 	// The Redis site's rounds: 10 us of evalsha per request at 4 requests a
 	// call, then 9 us at 5.
+	// Collections: memory-rpm's Caddy 60 and 40 in its 20000 requests,
+	// mholt's 10 and 6, its plain proxy's 80 and 70.
+	pairs.WriteString("pair.memory-rpm.collections 60\npair.memory-rpm.collections 40\npair.mholt.collections 10\npair.mholt.collections 6\n" +
+		"pair.mholt.plain.collections 80\npair.mholt.plain.collections 70\n")
 	pairs.WriteString("pair.limited.evalsha_calls 4000\npair.limited.evalsha_usec 160000\npair.limited.evalsha_calls 3400\npair.limited.evalsha_usec 153000\n")
 	measured := writeFiles(t, map[string]string{"measurements.txt": base + pairs.String()})
 	wantLines(t, results(t, filepath.Join(measured, "measurements.txt"), t.TempDir()),
@@ -383,5 +393,10 @@ plain.rps 10000
 		"in process, rpm + tpm reserving, OpenAI headers: Caddy +   |     +16.0 us |    +12.0 .. +20.0 | <= +20 us              | yes",
 		"in process, rpm only, headers off: Caddy + less mholt's    |      +2.5 us |      +2.0 .. +3.0 | <= 0 (no dearer)       | NO",
 		"  mholt/caddy-ratelimit, 4 zones: Caddy +                  |      +6.5 us |      +5.0 .. +8.0 | (info)                 | -",
+		"  collections per 1000 requests, rpm-only site's Caddy     |         2.50 |      +2.0 .. +3.0 | (info)                 | -",
+		"  collections per 1000 requests, mholt site's Caddy        |         0.40 |      +0.3 .. +0.5 | (info)                 | -",
+		"  collections per 1000 requests, its plain proxy's         |         3.75 |      +3.5 .. +4.0 | (info)                 | -",
+		"rpm only less mholt's, collections alike (GOGC=off)        |      -2.0 us |      -2.0 .. -2.0 | <= 0 (no dearer)       | yes",
+		"  mholt/caddy-ratelimit, collections alike: Caddy +        |      +7.0 us |      +6.0 .. +8.0 | (info)                 | -",
 	)
 }

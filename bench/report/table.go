@@ -310,8 +310,11 @@ func writeSites(w io.Writer, m measurements, f siteFigures) {
 // side, the Redis site's Caddy CPU over its plain proxy less the
 // in-process token site's in the same round; the in-process token site
 // over its plain proxy; and the in-process rpm-only site against
-// mholt/caddy-ratelimit's four zones in the same round. They are meant
-// to be read with PIN=1, redis-server on a core of its own.
+// mholt/caddy-ratelimit's four zones in the same round, with the garbage
+// collections of each Caddy per 1000 requests, and again with every Caddy
+// collecting only at 256 MiB (mholt's rings hold tens of MB, which space
+// its collections further apart than any other process's). They are meant to
+// be read with PIN=1, redis-server on a core of its own.
 func writeSpeedGoals(w io.Writer, m measurements) {
 	if len(m["pair.limited.requests"]) == 0 {
 		return
@@ -327,6 +330,9 @@ func writeSpeedGoals(w io.Writer, m measurements) {
 	added := func(site string) []float64 {
 		return perRound(m.cpuPerRequest("caddy", "pair."+site), m.cpuPerRequest("caddy", "pair."+site+".plain"), diff)
 	}
+	collections := func(process string) []float64 {
+		return scaled(perRound(m["pair."+process+".collections"], m["pair."+process+".requests"], ratio), 1000)
+	}
 	for _, g := range []struct {
 		label, goal, format string // format: "%+.1f us" unless set
 		rounds              []float64
@@ -339,6 +345,11 @@ func writeSpeedGoals(w io.Writer, m measurements) {
 		{"in process, rpm + tpm reserving, OpenAI headers: Caddy +", "<= +20 us", "", added("memory"), atMost(20)},
 		{"in process, rpm only, headers off: Caddy + less mholt's", "<= 0 (no dearer)", "", perRound(added("memory-rpm"), added("mholt"), diff), atMost(0)},
 		{"  mholt/caddy-ratelimit, 4 zones: Caddy +", "(info)", "", added("mholt"), nil},
+		{"  collections per 1000 requests, rpm-only site's Caddy", "(info)", "%.2f", collections("memory-rpm"), nil},
+		{"  collections per 1000 requests, mholt site's Caddy", "(info)", "%.2f", collections("mholt"), nil},
+		{"  collections per 1000 requests, its plain proxy's", "(info)", "%.2f", collections("mholt.plain"), nil},
+		{"rpm only less mholt's, collections alike (GOGC=off)", "<= 0 (no dearer)", "", perRound(added("memory-rpm@gclimit"), added("mholt@gclimit"), diff), atMost(0)},
+		{"  mholt/caddy-ratelimit, collections alike: Caddy +", "(info)", "", added("mholt@gclimit"), nil},
 	} {
 		v, format := median(g.rounds), cmp.Or(g.format, "%+.1f us")
 		ok := "-"
