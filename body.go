@@ -58,12 +58,44 @@ var errBodyGaveWay = fmt.Errorf("%w: this body gave its memory to another", errB
 type bodyMemory struct {
 	mu       sync.Mutex
 	held     int64
-	byClient map[string]int64       // held by the bodies of each client address
-	reading  map[*heldBody]struct{} // bodies being read that hold memory: those that may give way
-	freed    chan struct{}          // closed when memory is given back, for waiters
+	byClient map[string]int64 // held by the bodies of each client address
+	// reading is the first of the bodies being read that hold memory,
+	// those that may give way, linked through their own fields: each
+	// request's body joins and leaves them, which in a map cost a hash
+	// each, and left the map's groups full of deleted slots to probe.
+	reading *heldBody
+	freed   chan struct{} // closed when memory is given back, for waiters
 }
 
-var bodiesHeld = bodyMemory{byClient: make(map[string]int64), reading: make(map[*heldBody]struct{})}
+var bodiesHeld = bodyMemory{byClient: make(map[string]int64)}
+
+// startReading adds b to the bodies being read, unless it is one.
+func (m *bodyMemory) startReading(b *heldBody) {
+	if b.isReading {
+		return
+	}
+	b.isReading, b.prevReading, b.nextReading = true, nil, m.reading
+	if m.reading != nil {
+		m.reading.prevReading = b
+	}
+	m.reading = b
+}
+
+// stopReading takes b out of the bodies being read, if it is one.
+func (m *bodyMemory) stopReading(b *heldBody) {
+	if !b.isReading {
+		return
+	}
+	if b.prevReading != nil {
+		b.prevReading.nextReading = b.nextReading
+	} else {
+		m.reading = b.nextReading
+	}
+	if b.nextReading != nil {
+		b.nextReading.prevReading = b.prevReading
+	}
+	b.isReading, b.prevReading, b.nextReading = false, nil, nil
+}
 
 // take grows the memory b holds to size bytes once the total leaves room
 // for them under limit: at once, or by taking the room of bodies that give
@@ -129,7 +161,7 @@ func (m *bodyMemory) takeOrWait(b *heldBody, size, limit int64) (freed chan stru
 	m.held += n
 	m.byClient[b.client] += n
 	b.bytes = size
-	m.reading[b] = struct{}{}
+	m.startReading(b)
 	return nil, stalls, nil
 }
 
@@ -147,7 +179,7 @@ func (m *bodyMemory) takeOrWait(b *heldBody, size, limit int64) (freed chan stru
 func (m *bodyMemory) victimFor(b *heldBody, n int64) (victim *heldBody, stalls time.Time) {
 	now := time.Now()
 	var stalled, greedy *heldBody
-	for v := range m.reading {
+	for v := m.reading; v != nil; v = v.nextReading {
 		if v == b || v.w == nil {
 			continue
 		}
@@ -186,7 +218,7 @@ func (m *bodyMemory) give(b *heldBody) {
 }
 
 func (m *bodyMemory) giveLocked(b *heldBody) {
-	delete(m.reading, b)
+	m.stopReading(b)
 	if b.bytes == 0 {
 		return
 	}
@@ -207,7 +239,7 @@ func (m *bodyMemory) giveLocked(b *heldBody) {
 func (m *bodyMemory) doneReading(b *heldBody) (gaveWay bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	delete(m.reading, b)
+	m.stopReading(b)
 	return b.gaveWay.Load()
 }
 
@@ -382,10 +414,13 @@ type heldBody struct {
 	progressed atomic.Int64 // Unix nanoseconds
 	gaveWay    atomic.Bool
 
-	// Guarded by bodiesHeld.mu: the bytes it holds under body_memory, and
-	// whether it waits for room.
-	bytes        int64
-	waitsForRoom bool
+	// Guarded by bodiesHeld.mu: the bytes it holds under body_memory,
+	// whether it waits for room, and whether it is among the bodies being
+	// read, with its neighbours there.
+	bytes                    int64
+	waitsForRoom             bool
+	isReading                bool
+	prevReading, nextReading *heldBody
 }
 
 // grow holds the memory of a buffer of size bytes in place of buf's, and
