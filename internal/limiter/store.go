@@ -392,9 +392,9 @@ func (d Decision) size(k kind) int64 { return d.Reserve.Of(k) }
 // an admission more than its arithmetic): its size added to the current
 // period of each window l caps, l's cost to its bucket's deficit, a slot
 // to its concurrency cap's, and the reserved cost to what its budgets hold
-// reserved. The in-process
-// store writes them, a call of admit.lua replays them for the admissions
-// after, and the headers of an admitted request count it in them.
+// reserved. The in-process store writes them, a call of admit.lua replays
+// them for the admissions after, and the headers of an admitted request
+// count it in them.
 func (d Decision) AddTo(l Limit, c *Counts) {
 	for p := range l.parts().All {
 		if k, ok := p.Window(); ok {
@@ -413,7 +413,7 @@ func (d Decision) AddTo(l Limit, c *Counts) {
 					learned.Quotas[k].Deficit += d.size(learnedKinds[k]) * MicroTokens
 				}
 			}
-		case FloorsPart, NotifyPart: // the floors' hold is other classes'; notice follows the notify part
+		case FloorsPart, NotifyPart: // the floors' hold is other classes'; noticed follows the notify part
 		default:
 			c.Reserved[p.Budget()] += d.Reserve.Cost
 		}
