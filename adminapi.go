@@ -602,11 +602,7 @@ func (g *usageGroup) read(r *http.Request, scope string) (UsageLimit, error) {
 			m := l.Concurrent.Max
 			entry.Concurrent = &UsageSlots{Limit: m, InFlight: c.Slots, Remaining: max(m-c.Slots, 0)}
 		case p == limiter.LearnedPart:
-			var learned limiter.LearnedCounts // zeros in counts that carry none, as a store's do not
-			if c.Extra != nil {
-				learned = c.Extra.Learned
-			}
-			entry.Learned = usageLearned(learned, d.Now.UnixMillis)
+			entry.Learned = usageLearned(c.Extra().Learned, d.Now.UnixMillis)
 		default:
 			b := p.Budget()
 			*budgets[b] = usageBudget(d, l.Budgets.Calendar, b, l.Budgets.Max[b])

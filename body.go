@@ -69,12 +69,15 @@ type bodyMemory struct {
 
 var bodiesHeld = bodyMemory{byClient: make(map[string]int64)}
 
+// isReading reports whether b is among the bodies being read.
+func (m *bodyMemory) isReading(b *heldBody) bool { return m.reading == b || b.prevReading != nil }
+
 // startReading adds b to the bodies being read, unless it is one.
 func (m *bodyMemory) startReading(b *heldBody) {
-	if b.isReading {
+	if m.isReading(b) {
 		return
 	}
-	b.isReading, b.prevReading, b.nextReading = true, nil, m.reading
+	b.nextReading = m.reading
 	if m.reading != nil {
 		m.reading.prevReading = b
 	}
@@ -83,7 +86,7 @@ func (m *bodyMemory) startReading(b *heldBody) {
 
 // stopReading takes b out of the bodies being read, if it is one.
 func (m *bodyMemory) stopReading(b *heldBody) {
-	if !b.isReading {
+	if !m.isReading(b) {
 		return
 	}
 	if b.prevReading != nil {
@@ -94,7 +97,7 @@ func (m *bodyMemory) stopReading(b *heldBody) {
 	if b.nextReading != nil {
 		b.nextReading.prevReading = b.prevReading
 	}
-	b.isReading, b.prevReading, b.nextReading = false, nil, nil
+	b.prevReading, b.nextReading = nil, nil
 }
 
 // take grows the memory b holds to size bytes once the total leaves room
@@ -415,11 +418,10 @@ type heldBody struct {
 	gaveWay    atomic.Bool
 
 	// Guarded by bodiesHeld.mu: the bytes it holds under body_memory,
-	// whether it waits for room, and whether it is among the bodies being
-	// read, with its neighbours there.
+	// whether it waits for room, and its neighbours among the bodies being
+	// read, if it is one.
 	bytes                    int64
 	waitsForRoom             bool
-	isReading                bool
 	prevReading, nextReading *heldBody
 }
 

@@ -145,7 +145,7 @@ func (f *floorState) eachDeficit(c *Caps, counts *Counts, do func(share, d int, 
 		do(BucketShare, 0, c.Bucket.Burst, counts.Deficit)
 	}
 	if c.Learn {
-		for k, q := range counts.extra().Learned.Quotas {
+		for k, q := range counts.Extra().Learned.Quotas {
 			if q.Limit > 0 {
 				do(LearnedShare(k), 1+k, q.Limit, q.Deficit)
 			}
@@ -165,7 +165,7 @@ func (f *floorState) admitted(c *Caps, class uint8, before, after *Counts, at [2
 		taken := after.Deficit - before.Deficit
 		if share != BucketShare {
 			k := share - LearnedShare(0)
-			taken = after.extra().Learned.Quotas[k].Deficit - before.extra().Learned.Quotas[k].Deficit
+			taken = after.Extra().Learned.Quotas[k].Deficit - before.Extra().Learned.Quotas[k].Deficit
 		}
 		basis[d] = total + taken
 		for i := range c.NumFloors() {

@@ -191,10 +191,10 @@ func TestReportsThatComeWhileOneIsWrittenAreMergedIntoTheNext(t *testing.T) {
 		t.Errorf("200 reports at once took %d calls of learn.lua", calls)
 	}
 	a := admitted(t, s, chain, at+5000, TokenCounts{})
-	if a.Admitted || a.Refusal.Kind != Provider || a.Counts[0].Extra.Learned.Quotas[0].Limit != 1000 {
-		t.Fatalf("after the reports: admitted %v, kind %v, %+v; want the pause of the older report still on", a.Admitted, a.Refusal.Kind, a.Counts[0].Extra.Learned)
+	if a.Admitted || a.Refusal.Kind != Provider || a.Counts[0].Extra().Learned.Quotas[0].Limit != 1000 {
+		t.Fatalf("after the reports: admitted %v, kind %v, %+v; want the pause of the older report still on", a.Admitted, a.Refusal.Kind, a.Counts[0].Extra().Learned)
 	}
-	if d := a.Counts[0].Extra.Learned.Quotas[0].Deficit; d < 190*MicroTokens || d > 199*MicroTokens {
+	if d := a.Counts[0].Extra().Learned.Quotas[0].Deficit; d < 190*MicroTokens || d > 199*MicroTokens {
 		t.Fatalf("the requests quota holds %d millionths taken, want the newest report's 199, refilled for about 5 s", d)
 	}
 }
@@ -228,16 +228,16 @@ func TestALearnedKeyOfAnotherShapeHoldsNothingAndIsReplaced(t *testing.T) {
 // leaves the counts the store read as they were.
 func TestAddingAnAdmissionToACopyOfCountsLeavesTheCountsReadAlone(t *testing.T) {
 	l := newLearningLimit("org", "o", Caps{})
-	read := Counts{Extra: &ExtraCounts{}}
-	read.Extra.Learned.Quotas[0] = LearnedCount{Limit: 100, Deficit: 5 * MicroTokens}
+	read := Counts{extra: &ExtraCounts{}}
+	read.extra.Learned.Quotas[0] = LearnedCount{Limit: 100, Deficit: 5 * MicroTokens}
 	d := Decision{Admitted: true, Now: MomentAt(pinnedBase()), Counts: []Counts{read}}
-	want := *read.Extra
+	want := *read.extra
 	after := d.Counts[0]
 	d.AddTo(l, &after)
-	if got := after.Extra.Learned.Quotas[0].Deficit; got != 6*MicroTokens {
+	if got := after.Extra().Learned.Quotas[0].Deficit; got != 6*MicroTokens {
 		t.Fatalf("the copy's requests quota holds %d after the admission, want %d", got, 6*MicroTokens)
 	}
-	if *d.Counts[0].Extra != want {
-		t.Fatalf("the counts read became %+v, want %+v", *d.Counts[0].Extra, want)
+	if *d.Counts[0].Extra() != want {
+		t.Fatalf("the counts read became %+v, want %+v", *d.Counts[0].Extra(), want)
 	}
 }

@@ -114,7 +114,7 @@ func notifyPeriod(l Limit, p Part, at [2]Position, now moment) (period, start in
 // period of their last report, as many as c's notify part held if more.
 func (c *Counts) noticed(l Limit, now moment) [LearnedPart]NotifyState {
 	at := [...]Position{now.In(Minute), now.In(Day)}
-	notified := c.extra().Notified
+	notified := c.Extra().Notified
 	for p := range l.notified().All {
 		reached := l.reached(p, l.level(p, c, at))
 		period, _ := notifyPeriod(l, p, at, now)
@@ -168,7 +168,7 @@ func Crossings(chain []Limit, d Decision) []Crossing {
 		}
 		noticed := after.noticed(l, d.Now)
 		for p := range l.notified().All {
-			before, now := d.Counts[i].extra().Notified[p], noticed[p]
+			before, now := d.Counts[i].Extra().Notified[p], noticed[p]
 			from := before.reported()
 			switch {
 			case before.period() != now.period():

@@ -62,7 +62,7 @@ func refusalAmong(chain []Limit, d Decision, shadow bool) Refusal {
 			continue
 		}
 		c := &d.Counts[i] // read only; a copy would cost more than the checks
-		f := &c.extra().Floors
+		f := &c.Extra().Floors
 		for p := range l.parts().All {
 			var capacity, wait int64
 			var floor uint8
@@ -103,7 +103,7 @@ func refusalAmong(chain []Limit, d Decision, shadow bool) Refusal {
 				continue
 			case p == LearnedPart:
 				var refuses bool
-				if capacity, wait, floor, refuses = learnedRefusal(c.extra().Learned, f, d); !refuses {
+				if capacity, wait, floor, refuses = learnedRefusal(c.Extra().Learned, f, d); !refuses {
 					continue
 				}
 			default:

@@ -408,13 +408,13 @@ func TestABatchDecidesExactlyAsItsAdmissionsOneByOne(t *testing.T) {
 			if slices.ContainsFunc(d.Counts, func(c Counts) bool { return c.Slots > 0 }) {
 				readSlots++
 			}
-			if slices.ContainsFunc(d.Counts, func(c Counts) bool { return c.extra().Learned != LearnedCounts{} }) {
+			if slices.ContainsFunc(d.Counts, func(c Counts) bool { return c.Extra().Learned != LearnedCounts{} }) {
 				readLearned++
 			}
 			if !d.Admitted && RefusalOf(alone[m], d).Kind == Provider {
 				providerRefusals++
 			}
-			if slices.ContainsFunc(d.Counts, func(c Counts) bool { return c.extra().Floors.Held != [FloorShares]int64{} }) {
+			if slices.ContainsFunc(d.Counts, func(c Counts) bool { return c.Extra().Floors.Held != [FloorShares]int64{} }) {
 				readFloors++
 			}
 			if !d.Admitted && RefusalOf(alone[m], d).Floor > 0 {
@@ -533,8 +533,8 @@ func TestAReusedBatchDecidesAsANewOne(t *testing.T) {
 func describeDecision(d Decision) string {
 	counts := make([]string, len(d.Counts))
 	for i, c := range d.Counts {
-		extra := c.Extra
-		c.Extra = nil
+		extra := c.extra
+		c.extra = nil
 		if counts[i] = fmt.Sprintf("%+v", c); extra != nil {
 			counts[i] += fmt.Sprintf(" extra=%+v", *extra)
 		}

@@ -322,13 +322,13 @@ type Counts struct {
 	// spent and reserved are each budget's, in its current period, by
 	// budgetPeriod.
 	Spent, Reserved [NumBudgetPeriods]int64
-	// Extra are the counts of the parts few limits have, nil for a limit
-	// with none of them. They are three times the size of the others,
-	// which every admission reads, copies and allocates for each limit of
-	// its chain. Copies of counts share them: a store fills them in as it
-	// reads them (fillExtra), and any other change is to a copy
+	// extra are the counts of the parts few limits have (Extra), nil for a
+	// limit with none of them. They are three times the size of the
+	// others, which every admission reads, copies and allocates for each
+	// limit of its chain. Copies of counts share them: a store fills them
+	// in as it reads them (fillExtra), and any other change is to a copy
 	// (ownExtra).
-	Extra *ExtraCounts
+	extra *ExtraCounts
 }
 
 // ExtraCounts are what a limit that learns the provider's quota, has floors
@@ -345,32 +345,33 @@ type ExtraCounts struct {
 // written.
 var noExtra ExtraCounts
 
-// extra is c's extra counts, to read.
-func (c *Counts) extra() *ExtraCounts {
-	if c.Extra == nil {
+// Extra is c's extra counts, to read and never to write: copies of c share
+// them, and counts without them all read the same zeros.
+func (c *Counts) Extra() *ExtraCounts {
+	if c.extra == nil {
 		return &noExtra
 	}
-	return c.Extra
+	return c.extra
 }
 
 // ownExtra is c's extra counts, to write: a copy of those c shared with
 // the counts it was copied from, or zeros.
 func (c *Counts) ownExtra() *ExtraCounts {
 	e := new(ExtraCounts)
-	if c.Extra != nil {
-		*e = *c.Extra
+	if c.extra != nil {
+		*e = *c.extra
 	}
-	c.Extra = e
+	c.extra = e
 	return e
 }
 
 // fillExtra is the extra counts of c, counts a store is reading afresh, to
 // fill in: made once, whichever part comes first.
 func (c *Counts) fillExtra() *ExtraCounts {
-	if c.Extra == nil {
-		c.Extra = new(ExtraCounts)
+	if c.extra == nil {
+		c.extra = new(ExtraCounts)
 	}
-	return c.Extra
+	return c.extra
 }
 
 // decision is what a store answers to an admission.

@@ -522,8 +522,8 @@ func (c *memoryCounter) write(l Limit, at [2]Position, before, after *Counts, no
 				c.slots = c.slots.taken(after.Slots, now.UnixMillis, l.Concurrent.LeaseMillis)
 			}
 		case LearnedPart:
-			for k, q := range after.extra().Learned.Quotas {
-				if q.Limit > 0 && q.Deficit != before.extra().Learned.Quotas[k].Deficit {
+			for k, q := range after.Extra().Learned.Quotas {
+				if q.Limit > 0 && q.Deficit != before.Extra().Learned.Quotas[k].Deficit {
 					learned := &c.other().learned.Quotas[k]
 					learned.Deficit, learned.At = q.Deficit, max(learned.At, now.UnixMillis)
 				}

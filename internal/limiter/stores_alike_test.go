@@ -471,7 +471,7 @@ func withoutStoreCounts(a Admission) Admission {
 		}
 		a.Counts[i].Slots = 0
 		a.Counts[i].Spent, a.Counts[i].Reserved = [NumBudgetPeriods]int64{}, [NumBudgetPeriods]int64{}
-		if a.Counts[i].Extra != nil {
+		if a.Counts[i].extra != nil {
 			a.Counts[i].ownExtra().Learned = LearnedCounts{}
 		}
 	}
@@ -693,8 +693,8 @@ func sameAdmission(a, b Admission) bool {
 // sameCounts is whether a and b hold the same counts, their extra counts
 // compared by value.
 func sameCounts(a, b Counts) bool {
-	ae, be := *a.extra(), *b.extra()
-	a.Extra, b.Extra = nil, nil
+	ae, be := *a.Extra(), *b.Extra()
+	a.extra, b.extra = nil, nil
 	return a == b && ae == be
 }
 
